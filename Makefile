@@ -1,0 +1,35 @@
+# luftpause — the two commands: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test proto proto-check clean help
+
+help:
+	@echo "make run    start the whole stack as local processes on loopback (Ctrl-C stops it)"
+	@echo "make test   install what the tests need and run every test"
+	@echo "make proto  regenerate the gRPC modules from proto/scheduler.proto"
+
+# The virtualenv is (re)built when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "luftpause needs Python 3.11+ (set PYTHON=python3.11)")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m luftpause
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+proto: $(STAMP)
+	$(PY) -m luftpause.proto.generate
+
+proto-check: $(STAMP)
+	$(PY) -m luftpause.proto.generate --check
+
+clean:
+	rm -rf $(VENV) state .pytest_cache .hypothesis

@@ -1,0 +1,68 @@
+"""``python -m luftpause.dataplane``: the OpenAI-compatible streaming proxy."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from luftpause import logs
+from luftpause.dataplane.app import create_app
+from luftpause.dataplane.constants import DEFAULT_PORT, DEFAULT_SCHEDULER_ADDR, MAX_BODY_BYTES
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="python -m luftpause.dataplane", description=__doc__,
+                                     epilog="LUFTPAUSE_TOKEN, when set, is the bearer token every /v1 route requires.")
+    parser.add_argument("--host", default=env("LUFTPAUSE_DATAPLANE_HOST", "127.0.0.1"),
+                        help="bind address (env LUFTPAUSE_DATAPLANE_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=int(env("LUFTPAUSE_DATAPLANE_PORT", DEFAULT_PORT)),
+                        help=f"HTTP port (env LUFTPAUSE_DATAPLANE_PORT, default {DEFAULT_PORT})")
+    parser.add_argument("--scheduler", default=env("LUFTPAUSE_SCHEDULER_ADDR", DEFAULT_SCHEDULER_ADDR),
+                        help=f"scheduler gRPC address (env LUFTPAUSE_SCHEDULER_ADDR, default {DEFAULT_SCHEDULER_ADDR})")
+    parser.add_argument("--max-body-bytes", type=int, default=int(env("LUFTPAUSE_MAX_BODY_BYTES", MAX_BODY_BYTES)),
+                        help=f"largest request body, else 413 (env LUFTPAUSE_MAX_BODY_BYTES, default {MAX_BODY_BYTES})")
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace, log) -> None:
+    token = os.environ.get("LUFTPAUSE_TOKEN", "")
+    if not token:
+        log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set: every client is accepted")
+    app = create_app(args.scheduler, token, log, args.max_body_bytes)
+    # handler_cancellation: a client that disconnects cancels its handler, which
+    # abandons a held turn or closes the engine request.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    log.info("dataplane_started", address=f"http://{args.host}:{args.port}", scheduler=args.scheduler)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("dataplane_stopping")
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    log = logs.configure("dataplane")
+    try:
+        import uvloop
+    except ImportError:  # not on Windows: the standard loop serves as well, a bit slower
+        asyncio.run(serve(args, log))
+    else:
+        uvloop.run(serve(args, log))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""The OpenAI-compatible proxy: identify the run, Admit, stream the engine's bytes
+through unchanged while observing them, Report what happened."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from luftpause import headers as h
+from luftpause.dataplane.constants import ENGINE_CONNECT_TIMEOUT_S, MAX_BODY_BYTES, TOOL_CALL_SWEEP_S
+from luftpause.dataplane.link import AdmitRejected, Placement, SchedulerLink, UnknownModel
+from luftpause.dataplane.observe import TurnObserver
+from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
+from luftpause.proto import scheduler_pb2 as pb
+
+BOOK = web.AppKey("book", RunBook)
+LINK = web.AppKey("link", SchedulerLink)
+ENGINES = web.AppKey("engines", aiohttp.ClientSession)
+TOKEN = web.AppKey("token", str)
+LOG = web.AppKey("log", object)
+
+# Engine response headers a client may rely on; hop-by-hop and length headers are ours.
+PASSED_HEADERS = ("Content-Type", "Retry-After", "Cache-Control")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_response(status: int, message: str, extra: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status, headers=extra)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler):
+    """Every error a client sees is ``{"error": {"message": ...}}``, never a traceback."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        run_id = request.get("run_id")
+        return error_response(exc.status, exc.message, {h.RUN_ID: run_id} if run_id else None)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.reason if exc.status != 413 else f"request body is over {request.client_max_size} bytes"
+        return error_response(exc.status, message)
+
+
+@web.middleware
+async def bearer_auth(request: web.Request, handler):
+    token = request.app[TOKEN]
+    if token and request.path.startswith("/v1"):
+        sent = request.headers.get("Authorization", "")
+        expected = f"Bearer {token}"
+        if not hmac.compare_digest(sent.encode(), expected.encode()):
+            raise ApiError(401, "missing or invalid bearer token")
+    return await handler(request)
+
+
+# ---------------------------------------------------------------- request parsing
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    body: bytes
+    model: str
+    stream: bool
+    run_id: str
+    service_class: str
+    caller: str
+
+
+def _identity_headers(request: web.Request) -> tuple[str, str]:
+    service_class = request.headers.get(h.SERVICE_CLASS, h.DEFAULT_SERVICE_CLASS).strip().lower()
+    if service_class not in h.SERVICE_CLASSES:
+        raise ApiError(400, f"{h.SERVICE_CLASS} must be one of: {', '.join(h.SERVICE_CLASSES)}")
+    caller = request.headers.get(h.CALLER, "").strip() or h.ANONYMOUS_CALLER
+    if len(caller.encode()) > h.MAX_CALLER_BYTES:
+        raise ApiError(400, f"{h.CALLER} must be at most {h.MAX_CALLER_BYTES} bytes")
+    return service_class, caller
+
+
+def _returned_tool_call_ids(document: dict) -> list[str]:
+    messages = document.get("messages")
+    if not isinstance(messages, list):
+        return []
+    return [
+        m["tool_call_id"]
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str)
+    ]
+
+
+async def parse_turn(request: web.Request) -> TurnRequest:
+    """Validate a chat completion request; name its run (header, returned tool_call
+    ids, or a new run)."""
+    header_run_id = request.headers.get(h.RUN_ID, "").strip()
+    request["run_id"] = header_run_id or uuid.uuid4().hex
+    if request.content_type != "application/json":
+        raise ApiError(415, "Content-Type must be application/json")
+    body = await request.read()
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    model = document.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' is required and must be a non-empty string")
+    if not isinstance(document.get("messages"), list):
+        raise ApiError(400, "'messages' is required and must be a list")
+    stream = document.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be a boolean")
+    service_class, caller = _identity_headers(request)
+    if not header_run_id:
+        known = request.app[BOOK].run_for_tool_calls(_returned_tool_call_ids(document), time.monotonic())
+        if known:
+            request["run_id"] = known
+    return TurnRequest(body, model, stream, request["run_id"], service_class, caller)
+
+
+# ------------------------------------------------------------------------ the turn
+
+
+class Turn:
+    """One proxied turn: its reports to the scheduler and its run-book entries."""
+
+    def __init__(self, app: web.Application, req: TurnRequest) -> None:
+        self.app, self.req = app, req
+        self.turn_id = uuid.uuid4().hex
+        self.link: SchedulerLink = app[LINK]
+        self.book: RunBook = app[BOOK]
+        self.started = time.monotonic()
+        self.replica = ""
+        self.ended = False
+
+    def event(self, **kind) -> None:
+        self.link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.req.run_id, **kind))
+
+    def placed(self, placement: Placement) -> None:
+        self.replica = placement.replica
+        self.book.turn_placed(
+            InFlightTurn(self.turn_id, self.req.run_id, placement.replica, self.req.model,
+                         self.req.service_class, self.req.caller),
+            time.monotonic(),
+        )
+        self.event(started=pb.TurnStarted(replica=placement.replica))
+
+    def first_token(self) -> None:
+        self.event(first_token=pb.FirstToken(ttft_ms=int((time.monotonic() - self.started) * 1000)))
+
+    def finished(self, observer: TurnObserver) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        if observer.usage_seen:
+            self.event(usage=pb.Usage(prompt_tokens=observer.prompt_tokens, completion_tokens=observer.completion_tokens,
+                                      cached_tokens=observer.cached_tokens))
+        reason = observer.finish_reason or "stop"
+        now = time.monotonic()
+        self.book.remember_tool_calls(self.req.run_id, observer.tool_call_ids, now)
+        self.book.turn_ended(self.turn_id, PAUSED if reason == "tool_calls" else IDLE, now)
+        self.event(finished=pb.TurnFinished(finish_reason=reason, tool_call_ids=observer.tool_call_ids))
+
+    def failed(self, error: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.book.turn_ended(self.turn_id, IDLE, time.monotonic())
+        self.event(failed=pb.TurnFailed(error=error))
+        self.app[LOG].info("turn_failed", turn=self.turn_id, run=self.req.run_id, error=error)
+
+
+def _engine_headers(placement: Placement, request: web.Request) -> dict[str, str]:
+    """The engine gets its own key, never the client's Authorization."""
+    out = {
+        "Content-Type": "application/json",
+        "Accept": request.headers.get("Accept", "*/*"),
+        "Accept-Encoding": "identity",  # bytes pass through as they are: no re-encoding
+    }
+    key = os.environ.get(placement.api_key_env, "") if placement.api_key_env else ""
+    if key:
+        out["Authorization"] = f"Bearer {key}"
+    for name in ("traceparent", "tracestate"):
+        if name in request.headers:
+            out[name] = request.headers[name]
+    return out
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    req = await parse_turn(request)
+    turn = Turn(request.app, req)
+    try:
+        placement = await turn.link.admit(turn.turn_id, req.run_id, req.model, req.service_class, req.caller)
+    except UnknownModel as exc:
+        raise ApiError(404, str(exc)) from None
+    except AdmitRejected as exc:
+        raise ApiError(400, str(exc)) from None
+    except asyncio.CancelledError:
+        # The client left while its turn was held: nothing reaches an engine.
+        turn.event(abandoned=pb.TurnAbandoned())
+        raise
+    turn.placed(placement)
+    try:
+        return await _proxy(request, turn, placement)
+    except asyncio.CancelledError:
+        turn.failed("client disconnected")
+        raise
+    except Exception as exc:  # never leave a slot taken behind an unexpected error
+        turn.failed(f"dataplane error: {exc!r}")
+        raise
+
+
+async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.StreamResponse:
+    run_header = {h.RUN_ID: turn.req.run_id}
+    engines: aiohttp.ClientSession = request.app[ENGINES]
+    url = placement.base_url + "/v1/chat/completions"
+    try:
+        upstream = await engines.post(url, data=turn.req.body, headers=_engine_headers(placement, request))
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        message = f"engine {placement.replica}: {_describe(exc)}"
+        turn.failed(message)
+        return error_response(502, message, run_header)
+    try:
+        passed = {k: upstream.headers[k] for k in PASSED_HEADERS if k in upstream.headers}
+        if upstream.status != 200:
+            body = await upstream.read()
+            turn.failed(f"engine {placement.replica}: HTTP {upstream.status}")
+            return web.Response(status=upstream.status, body=body, headers={**passed, **run_header})
+        if upstream.content_type == "text/event-stream":
+            return await _stream(request, turn, upstream, {**passed, **run_header})
+        body = await upstream.read()
+        observer = TurnObserver()
+        observer.observe_body(body)
+        turn.finished(observer)
+        return web.Response(status=200, body=body, headers={**passed, **run_header})
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        message = f"engine {placement.replica}: {_describe(exc)}"
+        turn.failed(message)
+        return error_response(502, message, run_header)
+    finally:
+        upstream.close()  # closing early stops the engine's generation
+
+
+async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResponse,
+                  headers: dict[str, str]) -> web.StreamResponse:
+    response = web.StreamResponse(status=200, headers=headers)
+    await response.prepare(request)
+    observer = TurnObserver()
+    error = "stream ended before [DONE]"
+    try:
+        async for chunk in upstream.content.iter_any():
+            if observer.feed_sse(chunk):
+                turn.first_token()
+            await response.write(chunk)
+    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        error = _describe(exc)
+    if observer.done:
+        turn.finished(observer)
+        await response.write_eof()
+        return response
+    # The engine died mid-stream: the client keeps what it got, then the connection
+    # closes without a final chunk, so it cannot mistake this for a whole answer.
+    turn.failed(f"engine {turn.replica}: {error}")
+    if request.transport is not None:
+        request.transport.close()
+    return response
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"connect timeout after {ENGINE_CONNECT_TIMEOUT_S:g}s"
+    text = str(exc) or type(exc).__name__
+    return text
+
+
+# ------------------------------------------------------------------- other routes
+
+
+async def delete_run(request: web.Request) -> web.Response:
+    run_id = request.match_info["run_id"]
+    request.app[BOOK].forget_run(run_id)
+    request.app[LINK].report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
+    return web.json_response({"id": run_id, "deleted": True}, headers={h.RUN_ID: run_id})
+
+
+async def list_models(request: web.Request) -> web.Response:
+    try:
+        status = await request.app[LINK].status()
+    except Exception as exc:  # noqa: BLE001 - any failure means the scheduler is away
+        raise ApiError(503, f"scheduler unavailable: {exc.__class__.__name__}") from None
+    models = sorted({m for r in status.replicas if r.kind == "generative" for m in r.models})
+    return web.json_response(
+        {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "luftpause"} for m in models]}
+    )
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "scheduler": "connected" if request.app[LINK].synced else "away"})
+
+
+async def _sweep_forever(app: web.Application) -> None:
+    while True:
+        await asyncio.sleep(TOOL_CALL_SWEEP_S)
+        app[BOOK].sweep(time.monotonic())
+
+
+def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+    app = web.Application(middlewares=[json_errors, bearer_auth], client_max_size=max_body_bytes)
+    app[BOOK] = RunBook()
+    app[TOKEN] = token
+    app[LOG] = log
+
+    async def lifecycle(app: web.Application):
+        app[LINK] = SchedulerLink(scheduler_address, app[BOOK], log)
+        app[LINK].start()
+        timeout = aiohttp.ClientTimeout(total=None, connect=ENGINE_CONNECT_TIMEOUT_S,
+                                        sock_connect=ENGINE_CONNECT_TIMEOUT_S)
+        app[ENGINES] = aiohttp.ClientSession(
+            timeout=timeout, connector=aiohttp.TCPConnector(limit=0), trust_env=False
+        )
+        sweeper = asyncio.create_task(_sweep_forever(app))
+        yield
+        sweeper.cancel()
+        await app[ENGINES].close()
+        await app[LINK].close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_delete("/v1/runs/{run_id}", delete_run)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/health", health)
+    return app

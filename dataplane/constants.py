@@ -1,0 +1,18 @@
+"""The dataplane's constants (SPEC §8), each with where it matters."""
+
+# Connecting to an engine gives up after this long: a silent host answers 502.
+ENGINE_CONNECT_TIMEOUT_S = 2.0
+# Admit is retried this often, with the same turn id, while the scheduler is away.
+ADMIT_RETRY_DELAY_S = 1.0
+# The Report stream reconnects (and resyncs) after this delay.
+REPORT_RECONNECT_DELAY_S = 1.0
+# tool_call ids an engine produced identify their run when an agent sends them back.
+TOOL_CALL_MEMORY_S = 30 * 60
+TOOL_CALL_SWEEP_S = 60
+# Idle runs are dropped from the dataplane's run book (and from Resync) after this.
+RUN_IDLE_TIMEOUT_S = 30 * 60
+# Largest request body accepted (413 above it). Agent contexts are large; 32 MiB is ample.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+DEFAULT_PORT = 8080
+DEFAULT_SCHEDULER_ADDR = "127.0.0.1:5000"

@@ -1,0 +1,80 @@
+"""``python -m luftpause`` (what ``make run`` runs): the whole stack as local processes
+on loopback — two fake engines, the fake MCP, scheduler, dataplane and runtime.
+
+Ctrl-C or SIGTERM stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from luftpause import logs
+from luftpause.stack import Ports, Stack, write_configs
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m luftpause", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pool-file", default="config/pool.yaml",
+                        help="engine pool for the scheduler (default config/pool.yaml: the two fake engines)")
+    parser.add_argument("--tools-file", default="config/tools.yaml",
+                        help="upstream MCP servers for the runtime (default config/tools.yaml: the fake MCP)")
+    parser.add_argument("--state-dir", default="state",
+                        help="runtime journal, process logs and stack.json (default state/)")
+    parser.add_argument("--free-ports", action="store_true",
+                        help="use free ports instead of the defaults, with pool and tools files written "
+                             "to the state dir; the URLs are printed and written to stack.json")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    log = logs.configure("stack")
+    state_dir = Path(args.state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if args.free_ports:
+        ports = Ports.free()
+        pool_file, tools_file = write_configs(state_dir / "config", ports)
+    else:
+        ports, pool_file, tools_file = Ports(), Path(args.pool_file), Path(args.tools_file)
+    stack = Stack(ports, pool_file, tools_file, state_dir)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    log.info("stack_starting", logs=str(state_dir / "logs"))
+    try:
+        stack.start()
+    except (RuntimeError, TimeoutError) as exc:
+        log.error("stack_failed", error=str(exc))
+        return 1
+    urls = stack.urls
+    sys.stdout.write(
+        "\nluftpause is running (Ctrl-C stops everything):\n"
+        f"  MCP runtime      {urls['runtime_mcp']}\n"
+        f"  OpenAI proxy     {urls['dataplane']}   (base_url)\n"
+        f"  scheduler status {urls['scheduler_status']}\n"
+        f"  runtime status   {urls['runtime_status']}\n"
+        f"  logs             {state_dir / 'logs'}\n\n"
+        "Connect Claude Code:\n"
+        f"  claude mcp add --transport http luftpause {urls['runtime_mcp']}\n\n"
+    )
+    sys.stdout.flush()
+    try:
+        while not stop.wait(0.5):
+            dead = [p.name for p in stack.processes if p.process is not None and p.process.poll() is not None]
+            if dead:
+                log.error("process_exited", processes=dead)
+                return 1
+        return 0
+    finally:
+        log.info("stack_stopping")
+        stack.stop()
+        log.info("stack_stopped")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""HTTP header names that carry run identity between agents, runtime and dataplane."""
+
+RUN_ID = "x-luftpause-run-id"
+SERVICE_CLASS = "x-luftpause-class"
+CALLER = "x-luftpause-caller"
+
+SERVICE_CLASSES = ("interactive", "batch")
+DEFAULT_SERVICE_CLASS = "interactive"
+ANONYMOUS_CALLER = "anonymous"
+MAX_CALLER_BYTES = 128

@@ -1,0 +1,113 @@
+"""Start, watch and stop luftpause's own processes (the local stack and tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_is_listening(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+def http_ok(url: str, timeout: float = 1.0, headers: dict[str, str] | None = None) -> bool:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return 200 <= response.status < 300
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+@dataclass
+class ManagedProcess:
+    """One ``python -m <module>`` child, started in its own process group."""
+
+    name: str
+    module: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    ready_url: str | None = None
+    ready_port: int | None = None
+    log_path: Path | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, **self.env}
+        stdout = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", self.module, *self.args],
+                env=env,
+                stdout=stdout,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            if self.log_path:
+                stdout.close()
+
+    def is_ready(self) -> bool:
+        if self.ready_url is not None:
+            return http_ok(self.ready_url)
+        if self.ready_port is not None:
+            return port_is_listening(self.ready_port)
+        return True
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}{self._log_tail()}")
+            if self.is_ready():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} not ready after {timeout:.0f}s{self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        if self.log_path and self.log_path.exists():
+            return "\n--- log tail ---\n" + self.log_path.read_text(errors="replace")[-3000:]
+        return ""
+
+    def signal(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM the process group, then SIGKILL what is left after ``timeout``."""
+        if self.process is None:
+            return
+        self.signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.process.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL at once (crash tests)."""
+        if self.process is None:
+            return
+        self.signal(signal.SIGKILL)
+        self.process.wait(5)

@@ -1,0 +1,173 @@
+"""The whole stack as local processes: two fake engines, the fake MCP, scheduler,
+dataplane and runtime, started in dependency order and stopped together.
+
+``make run`` uses it through ``python -m luftpause``; the end-to-end tests use the same
+:class:`Stack` on free loopback ports.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from luftpause.procs import ManagedProcess, free_port, http_ok
+
+HOST = "127.0.0.1"
+MODEL = "fake-llama-1b"
+
+
+@dataclass(frozen=True)
+class Ports:
+    scheduler_grpc: int = 5000
+    scheduler_http: int = 5001
+    dataplane: int = 8080
+    runtime: int = 7000
+    engines: tuple[int, ...] = (9001, 9002)
+    fake_mcp: int = 7100
+
+    @classmethod
+    def free(cls, engines: int = 2) -> Ports:
+        return cls(free_port(), free_port(), free_port(), free_port(),
+                   tuple(free_port() for _ in range(engines)), free_port())
+
+
+def engine_name(index: int) -> str:
+    return f"engine-{chr(ord('a') + index)}"
+
+
+def write_configs(directory: Path, ports: Ports) -> tuple[Path, Path]:
+    """A pool file for the fake engines and a tools file for the fake MCP."""
+    directory.mkdir(parents=True, exist_ok=True)
+    pool = {
+        "endpoints": [
+            {"name": engine_name(i), "base_url": f"http://{HOST}:{port}", "models": [MODEL],
+             "kind": "generative", "health_path": "/health"}
+            for i, port in enumerate(ports.engines)
+        ]
+    }
+    tools = {"servers": [{"name": "fake", "url": f"http://{HOST}:{ports.fake_mcp}/mcp"}]}
+    pool_file, tools_file = directory / "pool.yaml", directory / "tools.yaml"
+    pool_file.write_text(yaml.safe_dump(pool, sort_keys=False))
+    tools_file.write_text(yaml.safe_dump(tools, sort_keys=False))
+    return pool_file, tools_file
+
+
+@dataclass
+class Stack:
+    ports: Ports
+    pool_file: Path
+    tools_file: Path
+    state_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    engine_args: list[str] = field(default_factory=list)
+    fake_mcp_args: list[str] = field(default_factory=list)
+    without: frozenset[str] = frozenset()  # process names not to start (e.g. {"runtime"})
+    processes: list[ManagedProcess] = field(default_factory=list)
+
+    @property
+    def urls(self) -> dict[str, str]:
+        p = self.ports
+        return {
+            "runtime_mcp": f"http://localhost:{p.runtime}/mcp",
+            "runtime_status": f"http://localhost:{p.runtime}/status",
+            "dataplane": f"http://localhost:{p.dataplane}/v1",
+            "scheduler_status": f"http://localhost:{p.scheduler_http}/status",
+            "scheduler_grpc": f"localhost:{p.scheduler_grpc}",
+            **{engine_name(i): f"http://localhost:{port}" for i, port in enumerate(p.engines)},
+            "fake_mcp": f"http://localhost:{p.fake_mcp}/mcp",
+        }
+
+    def _process(self, name: str, module: str, args: list[str], ready_url: str) -> ManagedProcess:
+        log_dir = self.state_dir / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        return ManagedProcess(name, module, args, env=dict(self.env), ready_url=ready_url,
+                              log_path=log_dir / f"{name}.log")
+
+    def _tiers(self) -> list[list[ManagedProcess]]:
+        """Processes in start order; each tier needs the ones before it."""
+        p = self.ports
+        engines = [
+            self._process(engine_name(i), "luftpause.fakes.engine",
+                          ["--host", HOST, "--port", str(port), "--name", engine_name(i), "--models", MODEL,
+                           *self.engine_args],
+                          f"http://{HOST}:{port}/health")
+            for i, port in enumerate(p.engines)
+        ]
+        fake_mcp = self._process("fake-mcp", "luftpause.fakes.mcp",
+                                 ["--host", HOST, "--port", str(p.fake_mcp), *self.fake_mcp_args],
+                                 f"http://{HOST}:{p.fake_mcp}/health")
+        scheduler = self._process("scheduler", "luftpause.scheduler",
+                                  ["--host", HOST, "--grpc-port", str(p.scheduler_grpc),
+                                   "--http-port", str(p.scheduler_http), "--pool-file", str(self.pool_file)],
+                                  f"http://{HOST}:{p.scheduler_http}/health")
+        dataplane = self._process("dataplane", "luftpause.dataplane",
+                                  ["--host", HOST, "--port", str(p.dataplane),
+                                   "--scheduler", f"{HOST}:{p.scheduler_grpc}"],
+                                  f"http://{HOST}:{p.dataplane}/health")
+        runtime = self._process("runtime", "luftpause.runtime",
+                                ["--host", HOST, "--port", str(p.runtime),
+                                 "--dataplane-url", f"http://{HOST}:{p.dataplane}",
+                                 "--tools-file", str(self.tools_file), "--state-dir", str(self.state_dir)],
+                                f"http://{HOST}:{p.runtime}/health")
+        tiers = [[*engines, fake_mcp], [scheduler], [dataplane], [runtime]]
+        return [[p for p in tier if p.name not in self.without] for tier in tiers]
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start every tier and wait until it is healthy; on failure stop what started."""
+        try:
+            for tier in self._tiers():
+                for process in tier:
+                    self.processes.append(process)
+                    process.start()
+                for process in tier:
+                    process.wait_ready(timeout)
+            self.wait_engines_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        (self.state_dir / "stack.json").write_text(
+            json.dumps({"urls": self.urls, "ports": asdict(self.ports),
+                        "pids": {p.name: p.process.pid for p in self.processes if p.process}}, indent=2)
+        )
+
+    def wait_engines_healthy(self, timeout: float) -> None:
+        """Until the scheduler has probed at least one engine healthy and the dataplane
+        is connected to the scheduler."""
+        deadline = time.monotonic() + timeout
+        status_url = f"http://{HOST}:{self.ports.scheduler_http}/status"
+        health_url = f"http://{HOST}:{self.ports.dataplane}/health"
+        while time.monotonic() < deadline:
+            if _any_healthy(status_url) and _dataplane_connected(health_url):
+                return
+            time.sleep(0.1)
+        raise TimeoutError("no engine became healthy, or the dataplane never reached the scheduler")
+
+    def process(self, name: str) -> ManagedProcess:
+        return next(p for p in self.processes if p.name == name)
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+
+
+def _get_json(url: str) -> dict | None:
+    if not http_ok(url):
+        return None
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return json.loads(response.read())
+
+
+def _any_healthy(status_url: str) -> bool:
+    status = _get_json(status_url)
+    return bool(status) and any(r["healthy"] for r in status["replicas"])
+
+
+def _dataplane_connected(health_url: str) -> bool:
+    health = _get_json(health_url)
+    return bool(health) and health.get("scheduler") == "connected"

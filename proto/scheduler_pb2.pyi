@@ -1,0 +1,238 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ServiceClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SERVICE_CLASS_UNSPECIFIED: _ClassVar[ServiceClass]
+    INTERACTIVE: _ClassVar[ServiceClass]
+    BATCH: _ClassVar[ServiceClass]
+
+class RunStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RUN_STAGE_UNSPECIFIED: _ClassVar[RunStage]
+    IDLE: _ClassVar[RunStage]
+    GENERATING: _ClassVar[RunStage]
+    PAUSED: _ClassVar[RunStage]
+SERVICE_CLASS_UNSPECIFIED: ServiceClass
+INTERACTIVE: ServiceClass
+BATCH: ServiceClass
+RUN_STAGE_UNSPECIFIED: RunStage
+IDLE: RunStage
+GENERATING: RunStage
+PAUSED: RunStage
+
+class AdmitRequest(_message.Message):
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    run_id: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ...) -> None: ...
+
+class AdmitReply(_message.Message):
+    __slots__ = ("replica", "base_url", "api_key_env", "held_ms")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    BASE_URL_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_ENV_FIELD_NUMBER: _ClassVar[int]
+    HELD_MS_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    base_url: str
+    api_key_env: str
+    held_ms: int
+    def __init__(self, replica: _Optional[str] = ..., base_url: _Optional[str] = ..., api_key_env: _Optional[str] = ..., held_ms: _Optional[int] = ...) -> None: ...
+
+class TurnStarted(_message.Message):
+    __slots__ = ("replica",)
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    def __init__(self, replica: _Optional[str] = ...) -> None: ...
+
+class FirstToken(_message.Message):
+    __slots__ = ("ttft_ms",)
+    TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    ttft_ms: int
+    def __init__(self, ttft_ms: _Optional[int] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+
+class TurnFinished(_message.Message):
+    __slots__ = ("finish_reason", "tool_call_ids")
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
+    finish_reason: str
+    tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, finish_reason: _Optional[str] = ..., tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TurnFailed(_message.Message):
+    __slots__ = ("error",)
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    error: str
+    def __init__(self, error: _Optional[str] = ...) -> None: ...
+
+class TurnAbandoned(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RunEnded(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TurnEvent(_message.Message):
+    __slots__ = ("turn_id", "run_id", "started", "first_token", "usage", "finished", "failed", "abandoned", "run_ended")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    RUN_ENDED_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    run_id: str
+    started: TurnStarted
+    first_token: FirstToken
+    usage: Usage
+    finished: TurnFinished
+    failed: TurnFailed
+    abandoned: TurnAbandoned
+    run_ended: RunEnded
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., started: _Optional[_Union[TurnStarted, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., finished: _Optional[_Union[TurnFinished, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ..., abandoned: _Optional[_Union[TurnAbandoned, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ...) -> None: ...
+
+class ReportAck(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: int
+    def __init__(self, events: _Optional[int] = ...) -> None: ...
+
+class RunSnapshot(_message.Message):
+    __slots__ = ("run_id", "replica", "stage", "service_class", "caller")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    replica: str
+    stage: RunStage
+    service_class: ServiceClass
+    caller: str
+    def __init__(self, run_id: _Optional[str] = ..., replica: _Optional[str] = ..., stage: _Optional[_Union[RunStage, str]] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ...) -> None: ...
+
+class TurnSnapshot(_message.Message):
+    __slots__ = ("turn_id", "run_id", "replica", "model", "service_class", "caller")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    run_id: str
+    replica: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., replica: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ...) -> None: ...
+
+class ResyncRequest(_message.Message):
+    __slots__ = ("runs", "turns")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[RunSnapshot]
+    turns: _containers.RepeatedCompositeFieldContainer[TurnSnapshot]
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunSnapshot, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[TurnSnapshot, _Mapping]]] = ...) -> None: ...
+
+class ResyncReply(_message.Message):
+    __slots__ = ("runs", "turns")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    runs: int
+    turns: int
+    def __init__(self, runs: _Optional[int] = ..., turns: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("name", "base_url", "kind", "models", "healthy", "load_known", "running", "queued", "in_flight", "capacity")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BASE_URL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    LOAD_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    base_url: str
+    kind: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    healthy: bool
+    load_known: bool
+    running: int
+    queued: int
+    in_flight: int
+    capacity: int
+    def __init__(self, name: _Optional[str] = ..., base_url: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., healthy: _Optional[bool] = ..., load_known: _Optional[bool] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
+
+class HeldGroup(_message.Message):
+    __slots__ = ("key", "count", "longest_wait_ms")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    LONGEST_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    count: int
+    longest_wait_ms: int
+    def __init__(self, key: _Optional[str] = ..., count: _Optional[int] = ..., longest_wait_ms: _Optional[int] = ...) -> None: ...
+
+class RunGroup(_message.Message):
+    __slots__ = ("stage", "service_class", "count")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    service_class: str
+    count: int
+    def __init__(self, stage: _Optional[str] = ..., service_class: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("replicas", "held", "held_by_class", "held_by_caller", "runs", "in_flight", "resynced")
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    HELD_BY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    HELD_BY_CALLER_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    RESYNCED_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    held: int
+    held_by_class: _containers.RepeatedCompositeFieldContainer[HeldGroup]
+    held_by_caller: _containers.RepeatedCompositeFieldContainer[HeldGroup]
+    runs: _containers.RepeatedCompositeFieldContainer[RunGroup]
+    in_flight: int
+    resynced: bool
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., held: _Optional[int] = ..., held_by_class: _Optional[_Iterable[_Union[HeldGroup, _Mapping]]] = ..., held_by_caller: _Optional[_Iterable[_Union[HeldGroup, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[RunGroup, _Mapping]]] = ..., in_flight: _Optional[int] = ..., resynced: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,75 @@
+"""``python -m luftpause.scheduler``: gRPC Admit/Report/Resync/Status and HTTP status."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from luftpause import logs
+from luftpause.scheduler.constants import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT
+from luftpause.scheduler.host import SchedulerHost, grpc_server, http_app, mark_serving
+from luftpause.scheduler.pool import PoolError, load_pool
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="python -m luftpause.scheduler", description=__doc__)
+    parser.add_argument("--host", default=env("LUFTPAUSE_SCHEDULER_HOST", "127.0.0.1"),
+                        help="bind address (env LUFTPAUSE_SCHEDULER_HOST, default 127.0.0.1)")
+    parser.add_argument("--grpc-port", type=int, default=int(env("LUFTPAUSE_SCHEDULER_GRPC_PORT", DEFAULT_GRPC_PORT)),
+                        help=f"gRPC port (env LUFTPAUSE_SCHEDULER_GRPC_PORT, default {DEFAULT_GRPC_PORT})")
+    parser.add_argument("--http-port", type=int, default=int(env("LUFTPAUSE_SCHEDULER_HTTP_PORT", DEFAULT_HTTP_PORT)),
+                        help=f"HTTP status port (env LUFTPAUSE_SCHEDULER_HTTP_PORT, default {DEFAULT_HTTP_PORT})")
+    parser.add_argument("--pool-file", default=env("LUFTPAUSE_POOL_FILE", "config/pool.yaml"),
+                        help="engine pool YAML (env LUFTPAUSE_POOL_FILE, default config/pool.yaml)")
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace, log) -> None:
+    endpoints = load_pool(args.pool_file)
+    host = SchedulerHost(endpoints, log)
+    server, health_servicer = grpc_server(host, f"{args.host}:{args.grpc_port}")
+    await server.start()
+    await mark_serving(health_servicer)
+    runner = web.AppRunner(http_app(host), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.http_port).start()
+    log.info("scheduler_started", grpc=f"{args.host}:{args.grpc_port}", http=f"{args.host}:{args.http_port}",
+             replicas=[e.name for e in endpoints])
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    tasks = [asyncio.create_task(host.probe_forever()), asyncio.create_task(host.tick_forever())]
+    try:
+        await stop.wait()
+    finally:
+        log.info("scheduler_stopping")
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await server.stop(grace=1.0)
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    log = logs.configure("scheduler")
+    try:
+        asyncio.run(serve(args, log))
+    except PoolError as exc:
+        log.error("bad_pool_file", error=str(exc))
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

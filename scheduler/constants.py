@@ -1,0 +1,14 @@
+"""The scheduler's constants (SPEC §8), each with where it matters."""
+
+# Health + load probe period of every engine; also the probe's own timeout.
+PROBE_PERIOD_S = 2.0
+PROBE_TIMEOUT_S = 2.0
+# Clock tick that drives expiry.
+CLOCK_TICK_S = 1.0
+# A turn whose end was never reported is dropped and its slot freed.
+TURN_TIMEOUT_MS = 10 * 60 * 1000
+# A run with no turn for this long is forgotten; its next turn starts without affinity.
+RUN_IDLE_TIMEOUT_MS = 30 * 60 * 1000
+
+DEFAULT_GRPC_PORT = 5000
+DEFAULT_HTTP_PORT = 5001

@@ -1,0 +1,187 @@
+"""The scheduler's imperative shell: turns RPCs, probe results and clock ticks into
+events for the decision core, and performs the actions it returns."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from aiohttp import web
+from google.protobuf import json_format
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from luftpause.proto import scheduler_pb2 as pb
+from luftpause.proto import scheduler_pb2_grpc as pb_grpc
+from luftpause.scheduler import core
+from luftpause.scheduler.constants import CLOCK_TICK_S, PROBE_PERIOD_S
+from luftpause.scheduler.pool import Endpoint
+from luftpause.scheduler.probes import probe, probe_client
+
+CLASS_NAMES = {pb.INTERACTIVE: core.INTERACTIVE, pb.BATCH: core.BATCH}
+STAGES = {pb.IDLE: core.Stage.IDLE, pb.GENERATING: core.Stage.GENERATING, pb.PAUSED: core.Stage.PAUSED}
+REJECT_CODES = {"unknown_model": grpc.StatusCode.NOT_FOUND, "invalid": grpc.StatusCode.INVALID_ARGUMENT}
+
+
+def class_name(value: int) -> str:
+    """Unspecified means interactive (the dataplane's default); unknown values stay
+    unknown so the core rejects them."""
+    if value == pb.SERVICE_CLASS_UNSPECIFIED:
+        return core.INTERACTIVE
+    return CLASS_NAMES.get(value, f"class-{value}")
+
+
+class SchedulerHost:
+    """Owns the state; every change goes through :meth:`apply` on the event loop."""
+
+    def __init__(self, endpoints: list[Endpoint], log, clock: Callable[[], float] = time.monotonic) -> None:
+        self.endpoints = {e.name: e for e in endpoints}
+        self.state = core.initial_state(e.replica() for e in endpoints)
+        self.log = log
+        self._clock = clock
+        self._waiters: dict[str, list[asyncio.Future[core.Action]]] = {}
+
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def apply(self, event: core.Event) -> None:
+        self.state, actions = core.decide(self.state, event)
+        for action in actions:
+            if isinstance(action, core.Place):
+                self.log.debug("turn_placed", turn=action.turn_id, replica=action.replica, held_ms=action.held_ms)
+            for waiter in self._waiters.pop(action.turn_id, []):
+                if not waiter.done():
+                    waiter.set_result(action)
+
+    async def admit(self, request: pb.AdmitRequest) -> core.Action:
+        """Wait until the turn is placed or rejected; cancelling abandons it."""
+        waiter: asyncio.Future[core.Action] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(request.turn_id, []).append(waiter)
+        try:
+            self.apply(
+                core.AdmitRequested(
+                    turn_id=request.turn_id,
+                    run_id=request.run_id,
+                    model=request.model,
+                    service_class=class_name(request.service_class),
+                    caller=request.caller,
+                    now_ms=self.now_ms(),
+                )
+            )
+            return await waiter
+        except asyncio.CancelledError:
+            others = [w for w in self._waiters.get(request.turn_id, []) if w is not waiter]
+            if others:
+                self._waiters[request.turn_id] = others
+            else:
+                self._waiters.pop(request.turn_id, None)
+                if request.turn_id in self.state.held:
+                    self.log.info("turn_abandoned", turn=request.turn_id, run=request.run_id)
+                    self.apply(core.AdmitCancelled(request.turn_id, self.now_ms()))
+            raise
+
+    def report(self, event: pb.TurnEvent) -> None:
+        now = self.now_ms()
+        kind = event.WhichOneof("kind")
+        if kind == "finished":
+            self.apply(core.TurnFinished(event.turn_id, event.finished.finish_reason, now))
+        elif kind == "failed":
+            self.log.info("turn_failed", turn=event.turn_id, run=event.run_id, error=event.failed.error)
+            self.apply(core.TurnFailed(event.turn_id, now))
+        elif kind == "abandoned":
+            self.apply(core.AdmitCancelled(event.turn_id, now))
+        elif kind == "run_ended":
+            self.apply(core.RunEnded(event.run_id, now))
+        # started, first_token and usage feed tracing and status later; they change no state.
+
+    def resync(self, request: pb.ResyncRequest) -> None:
+        runs = tuple(
+            core.RunSnapshot(r.run_id, r.replica, STAGES.get(r.stage, core.Stage.IDLE), class_name(r.service_class), r.caller)
+            for r in request.runs
+        )
+        turns = tuple(
+            core.TurnSnapshot(t.turn_id, t.run_id, t.replica, t.model, class_name(t.service_class), t.caller)
+            for t in request.turns
+        )
+        self.apply(core.Resynced(runs, turns, self.now_ms()))
+        self.log.info("resynced", runs=len(runs), turns=len(turns))
+
+    def status(self) -> dict:
+        return core.status(self.state, self.now_ms())
+
+    async def probe_forever(self) -> None:
+        async with probe_client() as client:
+            while True:
+                started = time.monotonic()
+                results = await asyncio.gather(*(probe(client, e) for e in self.endpoints.values()))
+                for endpoint, (healthy, running, queued) in zip(self.endpoints.values(), results, strict=True):
+                    before = self.state.replicas[endpoint.name].healthy
+                    if healthy != before:
+                        self.log.info("replica_health", replica=endpoint.name, healthy=healthy)
+                    self.apply(core.EngineProbed(endpoint.name, healthy, running, queued, self.now_ms()))
+                await asyncio.sleep(max(0.0, PROBE_PERIOD_S - (time.monotonic() - started)))
+
+    async def tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(CLOCK_TICK_S)
+            self.apply(core.ClockTicked(self.now_ms()))
+
+
+class SchedulerServicer(pb_grpc.SchedulerServicer):
+    def __init__(self, host: SchedulerHost) -> None:
+        self.host = host
+
+    async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitReply:
+        action = await self.host.admit(request)
+        if isinstance(action, core.Reject):
+            await context.abort(REJECT_CODES[action.reason], action.message)
+        endpoint = self.host.endpoints[action.replica]
+        return pb.AdmitReply(
+            replica=endpoint.name, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env, held_ms=action.held_ms
+        )
+
+    async def Report(self, request_iterator: AsyncIterator[pb.TurnEvent], context) -> pb.ReportAck:
+        count = 0
+        async for event in request_iterator:
+            self.host.report(event)
+            count += 1
+        return pb.ReportAck(events=count)
+
+    async def Resync(self, request: pb.ResyncRequest, context) -> pb.ResyncReply:
+        self.host.resync(request)
+        return pb.ResyncReply(runs=len(request.runs), turns=len(request.turns))
+
+    async def Status(self, request: pb.StatusRequest, context) -> pb.StatusReply:
+        return json_format.ParseDict(self.host.status(), pb.StatusReply())
+
+
+def grpc_server(host: SchedulerHost, bind: str) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """The Scheduler service plus standard health checking and reflection (grpcurl)."""
+    server = grpc.aio.server()
+    pb_grpc.add_SchedulerServicer_to_server(SchedulerServicer(host), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    service_name = pb.DESCRIPTOR.services_by_name["Scheduler"].full_name
+    reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    server.add_insecure_port(bind)
+    return server, health_servicer
+
+
+async def mark_serving(servicer: health.aio.HealthServicer) -> None:
+    for name in ("", pb.DESCRIPTOR.services_by_name["Scheduler"].full_name):
+        await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+
+def http_app(host: SchedulerHost) -> web.Application:
+    async def get_status(request: web.Request) -> web.Response:
+        return web.json_response(host.status())
+
+    async def get_health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_get("/status", get_status)
+    app.router.add_get("/health", get_health)
+    return app

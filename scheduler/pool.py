@@ -1,0 +1,113 @@
+"""The engine pool file: which replicas exist and what they serve.
+
+YAML, one entry per endpoint::
+
+    endpoints:
+      - name: engine-a                 # unique; used in logs, status and 502 messages
+        base_url: http://127.0.0.1:9001  # without /v1; ${VAR} is expanded from the environment
+        models: [fake-llama-1b]        # models this replica serves
+        kind: generative               # generative | one-pass (classifier, outside run state)
+        health_path: /health           # probed every 2 s; a 200 means healthy
+        metrics_path: /metrics         # load (SGLang or vLLM names); absent metrics = never capped
+        api_key_env: ""                # environment variable holding this replica's API key
+        load_from: []                  # for a router: base URLs of the engines whose load it has
+"""
+
+from __future__ import annotations
+
+import os
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from luftpause.scheduler.core import GENERATIVE, ONE_PASS, Replica
+
+
+class PoolError(ValueError):
+    """The pool file is missing, malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    base_url: str
+    models: tuple[str, ...]
+    kind: str = GENERATIVE
+    health_path: str = "/health"
+    metrics_path: str = "/metrics"
+    api_key_env: str = ""
+    load_from: tuple[str, ...] = ()
+
+    def replica(self) -> Replica:
+        return Replica(self.name, self.base_url, frozenset(self.models), self.kind, self.api_key_env)
+
+
+def _expand(value: str, where: str) -> str:
+    try:
+        return string.Template(value).substitute(os.environ)
+    except (KeyError, ValueError) as exc:
+        raise PoolError(f"{where}: cannot expand {value!r}: missing variable {exc}") from None
+
+
+def _text(entry: dict, key: str, where: str, default: str | None = None) -> str:
+    value = entry.get(key, default)
+    if not isinstance(value, str) or (default is None and not value):
+        raise PoolError(f"{where}: '{key}' must be a non-empty string")
+    return value
+
+
+def _strings(entry: dict, key: str, where: str) -> tuple[str, ...]:
+    value = entry.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise PoolError(f"{where}: '{key}' must be a list of strings")
+    return tuple(value)
+
+
+def parse_pool(document: object) -> list[Endpoint]:
+    if not isinstance(document, dict) or not isinstance(document.get("endpoints"), list):
+        raise PoolError("pool file must be a mapping with an 'endpoints' list")
+    endpoints: list[Endpoint] = []
+    for index, entry in enumerate(document["endpoints"]):
+        where = f"endpoints[{index}]"
+        if not isinstance(entry, dict):
+            raise PoolError(f"{where}: must be a mapping")
+        unknown = set(entry) - set(Endpoint.__dataclass_fields__)
+        if unknown:
+            raise PoolError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        kind = _text(entry, "kind", where, GENERATIVE)
+        if kind not in (GENERATIVE, ONE_PASS):
+            raise PoolError(f"{where}: kind must be '{GENERATIVE}' or '{ONE_PASS}'")
+        models = _strings(entry, "models", where)
+        if not models:
+            raise PoolError(f"{where}: 'models' must list at least one model")
+        endpoint = Endpoint(
+            name=_text(entry, "name", where),
+            base_url=_expand(_text(entry, "base_url", where), where).rstrip("/"),
+            models=models,
+            kind=kind,
+            health_path=_text(entry, "health_path", where, "/health"),
+            metrics_path=_text(entry, "metrics_path", where, "/metrics"),
+            api_key_env=_text(entry, "api_key_env", where, ""),
+            load_from=tuple(_expand(u, where).rstrip("/") for u in _strings(entry, "load_from", where)),
+        )
+        if not endpoint.base_url.startswith(("http://", "https://")):
+            raise PoolError(f"{where}: base_url must start with http:// or https://")
+        endpoints.append(endpoint)
+    names = [e.name for e in endpoints]
+    if len(set(names)) != len(names):
+        raise PoolError("endpoint names must be unique")
+    return endpoints
+
+
+def load_pool(path: str | Path) -> list[Endpoint]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PoolError(f"cannot read pool file {path}: {exc.strerror}") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PoolError(f"pool file {path} is not valid YAML: {exc}") from None
+    return parse_pool(document)

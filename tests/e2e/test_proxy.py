@@ -1,0 +1,120 @@
+"""The OpenAI-compatible proxy end to end: client → dataplane → scheduler → fake engine."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from luftpause import headers as h
+from luftpause.stack import MODEL
+
+
+def base_url(stack) -> str:
+    return f"http://127.0.0.1:{stack.ports.dataplane}"
+
+
+def scheduler_status(stack) -> dict:
+    return httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()
+
+
+def test_openai_client_streams_text_through_the_proxy(proxy_stack):
+    client = openai.OpenAI(base_url=base_url(proxy_stack) + "/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say something"}], stream=True,
+        extra_headers={h.CALLER: "e2e"},
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text.strip()
+    assert scheduler_status(proxy_stack)["in_flight"] == 0
+
+
+def test_non_streaming_reply_is_passed_through_with_a_run_id(proxy_stack):
+    response = httpx.post(base_url(proxy_stack) + "/v1/chat/completions",
+                          json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert response.status_code == 200
+    assert response.headers[h.RUN_ID]
+    body = response.json()
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"]["content"]
+
+
+def test_run_is_recognised_from_a_returned_tool_call_id(proxy_stack):
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "look up",
+                                               "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                                                              "required": ["query"]}}}]
+    messages = [{"role": "user", "content": "find luftpause"}]
+    first = httpx.post(base_url(proxy_stack) + "/v1/chat/completions",
+                       json={"model": MODEL, "messages": messages, "tools": tools})
+    call = first.json()["choices"][0]["message"]["tool_calls"][0]
+    messages += [first.json()["choices"][0]["message"],
+                 {"role": "tool", "tool_call_id": call["id"], "content": "a scheduler"}]
+    second = httpx.post(base_url(proxy_stack) + "/v1/chat/completions",
+                        json={"model": MODEL, "messages": messages, "tools": tools})
+    assert second.status_code == 200
+    assert second.headers[h.RUN_ID] == first.headers[h.RUN_ID]
+
+
+def test_run_id_header_is_kept(proxy_stack):
+    response = httpx.post(base_url(proxy_stack) + "/v1/chat/completions",
+                          headers={h.RUN_ID: "my-run-1"},
+                          json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert response.headers[h.RUN_ID] == "my-run-1"
+
+
+def test_unknown_model_is_404_before_queueing(proxy_stack):
+    response = httpx.post(base_url(proxy_stack) + "/v1/chat/completions",
+                          json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
+    assert response.status_code == 404
+    assert response.json() == {"error": {"message": "no Generative replica serves model 'no-such-model'"}}
+    assert scheduler_status(proxy_stack)["held"] == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "status"),
+    [
+        (b"{not json", {"Content-Type": "application/json"}, 400),
+        (b"[]", {"Content-Type": "application/json"}, 400),
+        (json.dumps({"messages": []}).encode(), {"Content-Type": "application/json"}, 400),
+        (json.dumps({"model": MODEL, "messages": []}).encode(), {"Content-Type": "text/plain"}, 415),
+        (json.dumps({"model": MODEL, "messages": []}).encode(),
+         {"Content-Type": "application/json", h.SERVICE_CLASS: "vip"}, 400),
+        (json.dumps({"model": MODEL, "messages": []}).encode(),
+         {"Content-Type": "application/json", h.CALLER: "x" * 129}, 400),
+    ],
+)
+def test_bad_input_gets_a_clear_json_error(proxy_stack, content, headers, status):
+    response = httpx.post(base_url(proxy_stack) + "/v1/chat/completions", content=content, headers=headers)
+    assert response.status_code == status
+    assert response.json()["error"]["message"]
+    assert scheduler_status(proxy_stack)["in_flight"] == 0
+
+
+def test_models_lists_what_the_pool_serves(proxy_stack):
+    response = httpx.get(base_url(proxy_stack) + "/v1/models")
+    assert [m["id"] for m in response.json()["data"]] == [MODEL]
+
+
+def run_count(stack) -> int:
+    return sum(group["count"] for group in scheduler_status(stack)["runs"])
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_run_ended_forgets_the_run_at_once(proxy_stack):
+    httpx.post(base_url(proxy_stack) + "/v1/chat/completions", headers={h.RUN_ID: "ending-run"},
+               json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    before = run_count(proxy_stack)
+    assert before >= 1
+    response = httpx.delete(base_url(proxy_stack) + "/v1/runs/ending-run")
+    assert response.status_code == 200
+    assert wait_for(lambda: run_count(proxy_stack) == before - 1)
