@@ -1,0 +1,496 @@
+"""Static checks of the deployment files (SPEC §9, §10).
+
+There is no Docker engine where these run, so the compose files, Dockerfiles and
+config files are read as text and YAML and checked against what the services
+expect. `docker compose config` runs too where the compose CLI is installed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE_COMPOSE = "compose.yaml"
+OVERLAYS = ["compose.testbed.yaml", "compose.runpod.yaml"]
+COMPOSE_FILES = [BASE_COMPOSE, *OVERLAYS]
+
+# The variables the overlays insist on (`${VAR:?}`), so `docker compose config` can run.
+OVERLAY_ENV = {"HF_TOKEN": "hf_test", "RUNPOD_POD_ID": "pod123", "RUNPOD_KEY": "key"}
+
+SERVICE_IMAGES = {
+    "scheduler": "luftpause-scheduler",
+    "dataplane": "luftpause-dataplane",
+    "runtime": "luftpause-runtime",
+    "engine-a": "luftpause-fakes",
+    "engine-b": "luftpause-fakes",
+    "fake-mcp": "luftpause-fakes",
+}
+
+# Host ports published by compose.yaml (loopback only) -> container port.
+PUBLISHED = {"scheduler": 5001, "dataplane": 8080, "runtime": 7000}
+
+# Dockerfile -> (ports it exposes, module its CMD runs, port of its /health or None).
+DOCKERFILES = {
+    "docker/Dockerfile.scheduler": ({5000, 5001}, "luftpause.scheduler", "LUFTPAUSE_SCHEDULER_HTTP_PORT"),
+    "docker/Dockerfile.dataplane": ({8080}, "luftpause.dataplane", "LUFTPAUSE_DATAPLANE_PORT"),
+    "docker/Dockerfile.runtime": ({7000}, "luftpause.runtime", "LUFTPAUSE_RUNTIME_PORT"),
+    "docker/Dockerfile.fakes": ({9001, 7100}, "luftpause.fakes.engine", "LUFTPAUSE_FAKE_HEALTH_URL"),
+}
+
+POOL_FIELDS = {"name", "base_url", "models", "kind", "health_path", "api_key_env", "load_from"}
+POOL_OPTIONAL_FIELDS = {"metrics_path"}
+POOL_KINDS = {"generative", "one-pass"}
+
+_VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
+
+
+def with_defaults(text: str) -> str:
+    """Interpolate like compose would with an empty environment plus OVERLAY_ENV."""
+
+    def value(match: re.Match[str]) -> str:
+        name, op, arg = match.group("name", "op", "arg")
+        if name in OVERLAY_ENV:
+            return OVERLAY_ENV[name]
+        return arg if op in (":-", "-") else ""
+
+    return _VAR.sub(value, text)
+
+
+def load_yaml(relative: str):
+    return yaml.safe_load((ROOT / relative).read_text())
+
+
+def compose(relative: str) -> dict:
+    return load_yaml(relative)
+
+
+def merged_services() -> dict[str, dict]:
+    """Services of compose.yaml with every overlay's service names added."""
+    services: dict[str, dict] = {}
+    for name in COMPOSE_FILES:
+        for service, body in compose(name)["services"].items():
+            services.setdefault(service, {}).update(body)
+    return services
+
+
+def as_env(environment) -> dict[str, str]:
+    if environment is None:
+        return {}
+    if isinstance(environment, list):
+        return dict(item.split("=", 1) if "=" in item else (item, "") for item in environment)
+    return {key: "" if value is None else str(value) for key, value in environment.items()}
+
+
+def bind_mounts(service: dict) -> list[tuple[str, str]]:
+    """(source relative to the repo, target) for each bind mount of the service."""
+    mounts = []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            if volume.get("type") == "bind":
+                mounts.append((volume["source"], volume["target"]))
+            continue
+        source, target = volume.split(":")[:2]
+        if source.startswith((".", "/")):
+            mounts.append((source, target))
+    return mounts
+
+
+def all_mounted_config() -> list[tuple[str, str, str, str]]:
+    """(compose file, service, source, target) for every bind mount in every compose file."""
+    found = []
+    for name in COMPOSE_FILES:
+        for service, body in compose(name)["services"].items():
+            for source, target in bind_mounts(body):
+                found.append((name, service, source, target))
+    return found
+
+
+# Pools that compose files mount (config/pool.<deployment>.yaml); config/pool.yaml
+# is the local-process default and is not checked here.
+DEPLOY_POOLS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "config").glob("pool.*.yaml"))
+
+
+def depends_on(service: dict) -> dict[str, str]:
+    deps = service.get("depends_on", {})
+    if isinstance(deps, list):
+        return {dep: "service_started" for dep in deps}
+    return {dep: (spec or {}).get("condition", "service_started") for dep, spec in deps.items()}
+
+
+# --- compose files -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_file_parses(name):
+    document = compose(name)
+    assert isinstance(document, dict)
+    assert isinstance(document.get("services"), dict) and document["services"]
+
+
+def test_compose_has_every_service():
+    assert set(compose(BASE_COMPOSE)["services"]) == set(SERVICE_IMAGES)
+
+
+@pytest.mark.parametrize("service", sorted(SERVICE_IMAGES))
+def test_service_has_image_build_and_healthcheck(service):
+    body = compose(BASE_COMPOSE)["services"][service]
+    image = body["image"]
+    assert image == (
+        "${LUFTPAUSE_REGISTRY:-ghcr.io/vmedvedovskiy}/"
+        f"{SERVICE_IMAGES[service]}:${{LUFTPAUSE_VERSION:-latest}}"
+    )
+    assert body["build"]["context"] == "."
+    assert body["build"]["dockerfile"] in DOCKERFILES
+    test = body["healthcheck"]["test"]
+    assert test[0] == "CMD" and "/health" in " ".join(test)
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_every_referenced_dockerfile_exists(name):
+    for service, body in compose(name)["services"].items():
+        build = body.get("build")
+        if build is None:
+            continue
+        if isinstance(build, str):
+            build = {"context": build}
+        context = ROOT / build.get("context", ".")
+        dockerfile = context / build.get("dockerfile", "Dockerfile")
+        assert dockerfile.is_file(), f"{name}: {service} builds from missing {dockerfile}"
+
+
+def test_start_order_engines_scheduler_dataplane_runtime():
+    services = compose(BASE_COMPOSE)["services"]
+    assert depends_on(services["scheduler"]) == {
+        "engine-a": "service_healthy",
+        "engine-b": "service_healthy",
+    }
+    assert depends_on(services["dataplane"]) == {"scheduler": "service_healthy"}
+    runtime_deps = depends_on(services["runtime"])
+    assert runtime_deps["dataplane"] == "service_healthy"
+    assert runtime_deps.get("fake-mcp") == "service_healthy"
+
+
+def test_only_three_ports_published_on_loopback():
+    services = compose(BASE_COMPOSE)["services"]
+    published = {name for name, body in services.items() if body.get("ports")}
+    assert published == set(PUBLISHED)
+    for name, container_port in PUBLISHED.items():
+        (mapping,) = services[name]["ports"]
+        host_ip, host_port, target = with_defaults(str(mapping)).split(":")
+        assert host_ip == "127.0.0.1"
+        assert int(host_port) == container_port
+        assert int(target) == container_port
+    for overlay in OVERLAYS:
+        assert not any(body.get("ports") for body in compose(overlay)["services"].values())
+
+
+def test_service_environment_wiring():
+    services = compose(BASE_COMPOSE)["services"]
+    scheduler = as_env(services["scheduler"]["environment"])
+    assert scheduler["LUFTPAUSE_SCHEDULER_HOST"] == "0.0.0.0"
+    assert scheduler["LUFTPAUSE_SCHEDULER_GRPC_PORT"] == "5000"
+    assert scheduler["LUFTPAUSE_SCHEDULER_HTTP_PORT"] == "5001"
+    dataplane = as_env(services["dataplane"]["environment"])
+    assert dataplane["LUFTPAUSE_DATAPLANE_HOST"] == "0.0.0.0"
+    assert dataplane["LUFTPAUSE_DATAPLANE_PORT"] == "8080"
+    assert dataplane["LUFTPAUSE_SCHEDULER_ADDR"] == "scheduler:5000"
+    runtime = as_env(services["runtime"]["environment"])
+    assert runtime["LUFTPAUSE_RUNTIME_HOST"] == "0.0.0.0"
+    assert runtime["LUFTPAUSE_RUNTIME_PORT"] == "7000"
+    assert runtime["LUFTPAUSE_DATAPLANE_URL"] == "http://dataplane:8080"
+    assert runtime["LUFTPAUSE_STATE_DIR"] == "/var/lib/luftpause"
+    # One token for both: the runtime sends the dataplane the token it requires.
+    assert dataplane["LUFTPAUSE_TOKEN"] == runtime["LUFTPAUSE_TOKEN"] == "${LUFTPAUSE_TOKEN:-}"
+
+
+def test_fake_commands_match_their_healthchecks():
+    services = compose(BASE_COMPOSE)["services"]
+    expected = {
+        "engine-a": ("luftpause.fakes.engine", "9001", "engine-a"),
+        "engine-b": ("luftpause.fakes.engine", "9002", "engine-b"),
+        "fake-mcp": ("luftpause.fakes.mcp", "7100", None),
+    }
+    for name, (module, port, replica_name) in expected.items():
+        command = services[name]["command"]
+        assert command[:3] == ["python", "-m", module]
+        assert command[command.index("--host") + 1] == "0.0.0.0"
+        assert command[command.index("--port") + 1] == port
+        if replica_name:
+            assert command[command.index("--name") + 1] == replica_name
+        assert f"127.0.0.1:{port}/health" in " ".join(services[name]["healthcheck"]["test"])
+
+
+def test_runtime_state_is_a_named_volume():
+    document = compose(BASE_COMPOSE)
+    volumes = document["services"]["runtime"]["volumes"]
+    state = [v for v in volumes if isinstance(v, str) and v.split(":")[1] == "/var/lib/luftpause"]
+    assert len(state) == 1
+    source = state[0].split(":")[0]
+    assert not source.startswith((".", "/")), "state must be a named volume, not a bind mount"
+    assert source in document["volumes"]
+
+
+def test_every_mounted_config_file_exists_and_parses():
+    mounts = all_mounted_config()
+    assert mounts, "compose files mount no config"
+    for compose_name, service, source, _target in mounts:
+        path = (ROOT / source).resolve()
+        assert path.is_file(), f"{compose_name}: {service} mounts missing {source}"
+        assert path.is_relative_to(ROOT / "config"), f"{source} is not under config/"
+        assert isinstance(yaml.safe_load(path.read_text()), dict)
+
+
+@pytest.mark.parametrize(
+    ("name", "pool"),
+    [
+        (BASE_COMPOSE, "config/pool.compose.yaml"),
+        ("compose.testbed.yaml", "config/pool.testbed.yaml"),
+        ("compose.runpod.yaml", "config/pool.runpod.yaml"),
+    ],
+)
+def test_scheduler_pool_file_is_mounted(name, pool):
+    scheduler = compose(name)["services"]["scheduler"]
+    pool_target = as_env(scheduler["environment"])["LUFTPAUSE_POOL_FILE"]
+    assert (f"./{pool}", pool_target) in bind_mounts(scheduler)
+
+
+def test_runtime_tools_file_is_mounted():
+    runtime = compose(BASE_COMPOSE)["services"]["runtime"]
+    tools_target = as_env(runtime["environment"])["LUFTPAUSE_TOOLS_FILE"]
+    assert ("./config/tools.compose.yaml", tools_target) in bind_mounts(runtime)
+
+
+# --- config files --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pool", DEPLOY_POOLS)
+def test_pool_file_has_documented_fields(pool):
+    endpoints = load_yaml(pool)["endpoints"]
+    assert endpoints
+    names = [endpoint["name"] for endpoint in endpoints]
+    assert len(names) == len(set(names))
+    for endpoint in endpoints:
+        assert POOL_FIELDS <= set(endpoint) <= POOL_FIELDS | POOL_OPTIONAL_FIELDS, endpoint["name"]
+        assert endpoint.get("metrics_path", "/metrics").startswith("/")
+        assert isinstance(endpoint["name"], str) and endpoint["name"]
+        url = urlparse(endpoint["base_url"])
+        assert url.scheme in ("http", "https") and url.netloc
+        assert not url.path.rstrip("/").endswith("/v1"), "base_url carries no /v1"
+        assert endpoint["models"] and all(isinstance(m, str) and m for m in endpoint["models"])
+        assert endpoint["kind"] in POOL_KINDS
+        assert endpoint["health_path"].startswith("/")
+        assert isinstance(endpoint["api_key_env"], str)
+        assert isinstance(endpoint["load_from"], list)
+
+
+def test_deploy_pools_found():
+    assert {"config/pool.compose.yaml", "config/pool.runpod.yaml", "config/pool.testbed.yaml"} <= set(DEPLOY_POOLS)
+
+
+@pytest.mark.parametrize("pool", ["config/pool.compose.yaml", "config/pool.testbed.yaml", "config/pool.runpod.yaml"])
+def test_pool_replicas_in_compose_are_real_services(pool):
+    services = merged_services()
+    for endpoint in load_yaml(pool)["endpoints"]:
+        url = urlparse(endpoint["base_url"])
+        if url.scheme == "https":
+            continue  # hosted
+        assert url.hostname in services, f"{endpoint['name']}: no service {url.hostname}"
+        service = services[url.hostname]
+        listens = " ".join(str(part) for part in service.get("command", [])) + " " + " ".join(
+            str(port) for port in service.get("expose", [])
+        )
+        assert str(url.port) in listens.split(), f"{endpoint['name']}: {url.hostname} not on :{url.port}"
+
+
+def test_compose_pool_is_the_two_fake_engines():
+    endpoints = load_yaml("config/pool.compose.yaml")["endpoints"]
+    assert [(e["name"], e["base_url"]) for e in endpoints] == [
+        ("engine-a", "http://engine-a:9001"),
+        ("engine-b", "http://engine-b:9002"),
+    ]
+    for endpoint in endpoints:
+        assert endpoint["models"] == ["fake-llama-1b"]
+        assert endpoint["kind"] == "generative"
+        assert endpoint["health_path"] == "/health"
+        assert endpoint["api_key_env"] == ""
+
+
+def test_tools_file_has_documented_fields():
+    servers = load_yaml("config/tools.compose.yaml")["servers"]
+    assert servers == [{"name": "fake", "url": "http://fake-mcp:7100/mcp"}]
+    for server in servers:
+        assert ("url" in server) != ("command" in server)
+
+
+@pytest.mark.parametrize("pool", DEPLOY_POOLS)
+def test_pool_file_loads_with_the_scheduler(pool, monkeypatch):
+    pool_module = pytest.importorskip("luftpause.scheduler.pool")
+    monkeypatch.setenv("RUNPOD_POD_ID", OVERLAY_ENV["RUNPOD_POD_ID"])
+    endpoints = pool_module.load_pool(ROOT / pool)
+    assert [e.name for e in endpoints] == [e["name"] for e in load_yaml(pool)["endpoints"]]
+    assert all("${" not in e.base_url for e in endpoints)
+
+
+def test_tools_file_loads_with_the_runtime():
+    runtime_config = pytest.importorskip("luftpause.runtime.config")
+    servers = runtime_config.load_tools_file(ROOT / "config/tools.compose.yaml")
+    assert [server.name for server in servers] == ["fake"]
+
+
+# --- overlays ------------------------------------------------------------------
+
+
+def test_testbed_runs_two_sglang_replicas_on_one_gpu():
+    services = compose("compose.testbed.yaml")["services"]
+    replicas = [name for name, body in services.items() if "sglang" in str(body.get("image", ""))]
+    assert sorted(replicas) == ["sglang-a", "sglang-b"]
+    fractions = []
+    for name in replicas:
+        body = services[name]
+        assert body["image"].startswith("lmsysorg/sglang")
+        command = [with_defaults(str(part)) for part in body["command"]]
+        assert command[command.index("--model-path") + 1] == "meta-llama/Llama-3.2-1B-Instruct"
+        assert command[command.index("--quantization") + 1] == "fp8"
+        assert command[command.index("--port") + 1] == "30000"
+        fractions.append(float(command[command.index("--mem-fraction-static") + 1]))
+        assert "HF_TOKEN" in as_env(body["environment"])
+        (device,) = body["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+        assert "healthcheck" in body
+    # Static memory of both, plus headroom for CUDA graphs and activations.
+    assert round(sum(fractions), 6) <= 0.8, "both replicas must fit on one GPU"
+
+
+def test_runpod_replica_is_https_with_key_from_env():
+    (hosted,) = [e for e in load_yaml("config/pool.runpod.yaml")["endpoints"] if e["name"] == "runpod"]
+    assert hosted["base_url"] == "https://${RUNPOD_POD_ID}-8000.proxy.runpod.net"
+    assert hosted["api_key_env"] == "RUNPOD_KEY"
+    services = compose("compose.runpod.yaml")["services"]
+    assert "RUNPOD_KEY" in as_env(services["dataplane"]["environment"])
+    scheduler = as_env(services["scheduler"]["environment"])
+    assert "RUNPOD_KEY" in scheduler
+    assert "RUNPOD_POD_ID" in scheduler, "the scheduler expands ${RUNPOD_POD_ID} in base_url"
+
+
+# --- Dockerfiles ----------------------------------------------------------------
+
+
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    joined = re.sub(r"\\\n", " ", path.read_text())
+    instructions = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            instructions.append((keyword.upper(), rest.strip()))
+    return instructions
+
+
+@pytest.mark.parametrize("dockerfile", sorted(DOCKERFILES))
+def test_dockerfile(dockerfile):
+    ports, module, health_variable = DOCKERFILES[dockerfile]
+    instructions = dockerfile_instructions(ROOT / dockerfile)
+    by_keyword: dict[str, list[str]] = {}
+    for keyword, rest in instructions:
+        by_keyword.setdefault(keyword, []).append(rest)
+    assert by_keyword["FROM"] == ["python:3.12-slim"]
+    assert any("pip install --no-cache-dir ." in run for run in by_keyword["RUN"])
+    user = by_keyword["USER"][-1]
+    assert user not in ("root", "0")
+    exposed = {int(port) for rest in by_keyword["EXPOSE"] for port in rest.split()}
+    assert exposed == ports
+    (healthcheck,) = by_keyword["HEALTHCHECK"]
+    assert "urllib.request" in healthcheck and health_variable in healthcheck
+    cmd = by_keyword["CMD"][-1]
+    assert cmd.startswith(f'["python", "-m", "{module}"')
+    # The last USER applies to CMD: nothing may switch back to root after it.
+    last_user = max(i for i, (keyword, _) in enumerate(instructions) if keyword == "USER")
+    assert all(keyword != "USER" for keyword, _ in instructions[last_user + 1 :])
+
+
+def test_dockerignore_keeps_what_pip_install_needs():
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for must_ignore in (".venv", ".git", "state", "__pycache__", ".pytest_cache"):
+        assert any(fnmatch.fnmatch(must_ignore, p.removeprefix("**/")) for p in patterns), must_ignore
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    needed = ["pyproject.toml"]
+    project = pyproject["project"]
+    if isinstance(project.get("readme"), str):
+        needed.append(project["readme"])
+    license_file = project.get("license", {})
+    if isinstance(license_file, dict) and "file" in license_file:
+        needed.append(license_file["file"])
+    needed += pyproject["tool"]["setuptools"]["package-dir"].values()
+    for path in needed:
+        for pattern in patterns:
+            assert not pattern.startswith("!"), "negations are not modelled here"
+            assert not fnmatch.fnmatch(path, pattern.removeprefix("**/")), f"{pattern} hides {path}"
+
+
+def test_runtime_image_owns_its_state_dir():
+    text = (ROOT / "docker/Dockerfile.runtime").read_text()
+    assert "LUFTPAUSE_STATE_DIR=/var/lib/luftpause" in text
+    assert re.search(r"chown\s+luftpause:luftpause\s+/var/lib/luftpause", text)
+
+
+# --- LICENSE ------------------------------------------------------------------------
+
+
+def test_license_is_bsl_converting_to_apache():
+    text = (ROOT / "LICENSE").read_text()
+    flat = " ".join(text.split())
+    assert text.startswith("License text copyright (c) 2020 MariaDB Corporation Ab")
+    assert "Business Source License 1.1" in flat
+    assert "Licensor: The luftpause authors" in flat
+    assert "The Licensed Work is (c) 2026 The luftpause authors" in flat
+    assert "Change License: Apache License, Version 2.0" in flat
+    assert "Change Date: Four years from the date the Licensed Work version is published" in flat
+    assert "as a hosted or managed service" in flat
+    assert "the fourth anniversary of the first publicly available distribution" in flat
+    assert "Not to modify this License in any other way." in flat
+
+
+# --- docker compose, where it is installed ------------------------------------------
+
+
+def compose_cli() -> list[str] | None:
+    for candidate in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(candidate[0]) is None:
+            continue
+        try:
+            probe = subprocess.run([*candidate, "version"], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        version = re.search(rb"version v?(\d+)\.", probe.stdout)
+        if probe.returncode == 0 and version and int(version.group(1)) >= 2:
+            return candidate
+    return None
+
+
+@pytest.mark.parametrize("files", [[BASE_COMPOSE], [BASE_COMPOSE, OVERLAYS[0]], [BASE_COMPOSE, OVERLAYS[1]]])
+def test_docker_compose_config(files):
+    cli = compose_cli()
+    if cli is None:
+        pytest.skip("docker compose v2 is not installed")
+    args = [arg for name in files for arg in ("-f", name)]
+    env = {**os.environ, **OVERLAY_ENV}
+    result = subprocess.run(
+        [*cli, *args, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
