@@ -1,0 +1,309 @@
+"""What the fake engine answers: pure functions from a chat request to a reply.
+
+Kept free of I/O and clocks so the reply rules (tool call or text, token counts,
+``max_tokens`` caps) can be tested with plain values and reused by any server shell.
+Tokens are approximated the same way everywhere: about four characters per token for
+prompts and tool-call arguments, one token per word of a text reply.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+CHARS_PER_TOKEN = 4
+
+# Words a text reply is made of after the topic words; deterministic, so replies of
+# equal length are identical and easy to compare in tests.
+_FILLER = (
+    "this is a placeholder answer from the fake engine about the topic above "
+    "with no real model behind it and every word counts as one token"
+).split()
+
+
+class RequestError(ValueError):
+    """A chat request the engine rejects; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI-style error body clients (and the ``openai`` SDK) understand."""
+        return {"error": {"message": str(self), "type": self.code, "param": None, "code": self.status}}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One planned completion: either ``text`` or ``tool_call``, plus its accounting."""
+
+    text: str | None
+    tool_call: ToolCall | None
+    finish_reason: str  # "stop" | "tool_calls" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+    def usage(self) -> dict[str, Any]:
+        """OpenAI ``usage``; no prefix cache is simulated yet, so nothing is cached."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+
+
+@dataclass(frozen=True)
+class ReplyRules:
+    """The knobs that shape replies (from the engine's CLI)."""
+
+    tool_calls: int = 2  # answer with a tool call while fewer earlier calls than this
+    reply_tokens: int = 12  # words in a text reply
+
+
+def tokens_for_chars(chars: int) -> int:
+    return max(1, math.ceil(chars / CHARS_PER_TOKEN))
+
+
+def content_text(content: Any) -> str:
+    """Text of a message ``content``: a string or a list of ``{"type": "text"}`` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def message_chars(message: dict[str, Any]) -> int:
+    """Characters a message puts into the prompt: its text and any tool calls it made."""
+    chars = len(content_text(message.get("content")))
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
+    return chars
+
+
+def prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    return tokens_for_chars(sum(message_chars(m) for m in messages))
+
+
+def completion_cap(body: dict[str, Any]) -> int | None:
+    """The reply's token cap: ``max_completion_tokens`` (newer name) or ``max_tokens``."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RequestError(f"{key} must be a positive integer")
+            return value
+    return None
+
+
+def validate(body: Any, models: tuple[str, ...]) -> None:
+    """Reject what a real OpenAI-compatible server would reject, with its status codes."""
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError("model is required")
+    if model not in models:
+        raise RequestError(f"The model `{model}` does not exist.", status=404, code="model_not_found")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise RequestError("messages must be a non-empty list of objects")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise RequestError("tools must be a list")
+    completion_cap(body)
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return content_text(message.get("content"))
+    return ""
+
+
+def topic_phrase(messages: list[dict[str, Any]], words: int = 6) -> str:
+    """A short phrase from the last user message, so replies visibly relate to the ask."""
+    phrase = " ".join(last_user_text(messages).split()[:words])
+    return phrase or "the question"
+
+
+def earlier_tool_calls(messages: list[dict[str, Any]]) -> int:
+    """Assistant turns that already called tools: the agent loop's progress so far."""
+    return sum(1 for m in messages if m.get("role") == "assistant" and m.get("tool_calls"))
+
+
+def _function_of(tool: Any) -> dict[str, Any] | None:
+    if isinstance(tool, dict) and isinstance(tool.get("function"), dict) and tool["function"].get("name"):
+        return tool["function"]
+    return None
+
+
+def chosen_tool(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The tool to call: the one ``tool_choice`` names, else the first offered.
+
+    ``tool_choice: "none"`` means the client wants text, like a real engine honours it.
+    """
+    functions = [f for f in map(_function_of, body.get("tools") or []) if f is not None]
+    choice = body.get("tool_choice")
+    if not functions or choice == "none":
+        return None
+    if isinstance(choice, dict):
+        wanted = (choice.get("function") or {}).get("name")
+        for function in functions:
+            if function["name"] == wanted:
+                return function
+    return functions[0]
+
+
+def value_for_schema(schema: Any, phrase: str) -> Any:
+    """A plausible value of the schema's type; strings carry the user's phrase."""
+    if not isinstance(schema, dict):
+        return phrase
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type", "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    simple = {"integer": 1, "number": 1.0, "boolean": True, "array": [], "null": None}
+    if kind in simple:
+        return simple[kind]
+    if kind == "object":
+        return arguments_for_schema(schema, phrase)
+    return phrase
+
+
+def arguments_for_schema(schema: Any, phrase: str) -> dict[str, Any]:
+    """Arguments that satisfy a JSON schema's ``required`` list (optional ones are left out)."""
+    if not isinstance(schema, dict):
+        return {}
+    properties = schema.get("properties") or {}
+    return {name: value_for_schema(properties.get(name), phrase) for name in schema.get("required") or []}
+
+
+def new_tool_call_id() -> str:
+    return "call_" + uuid.uuid4().hex
+
+
+def text_words(phrase: str, count: int) -> list[str]:
+    """``count`` words: the topic phrase first, then filler, cycling as needed."""
+    source = [*phrase.split(), *_FILLER]
+    return [source[i % len(source)] for i in range(count)]
+
+
+def plan_reply(body: dict[str, Any], rules: ReplyRules) -> Reply:
+    """Decide the whole reply up front; the server then only paces its delivery.
+
+    A tool call is answered while tools are offered and the conversation holds fewer
+    than ``rules.tool_calls`` assistant tool-call turns; otherwise text. When the reply
+    would exceed the token cap it is cut, like an engine stopping at ``max_tokens``: text
+    is truncated, and a tool call that does not fit degrades to capped text, because an
+    engine cut off mid-call returns no parseable call.
+    """
+    messages = body["messages"]
+    prompt = prompt_tokens(messages)
+    cap = completion_cap(body)
+    phrase = topic_phrase(messages)
+    tool = chosen_tool(body)
+    if tool is not None and earlier_tool_calls(messages) < rules.tool_calls:
+        arguments = json.dumps(arguments_for_schema(tool.get("parameters"), phrase))
+        tokens = tokens_for_chars(len(tool["name"]) + len(arguments))
+        if cap is None or tokens <= cap:
+            call = ToolCall(id=new_tool_call_id(), name=tool["name"], arguments=arguments)
+            return Reply(None, call, "tool_calls", prompt, tokens)
+        return Reply(" ".join(text_words(phrase, cap)), None, "length", prompt, cap)
+    words = max(1, rules.reply_tokens)
+    if cap is not None and words > cap:
+        return Reply(" ".join(text_words(phrase, cap)), None, "length", prompt, cap)
+    return Reply(" ".join(text_words(phrase, words)), None, "stop", prompt, words)
+
+
+# --- wire format -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """The fields every chunk and completion of one response share."""
+
+    id: str
+    model: str
+    created: int
+
+    @classmethod
+    def new(cls, model: str) -> Envelope:
+        return cls(id="chatcmpl-" + uuid.uuid4().hex, model=model, created=int(time.time()))
+
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
+
+
+def stream_pieces(reply: Reply) -> Iterator[dict[str, Any]]:
+    """The deltas after the role chunk, one per generated token (roughly).
+
+    Text streams word by word; a tool call first announces id, type and name, then
+    streams its arguments in token-sized slices, as OpenAI-compatible engines do.
+    """
+    if reply.tool_call is not None:
+        call = reply.tool_call
+        head = {"index": 0, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+        yield {"tool_calls": [head]}
+        args = call.arguments
+        for start in range(0, len(args), CHARS_PER_TOKEN):
+            yield {"tool_calls": [{"index": 0, "function": {"arguments": args[start : start + CHARS_PER_TOKEN]}}]}
+        return
+    words = (reply.text or "").split(" ")
+    for i, word in enumerate(words):
+        yield {"content": word if i == 0 else " " + word}
+
+
+def closing_chunks(reply: Reply, envelope: Envelope, include_usage: bool) -> Iterator[dict[str, Any]]:
+    """The chunks after the last token: finish reason, then usage when asked for."""
+    yield envelope.chunk({}, reply.finish_reason)
+    if include_usage:
+        usage_chunk = envelope.chunk({})
+        usage_chunk["choices"] = []
+        usage_chunk["usage"] = reply.usage()
+        yield usage_chunk
+
+
+def completion_body(reply: Reply, envelope: Envelope) -> dict[str, Any]:
+    """The non-streaming ``chat.completion`` object."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+    if reply.tool_call is not None:
+        call = reply.tool_call
+        message["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+        ]
+    return {
+        "id": envelope.id,
+        "object": "chat.completion",
+        "created": envelope.created,
+        "model": envelope.model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reply.finish_reason}],
+        "usage": reply.usage(),
+    }
+
+
+def wants_usage_chunk(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
