@@ -1,0 +1,100 @@
+"""The scheduler as a real process, driven over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import httpx
+import pytest
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from luftpause.procs import ManagedProcess, free_port
+from luftpause.proto import scheduler_pb2 as pb
+from luftpause.proto import scheduler_pb2_grpc as pb_grpc
+
+MODEL = "fake-llama-1b"
+
+
+@pytest.fixture
+def scheduler(tmp_path):
+    """A scheduler whose only engine is not running yet (port reserved, nothing listens)."""
+    engine_port, grpc_port, http_port = free_port(), free_port(), free_port()
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(yaml.safe_dump({"endpoints": [
+        {"name": "engine-a", "base_url": f"http://127.0.0.1:{engine_port}", "models": [MODEL]}]}))
+    process = ManagedProcess("scheduler", "luftpause.scheduler",
+                             ["--grpc-port", str(grpc_port), "--http-port", str(http_port), "--pool-file", str(pool)],
+                             ready_url=f"http://127.0.0.1:{http_port}/health", log_path=tmp_path / "scheduler.log")
+    process.start()
+    try:
+        process.wait_ready(30)
+        yield {"grpc": f"127.0.0.1:{grpc_port}", "http": f"http://127.0.0.1:{http_port}",
+               "engine_port": engine_port, "tmp": tmp_path}
+    finally:
+        process.stop()
+
+
+def held(scheduler) -> int:
+    return httpx.get(scheduler["http"] + "/status").json()["held"]
+
+
+def wait_for(predicate, timeout=5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+async def test_grpc_health_reports_serving(scheduler):
+    async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_unknown_model_is_not_found_at_once(scheduler):
+    async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await pb_grpc.SchedulerStub(channel).Admit(
+                pb.AdmitRequest(turn_id="t", run_id="r", model="nope", service_class=pb.INTERACTIVE), timeout=2)
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error.value.details() == "no Generative replica serves model 'nope'"
+
+
+async def test_malformed_admit_is_invalid_argument(scheduler):
+    async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await pb_grpc.SchedulerStub(channel).Admit(
+                pb.AdmitRequest(turn_id="t", run_id="r", model=MODEL, caller="x" * 200), timeout=2)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_cancelled_admit_abandons_the_held_turn(scheduler):
+    async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
+        call = pb_grpc.SchedulerStub(channel).Admit(
+            pb.AdmitRequest(turn_id="t1", run_id="r1", model=MODEL, service_class=pb.INTERACTIVE))
+        assert await asyncio.to_thread(wait_for, lambda: held(scheduler) == 1)
+        call.cancel()
+        assert await asyncio.to_thread(wait_for, lambda: held(scheduler) == 0)
+
+
+async def test_held_turn_is_placed_once_an_engine_comes_up(scheduler):
+    async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
+        call = pb_grpc.SchedulerStub(channel).Admit(
+            pb.AdmitRequest(turn_id="t1", run_id="r1", model=MODEL, service_class=pb.BATCH))
+        assert await asyncio.to_thread(wait_for, lambda: held(scheduler) == 1)
+        engine = ManagedProcess("engine", "luftpause.fakes.engine",
+                                ["--port", str(scheduler["engine_port"])],
+                                ready_url=f"http://127.0.0.1:{scheduler['engine_port']}/health")
+        engine.start()
+        try:
+            engine.wait_ready(30)
+            reply = await asyncio.wait_for(call, timeout=10)
+        finally:
+            engine.stop()
+    assert reply.replica == "engine-a"
+    assert reply.base_url == f"http://127.0.0.1:{scheduler['engine_port']}"
