@@ -1,0 +1,178 @@
+"""The sub-agent loop: LLM turn, tool-call round, next turn, until the model answers.
+
+A run waiting on a tool holds no turn slot: the turn ended when the reply came back,
+and the next one is a new request the scheduler admits as a continuation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+
+from luftpause.runtime.dataplane import DataplaneClient, TurnIdentity, TurnReply
+from luftpause.runtime.runs import Run, RunSpec
+from luftpause.runtime.toolcalls import ArgumentError, prepare_arguments, recover_text_tool_calls
+from luftpause.runtime.upstream import Toolbox, ToolOutcome, UpstreamTool
+
+log = structlog.get_logger(component="agent")
+
+BUDGET_SPENT_TEXT = "Error: the tool-call budget of this run is spent; answer with what you have."
+
+
+class RoundRecorder(Protocol):
+    """Where complete rounds go before the run moves on (the journal)."""
+
+    async def round(self, run: Run, messages: list[dict[str, Any]]) -> None: ...
+
+
+# Seam for tool-call approval (SPEC §4.5): asked before a call runs; False = declined.
+ApprovalGate = Callable[[Run, UpstreamTool, dict[str, Any]], Awaitable[bool]]
+DECLINED_TEXT = "Error: the user declined this tool call"
+
+
+def initial_messages(spec: RunSpec) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if spec.system:
+        messages.append({"role": "system", "content": spec.system})
+    messages.append({"role": "user", "content": spec.task})
+    return messages
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    raw_arguments: Any
+
+    @classmethod
+    def from_openai(cls, call: dict[str, Any]) -> ToolCall:
+        function = call.get("function") or {}
+        return cls(
+            id=str(call.get("id") or f"call_{uuid.uuid4().hex[:24]}"),
+            name=str(function.get("name") or ""),
+            raw_arguments=function.get("arguments"),
+        )
+
+    def as_openai(self) -> dict[str, Any]:
+        arguments = self.raw_arguments
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments if arguments is not None else {})
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": arguments}}
+
+
+class AgentLoop:
+    def __init__(
+        self,
+        dataplane: DataplaneClient,
+        toolbox: Toolbox,
+        recorder: RoundRecorder | None = None,
+        approval_gate: ApprovalGate | None = None,
+    ) -> None:
+        self._dataplane = dataplane
+        self._toolbox = toolbox
+        self._recorder = recorder
+        self._approval_gate = approval_gate
+
+    async def drive(self, run: Run) -> str:
+        """Take turns until the model answers without tool calls; returns that answer."""
+        run.model = run.model or run.spec.model or await self._dataplane.default_model()
+        identity = TurnIdentity(run.handle, run.spec.service_class, run.caller)
+        while True:
+            offered = self._offered_tools(run)
+            reply = await self._dataplane.chat(self._turn_body(run, offered), identity)
+            self._count_turn(run, reply)
+            calls = self._tool_calls(reply, offered)
+            if not calls:
+                return str(reply.message.get("content") or "")
+            round_messages = [self._assistant_message(reply, calls)]
+            round_messages += await self._execute_round(run, calls, offered)
+            run.messages.extend(round_messages)
+            if self._recorder is not None:
+                await self._recorder.round(run, round_messages)
+
+    def _offered_tools(self, run: Run) -> list[UpstreamTool]:
+        if run.stats.tool_calls >= run.spec.max_tool_calls:
+            return []  # budget spent: the model must answer now
+        tools = self._toolbox.tools()
+        if run.spec.tools is not None:
+            allowed = set(run.spec.tools)
+            tools = [tool for tool in tools if tool.name in allowed]
+        return tools
+
+    def _turn_body(self, run: Run, offered: list[UpstreamTool]) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": run.model, "messages": run.messages}
+        if run.spec.max_tokens:
+            body["max_tokens"] = run.spec.max_tokens
+        if offered:
+            body["tools"] = [tool.openai_function() for tool in offered]
+            if run.spec.parallel_tool_calls:
+                body["parallel_tool_calls"] = True
+        return body
+
+    @staticmethod
+    def _count_turn(run: Run, reply: TurnReply) -> None:
+        run.stats.turns += 1
+        run.stats.prompt_tokens += reply.prompt_tokens
+        run.stats.completion_tokens += reply.completion_tokens
+        run.stats.turn_seconds += reply.seconds
+
+    @staticmethod
+    def _tool_calls(reply: TurnReply, offered: list[UpstreamTool]) -> list[ToolCall]:
+        if not offered:
+            # No tools were on offer (budget spent): whatever the model says is its answer.
+            return []
+        raw_calls = reply.message.get("tool_calls") or recover_text_tool_calls(
+            reply.message.get("content"), {tool.name for tool in offered}
+        )
+        return [ToolCall.from_openai(call) for call in raw_calls or [] if isinstance(call, dict)]
+
+    @staticmethod
+    def _assistant_message(reply: TurnReply, calls: list[ToolCall]) -> dict[str, Any]:
+        content = reply.message.get("content")
+        if not reply.message.get("tool_calls"):
+            content = None  # the calls were recovered from this text; do not send them twice
+        return {"role": "assistant", "content": content, "tool_calls": [call.as_openai() for call in calls]}
+
+    async def _execute_round(
+        self, run: Run, calls: list[ToolCall], offered: list[UpstreamTool]
+    ) -> list[dict[str, Any]]:
+        remaining = max(0, run.spec.max_tool_calls - run.stats.tool_calls)
+        allowed, over_budget = calls[:remaining], calls[remaining:]
+        offered_by_name = {tool.name: tool for tool in offered}
+        if run.spec.parallel_tool_calls:
+            outcomes = await asyncio.gather(*(self._execute_call(run, c, offered_by_name) for c in allowed))
+        else:
+            outcomes = [await self._execute_call(run, call, offered_by_name) for call in allowed]
+        for outcome in outcomes:
+            run.stats.tool_calls += 1
+            run.stats.failed_tool_calls += int(outcome.failed)
+            run.stats.tool_seconds += outcome.seconds
+        texts = [outcome.text for outcome in outcomes] + [BUDGET_SPENT_TEXT] * len(over_budget)
+        return [_tool_message(call, text) for call, text in zip(calls, texts, strict=True)]
+
+    async def _execute_call(self, run: Run, call: ToolCall, offered: dict[str, UpstreamTool]) -> ToolOutcome:
+        tool = offered.get(call.name)
+        if tool is None:
+            names = ", ".join(sorted(offered)) or "none"
+            return ToolOutcome(f"Error: there is no tool {call.name!r}; available tools: {names}", failed=True)
+        try:
+            arguments = prepare_arguments(call.raw_arguments, tool.input_schema)
+        except ArgumentError as exc:
+            return ToolOutcome(f"Error: {exc}", failed=True)
+        if self._approval_gate is not None and not await self._approval_gate(run, tool, arguments):
+            return ToolOutcome(DECLINED_TEXT, failed=True)
+        outcome = await self._toolbox.call(call.name, arguments)
+        log.info(
+            "tool_called", run=run.handle, tool=call.name, failed=outcome.failed, seconds=round(outcome.seconds, 3)
+        )
+        return outcome
+
+
+def _tool_message(call: ToolCall, text: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": text}

@@ -1,0 +1,109 @@
+"""The runtime's ASGI app: `/mcp` (MCP Streamable HTTP), `GET /status`, `GET /health`."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Mount, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from luftpause.runtime import constants
+from luftpause.runtime.config import RuntimeSettings, load_tools_file
+from luftpause.runtime.dataplane import DataplaneClient
+from luftpause.runtime.journal import Journal
+from luftpause.runtime.mcp_server import build_mcp_server
+from luftpause.runtime.service import Runtime
+from luftpause.runtime.upstream import Toolbox
+
+log = structlog.get_logger(component="app")
+
+PROTECTED_PREFIXES = ("/mcp", "/status")
+
+
+class BearerTokenGuard:
+    """Requires `Authorization: Bearer <token>` on /mcp and /status (SPEC §5.5).
+
+    Pure ASGI rather than BaseHTTPMiddleware, so MCP's SSE responses stream untouched.
+    """
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self._app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES) and not self._authorized(scope):
+            response = JSONResponse(
+                {"error": {"message": "missing or invalid bearer token"}},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            await response(scope, receive, send)
+            return
+        await self._app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        presented = dict(scope["headers"]).get(b"authorization", b"")
+        return hmac.compare_digest(presented, self._expected)
+
+
+def build_runtime(settings: RuntimeSettings) -> Runtime:
+    dataplane = DataplaneClient(settings.dataplane_url, token=settings.token, default_model=settings.default_model)
+    servers = load_tools_file(settings.tools_file)
+    if servers is None:
+        log.warning("tools_file_missing", path=str(settings.tools_file), effect="sub-agents get no tools")
+        servers = []
+    journal = Journal(settings.state_dir / constants.JOURNAL_FILE)
+    return Runtime(dataplane, Toolbox.from_configs(servers), journal)
+
+
+def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGIApp:
+    runtime = runtime or build_runtime(settings)
+    mcp_server = build_mcp_server(runtime)
+    mcp_app = mcp_server.streamable_http_app(streamable_http_path="/mcp", host=settings.host)
+    started_at = time.time()
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "service": "runtime", "uptimeSeconds": round(time.time() - started_at)})
+
+    async def status(request: Request) -> JSONResponse:
+        report: dict[str, Any] = runtime.runs.tree_report()
+        report["tools"] = [tool.name for tool in runtime.toolbox.tools()]
+        return JSONResponse(report)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await runtime.toolbox.start()
+        await runtime.start()
+        # Mount does not run the MCP app's own lifespan, so its session manager runs here.
+        async with mcp_server.session_manager.run():
+            log.info("runtime_ready", host=settings.host, port=settings.port, dataplane=settings.dataplane_url)
+            try:
+                yield
+            finally:
+                log.info("runtime_stopping")
+                await runtime.stop()
+                await runtime.toolbox.stop()
+                await runtime.close()
+                log.info("runtime_stopped")
+
+    app: ASGIApp = Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/status", status, methods=["GET"]),
+            Mount("/", app=mcp_app),
+        ],
+        lifespan=lifespan,
+    )
+    if settings.token:
+        app = BearerTokenGuard(app, settings.token)
+    else:
+        log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set; /mcp and /status accept everyone")
+    return app

@@ -1,0 +1,161 @@
+"""Runtime settings (command line + environment) and the upstream tool-servers file.
+
+The tools file is YAML::
+
+    servers:
+      - name: fake-mcp                 # streamable HTTP
+        url: http://127.0.0.1:9000/mcp
+        headers: {Authorization: "Bearer x"}   # optional
+      - name: wikipedia                # stdio: the runtime starts the command
+        command: wikipedia-mcp
+        args: ["--transport", "stdio"]
+        env: {WIKI_LANG: en}           # optional, merged over a minimal environment
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from luftpause.runtime import constants
+
+
+class ToolsFileError(ValueError):
+    """The tools file exists but does not describe servers the runtime can use."""
+
+
+@dataclass(frozen=True)
+class UpstreamServerConfig:
+    """One upstream MCP tool server: either ``url`` (HTTP) or ``command`` (stdio)."""
+
+    name: str
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    command: str | None = None
+    args: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def transport(self) -> str:
+        return "http" if self.url else "stdio"
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    host: str = constants.DEFAULT_HOST
+    port: int = constants.DEFAULT_PORT
+    dataplane_url: str = constants.DEFAULT_DATAPLANE_URL
+    tools_file: Path = Path(constants.DEFAULT_TOOLS_FILE)
+    state_dir: Path = Path(constants.DEFAULT_STATE_DIR)
+    token: str | None = None
+    default_model: str | None = None
+
+
+def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> RuntimeSettings:
+    """Read settings from ``argv`` with defaults taken from ``environ`` (``os.environ``)."""
+    env = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(
+        prog="python -m luftpause.runtime",
+        description=(
+            "luftpause runtime: an MCP server (Streamable HTTP at /mcp) that runs sub-agents "
+            "through the dataplane. Secrets come from the environment only: LUFTPAUSE_TOKEN "
+            "(bearer token required on /mcp and /status and sent to the dataplane; unset = "
+            "open, with a warning) and LUFTPAUSE_DEFAULT_MODEL (model for spawn calls that "
+            "name none; unset = the first model the dataplane lists)."
+        ),
+    )
+    parser.add_argument(
+        "--host",
+        default=env.get("LUFTPAUSE_RUNTIME_HOST", constants.DEFAULT_HOST),
+        help="address to listen on (env LUFTPAUSE_RUNTIME_HOST, default %(default)s)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(env.get("LUFTPAUSE_RUNTIME_PORT", constants.DEFAULT_PORT)),
+        help="port to listen on (env LUFTPAUSE_RUNTIME_PORT, default %(default)s)",
+    )
+    parser.add_argument(
+        "--dataplane-url",
+        default=env.get("LUFTPAUSE_DATAPLANE_URL", constants.DEFAULT_DATAPLANE_URL),
+        help="where sub-agent turns go, an OpenAI-compatible base without /v1 "
+        "(env LUFTPAUSE_DATAPLANE_URL, default %(default)s)",
+    )
+    parser.add_argument(
+        "--tools-file",
+        type=Path,
+        default=Path(env.get("LUFTPAUSE_TOOLS_FILE", constants.DEFAULT_TOOLS_FILE)),
+        help="YAML list of upstream MCP tool servers; missing file = no tools "
+        "(env LUFTPAUSE_TOOLS_FILE, default %(default)s)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(env.get("LUFTPAUSE_STATE_DIR", constants.DEFAULT_STATE_DIR)),
+        help="directory of the run journal runs.jsonl (env LUFTPAUSE_STATE_DIR, default %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    return RuntimeSettings(
+        host=args.host,
+        port=args.port,
+        # Accept the OpenAI-style base (".../v1") too: paths are added by the client.
+        dataplane_url=args.dataplane_url.rstrip("/").removesuffix("/v1"),
+        tools_file=args.tools_file,
+        state_dir=args.state_dir,
+        token=env.get("LUFTPAUSE_TOKEN") or None,
+        default_model=env.get("LUFTPAUSE_DEFAULT_MODEL") or None,
+    )
+
+
+def load_tools_file(path: Path) -> list[UpstreamServerConfig] | None:
+    """The servers listed in ``path``; ``None`` when the file does not exist."""
+    if not path.exists():
+        return None
+    document = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(document, dict) or not isinstance(document.get("servers", []), list):
+        raise ToolsFileError(f"{path}: expected a mapping with a 'servers' list")
+    servers = [_server_from_entry(path, index, entry) for index, entry in enumerate(document.get("servers") or [])]
+    names = [server.name for server in servers]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ToolsFileError(f"{path}: duplicate server names {duplicates}")
+    return servers
+
+
+def _server_from_entry(path: Path, index: int, entry: Any) -> UpstreamServerConfig:
+    where = f"{path}: servers[{index}]"
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+        raise ToolsFileError(f"{where}: each server needs a 'name'")
+    has_url, has_command = bool(entry.get("url")), bool(entry.get("command"))
+    if has_url == has_command:
+        raise ToolsFileError(f"{where} ({entry['name']}): give exactly one of 'url' or 'command'")
+    return UpstreamServerConfig(
+        name=entry["name"],
+        url=str(entry["url"]) if has_url else None,
+        headers=_string_map(where, "headers", entry.get("headers")),
+        command=str(entry["command"]) if has_command else None,
+        args=[str(arg) for arg in _list(where, "args", entry.get("args"))],
+        env=_string_map(where, "env", entry.get("env")),
+    )
+
+
+def _string_map(where: str, key: str, value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ToolsFileError(f"{where}: '{key}' must be a mapping")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _list(where: str, key: str, value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ToolsFileError(f"{where}: '{key}' must be a list")
+    return value

@@ -1,0 +1,59 @@
+"""The runtime's numbers, each with the reason it has that value (SPEC §4, §8)."""
+
+from __future__ import annotations
+
+# Reply length per turn. SGLang reserves memory for the longest reply a request may
+# produce; unbounded replies batched 7x fewer requests in the original. 0 = engine default.
+DEFAULT_MAX_TOKENS = 256
+
+# Tool calls per run. Once spent the model is offered no tools and must answer, which
+# also caps a run at DEFAULT_MAX_TOOL_CALLS + 1 turns.
+DEFAULT_MAX_TOOL_CALLS = 8
+
+# `await` waits at most this long by default: within MCP clients' own per-request
+# limit (Claude Code over HTTP: 60 s).
+DEFAULT_AWAIT_TIMEOUT_S = 60.0
+MAX_AWAIT_TIMEOUT_S = 600.0
+
+# One turn through the dataplane, queueing included (same as the OpenAI/Anthropic
+# clients' default).
+TURN_TIMEOUT_S = 600.0
+
+# Rate-limited turns (429) wait `Retry-After`, else this, and retry until cancelled.
+DEFAULT_RETRY_AFTER_S = 1.0
+
+# A dataplane that refuses connections (restarting) is retried this long before the
+# run fails, so a proxy restart does not kill every sub-agent.
+DATAPLANE_CONNECT_GRACE_S = 30.0
+DATAPLANE_CONNECT_RETRY_S = 1.0
+
+# Telling the dataplane a run ended is best effort; it must not hold a run open.
+RUN_END_NOTICE_TIMEOUT_S = 5.0
+
+# Upstream MCP tool servers: one tool call may be slow (deep_search, Wikipedia with
+# retries), but not forever.
+UPSTREAM_CALL_TIMEOUT_S = 300.0
+# How long start-up waits for upstream servers before serving without them (they keep
+# reconnecting in the background).
+UPSTREAM_CONNECT_WAIT_S = 10.0
+# Back-off between reconnect attempts to an upstream server (doubling up to the max).
+UPSTREAM_RECONNECT_MIN_S = 0.5
+UPSTREAM_RECONNECT_MAX_S = 10.0
+
+# How long `cancel` waits for cancelled runs to wind down before answering.
+CANCEL_WAIT_S = 5.0
+
+# uvicorn stops waiting for open requests (e.g. a long `await`) after this on shutdown.
+GRACEFUL_SHUTDOWN_S = 5.0
+
+# Caller name when the MCP request carries no session (2026-07-28 sessionless clients).
+SESSIONLESS_CALLER = "mcp"
+
+JOURNAL_FILE = "runs.jsonl"
+
+# Defaults of the command line, each overridable by the environment variable beside it.
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7000
+DEFAULT_DATAPLANE_URL = "http://127.0.0.1:8080"
+DEFAULT_TOOLS_FILE = "config/tools.yaml"
+DEFAULT_STATE_DIR = "state"

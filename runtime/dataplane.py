@@ -1,0 +1,196 @@
+"""The runtime's side of the dataplane: one LLM turn per call, run-end notices, models.
+
+Turns carry the run identity headers (SPEC §4.8) so the scheduler keeps the run on the
+replica holding its prefix and shares slots fairly between MCP sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import structlog
+
+from luftpause import headers
+from luftpause.runtime import constants
+
+log = structlog.get_logger(component="dataplane-client")
+
+
+class TurnError(Exception):
+    """A turn the dataplane refused or answered with something unusable; the run fails."""
+
+
+@dataclass(frozen=True)
+class TurnIdentity:
+    run_handle: str
+    service_class: str
+    caller: str
+
+    def as_headers(self) -> dict[str, str]:
+        return {
+            headers.RUN_ID: self.run_handle,
+            headers.SERVICE_CLASS: self.service_class,
+            headers.CALLER: truncate_caller(self.caller),
+        }
+
+
+@dataclass(frozen=True)
+class TurnReply:
+    message: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None
+    seconds: float
+
+
+def truncate_caller(caller: str) -> str:
+    """Callers longer than the header limit are cut at a character boundary."""
+    encoded = caller.encode()
+    if len(encoded) <= headers.MAX_CALLER_BYTES:
+        return caller
+    return encoded[: headers.MAX_CALLER_BYTES].decode(errors="ignore")
+
+
+def retry_after_seconds(value: str | None) -> float:
+    """Seconds to wait from a `Retry-After` header (delta-seconds or HTTP date)."""
+    if not value:
+        return constants.DEFAULT_RETRY_AFTER_S
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return constants.DEFAULT_RETRY_AFTER_S
+    return max(0.0, when.timestamp() - time.time())
+
+
+def error_message(response: httpx.Response) -> str:
+    """`<status>: <message>` from an OpenAI-style error body, or the start of the raw body."""
+    message = response.text[:500]
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            message = str(error["message"])
+        elif isinstance(error, str):
+            message = error
+        elif body.get("message"):
+            message = str(body["message"])
+    return f"dataplane answered {response.status_code}: {message}"
+
+
+class DataplaneClient:
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        default_model: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        auth_headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=auth_headers,
+            timeout=httpx.Timeout(constants.TURN_TIMEOUT_S),
+            transport=transport,
+        )
+        self._default_model = default_model
+        self._model_lock = asyncio.Lock()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def chat(self, body: dict[str, Any], identity: TurnIdentity) -> TurnReply:
+        """One non-streaming turn; waits out 429s (until cancelled) and short outages."""
+        started = time.monotonic()
+        response = await self._post_until_admitted(body, identity)
+        return _parse_reply(response, time.monotonic() - started)
+
+    async def _post_until_admitted(self, body: dict[str, Any], identity: TurnIdentity) -> httpx.Response:
+        unreachable_since: float | None = None
+        while True:
+            try:
+                response = await self._http.post("/v1/chat/completions", json=body, headers=identity.as_headers())
+            except httpx.TransportError as exc:
+                unreachable_since = unreachable_since or time.monotonic()
+                if not _still_in_grace(exc, unreachable_since):
+                    raise TurnError(f"dataplane unreachable: {exc!r}") from exc
+                log.warning("dataplane_unreachable", run=identity.run_handle, error=repr(exc))
+                await asyncio.sleep(constants.DATAPLANE_CONNECT_RETRY_S)
+                continue
+            if response.status_code == 429:
+                delay = retry_after_seconds(response.headers.get("retry-after"))
+                log.info("turn_rate_limited", run=identity.run_handle, retry_after_s=delay)
+                await asyncio.sleep(delay)
+                continue
+            if response.status_code >= 400:
+                raise TurnError(error_message(response))
+            return response
+
+    async def end_run(self, handle: str) -> None:
+        """Tell the dataplane the run ended so the scheduler forgets it now. Best effort."""
+        try:
+            response = await self._http.delete(f"/v1/runs/{handle}", timeout=constants.RUN_END_NOTICE_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            log.warning("run_end_notice_failed", run=handle, error=repr(exc))
+            return
+        if response.status_code >= 400:
+            log.info("run_end_notice_refused", run=handle, status=response.status_code)
+
+    async def default_model(self) -> str:
+        """LUFTPAUSE_DEFAULT_MODEL, else the first model the dataplane lists (asked once)."""
+        if self._default_model:
+            return self._default_model
+        async with self._model_lock:
+            if not self._default_model:
+                self._default_model = await self._first_listed_model()
+                log.info("default_model_chosen", model=self._default_model)
+        return self._default_model
+
+    async def _first_listed_model(self) -> str:
+        try:
+            response = await self._http.get("/v1/models")
+        except httpx.HTTPError as exc:
+            raise TurnError(f"cannot list models from the dataplane: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise TurnError(f"cannot list models: {error_message(response)}")
+        try:
+            return str(response.json()["data"][0]["id"])
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise TurnError("the dataplane lists no models; pass `model` to spawn") from exc
+
+
+def _still_in_grace(exc: httpx.TransportError, unreachable_since: float) -> bool:
+    # Only a refused/failed connection means "not there right now"; a read timeout after
+    # the request was sent is a failed turn.
+    connecting = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+    return connecting and time.monotonic() - unreachable_since < constants.DATAPLANE_CONNECT_GRACE_S
+
+
+def _parse_reply(response: httpx.Response, seconds: float) -> TurnReply:
+    try:
+        body = response.json()
+        choice = body["choices"][0]
+        message = choice["message"]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise TurnError(f"malformed chat completion from the dataplane: {response.text[:300]}") from exc
+    if not isinstance(message, dict):
+        raise TurnError("malformed chat completion: message is not an object")
+    usage = body.get("usage") or {}
+    return TurnReply(
+        message=message,
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        finish_reason=choice.get("finish_reason"),
+        seconds=seconds,
+    )

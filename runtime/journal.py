@@ -1,0 +1,148 @@
+"""The run journal: append-only `runs.jsonl`, the only state kept across restarts (SPEC §4.2).
+
+Three record kinds, each fsync'd before the effect it records is acknowledged:
+
+- ``created``: handle, spawn arguments, caller, creation time;
+- ``round``: the messages one complete tool-call round added (assistant message with its
+  tool calls, then one tool message per call), with the run's stats after it;
+- ``finished``: final status, result or error, stats.
+
+Replay rebuilds every run: finished runs answer `await` again, unfinished ones resume
+from their last complete round (a turn in flight at the crash is simply sent again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from luftpause.runtime.runs import Run, RunSpec, RunStats, RunStatus
+
+log = structlog.get_logger(component="journal")
+
+
+class Journal:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()  # whole lines from concurrent runs, never interleaved bytes
+
+    def read(self) -> list[dict[str, Any]]:
+        """All intact records; a torn or corrupt line (crash mid-write) is skipped."""
+        if not self.path.exists():
+            return []
+        records = []
+        with self.path.open("rb") as journal_file:
+            for number, line in enumerate(journal_file, start=1):
+                record = _decode(line)
+                if record is None:
+                    log.warning("journal_line_skipped", path=str(self.path), line=number)
+                    continue
+                records.append(record)
+        return records
+
+    async def append(self, record: dict[str, Any]) -> None:
+        line = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+        await asyncio.to_thread(self._write_durably, line)
+
+    def _write_durably(self, line: bytes) -> None:
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                if _ends_torn(fd):
+                    # Start on a fresh line so a torn tail cannot swallow this record.
+                    os.write(fd, b"\n")
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    async def created(self, run: Run) -> None:
+        await self.append(
+            {
+                "type": "created",
+                "handle": run.handle,
+                "spec": run.spec.to_json(),
+                "caller": run.caller,
+                "createdAt": run.created_at,
+            }
+        )
+
+    async def round(self, run: Run, messages: list[dict[str, Any]]) -> None:
+        await self.append(
+            {
+                "type": "round",
+                "handle": run.handle,
+                "model": run.model,
+                "messages": messages,
+                "stats": run.stats.to_journal(),
+            }
+        )
+
+    async def finished(
+        self, handle: str, status: RunStatus, result: str | None, error: str | None, stats: RunStats
+    ) -> None:
+        await self.append(
+            {
+                "type": "finished",
+                "handle": handle,
+                "status": status.value,
+                "result": result,
+                "error": error,
+                "stats": stats.to_journal(),
+            }
+        )
+
+
+def _decode(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("handle"), str):
+        return None
+    return record
+
+
+def _ends_torn(fd: int) -> bool:
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+
+
+def restore_runs(records: Iterable[dict[str, Any]], initial_messages: Any) -> list[Run]:
+    """Runs rebuilt from journal records, in creation order.
+
+    ``initial_messages(spec)`` gives a run's opening messages, which are not journaled
+    because the spec determines them.
+    """
+    runs: dict[str, Run] = {}
+    for record in records:
+        kind, handle = record.get("type"), record["handle"]
+        if kind == "created":
+            spec = RunSpec.from_json(record["spec"])
+            runs[handle] = Run(
+                handle=handle,
+                spec=spec,
+                caller=record.get("caller", ""),
+                created_at=record.get("createdAt", 0.0),
+                messages=initial_messages(spec),
+            )
+        elif handle not in runs:
+            log.warning("journal_record_without_run", handle=handle, type=kind)
+        elif kind == "round":
+            run = runs[handle]
+            run.messages.extend(record.get("messages") or [])
+            run.stats = RunStats.from_journal(record.get("stats") or {})
+            run.model = record.get("model") or run.model
+        elif kind == "finished":
+            run = runs[handle]
+            run.stats = RunStats.from_journal(record.get("stats") or {})
+            run.finish(RunStatus(record["status"]), result=record.get("result"), error=record.get("error"))
+    return list(runs.values())

@@ -1,0 +1,211 @@
+"""The MCP face of the runtime (SPEC §4.1): tool signatures, argument checks, errors.
+
+Arguments are camelCase because that is the wire interface MCP clients and their
+models see. Requests that name unknown runs, or values out of range, are answered
+with an MCP error (-32602 invalid params); a run's own failure is data in its record.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal, ParamSpec, TypeVar
+
+from mcp import MCPError
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, ToolAnnotations
+from pydantic import Field
+
+from luftpause import __version__
+from luftpause.headers import DEFAULT_SERVICE_CLASS
+from luftpause.runtime import constants
+from luftpause.runtime.runs import RunSpec, UnknownRunError
+from luftpause.runtime.service import InvalidRequest, JournalUnavailable, Runtime
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+INSTRUCTIONS = (
+    "Run sub-agents on the shared model pool. `spawn` starts one and returns a handle at "
+    "once; `await` collects results (many handles at a time, so sub-agents run in "
+    "parallel); `run` spawns and waits in one call. Sub-agents use the upstream tools "
+    "listed by `tools`."
+)
+
+Task = Annotated[str, Field(description="What the sub-agent should do (its user message).")]
+Model = Annotated[str | None, Field(description="Model id; default: the runtime's default model.")]
+ServiceClass = Annotated[
+    Literal["interactive", "batch"],
+    Field(description="interactive: someone waits for it (served first); batch: background work."),
+]
+System = Annotated[str | None, Field(description="System prompt for the sub-agent.")]
+MaxToolCalls = Annotated[
+    int, Field(description="Tool calls the sub-agent may make; then it is offered no tools and must answer.")
+]
+ToolAllowList = Annotated[
+    list[str] | None, Field(description="Allow-list of upstream tool names (see `tools`); default: all.")
+]
+MaxTokens = Annotated[int, Field(description="Reply length cap per turn in tokens; 0 = leave it to the engine.")]
+ParallelToolCalls = Annotated[
+    bool, Field(description="Let the model request several tools per reply and run them concurrently.")
+]
+Parent = Annotated[str | None, Field(description="Handle of the parent run (builds a run tree).")]
+NOT_ENFORCED_YET = " Recorded with the run; not enforced yet."
+BudgetTokens = Annotated[
+    int | None, Field(description="Token budget (prompt + completion) for the subtree." + NOT_ENFORCED_YET)
+]
+BudgetToolCalls = Annotated[int | None, Field(description="Tool-call budget for the subtree." + NOT_ENFORCED_YET)]
+BudgetSeconds = Annotated[
+    float | None, Field(description="Wall-clock budget in seconds for the subtree." + NOT_ENFORCED_YET)
+]
+ApproveTools = Annotated[
+    list[str] | None, Field(description="Tool names whose calls need the user's approval." + NOT_ENFORCED_YET)
+]
+Handles = Annotated[list[str], Field(description="Run handles returned by spawn.")]
+
+
+def invalid_params(message: str) -> MCPError:
+    return MCPError(code=INVALID_PARAMS, message=message)
+
+
+def answers_bad_requests_with_mcp_errors(tool: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Turn the runtime's request errors into MCP errors the client can show."""
+
+    @functools.wraps(tool)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await tool(*args, **kwargs)
+        except (UnknownRunError, InvalidRequest) as exc:
+            raise invalid_params(str(exc)) from exc
+        except JournalUnavailable as exc:
+            raise MCPError(code=INTERNAL_ERROR, message=str(exc)) from exc
+
+    return wrapper
+
+
+def caller_of(ctx: Context) -> str:
+    """The MCP session this request belongs to: the fairness key of its sub-agents' turns."""
+    request_headers = ctx.headers or {}
+    return request_headers.get("mcp-session-id") or constants.SESSIONLESS_CALLER
+
+
+def checked_spec(spec: RunSpec) -> RunSpec:
+    """The spec, if its values are in range (messages use the wire names)."""
+    if not spec.task.strip():
+        raise invalid_params("task must not be empty")
+    if spec.max_tool_calls < 0:
+        raise invalid_params("maxToolCalls must be >= 0")
+    if spec.max_tokens < 0:
+        raise invalid_params("maxTokens must be >= 0 (0 = engine default)")
+    budgets = {
+        "budgetTokens": spec.budget_tokens,
+        "budgetToolCalls": spec.budget_tool_calls,
+        "budgetSeconds": spec.budget_seconds,
+    }
+    for name, limit in budgets.items():
+        if limit is not None and limit <= 0:
+            raise invalid_params(f"{name} must be > 0")
+    return spec
+
+
+def checked_timeout(timeout: float) -> float:
+    if not 0 <= timeout <= constants.MAX_AWAIT_TIMEOUT_S:
+        limit = constants.MAX_AWAIT_TIMEOUT_S
+        raise invalid_params(f"timeout must be between 0 and {limit:.0f} seconds, got {timeout}")
+    return timeout
+
+
+def checked_handles(handles: list[str]) -> list[str]:
+    if not handles:
+        raise invalid_params("handles must name at least one run")
+    return list(dict.fromkeys(handles))  # a handle named twice is reported once
+
+
+def build_mcp_server(runtime: Runtime) -> MCPServer:
+    server = MCPServer("luftpause-runtime", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
+    read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False)
+
+    @server.tool(description="Start a sub-agent; returns its handle at once.")
+    @answers_bad_requests_with_mcp_errors
+    async def spawn(  # noqa: N803 - camelCase is the MCP wire interface
+        task: Task,
+        ctx: Context,
+        model: Model = None,
+        serviceClass: ServiceClass = DEFAULT_SERVICE_CLASS,  # noqa: N803
+        system: System = None,
+        maxToolCalls: MaxToolCalls = constants.DEFAULT_MAX_TOOL_CALLS,  # noqa: N803
+        tools: ToolAllowList = None,
+        maxTokens: MaxTokens = constants.DEFAULT_MAX_TOKENS,  # noqa: N803
+        parallelToolCalls: ParallelToolCalls = False,  # noqa: N803
+        parent: Parent = None,
+        budgetTokens: BudgetTokens = None,  # noqa: N803
+        budgetToolCalls: BudgetToolCalls = None,  # noqa: N803
+        budgetSeconds: BudgetSeconds = None,  # noqa: N803
+        approveTools: ApproveTools = None,  # noqa: N803
+    ) -> dict[str, Any]:
+        spec = RunSpec(
+            task=task,
+            model=model or None,
+            service_class=serviceClass,
+            system=system or None,
+            max_tool_calls=maxToolCalls,
+            tools=tuple(tools) if tools is not None else None,
+            max_tokens=maxTokens,
+            parallel_tool_calls=parallelToolCalls,
+            parent=parent or None,
+            budget_tokens=budgetTokens,
+            budget_tool_calls=budgetToolCalls,
+            budget_seconds=budgetSeconds,
+            approve_tools=tuple(approveTools or ()),
+        )
+        run = await runtime.spawn(checked_spec(spec), caller_of(ctx))
+        return {"handle": run.handle, "status": run.status.value}
+
+    @server.tool(
+        name="await",
+        description=(
+            "Wait for runs: mode 'all' until every run finished, 'any' until one did, at most "
+            f"`timeout` seconds (default {constants.DEFAULT_AWAIT_TIMEOUT_S:.0f}, max "
+            f"{constants.MAX_AWAIT_TIMEOUT_S:.0f}). Returns each run's status and result; call "
+            "again while runs are still Running."
+        ),
+        annotations=read_only,
+    )
+    @answers_bad_requests_with_mcp_errors
+    async def await_runs(
+        handles: Handles,
+        mode: Literal["all", "any"] = "all",
+        timeout: Annotated[float, Field(description="Seconds to wait, 0..600.")] = constants.DEFAULT_AWAIT_TIMEOUT_S,
+    ) -> dict[str, Any]:
+        runs = runtime.runs.require(checked_handles(handles))
+        timed_out = await runtime.wait(runs, mode, checked_timeout(timeout))
+        return {"runs": [run.await_record() for run in runs], "timedOut": timed_out}
+
+    @server.tool(name="run", description="Start a sub-agent and wait for it in the same call.")
+    @functools.wraps(spawn)  # `run` takes exactly spawn's arguments; the SDK reads them from spawn
+    async def run_to_completion(**arguments: Any) -> dict[str, Any]:
+        run = runtime.runs.get((await spawn(**arguments))["handle"])
+        # Seam for the Tasks extension (SPEC §4.6): a client declaring it gets a task here.
+        await run.finished.wait()
+        return run.await_record()
+
+    @server.tool(description="Status of runs (default: all) with parent, children and stats.", annotations=read_only)
+    @answers_bad_requests_with_mcp_errors
+    async def status(
+        handles: Annotated[list[str] | None, Field(description="Run handles; default: every run.")] = None,
+    ) -> dict[str, Any]:
+        runs = runtime.runs.require(handles) if handles else list(runtime.runs)
+        return {"runs": [run.status_record() for run in runs]}
+
+    @server.tool(description="Cancel runs; cancelling a parent cancels all its running descendants.")
+    @answers_bad_requests_with_mcp_errors
+    async def cancel(handles: Handles) -> dict[str, Any]:
+        requested = runtime.runs.require(checked_handles(handles))
+        cancelled = await runtime.cancel(run.handle for run in requested)
+        return {"runs": [run.await_record() for run in requested], "cancelled": [run.handle for run in cancelled]}
+
+    @server.tool(name="tools", description="The upstream tools sub-agents can use.", annotations=read_only)
+    async def list_upstream_tools() -> dict[str, Any]:
+        return {"tools": [tool.describe() for tool in runtime.toolbox.tools()]}
+
+    return server

@@ -1,0 +1,161 @@
+"""The runtime's core: spawns runs as asyncio tasks, waits for them, cancels subtrees.
+
+The MCP layer (`mcp_server`) only translates arguments and errors; everything a run
+does happens here and in `agent`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import structlog
+
+from luftpause.runtime import constants
+from luftpause.runtime.agent import AgentLoop, initial_messages
+from luftpause.runtime.dataplane import DataplaneClient, TurnError
+from luftpause.runtime.journal import Journal, restore_runs
+from luftpause.runtime.runs import Run, RunRegistry, RunSpec, RunStatus, new_handle
+from luftpause.runtime.upstream import Toolbox
+
+log = structlog.get_logger(component="runtime")
+
+WaitMode = Literal["all", "any"]
+
+
+class InvalidRequest(ValueError):
+    """A request that names things the runtime does not have (parent, tools)."""
+
+
+class JournalUnavailable(RuntimeError):
+    """The journal cannot be written, so a new run could not survive a restart."""
+
+
+class Runtime:
+    def __init__(self, dataplane: DataplaneClient, toolbox: Toolbox, journal: Journal | None = None) -> None:
+        self.runs = RunRegistry()
+        self.toolbox = toolbox
+        self._dataplane = dataplane
+        self._journal = journal
+        self._agent = AgentLoop(dataplane, toolbox, recorder=journal)
+        self._stopping = False
+        # Why each run is being cancelled, by handle; absent = not cancelled by a caller.
+        self._cancel_reasons: dict[str, str] = {}
+        # Runs whose outcome is being journaled: too late to cancel them.
+        self._concluding: set[str] = set()
+
+    async def start(self) -> None:
+        """Replay the journal: finished runs are kept for `await`, unfinished ones resume."""
+        if self._journal is None:
+            return
+        restored = restore_runs(self._journal.read(), initial_messages)
+        for run in restored:
+            self.runs.add(run)
+        resumed = [run for run in restored if not run.status.finished]
+        for run in resumed:
+            self._launch(run)
+        log.info("journal_replayed", runs=len(restored), resumed=[run.handle for run in resumed])
+
+    async def stop(self) -> None:
+        """Stop running loops without finishing them, so they resume after a restart."""
+        self._stopping = True
+        tasks = [run.loop_task for run in self.runs if run.loop_task is not None and not run.loop_task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=constants.CANCEL_WAIT_S)
+
+    async def close(self) -> None:
+        await self._dataplane.aclose()
+
+    async def spawn(self, spec: RunSpec, caller: str) -> Run:
+        self._check_spawnable(spec)
+        run = Run(handle=new_handle(), spec=spec, caller=caller, messages=initial_messages(spec))
+        if self._journal is not None:
+            try:
+                await self._journal.created(run)  # durable before the handle is handed out
+            except OSError as exc:
+                raise JournalUnavailable(f"cannot write the run journal: {exc}") from exc
+        self.runs.add(run)
+        self._launch(run)
+        log.info("run_spawned", run=run.handle, parent=spec.parent, caller=caller, service_class=spec.service_class)
+        return run
+
+    def _check_spawnable(self, spec: RunSpec) -> None:
+        if spec.parent is not None and spec.parent not in self.runs:
+            raise InvalidRequest(f"unknown parent handle: {spec.parent}")
+        if spec.tools is not None:
+            known = {tool.name for tool in self.toolbox.tools()}
+            unknown = sorted(set(spec.tools) - known)
+            if unknown:
+                raise InvalidRequest(f"unknown tools {unknown}; available: {sorted(known)}")
+
+    def _launch(self, run: Run) -> None:
+        run.loop_task = asyncio.create_task(self._execute(run), name=f"run-{run.handle}")
+
+    async def _execute(self, run: Run) -> None:
+        try:
+            result = await self._agent.drive(run)
+        except asyncio.CancelledError:
+            if self._stopping and run.handle not in self._cancel_reasons:
+                raise  # shutdown: leave it unfinished in the journal so it resumes
+            await self._conclude(run, RunStatus.CANCELLED, error=self._cancel_reasons.get(run.handle, "cancelled"))
+        except TurnError as exc:
+            await self._conclude(run, RunStatus.FAILED, error=str(exc))
+        except Exception as exc:
+            log.exception("run_crashed", run=run.handle)
+            await self._conclude(run, RunStatus.FAILED, error=f"internal error: {exc!r}")
+        else:
+            await self._conclude(run, RunStatus.COMPLETED, result=result)
+
+    async def _conclude(
+        self, run: Run, status: RunStatus, *, result: str | None = None, error: str | None = None
+    ) -> None:
+        # Journaled before anyone waiting is told, so a result once seen survives a crash.
+        self._concluding.add(run.handle)
+        if self._journal is not None:
+            try:
+                await self._journal.finished(run.handle, status, result, error, run.stats)
+            except OSError:
+                log.exception("journal_write_failed", run=run.handle)
+        run.finish(status, result=result, error=error)
+        self._concluding.discard(run.handle)
+        log.info("run_finished", run=run.handle, status=status.value, error=error, **run.stats.to_json())
+        await self._dataplane.end_run(run.handle)
+
+    async def wait(self, runs: Sequence[Run], mode: WaitMode, timeout: float) -> bool:
+        """Wait until all (or any) of ``runs`` finished; True when the timeout came first."""
+        pending = [run for run in runs if not run.status.finished]
+        if not pending or (mode == "any" and len(pending) < len(runs)):
+            return False
+        waiters = [asyncio.create_task(run.finished.wait()) for run in pending]
+        when = asyncio.FIRST_COMPLETED if mode == "any" else asyncio.ALL_COMPLETED
+        try:
+            done, not_done = await asyncio.wait(waiters, timeout=timeout, return_when=when)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        return not done if mode == "any" else bool(not_done)
+
+    def _cancellable(self, run: Run) -> bool:
+        running = not run.status.finished and run.loop_task is not None
+        return running and run.handle not in self._concluding
+
+    async def cancel(self, handles: Iterable[str]) -> list[Run]:
+        """Cancel runs and their running descendants; returns every run that was cancelled."""
+        requested = self.runs.require(handles)
+        cancelled: list[Run] = []
+        for root in requested:
+            for run in self.runs.subtree(root.handle):
+                if not self._cancellable(run) or run in cancelled:
+                    continue
+                reason = "cancelled" if run is root else f"cancelled with its ancestor {root.handle}"
+                self._cancel_reasons.setdefault(run.handle, reason)
+                run.loop_task.cancel()
+                cancelled.append(run)
+        tasks = [run.loop_task for run in cancelled if run.loop_task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=constants.CANCEL_WAIT_S)
+        log.info("runs_cancelled", runs=[run.handle for run in cancelled])
+        return cancelled

@@ -1,0 +1,64 @@
+"""`python -m luftpause` (what `make run` runs) starts everything and, on SIGTERM or
+Ctrl-C, stops every process it started and frees every port."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from luftpause.procs import port_is_listening
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie child of the launcher is gone for our purposes once reaped; check state
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_launcher_starts_the_stack_and_stops_it_without_orphans(tmp_path, signum):
+    state = tmp_path / "state"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "luftpause", "--free-ports", "--state-dir", str(state)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert wait_for(lambda: (state / "stack.json").exists() or launcher.poll() is not None, 90)
+        assert launcher.poll() is None, launcher.stdout.read()
+        stack = json.loads((state / "stack.json").read_text())
+        assert set(stack["pids"]) == {"engine-a", "engine-b", "fake-mcp", "scheduler", "dataplane", "runtime"}
+        assert httpx.get(stack["urls"]["scheduler_status"]).json()["replicas"][0]["healthy"] in (True, False)
+        launcher.send_signal(signum)
+        output, _ = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 0
+    assert "claude mcp add --transport http luftpause " + stack["urls"]["runtime_mcp"] in output
+    assert not [name for name, pid in stack["pids"].items() if alive(pid)]
+    ports = [p for p in stack["ports"].values() if isinstance(p, int)] + stack["ports"]["engines"]
+    assert not [p for p in ports if port_is_listening(p)]

@@ -1,0 +1,146 @@
+"""Fixtures for the runtime's tests: in-process doubles (see `runtime_doubles`) and real
+processes on free loopback ports for end-to-end tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from mcp import Client
+from runtime_doubles import MODEL, RuntimeProcess, ScriptedDataplane, build_upstream_server
+
+from luftpause.procs import ManagedProcess, free_port
+from luftpause.runtime.journal import Journal
+from luftpause.runtime.service import Runtime
+from luftpause.runtime.upstream import Toolbox, UpstreamConnection
+
+@pytest.fixture
+def dataplane() -> ScriptedDataplane:
+    return ScriptedDataplane()
+
+
+@pytest.fixture
+def upstream_calls() -> list[str]:
+    return []
+
+
+@pytest.fixture
+async def toolbox(upstream_calls: list[str]) -> AsyncIterator[Toolbox]:
+    server = build_upstream_server(upstream_calls)
+    box = Toolbox([UpstreamConnection("test", lambda: Client(server))])
+    await box.start()
+    try:
+        yield box
+    finally:
+        await box.stop()
+
+
+@pytest.fixture
+async def make_runtime(
+    dataplane: ScriptedDataplane, toolbox: Toolbox, tmp_path: Path
+) -> AsyncIterator[Callable[..., Awaitable[Runtime]]]:
+    """Started runtimes over the scripted dataplane, stopped at the end of the test."""
+    started: list[Runtime] = []
+
+    async def make(journal: Journal | None = None, default_model: str | None = MODEL) -> Runtime:
+        runtime = Runtime(dataplane.client(default_model=default_model), toolbox, journal)
+        await runtime.start()
+        started.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in started:
+        await runtime.stop()
+        await runtime.close()
+
+
+# --- real processes -------------------------------------------------------------------
+
+
+def start_process(name: str, module: str, args: list[str], log_dir: Path, ready_path: str, port: int,
+                  env: dict[str, str] | None = None) -> ManagedProcess:
+    process = ManagedProcess(
+        name=name,
+        module=module,
+        args=args,
+        env=env or {},
+        ready_url=f"http://127.0.0.1:{port}{ready_path}",
+        log_path=log_dir / f"{name}-{port}.log",
+    )
+    process.start()
+    try:
+        process.wait_ready(timeout=20)
+    except BaseException:
+        process.kill()
+        raise
+    return process
+
+
+@pytest.fixture(scope="module")
+def process_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="module")
+def fake_engine(process_logs: Path) -> Iterator[str]:
+    port = free_port()
+    args = ["--host", "127.0.0.1", "--port", str(port), "--name", "e1", "--models", MODEL, "--tool-calls", "2"]
+    process = start_process("engine", "luftpause.fakes.engine", args, process_logs, "/health", port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def fake_mcp(process_logs: Path) -> Iterator[str]:
+    port = free_port()
+    args = ["--host", "127.0.0.1", "--port", str(port), "--delay-s", "0.2"]
+    process = start_process("fake-mcp", "luftpause.fakes.mcp", args, process_logs, "/health", port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def tools_file(tmp_path_factory: pytest.TempPathFactory, fake_mcp: str) -> Path:
+    path = tmp_path_factory.mktemp("config") / "tools.yaml"
+    path.write_text(f"servers:\n  - name: fake\n    url: {fake_mcp}/mcp\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def start_runtime(process_logs: Path) -> Iterator[Callable[..., RuntimeProcess]]:
+    """Starts runtimes (stopped at the end of the module); `env` adds environment variables."""
+    started: list[ManagedProcess] = []
+
+    def start(dataplane_url: str, tools: Path, state_dir: Path, env: dict[str, str] | None = None) -> RuntimeProcess:
+        port = free_port()
+        args = ["--host", "127.0.0.1", "--port", str(port), "--dataplane-url", dataplane_url,
+                "--tools-file", str(tools), "--state-dir", str(state_dir)]
+        process = ManagedProcess(
+            name="runtime",
+            module="luftpause.runtime",
+            args=args,
+            env={"LUFTPAUSE_TOKEN": "", **(env or {})},
+            ready_url=f"http://127.0.0.1:{port}/health",
+            log_path=process_logs / f"runtime-{port}.log",
+        )
+        started.append(process)
+        process.start()
+        process.wait_ready(timeout=30)
+        return RuntimeProcess(process, port)
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def runtime_server(
+    start_runtime: Callable[..., RuntimeProcess], fake_engine: str, tools_file: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> RuntimeProcess:
+    return start_runtime(fake_engine, tools_file, tmp_path_factory.mktemp("state"))

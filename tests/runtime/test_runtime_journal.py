@@ -1,0 +1,60 @@
+from pathlib import Path
+
+from luftpause.runtime.agent import initial_messages
+from luftpause.runtime.journal import Journal, restore_runs
+from luftpause.runtime.runs import Run, RunSpec, RunStats, RunStatus
+
+ROUND = [
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{\"query\": \"x\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "lookup", "content": "found x"},
+]
+
+
+def make_run(handle: str, parent: str | None = None) -> Run:
+    spec = RunSpec(task=f"task of {handle}", system="be brief", parent=parent)
+    return Run(handle=handle, spec=spec, caller="session-1", messages=initial_messages(spec))
+
+
+async def test_finished_and_unfinished_runs_are_restored(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "runs.jsonl")
+    done, open_run = make_run("run-done"), make_run("run-open", parent="run-done")
+    await journal.created(done)
+    await journal.created(open_run)
+    open_run.model = "fake-llama-1b"
+    open_run.stats = RunStats(turns=1, tool_calls=1, prompt_tokens=10, completion_tokens=5)
+    await journal.round(open_run, ROUND)
+    await journal.finished(done.handle, RunStatus.COMPLETED, "the answer", None, RunStats(turns=1))
+
+    restored = {run.handle: run for run in restore_runs(journal.read(), initial_messages)}
+
+    assert restored["run-done"].status is RunStatus.COMPLETED
+    assert restored["run-done"].result == "the answer" and restored["run-done"].finished.is_set()
+    resumed = restored["run-open"]
+    assert resumed.status is RunStatus.RUNNING and not resumed.finished.is_set()
+    assert resumed.parent == "run-done" and resumed.caller == "session-1" and resumed.model == "fake-llama-1b"
+    assert resumed.messages == initial_messages(resumed.spec) + ROUND
+    assert resumed.stats == RunStats(turns=1, tool_calls=1, prompt_tokens=10, completion_tokens=5)
+    assert resumed.spec == open_run.spec
+
+
+async def test_torn_last_line_is_skipped_and_the_next_record_starts_fresh(tmp_path: Path) -> None:
+    path = tmp_path / "runs.jsonl"
+    journal = Journal(path)
+    await journal.created(make_run("run-a"))
+    with path.open("ab") as journal_file:
+        journal_file.write(b'{"type":"created","handle":"run-b","sp')  # crash mid-write
+    assert [record["handle"] for record in journal.read()] == ["run-a"]
+
+    await journal.created(make_run("run-c"))
+    assert [record["handle"] for record in journal.read()] == ["run-a", "run-c"]
+
+
+def test_missing_journal_reads_as_empty(tmp_path: Path) -> None:
+    assert Journal(tmp_path / "nothing" / "runs.jsonl").read() == []
+
+
+async def test_records_for_unknown_runs_are_ignored(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "state" / "runs.jsonl")
+    await journal.append({"type": "round", "handle": "run-ghost", "messages": ROUND, "stats": {}})
+    assert restore_runs(journal.read(), initial_messages) == []

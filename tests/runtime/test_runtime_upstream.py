@@ -1,0 +1,143 @@
+"""Upstream tool servers: routing, result text, reconnects, and both transports."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from mcp_types import CallToolResult, ListToolsResult, TextContent, Tool
+
+from luftpause.runtime.config import UpstreamServerConfig
+from luftpause.runtime.upstream import Toolbox, UpstreamConnection, open_configured_client, result_text
+
+
+async def test_tools_are_routed_to_the_server_that_owns_them() -> None:
+    first, second = MCPServer("first"), MCPServer("second")
+
+    @first.tool(structured_output=False)
+    async def shared(query: str) -> str:
+        return "from first"
+
+    @second.tool(structured_output=False)
+    async def shared_too(query: str) -> str:
+        return "from second"
+
+    @second.tool(name="shared", structured_output=False)
+    async def shadowed(query: str) -> str:
+        return "never called: the first server owns the name"
+
+    toolbox = Toolbox([UpstreamConnection("a", lambda: Client(first)), UpstreamConnection("b", lambda: Client(second))])
+    await toolbox.start()
+    try:
+        assert sorted(tool.name for tool in toolbox.tools()) == ["shared", "shared_too"]
+        assert toolbox.get("shared_too").server == "b"
+        assert (await toolbox.call("shared", {"query": "q"})).text == "from first"
+        assert (await toolbox.call("shared_too", {"query": "q"})).text == "from second"
+        unknown = await toolbox.call("missing", {})
+        assert unknown.failed and "missing" in unknown.text
+    finally:
+        await toolbox.stop()
+
+
+class FlakyClient:
+    """Stands in for `mcp.Client`: the first call on the first connection breaks."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+
+    async def list_tools(self, cursor: str | None = None) -> ListToolsResult:
+        return ListToolsResult(tools=[Tool(name="echo", input_schema={"type": "object"})])
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], **_: Any) -> CallToolResult:
+        if self.generation == 1:
+            raise ConnectionError("server went away")
+        return CallToolResult(content=[TextContent(type="text", text=f"echo from connection {self.generation}")])
+
+
+async def test_a_broken_connection_is_reopened_and_the_call_retried() -> None:
+    opened: list[int] = []
+
+    @asynccontextmanager
+    async def open_client() -> AsyncIterator[Any]:
+        opened.append(len(opened) + 1)
+        yield FlakyClient(opened[-1])
+
+    toolbox = Toolbox([UpstreamConnection("flaky", open_client)])
+    await toolbox.start()
+    try:
+        outcome = await toolbox.call("echo", {})
+    finally:
+        await toolbox.stop()
+    assert outcome.text == "echo from connection 2" and not outcome.failed
+    assert opened == [1, 2]
+
+
+async def test_a_server_that_never_connects_fails_calls_cleanly(monkeypatch: Any) -> None:
+    from luftpause.runtime import constants
+
+    monkeypatch.setattr(constants, "UPSTREAM_CONNECT_WAIT_S", 0.2)
+
+    @asynccontextmanager
+    async def refuse() -> AsyncIterator[Any]:
+        raise OSError("connection refused")
+        yield  # pragma: no cover
+
+    connection = UpstreamConnection("down", refuse)
+    toolbox = Toolbox([connection])
+    await toolbox.start()  # does not hang or raise
+    try:
+        assert toolbox.tools() == []
+        assert (await toolbox.call("anything", {})).failed
+    finally:
+        await toolbox.stop()
+
+
+STDIO_SERVER = '''
+import os
+from mcp.server.mcpserver import MCPServer
+server = MCPServer("stdio-upstream")
+
+@server.tool(structured_output=False)
+def greet(name: str) -> str:
+    return f"hello {name} from {os.environ.get('GREETER', 'nobody')} in process {os.getpid()}"
+
+@server.tool(structured_output=False)
+def crash() -> str:
+    os._exit(1)
+
+server.run("stdio")
+'''
+
+
+async def test_stdio_server_from_the_tools_file_is_restarted_when_it_dies(tmp_path: Path) -> None:
+    script = tmp_path / "stdio_server.py"
+    script.write_text(STDIO_SERVER)
+    config = UpstreamServerConfig(name="local", command=sys.executable, args=[str(script)], env={"GREETER": "stdio"})
+    toolbox = Toolbox.from_configs([config])
+    await toolbox.start()
+    try:
+        before = await toolbox.call("greet", {"name": "runtime"})
+        crashed = await toolbox.call("crash", {})
+        after = await toolbox.call("greet", {"name": "runtime"})
+    finally:
+        await toolbox.stop()
+    assert before.text.startswith("hello runtime from stdio in process ") and not before.failed
+    assert crashed.failed and "Connection closed" in crashed.text
+    assert after.text.startswith("hello runtime from stdio") and not after.failed
+    assert after.text != before.text  # a new server process answered
+
+
+async def test_http_server_with_headers(fake_mcp: str) -> None:
+    config = UpstreamServerConfig(name="fake", url=f"{fake_mcp}/mcp", headers={"X-Test": "1"})
+    async with open_configured_client(config) as client:
+        result = await client.call_tool("lookup", {"query": "q"})
+    assert "Lookup result for 'q'" in result_text(result)
+
+
+def test_result_text_falls_back_to_structured_content() -> None:
+    assert result_text(CallToolResult(content=[], structured_content={"a": 1})) == '{"a": 1}'
