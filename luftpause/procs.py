@@ -27,6 +27,16 @@ def port_is_listening(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def wait_until(predicate, timeout: float = 5.0, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it is true (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
 def http_ok(url: str, timeout: float = 1.0, headers: dict[str, str] | None = None) -> bool:
     request = urllib.request.Request(url, headers=headers or {})
     try:

@@ -8,14 +8,13 @@ dataplane and runtime, started in dependency order and stopped together.
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
-from luftpause.procs import ManagedProcess, free_port, http_ok
+from luftpause.procs import ManagedProcess, free_port, http_ok, wait_until
 
 HOST = "127.0.0.1"
 MODEL = "fake-llama-1b"
@@ -138,14 +137,10 @@ class Stack:
     def wait_engines_healthy(self, timeout: float) -> None:
         """Until the scheduler has probed at least one engine healthy and the dataplane
         is connected to the scheduler."""
-        deadline = time.monotonic() + timeout
         status_url = f"http://{HOST}:{self.ports.scheduler_http}/status"
         health_url = f"http://{HOST}:{self.ports.dataplane}/health"
-        while time.monotonic() < deadline:
-            if _any_healthy(status_url) and _dataplane_connected(health_url):
-                return
-            time.sleep(0.1)
-        raise TimeoutError("no engine became healthy, or the dataplane never reached the scheduler")
+        if not wait_until(lambda: _any_healthy(status_url) and _dataplane_connected(health_url), timeout, 0.1):
+            raise TimeoutError("no engine became healthy, or the dataplane never reached the scheduler")
 
     def process(self, name: str) -> ManagedProcess:
         return next(p for p in self.processes if p.name == name)

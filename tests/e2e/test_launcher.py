@@ -8,21 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
-from luftpause.procs import port_is_listening
+from luftpause.procs import port_is_listening, wait_until
 
-
-def wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def alive(pid: int) -> bool:
@@ -46,7 +37,7 @@ def test_launcher_starts_the_stack_and_stops_it_without_orphans(tmp_path, signum
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        assert wait_for(lambda: (state / "stack.json").exists() or launcher.poll() is not None, 90)
+        assert wait_until(lambda: (state / "stack.json").exists() or launcher.poll() is not None, 90)
         assert launcher.poll() is None, launcher.stdout.read()
         stack = json.loads((state / "stack.json").read_text())
         assert set(stack["pids"]) == {"engine-a", "engine-b", "fake-mcp", "scheduler", "dataplane", "runtime"}

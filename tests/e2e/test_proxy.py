@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import openai
 import pytest
 
 from luftpause import headers as h
+from luftpause.procs import wait_until
 from luftpause.stack import MODEL
 
 
@@ -101,14 +101,6 @@ def run_count(stack) -> int:
     return sum(group["count"] for group in scheduler_status(stack)["runs"])
 
 
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
 
 def test_run_ended_forgets_the_run_at_once(proxy_stack):
     httpx.post(base_url(proxy_stack) + "/v1/chat/completions", headers={h.RUN_ID: "ending-run"},
@@ -117,4 +109,4 @@ def test_run_ended_forgets_the_run_at_once(proxy_stack):
     assert before >= 1
     response = httpx.delete(base_url(proxy_stack) + "/v1/runs/ending-run")
     assert response.status_code == 200
-    assert wait_for(lambda: run_count(proxy_stack) == before - 1)
+    assert wait_until(lambda: run_count(proxy_stack) == before - 1)

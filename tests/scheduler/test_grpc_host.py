@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 import httpx
@@ -11,7 +10,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from luftpause.procs import ManagedProcess, free_port
+from luftpause.procs import ManagedProcess, free_port, wait_until
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 
@@ -41,14 +40,6 @@ def held(scheduler) -> int:
     return httpx.get(scheduler["http"] + "/status").json()["held"]
 
 
-def wait_for(predicate, timeout=5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
 
 async def test_grpc_health_reports_serving(scheduler):
     async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
@@ -77,16 +68,16 @@ async def test_cancelled_admit_abandons_the_held_turn(scheduler):
     async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
         call = pb_grpc.SchedulerStub(channel).Admit(
             pb.AdmitRequest(turn_id="t1", run_id="r1", model=MODEL, service_class=pb.INTERACTIVE))
-        assert await asyncio.to_thread(wait_for, lambda: held(scheduler) == 1)
+        assert await asyncio.to_thread(wait_until, lambda: held(scheduler) == 1)
         call.cancel()
-        assert await asyncio.to_thread(wait_for, lambda: held(scheduler) == 0)
+        assert await asyncio.to_thread(wait_until, lambda: held(scheduler) == 0)
 
 
 async def test_held_turn_is_placed_once_an_engine_comes_up(scheduler):
     async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
         call = pb_grpc.SchedulerStub(channel).Admit(
             pb.AdmitRequest(turn_id="t1", run_id="r1", model=MODEL, service_class=pb.BATCH))
-        assert await asyncio.to_thread(wait_for, lambda: held(scheduler) == 1)
+        assert await asyncio.to_thread(wait_until, lambda: held(scheduler) == 1)
         engine = ManagedProcess("engine", "luftpause.fakes.engine",
                                 ["--port", str(scheduler["engine_port"])],
                                 ready_url=f"http://127.0.0.1:{scheduler['engine_port']}/health")
