@@ -29,7 +29,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from luftpause import logs
+from luftpause.fakes import faults as fault_directives
 from luftpause.fakes import replies
+from luftpause.fakes.faults import FaultError, Faults, StatusCounter
 from luftpause.fakes.replies import Envelope, Reply, ReplyRules, RequestError
 
 log = structlog.get_logger(service="fake-engine")
@@ -52,6 +54,11 @@ class EngineConfig:
     reply_tokens: int = 12
     kv_tokens: int = 65536
     metrics_format: str = "sglang"
+    faults: tuple[str, ...] = ()  # engine-wide fault directives, e.g. ("status=503",)
+    hang_limit_s: float = 3600.0  # a [[fake:hang]] request is dropped after this long
+
+    def engine_faults(self) -> Faults:
+        return fault_directives.parse(fault_directives.parse_option(f) for f in self.faults)
 
     def rules(self) -> ReplyRules:
         return ReplyRules(tool_calls=self.tool_calls, reply_tokens=self.reply_tokens)
@@ -123,6 +130,8 @@ class EngineState:
     closed_early: int = 0
     queued_by_model: dict[str, int] = field(default_factory=dict)
     running: dict[int, Generation] = field(default_factory=dict)
+    faults: Faults = field(default_factory=Faults)
+    status_counter: StatusCounter = field(default_factory=StatusCounter)
 
     def stats(self) -> dict[str, int]:
         """``/stats``: requests that arrived (valid or not), the batch now, and requests
@@ -210,18 +219,33 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state.requests += 1
     try:
         body = await _read_body(request)
+        faults = state.faults.merged(fault_directives.from_messages(body["messages"]))
     except RequestError as err:
         log.info("chat.rejected", status=err.status, reason=str(err))
         return _error(err)
-    reply = replies.plan_reply(body, state.config.rules())
+    except FaultError as err:
+        log.info("chat.rejected", status=400, reason=str(err))
+        return _error(RequestError(str(err)))
+    status = fault_directives.error_status(faults, body["messages"], state.status_counter)
+    if status is not None:
+        log.info("chat.fault_status", status=status)
+        return web.json_response(fault_directives.error_body(status), status=status,
+                                 headers=faults.error_headers(status))
+    reply = replies.plan_reply(body, state.config.rules(), faults)
     envelope = Envelope.new(body["model"])
     started = time.monotonic()
     log.info("chat.request", id=envelope.id, model=envelope.model, stream=bool(body.get("stream")))
     try:
-        if body.get("stream"):
-            response = await _stream(request, state, envelope, reply, replies.wants_usage_chunk(body))
+        if faults.hang:
+            response = await _hang(request, state)
+        elif body.get("stream"):
+            response = await _stream(request, state, envelope, reply, replies.wants_usage_chunk(body),
+                                     faults.die_after)
         else:
-            response = await _complete(state, envelope, reply)
+            response = await _complete(request, state, envelope, reply, faults.die_after is not None)
+    except _Aborted:
+        log.info("chat.aborted", id=envelope.id, after_s=round(time.monotonic() - started, 3))
+        return web.Response(status=500)  # never reaches the client: its connection is gone
     except (asyncio.CancelledError, ConnectionResetError):
         state.closed_early += 1
         log.info("chat.closed_early", id=envelope.id, after_s=round(time.monotonic() - started, 3))
@@ -264,10 +288,35 @@ async def _sleep_ms(ms: float) -> None:
         await asyncio.sleep(ms / 1000)
 
 
-async def _complete(state: EngineState, envelope: Envelope, reply: Reply) -> web.Response:
+class _Aborted(Exception):
+    """The connection was aborted on purpose (``[[fake:die-after=N]]``)."""
+
+
+def _abort(request: web.Request) -> None:
+    """Drop the TCP connection at once, with no further bytes (a crashed engine)."""
+    if request.transport is not None:
+        request.transport.abort()
+    raise _Aborted
+
+
+async def _hang(request: web.Request, state: EngineState) -> web.StreamResponse:
+    """Never answer; the client's disconnect cancels this (counted in ``closed_early``).
+
+    Bounded by ``hang_limit_s`` so a forgotten client cannot pin the handler forever.
+    """
+    await asyncio.sleep(state.config.hang_limit_s)
+    _abort(request)
+    raise AssertionError("unreachable")
+
+
+async def _complete(
+    request: web.Request, state: EngineState, envelope: Envelope, reply: Reply, die: bool = False
+) -> web.Response:
     """Non-streaming: the same prefill and decode time, delivered in one body."""
     async with _BatchSlot(state, envelope, reply) as generation:
         await _sleep_ms(state.config.latency_ms)
+        if die:
+            _abort(request)
         for _ in range(reply.completion_tokens):
             await _sleep_ms(state.config.token_ms)
             generation.generated += 1
@@ -275,7 +324,12 @@ async def _complete(state: EngineState, envelope: Envelope, reply: Reply) -> web
 
 
 async def _stream(
-    request: web.Request, state: EngineState, envelope: Envelope, reply: Reply, include_usage: bool
+    request: web.Request,
+    state: EngineState,
+    envelope: Envelope,
+    reply: Reply,
+    include_usage: bool,
+    die_after: int | None = None,
 ) -> web.StreamResponse:
     """SSE: role chunk after the prefill latency, then one chunk per token, then ``[DONE]``.
 
@@ -288,10 +342,14 @@ async def _stream(
     async with _BatchSlot(state, envelope, reply) as generation:
         await _sleep_ms(state.config.latency_ms)
         await _send(response, envelope.chunk({"role": "assistant", "content": ""}))
-        for delta in replies.stream_pieces(reply):
+        for sent, delta in enumerate(replies.stream_pieces(reply)):
+            if sent == die_after:
+                _abort(request)
             await _sleep_ms(state.config.token_ms)
             await _send(response, envelope.chunk(delta))
             generation.generated += 1
+        if die_after is not None:  # a reply shorter than N chunks still dies before finishing
+            _abort(request)
     for chunk in replies.closing_chunks(reply, envelope, include_usage):
         await _send(response, chunk)
     await response.write(b"data: [DONE]\n\n")
@@ -330,7 +388,7 @@ def create_app(config: EngineConfig) -> web.Application:
     """The engine as an aiohttp app, for ``main`` and for in-process tests."""
     if config.metrics_format not in _METRIC_NAMES:
         raise ValueError(f"metrics_format must be one of {sorted(_METRIC_NAMES)}")
-    state = EngineState(config=config, gate=BatchGate(config.max_running))
+    state = EngineState(config=config, gate=BatchGate(config.max_running), faults=config.engine_faults())
     registry = CollectorRegistry(auto_describe=True)
     registry.register(EngineCollector(state))
     app = web.Application()
@@ -382,7 +440,15 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
         default=_env("METRICS_FORMAT", d.metrics_format),
         help=f"Prometheus metric names to expose [env {ENV_PREFIX}METRICS_FORMAT]",
     )
+    p.add_argument("--fault", action="append", default=[], metavar="DIRECTIVE",
+                   help="engine-wide fault directive, repeatable: status=503, status-times=429:2, "
+                        "retry-after=3, die-after=4, hang, tool-call-as-text, schema-as-arguments, "
+                        "string-scalars (the same as [[fake:...]] in a message)")
     a = p.parse_args(argv)
+    try:
+        fault_directives.parse(fault_directives.parse_option(f) for f in a.fault)
+    except FaultError as err:
+        p.error(str(err))
     model_names = tuple(m.strip() for m in a.models.split(",") if m.strip())
     if not model_names:
         p.error("--models needs at least one name")
@@ -398,6 +464,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
         reply_tokens=a.reply_tokens,
         kv_tokens=a.kv_tokens,
         metrics_format=a.metrics_format,
+        faults=tuple(a.fault),
     )
 
 

@@ -16,6 +16,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from luftpause.fakes import faults as fault_directives
+from luftpause.fakes.faults import Faults
+
 CHARS_PER_TOKEN = 4
 
 # Words a text reply is made of after the topic words; deterministic, so replies of
@@ -138,7 +141,7 @@ def last_user_text(messages: list[dict[str, Any]]) -> str:
 
 def topic_phrase(messages: list[dict[str, Any]], words: int = 6) -> str:
     """A short phrase from the last user message, so replies visibly relate to the ask."""
-    phrase = " ".join(last_user_text(messages).split()[:words])
+    phrase = " ".join(fault_directives.strip(last_user_text(messages)).split()[:words])
     return phrase or "the question"
 
 
@@ -205,24 +208,41 @@ def text_words(phrase: str, count: int) -> list[str]:
     return [source[i % len(source)] for i in range(count)]
 
 
-def plan_reply(body: dict[str, Any], rules: ReplyRules) -> Reply:
+def tool_arguments(tool: dict[str, Any], phrase: str, faults: Faults) -> dict[str, Any]:
+    """The arguments of a call to ``tool``, misshapen as ``faults`` ask."""
+    if faults.schema_as_arguments:
+        schema = tool.get("parameters")
+        arguments = dict(schema) if isinstance(schema, dict) else {}
+    else:
+        arguments = arguments_for_schema(tool.get("parameters"), phrase)
+    return fault_directives.stringify_scalars(arguments) if faults.string_scalars else arguments
+
+
+def plan_reply(body: dict[str, Any], rules: ReplyRules, faults: Faults | None = None) -> Reply:
     """Decide the whole reply up front; the server then only paces its delivery.
 
     A tool call is answered while tools are offered and the conversation holds fewer
     than ``rules.tool_calls`` assistant tool-call turns; otherwise text. When the reply
     would exceed the token cap it is cut, like an engine stopping at ``max_tokens``: text
     is truncated, and a tool call that does not fit degrades to capped text, because an
-    engine cut off mid-call returns no parseable call.
+    engine cut off mid-call returns no parseable call. ``faults`` can misshape a tool
+    call the way small models do (see :mod:`luftpause.fakes.faults`).
     """
+    faults = faults or Faults()
     messages = body["messages"]
     prompt = prompt_tokens(messages)
     cap = completion_cap(body)
     phrase = topic_phrase(messages)
     tool = chosen_tool(body)
     if tool is not None and earlier_tool_calls(messages) < rules.tool_calls:
-        arguments = json.dumps(arguments_for_schema(tool.get("parameters"), phrase))
+        arguments = json.dumps(tool_arguments(tool, phrase, faults))
         tokens = tokens_for_chars(len(tool["name"]) + len(arguments))
-        if cap is None or tokens <= cap:
+        if faults.tool_call_as_text:
+            text = json.dumps({"name": tool["name"], "arguments": json.loads(arguments)})
+            tokens = tokens_for_chars(len(text))
+            if cap is None or tokens <= cap:
+                return Reply(text, None, "stop", prompt, tokens)
+        elif cap is None or tokens <= cap:
             call = ToolCall(id=new_tool_call_id(), name=tool["name"], arguments=arguments)
             return Reply(None, call, "tool_calls", prompt, tokens)
         return Reply(" ".join(text_words(phrase, cap)), None, "length", prompt, cap)

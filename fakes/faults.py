@@ -1,0 +1,198 @@
+"""Failure and misbehaviour directives for the fake engine.
+
+Tests ask the fake engine for a behaviour by writing a directive into any user or
+system message, e.g. ``"[[fake:status=503]]"``, so no special engine and no luftpause
+header is needed; the same directives can be set engine-wide with ``--fault
+status=503``. Pure parsing and planning here; the engine applies them.
+
+Directives (``[[fake:NAME]]`` or ``[[fake:NAME=VALUE]]``):
+
+- ``status=CODE``: answer at once with HTTP CODE (and ``Retry-After`` for 429/503).
+- ``status-times=CODE:N``: the first N requests with the same first user message get
+  CODE; later ones are served normally.
+- ``retry-after=S``: the ``Retry-After`` value sent with 429/503 (default 1).
+- ``die-after=N``: stream N chunks after the role chunk, then abort the connection;
+  non-streaming requests are aborted without a response.
+- ``hang``: accept the request and never answer.
+- ``tool-call-as-text``: a tool call is written as JSON text in ``content``.
+- ``schema-as-arguments``: a tool call's arguments are the tool's parameter schema.
+- ``string-scalars``: integer, number and boolean arguments are rendered as strings.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+DIRECTIVE = re.compile(r"\[\[fake:([a-z][a-z-]*)(?:=([^\]]*))?\]\]")
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+DEFAULT_RETRY_AFTER = "1"
+_FLAGS = ("hang", "tool-call-as-text", "schema-as-arguments", "string-scalars")
+_VALUED = ("status", "status-times", "retry-after", "die-after")
+KNOWN = frozenset(_FLAGS + _VALUED)
+
+
+class FaultError(ValueError):
+    """A directive that is not understood (unknown name or malformed value)."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    """What a request asks the engine to do wrong; the default asks for nothing."""
+
+    status: int | None = None
+    status_times: tuple[int, int] | None = None  # (code, first N requests)
+    retry_after: str = DEFAULT_RETRY_AFTER
+    die_after: int | None = None
+    hang: bool = False
+    tool_call_as_text: bool = False
+    schema_as_arguments: bool = False
+    string_scalars: bool = False
+
+    def merged(self, other: Faults) -> Faults:
+        """``other``'s directives on top of ours (a request's over the engine's)."""
+        changes = {
+            name: value
+            for name, value in vars(other).items()
+            if value != getattr(Faults(), name)
+        }
+        return replace(self, **changes)
+
+    def error_headers(self, status: int) -> dict[str, str]:
+        return {"Retry-After": self.retry_after} if status in RETRY_AFTER_STATUSES else {}
+
+
+def _positive_int(name: str, value: str, minimum: int = 0) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise FaultError(f"[[fake:{name}]] needs an integer, got {value!r}") from None
+    if number < minimum:
+        raise FaultError(f"[[fake:{name}]] must be at least {minimum}, got {number}")
+    return number
+
+
+def _status_code(name: str, value: str) -> int:
+    code = _positive_int(name, value, 100)
+    if code > 599:
+        raise FaultError(f"[[fake:{name}]] needs an HTTP status, got {code}")
+    return code
+
+
+def parse(directives: Iterable[tuple[str, str | None]]) -> Faults:
+    """``(name, value)`` pairs to :class:`Faults`; later directives win."""
+    fields: dict[str, Any] = {}
+    for name, value in directives:
+        if name not in KNOWN:
+            raise FaultError(f"unknown fake directive {name!r} (known: {', '.join(sorted(KNOWN))})")
+        if name in _FLAGS:
+            fields[name.replace("-", "_")] = True
+            continue
+        if value is None or value == "":
+            raise FaultError(f"[[fake:{name}=...]] needs a value")
+        if name == "status":
+            fields["status"] = _status_code(name, value)
+        elif name == "status-times":
+            code, sep, times = value.partition(":")
+            if not sep:
+                raise FaultError(f"[[fake:status-times=CODE:N]] expected, got {value!r}")
+            fields["status_times"] = (_status_code(name, code), _positive_int(name, times))
+        elif name == "retry-after":
+            fields["retry_after"] = str(_positive_int(name, value))
+        elif name == "die-after":
+            fields["die_after"] = _positive_int(name, value)
+    return Faults(**fields)
+
+
+def parse_option(option: str) -> tuple[str, str | None]:
+    """One ``--fault`` value (``status=503``, ``hang``, ``[[fake:hang]]``) as a pair."""
+    match = DIRECTIVE.fullmatch(option.strip())
+    if match:
+        return match.group(1), match.group(2)
+    name, sep, value = option.strip().partition("=")
+    return name, (value if sep else None)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def directives_in(messages: Iterable[Mapping[str, Any]]) -> list[tuple[str, str | None]]:
+    """Every directive in user and system messages, in conversation order.
+
+    Tool results and assistant turns are not read: a directive must come from whoever
+    writes the prompt, not echo back through a tool.
+    """
+    found: list[tuple[str, str | None]] = []
+    for message in messages:
+        if message.get("role") in ("user", "system", "developer"):
+            found.extend((m.group(1), m.group(2)) for m in DIRECTIVE.finditer(_text(message.get("content"))))
+    return found
+
+
+def from_messages(messages: Iterable[Mapping[str, Any]]) -> Faults:
+    return parse(directives_in(messages))
+
+
+def strip(text: str) -> str:
+    """``text`` without directives (so replies do not echo them into tool arguments)."""
+    return " ".join(DIRECTIVE.sub(" ", text).split())
+
+
+def first_user_text(messages: Iterable[Mapping[str, Any]]) -> str:
+    for message in messages:
+        if message.get("role") == "user":
+            return _text(message.get("content"))
+    return ""
+
+
+class StatusCounter:
+    """How often each first-user-message text was answered with a ``status-times`` code."""
+
+    def __init__(self) -> None:
+        self._served: dict[str, int] = {}
+
+    def should_fail(self, key: str, times: int) -> bool:
+        """True for the first ``times`` calls with this ``key``, False afterwards."""
+        served = self._served.get(key, 0)
+        if served >= times:
+            return False
+        self._served[key] = served + 1
+        return True
+
+
+def error_status(faults: Faults, messages: list[Mapping[str, Any]], counter: StatusCounter) -> int | None:
+    """The HTTP status this request must fail with, if any (``status`` wins)."""
+    if faults.status is not None:
+        return faults.status
+    if faults.status_times is not None:
+        code, times = faults.status_times
+        if counter.should_fail(first_user_text(messages), times):
+            return code
+    return None
+
+
+def error_body(status: int) -> dict[str, Any]:
+    return {"error": {"message": f"fake status {status}"}}
+
+
+# --- tool-call shapes ------------------------------------------------------------------
+
+
+def stringify_scalars(value: Any) -> Any:
+    """Integers, numbers and booleans as strings (``"3"``, ``"true"``), recursively."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: stringify_scalars(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [stringify_scalars(v) for v in value]
+    return value

@@ -1,0 +1,244 @@
+"""Fault and tool-call-shape directives of the fake engine: ``[[fake:...]]`` in a
+message, or ``--fault`` engine-wide."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from luftpause.fakes import faults
+from luftpause.fakes.faults import FaultError, Faults
+from luftpause.procs import ManagedProcess, free_port
+
+MODEL = "fake-llama-1b"
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string"},
+                "limit": {"type": "integer"},
+                "ratio": {"type": "number"},
+                "exact": {"type": "boolean"},
+            },
+            "required": ["query", "limit", "ratio", "exact"],
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def start_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., str]]:
+    started: list[ManagedProcess] = []
+
+    def start(*args: str) -> str:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = ManagedProcess(f"fake-engine-{port}", "luftpause.fakes.engine",
+                              ["--port", str(port), "--latency-ms", "5", "--token-ms", "1", *args],
+                              ready_url=f"{url}/health",
+                              log_path=Path(tmp_path_factory.mktemp("engine")) / "engine.log")
+        started.append(proc)
+        proc.start()
+        proc.wait_ready(timeout=15)
+        return url
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def engine(start_engine: Callable[..., str]) -> str:
+    return start_engine()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        yield session
+
+
+def chat(content: str, system: str | None = None, **extra: Any) -> dict[str, Any]:
+    messages = [{"role": "system", "content": system}] if system else []
+    return {"model": MODEL, "messages": [*messages, {"role": "user", "content": content}], **extra}
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+    async with http.post(f"{url}/v1/chat/completions", json=body) as response:
+        return response.status, dict(response.headers), await response.json()
+
+
+async def stats(http: aiohttp.ClientSession, url: str) -> dict[str, int]:
+    async with http.get(f"{url}/stats") as response:
+        return await response.json()
+
+
+# --- parsing (pure) --------------------------------------------------------------------
+
+
+def test_parse_directives_from_user_and_system_messages_only() -> None:
+    messages = [
+        {"role": "system", "content": "be brief [[fake:retry-after=7]]"},
+        {"role": "user", "content": [{"type": "text", "text": "hi [[fake:status=429]]"}]},
+        {"role": "tool", "content": "[[fake:hang]]"},
+        {"role": "assistant", "content": "[[fake:die-after=1]]"},
+    ]
+    parsed = faults.from_messages(messages)
+    assert parsed == Faults(status=429, retry_after="7")
+    assert parsed.error_headers(429) == {"Retry-After": "7"}
+    assert parsed.error_headers(500) == {}
+
+
+def test_parse_every_directive_and_reject_bad_ones() -> None:
+    text = ("[[fake:status-times=503:2]] [[fake:die-after=3]] [[fake:hang]] [[fake:tool-call-as-text]]"
+            " [[fake:schema-as-arguments]] [[fake:string-scalars]]")
+    parsed = faults.from_messages([{"role": "user", "content": text}])
+    assert parsed == Faults(status_times=(503, 2), die_after=3, hang=True, tool_call_as_text=True,
+                            schema_as_arguments=True, string_scalars=True)
+    for bad in ("[[fake:nope]]", "[[fake:status=abc]]", "[[fake:status=42]]", "[[fake:status-times=429]]",
+                "[[fake:die-after]]", "[[fake:die-after=-1]]"):
+        with pytest.raises(FaultError):
+            faults.from_messages([{"role": "user", "content": bad}])
+
+
+def test_cli_options_parse_like_directives_and_requests_override() -> None:
+    engine_wide = faults.parse(map(faults.parse_option, ["status=503", "[[fake:retry-after=4]]", "string-scalars"]))
+    assert engine_wide == Faults(status=503, retry_after="4", string_scalars=True)
+    merged = engine_wide.merged(Faults(status=429))
+    assert merged == Faults(status=429, retry_after="4", string_scalars=True)
+
+
+def test_status_counter_counts_per_key() -> None:
+    counter = faults.StatusCounter()
+    assert [counter.should_fail("a", 2) for _ in range(3)] == [True, True, False]
+    assert counter.should_fail("b", 1) and not counter.should_fail("b", 1)
+    assert not counter.should_fail("c", 0)
+
+
+# --- over HTTP -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("code", "retry_after"), [(429, "1"), (503, "1"), (500, None), (400, None)])
+async def test_status_directive(engine: str, http: aiohttp.ClientSession, code: int, retry_after: str | None) -> None:
+    status, headers, body = await post(http, engine, chat(f"hello [[fake:status={code}]]"))
+    assert status == code
+    assert body == {"error": {"message": f"fake status {code}"}}
+    assert headers.get("Retry-After") == retry_after
+
+
+async def test_status_in_system_message_with_retry_after(engine: str, http: aiohttp.ClientSession) -> None:
+    status, headers, _ = await post(http, engine, chat("hello", system="[[fake:status=503]] [[fake:retry-after=9]]"))
+    assert status == 503 and headers["Retry-After"] == "9"
+
+
+async def test_status_times_fails_first_n_per_first_user_message(engine: str, http: aiohttp.ClientSession) -> None:
+    body = chat("retry me [[fake:status-times=429:2]]", stream=False)
+    results = [await post(http, engine, body) for _ in range(3)]
+    assert [r[0] for r in results] == [429, 429, 200]
+    assert results[0][1]["Retry-After"] == "1"
+    assert results[2][2]["choices"][0]["message"]["content"]
+    other = chat("another conversation [[fake:status-times=429:2]]")
+    assert (await post(http, engine, other))[0] == 429  # counted separately
+    # a later turn of the first conversation (same first user message) is served
+    later = {**body, "messages": [*body["messages"], {"role": "assistant", "content": "ok"},
+                                  {"role": "user", "content": "and now?"}]}
+    assert (await post(http, engine, later))[0] == 200
+
+
+async def read_raw_stream(response: aiohttp.ClientResponse) -> tuple[list[dict[str, Any]], bool, bool]:
+    """(chunks, saw [DONE], connection broke)."""
+    chunks: list[dict[str, Any]] = []
+    done = broke = False
+    try:
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                chunks.append(json.loads(line.removeprefix("data: ")))
+    except aiohttp.ClientPayloadError:
+        broke = True
+    return chunks, done, broke
+
+
+@pytest.mark.parametrize("after", [0, 3])
+async def test_die_after_streaming(engine: str, http: aiohttp.ClientSession, after: int) -> None:
+    body = chat(f"stream then die [[fake:die-after={after}]]", stream=True)
+    async with http.post(f"{engine}/v1/chat/completions", json=body) as response:
+        assert response.status == 200
+        chunks, done, broke = await read_raw_stream(response)
+    assert broke and not done
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert len(chunks) == 1 + after
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+
+
+async def test_die_after_non_streaming_drops_the_connection(engine: str, http: aiohttp.ClientSession) -> None:
+    with pytest.raises(aiohttp.ClientError):  # ServerDisconnectedError / ClientOSError
+        await post(http, engine, chat("die [[fake:die-after=0]]"))
+    status, _, _ = await post(http, engine, chat("still alive afterwards"))
+    assert status == 200
+
+
+async def test_hang_never_answers_and_counts_closed_early(engine: str, http: aiohttp.ClientSession) -> None:
+    before = (await stats(http, engine))["closed_early"]
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(post(http, engine, chat("wait forever [[fake:hang]]", stream=True)), 0.5)
+    for _ in range(100):
+        if (await stats(http, engine))["closed_early"] == before + 1:
+            break
+        await asyncio.sleep(0.02)
+    assert (await stats(http, engine))["closed_early"] == before + 1
+
+
+async def test_tool_call_as_text(engine: str, http: aiohttp.ClientSession) -> None:
+    _, _, body = await post(http, engine, chat("find cats [[fake:tool-call-as-text]]", tools=[TOOL]))
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert "tool_calls" not in choice["message"]
+    call = json.loads(choice["message"]["content"])
+    assert call == {"name": "lookup", "arguments": {"query": "find cats", "limit": 1, "ratio": 1.0, "exact": True}}
+
+    async with http.post(f"{engine}/v1/chat/completions",
+                         json=chat("find cats [[fake:tool-call-as-text]]", tools=[TOOL], stream=True)) as response:
+        chunks, done, _ = await read_raw_stream(response)
+    assert done
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert not any("tool_calls" in d for d in deltas)
+    assert json.loads("".join(d.get("content") or "" for d in deltas))["name"] == "lookup"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_schema_as_arguments(engine: str, http: aiohttp.ClientSession) -> None:
+    _, _, body = await post(http, engine, chat("find [[fake:schema-as-arguments]]", tools=[TOOL]))
+    (call,) = body["choices"][0]["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == TOOL["function"]["parameters"]
+
+
+async def test_string_scalars(engine: str, http: aiohttp.ClientSession) -> None:
+    _, _, body = await post(http, engine, chat("find [[fake:string-scalars]]", tools=[TOOL]))
+    (call,) = body["choices"][0]["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"query": "find", "limit": "1", "ratio": "1.0",
+                                                         "exact": "true"}
+
+
+async def test_unknown_directive_is_a_400(engine: str, http: aiohttp.ClientSession) -> None:
+    status, _, body = await post(http, engine, chat("[[fake:explode]]"))
+    assert status == 400 and "explode" in body["error"]["message"]
+
+
+async def test_engine_wide_fault_option(start_engine: Callable[..., str], http: aiohttp.ClientSession) -> None:
+    url = start_engine("--fault", "status=503", "--fault", "retry-after=2")
+    status, headers, _ = await post(http, url, chat("anything"))
+    assert status == 503 and headers["Retry-After"] == "2"
+    status, _, _ = await post(http, url, chat("a request may override [[fake:status=429]]"))
+    assert status == 429
