@@ -31,7 +31,18 @@ class RoundRecorder(Protocol):
     async def round(self, run: Run, messages: list[dict[str, Any]]) -> None: ...
 
 
+class RunGuard(Protocol):
+    """Limits checked around every step of a run (the budgets, SPEC §4.4).
+
+    ``check`` raises to stop the run; ``planned_tool_calls`` are the calls the next
+    round is about to make.
+    """
+
+    def check(self, run: Run, planned_tool_calls: int = 0) -> None: ...
+
+
 # Seam for tool-call approval (SPEC §4.5): asked before a call runs; False = declined.
+# The gate may wait for the user; it sets the run's status while it does.
 ApprovalGate = Callable[[Run, UpstreamTool, dict[str, Any]], Awaitable[bool]]
 DECLINED_TEXT = "Error: the user declined this tool call"
 
@@ -73,20 +84,24 @@ class AgentLoop:
         toolbox: Toolbox,
         recorder: RoundRecorder | None = None,
         approval_gate: ApprovalGate | None = None,
+        guard: RunGuard | None = None,
     ) -> None:
         self._dataplane = dataplane
         self._toolbox = toolbox
         self._recorder = recorder
         self._approval_gate = approval_gate
+        self._guard = guard
 
     async def drive(self, run: Run) -> str:
         """Take turns until the model answers without tool calls; returns that answer."""
         run.model = run.model or run.spec.model or await self._dataplane.default_model()
         identity = TurnIdentity(run.handle, run.spec.service_class, run.caller)
         while True:
+            self._check(run)
             offered = self._offered_tools(run)
             reply = await self._dataplane.chat(self._turn_body(run, offered), identity)
             self._count_turn(run, reply)
+            self._check(run)
             calls = self._tool_calls(reply, offered)
             if not calls:
                 return str(reply.message.get("content") or "")
@@ -95,6 +110,10 @@ class AgentLoop:
             run.messages.extend(round_messages)
             if self._recorder is not None:
                 await self._recorder.round(run, round_messages)
+
+    def _check(self, run: Run, planned_tool_calls: int = 0) -> None:
+        if self._guard is not None:
+            self._guard.check(run, planned_tool_calls)
 
     def _offered_tools(self, run: Run) -> list[UpstreamTool]:
         if run.stats.tool_calls >= run.spec.max_tool_calls:
@@ -144,11 +163,18 @@ class AgentLoop:
     ) -> list[dict[str, Any]]:
         remaining = max(0, run.spec.max_tool_calls - run.stats.tool_calls)
         allowed, over_budget = calls[:remaining], calls[remaining:]
+        self._check(run, planned_tool_calls=len(allowed))
         offered_by_name = {tool.name: tool for tool in offered}
-        if run.spec.parallel_tool_calls:
-            outcomes = await asyncio.gather(*(self._execute_call(run, c, offered_by_name) for c in allowed))
-        else:
-            outcomes = [await self._execute_call(run, call, offered_by_name) for call in allowed]
+        # Admitted calls count against budgets while they run (the check above and this
+        # line run without a pause, so concurrent runs cannot both take the last call).
+        run.tool_calls_in_flight = len(allowed)
+        try:
+            if run.spec.parallel_tool_calls:
+                outcomes = await asyncio.gather(*(self._execute_call(run, c, offered_by_name) for c in allowed))
+            else:
+                outcomes = [await self._execute_call(run, call, offered_by_name) for call in allowed]
+        finally:
+            run.tool_calls_in_flight = 0
         for outcome in outcomes:
             run.stats.tool_calls += 1
             run.stats.failed_tool_calls += int(outcome.failed)

@@ -74,7 +74,7 @@ def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGI
         return JSONResponse({"status": "ok", "service": "runtime", "uptimeSeconds": round(time.time() - started_at)})
 
     async def status(request: Request) -> JSONResponse:
-        report: dict[str, Any] = runtime.runs.tree_report()
+        report: dict[str, Any] = runtime.tree_report()
         report["tools"] = [tool.name for tool in runtime.toolbox.tools()]
         return JSONResponse(report)
 

@@ -1,11 +1,16 @@
 """The run journal: append-only `runs.jsonl`, the only state kept across restarts (SPEC §4.2).
 
-Three record kinds, each fsync'd before the effect it records is acknowledged:
+Record kinds, each fsync'd before the effect it records is acknowledged:
 
 - ``created``: handle, spawn arguments, caller, creation time;
 - ``round``: the messages one complete tool-call round added (assistant message with its
   tool calls, then one tool message per call), with the run's stats after it;
-- ``finished``: final status, result or error, stats.
+- ``finished``: final status, result or error, stats, finish time;
+- ``budgetExceeded``: the run whose budget was exceeded, with kind, used and limit (its
+  subtree's ``finished`` records follow as the runs wind down).
+
+Replay ignores record kinds it does not know, so later features (approval decisions)
+can add kinds without breaking older journals.
 
 Replay rebuilds every run: finished runs answer `await` again, unfinished ones resume
 from their last complete round (a turn in flight at the crash is simply sent again).
@@ -17,13 +22,14 @@ import asyncio
 import json
 import os
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from luftpause.runtime.runs import Run, RunSpec, RunStats, RunStatus
+from luftpause.runtime.runs import BudgetExcess, Run, RunSpec, RunStats, RunStatus
 
 log = structlog.get_logger(component="journal")
 
@@ -87,7 +93,13 @@ class Journal:
         )
 
     async def finished(
-        self, handle: str, status: RunStatus, result: str | None, error: str | None, stats: RunStats
+        self,
+        handle: str,
+        status: RunStatus,
+        result: str | None,
+        error: str | None,
+        stats: RunStats,
+        finished_at: float | None = None,
     ) -> None:
         await self.append(
             {
@@ -97,8 +109,12 @@ class Journal:
                 "result": result,
                 "error": error,
                 "stats": stats.to_journal(),
+                "finishedAt": finished_at if finished_at is not None else time.time(),
             }
         )
+
+    async def budget_exceeded(self, owner: Run, excess: BudgetExcess) -> None:
+        await self.append({"type": "budgetExceeded", "handle": owner.handle, **excess.to_json()})
 
 
 def _decode(line: bytes) -> dict[str, Any] | None:
@@ -124,25 +140,40 @@ def restore_runs(records: Iterable[dict[str, Any]], initial_messages: Any) -> li
     """
     runs: dict[str, Run] = {}
     for record in records:
-        kind, handle = record.get("type"), record["handle"]
-        if kind == "created":
-            spec = RunSpec.from_json(record["spec"])
-            runs[handle] = Run(
-                handle=handle,
-                spec=spec,
-                caller=record.get("caller", ""),
-                created_at=record.get("createdAt", 0.0),
-                messages=initial_messages(spec),
-            )
-        elif handle not in runs:
-            log.warning("journal_record_without_run", handle=handle, type=kind)
-        elif kind == "round":
-            run = runs[handle]
-            run.messages.extend(record.get("messages") or [])
-            run.stats = RunStats.from_journal(record.get("stats") or {})
-            run.model = record.get("model") or run.model
-        elif kind == "finished":
-            run = runs[handle]
-            run.stats = RunStats.from_journal(record.get("stats") or {})
-            run.finish(RunStatus(record["status"]), result=record.get("result"), error=record.get("error"))
+        try:
+            _apply(runs, record, initial_messages)
+        except (KeyError, ValueError, TypeError) as exc:
+            # One malformed record must not keep every other run from coming back.
+            log.warning("journal_record_unusable", handle=record.get("handle"), type=record.get("type"), error=repr(exc))
     return list(runs.values())
+
+
+def _apply(runs: dict[str, Run], record: dict[str, Any], initial_messages: Any) -> None:
+    kind, handle = record.get("type"), record["handle"]
+    if kind == "created":
+        spec = RunSpec.from_json(record["spec"])
+        runs[handle] = Run(
+            handle=handle,
+            spec=spec,
+            caller=record.get("caller", ""),
+            created_at=record.get("createdAt", 0.0),
+            messages=initial_messages(spec),
+        )
+    elif handle not in runs:
+        log.warning("journal_record_without_run", handle=handle, type=kind)
+    elif kind == "round":
+        run = runs[handle]
+        run.messages.extend(record.get("messages") or [])
+        run.stats = RunStats.from_journal(record.get("stats") or {})
+        run.model = record.get("model") or run.model
+    elif kind == "finished":
+        run = runs[handle]
+        run.stats = RunStats.from_journal(record.get("stats") or {})
+        run.finish(
+            RunStatus(record["status"]),
+            result=record.get("result"),
+            error=record.get("error"),
+            at=record.get("finishedAt"),
+        )
+    elif kind == "budgetExceeded":
+        runs[handle].budget_excess = BudgetExcess.from_json(record)

@@ -50,16 +50,13 @@ ParallelToolCalls = Annotated[
     bool, Field(description="Let the model request several tools per reply and run them concurrently.")
 ]
 Parent = Annotated[str | None, Field(description="Handle of the parent run (builds a run tree).")]
-NOT_ENFORCED_YET = " Recorded with the run; not enforced yet."
-BudgetTokens = Annotated[
-    int | None, Field(description="Token budget (prompt + completion) for the subtree." + NOT_ENFORCED_YET)
-]
-BudgetToolCalls = Annotated[int | None, Field(description="Tool-call budget for the subtree." + NOT_ENFORCED_YET)]
-BudgetSeconds = Annotated[
-    float | None, Field(description="Wall-clock budget in seconds for the subtree." + NOT_ENFORCED_YET)
-]
+SUBTREE = " for this run and every run spawned under it (now or later); on excess the subtree is cancelled."
+BudgetTokens = Annotated[int | None, Field(description="Token budget (prompt + completion)" + SUBTREE)]
+BudgetToolCalls = Annotated[int | None, Field(description="Tool-call budget" + SUBTREE)]
+BudgetSeconds = Annotated[float | None, Field(description="Wall-clock budget in seconds" + SUBTREE)]
 ApproveTools = Annotated[
-    list[str] | None, Field(description="Tool names whose calls need the user's approval." + NOT_ENFORCED_YET)
+    list[str] | None,
+    Field(description="Tool names whose calls need the user's approval. Recorded with the run; not enforced yet."),
 ]
 Handles = Annotated[list[str], Field(description="Run handles returned by spawn.")]
 
@@ -179,7 +176,7 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
     ) -> dict[str, Any]:
         runs = runtime.runs.require(checked_handles(handles))
         timed_out = await runtime.wait(runs, mode, checked_timeout(timeout))
-        return {"runs": [run.await_record() for run in runs], "timedOut": timed_out}
+        return {"runs": [runtime.await_record(run) for run in runs], "timedOut": timed_out}
 
     @server.tool(name="run", description="Start a sub-agent and wait for it in the same call.")
     @functools.wraps(spawn)  # `run` takes exactly spawn's arguments; the SDK reads them from spawn
@@ -187,22 +184,27 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         run = runtime.runs.get((await spawn(**arguments))["handle"])
         # Seam for the Tasks extension (SPEC §4.6): a client declaring it gets a task here.
         await run.finished.wait()
-        return run.await_record()
+        return runtime.await_record(run)
 
-    @server.tool(description="Status of runs (default: all) with parent, children and stats.", annotations=read_only)
+    @server.tool(
+        description="Status of runs (default: all) with parent, children, stats and budget.", annotations=read_only
+    )
     @answers_bad_requests_with_mcp_errors
     async def status(
         handles: Annotated[list[str] | None, Field(description="Run handles; default: every run.")] = None,
     ) -> dict[str, Any]:
         runs = runtime.runs.require(handles) if handles else list(runtime.runs)
-        return {"runs": [run.status_record() for run in runs]}
+        return {"runs": [runtime.status_record(run) for run in runs]}
 
     @server.tool(description="Cancel runs; cancelling a parent cancels all its running descendants.")
     @answers_bad_requests_with_mcp_errors
     async def cancel(handles: Handles) -> dict[str, Any]:
         requested = runtime.runs.require(checked_handles(handles))
         cancelled = await runtime.cancel(run.handle for run in requested)
-        return {"runs": [run.await_record() for run in requested], "cancelled": [run.handle for run in cancelled]}
+        return {
+            "runs": [runtime.await_record(run) for run in requested],
+            "cancelled": [run.handle for run in cancelled],
+        }
 
     @server.tool(name="tools", description="The upstream tools sub-agents can use.", annotations=read_only)
     async def list_upstream_tools() -> dict[str, Any]:

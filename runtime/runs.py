@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
@@ -25,6 +26,45 @@ class RunStatus(StrEnum):
     @property
     def finished(self) -> bool:
         return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class BudgetKind(StrEnum):
+    """What a budget limits; the values are the names used on the wire and in messages."""
+
+    TOKENS = "tokens"  # prompt + completion
+    TOOL_CALLS = "toolCalls"
+    SECONDS = "seconds"  # wall clock since the budgeted run was created
+
+
+def _number(value: float, *, round_up: bool = False) -> float | int:
+    """Integers stay integers; fractions keep two decimals (``used`` rounds up, so an
+    excess never prints as equal to its limit)."""
+    if float(value).is_integer():
+        return int(value)
+    return math.ceil(value * 100) / 100 if round_up else round(value, 2)
+
+
+@dataclass(frozen=True)
+class BudgetExcess:
+    """A budget limit that was exceeded: which kind, how much was used, the limit."""
+
+    kind: str
+    used: float
+    limit: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "used", round(self.used, 3))  # the same after a journal round trip
+
+    @property
+    def message(self) -> str:
+        return f"budget exceeded: {self.kind} {_number(self.used, round_up=True)}/{_number(self.limit)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": str(self.kind), "used": self.used, "limit": self.limit}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BudgetExcess:
+        return cls(kind=str(data["kind"]), used=float(data["used"]), limit=float(data["limit"]))
 
 
 class UnknownRunError(LookupError):
@@ -53,6 +93,15 @@ class RunSpec:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def budget_limits(self) -> dict[str, float]:
+        """The limits this run sets on its subtree, by budget kind (wire names); unset ones absent."""
+        limits = {
+            BudgetKind.TOKENS: self.budget_tokens,
+            BudgetKind.TOOL_CALLS: self.budget_tool_calls,
+            BudgetKind.SECONDS: self.budget_seconds,
+        }
+        return {kind.value: limit for kind, limit in limits.items() if limit is not None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunSpec:
@@ -114,19 +163,32 @@ class Run:
     messages: list[dict[str, Any]] = field(default_factory=list)  # complete rounds only
     result: str | None = None
     error: str | None = None
+    finished_at: float | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     loop_task: asyncio.Task[None] | None = None  # the agent loop while it runs in this process
+    # Tool calls of the current round that are admitted but not yet counted in `stats`:
+    # budgets count them as used so concurrent runs cannot overshoot a tool-call limit.
+    tool_calls_in_flight: int = 0
+    # Set on a run whose own budget (spawn's budget* arguments) was exceeded.
+    budget_excess: BudgetExcess | None = None
 
     @property
     def parent(self) -> str | None:
         return self.spec.parent
 
-    def finish(self, status: RunStatus, *, result: str | None = None, error: str | None = None) -> None:
+    @property
+    def has_budget(self) -> bool:
+        return bool(self.spec.budget_limits())
+
+    def finish(
+        self, status: RunStatus, *, result: str | None = None, error: str | None = None, at: float | None = None
+    ) -> None:
         self.status, self.result, self.error = status, result, error
+        self.finished_at = at if at is not None else time.time()
         self.finished.set()
 
-    def await_record(self) -> dict[str, Any]:
-        """What `await` and `run` report for this run."""
+    def await_record(self, budget: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What `await` and `run` report for this run; ``budget`` is the budget governing it."""
         return {
             "handle": self.handle,
             "status": self.status.value,
@@ -134,9 +196,11 @@ class Run:
             "toolCalls": self.stats.tool_calls,
             "failedToolCalls": self.stats.failed_tool_calls,
             "error": self.error,
+            "budget": budget,
+            "pendingApproval": None,  # seam for tool-call approval (SPEC §4.5)
         }
 
-    def status_record(self) -> dict[str, Any]:
+    def status_record(self, budget: dict[str, Any] | None = None) -> dict[str, Any]:
         """What `status` reports: place in the tree and costs, no result text."""
         return {
             "handle": self.handle,
@@ -147,9 +211,19 @@ class Run:
             "model": self.model or self.spec.model,
             "serviceClass": self.spec.service_class,
             "createdAt": self.created_at,
+            "finishedAt": self.finished_at,
             "stats": self.stats.to_json(),
             "error": self.error,
+            "budget": budget,
+            "pendingApproval": None,  # seam for tool-call approval (SPEC §4.5)
         }
+
+
+BudgetReporter = Callable[[Run], dict[str, Any] | None]
+
+
+def no_budget(run: Run) -> None:
+    return None
 
 
 class RunRegistry:
@@ -211,17 +285,24 @@ class RunRegistry:
     def roots(self) -> list[Run]:
         return [run for run in self._runs.values() if run.parent is None or run.parent not in self._runs]
 
-    def tree_report(self) -> dict[str, Any]:
-        """The whole tree for `GET /status`: per run its own stats and its subtree totals."""
+    def tree_report(self, budget_of: BudgetReporter = no_budget) -> dict[str, Any]:
+        """The whole tree for `GET /status`: per run its own stats and its subtree totals.
+
+        Runs are listed flat in creation order (parents first), each naming its parent and children
+        (flat rather than nested so a deep tree cannot hit JSON's recursion limits).
+        """
         subtree = self.subtree_stats()
-        runs = [{**run.status_record(), "subtree": subtree[run.handle].to_json()} for run in self._runs.values()]
+        records = {
+            run.handle: {**run.status_record(budget_of(run)), "subtree": subtree[run.handle].to_json()}
+            for run in self._runs.values()
+        }
         roots = self.roots()
         total = RunStats()
         for root in roots:
             total = total.plus(subtree[root.handle])
         return {
             "roots": [run.handle for run in roots],
-            "runs": runs,
+            "runs": list(records.values()),
             "counts": dict(Counter(run.status.value for run in self._runs.values())),
             "totals": total.to_json(),
         }

@@ -1,27 +1,30 @@
 """The runtime's core: spawns runs as asyncio tasks, waits for them, cancels subtrees.
 
 The MCP layer (`mcp_server`) only translates arguments and errors; everything a run
-does happens here and in `agent`.
+does happens here, in `agent` (the loop) and in `budgets` (subtree limits).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
-from typing import Literal
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
 
 import structlog
 
 from luftpause.runtime import constants
 from luftpause.runtime.agent import AgentLoop, initial_messages
+from luftpause.runtime.budgets import BudgetExceeded, Budgets
 from luftpause.runtime.dataplane import DataplaneClient, TurnError
 from luftpause.runtime.journal import Journal, restore_runs
-from luftpause.runtime.runs import Run, RunRegistry, RunSpec, RunStatus, new_handle
+from luftpause.runtime.runs import BudgetExcess, Run, RunRegistry, RunSpec, RunStatus, new_handle
 from luftpause.runtime.upstream import Toolbox
 
 log = structlog.get_logger(component="runtime")
 
 WaitMode = Literal["all", "any"]
+CancelReason = Callable[[Run, Run], str]  # (requested root, run in its subtree) -> error text
 
 
 class InvalidRequest(ValueError):
@@ -32,18 +35,24 @@ class JournalUnavailable(RuntimeError):
     """The journal cannot be written, so a new run could not survive a restart."""
 
 
+def cancelled_by_caller(root: Run, run: Run) -> str:
+    return "cancelled" if run is root else f"cancelled with its ancestor {root.handle}"
+
+
 class Runtime:
     def __init__(self, dataplane: DataplaneClient, toolbox: Toolbox, journal: Journal | None = None) -> None:
         self.runs = RunRegistry()
         self.toolbox = toolbox
+        self.budgets = Budgets(self.runs, self._budget_exceeded)
         self._dataplane = dataplane
         self._journal = journal
-        self._agent = AgentLoop(dataplane, toolbox, recorder=journal)
+        self._agent = AgentLoop(dataplane, toolbox, recorder=journal, guard=self.budgets)
         self._stopping = False
         # Why each run is being cancelled, by handle; absent = not cancelled by a caller.
         self._cancel_reasons: dict[str, str] = {}
         # Runs whose outcome is being journaled: too late to cancel them.
         self._concluding: set[str] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Replay the journal: finished runs are kept for `await`, unfinished ones resume."""
@@ -55,19 +64,26 @@ class Runtime:
         resumed = [run for run in restored if not run.status.finished]
         for run in resumed:
             self._launch(run)
+        for run in restored:
+            if run.has_budget:
+                self.budgets.arm(run)  # a deadline passed while the runtime was down fires at once
         log.info("journal_replayed", runs=len(restored), resumed=[run.handle for run in resumed])
 
     async def stop(self) -> None:
         """Stop running loops without finishing them, so they resume after a restart."""
         self._stopping = True
+        self.budgets.close()
         tasks = [run.loop_task for run in self.runs if run.loop_task is not None and not run.loop_task.done()]
         for task in tasks:
             task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=constants.CANCEL_WAIT_S)
+        pending = tasks + list(self._background)
+        if pending:
+            await asyncio.wait(pending, timeout=constants.CANCEL_WAIT_S)
 
     async def close(self) -> None:
         await self._dataplane.aclose()
+
+    # --- spawning ----------------------------------------------------------------------
 
     async def spawn(self, spec: RunSpec, caller: str) -> Run:
         self._check_spawnable(spec)
@@ -78,13 +94,26 @@ class Runtime:
             except OSError as exc:
                 raise JournalUnavailable(f"cannot write the run journal: {exc}") from exc
         self.runs.add(run)
+        if run.has_budget:
+            self.budgets.arm(run)
         self._launch(run)
-        log.info("run_spawned", run=run.handle, parent=spec.parent, caller=caller, service_class=spec.service_class)
+        log.info(
+            "run_spawned",
+            run=run.handle,
+            parent=spec.parent,
+            caller=caller,
+            service_class=spec.service_class,
+            budget=spec.budget_limits() or None,
+        )
         return run
 
     def _check_spawnable(self, spec: RunSpec) -> None:
-        if spec.parent is not None and spec.parent not in self.runs:
-            raise InvalidRequest(f"unknown parent handle: {spec.parent}")
+        if spec.parent is not None:
+            if spec.parent not in self.runs:
+                raise InvalidRequest(f"unknown parent handle: {spec.parent}")
+            refusal = self.budgets.spawn_refusal(self.runs.get(spec.parent))
+            if refusal is not None:
+                raise InvalidRequest(refusal)
         if spec.tools is not None:
             known = {tool.name for tool in self.toolbox.tools()}
             unknown = sorted(set(spec.tools) - known)
@@ -101,6 +130,8 @@ class Runtime:
             if self._stopping and run.handle not in self._cancel_reasons:
                 raise  # shutdown: leave it unfinished in the journal so it resumes
             await self._conclude(run, RunStatus.CANCELLED, error=self._cancel_reasons.get(run.handle, "cancelled"))
+        except BudgetExceeded as exc:
+            await self._conclude(run, RunStatus.CANCELLED, error=self._cancel_reasons.get(run.handle, str(exc)))
         except TurnError as exc:
             await self._conclude(run, RunStatus.FAILED, error=str(exc))
         except Exception as exc:
@@ -114,15 +145,18 @@ class Runtime:
     ) -> None:
         # Journaled before anyone waiting is told, so a result once seen survives a crash.
         self._concluding.add(run.handle)
+        finished_at = time.time()
         if self._journal is not None:
             try:
-                await self._journal.finished(run.handle, status, result, error, run.stats)
+                await self._journal.finished(run.handle, status, result, error, run.stats, finished_at)
             except OSError:
                 log.exception("journal_write_failed", run=run.handle)
-        run.finish(status, result=result, error=error)
+        run.finish(status, result=result, error=error, at=finished_at)
         self._concluding.discard(run.handle)
         log.info("run_finished", run=run.handle, status=status.value, error=error, **run.stats.to_json())
         await self._dataplane.end_run(run.handle)
+
+    # --- waiting -----------------------------------------------------------------------
 
     async def wait(self, runs: Sequence[Run], mode: WaitMode, timeout: float) -> bool:
         """Wait until all (or any) of ``runs`` finished; True when the timeout came first."""
@@ -138,24 +172,65 @@ class Runtime:
                 waiter.cancel()
         return not done if mode == "any" else bool(not_done)
 
+    # --- cancelling --------------------------------------------------------------------
+
     def _cancellable(self, run: Run) -> bool:
         running = not run.status.finished and run.loop_task is not None
         return running and run.handle not in self._concluding
 
-    async def cancel(self, handles: Iterable[str]) -> list[Run]:
-        """Cancel runs and their running descendants; returns every run that was cancelled."""
-        requested = self.runs.require(handles)
+    def _cancel_subtrees(self, roots: Iterable[Run], reason: CancelReason) -> list[Run]:
+        """Cancel the running runs under ``roots`` without waiting; returns them.
+
+        The calling run's own task is not cancelled: it is the one that found a budget
+        exceeded, and it stops by raising instead.
+        """
+        current = asyncio.current_task()
         cancelled: list[Run] = []
-        for root in requested:
+        for root in roots:
             for run in self.runs.subtree(root.handle):
                 if not self._cancellable(run) or run in cancelled:
                     continue
-                reason = "cancelled" if run is root else f"cancelled with its ancestor {root.handle}"
-                self._cancel_reasons.setdefault(run.handle, reason)
-                run.loop_task.cancel()
+                self._cancel_reasons.setdefault(run.handle, reason(root, run))
+                if run.loop_task is not current:
+                    run.loop_task.cancel()
                 cancelled.append(run)
+        return cancelled
+
+    async def cancel(self, handles: Iterable[str]) -> list[Run]:
+        """Cancel runs and their running descendants; returns every run that was cancelled."""
+        cancelled = self._cancel_subtrees(self.runs.require(handles), cancelled_by_caller)
         tasks = [run.loop_task for run in cancelled if run.loop_task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=constants.CANCEL_WAIT_S)
         log.info("runs_cancelled", runs=[run.handle for run in cancelled])
         return cancelled
+
+    def _budget_exceeded(self, owner: Run, excess: BudgetExcess) -> None:
+        """Cancel the owner's subtree with the budget message, and journal the excess."""
+        cancelled = self._cancel_subtrees([owner], lambda root, run: excess.message)
+        log.info("budget_subtree_cancelled", owner=owner.handle, runs=[run.handle for run in cancelled])
+        if self._journal is not None:
+            self._in_background(self._journal_excess(owner, excess))
+
+    async def _journal_excess(self, owner: Run, excess: BudgetExcess) -> None:
+        assert self._journal is not None
+        try:
+            await self._journal.budget_exceeded(owner, excess)
+        except OSError:
+            log.exception("journal_write_failed", run=owner.handle)
+
+    def _in_background(self, work: Any) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- reports -----------------------------------------------------------------------
+
+    def await_record(self, run: Run) -> dict[str, Any]:
+        return run.await_record(self.budgets.report(run))
+
+    def status_record(self, run: Run) -> dict[str, Any]:
+        return run.status_record(self.budgets.report(run))
+
+    def tree_report(self) -> dict[str, Any]:
+        return self.runs.tree_report(self.budgets.report)
