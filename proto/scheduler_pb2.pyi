@@ -28,18 +28,20 @@ GENERATING: RunStage
 PAUSED: RunStage
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "one_pass")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
     CALLER_FIELD_NUMBER: _ClassVar[int]
+    ONE_PASS_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
     service_class: ServiceClass
     caller: str
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ...) -> None: ...
+    one_pass: bool
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., one_pass: _Optional[bool] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("replica", "base_url", "api_key_env", "held_ms")

@@ -28,12 +28,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"HTTP status port (env LUFTPAUSE_SCHEDULER_HTTP_PORT, default {DEFAULT_HTTP_PORT})")
     parser.add_argument("--pool-file", default=env("LUFTPAUSE_POOL_FILE", "config/pool.yaml"),
                         help="engine pool YAML (env LUFTPAUSE_POOL_FILE, default config/pool.yaml)")
+    parser.add_argument("--affinity", choices=("on", "off"), default=env("LUFTPAUSE_AFFINITY", "on"),
+                        help="strict affinity of generating/paused runs to their replica (env LUFTPAUSE_AFFINITY, "
+                             "default on; off lets runs roam, for benchmarks that measure what affinity is worth)")
     return parser.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace, log) -> None:
     endpoints = load_pool(args.pool_file)
-    host = SchedulerHost(endpoints, log)
+    host = SchedulerHost(endpoints, log, affinity=args.affinity == "on")
     server, health_servicer = grpc_server(host, f"{args.host}:{args.grpc_port}")
     await server.start()
     await mark_serving(health_servicer)
@@ -41,7 +44,7 @@ async def serve(args: argparse.Namespace, log) -> None:
     await runner.setup()
     await web.TCPSite(runner, args.host, args.http_port).start()
     log.info("scheduler_started", grpc=f"{args.host}:{args.grpc_port}", http=f"{args.host}:{args.http_port}",
-             replicas=[e.name for e in endpoints])
+             replicas=[e.name for e in endpoints], affinity=args.affinity)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

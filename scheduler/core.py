@@ -17,9 +17,11 @@ in the events. Read top to bottom it is the policy:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+import heapq
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from immutables import Map
 
@@ -39,10 +41,16 @@ class Stage(str, Enum):
 
 
 # --------------------------------------------------------------------------- state
+# State types are NamedTuples: immutable, and far cheaper to update than dataclasses
+# (``_replace`` is one tuple build; ``dataclasses.replace`` introspects every call).
 
 
-@dataclass(frozen=True, slots=True)
-class Replica:
+def replace(record, **changes):
+    return record._replace(**changes)
+
+
+
+class Replica(NamedTuple):
     name: str
     base_url: str
     models: frozenset[str]
@@ -63,8 +71,7 @@ class Replica:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class Run:
+class Run(NamedTuple):
     run_id: str
     service_class: str
     caller: str
@@ -73,8 +80,7 @@ class Run:
     last_seen_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
+class Turn(NamedTuple):
     """A turn placed on a replica and not yet reported ended."""
 
     turn_id: str
@@ -86,8 +92,7 @@ class Turn:
     placed_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class HeldTurn:
+class HeldTurn(NamedTuple):
     turn_id: str
     run_id: str
     model: str
@@ -95,21 +100,28 @@ class HeldTurn:
     caller: str
     arrived_ms: int
     seq: int
+    home: str = ""  # the replica the run is pinned to when it was filed, "" when free
 
 
-@dataclass(frozen=True, slots=True)
-class State:
-    replicas: Map = field(default_factory=Map)  # name -> Replica
-    runs: Map = field(default_factory=Map)  # run_id -> Run
-    turns: Map = field(default_factory=Map)  # turn_id -> Turn (placed, in flight)
-    held: Map = field(default_factory=Map)  # turn_id -> HeldTurn
-    running_by_caller: Map = field(default_factory=Map)  # caller -> in-flight turns
+class State(NamedTuple):
+    replicas: Map = Map()  # name -> Replica
+    runs: Map = Map()  # run_id -> Run
+    turns: Map = Map()  # turn_id -> Turn (placed, in flight)
+    held: Map = Map()  # turn_id -> HeldTurn
+    # The same held turns filed for release: home replica ("" = free to go anywhere)
+    # -> class -> caller -> turn ids in arrival order. Release looks only at the homes
+    # of replicas with room, in policy order, without sorting every held turn.
+    held_queues: Map = Map()
+    held_by_run: Map = Map()  # run_id -> held turn ids
+    running_by_caller: Map = Map()  # caller -> in-flight turns
     next_seq: int = 0
     resynced: bool = False
+    # Strict affinity (§6.3) is the policy; off only to measure what it is worth.
+    affinity: bool = True
 
 
-def initial_state(replicas: Iterable[Replica]) -> State:
-    return State(replicas=Map({r.name: r for r in replicas}))
+def initial_state(replicas: Iterable[Replica], affinity: bool = True) -> State:
+    return State(replicas=Map({r.name: r for r in replicas}), affinity=affinity)
 
 
 # -------------------------------------------------------------------------- events
@@ -123,6 +135,7 @@ class AdmitRequested:
     service_class: str
     caller: str
     now_ms: int
+    one_pass: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +222,7 @@ class Place:
 @dataclass(frozen=True, slots=True)
 class Reject:
     turn_id: str
-    reason: str  # "unknown_model" | "invalid"
+    reason: str  # "unknown_model" | "invalid" | "no_healthy_replica"
     message: str
 
 
@@ -259,6 +272,8 @@ def _admit(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:
     problem = validation_error(event.model, event.service_class, event.caller)
     if problem:
         return state, [Reject(event.turn_id, "invalid", problem)]
+    if event.one_pass:
+        return _admit_one_pass(state, event)
     placed = state.turns.get(event.turn_id)
     if placed is not None:  # a retried Admit for a turn already placed
         return state, [Place(event.turn_id, placed.replica, 0)]
@@ -274,12 +289,28 @@ def _admit(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:
     held = HeldTurn(
         event.turn_id, event.run_id, event.model, event.service_class, event.caller, event.now_ms, state.next_seq
     )
-    state = replace(state, held=state.held.set(event.turn_id, held), next_seq=state.next_seq + 1)
+    state = replace(_hold(state, held), next_seq=state.next_seq + 1)
     return _release_held(state, event.now_ms)
 
 
 def _serves(state: State, model: str) -> bool:
     return any(r.kind == GENERATIVE and model in r.models for r in state.replicas.values())
+
+
+def _admit_one_pass(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:
+    """One-pass (classifier) calls live outside run state: they take no generative
+    slot and never wait; healthy one-pass replicas take turns in rotation."""
+    serving = sorted(
+        (r for r in state.replicas.values() if r.kind == ONE_PASS and event.model in r.models), key=lambda r: r.name
+    )
+    if not serving:
+        return state, [Reject(event.turn_id, "unknown_model", f"no one-pass replica serves model '{event.model}'")]
+    healthy = [r for r in serving if r.healthy]
+    if not healthy:
+        message = f"no healthy one-pass replica serves model '{event.model}'"
+        return state, [Reject(event.turn_id, "no_healthy_replica", message)]
+    replica = healthy[state.next_seq % len(healthy)]
+    return replace(state, next_seq=state.next_seq + 1), [Place(event.turn_id, replica.name, 0)]
 
 
 # ------------------------------------------------------------------ placement
@@ -289,7 +320,7 @@ def _candidates(state: State, turn: HeldTurn) -> list[Replica]:
     """Replicas this turn may go to, before looking at their load."""
     serving = [r for r in state.replicas.values() if r.kind == GENERATIVE and r.healthy and turn.model in r.models]
     run = state.runs.get(turn.run_id)
-    if run is not None and run.stage is not Stage.IDLE and run.replica:
+    if state.affinity and run is not None and run.stage is not Stage.IDLE and run.replica:
         pinned = [r for r in serving if r.name == run.replica]
         if pinned:  # strict affinity while the run's replica is healthy
             return pinned
@@ -304,28 +335,121 @@ def _has_room(replica: Replica, service_class: str) -> bool:
     return replica.in_flight + reserve < cap
 
 
-def _release_order(state: State, turn: HeldTurn) -> tuple[int, int, int]:
-    return (
-        0 if turn.service_class == INTERACTIVE else 1,
-        state.running_by_caller.get(turn.caller, 0),
-        turn.seq,
+def _pin(state: State, run: Run | None) -> str:
+    """The replica a run's turns must go to while it is healthy, or "" (strict affinity)."""
+    if state.affinity and run is not None and run.stage is not Stage.IDLE and run.replica:
+        return run.replica
+    return ""
+
+
+def _hold(state: State, turn: HeldTurn) -> State:
+    turn = replace(turn, home=_pin(state, state.runs.get(turn.run_id)))
+    by_class = state.held_queues.get(turn.home, Map())
+    by_caller = by_class.get(turn.service_class, Map())
+    queue = by_caller.get(turn.caller, ()) + (turn.turn_id,)
+    by_class = by_class.set(turn.service_class, by_caller.set(turn.caller, queue))
+    return replace(
+        state,
+        held=state.held.set(turn.turn_id, turn),
+        held_queues=state.held_queues.set(turn.home, by_class),
+        held_by_run=state.held_by_run.set(turn.run_id, state.held_by_run.get(turn.run_id, ()) + (turn.turn_id,)),
     )
 
 
+def _without(mapping: Map, key: str, value: object) -> Map:
+    """Set ``key`` to ``value``, or drop it when the value is empty."""
+    if value:
+        return mapping.set(key, value)
+    return mapping.delete(key) if key in mapping else mapping
+
+
+def _unhold(state: State, turn_id: str) -> State:
+    turn = state.held[turn_id]
+    by_class = state.held_queues[turn.home]
+    by_caller = by_class[turn.service_class]
+    by_caller = _without(by_caller, turn.caller, tuple(t for t in by_caller[turn.caller] if t != turn_id))
+    by_class = _without(by_class, turn.service_class, by_caller)
+    run_turns = tuple(t for t in state.held_by_run[turn.run_id] if t != turn_id)
+    return replace(
+        state,
+        held=state.held.delete(turn_id),
+        held_queues=_without(state.held_queues, turn.home, by_class),
+        held_by_run=_without(state.held_by_run, turn.run_id, run_turns),
+    )
+
+
+def _rehome(state: State, run_id: str) -> State:
+    """Refile a run's held turns after its pin changed (stage or replica)."""
+    for turn_id in state.held_by_run.get(run_id, ()):
+        turn = state.held[turn_id]
+        state = _hold(_unhold(state, turn_id), turn)
+    return state
+
+
+def _held_in_release_order(state: State, homes: dict[str, list[str]]) -> Iterator[HeldTurn]:
+    """Held turns filed under ``homes[class]``: interactive first, then the caller with
+    the fewest running turns, then arrival."""
+    for service_class in (INTERACTIVE, BATCH):
+        filed = [state.held_queues[home] for home in homes[service_class] if home in state.held_queues]
+        queues = [
+            _ranked_queue(state, state.running_by_caller.get(caller, 0), turn_ids)
+            for by_class in filed
+            for caller, turn_ids in by_class.get(service_class, Map()).items()
+        ]
+        for _, _, turn_id in heapq.merge(*queues):
+            yield state.held[turn_id]
+
+
+def _ranked_queue(state: State, running: int, turn_ids: tuple[str, ...]) -> Iterator[tuple[int, int, str]]:
+    for turn_id in turn_ids:
+        yield running, state.held[turn_id].seq, turn_id
+
+
+def _homes_with_room(state: State) -> dict[str, list[str]] | None:
+    """Per class, the homes whose held turns could be placed now: free turns, turns
+    pinned to a replica with room for that class, and turns pinned to an unhealthy
+    replica (which may move). None when no replica has room at all."""
+    interactive: list[str] = [""]
+    batch: list[str] = [""]
+    for name, r in state.replicas.items():
+        if r.kind != GENERATIVE:
+            continue
+        if not r.healthy:
+            interactive.append(name)
+            batch.append(name)
+        elif _has_room(r, INTERACTIVE):
+            interactive.append(name)
+            if _has_room(r, BATCH):
+                batch.append(name)
+    if len(interactive) == 1:
+        return None
+    return {INTERACTIVE: interactive, BATCH: batch}
+
+
+def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn, Replica] | None:
+    """The best-ranked held turn that fits somewhere now. A turn that does not fit keeps
+    every lower-ranked turn off the replicas it is waiting for."""
+    open_replicas = {name for name in homes[INTERACTIVE] if name and state.replicas[name].healthy}
+    blocked: set[str] = set()
+    for turn in _held_in_release_order(state, homes):
+        candidates = _candidates(state, turn)
+        roomy = [r for r in candidates if r.name not in blocked and _has_room(r, turn.service_class)]
+        if roomy:
+            return turn, min(roomy, key=lambda r: (r.in_flight, r.name))
+        blocked.update(r.name for r in candidates)
+        if open_replicas <= blocked:
+            return None
+    return None
+
+
 def _release_held(state: State, now_ms: int) -> tuple[State, list[Action]]:
-    """Place every held turn that fits, best first; a turn that does not fit keeps
-    lower-ranked turns off the replicas it is waiting for."""
+    """Place held turns, best first, while any fits."""
     actions: list[Action] = []
     while state.held:
-        blocked: set[str] = set()
-        chosen: tuple[HeldTurn, Replica] | None = None
-        for turn in sorted(state.held.values(), key=lambda t: _release_order(state, t)):
-            candidates = [r for r in _candidates(state, turn) if r.name not in blocked]
-            roomy = [r for r in candidates if _has_room(r, turn.service_class)]
-            if roomy:
-                chosen = (turn, min(roomy, key=lambda r: (r.in_flight, r.name)))
-                break
-            blocked.update(r.name for r in _candidates(state, turn))
+        homes = _homes_with_room(state)
+        if homes is None:
+            break
+        chosen = _next_placement(state, homes)
         if chosen is None:
             break
         turn, replica = chosen
@@ -338,7 +462,7 @@ def _place(state: State, turn: HeldTurn, replica: Replica, now_ms: int) -> State
     run = state.runs.get(turn.run_id) or Run(turn.run_id, turn.service_class, turn.caller)
     state = _put_run(state, replace(run, replica=replica.name, stage=Stage.GENERATING, last_seen_ms=now_ms))
     placed = Turn(turn.turn_id, turn.run_id, turn.model, turn.service_class, turn.caller, replica.name, now_ms)
-    state = replace(state, held=state.held.delete(turn.turn_id), turns=state.turns.set(turn.turn_id, placed))
+    state = replace(_unhold(state, turn.turn_id), turns=state.turns.set(turn.turn_id, placed))
     return _count_in_flight(state, replica.name, turn.caller, +1)
 
 
@@ -379,8 +503,12 @@ def _put_run(state: State, run: Run | None, run_id: str | None = None) -> State:
             if name is not None and name in replicas:
                 r = replicas[name]
                 replicas = replicas.set(name, replace(r, paused_interactive=max(0, r.paused_interactive + delta)))
+    pin_before = _pin(state, state.runs.get(key))
     runs = state.runs.set(key, run) if run is not None else (state.runs.delete(key) if key in state.runs else state.runs)
-    return replace(state, runs=runs, replicas=replicas)
+    state = replace(state, runs=runs, replicas=replicas)
+    if key in state.held_by_run and _pin(state, run) != pin_before:
+        state = _rehome(state, key)
+    return state
 
 
 def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int) -> State:
@@ -397,7 +525,7 @@ def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int) -> State:
 
 def _cancel(state: State, event: AdmitCancelled) -> State:
     if event.turn_id in state.held:
-        return replace(state, held=state.held.delete(event.turn_id))
+        return _unhold(state, event.turn_id)
     # Placed but the client left before (or while) it was sent: free the slot.
     return _end_turn(state, event.turn_id, Stage.IDLE, event.now_ms)
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import grpc
+import httpx
 from aiohttp import web
 from google.protobuf import json_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -18,11 +21,16 @@ from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler import core
 from luftpause.scheduler.constants import CLOCK_TICK_S, PROBE_PERIOD_S
 from luftpause.scheduler.pool import Endpoint
-from luftpause.scheduler.probes import probe, probe_client
+from luftpause.scheduler.probes import ProbeResult, probe, probe_client
 
 CLASS_NAMES = {pb.INTERACTIVE: core.INTERACTIVE, pb.BATCH: core.BATCH}
 STAGES = {pb.IDLE: core.Stage.IDLE, pb.GENERATING: core.Stage.GENERATING, pb.PAUSED: core.Stage.PAUSED}
-REJECT_CODES = {"unknown_model": grpc.StatusCode.NOT_FOUND, "invalid": grpc.StatusCode.INVALID_ARGUMENT}
+REJECT_CODES = {
+    "unknown_model": grpc.StatusCode.NOT_FOUND,
+    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+    # Not UNAVAILABLE: that code means "the scheduler is away" and callers retry it.
+    "no_healthy_replica": grpc.StatusCode.FAILED_PRECONDITION,
+}
 
 
 def class_name(value: int) -> str:
@@ -36,12 +44,15 @@ def class_name(value: int) -> str:
 class SchedulerHost:
     """Owns the state; every change goes through :meth:`apply` on the event loop."""
 
-    def __init__(self, endpoints: list[Endpoint], log, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, endpoints: list[Endpoint], log, clock: Callable[[], float] = time.monotonic, affinity: bool = True
+    ) -> None:
         self.endpoints = {e.name: e for e in endpoints}
-        self.state = core.initial_state(e.replica() for e in endpoints)
+        self.state = core.initial_state((e.replica() for e in endpoints), affinity=affinity)
         self.log = log
         self._clock = clock
         self._waiters: dict[str, list[asyncio.Future[core.Action]]] = {}
+        self._logged_problems: set[str] = set()  # metrics URLs already logged as unreadable
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -68,6 +79,7 @@ class SchedulerHost:
                     service_class=class_name(request.service_class),
                     caller=request.caller,
                     now_ms=self.now_ms(),
+                    one_pass=request.one_pass,
                 )
             )
             return await waiter
@@ -116,12 +128,20 @@ class SchedulerHost:
             while True:
                 started = time.monotonic()
                 results = await asyncio.gather(*(probe(client, e) for e in self.endpoints.values()))
-                for endpoint, (healthy, running, queued) in zip(self.endpoints.values(), results, strict=True):
-                    before = self.state.replicas[endpoint.name].healthy
-                    if healthy != before:
-                        self.log.info("replica_health", replica=endpoint.name, healthy=healthy)
-                    self.apply(core.EngineProbed(endpoint.name, healthy, running, queued, self.now_ms()))
+                for endpoint, result in zip(self.endpoints.values(), results, strict=True):
+                    self._log_probe(endpoint.name, result)
+                    self.apply(core.EngineProbed(endpoint.name, result.healthy, result.running, result.queued,
+                                                 self.now_ms()))
                 await asyncio.sleep(max(0.0, PROBE_PERIOD_S - (time.monotonic() - started)))
+
+    def _log_probe(self, replica: str, result: ProbeResult) -> None:
+        if result.healthy != self.state.replicas[replica].healthy:
+            self.log.info("replica_health", replica=replica, healthy=result.healthy)
+        for url, problem in result.problems:
+            if url not in self._logged_problems:
+                self._logged_problems.add(url)
+                self.log.warning("engine_metrics_unreadable", replica=replica, url=url, problem=problem,
+                                 effect="treated as reporting no load")
 
     async def tick_forever(self) -> None:
         while True:
@@ -174,14 +194,44 @@ async def mark_serving(servicer: health.aio.HealthServicer) -> None:
         await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 
 
+PAGE = Path(__file__).with_name("page.html")
+
+
+def runtime_status_url(runtime: str) -> str:
+    """Only ``<runtime origin>/status`` may be fetched through the page's helper route."""
+    parsed = urllib.parse.urlsplit(runtime)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError("runtime must be an http(s) URL such as http://localhost:7000")
+    return f"{parsed.scheme}://{parsed.netloc}/status"
+
+
 def http_app(host: SchedulerHost) -> web.Application:
     async def get_status(request: web.Request) -> web.Response:
         return web.json_response(host.status())
+
+    async def get_page(request: web.Request) -> web.Response:
+        return web.Response(text=PAGE.read_text(), content_type="text/html")
+
+    async def get_runtime_status(request: web.Request) -> web.Response:
+        """The page's view of a runtime's run tree (fetched here: no CORS needed)."""
+        try:
+            url = runtime_status_url(request.query.get("runtime", ""))
+        except ValueError as exc:
+            return web.json_response({"error": {"message": str(exc)}}, status=400)
+        headers = {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
+        try:
+            async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
+                response = await client.get(url, headers=headers)
+            return web.json_response(response.json(), status=response.status_code)
+        except (httpx.HTTPError, ValueError) as exc:
+            return web.json_response({"error": {"message": f"runtime {url}: {exc}"}}, status=502)
 
     async def get_health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     app = web.Application()
+    app.router.add_get("/", get_page)
     app.router.add_get("/status", get_status)
+    app.router.add_get("/runtime-status", get_runtime_status)
     app.router.add_get("/health", get_health)
     return app

@@ -1,0 +1,213 @@
+"""Benchmark of the scheduler: decisions/s of the pure core at 100, 1,000 and 10,000
+live runs with 200 held turns on saturated engines, and the Admit round trip over
+gRPC on loopback when capacity is free.
+
+    python -m luftpause.loadgen.scheduler_bench [--events N] [--admits N] [--json PATH]
+
+The core runs on one core in this process; the gRPC part starts a real scheduler
+process and a fake engine. Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+import uuid
+from pathlib import Path
+
+import grpc
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from luftpause.procs import ManagedProcess, free_port
+from luftpause.proto import scheduler_pb2 as pb
+from luftpause.proto import scheduler_pb2_grpc as pb_grpc
+from luftpause.scheduler import core
+
+MODEL = "m"
+REPLICAS = 4
+RUNNING_PER_REPLICA = 32  # what each engine reports running: the cap once it queues
+
+
+def saturated_state(runs: int, held: int, rng: random.Random) -> tuple[core.State, list[str]]:
+    """Engines capped and full, ``held`` turns waiting, ``runs`` runs known."""
+    replicas = [core.Replica(f"r{i}", f"http://r{i}", frozenset({MODEL})) for i in range(REPLICAS)]
+    state = core.initial_state(replicas)
+    for r in replicas:
+        state, _ = core.decide(state, core.EngineProbed(r.name, True, RUNNING_PER_REPLICA, 5, 0))
+    now = 0
+    run_ids = [f"run-{i}" for i in range(runs)]
+    # Every run has had a turn: some paused on a tool, the rest idle.
+    for i, run_id in enumerate(run_ids):
+        turn = f"warm-{i}"
+        cls = "interactive" if i % 8 == 0 else "batch"
+        state, _ = core.decide(state, core.AdmitRequested(turn, run_id, MODEL, cls, f"caller-{i % 16}", now))
+        reason = "tool_calls" if i % 3 else "stop"
+        state, _ = core.decide(state, core.TurnFinished(turn, reason, now))
+    # Fill the engines, then hold more.
+    for i in range(REPLICAS * RUNNING_PER_REPLICA + held):
+        run_id = rng.choice(run_ids)
+        cls = "interactive" if rng.random() < 0.2 else "batch"
+        state, _ = core.decide(state, core.AdmitRequested(f"fill-{i}", run_id, MODEL, cls, f"caller-{i % 16}", now))
+    return state, run_ids
+
+
+def run_core(runs: int, held: int, events: int, seed: int = 7) -> dict:
+    """A closed loop at saturation: a turn finishes (freeing a slot for a held turn)
+    and a turn arrives — mostly the next turn of a run back from its tool, otherwise a
+    turn of some other run; a probe every 100 events, a clock tick every 1,000."""
+    rng = random.Random(seed)
+    state, run_ids = saturated_state(runs, held, rng)
+    in_flight = {t.turn_id: t.run_id for t in state.turns.values()}
+    returning: list[str] = []
+    classes = {run_id: ("interactive" if i % 5 == 0 else "batch") for i, run_id in enumerate(run_ids)}
+    now, counter, decisions = 1, 0, 0
+
+    def step(event: core.Event) -> None:
+        nonlocal state, decisions
+        state, actions = core.decide(state, event)
+        decisions += 1
+        for action in actions:
+            if isinstance(action, core.Place):
+                in_flight[action.turn_id] = state.turns[action.turn_id].run_id
+
+    started = time.perf_counter()
+    while decisions < events:
+        now += 1
+        if now % 500 == 0:
+            step(core.ClockTicked(now))
+        if now % 50 == 0:
+            step(core.EngineProbed(f"r{now % REPLICAS}", True, RUNNING_PER_REPLICA, 5, now))
+        if in_flight:  # a turn ends; most runs come back from their tool for another turn
+            turn_id = next(iter(in_flight))
+            run_id = in_flight.pop(turn_id)
+            back_from_tool = rng.random() < 0.7
+            if back_from_tool:
+                returning.append(run_id)
+            step(core.TurnFinished(turn_id, "tool_calls" if back_from_tool else "stop", now))
+        counter += 1
+        run_id = returning.pop(0) if returning else rng.choice(run_ids)
+        step(core.AdmitRequested(f"t-{counter}", run_id, MODEL, classes[run_id], f"caller-{counter % 16}", now))
+    elapsed = time.perf_counter() - started
+    return {
+        "runs": runs,
+        "held_at_start": held,
+        "held_at_end": len(state.held),
+        "in_flight_at_end": len(state.turns),
+        "events": decisions,
+        "seconds": round(elapsed, 3),
+        "decisions_per_s": round(decisions / elapsed),
+        "us_per_decision": round(elapsed / decisions * 1e6, 1),
+    }
+
+
+def state_memory(runs: int, held: int) -> int:
+    tracemalloc.start()
+    state, _ = saturated_state(runs, held, random.Random(1))
+    size, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    del state
+    return size
+
+
+async def admit_round_trips(count: int) -> dict:
+    """Admit → Report finished, one turn at a time, against a real scheduler process
+    whose one engine is healthy and uncapped."""
+    with tempfile.TemporaryDirectory() as tmp:
+        engine_port, grpc_port, http_port = free_port(), free_port(), free_port()
+        pool = Path(tmp) / "pool.yaml"
+        pool.write_text(yaml.safe_dump({"endpoints": [
+            {"name": "e", "base_url": f"http://127.0.0.1:{engine_port}", "models": ["fake-llama-1b"]}]}))
+        engine = ManagedProcess("engine", "luftpause.fakes.engine", ["--port", str(engine_port)],
+                                ready_url=f"http://127.0.0.1:{engine_port}/health")
+        scheduler = ManagedProcess("scheduler", "luftpause.scheduler",
+                                   ["--grpc-port", str(grpc_port), "--http-port", str(http_port),
+                                    "--pool-file", str(pool)],
+                                   ready_url=f"http://127.0.0.1:{http_port}/health",
+                                   env={"LUFTPAUSE_LOG_LEVEL": "warning"})
+        engine.start()
+        scheduler.start()
+        try:
+            engine.wait_ready()
+            scheduler.wait_ready()
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                stub = pb_grpc.SchedulerStub(channel)
+                await stub.Resync(pb.ResyncRequest())
+                events: asyncio.Queue = asyncio.Queue()
+
+                async def drain():
+                    while True:
+                        yield await events.get()
+
+                report = stub.Report(drain())
+                samples = []
+                for i in range(count + 50):
+                    turn_id = uuid.uuid4().hex
+                    request = pb.AdmitRequest(turn_id=turn_id, run_id=f"run-{i % 20}", model="fake-llama-1b",
+                                              service_class=pb.INTERACTIVE, caller="bench")
+                    while True:  # the first probe marks the engine healthy within 2 s
+                        t0 = time.perf_counter()
+                        try:
+                            await stub.Admit(request, timeout=0.5)
+                            break
+                        except grpc.aio.AioRpcError:
+                            await asyncio.sleep(0.1)
+                    if i >= 50:  # warm-up excluded
+                        samples.append((time.perf_counter() - t0) * 1000)
+                    events.put_nowait(pb.TurnEvent(turn_id=turn_id, run_id=f"run-{i % 20}",
+                                                   finished=pb.TurnFinished(finish_reason="stop")))
+                report.cancel()
+        finally:
+            scheduler.stop()
+            engine.stop()
+    samples.sort()
+    return {
+        "admits": len(samples),
+        "p50_ms": round(statistics.median(samples), 3),
+        "p90_ms": round(samples[int(len(samples) * 0.9)], 3),
+        "p99_ms": round(samples[int(len(samples) * 0.99)], 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.scheduler_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=20000, help="decisions per run size (default 20000)")
+    parser.add_argument("--held", type=int, default=200, help="held turns at start (default 200)")
+    parser.add_argument("--admits", type=int, default=1000, help="gRPC Admit round trips (default 1000)")
+    parser.add_argument("--json", default="bench-results/scheduler.json", help="where to write the results")
+    args = parser.parse_args(argv)
+    console = Console()
+    results = {"python": platform.python_version(), "machine": platform.machine(), "core": [], "admit": None}
+    table = Table(title=f"decide() at saturation, {args.held} held turns, {REPLICAS} capped replicas")
+    for column in ("live runs", "decisions/s", "µs/decision", "held at end", "state memory"):
+        table.add_column(column, justify="right")
+    for runs in (100, 1000, 10000):
+        row = run_core(runs, args.held, args.events)
+        row["state_bytes"] = state_memory(runs, args.held)
+        results["core"].append(row)
+        table.add_row(f"{runs:,}", f"{row['decisions_per_s']:,}", str(row["us_per_decision"]),
+                      str(row["held_at_end"]), f"{row['state_bytes'] / 1e6:.1f} MB")
+    console.print(table)
+    results["admit"] = asyncio.run(admit_round_trips(args.admits))
+    admit = results["admit"]
+    console.print(f"Admit round trip over gRPC on loopback, capacity free ({admit['admits']} calls): "
+                  f"p50 {admit['p50_ms']} ms, p90 {admit['p90_ms']} ms, p99 {admit['p99_ms']} ms")
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
+    console.print(f"JSON: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
