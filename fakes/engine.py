@@ -1,10 +1,12 @@
 """Fake LLM inference engine: an OpenAI-compatible aiohttp server without a model.
 
-It stands in for SGLang/vLLM on machines without a GPU. Replies come from
-:mod:`luftpause.fakes.replies` (tool calls while tools are offered, then text); this
-module adds what makes it behave like a serving engine from the outside: time to first
-token, per-token pacing, a bounded running batch with a FIFO wait queue, Prometheus
-``/metrics`` in SGLang's (or vLLM's) names, and counters at ``/stats`` that tests use to
+It stands in for SGLang/vLLM on machines without a GPU. What it answers comes from
+:mod:`luftpause.fakes.replies` (tool calls while tools are offered, then text); when it
+answers comes from :mod:`luftpause.fakes.sim`, a continuous-batching model with a
+bounded batch, a FIFO queue, a KV budget and a prefix cache, driven here by one loop
+per engine in (scaled) real time. Around that: Prometheus ``/metrics`` in SGLang's or
+vLLM's names, the endpoints the SGLang router probes, vLLM's ``/classify``, fault
+directives (:mod:`luftpause.fakes.faults`) and counters at ``/stats`` that tests use to
 see what really reached the engine. It knows nothing about luftpause's headers.
 
 Run it with ``python -m luftpause.fakes.engine --help``.
@@ -14,12 +16,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
+import math
 import os
+import random
 import time
-from collections import deque
+import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import structlog
@@ -33,6 +38,7 @@ from luftpause.fakes import faults as fault_directives
 from luftpause.fakes import replies
 from luftpause.fakes.faults import FaultError, Faults, StatusCounter
 from luftpause.fakes.replies import Envelope, Reply, ReplyRules, RequestError
+from luftpause.fakes.sim import EngineModel, ModelParams, SimRequest
 
 log = structlog.get_logger(service="fake-engine")
 
@@ -41,18 +47,32 @@ ENV_PREFIX = "LUFTPAUSE_FAKE_ENGINE_"
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Everything the engine's behaviour depends on (one field per CLI option)."""
+    """Everything the engine's behaviour depends on (one field per CLI option).
+
+    The defaults make a quick engine for tests (a short request is answered in well
+    under 100 ms and nothing queues); ``PRESETS`` hold calibrated engines.
+    """
 
     host: str = "127.0.0.1"
     port: int = 9001
     name: str = "fake-engine"
     models: tuple[str, ...] = ("fake-llama-1b",)
     tool_calls: int = 2
-    latency_ms: float = 20.0
-    token_ms: float = 2.0
+    latency_ms: float = 20.0  # prefill pass base cost: time to first token of a short prompt
+    token_ms: float = 2.0  # decode step base cost: time between tokens
+    prefill_ms_per_token: float = 0.0
+    decode_ms_per_request: float = 0.0
     max_running: int = 0
     reply_tokens: int = 12
+    reply_spread: float = 0.0  # sigma of a log-normal spread of text reply lengths; 0 = fixed
     kv_tokens: int = 65536
+    block_tokens: int = 16
+    context_tokens: int = 0  # reply reservation without max_tokens: context − prompt; 0 = the planned reply
+    max_prefill_tokens: int = 16384
+    stream_interval: int = 1  # tokens per streamed chunk (SGLang's --stream-interval)
+    time_scale: float = 1.0  # every simulated duration is multiplied by this
+    seed: int = 0
+    labels: tuple[str, ...] = ("negative", "positive")  # /classify labels
     metrics_format: str = "sglang"
     faults: tuple[str, ...] = ()  # engine-wide fault directives, e.g. ("status=503",)
     hang_limit_s: float = 3600.0  # a [[fake:hang]] request is dropped after this long
@@ -63,93 +83,170 @@ class EngineConfig:
     def rules(self) -> ReplyRules:
         return ReplyRules(tool_calls=self.tool_calls, reply_tokens=self.reply_tokens)
 
+    def params(self) -> ModelParams:
+        return ModelParams(
+            max_running=self.max_running,
+            kv_tokens=self.kv_tokens,
+            block_tokens=self.block_tokens,
+            context_tokens=self.context_tokens,
+            max_prefill_tokens=self.max_prefill_tokens,
+            prefill_base_ms=self.latency_ms,
+            prefill_ms_per_token=self.prefill_ms_per_token,
+            decode_base_ms=self.token_ms,
+            decode_ms_per_request=self.decode_ms_per_request,
+        )
 
-# --- batch admission ----------------------------------------------------------------
+
+# Calibrated engines. "laptop-1b": Llama-3.2-1B FP8 under SGLang, one of two replicas
+# sharing one 8 GB laptop GPU (the original testbed, ~42 runs/min batched). Derivation
+# (docs/benchmarks.md): KV 16 layers × 8 heads × 64 dims × 2 × 2 B = 32 KiB/token, about
+# 1.2 GiB of KV per replica → ~40k tokens; prefill ~2 GFLOP/token at a shared laptop
+# GPU's effective ~35 TFLOP/s → ~0.06 ms/token; decode is memory-bound: ~2.5 GB of
+# weights read per step at ~120 GB/s effective for the replica's share → ~20 ms, plus
+# ~0.5 ms per running sequence for its KV reads and sampling; text replies of a 1B
+# model in agent loops ~150 tokens median, widely spread.
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "laptop-1b": {
+        "max_running": 48,
+        "kv_tokens": 40000,
+        "block_tokens": 16,
+        "context_tokens": 8192,
+        "max_prefill_tokens": 8192,
+        "latency_ms": 15.0,
+        "prefill_ms_per_token": 0.06,
+        "token_ms": 20.0,
+        "decode_ms_per_request": 0.5,
+        "reply_tokens": 150,
+        "reply_spread": 0.5,
+        "tool_calls": 8,
+    },
+}
 
 
-class BatchGate:
-    """At most ``limit`` requests generate at once; later ones wait in arrival order.
+# --- the simulation loop --------------------------------------------------------------
 
-    ``asyncio.Semaphore`` does not promise FIFO hand-over, and queue order is exactly
-    what a scheduler in front of the engine observes, so the queue is explicit.
-    ``limit <= 0`` means an unbounded batch (nobody ever waits).
+
+class Simulator:
+    """Drives :class:`EngineModel` in real time: one loop per engine runs prefill passes
+    and decode steps, sleeping each pass's (scaled) duration, and wakes the handlers of
+    requests that made progress.
+
+    The loop keeps its own clock and sleeps until each step's end on it, so handler and
+    event-loop overheads do not add up into a slower engine; when the machine falls
+    behind it catches up at most ``MAX_LAG_S`` (a saturated CPU must show, not hide).
     """
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.running = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+    MAX_LAG_S = 0.02
 
-    @property
-    def queued(self) -> int:
-        return len(self._waiters)
+    def __init__(self, params: ModelParams, time_scale: float) -> None:
+        self.model = EngineModel(params)
+        self.time_scale = time_scale
+        self._wake = asyncio.Event()
+        self._progress: dict[int, asyncio.Event] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.tokens_generated = 0
 
-    async def acquire(self) -> None:
-        if not self._waiters and (self.limit <= 0 or self.running < self.limit):
-            self.running += 1
-            return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter  # release() counts us as running before resolving the future
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.release()  # admitted and cancelled in the same instant: pass it on
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
-            raise
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-sim")
 
-    def release(self) -> None:
-        self.running -= 1
-        while self._waiters and (self.limit <= 0 or self.running < self.limit):
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self.running += 1
-                waiter.set_result(None)
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def submit(self, model: str, prompt_text: str, reply_tokens: int, max_tokens: int | None,
+               reply_text: str = "") -> tuple[SimRequest, asyncio.Event]:
+        self.start()
+        request = self.model.submit(model, prompt_text, reply_tokens, max_tokens, reply_text)
+        progress = asyncio.Event()
+        self._progress[request.id] = progress
+        self._wake.set()
+        return request, progress
+
+    def forget(self, request: SimRequest) -> None:
+        """The handler is done with the request; a still-active one is aborted."""
+        self._progress.pop(request.id, None)
+        if request.state in ("waiting", "running"):
+            self.model.abort(request)
+            self._wake.set()
+
+    def _notify(self, requests: Sequence[SimRequest]) -> None:
+        for request in requests:
+            event = self._progress.get(request.id)
+            if event is not None:
+                event.set()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        clock = loop.time()
+        while True:
+            if not self.model.busy:
+                self._wake.clear()
+                await self._wake.wait()
+                clock = loop.time()
+            admitted = self.model.admit()
+            if admitted:
+                clock = await self._advance(loop, clock, self.model.prefill_ms(admitted))
+                self.model.finish_prefill(admitted)
+                self.tokens_generated += sum(1 for r in admitted if r.generated)
+                self._notify(admitted)
+            elif self.model.decoding():
+                batch = self.model.decoding()
+                clock = await self._advance(loop, clock, self.model.decode_ms())
+                self.model.decode_step()
+                self.tokens_generated += len(batch)
+                self._notify(batch)
+            else:  # waiting requests that cannot be admitted and nothing runs: cannot happen
+                self._wake.clear()
+                await self._wake.wait()
+                clock = loop.time()
+
+    async def _advance(self, loop: asyncio.AbstractEventLoop, clock: float, model_ms: float) -> float:
+        target = clock + model_ms * self.time_scale / 1000
+        now = loop.time()
+        if target > now:
+            await asyncio.sleep(target - now)
+            return target
+        await asyncio.sleep(0)
+        return max(target, now - self.MAX_LAG_S)
 
 
 # --- engine state -------------------------------------------------------------------
 
 
 @dataclass
-class Generation:
-    """One request inside the running batch, for the KV usage gauge."""
-
-    model: str
-    prompt_tokens: int
-    generated: int = 0
-
-
-@dataclass
 class EngineState:
-    """Counters and the batch, shared by all handlers of one app."""
+    """Counters and the simulator, shared by all handlers of one app."""
 
     config: EngineConfig
-    gate: BatchGate
+    sim: Simulator
     requests: int = 0
     closed_early: int = 0
-    queued_by_model: dict[str, int] = field(default_factory=dict)
-    running: dict[int, Generation] = field(default_factory=dict)
     faults: Faults = field(default_factory=Faults)
     status_counter: StatusCounter = field(default_factory=StatusCounter)
 
-    def stats(self) -> dict[str, int]:
-        """``/stats``: requests that arrived (valid or not), the batch now, and requests
-        whose client disconnected before the response was complete."""
+    def stats(self) -> dict[str, Any]:
+        """``/stats``: requests that arrived (valid or not), the batch now, requests whose
+        client disconnected before the response was complete, and the cache counters."""
+        model = self.sim.model
         return {
             "requests": self.requests,
-            "running": self.gate.running,
-            "queued": self.gate.queued,
+            "running": len(model.running),
+            "queued": len(model.waiting),
             "closed_early": self.closed_early,
+            "prompt_tokens": model.counters.prompt_tokens,
+            "cached_tokens": model.counters.cached_tokens,
+            "evicted_blocks": model.counters.evicted_blocks,
+            "kv_used_tokens": model.used_tokens,
+            "kv_cached_blocks": len(model.cache),
+            "tokens_generated": self.sim.tokens_generated,
         }
-
-    def running_for(self, model: str) -> int:
-        return sum(1 for g in self.running.values() if g.model == model)
-
-    def token_usage(self) -> float:
-        """Share of the KV budget held by the batch: prompt plus tokens generated so far."""
-        used = sum(g.prompt_tokens + g.generated for g in self.running.values())
-        return min(1.0, used / self.config.kv_tokens) if self.config.kv_tokens > 0 else 0.0
 
 
 STATE_KEY = web.AppKey("engine_state", EngineState)
@@ -164,15 +261,16 @@ class EngineCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         names = _METRIC_NAMES[self.state.config.metrics_format]
         families = {key: GaugeMetricFamily(name, doc, labels=["model_name"]) for key, (name, doc) in names.items()}
-        for model in self.state.config.models:
+        model = self.state.sim.model
+        for name in self.state.config.models:
             values = {
-                "running": self.state.running_for(model),
-                "queued": self.state.queued_by_model.get(model, 0),
-                "token_usage": self.state.token_usage(),
-                "cache_hit_rate": 0.0,  # no prefix cache is simulated yet
+                "running": model.running_for(name),
+                "queued": model.queued_for(name),
+                "token_usage": model.token_usage(),
+                "cache_hit_rate": model.cache_hit_rate(),
             }
             for key, family in families.items():
-                family.add_metric([model], values[key])
+                family.add_metric([name], values[key])
         yield from families.values()
 
 
@@ -198,28 +296,81 @@ def _error(err: RequestError) -> web.Response:
     return web.json_response(err.body(), status=err.status)
 
 
-async def _read_body(request: web.Request) -> dict[str, Any]:
+async def _read_json(request: web.Request) -> Any:
     try:
-        body = json.loads(await request.read())
+        return json.loads(await request.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(f"malformed JSON body: {exc}") from exc
-    state = request.app[STATE_KEY]
-    replies.validate(body, state.config.models)
-    return body
+
+
+def _seeded_rng(seed: int, text: str) -> random.Random:
+    """Randomness that depends on the seed and the prompt, not on arrival order."""
+    digest = hashlib.blake2b(f"{seed}\x1f{text}".encode(), digest_size=8).digest()
+    return random.Random(int.from_bytes(digest, "big"))
+
+
+def _reply_rules(config: EngineConfig, prompt_text: str) -> ReplyRules:
+    rules = config.rules()
+    if config.reply_spread <= 0:
+        return rules
+    factor = _seeded_rng(config.seed, prompt_text).lognormvariate(0.0, config.reply_spread)
+    return replace(rules, reply_tokens=max(1, round(rules.reply_tokens * factor)))
+
+
+@dataclass
+class Turn:
+    """One chat request on its way through the simulator."""
+
+    request: web.Request
+    state: EngineState
+    body: dict[str, Any]
+    reply: Reply
+    envelope: Envelope
+    faults: Faults
+    top_logprobs: int | None
+    sim_request: SimRequest | None = None
+    progress: asyncio.Event | None = None
+
+    def submit(self, prompt_text: str) -> None:
+        reply_text = replies.render_message(self.reply.assistant_message())
+        cap = replies.completion_cap(self.body)
+        self.sim_request, self.progress = self.state.sim.submit(
+            self.envelope.model, prompt_text, self.reply.completion_tokens, cap, reply_text)
+
+    async def wait(self) -> None:
+        assert self.progress is not None
+        await self.progress.wait()
+        self.progress.clear()
+
+    def accounted_reply(self) -> Reply:
+        r = self.sim_request
+        assert r is not None
+        return replace(self.reply, prompt_tokens=r.prompt_tokens, cached_tokens=r.cached_tokens)
+
+    def logprobs(self, deltas: list[dict[str, Any]], start: int) -> dict[str, Any] | None:
+        """``logprobs`` of a chunk (or the whole reply) holding ``deltas`` from ``start``."""
+        if self.top_logprobs is None:
+            return None
+        tokens = [replies.delta_text(d) for d in deltas]
+        candidates = replies.logprob_candidates(self.body["messages"])
+        seed = f"{self.state.config.seed}:{replies.render_prompt(self.body)[-200:]}"
+        return {"content": replies.logprob_entries(tokens, candidates, self.top_logprobs, seed, start)}
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/chat/completions``: validate, wait for a batch slot, answer.
+    """``POST /v1/chat/completions``: validate, queue in the simulator, answer.
 
     A streamed answer sends its headers before queueing, as engines behind an ASGI
     server do, so a client can be connected and waiting; a client that goes away at any
-    point is counted in ``closed_early`` and frees its slot or queue place at once.
+    point is counted in ``closed_early`` and frees its batch place or queue place at once.
     """
     state = request.app[STATE_KEY]
     state.requests += 1
     try:
-        body = await _read_body(request)
+        body = await _read_json(request)
+        replies.validate(body, state.config.models)
         faults = state.faults.merged(fault_directives.from_messages(body["messages"]))
+        top_logprobs = replies.logprobs_request(body)
     except RequestError as err:
         log.info("chat.rejected", status=err.status, reason=str(err))
         return _error(err)
@@ -231,61 +382,39 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         log.info("chat.fault_status", status=status)
         return web.json_response(fault_directives.error_body(status), status=status,
                                  headers=faults.error_headers(status))
-    reply = replies.plan_reply(body, state.config.rules(), faults)
-    envelope = Envelope.new(body["model"])
+    prompt_text = replies.render_prompt(body)
+    reply = replies.plan_reply(body, _reply_rules(state.config, prompt_text), faults)
+    turn = Turn(request, state, body, reply, Envelope.new(body["model"]), faults, top_logprobs)
     started = time.monotonic()
-    log.info("chat.request", id=envelope.id, model=envelope.model, stream=bool(body.get("stream")))
+    log.info("chat.request", id=turn.envelope.id, model=turn.envelope.model, stream=bool(body.get("stream")))
     try:
         if faults.hang:
             response = await _hang(request, state)
         elif body.get("stream"):
-            response = await _stream(request, state, envelope, reply, replies.wants_usage_chunk(body),
-                                     faults.die_after)
+            response = await _stream(turn, prompt_text, replies.wants_usage_chunk(body))
         else:
-            response = await _complete(request, state, envelope, reply, faults.die_after is not None)
+            response = await _complete(turn, prompt_text)
     except _Aborted:
-        log.info("chat.aborted", id=envelope.id, after_s=round(time.monotonic() - started, 3))
+        log.info("chat.aborted", id=turn.envelope.id, after_s=round(time.monotonic() - started, 3))
         return web.Response(status=500)  # never reaches the client: its connection is gone
     except (asyncio.CancelledError, ConnectionResetError):
         state.closed_early += 1
-        log.info("chat.closed_early", id=envelope.id, after_s=round(time.monotonic() - started, 3))
+        log.info("chat.closed_early", id=turn.envelope.id, after_s=round(time.monotonic() - started, 3))
         raise
+    finally:
+        if turn.sim_request is not None:
+            state.sim.forget(turn.sim_request)
+    r = turn.sim_request
     log.info(
         "chat.done",
-        id=envelope.id,
+        id=turn.envelope.id,
         finish_reason=reply.finish_reason,
-        prompt_tokens=reply.prompt_tokens,
+        prompt_tokens=r.prompt_tokens if r else reply.prompt_tokens,
+        cached_tokens=r.cached_tokens if r else 0,
         completion_tokens=reply.completion_tokens,
         duration_s=round(time.monotonic() - started, 3),
     )
     return response
-
-
-class _BatchSlot:
-    """Hold a batch slot (waiting FIFO for one first) and account for it in the gauges."""
-
-    def __init__(self, state: EngineState, envelope: Envelope, reply: Reply) -> None:
-        self.state, self.model = state, envelope.model
-        self.generation = Generation(model=envelope.model, prompt_tokens=reply.prompt_tokens)
-
-    async def __aenter__(self) -> Generation:
-        queued = self.state.queued_by_model
-        queued[self.model] = queued.get(self.model, 0) + 1
-        try:
-            await self.state.gate.acquire()
-        finally:
-            queued[self.model] -= 1
-        self.state.running[id(self.generation)] = self.generation
-        return self.generation
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.state.running.pop(id(self.generation), None)
-        self.state.gate.release()
-
-
-async def _sleep_ms(ms: float) -> None:
-    if ms > 0:
-        await asyncio.sleep(ms / 1000)
 
 
 class _Aborted(Exception):
@@ -309,48 +438,63 @@ async def _hang(request: web.Request, state: EngineState) -> web.StreamResponse:
     raise AssertionError("unreachable")
 
 
-async def _complete(
-    request: web.Request, state: EngineState, envelope: Envelope, reply: Reply, die: bool = False
-) -> web.Response:
+async def _complete(turn: Turn, prompt_text: str) -> web.Response:
     """Non-streaming: the same prefill and decode time, delivered in one body."""
-    async with _BatchSlot(state, envelope, reply) as generation:
-        await _sleep_ms(state.config.latency_ms)
-        if die:
-            _abort(request)
-        for _ in range(reply.completion_tokens):
-            await _sleep_ms(state.config.token_ms)
-            generation.generated += 1
-    return web.json_response(replies.completion_body(reply, envelope))
+    turn.submit(prompt_text)
+    request = turn.sim_request
+    assert request is not None
+    while request.state not in ("finished", "aborted"):
+        await turn.wait()
+        if turn.faults.die_after is not None and request.prefilled:
+            _abort(turn.request)
+    reply = turn.accounted_reply()
+    pieces = list(replies.stream_pieces(reply))
+    return web.json_response(replies.completion_body(reply, turn.envelope, turn.logprobs(pieces, 0)))
 
 
-async def _stream(
-    request: web.Request,
-    state: EngineState,
-    envelope: Envelope,
-    reply: Reply,
-    include_usage: bool,
-    die_after: int | None = None,
-) -> web.StreamResponse:
-    """SSE: role chunk after the prefill latency, then one chunk per token, then ``[DONE]``.
+async def _stream(turn: Turn, prompt_text: str, include_usage: bool) -> web.StreamResponse:
+    """SSE: role chunk once prefilled, then the reply's pieces as tokens are generated
+    (every ``stream_interval`` tokens), then the closing chunks and ``[DONE]``.
 
     A client that goes away surfaces as ``ConnectionResetError`` on the next write, or
     at once as cancellation when the server runs with ``handler_cancellation`` (as
     ``main`` does).
     """
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    async with _BatchSlot(state, envelope, reply) as generation:
-        await _sleep_ms(state.config.latency_ms)
-        await _send(response, envelope.chunk({"role": "assistant", "content": ""}))
-        for sent, delta in enumerate(replies.stream_pieces(reply)):
-            if sent == die_after:
-                _abort(request)
-            await _sleep_ms(state.config.token_ms)
-            await _send(response, envelope.chunk(delta))
-            generation.generated += 1
-        if die_after is not None:  # a reply shorter than N chunks still dies before finishing
-            _abort(request)
-    for chunk in replies.closing_chunks(reply, envelope, include_usage):
+    await response.prepare(turn.request)
+    turn.submit(prompt_text)
+    request = turn.sim_request
+    assert request is not None
+    pieces = list(replies.stream_pieces(turn.reply))
+    interval = max(1, turn.state.config.stream_interval)
+    sent_pieces, sent_tokens, role_sent = 0, 0, False
+    die_after = turn.faults.die_after
+    while True:
+        await turn.wait()
+        if request.state == "aborted":
+            raise ConnectionResetError("request aborted")
+        if not request.prefilled:
+            continue
+        if not role_sent:
+            await _send(response, turn.envelope.chunk({"role": "assistant", "content": ""}))
+            role_sent = True
+        finished = request.state == "finished"
+        if not finished and request.generated - sent_tokens < interval:
+            continue
+        total = max(1, request.reply_tokens)
+        due = len(pieces) if finished else min(len(pieces), math.floor(request.generated * len(pieces) / total))
+        if die_after is not None:
+            due = min(due, die_after)
+        for start in range(sent_pieces, due, interval):  # one chunk per interval's worth of pieces
+            batch = pieces[start : min(due, start + interval)]
+            await _send(response, turn.envelope.chunk(replies.merge_deltas(batch),
+                                                      logprobs=turn.logprobs(batch, start)))
+        sent_pieces, sent_tokens = max(sent_pieces, due), request.generated
+        if die_after is not None and (sent_pieces >= die_after or finished):
+            _abort(turn.request)
+        if finished:
+            break
+    for chunk in replies.closing_chunks(turn.accounted_reply(), turn.envelope, include_usage):
         await _send(response, chunk)
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
@@ -359,6 +503,73 @@ async def _stream(
 
 async def _send(response: web.StreamResponse, chunk: dict[str, Any]) -> None:
     await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+
+# --- one-pass classification (vLLM /classify) ------------------------------------------
+
+
+def _class_probs(config: EngineConfig, text: str) -> list[float]:
+    rng = _seeded_rng(config.seed, "classify\x1f" + text)
+    scores = [rng.gauss(0.0, 1.5) for _ in config.labels]
+    top = max(scores)
+    weights = [math.exp(s - top) for s in scores]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+async def classify(request: web.Request) -> web.Response:
+    """``POST /classify`` (vLLM): ``{"model", "input": str | [str]}`` → one label per input.
+
+    Each input is a prefill-only request through the same batch and KV pool as chat
+    turns, so classifying costs engine time like on a real replica.
+    """
+    state = request.app[STATE_KEY]
+    state.requests += 1
+    try:
+        body = await _read_json(request)
+        if not isinstance(body, dict):
+            raise RequestError("request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model not in state.config.models:
+            raise RequestError(f"The model `{model}` does not exist.", status=404, code="model_not_found")
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) for i in inputs):
+            raise RequestError("input must be a string or a non-empty list of strings")
+    except RequestError as err:
+        return _error(err)
+    model_name = model or state.config.models[0]
+    submitted = [state.sim.submit(model_name, text, 0, 0) for text in inputs]
+    try:
+        for sim_request, progress in submitted:
+            while sim_request.state not in ("finished", "aborted"):
+                await progress.wait()
+                progress.clear()
+    except asyncio.CancelledError:
+        state.closed_early += 1
+        raise
+    finally:
+        for sim_request, _ in submitted:
+            state.sim.forget(sim_request)
+    data = []
+    for index, text in enumerate(inputs):
+        probs = _class_probs(state.config, text)
+        best = max(range(len(probs)), key=probs.__getitem__)
+        data.append({"index": index, "label": state.config.labels[best], "probs": probs,
+                     "num_classes": len(probs)})
+    prompt = sum(r.prompt_tokens for r, _ in submitted)
+    return web.json_response({
+        "id": "classify-" + uuid.uuid4().hex,
+        "object": "list",
+        "created": int(time.time()),
+        "model": model_name,
+        "data": data,
+        "usage": {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0},
+    })
+
+
+# --- discovery: models, health, and what the SGLang router probes ------------------------
 
 
 async def models(request: web.Request) -> web.Response:
@@ -370,6 +581,40 @@ async def models(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
+
+
+async def server_info(request: web.Request) -> web.Response:
+    """SGLang's ``/server_info`` (and ``/get_server_info``), without ``model_path`` or
+    ``tokenizer_path``: with them the router would try to fetch a tokenizer."""
+    config = request.app[STATE_KEY].config
+    return web.json_response({
+        "version": "fake",
+        "served_model_name": config.models[0],
+        "max_running_requests": config.max_running,
+        "max_total_num_tokens": config.kv_tokens,
+        "page_size": config.block_tokens,
+        "context_length": config.context_tokens or None,
+        "stream_interval": config.stream_interval,
+        "dp_size": 1,
+        "tp_size": 1,
+    })
+
+
+async def model_info(request: web.Request) -> web.Response:
+    config = request.app[STATE_KEY].config
+    return web.json_response({"is_generation": True, "model_type": "fake", "architectures": ["FakeForCausalLM"],
+                              "served_model_name": config.models[0]})
+
+
+async def get_load(request: web.Request) -> web.Response:
+    """SGLang's ``/get_load`` (polled by the router's ``power_of_two`` policy)."""
+    model = request.app[STATE_KEY].sim.model
+    return web.json_response([{
+        "dp_rank": 0,
+        "num_reqs": len(model.running) + len(model.waiting),
+        "num_waiting_reqs": len(model.waiting),
+        "num_tokens": model.used_tokens,
+    }])
 
 
 async def stats(request: web.Request) -> web.Response:
@@ -388,15 +633,29 @@ def create_app(config: EngineConfig) -> web.Application:
     """The engine as an aiohttp app, for ``main`` and for in-process tests."""
     if config.metrics_format not in _METRIC_NAMES:
         raise ValueError(f"metrics_format must be one of {sorted(_METRIC_NAMES)}")
-    state = EngineState(config=config, gate=BatchGate(config.max_running), faults=config.engine_faults())
+    state = EngineState(config=config, sim=Simulator(config.params(), config.time_scale),
+                        faults=config.engine_faults())
     registry = CollectorRegistry(auto_describe=True)
     registry.register(EngineCollector(state))
     app = web.Application()
     app[STATE_KEY] = state
     app[REGISTRY_KEY] = registry
+
+    async def stop_sim(app: web.Application) -> None:
+        await state.sim.stop()
+
+    app.on_cleanup.append(stop_sim)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/classify", classify)
+    app.router.add_post("/v1/classify", classify)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    app.router.add_get("/health_generate", health)
+    for path in ("/server_info", "/get_server_info"):
+        app.router.add_get(path, server_info)
+    for path in ("/model_info", "/get_model_info"):
+        app.router.add_get(path, model_info)
+    app.router.add_get("/get_load", get_load)
     app.router.add_get("/stats", stats)
     app.router.add_get("/metrics", metrics)
     return app
@@ -409,18 +668,29 @@ def _env(name: str, default: object) -> str:
     return os.environ.get(ENV_PREFIX + name, str(default))
 
 
+def _preset_defaults(argv: Sequence[str] | None) -> tuple[str, EngineConfig]:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", choices=sorted(PRESETS), default=_env("PRESET", "quick"))
+    known, _ = pre.parse_known_args(argv)
+    return known.preset, replace(EngineConfig(), **PRESETS[known.preset])
+
+
 def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
-    """CLI options, each defaulting to ``LUFTPAUSE_FAKE_ENGINE_<OPTION>`` from the environment."""
-    d = EngineConfig()
+    """CLI options, each defaulting to ``LUFTPAUSE_FAKE_ENGINE_<OPTION>`` from the
+    environment, else to the chosen ``--preset``'s value."""
+    preset, d = _preset_defaults(argv)
     p = argparse.ArgumentParser(
         prog="python -m luftpause.fakes.engine",
-        description="Fake OpenAI-compatible LLM engine (no model): paced replies, a bounded batch, /metrics.",
+        description="Fake OpenAI-compatible LLM engine (no model): a continuous-batching simulator with a "
+                    "KV budget and prefix cache, /metrics, /classify, fault directives.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
 
     def option(flag: str, env: str, kind: type, default: object, text: str) -> None:
         p.add_argument(flag, type=kind, default=kind(_env(env, default)), help=f"{text} [env {ENV_PREFIX}{env}]")
 
+    p.add_argument("--preset", choices=sorted(PRESETS), default=preset,
+                   help=f"calibrated defaults for the options below [env {ENV_PREFIX}PRESET]")
     option("--host", "HOST", str, d.host, "address to listen on")
     option("--port", "PORT", int, d.port, "TCP port to listen on")
     option("--name", "NAME", str, d.name, "engine name used in logs and as owned_by in /v1/models")
@@ -428,12 +698,30 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
     option("--tool-calls", "TOOL_CALLS", int, d.tool_calls,
            "answer with a tool call while tools are offered and the conversation has fewer than N "
            "assistant tool-call turns; text afterwards")  # fmt: skip
-    option("--latency-ms", "LATENCY_MS", float, d.latency_ms, "time to first token (prefill), ms")
-    option("--token-ms", "TOKEN_MS", float, d.token_ms, "delay between streamed token chunks, ms")
+    option("--latency-ms", "LATENCY_MS", float, d.latency_ms,
+           "base cost of a prefill pass, ms (time to first token of a short prompt)")
+    option("--token-ms", "TOKEN_MS", float, d.token_ms, "base cost of one decode step, ms (time between tokens)")
+    option("--prefill-ms-per-token", "PREFILL_MS_PER_TOKEN", float, d.prefill_ms_per_token,
+           "prefill cost per uncached prompt token, ms")
+    option("--decode-ms-per-request", "DECODE_MS_PER_REQUEST", float, d.decode_ms_per_request,
+           "decode step cost per running request, ms")
     option("--max-running", "MAX_RUNNING", int, d.max_running,
            "most requests generating at once; others wait FIFO (reported as queue); 0 = unlimited")  # fmt: skip
-    option("--reply-tokens", "REPLY_TOKENS", int, d.reply_tokens, "words (tokens) in a text reply")
-    option("--kv-tokens", "KV_TOKENS", int, d.kv_tokens, "KV cache size in tokens, for the token_usage gauge")
+    option("--reply-tokens", "REPLY_TOKENS", int, d.reply_tokens, "tokens (words) in a text reply (median)")
+    option("--reply-spread", "REPLY_SPREAD", float, d.reply_spread,
+           "log-normal sigma of text reply lengths (seeded per prompt); 0 = always --reply-tokens")
+    option("--kv-tokens", "KV_TOKENS", int, d.kv_tokens, "KV cache size in tokens (admission budget, prefix cache)")
+    option("--block-tokens", "BLOCK_TOKENS", int, d.block_tokens, "prefix-cache block size in tokens")
+    option("--context-tokens", "CONTEXT_TOKENS", int, d.context_tokens,
+           "context length: a request without max_tokens reserves context − prompt tokens; "
+           "0 = it reserves its planned reply only")
+    option("--max-prefill-tokens", "MAX_PREFILL_TOKENS", int, d.max_prefill_tokens,
+           "uncached prompt tokens one prefill pass takes at most")
+    option("--stream-interval", "STREAM_INTERVAL", int, d.stream_interval, "tokens per streamed chunk")
+    option("--time-scale", "TIME_SCALE", float, d.time_scale,
+           "multiplies every simulated duration (0.25 = four times faster than the modelled engine)")
+    option("--seed", "SEED", int, d.seed, "seed of reply lengths and classifier scores")
+    option("--labels", "LABELS", str, ",".join(d.labels), "comma-separated /classify labels")
     p.add_argument(
         "--metrics-format",
         choices=sorted(_METRIC_NAMES),
@@ -452,20 +740,14 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
     model_names = tuple(m.strip() for m in a.models.split(",") if m.strip())
     if not model_names:
         p.error("--models needs at least one name")
-    return EngineConfig(
-        host=a.host,
-        port=a.port,
-        name=a.name,
-        models=model_names,
-        tool_calls=a.tool_calls,
-        latency_ms=a.latency_ms,
-        token_ms=a.token_ms,
-        max_running=a.max_running,
-        reply_tokens=a.reply_tokens,
-        kv_tokens=a.kv_tokens,
-        metrics_format=a.metrics_format,
-        faults=tuple(a.fault),
-    )
+    labels = tuple(x.strip() for x in a.labels.split(",") if x.strip())
+    if len(labels) < 2:
+        p.error("--labels needs at least two labels")
+    if a.time_scale <= 0:
+        p.error("--time-scale must be positive")
+    values = {f.name: getattr(a, f.name) for f in fields(EngineConfig) if hasattr(a, f.name)}
+    values.update(models=model_names, labels=labels, faults=tuple(a.fault))
+    return EngineConfig(**values)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -8,6 +8,7 @@ prompts and tool-call arguments, one token per word of a text reply.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -58,15 +59,26 @@ class Reply:
     finish_reason: str  # "stop" | "tool_calls" | "length"
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache (set by the engine)
 
     def usage(self) -> dict[str, Any]:
-        """OpenAI ``usage``; no prefix cache is simulated yet, so nothing is cached."""
+        """OpenAI ``usage``, with the prefix-cache hit as SGLang and vLLM report it."""
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
+
+    def assistant_message(self) -> dict[str, Any]:
+        """The message a client sends back as the next turn's history."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.tool_call is not None:
+            call = self.tool_call
+            message["tool_calls"] = [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            ]
+        return message
 
 
 @dataclass(frozen=True)
@@ -130,6 +142,28 @@ def validate(body: Any, models: tuple[str, ...]) -> None:
     if tools is not None and not isinstance(tools, list):
         raise RequestError("tools must be a list")
     completion_cap(body)
+    logprobs_request(body)
+
+
+def render_message(message: dict[str, Any]) -> str:
+    """One message as a chat template would lay it out (stable, so prefixes match)."""
+    calls = "".join(
+        "<|call|>" + str((c.get("function") or {}).get("name", "")) + str((c.get("function") or {}).get("arguments", ""))
+        for c in message.get("tool_calls") or []
+        if isinstance(c, dict)
+    )
+    return f"<|{message.get('role', '')}|>{content_text(message.get('content'))}{calls}<|end|>"
+
+
+def render_prompt(body: dict[str, Any]) -> str:
+    """The prompt text the engine "tokenises": offered tools first, then every message.
+
+    A conversation's next turn renders to this text plus the reply and the new
+    messages, which is what makes agent turns hit the prefix cache.
+    """
+    tools = body.get("tools")
+    head = "<|tools|>" + json.dumps(tools, sort_keys=True, separators=(",", ":")) if tools else ""
+    return head + "".join(render_message(m) for m in body["messages"])
 
 
 def last_user_text(messages: list[dict[str, Any]]) -> str:
@@ -267,13 +301,15 @@ class Envelope:
     def new(cls, model: str) -> Envelope:
         return cls(id="chatcmpl-" + uuid.uuid4().hex, model=model, created=int(time.time()))
 
-    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    def chunk(
+        self, delta: dict[str, Any], finish_reason: str | None = None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         return {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
         }
 
 
@@ -296,6 +332,74 @@ def stream_pieces(reply: Reply) -> Iterator[dict[str, Any]]:
         yield {"content": word if i == 0 else " " + word}
 
 
+def merge_deltas(deltas: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several token deltas as one (an engine streaming every N tokens)."""
+    if len(deltas) == 1:
+        return deltas[0]
+    if all("tool_calls" in d for d in deltas):
+        first = deltas[0]["tool_calls"][0]
+        merged = json.loads(json.dumps(first))
+        function = merged.setdefault("function", {})
+        function["arguments"] = "".join(d["tool_calls"][0].get("function", {}).get("arguments", "") for d in deltas)
+        return {"tool_calls": [merged]}
+    return {"content": "".join(d.get("content") or "" for d in deltas)}
+
+
+def delta_text(delta: dict[str, Any]) -> str:
+    """The generated text of one delta (a tool call's name and arguments count too)."""
+    if "tool_calls" in delta:
+        function = delta["tool_calls"][0].get("function", {})
+        return str(function.get("name", "")) + str(function.get("arguments", ""))
+    return str(delta.get("content") or "")
+
+
+def _score(*parts: str) -> float:
+    digest = hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def logprob_entries(tokens: list[str], candidates: list[str], top: int, seed: str, start: int = 0
+                    ) -> list[dict[str, Any]]:
+    """OpenAI ``logprobs.content`` for ``tokens`` (at positions ``start``…): each chosen
+    token is the most likely; the alternatives are words of the prompt, so a caller
+    scoring labels it listed in the prompt finds them among ``top_logprobs``.
+    Deterministic per seed and position."""
+    entries = []
+    for position, token in enumerate(tokens, start):
+        chosen = -0.05 - 0.5 * _score(seed, str(position), token)
+        alternatives = sorted((c for c in candidates if c != token),
+                              key=lambda c: _score(seed, str(position), c), reverse=True)
+        top_list = [{"token": token, "logprob": chosen, "bytes": list(token.encode())}]
+        for rank, word in enumerate(alternatives[: max(0, top - 1)]):
+            logprob = chosen - 1.0 - rank - _score(seed, word)
+            top_list.append({"token": word, "logprob": logprob, "bytes": list(word.encode())})
+        entries.append({"token": token, "logprob": chosen, "bytes": list(token.encode()),
+                        "top_logprobs": top_list[:top]})
+    return entries
+
+
+def logprob_candidates(messages: list[dict[str, Any]]) -> list[str]:
+    """Distinct words of the last user message, in order (the likely "vocabulary")."""
+    words: list[str] = []
+    for raw in fault_directives.strip(last_user_text(messages)).split():
+        word = raw.strip(".,;:!?()[]{}\"'")
+        if word and word not in words:
+            words.append(word)
+    return words
+
+
+def logprobs_request(body: dict[str, Any]) -> int | None:
+    """``top_logprobs`` asked for (0 when only ``logprobs: true``), or None."""
+    if not body.get("logprobs"):
+        return None
+    top = body.get("top_logprobs")
+    if top is None:
+        return 0
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+        raise RequestError("top_logprobs must be an integer from 0 to 20")
+    return top
+
+
 def closing_chunks(reply: Reply, envelope: Envelope, include_usage: bool) -> Iterator[dict[str, Any]]:
     """The chunks after the last token: finish reason, then usage when asked for."""
     yield envelope.chunk({}, reply.finish_reason)
@@ -306,20 +410,15 @@ def closing_chunks(reply: Reply, envelope: Envelope, include_usage: bool) -> Ite
         yield usage_chunk
 
 
-def completion_body(reply: Reply, envelope: Envelope) -> dict[str, Any]:
+def completion_body(reply: Reply, envelope: Envelope, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """The non-streaming ``chat.completion`` object."""
-    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
-    if reply.tool_call is not None:
-        call = reply.tool_call
-        message["tool_calls"] = [
-            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-        ]
+    message = reply.assistant_message()
     return {
         "id": envelope.id,
         "object": "chat.completion",
         "created": envelope.created,
         "model": envelope.model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reply.finish_reason}],
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reply.finish_reason}],
         "usage": reply.usage(),
     }
 
