@@ -27,6 +27,10 @@ DEFAULT_RETRY_AFTER_S = 1.0
 DATAPLANE_CONNECT_GRACE_S = 30.0
 DATAPLANE_CONNECT_RETRY_S = 1.0
 
+# A turn whose connection closed before the answer (dataplane or engine restarting) is
+# sent again this many times, DATAPLANE_CONNECT_RETRY_S apart; a turn has no side effects.
+DROPPED_TURN_RETRIES = 2
+
 # Telling the dataplane a run ended is best effort; it must not hold a run open.
 RUN_END_NOTICE_TIMEOUT_S = 5.0
 

@@ -118,14 +118,32 @@ class DataplaneClient:
 
     async def _post_until_admitted(self, body: dict[str, Any], identity: TurnIdentity) -> httpx.Response:
         unreachable_since: float | None = None
+        dropped = 0
         while True:
             try:
-                response = await self._http.post("/v1/chat/completions", json=body, headers=identity.as_headers())
-            except httpx.TransportError as exc:
+                async with asyncio.timeout(constants.TURN_TIMEOUT_S):
+                    response = await self._http.post("/v1/chat/completions", json=body, headers=identity.as_headers())
+            except TimeoutError as exc:
+                raise TurnError(f"turn timed out after {constants.TURN_TIMEOUT_S:g} s (queueing included)") from exc
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # Nobody listening (the dataplane restarting): wait for it, within a grace period.
                 unreachable_since = unreachable_since or time.monotonic()
-                if not _still_in_grace(exc, unreachable_since):
+                if time.monotonic() - unreachable_since >= constants.DATAPLANE_CONNECT_GRACE_S:
                     raise TurnError(f"dataplane unreachable: {exc!r}") from exc
                 log.warning("dataplane_unreachable", run=identity.run_handle, error=repr(exc))
+                await asyncio.sleep(constants.DATAPLANE_CONNECT_RETRY_S)
+                continue
+            except httpx.TimeoutException as exc:
+                raise TurnError(f"turn timed out: {exc!r}") from exc
+            except httpx.TransportError as exc:
+                # The connection closed before an answer (a proxy or engine restart): the turn
+                # has no side effects, so it is sent again a few times.
+                dropped += 1
+                if dropped > constants.DROPPED_TURN_RETRIES:
+                    raise TurnError(
+                        f"the dataplane closed the connection before answering ({dropped} attempts): {exc!r}"
+                    ) from exc
+                log.warning("turn_dropped", run=identity.run_handle, attempt=dropped, error=repr(exc))
                 await asyncio.sleep(constants.DATAPLANE_CONNECT_RETRY_S)
                 continue
             if response.status_code == 429:
@@ -168,13 +186,6 @@ class DataplaneClient:
             return str(response.json()["data"][0]["id"])
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise TurnError("the dataplane lists no models; pass `model` to spawn") from exc
-
-
-def _still_in_grace(exc: httpx.TransportError, unreachable_since: float) -> bool:
-    # Only a refused/failed connection means "not there right now"; a read timeout after
-    # the request was sent is a failed turn.
-    connecting = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-    return connecting and time.monotonic() - unreachable_since < constants.DATAPLANE_CONNECT_GRACE_S
 
 
 def _parse_reply(response: httpx.Response, seconds: float) -> TurnReply:

@@ -318,3 +318,37 @@ async def test_spawn_fails_cleanly_when_the_journal_cannot_be_written(
     with pytest.raises(JournalUnavailable):
         await runtime.spawn(RunSpec(task="t"), "c")
     assert len(runtime.runs) == 0
+
+
+async def test_a_turn_that_takes_too_long_fails_the_run(
+    make_runtime: MakeRuntime, dataplane: ScriptedDataplane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(constants, "TURN_TIMEOUT_S", 0.2)
+    runtime = await make_runtime()
+    hanging(dataplane, 1)
+
+    started = time.monotonic()
+    run = await finish(runtime, RunSpec(task="t"))
+
+    assert run.status is RunStatus.FAILED and run.error == "turn timed out after 0.2 s (queueing included)"
+    assert time.monotonic() - started < 1 and dataplane.deleted == [run.handle]
+
+
+async def test_a_dropped_turn_is_sent_again_a_few_times(
+    make_runtime: MakeRuntime, dataplane: ScriptedDataplane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(constants, "DATAPLANE_CONNECT_RETRY_S", 0.01)
+
+    async def dropped(request: httpx.Request) -> httpx.Response:
+        raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+
+    runtime = await make_runtime()
+    dataplane.script = [dropped, text_reply("second try")]
+    recovered = await finish(runtime, RunSpec(task="t"))
+    assert recovered.status is RunStatus.COMPLETED and recovered.result == "second try"
+
+    dataplane.script = [dropped] * 10
+    gave_up = await finish(runtime, RunSpec(task="t"))
+    assert gave_up.status is RunStatus.FAILED
+    assert (gave_up.error or "").startswith("the dataplane closed the connection before answering (3 attempts)")
+    assert len(dataplane.chat_requests) == 2 + 3
