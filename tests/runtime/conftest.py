@@ -3,17 +3,20 @@ processes on free loopback ports for end-to-end tests."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 from mcp import Client
+from npm_packages import NpmUnavailable, install_npm_packages
 from runtime_doubles import MODEL, RuntimeProcess, ScriptedDataplane, build_upstream_server
 
 from luftpause.procs import ManagedProcess, free_port
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.service import Runtime
 from luftpause.runtime.upstream import Toolbox, UpstreamConnection
+
 
 @pytest.fixture
 def dataplane() -> ScriptedDataplane:
@@ -131,7 +134,7 @@ def start_runtime(process_logs: Path) -> Iterator[Callable[..., RuntimeProcess]]
         started.append(process)
         process.start()
         process.wait_ready(timeout=30)
-        return RuntimeProcess(process, port)
+        return RuntimeProcess(process, port, state_dir)
 
     yield start
     for process in started:
@@ -144,3 +147,30 @@ def runtime_server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> RuntimeProcess:
     return start_runtime(fake_engine, tools_file, tmp_path_factory.mktemp("state"))
+
+
+# --- third-party software from npm ----------------------------------------------------
+
+# Pinned so a test run today and one in a year exercise the same third-party code.
+NPM_PACKAGES = {
+    "@modelcontextprotocol/server-everything": "2026.8.31",  # a stdio MCP server
+    "@modelcontextprotocol/sdk": "1.32.2",  # the TypeScript SDK, as an MCP client
+}
+
+
+@pytest.fixture(scope="session")
+def node_modules(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory whose ``node_modules`` holds NPM_PACKAGES, installed by npm at test time.
+
+    Cached under .pytest_cache (git-ignored; a fresh clone installs once). Set
+    LUFTPAUSE_SKIP_NPM_TESTS=1 to skip these tests on a machine without node and npm.
+    """
+    cache = getattr(request.config, "cache", None)
+    directory = cache.mkdir("luftpause-npm") if cache is not None else tmp_path_factory.mktemp("npm")
+    try:
+        install_npm_packages(Path(directory), NPM_PACKAGES)
+    except NpmUnavailable as exc:
+        if os.environ.get("LUFTPAUSE_SKIP_NPM_TESTS") == "1":
+            pytest.skip(str(exc))
+        raise
+    return Path(directory)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -111,9 +112,43 @@ def build_upstream_server(calls: list[str]) -> MCPServer:
 
 
 class RuntimeProcess:
-    """One `python -m luftpause.runtime` child and its base URL."""
+    """One `python -m luftpause.runtime` child, its base URL and its state directory."""
 
-    def __init__(self, process: ManagedProcess, port: int) -> None:
+    def __init__(self, process: ManagedProcess, port: int, state_dir: Path) -> None:
         self.process = process
         self.url = f"http://127.0.0.1:{port}"
         self.mcp_url = f"{self.url}/mcp"
+        self.state_dir = state_dir
+
+
+def journal_records(state_dir: Path, handle: str | None = None) -> list[dict[str, Any]]:
+    """The intact records of ``state_dir/runs.jsonl`` (of one run when ``handle`` is given)."""
+    path = state_dir / "runs.jsonl"
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return [r for r in records if handle is None or r.get("handle") == handle]
+
+
+def round_messages(state_dir: Path, handle: str) -> list[dict[str, Any]]:
+    """The messages of every journaled tool-call round of a run."""
+    return [m for r in journal_records(state_dir, handle) if r.get("type") == "round" for m in r["messages"]]
+
+
+def tool_messages(state_dir: Path, handle: str) -> list[str]:
+    """What the run's model read back from its tool calls, in order."""
+    return [m["content"] for m in round_messages(state_dir, handle) if m["role"] == "tool"]
+
+
+def tool_call_arguments(state_dir: Path, handle: str) -> list[Any]:
+    """The arguments the run's model sent with each tool call, parsed."""
+    return [
+        json.loads(call["function"]["arguments"])
+        for message in round_messages(state_dir, handle)
+        for call in message.get("tool_calls") or []
+    ]
