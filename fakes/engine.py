@@ -147,6 +147,14 @@ class Simulator:
         self._task: asyncio.Task[None] | None = None
         self.tokens_generated = 0
 
+    def reset(self) -> bool:
+        """Forget the prefix cache and counters (between benchmark variants); only when idle."""
+        if self.model.busy:
+            return False
+        self.model = EngineModel(self.model.params)
+        self.tokens_generated = 0
+        return True
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-sim")
@@ -621,6 +629,15 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATE_KEY].stats())
 
 
+async def reset(request: web.Request) -> web.Response:
+    """``POST /reset``: an empty cache and zero counters, as after a restart (409 while busy)."""
+    state = request.app[STATE_KEY]
+    if not state.sim.reset():
+        return web.json_response({"error": {"message": "engine is busy"}}, status=409)
+    state.requests = state.closed_early = 0
+    return web.json_response(state.stats())
+
+
 async def metrics(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY_KEY]
     return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -657,6 +674,7 @@ def create_app(config: EngineConfig) -> web.Application:
         app.router.add_get(path, model_info)
     app.router.add_get("/get_load", get_load)
     app.router.add_get("/stats", stats)
+    app.router.add_post("/reset", reset)
     app.router.add_get("/metrics", metrics)
     return app
 

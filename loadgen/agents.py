@@ -1,0 +1,211 @@
+"""Own-loop agents: each runs LLM turn → tool call → LLM turn against any OpenAI-compatible
+``base_url`` (luftpause's dataplane, a router, an engine), closed loop: a finished run
+is replaced at once until the deadline.
+
+Turns are streamed and parsed by hand (no SDK) so that the load generator stays cheap
+on a small machine: a saturated client would distort what it measures. luftpause's
+headers are sent only when the target is luftpause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import structlog
+
+from luftpause.loadgen.records import RunRecord, TurnRecord
+from luftpause.loadgen.workload import LOOKUP_TOOL, SYSTEM_PROMPT, Workload, plan_run, tool_result
+
+log = structlog.get_logger(service="loadgen")
+
+MAX_429_RETRIES = 100
+
+
+@dataclass(frozen=True)
+class Target:
+    base_url: str  # ending in /v1
+    model: str
+    luftpause: bool = False  # send x-luftpause-* headers
+    caller: str = "loadgen"
+
+
+@dataclass
+class Clock:
+    """Wall time since the start, and the time scale to turn it into model seconds."""
+
+    time_scale: float = 1.0
+    started: float = field(default_factory=time.monotonic)
+
+    def now(self) -> float:
+        """Model seconds since the start."""
+        return (time.monotonic() - self.started) / self.time_scale
+
+    async def sleep(self, model_seconds: float) -> None:
+        await asyncio.sleep(max(0.0, model_seconds * self.time_scale))
+
+
+class TurnFailed(Exception):
+    pass
+
+
+@dataclass
+class Live:
+    """Counters the progress display reads."""
+
+    turns_in_flight: int = 0
+    runs_started: int = 0
+    runs_done: int = 0
+    errors: int = 0
+
+
+async def stream_turn(
+    session: aiohttp.ClientSession, target: Target, body: dict[str, Any], headers: dict[str, str], clock: Clock
+) -> tuple[dict[str, Any], TurnRecord]:
+    """One streamed turn: the assistant message and what the turn measured."""
+    started = clock.now()
+    for attempt in range(MAX_429_RETRIES + 1):
+        async with session.post(f"{target.base_url}/chat/completions", json=body, headers=headers) as response:
+            if response.status == 429 and attempt < MAX_429_RETRIES:
+                await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
+                continue
+            if response.status != 200:
+                text = (await response.text())[:200]
+                raise TurnFailed(f"HTTP {response.status}: {text}")
+            return await _read_stream(response, started, clock)
+    raise TurnFailed("too many 429s")
+
+
+async def _read_stream(response: aiohttp.ClientResponse, started: float, clock: Clock
+                       ) -> tuple[dict[str, Any], TurnRecord]:
+    first_token: float | None = None
+    content: list[str] = []
+    call: dict[str, Any] | None = None
+    usage: dict[str, Any] = {}
+    finish: str | None = None
+    done = False
+    async for raw in response.content:
+        if not raw.startswith(b"data: "):
+            continue
+        payload = raw[6:].strip()
+        if payload == b"[DONE]":
+            done = True
+            break
+        chunk = json.loads(payload)
+        if first_token is None:
+            first_token = clock.now()
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                content.append(delta["content"])
+            for piece in delta.get("tool_calls") or []:
+                if call is None:
+                    call = {"id": piece.get("id") or "", "type": "function", "function": {"name": "", "arguments": ""}}
+                function = piece.get("function") or {}
+                call["id"] = piece.get("id") or call["id"]
+                call["function"]["name"] += function.get("name") or ""
+                call["function"]["arguments"] += function.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    if not done:
+        raise TurnFailed("stream ended without [DONE]")
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+    if call is not None:
+        message["tool_calls"] = [call]
+    details = usage.get("prompt_tokens_details") or {}
+    record = TurnRecord(
+        started=started,
+        first_token=(first_token or clock.now()) - started,
+        duration=clock.now() - started,
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        cached_tokens=int(details.get("cached_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        finish_reason=finish or "",
+    )
+    return message, record
+
+
+async def run_once(
+    session: aiohttp.ClientSession, target: Target, workload: Workload, seed: str, clock: Clock, live: Live
+) -> RunRecord:
+    """One agent run to its final answer (or its first failure)."""
+    plan = plan_run(workload, seed)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": plan.task},
+    ]
+    headers = {}
+    if target.luftpause:
+        headers = {"x-luftpause-run-id": seed, "x-luftpause-class": workload.service_class,
+                   "x-luftpause-caller": target.caller}
+    record = RunRecord(service_class=workload.service_class, seed=seed, started=clock.now())
+    live.runs_started += 1
+    calls = 0
+    try:
+        while True:
+            body: dict[str, Any] = {
+                "model": target.model, "messages": messages, "stream": True,
+                "stream_options": {"include_usage": True}, "max_tokens": workload.max_tokens,
+            }
+            if calls < plan.tool_calls:
+                body["tools"] = [LOOKUP_TOOL]
+            live.turns_in_flight += 1
+            try:
+                message, turn = await stream_turn(session, target, body, headers, clock)
+            finally:
+                live.turns_in_flight -= 1
+            record.turns.append(turn)
+            messages.append(message)
+            tool_calls = message.get("tool_calls") or []
+            if not tool_calls:
+                break
+            calls += 1
+            await clock.sleep(workload.tool_delay_s)
+            result = tool_result(seed, calls, workload.tool_result_chars)
+            messages.append({"role": "tool", "tool_call_id": tool_calls[0]["id"], "content": result})
+        record.ok = True
+    except (TurnFailed, aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"[:300]
+        live.errors += 1
+    record.tool_calls = calls
+    record.ended = clock.now()
+    live.runs_done += 1
+    if target.luftpause:
+        try:  # the run is over: let the scheduler forget it now, as the runtime does
+            async with session.delete(f"{target.base_url}/runs/{seed}", headers=headers):
+                pass
+        except aiohttp.ClientError:
+            pass
+    return record
+
+
+async def closed_loop(
+    target: Target, workload: Workload, agents: int, until: float, clock: Clock, live: Live,
+    records: list[RunRecord], name: str,
+) -> None:
+    """``agents`` concurrent agents, each starting a new run when one ends, until
+    model time ``until``; runs still going then are cancelled (and not counted)."""
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def agent(index: int) -> None:
+            run = 0
+            while clock.now() < until:
+                record = await run_once(session, target, workload, f"{name}-{index}-{run}", clock, live)
+                records.append(record)
+                run += 1
+                if not record.ok:
+                    await clock.sleep(1.0)  # do not spin on a failing target
+
+        tasks = [asyncio.create_task(agent(i)) for i in range(agents)]
+        remaining = (until - clock.now()) * clock.time_scale
+        done, pending = await asyncio.wait(tasks, timeout=max(0.0, remaining))
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,437 @@
+"""Benchmarks B1–B3 (BENCHMARKS.md): luftpause against the SGLang router on the same fake
+engines, in one invocation, every variant repeated.
+
+``python -m luftpause.loadgen.bench b1|b2|b3|all [--repeats N] [--time-scale F]``
+
+Each benchmark starts what it needs itself — two fake engines (``--preset laptop-1b``),
+the fake MCP, SGLang routers (``cache_aware``, ``round_robin``) in front of the same
+engines, luftpause's scheduler, dataplane and runtime, and for the MCP baselines a
+runtime whose turns go straight to a router — runs the variants one after another
+(engines emptied between variants), prints the table in BENCHMARKS.md's shape with
+ratios against the router, and writes the raw results to ``bench-results/``. Times are
+model seconds: wall seconds divided by the time scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+from rich.console import Console
+from rich.table import Table
+
+from luftpause import logs
+from luftpause.loadgen import peers
+from luftpause.loadgen.agents import Clock, Live, Target
+from luftpause.loadgen.driver import Group, run_load
+from luftpause.loadgen.records import CpuMeter
+from luftpause.loadgen.spawn import SpawnTarget, fan_out
+from luftpause.loadgen.workload import Workload
+from luftpause.procs import free_port
+from luftpause.stack import Ports, Stack, write_configs
+
+log = structlog.get_logger(service="bench")
+console = Console()
+MODEL = "fake-llama-1b"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    time_scale: float = 0.25
+    repeats: int = 2
+    seed: int = 1
+    stream_interval: int = 8
+    preset: str = "laptop-1b"
+    out_dir: Path = Path("bench-results")
+    work_dir: Path = Path("bench-results/work")
+    window_s: float = 90.0  # B2 measurement window, model seconds
+    warmup_s: float = 30.0
+
+    def engine_args(self) -> list[str]:
+        return ["--preset", self.preset, "--time-scale", str(self.time_scale),
+                "--stream-interval", str(self.stream_interval), "--seed", str(self.seed), "--models", MODEL]
+
+
+# --- the rig: engines, fake MCP, routers, luftpause ---------------------------------------
+
+
+class Rig:
+    """Long-lived processes of one benchmark; luftpause and direct runtimes per variant."""
+
+    def __init__(self, config: BenchConfig, name: str, routers: tuple[str, ...]) -> None:
+        self.config = config
+        self.dir = config.work_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.logs = self.dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.engine_ports = (free_port(), free_port())
+        self.mcp_port = free_port()
+        self.engine_urls = [f"http://{peers.HOST}:{p}" for p in self.engine_ports]
+        self.routers: dict[str, peers.RouterProcess] = {
+            policy: peers.RouterProcess(policy, self.engine_urls, self.logs / f"router-{policy}.log")
+            for policy in routers
+        }
+        self._stack = ExitStack()
+
+    def __enter__(self) -> Rig:
+        try:
+            for i, port in enumerate(self.engine_ports):
+                engine = peers.engine_process(f"engine-{'ab'[i]}", port, self.config.engine_args(), self.logs)
+                self._start(engine)
+            fake_mcp = peers.ManagedProcess(
+                "fake-mcp", "luftpause.fakes.mcp",
+                ["--host", peers.HOST, "--port", str(self.mcp_port), "--delay-s", str(2.0 * self.config.time_scale)],
+                ready_url=f"http://{peers.HOST}:{self.mcp_port}/health", log_path=self.logs / "fake-mcp.log")
+            self._start(fake_mcp)
+            for router in self.routers.values():
+                self._stack.callback(router.stop)
+                router.start()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _start(self, process: peers.ManagedProcess) -> None:
+        self._stack.callback(process.stop)
+        process.start()
+        process.wait_ready(30)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    @property
+    def tools_file(self) -> Path:
+        path = self.dir / "tools.yaml"
+        path.write_text(f"servers:\n  - name: fake\n    url: http://{peers.HOST}:{self.mcp_port}/mcp\n")
+        return path
+
+    @contextmanager
+    def luftpause(self, affinity: bool = True) -> Iterator[Stack]:
+        """Scheduler, dataplane and runtime in front of the rig's engines and fake MCP."""
+        ports = replace(Ports.free(engines=0), engines=self.engine_ports, fake_mcp=self.mcp_port)
+        directory = self.dir / f"luftpause-{'strict' if affinity else 'roam'}-{time.monotonic_ns()}"
+        pool_file, tools_file = write_configs(directory / "config", ports)
+        stack = Stack(ports, pool_file, tools_file, directory / "state",
+                      env={"LUFTPAUSE_AFFINITY": "on" if affinity else "off", "LUFTPAUSE_LOG_LEVEL": "warning"},
+                      without=frozenset({"engine-a", "engine-b", "fake-mcp"}))
+        stack.start()
+        try:
+            yield stack
+        finally:
+            stack.stop()
+
+    @contextmanager
+    def direct_runtime(self, policy: str) -> Iterator[str]:
+        """A runtime whose turns go straight to the ``policy`` router; yields its MCP URL."""
+        port = free_port()
+        state = self.dir / f"runtime-{policy}-{time.monotonic_ns()}"
+        process = peers.runtime_process(f"runtime-direct-{policy}", port, self.routers[policy].url,
+                                        self.tools_file, state, self.logs)
+        process.env["LUFTPAUSE_LOG_LEVEL"] = "warning"
+        process.start()
+        try:
+            process.wait_ready(30)
+            yield f"http://{peers.HOST}:{port}/mcp"
+        finally:
+            process.stop()
+
+    def reset_engines(self) -> None:
+        peers.reset_engines(self.engine_urls)
+
+    def cache_share(self) -> float:
+        stats = peers.engine_stats(self.engine_urls)
+        prompt = sum(s["prompt_tokens"] for s in stats)
+        return sum(s["cached_tokens"] for s in stats) / prompt if prompt else 0.0
+
+
+def router_target(rig: Rig, policy: str) -> Target:
+    return Target(f"{rig.routers[policy].url}/v1", MODEL, luftpause=False)
+
+
+def luftpause_target(stack: Stack, caller: str = "loadgen") -> Target:
+    return Target(f"http://{peers.HOST}:{stack.ports.dataplane}/v1", MODEL, luftpause=True, caller=caller)
+
+
+# --- formatting -------------------------------------------------------------------------
+
+
+def fmt(values: list[float | None], digits: int = 1, unit: str = "") -> str:
+    shown = ["—" if v is None else f"{v:.{digits}f}{unit}" for v in values]
+    return " / ".join(shown)
+
+
+def mean(values: list[float | None]) -> float | None:
+    real = [v for v in values if v is not None]
+    return statistics.fmean(real) if real else None
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    if a is None or not b:
+        return "—"
+    return f"{a / b:.2f}×"
+
+
+def write_json(config: BenchConfig, name: str, payload: dict[str, Any]) -> Path:
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    path = config.out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    return path
+
+
+def describe(config: BenchConfig) -> dict[str, Any]:
+    from luftpause.fakes.engine import PRESETS
+    return {"bench_config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+            "engine_preset": PRESETS[config.preset], "engines": 2}
+
+
+def cpu_note(cpus: list[dict[str, Any]]) -> str:
+    busy = [c.get("machine_busy") for c in cpus if c.get("machine_busy") is not None]
+    own = [c.get("loadgen_cpu_share", 0.0) for c in cpus]
+    if not busy:
+        return "CPU use unknown"
+    return (f"CPU: machine {100 * min(busy):.0f}–{100 * max(busy):.0f} % busy across variants "
+            f"({cpus[0].get('cpus')} CPUs); load generator {100 * max(own):.0f} % of one CPU at most")
+
+
+# --- B1: fan-out ---------------------------------------------------------------------------
+
+
+B1_WORKLOAD = Workload(service_class="interactive", context_chars_min=10000, context_chars_max=12400,
+                       tool_calls_min=1, tool_calls_max=3, max_tokens=256)
+
+
+async def bench_b1(config: BenchConfig) -> dict[str, Any]:
+    results: dict[str, list[dict[str, Any]]] = {"sequential": [], "luftpause": [], "router": []}
+    with Rig(config, "b1", ("cache_aware",)) as rig:
+        with rig.luftpause() as stack:
+            runtime = stack.urls["runtime_mcp"]
+            for repeat in range(config.repeats):
+                for variant, sequential in (("sequential", True), ("luftpause", False)):
+                    rig.reset_engines()
+                    results[variant].append(await _fan(runtime, sequential, f"b1-{variant}-{repeat}", config))
+        with rig.direct_runtime("cache_aware") as runtime:
+            for repeat in range(config.repeats):
+                rig.reset_engines()
+                results["router"].append(await _fan(runtime, False, f"b1-router-{repeat}", config))
+    seq = mean([r["all_done_s"] for r in results["sequential"]])
+    table = Table(title=f"B1 fan-out: 16 sub-agents, ~2.8k-token tasks, lookup 2 s, ≤ 3 tool calls "
+                        f"({config.repeats} repeats, model seconds)")
+    for column in ("", "all 16 done", "vs sequential", "vs router"):
+        table.add_column(column)
+    router = mean([r["all_done_s"] for r in results["router"]])
+    for label, key in (("sequential (spawn, await, next)", "sequential"), ("parallel through luftpause", "luftpause"),
+                       ("parallel direct to the SGLang router", "router")):
+        times = [r["all_done_s"] for r in results[key]]
+        table.add_row(label, fmt(times, unit=" s"), "—" if key == "sequential" else ratio(seq, mean(times)),
+                      ratio(router, mean(times)) if key == "luftpause" else "—")
+    console.print(table)
+    cpus = [r["cpu"] for rs in results.values() for r in rs]
+    console.print(cpu_note(cpus))
+    payload = {"benchmark": "B1", **describe(config), "results": results}
+    console.print(f"raw results: {write_json(config, 'b1', payload)}")
+    return payload
+
+
+async def _fan(runtime: str, sequential: bool, name: str, config: BenchConfig) -> dict[str, Any]:
+    meter = CpuMeter()
+    total, records = await fan_out(SpawnTarget(runtime, MODEL), B1_WORKLOAD, 16, Clock(config.time_scale), Live(),
+                                   name=name, sequential=sequential)
+    ok = sum(r.ok for r in records)
+    log.warning("b1.variant", name=name, all_done_s=round(total, 1), ok=ok)
+    return {"all_done_s": total, "ok": ok, "tool_calls": sum(r.tool_calls for r in records), "cpu": meter.read()}
+
+
+# --- B2: interactive under batch load --------------------------------------------------------
+
+
+def b2_groups(heavy: bool) -> list[Group]:
+    chars = 8000 if heavy else 2000
+    batch = 48 if heavy else 24
+    base = Workload(context_chars_min=chars // 4, context_chars_max=chars, tool_calls_min=1, tool_calls_max=3,
+                    tool_delay_s=2.0, max_tokens=256)
+    return [Group(4, replace(base, service_class="interactive")), Group(batch, replace(base, service_class="batch"))]
+
+
+async def _closed(rig: Rig, config: BenchConfig, name: str, heavy: bool, *, target: Target | None = None,
+                  spawn_target: SpawnTarget | None = None) -> dict[str, Any]:
+    rig.reset_engines()
+    result = await run_load(b2_groups(heavy), target=target, spawn_target=spawn_target, warmup_s=config.warmup_s,
+                            duration_s=config.window_s, time_scale=config.time_scale, name=name, console=console)
+    out = {"summary": result.summary, "cpu": result.cpu, "engine_cached_share": rig.cache_share()}
+    s = result.summary
+    log.warning("b2.variant", name=name, interactive=round(s.get("interactive", {}).get("runs_per_min", 0), 1),
+                batch=round(s.get("batch", {}).get("runs_per_min", 0), 1))
+    return out
+
+
+B2_VARIANTS = {
+    "proxy": [("router", "direct to SGLang router, class-blind"),
+              ("roam", "luftpause, load admission, runs may roam"),
+              ("strict", "luftpause, load admission + strict affinity")],
+    "mcp": [("router", "runtime direct to SGLang router"),
+            ("strict", "luftpause, load admission + strict affinity")],
+    "light": [("router", "direct to SGLang router (light load)"),
+              ("strict", "luftpause, strict affinity (light load)")],
+}
+
+
+async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp", "light")) -> dict[str, Any]:
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {p: {v: [] for v, _ in B2_VARIANTS[p]} for p in parts}
+    with Rig(config, "b2", ("cache_aware",)) as rig:
+        for repeat in range(config.repeats):
+            if "proxy" in results or "light" in results:
+                for part in ("proxy", "light"):
+                    if part in results:
+                        results[part]["router"].append(await _closed(
+                            rig, config, f"b2-{part}-router-{repeat}", part == "proxy",
+                            target=router_target(rig, "cache_aware")))
+            if "proxy" in results:
+                with rig.luftpause(affinity=False) as stack:
+                    results["proxy"]["roam"].append(await _closed(
+                        rig, config, f"b2-proxy-roam-{repeat}", True, target=luftpause_target(stack)))
+            with rig.luftpause(affinity=True) as stack:
+                if "proxy" in results:
+                    results["proxy"]["strict"].append(await _closed(
+                        rig, config, f"b2-proxy-strict-{repeat}", True, target=luftpause_target(stack)))
+                if "mcp" in results:
+                    results["mcp"]["strict"].append(await _closed(
+                        rig, config, f"b2-mcp-strict-{repeat}", True,
+                        spawn_target=SpawnTarget(stack.urls["runtime_mcp"], MODEL)))
+                if "light" in results:
+                    results["light"]["strict"].append(await _closed(
+                        rig, config, f"b2-light-strict-{repeat}", False, target=luftpause_target(stack)))
+            if "mcp" in results:
+                with rig.direct_runtime("cache_aware") as runtime:
+                    results["mcp"]["router"].append(await _closed(
+                        rig, config, f"b2-mcp-router-{repeat}", True, spawn_target=SpawnTarget(runtime, MODEL)))
+    for part in parts:
+        print_b2_table(part, results[part], config)
+    cpus = [r["cpu"] for p in results.values() for rs in p.values() for r in rs]
+    console.print(cpu_note(cpus))
+    payload = {"benchmark": "B2", **describe(config), "results": results}
+    console.print(f"raw results: {write_json(config, 'b2', payload)}")
+    return payload
+
+
+def _cls(r: dict[str, Any], cls: str, key: str) -> float | None:
+    return (r["summary"].get(cls) or {}).get(key)
+
+
+def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: BenchConfig) -> None:
+    heavy = part != "light"
+    title = {"proxy": "B2 own-loop agents through the proxy", "mcp": "B2 MCP sub-agents",
+             "light": "B2 light load (2,000-char contexts, 24 batch runs)"}[part]
+    table = Table(title=f"{title}: 4 interactive + {48 if heavy else 24} batch, closed loop, "
+                        f"{config.window_s:.0f} s window, {config.repeats} repeats (model seconds)")
+    for column in ("", "interactive runs/min", "interactive p50", "batch runs/min", "cached",
+                   "interactive ×router", "p50 ×router", "batch ×router"):
+        table.add_column(column)
+    base = results["router"]
+    base_i = mean([_cls(r, "interactive", "runs_per_min") for r in base])
+    base_p = mean([_cls(r, "interactive", "latency_p50_s") for r in base])
+    base_b = mean([_cls(r, "batch", "runs_per_min") for r in base])
+    for key, label in B2_VARIANTS[part]:
+        rs = results[key]
+        inter = [_cls(r, "interactive", "runs_per_min") for r in rs]
+        p50 = [_cls(r, "interactive", "latency_p50_s") for r in rs]
+        batch = [_cls(r, "batch", "runs_per_min") for r in rs]
+        cached = [100 * r["engine_cached_share"] for r in rs]
+        errors = sum((_cls(r, "interactive", "errors") or 0) + (_cls(r, "batch", "errors") or 0) for r in rs)
+        table.add_row(label + (f" [{errors} errors]" if errors else ""), fmt(inter), fmt(p50, unit=" s"), fmt(batch),
+                      fmt(cached, 0, " %"),
+                      "—" if key == "router" else ratio(mean(inter), base_i),
+                      "—" if key == "router" else ratio(mean(p50), base_p),
+                      "—" if key == "router" else ratio(mean(batch), base_b))
+    console.print(table)
+
+
+# --- B3: routing ---------------------------------------------------------------------------------
+
+
+B3_WORKLOAD = Workload(service_class="batch", context_chars_min=2000, context_chars_max=8000, tool_calls_min=1,
+                       tool_calls_max=3, max_tokens=256)
+
+
+async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
+    window, warmup = config.window_s * 2 / 3, config.warmup_s / 2
+    results: dict[str, list[dict[str, Any]]] = {"luftpause": [], "cache_aware": [], "round_robin": []}
+
+    async def one(name: str, runtime: str, rig: Rig) -> dict[str, Any]:
+        rig.reset_engines()
+        result = await run_load([Group(concurrency, B3_WORKLOAD)], spawn_target=SpawnTarget(runtime, MODEL),
+                                warmup_s=warmup, duration_s=window, time_scale=config.time_scale, name=name,
+                                console=console)
+        out = {"runs_per_min": result.summary.get("batch", {}).get("runs_per_min", 0.0),
+               "errors": result.summary.get("batch", {}).get("errors", 0),
+               "engine_cached_share": rig.cache_share(), "cpu": result.cpu}
+        log.warning("b3.variant", name=name, runs_per_min=round(out["runs_per_min"], 1),
+                    cached=round(out["engine_cached_share"], 3))
+        return out
+
+    with Rig(config, "b3", ("cache_aware", "round_robin")) as rig:
+        with rig.luftpause() as stack:
+            for repeat in range(config.repeats):
+                results["luftpause"].append(await one(f"b3-luftpause-{repeat}", stack.urls["runtime_mcp"], rig))
+        for policy in ("cache_aware", "round_robin"):
+            with rig.direct_runtime(policy) as runtime:
+                for repeat in range(config.repeats):
+                    results[policy].append(await one(f"b3-{policy}-{repeat}", runtime, rig))
+    table = Table(title=f"B3 routing: N = {concurrency} concurrent sub-agents, {config.repeats} repeats "
+                        f"(model seconds)")
+    for column in ("", "runs/min", "prompt tokens from cache", "runs/min ×cache_aware"):
+        table.add_column(column)
+    base = mean([r["runs_per_min"] for r in results["cache_aware"]])
+    for key, label in (("luftpause", "luftpause affinity"), ("cache_aware", "SGLang router cache_aware"),
+                       ("round_robin", "SGLang router round_robin")):
+        rs = results[key]
+        rates = [r["runs_per_min"] for r in rs]
+        spread = statistics.pstdev(rates) if len(rates) > 1 else 0.0
+        table.add_row(label, f"{mean(rates):.1f} ± {spread:.1f}",
+                      f"{100 * mean([r['engine_cached_share'] for r in rs]):.1f} %",
+                      "—" if key == "cache_aware" else ratio(mean(rates), base))
+    console.print(table)
+    console.print(cpu_note([r["cpu"] for rs in results.values() for r in rs]))
+    payload = {"benchmark": "B3", **describe(config), "results": results}
+    console.print(f"raw results: {write_json(config, 'b3', payload)}")
+    return payload
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m luftpause.loadgen.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("which", choices=("b1", "b2", "b3", "all"))
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--time-scale", type=float, default=0.25)
+    p.add_argument("--window-s", type=float, default=90.0, help="B2 window in model seconds (B3 uses 2/3 of it)")
+    p.add_argument("--warmup-s", type=float, default=30.0)
+    p.add_argument("--b2-parts", default="proxy,mcp,light", help="which B2 tables: proxy,mcp,light")
+    p.add_argument("--out-dir", type=Path, default=Path("bench-results"))
+    a = p.parse_args(argv)
+    logs.configure("bench", level="warning")
+    config = BenchConfig(time_scale=a.time_scale, repeats=a.repeats, window_s=a.window_s, warmup_s=a.warmup_s,
+                         out_dir=a.out_dir, work_dir=a.out_dir / "work")
+    started = time.monotonic()
+    console.print(f"engine model: preset {config.preset}, time scale {config.time_scale} "
+                  f"(1 model second = {config.time_scale} s wall), stream interval {config.stream_interval}")
+    if a.which in ("b1", "all"):
+        asyncio.run(bench_b1(config))
+    if a.which in ("b2", "all"):
+        asyncio.run(bench_b2(config, tuple(x for x in a.b2_parts.split(",") if x)))
+    if a.which in ("b3", "all"):
+        asyncio.run(bench_b3(config))
+    console.print(f"wall time {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

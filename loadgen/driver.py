@@ -1,0 +1,97 @@
+"""One load run: groups of agents (own-loop or MCP) against one target, a warm-up, a
+measurement window, a live progress display, and the per-class summary."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live as RichLive
+from rich.table import Table
+
+from luftpause.loadgen import agents, spawn
+from luftpause.loadgen.agents import Clock, Live, Target
+from luftpause.loadgen.records import CpuMeter, RunRecord, summarise
+from luftpause.loadgen.spawn import SpawnTarget
+from luftpause.loadgen.workload import Workload
+
+
+@dataclass(frozen=True)
+class Group:
+    """``count`` concurrent agents of one workload."""
+
+    count: int
+    workload: Workload
+
+
+@dataclass
+class LoadResult:
+    window_s: tuple[float, float]
+    summary: dict[str, dict[str, Any]]
+    cpu: dict[str, Any]
+    records: list[RunRecord] = field(default_factory=list)
+
+    def as_json(self, with_records: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"window_s": list(self.window_s), "summary": self.summary, "cpu": self.cpu}
+        if with_records:
+            out["records"] = [r.as_json() for r in self.records]
+        return out
+
+
+def progress_table(live: Live, clock: Clock, until: float, label: str) -> Table:
+    table = Table(title=f"{label}  t={clock.now():.0f}/{until:.0f} s (model time)", expand=False)
+    for column in ("runs started", "runs done", "turns in flight", "errors"):
+        table.add_column(column, justify="right")
+    table.add_row(str(live.runs_started), str(live.runs_done), str(live.turns_in_flight), str(live.errors))
+    return table
+
+
+async def run_load(
+    groups: list[Group],
+    *,
+    target: Target | None = None,
+    spawn_target: SpawnTarget | None = None,
+    warmup_s: float,
+    duration_s: float,
+    time_scale: float,
+    name: str = "load",
+    console: Console | None = None,
+) -> LoadResult:
+    """Run every group closed loop for ``warmup_s + duration_s`` model seconds; runs
+    finishing inside the last ``duration_s`` are measured."""
+    if (target is None) == (spawn_target is None):
+        raise ValueError("give exactly one of target (own-loop agents) or spawn_target (MCP)")
+    clock = Clock(time_scale)
+    live = Live()
+    records: list[RunRecord] = []
+    until = warmup_s + duration_s
+    cpu = CpuMeter()
+    tasks = []
+    for index, group in enumerate(groups):
+        group_name = f"{name}-{group.workload.service_class}-{index}"
+        if target is not None:
+            coro = agents.closed_loop(target, group.workload, group.count, until, clock, live, records, group_name)
+        else:
+            assert spawn_target is not None
+            coro = spawn.closed_loop(spawn_target, group.workload, group.count, until, clock, live, records,
+                                     group_name)
+        tasks.append(asyncio.create_task(coro))
+    display = (RichLive(progress_table(live, clock, until, name), console=console, transient=True,
+                        refresh_per_second=2) if console is not None else nullcontext())
+    with display as shown:
+        while not all(t.done() for t in tasks):
+            await asyncio.wait(tasks, timeout=0.5)
+            if shown is not None:
+                shown.update(progress_table(live, clock, until, name))
+    for task in tasks:
+        task.result()
+    cpu_use = cpu.read()
+    window = (warmup_s, until)
+    return LoadResult(window_s=window, summary=summarise(records, window), cpu=cpu_use, records=records)
+
+
+def workload_json(groups: list[Group]) -> list[dict[str, Any]]:
+    return [{"count": g.count, **asdict(g.workload)} for g in groups]

@@ -1,0 +1,152 @@
+"""MCP sub-agents: spawn runs on a luftpause runtime and await them.
+
+Three shapes: a fan-out (spawn N, await all), sequential (spawn, await, next), and a
+closed loop (N slots, each spawning a new run when its run ends) for throughput. The
+runtime runs each sub-agent's loop; where its turns go (luftpause's dataplane or a
+router) is the runtime's own setting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from mcp import Client
+
+from luftpause.loadgen.agents import Clock, Live
+from luftpause.loadgen.records import RunRecord
+from luftpause.loadgen.workload import SYSTEM_PROMPT, Workload, plan_run
+
+log = structlog.get_logger(service="loadgen")
+
+AWAIT_TIMEOUT_S = 600  # the runtime's maximum
+
+
+@dataclass(frozen=True)
+class SpawnTarget:
+    runtime_url: str  # .../mcp
+    model: str | None = None
+
+
+class SpawnFailed(Exception):
+    pass
+
+
+async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    result = await client.call_tool(tool, arguments)
+    if result.is_error:
+        raise SpawnFailed(f"{tool}: {result.content[0].text if result.content else 'error'}")
+    return json.loads(result.content[0].text)
+
+
+def spawn_arguments(workload: Workload, seed: str, model: str | None) -> dict[str, Any]:
+    plan = plan_run(workload, seed)
+    arguments: dict[str, Any] = {
+        "task": plan.task, "serviceClass": workload.service_class, "system": SYSTEM_PROMPT,
+        "maxToolCalls": plan.tool_calls, "maxTokens": workload.max_tokens, "tools": ["lookup"],
+    }
+    if model:
+        arguments["model"] = model
+    return arguments
+
+
+async def await_all(client: Client, handles: list[str], deadline_wall: float | None = None) -> list[dict[str, Any]]:
+    """Await until every handle is finished (looping over the runtime's await timeout)."""
+    pending = list(handles)
+    finished: dict[str, dict[str, Any]] = {}
+    loop = asyncio.get_running_loop()
+    while pending:
+        timeout = AWAIT_TIMEOUT_S
+        if deadline_wall is not None:
+            timeout = max(1, min(timeout, int(deadline_wall - loop.time()) + 1))
+        answer = await _call(client, "await", {"handles": pending, "mode": "all", "timeout": timeout})
+        for run in answer["runs"]:
+            if run["status"] not in ("Running", "AwaitingApproval", "Pending", "Queued"):
+                finished[run["handle"]] = run
+        pending = [h for h in pending if h not in finished]
+        if deadline_wall is not None and loop.time() >= deadline_wall:
+            break
+    return [finished[h] for h in handles if h in finished]
+
+
+def _record(workload: Workload, seed: str, started: float, ended: float, run: dict[str, Any] | None,
+            error: str = "") -> RunRecord:
+    record = RunRecord(service_class=workload.service_class, seed=seed, started=started, ended=ended)
+    if run is not None:
+        record.ok = run["status"] == "Completed"
+        record.error = "" if record.ok else f"{run['status']}: {run.get('error')}"
+        record.tool_calls = int(run.get("toolCalls") or 0)
+    else:
+        record.error = error
+    return record
+
+
+async def fan_out(target: SpawnTarget, workload: Workload, count: int, clock: Clock, live: Live,
+                  name: str = "fan", sequential: bool = False) -> tuple[float, list[RunRecord]]:
+    """Spawn ``count`` runs (all at once, or one after another) and await them; returns
+    the model seconds until all were done and one record per run."""
+    records: list[RunRecord] = []
+    started = clock.now()
+    async with Client(target.runtime_url) as client:
+        if sequential:
+            for i in range(count):
+                seed = f"{name}-{i}"
+                run_started = clock.now()
+                live.runs_started += 1
+                handle = (await _call(client, "spawn", spawn_arguments(workload, seed, target.model)))["handle"]
+                (run,) = await await_all(client, [handle])
+                records.append(_record(workload, seed, run_started, clock.now(), run))
+                live.runs_done += 1
+        else:
+            seeds = [f"{name}-{i}" for i in range(count)]
+            handles = []
+            for seed in seeds:
+                handles.append((await _call(client, "spawn", spawn_arguments(workload, seed, target.model)))["handle"])
+                live.runs_started += 1
+            runs = await await_all(client, handles)
+            ended = clock.now()
+            for seed, run in zip(seeds, runs, strict=True):
+                records.append(_record(workload, seed, started, ended, run))
+                live.runs_done += 1
+    live.errors += sum(1 for r in records if not r.ok)
+    return clock.now() - started, records
+
+
+async def closed_loop(target: SpawnTarget, workload: Workload, slots: int, until: float, clock: Clock,
+                      live: Live, records: list[RunRecord], name: str) -> None:
+    """``slots`` sub-agents at a time through one MCP session per slot, until model
+    time ``until``; a run's latency is from its spawn to its result."""
+    loop = asyncio.get_running_loop()
+    deadline_wall = loop.time() + (until - clock.now()) * clock.time_scale
+
+    async def slot(index: int) -> None:
+        async with Client(target.runtime_url) as client:
+            run_index = 0
+            while clock.now() < until:
+                seed = f"{name}-{index}-{run_index}"
+                run_index += 1
+                started = clock.now()
+                live.runs_started += 1
+                try:
+                    handle = (await _call(client, "spawn", spawn_arguments(workload, seed, target.model)))["handle"]
+                    runs = await await_all(client, [handle], deadline_wall)
+                except SpawnFailed as exc:
+                    records.append(_record(workload, seed, started, clock.now(), None, str(exc)))
+                    live.errors += 1
+                    await clock.sleep(1.0)
+                    continue
+                if not runs:  # the window closed first
+                    break
+                record = _record(workload, seed, started, clock.now(), runs[0])
+                records.append(record)
+                live.runs_done += 1
+                live.errors += 0 if record.ok else 1
+
+    tasks = [asyncio.create_task(slot(i)) for i in range(slots)]
+    _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline_wall - loop.time()) + 2)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
