@@ -16,7 +16,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, ToolAnnotations
 from pydantic import Field
 
-from luftpause import __version__
+from luftpause import __version__, headers
 from luftpause.headers import DEFAULT_SERVICE_CLASS
 from luftpause.runtime import constants
 from luftpause.runtime.runs import RunSpec, UnknownRunError
@@ -81,9 +81,21 @@ def answers_bad_requests_with_mcp_errors(tool: Callable[P, Awaitable[R]]) -> Cal
 
 
 def caller_of(ctx: Context) -> str:
-    """The MCP session this request belongs to: the fairness key of its sub-agents' turns."""
+    """Who is spawning: the fairness key (``x-luftpause-caller``) of its sub-agents' turns.
+
+    A client that names itself with the ``x-luftpause-caller`` header (as own-loop agents
+    do on the dataplane) is that caller; otherwise its MCP session is. Sessionless
+    (2026-07-28) requests have no session, so they fall back to the client's
+    self-reported name, which at least keeps different client programs apart.
+    """
     request_headers = ctx.headers or {}
-    return request_headers.get("mcp-session-id") or constants.SESSIONLESS_CALLER
+    named = request_headers.get(headers.CALLER) or request_headers.get("mcp-session-id")
+    if named:
+        return named
+    client_params = getattr(ctx.session, "client_params", None)
+    client_info = getattr(client_params, "client_info", None)
+    name = getattr(client_info, "name", None)
+    return f"{constants.SESSIONLESS_CALLER}:{name}" if name else constants.SESSIONLESS_CALLER
 
 
 def checked_spec(spec: RunSpec) -> RunSpec:

@@ -94,6 +94,17 @@ class RunSpec:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def settings(self) -> dict[str, Any]:
+        """The spawn options that shape the run, with their wire names (for `status`)."""
+        return {
+            "maxToolCalls": self.max_tool_calls,
+            "maxTokens": self.max_tokens,
+            "parallelToolCalls": self.parallel_tool_calls,
+            "tools": list(self.tools) if self.tools is not None else None,
+            "approveTools": list(self.approve_tools),
+            "system": self.system,
+        }
+
     def budget_limits(self) -> dict[str, float]:
         """The limits this run sets on its subtree, by budget kind (wire names); unset ones absent."""
         limits = {
@@ -210,6 +221,7 @@ class Run:
             "task": self.spec.task,
             "model": self.model or self.spec.model,
             "serviceClass": self.spec.service_class,
+            "settings": self.spec.settings(),
             "createdAt": self.created_at,
             "finishedAt": self.finished_at,
             "stats": self.stats.to_json(),

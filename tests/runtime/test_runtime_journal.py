@@ -1,5 +1,7 @@
 from pathlib import Path
 
+from structlog.testing import capture_logs
+
 from luftpause.runtime.agent import initial_messages
 from luftpause.runtime.journal import Journal, restore_runs
 from luftpause.runtime.runs import Run, RunSpec, RunStats, RunStatus
@@ -44,7 +46,9 @@ async def test_torn_last_line_is_skipped_and_the_next_record_starts_fresh(tmp_pa
     await journal.created(make_run("run-a"))
     with path.open("ab") as journal_file:
         journal_file.write(b'{"type":"created","handle":"run-b","sp')  # crash mid-write
-    assert [record["handle"] for record in journal.read()] == ["run-a"]
+    with capture_logs() as logs:
+        assert [record["handle"] for record in journal.read()] == ["run-a"]
+    assert [(log["event"], log["log_level"], log["line"]) for log in logs] == [("journal_line_skipped", "warning", 2)]
 
     await journal.created(make_run("run-c"))
     assert [record["handle"] for record in journal.read()] == ["run-a", "run-c"]
@@ -52,6 +56,18 @@ async def test_torn_last_line_is_skipped_and_the_next_record_starts_fresh(tmp_pa
 
 def test_missing_journal_reads_as_empty(tmp_path: Path) -> None:
     assert Journal(tmp_path / "nothing" / "runs.jsonl").read() == []
+
+
+async def test_a_malformed_record_does_not_stop_replay(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "runs.jsonl")
+    await journal.created(make_run("run-a"))
+    await journal.append({"type": "finished", "handle": "run-a", "status": "Exploded"})
+    await journal.created(make_run("run-b"))
+
+    restored = restore_runs(journal.read(), initial_messages)
+
+    assert [run.handle for run in restored] == ["run-a", "run-b"]
+    assert restored[0].status is RunStatus.RUNNING  # the unusable record is skipped, the run resumes
 
 
 async def test_records_for_unknown_runs_are_ignored(tmp_path: Path) -> None:

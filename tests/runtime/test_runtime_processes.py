@@ -14,11 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import INVALID_PARAMS
-from runtime_doubles import RuntimeProcess
+from runtime_doubles import RuntimeProcess, journal_records
+
+from luftpause.procs import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -77,6 +80,10 @@ async def test_tools_lists_the_upstream_tools(runtime_server: RuntimeProcess) ->
         ("spawn", {"task": "t", "parent": "run-unknown"}, "parent"),
         ("spawn", {"task": "t", "tools": ["no_such_tool"]}, "no_such_tool"),
         ("spawn", {"task": "t", "maxToolCalls": -1}, "maxToolCalls"),
+        ("spawn", {"task": "t", "maxTokens": -1}, "maxTokens"),
+        ("spawn", {"task": "t", "budgetTokens": 0}, "budgetTokens"),
+        ("spawn", {"task": "t", "budgetToolCalls": -2}, "budgetToolCalls"),
+        ("spawn", {"task": "t", "budgetSeconds": 0}, "budgetSeconds"),
         ("spawn", {"task": " "}, "task"),
         ("await", {"handles": []}, "at least one"),
     ],
@@ -100,10 +107,45 @@ async def test_await_timeout_out_of_range_is_an_mcp_error(runtime_server: Runtim
     assert error.value.error.code == INVALID_PARAMS and "timeout" in error.value.error.message
 
 
-async def test_wrong_argument_types_are_reported(runtime_server: RuntimeProcess) -> None:
+@pytest.mark.parametrize(
+    ("tool", "arguments", "field"),
+    [
+        ("spawn", {"task": "t", "serviceClass": "urgent"}, "serviceClass"),
+        ("spawn", {"task": "t", "maxToolCalls": "many"}, "maxToolCalls"),
+        ("spawn", {}, "task"),
+        ("await", {"handles": "run-1"}, "handles"),
+        ("await", {"handles": ["run-1"], "mode": "some"}, "mode"),
+    ],
+)
+async def test_wrong_argument_types_are_reported(
+    runtime_server: RuntimeProcess, tool: str, arguments: dict[str, Any], field: str
+) -> None:
     async with Client(runtime_server.mcp_url) as client:
-        result = await client.call_tool("spawn", {"task": "t", "serviceClass": "urgent"})
-    assert result.is_error and "serviceClass" in result.content[0].text
+        result = await client.call_tool(tool, arguments)
+    assert result.is_error and field in result.content[0].text
+
+
+async def test_spawn_takes_every_argument_and_status_shows_them(runtime_server: RuntimeProcess) -> None:
+    async with Client(runtime_server.mcp_url) as client:
+        parent = (await call(client, "spawn", {"task": "parent", "maxToolCalls": 0}))["handle"]
+        arguments = {
+            "task": "every argument", "model": "fake-llama-1b", "serviceClass": "batch", "system": "be brief",
+            "maxToolCalls": 3, "tools": ["lookup", "deep_search"], "maxTokens": 0, "parallelToolCalls": True,
+            "parent": parent, "budgetTokens": 100000, "budgetToolCalls": 10, "budgetSeconds": 120,
+            "approveTools": ["delete_note"],
+        }
+        handle = (await call(client, "spawn", arguments))["handle"]
+        awaited = await call(client, "await", {"handles": [handle], "timeout": 10})
+        (status,) = (await call(client, "status", {"handles": [handle]}))["runs"]
+
+    assert awaited["runs"][0]["status"] == "Completed"
+    assert status["parent"] == parent and status["model"] == "fake-llama-1b" and status["serviceClass"] == "batch"
+    assert status["settings"] == {
+        "maxToolCalls": 3, "maxTokens": 0, "parallelToolCalls": True, "tools": ["lookup", "deep_search"],
+        "approveTools": ["delete_note"], "system": "be brief",
+    }
+    assert status["budget"]["limits"] == {"tokens": 100000, "toolCalls": 10, "seconds": 120}
+    assert status["pendingApproval"] is None
 
 
 async def test_cancel_a_parent_cancels_its_running_child(runtime_server: RuntimeProcess) -> None:
@@ -164,9 +206,9 @@ async def test_http_status_and_health(runtime_server: RuntimeProcess) -> None:
 
 
 @asynccontextmanager
-async def client_with_headers(url: str, request_headers: dict[str, str]) -> AsyncIterator[Client]:
+async def client_with_headers(url: str, request_headers: dict[str, str], mode: str = "auto") -> AsyncIterator[Client]:
     async with create_mcp_http_client(headers=request_headers) as http:
-        async with Client(streamable_http_client(url, http_client=http)) as client:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
             yield client
 
 
@@ -197,26 +239,121 @@ async def test_without_a_tools_file_sub_agents_get_no_tools(
     assert "tools_file_missing" in runtime.process.log_path.read_text()
 
 
-async def test_unfinished_run_resumes_after_a_crash(
+async def test_runs_survive_kill_9_mid_round_without_repeating_finished_rounds(
     start_runtime: Callable[..., RuntimeProcess], fake_engine: str, fake_mcp: str, tools_file: Path, tmp_path: Path
 ) -> None:
     state_dir = tmp_path / "state"
     first = start_runtime(fake_engine, tools_file, state_dir)
+    slow = {"tools": ["deep_search"]}  # 0.4 s per call, two calls per run
     async with Client(first.mcp_url) as client:
-        handle = (await call(client, "spawn", {"task": "survive a crash", "tools": ["deep_search"]}))["handle"]
         finished_before = await call(client, "run", {"task": "finished before the crash", "maxToolCalls": 0})
-    journal = state_dir / "runs.jsonl"
-    while not any(f'"type":"round","handle":"{handle}"' in line for line in journal.read_text().splitlines()):
+        handles = [(await call(client, "spawn", {"task": f"survive a crash {i}", **slow}))["handle"] for i in range(4)]
+
+    def journaled_rounds() -> dict[str, list[dict[str, Any]]]:
+        records = journal_records(state_dir)
+        return {h: [r for r in records if r["type"] == "round" and r["handle"] == h] for h in handles}
+
+    while not all(journaled_rounds().values()):  # every run has a complete round...
         await asyncio.sleep(0.02)
-    first.process.kill()  # crash: no shutdown, the second round never completes
+    first.process.kill()  # ...and is in the middle of its next one: SIGKILL, no shutdown
+    await asyncio.sleep(0.3)  # let the fake MCP take any request already on the wire
     calls_at_crash = upstream_calls(fake_mcp)["deep_search"]
+    rounds_at_crash = journaled_rounds()
+    journaled_calls = sum(rounds[-1]["stats"]["tool_calls"] for rounds in rounds_at_crash.values())
+    assert journaled_calls < 2 * len(handles)  # work was left to do
+    with (state_dir / "runs.jsonl").open("ab") as journal:
+        journal.write(b'{"type":"round","handle":"' + handles[0].encode() + b'","mess')  # as if torn mid-write
 
     second = start_runtime(fake_engine, tools_file, state_dir)
     async with Client(second.mcp_url) as client:
-        answer = await call(client, "await", {"handles": [handle, finished_before["handle"]], "timeout": 20})
+        answer = await call(client, "await", {"handles": [*handles, finished_before["handle"]], "timeout": 20})
 
-    resumed, kept = answer["runs"]
-    assert resumed["status"] == "Completed" and resumed["toolCalls"] == 2
-    assert kept == finished_before
-    # Only the unfinished second round ran again, not the whole run.
-    assert upstream_calls(fake_mcp)["deep_search"] - calls_at_crash == 1
+    *resumed, kept = answer["runs"]
+    assert kept == finished_before  # a finished run answers the same after the restart
+    for run in resumed:
+        assert run["status"] == "Completed" and run["toolCalls"] == 2 and run["failedToolCalls"] == 0, run
+    # After the restart only the calls of unfinished rounds ran: none from a journaled round again.
+    assert upstream_calls(fake_mcp)["deep_search"] - calls_at_crash == 2 * len(handles) - journaled_calls
+    for handle, rounds in journaled_rounds().items():
+        assert len(rounds) == 2, handle
+        assert rounds[: len(rounds_at_crash[handle])] == rounds_at_crash[handle]  # replayed, not redone
+        call_ids = [c["id"] for r in rounds for m in r["messages"] for c in m.get("tool_calls") or []]
+        assert len(set(call_ids)) == 2
+    assert "journal_line_skipped" in second.process.log_path.read_text()
+
+
+class RecordingDataplane:
+    """A stand-in dataplane on a free port: records what the runtime sends, answers one
+    tool call per run and then text."""
+
+    def __init__(self) -> None:
+        self.turns: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.deleted: list[str] = []
+        self.port = free_port()
+
+    async def chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.turns.append((dict(request.headers), body))
+        used_a_tool = any(m.get("role") == "tool" for m in body["messages"])
+        if body.get("tools") and not used_a_tool:
+            call = {"id": f"call_{len(self.turns)}", "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"query": "q"}'}}
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+        else:
+            message = {"role": "assistant", "content": "recorded answer"}
+        usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+        return web.json_response({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                                  "usage": usage})
+
+    async def delete_run(self, request: web.Request) -> web.Response:
+        self.deleted.append(request.match_info["run_id"])
+        return web.Response(status=204)
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[str]:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_delete("/v1/runs/{run_id}", self.delete_run)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.port).start()
+        try:
+            yield f"http://127.0.0.1:{self.port}/v1"
+        finally:
+            await runner.cleanup()
+
+
+async def test_turns_carry_run_class_caller_and_token_and_runs_end_with_delete(
+    start_runtime: Callable[..., RuntimeProcess], tools_file: Path, tmp_path: Path
+) -> None:
+    dataplane = RecordingDataplane()
+    token = {"Authorization": "Bearer tok"}
+    async with dataplane.serving() as base_url:
+        runtime = start_runtime(base_url, tools_file, tmp_path / "state",
+                                env={"LUFTPAUSE_TOKEN": "tok", "LUFTPAUSE_DEFAULT_MODEL": "m"})
+        # Two clients with MCP sessions (the handshake era, as Claude Code speaks it)...
+        async with client_with_headers(runtime.mcp_url, token, mode="legacy") as first_session:
+            one = await call(first_session, "run", {"task": "a", "serviceClass": "batch"})
+            two = await call(first_session, "run", {"task": "b"})
+        async with client_with_headers(runtime.mcp_url, token, mode="legacy") as second_session:
+            three = await call(second_session, "run", {"task": "c", "maxToolCalls": 0})
+        # ...and two sessionless ones (2026-07-28), one naming itself.
+        async with client_with_headers(runtime.mcp_url, token) as sessionless:
+            four = await call(sessionless, "run", {"task": "d", "maxToolCalls": 0})
+        async with client_with_headers(runtime.mcp_url, {**token, "x-luftpause-caller": "team-a"}) as named:
+            five = await call(named, "run", {"task": "e", "maxToolCalls": 0})
+
+    by_run: dict[str, list[dict[str, str]]] = {}
+    for request_headers, body in dataplane.turns:
+        lowered = {key.lower(): value for key, value in request_headers.items()}
+        by_run.setdefault(lowered["x-luftpause-run-id"], []).append(lowered)
+        assert lowered["authorization"] == "Bearer tok" and body["model"] == "m"
+    assert [len(by_run[r["handle"]]) for r in (one, two, three)] == [2, 2, 1]
+    assert {h["x-luftpause-class"] for h in by_run[one["handle"]]} == {"batch"}
+    assert {h["x-luftpause-class"] for h in by_run[two["handle"]]} == {"interactive"}
+    callers = [{h["x-luftpause-caller"] for h in by_run[r["handle"]]} for r in (one, two, three, four, five)]
+    assert all(len(c) == 1 for c in callers)
+    assert callers[0] == callers[1] != callers[2]  # one fairness key per MCP session
+    assert callers[3] == {"mcp:mcp"}  # no session: the client's self-reported name
+    assert callers[4] == {"team-a"}
+    assert sorted(dataplane.deleted) == sorted(r["handle"] for r in (one, two, three, four, five))
