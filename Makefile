@@ -33,3 +33,21 @@ proto-check: $(STAMP)
 
 clean:
 	rm -rf $(VENV) state .pytest_cache .hypothesis
+
+# --- benchmarks (BENCHMARKS.md; need the bench extra: pip install -e ".[bench]") ---------
+BENCH_ARGS ?=
+.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4
+
+bench-b1: $(STAMP)
+	$(PY) -m luftpause.loadgen.bench b1 $(BENCH_ARGS)
+
+bench-b2: $(STAMP)
+	$(PY) -m luftpause.loadgen.bench b2 $(BENCH_ARGS)
+
+bench-b3: $(STAMP)
+	$(PY) -m luftpause.loadgen.bench b3 $(BENCH_ARGS)
+
+bench-b4: $(STAMP)
+	$(PY) -m luftpause.loadgen.proxy_bench
+
+bench: bench-b1 bench-b2 bench-b3 bench-b4

@@ -102,9 +102,11 @@ class EngineConfig:
 # (docs/benchmarks.md): KV 16 layers × 8 heads × 64 dims × 2 × 2 B = 32 KiB/token, about
 # 1.2 GiB of KV per replica → ~40k tokens; prefill ~2 GFLOP/token at a shared laptop
 # GPU's effective ~35 TFLOP/s → ~0.06 ms/token; decode is memory-bound: ~2.5 GB of
-# weights read per step at ~120 GB/s effective for the replica's share → ~20 ms, plus
-# ~0.5 ms per running sequence for its KV reads and sampling; text replies of a 1B
-# model in agent loops ~150 tokens median, widely spread.
+# weights read per step at ~120 GB/s effective for the replica's share (the other
+# replica contends for the same bandwidth) plus the scheduler's own per-step overhead →
+# ~20 ms; each running sequence adds its KV reads (~64 MB at a 2k-token context) and
+# sampling → ~0.8 ms; text replies of a 1B model in agent loops ~150 tokens median,
+# widely spread (capped by max_tokens).
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "laptop-1b": {
@@ -116,7 +118,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "latency_ms": 15.0,
         "prefill_ms_per_token": 0.06,
         "token_ms": 20.0,
-        "decode_ms_per_request": 0.5,
+        "decode_ms_per_request": 0.8,
         "reply_tokens": 150,
         "reply_spread": 0.5,
         "tool_calls": 8,

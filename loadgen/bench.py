@@ -40,7 +40,7 @@ from luftpause.procs import free_port
 from luftpause.stack import Ports, Stack, write_configs
 
 log = structlog.get_logger(service="bench")
-console = Console()
+console = Console(width=200)
 MODEL = "fake-llama-1b"
 
 
@@ -53,7 +53,7 @@ class BenchConfig:
     preset: str = "laptop-1b"
     out_dir: Path = Path("bench-results")
     work_dir: Path = Path("bench-results/work")
-    window_s: float = 90.0  # B2 measurement window, model seconds
+    window_s: float = 120.0  # B2 measurement window, model seconds (B3 uses half)
     warmup_s: float = 30.0
 
     def engine_args(self) -> list[str]:
@@ -224,7 +224,7 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
     seq = mean([r["all_done_s"] for r in results["sequential"]])
     table = Table(title=f"B1 fan-out: 16 sub-agents, ~2.8k-token tasks, lookup 2 s, ≤ 3 tool calls "
                         f"({config.repeats} repeats, model seconds)")
-    for column in ("", "all 16 done", "vs sequential", "vs router"):
+    for column in ("", "all 16 done", "vs sequential", "speed ×router"):
         table.add_column(column)
     router = mean([r["all_done_s"] for r in results["router"]])
     for label, key in (("sequential (spawn, await, next)", "sequential"), ("parallel through luftpause", "luftpause"),
@@ -361,7 +361,7 @@ B3_WORKLOAD = Workload(service_class="batch", context_chars_min=2000, context_ch
 
 
 async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
-    window, warmup = config.window_s * 2 / 3, config.warmup_s / 2
+    window, warmup = config.window_s / 2, config.warmup_s / 2
     results: dict[str, list[dict[str, Any]]] = {"luftpause": [], "cache_aware": [], "round_robin": []}
 
     async def one(name: str, runtime: str, rig: Rig) -> dict[str, Any]:
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("which", choices=("b1", "b2", "b3", "all"))
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--time-scale", type=float, default=0.25)
-    p.add_argument("--window-s", type=float, default=90.0, help="B2 window in model seconds (B3 uses 2/3 of it)")
+    p.add_argument("--window-s", type=float, default=120.0, help="B2 window in model seconds (B3 uses half)")
     p.add_argument("--warmup-s", type=float, default=30.0)
     p.add_argument("--b2-parts", default="proxy,mcp,light", help="which B2 tables: proxy,mcp,light")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"))
