@@ -1,0 +1,113 @@
+"""The load generator against an in-process fake engine: runs, headers, summaries."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from luftpause.fakes.engine import EngineConfig, create_app
+from luftpause.loadgen.__main__ import build_parser, is_luftpause, parse_mix
+from luftpause.loadgen.agents import Clock, Live, Target, run_once
+from luftpause.loadgen.driver import Group, run_load
+from luftpause.loadgen.records import RunRecord, TurnRecord, percentile, summarise
+from luftpause.loadgen.workload import Workload, plan_run
+
+MODEL = "fake-llama-1b"
+QUICK = Workload(service_class="interactive", context_chars_min=200, context_chars_max=400, tool_calls_min=2,
+                 tool_calls_max=2, tool_delay_s=0.01, tool_result_chars=100, max_tokens=64)
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
+    """A quick fake engine in process, recording the headers of every chat request."""
+    seen: list[dict[str, str]] = []
+
+    @web.middleware
+    async def record_headers(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.endswith("/chat/completions"):
+            seen.append(dict(request.headers))
+        return await handler(request)
+
+    app = create_app(EngineConfig(latency_ms=1, token_ms=0.5, tool_calls=8, reply_tokens=8))
+    app.middlewares.append(record_headers)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}/v1", seen
+    finally:
+        await server.close()
+
+
+def test_plans_are_seeded() -> None:
+    assert plan_run(QUICK, "a-1") == plan_run(QUICK, "a-1")
+    assert plan_run(QUICK, "a-1").task != plan_run(QUICK, "a-2").task
+    plan = plan_run(QUICK, "x")
+    assert plan.tool_calls == 2 and 200 <= len(plan.task) - len("Task x: investigate and summarise the following notes. ")
+
+
+def test_percentile_and_summary() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([1.0, 2.0, 3.0, 4.0], 90) == 4.0
+    turn = TurnRecord(started=15, first_token=0.5, duration=2, prompt_tokens=100, cached_tokens=40)
+    records = [RunRecord("batch", "a", started=10, ended=20, ok=True, turns=[turn]),
+               RunRecord("batch", "b", started=5, ended=8, ok=True),  # before the window
+               RunRecord("interactive", "c", started=12, ended=30, ok=False, error="boom")]
+    summary = summarise(records, (10, 70))
+    assert summary["batch"]["runs"] == 1 and summary["batch"]["runs_per_min"] == 1.0
+    assert summary["batch"]["cached_share"] == 0.4 and summary["batch"]["ttft_p50_s"] == 0.5
+    assert summary["interactive"]["errors"] == 1 and summary["interactive"]["runs"] == 0
+
+
+def test_cli_parsing() -> None:
+    assert parse_mix("interactive:4,batch:48") == [("interactive", 4), ("batch", 48)]
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_mix("urgent:3")
+    args = build_parser().parse_args(["--base-url", "http://x/v1", "--agents", "3", "--class", "interactive",
+                                      "--duration-s", "10", "--caller", "me"])
+    assert args.agents == 3 and args.service_class == "interactive" and args.caller == "me"
+
+
+async def test_run_once_calls_tools_then_answers_and_sends_headers_only_to_luftpause(engine) -> None:
+    url, seen = engine
+    async with aiohttp.ClientSession() as session:
+        plain = await run_once(session, Target(url, MODEL), QUICK, "run-1", Clock(), Live())
+        assert plain.ok, plain.error
+        assert plain.tool_calls == 2 and len(plain.turns) == 3
+        assert plain.turns[-1].finish_reason == "stop"
+        assert plain.turns[1].cached_tokens > 0  # the next turn extends the previous prompt
+        assert not any(k.lower().startswith("x-luftpause") for h in seen for k in h)
+        seen.clear()
+        tagged = await run_once(session, Target(url, MODEL, luftpause=True, caller="me"), QUICK, "run-2",
+                                Clock(), Live())
+        assert tagged.ok
+        assert all(h["x-luftpause-run-id"] == "run-2" and h["x-luftpause-class"] == "interactive"
+                   and h["x-luftpause-caller"] == "me" for h in seen)
+
+
+async def test_failed_turns_are_errors(engine) -> None:
+    url, _ = engine
+    failing = Target(url, "no-such-model")
+    async with aiohttp.ClientSession() as session:
+        record = await run_once(session, failing, QUICK, "bad", Clock(), Live())
+    assert not record.ok and "404" in record.error
+
+
+async def test_closed_loop_measures_a_window(engine) -> None:
+    url, _ = engine
+    groups = [Group(2, QUICK), Group(2, Workload(service_class="batch", context_chars_min=100, context_chars_max=200,
+                                                tool_calls_max=1, tool_delay_s=0.01, max_tokens=32))]
+    result = await run_load(groups, target=Target(url, MODEL), warmup_s=0.2, duration_s=1.0, time_scale=1.0)
+    assert set(result.summary) == {"interactive", "batch"}
+    for summary in result.summary.values():
+        assert summary["runs"] > 0 and summary["errors"] == 0 and summary["latency_p50_s"] > 0
+    assert result.cpu["loadgen_cpu_share"] >= 0
+
+
+def test_is_luftpause_is_false_for_an_unreachable_or_plain_target() -> None:
+    assert not is_luftpause("http://127.0.0.1:9/v1")
