@@ -567,8 +567,9 @@ def _resync(state: State, event: Resynced) -> State:
         turn = Turn(snap.turn_id, snap.run_id, snap.model, snap.service_class, snap.caller, snap.replica, event.now_ms)
         state = replace(state, turns=state.turns.set(snap.turn_id, turn))
         state = _count_in_flight(state, snap.replica, snap.caller, +1)
-        run = state.runs.get(snap.run_id) or Run(snap.run_id, snap.service_class, snap.caller)
-        state = _put_run(state, replace(run, replica=snap.replica, stage=Stage.GENERATING, last_seen_ms=event.now_ms))
+        run = state.runs.get(snap.run_id)
+        if run is not None:  # a run ended while its turn was in flight stays forgotten
+            state = _put_run(state, replace(run, replica=snap.replica, stage=Stage.GENERATING, last_seen_ms=event.now_ms))
     return replace(state, resynced=True)
 
 

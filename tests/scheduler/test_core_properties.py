@@ -1,0 +1,184 @@
+"""Properties of the decision core over random event sequences (hypothesis).
+
+Agents here behave as real ones do: a run has at most one turn held or in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from luftpause.scheduler import core
+
+MODEL = "m"
+REPLICAS = ("a", "b")
+RUNS = tuple(f"run{i}" for i in range(8))
+CALLERS = ("x", "y", "z")
+
+admit = st.tuples(st.just("admit"), st.sampled_from(RUNS), st.sampled_from(("interactive", "batch")),
+                  st.sampled_from(CALLERS))
+finish = st.tuples(st.just("finish"), st.integers(0, 20), st.sampled_from(("tool_calls", "stop", "length")))
+fail = st.tuples(st.just("fail"), st.integers(0, 20))
+cancel = st.tuples(st.just("cancel"), st.integers(0, 20))
+probe = st.tuples(st.just("probe"), st.sampled_from(REPLICAS), st.booleans(),
+                  st.one_of(st.none(), st.integers(0, 3)), st.integers(0, 2))
+tick = st.tuples(st.just("tick"), st.sampled_from((1000, 60_000, 11 * 60_000, 31 * 60_000)))
+ended = st.tuples(st.just("ended"), st.sampled_from(RUNS))
+operations = st.lists(st.one_of(admit, admit, admit, admit, finish, finish, fail, cancel, probe, tick, ended), min_size=20, max_size=80)
+
+
+def fresh_state(running: int | None = None) -> core.State:
+    """Healthy replicas; with ``running``, each reports that many running and a queue
+    (so it starts capped, where admission decisions matter)."""
+    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in REPLICAS)
+    for name in REPLICAS:
+        queued = None if running is None else 1
+        state, _ = core.decide(state, core.EngineProbed(name, True, running, queued, 0))
+    return state
+
+
+@dataclass
+class Driver:
+    """Turns generated operations into events and checks every step."""
+
+    state: core.State = field(default_factory=fresh_state)
+    now: int = 1
+    counter: int = 0
+    checks: list = field(default_factory=list)
+
+    def busy_runs(self) -> set[str]:
+        return {t.run_id for t in self.state.turns.values()} | {t.run_id for t in self.state.held.values()}
+
+    def event_for(self, op) -> core.Event | None:
+        kind = op[0]
+        if kind == "admit":
+            _, run, cls, caller = op
+            if run in self.busy_runs():
+                return None
+            self.counter += 1
+            return core.AdmitRequested(f"t{self.counter}", run, MODEL, cls, caller, self.now)
+        if kind in ("finish", "fail"):
+            turns = sorted(self.state.turns)
+            if not turns:
+                return None
+            turn = turns[op[1] % len(turns)]
+            return core.TurnFinished(turn, op[2], self.now) if kind == "finish" else core.TurnFailed(turn, self.now)
+        if kind == "cancel":
+            held = sorted(self.state.held)
+            return core.AdmitCancelled(held[op[1] % len(held)], self.now) if held else None
+        if kind == "probe":
+            _, name, healthy, running, queued = op
+            return core.EngineProbed(name, healthy, running, None if running is None else queued, self.now)
+        if kind == "tick":
+            self.now += op[1]
+            return core.ClockTicked(self.now)
+        return core.RunEnded(op[1], self.now)
+
+    def step(self, event: core.Event) -> list[core.Action]:
+        before = self.state
+        self.state, actions = core.decide(before, event)
+        for check in self.checks:
+            check(before, event, self.state, actions)
+        self.now += 1
+        return actions
+
+    def play(self, ops) -> None:
+        for op in ops:
+            event = self.event_for(op)
+            if event is not None:
+                self.step(event)
+
+
+def placements(actions):
+    return [a for a in actions if isinstance(a, core.Place)]
+
+
+def never_over_cap(before, event, after, actions):
+    for place in placements(actions):
+        replica = after.replicas[place.replica]
+        if replica.capacity is not None:
+            assert replica.in_flight <= replica.capacity, (place, replica)
+
+
+def pinned_runs_stay(before, event, after, actions):
+    for place in placements(actions):
+        run_id = after.turns[place.turn_id].run_id
+        run = before.runs.get(run_id)
+        if run is None or run.stage is core.Stage.IDLE or not run.replica:
+            continue
+        home = after.replicas[run.replica]
+        if home.healthy:
+            assert place.replica == run.replica, (place, run)
+
+
+def interactive_before_batch(before, event, after, actions):
+    batch_targets = {p.replica for p in placements(actions) if after.turns[p.turn_id].service_class == core.BATCH}
+    for turn in after.held.values():
+        if turn.service_class != core.INTERACTIVE:
+            continue
+        wanted = {r.name for r in core._candidates(after, turn)}
+        assert not (wanted & batch_targets), (turn, batch_targets)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.integers(0, 3), operations)
+def test_in_flight_never_exceeds_a_capped_engines_cap(running, ops):
+    driver = Driver(state=fresh_state(running), checks=[never_over_cap])
+    driver.play(ops)
+
+
+@settings(max_examples=600, deadline=None)
+@given(operations)
+def test_a_pinned_run_is_never_placed_elsewhere_while_its_replica_is_healthy(ops):
+    driver = Driver(checks=[pinned_runs_stay])
+    driver.play(ops)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(0, 3), operations)
+def test_no_batch_turn_is_released_while_an_interactive_turn_waits_for_that_replica(running, ops):
+    driver = Driver(state=fresh_state(running), checks=[interactive_before_batch])
+    driver.play(ops)
+
+
+@settings(max_examples=600, deadline=None)
+@given(operations)
+def test_every_held_turn_is_placed_once_capacity_frees(ops):
+    driver = Driver()
+    driver.play(ops)
+    for name in REPLICAS:  # every engine healthy and without a queue: no caps
+        driver.step(core.EngineProbed(name, True, 1, 0, driver.now))
+    for _ in range(len(driver.state.turns) + len(driver.state.held) + 1):
+        if not driver.state.turns:
+            break
+        driver.step(core.TurnFinished(next(iter(driver.state.turns)), "stop", driver.now))
+    assert not driver.state.held
+
+
+def comparable(state: core.State) -> dict:
+    return {
+        "runs": {k: (r.replica, r.stage, r.service_class, r.caller) for k, r in state.runs.items()},
+        "turns": {k: (t.run_id, t.replica, t.model, t.service_class, t.caller) for k, t in state.turns.items()},
+        "replicas": {k: (r.in_flight, r.paused_interactive) for k, r in state.replicas.items()},
+        "running_by_caller": dict(state.running_by_caller),
+    }
+
+
+@settings(max_examples=600, deadline=None)
+@given(operations)
+def test_state_after_resync_equals_state_before_the_restart(ops):
+    driver = Driver()
+    driver.play(ops)
+    before = driver.state
+    runs = tuple(core.RunSnapshot(r.run_id, r.replica, r.stage, r.service_class, r.caller) for r in before.runs.values())
+    turns = tuple(core.TurnSnapshot(t.turn_id, t.run_id, t.replica, t.model, t.service_class, t.caller)
+                  for t in before.turns.values())
+    restarted = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in REPLICAS)
+    for name, replica in before.replicas.items():  # the new scheduler's first probes see the same engines
+        restarted, _ = core.decide(restarted, core.EngineProbed(
+            name, replica.healthy, replica.running if replica.load_known else None,
+            replica.queued if replica.load_known else None, driver.now))
+    after, _ = core.decide(restarted, core.Resynced(runs, turns, driver.now))
+    assert comparable(after) == comparable(before)
