@@ -68,6 +68,13 @@ class Stack:
     without: frozenset[str] = frozenset()  # process names not to start (e.g. {"runtime"})
     processes: list[ManagedProcess] = field(default_factory=list)
 
+    @classmethod
+    def on_free_ports(cls, directory: Path, **options) -> Stack:
+        """A stack of fake engines on free ports, configured under ``directory`` (tests, benchmarks)."""
+        ports = Ports.free()
+        pool_file, tools_file = write_configs(directory / "config", ports)
+        return cls(ports, pool_file, tools_file, directory / "state", **options)
+
     @property
     def urls(self) -> dict[str, str]:
         p = self.ports

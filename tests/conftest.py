@@ -7,13 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from luftpause.stack import Ports, Stack, write_configs
+from luftpause.stack import Stack
 
 
 def start_stack(directory: Path, **options) -> Stack:
-    ports = Ports.free()
-    pool_file, tools_file = write_configs(directory / "config", ports)
-    stack = Stack(ports, pool_file, tools_file, directory / "state", **options)
+    stack = Stack.on_free_ports(directory, **options)
     stack.start()
     return stack
 
@@ -36,3 +34,20 @@ def full_stack(tmp_path_factory) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop()
+
+
+@pytest.fixture
+def make_stack(tmp_path) -> Iterator:
+    """Start a stack with custom options; every stack started is stopped afterwards."""
+    started: list[Stack] = []
+
+    def make(**options) -> Stack:
+        stack = start_stack(tmp_path / f"stack{len(started)}", **options)
+        started.append(stack)
+        return stack
+
+    try:
+        yield make
+    finally:
+        for stack in started:
+            stack.stop()
