@@ -89,3 +89,28 @@ async def test_held_turn_is_placed_once_an_engine_comes_up(scheduler):
             engine.stop()
     assert reply.replica == "engine-a"
     assert reply.base_url == f"http://127.0.0.1:{scheduler['engine_port']}"
+
+
+async def test_status_over_grpc_matches_the_http_status(scheduler):
+    async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
+        reply = await pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=2)
+    http_status = httpx.get(scheduler["http"] + "/status").json()
+    assert [r.name for r in reply.replicas] == [r["name"] for r in http_status["replicas"]] == ["engine-a"]
+    assert reply.replicas[0].models == ["fake-llama-1b"] and reply.replicas[0].capacity == -1
+
+
+async def test_reflection_lists_the_scheduler_service(scheduler):
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        services = [s.name async for r in responses for s in r.list_services_response.service]
+    assert "luftpause.scheduler.v1.Scheduler" in services and "grpc.health.v1.Health" in services
+
+
+def test_status_page_is_served(scheduler):
+    page = httpx.get(scheduler["http"] + "/")
+    assert page.status_code == 200 and "luftpause scheduler" in page.text
+    bad = httpx.get(scheduler["http"] + "/runtime-status", params={"runtime": "file:///etc/passwd"})
+    assert bad.status_code == 400
