@@ -37,6 +37,11 @@ RUN_END_NOTICE_TIMEOUT_S = 5.0
 # Upstream MCP tool servers: one tool call may be slow (deep_search, Wikipedia with
 # retries), but not forever.
 UPSTREAM_CALL_TIMEOUT_S = 300.0
+# HTTP upstream servers: each tool call in flight holds one connection (the answer comes
+# on it), so idle runs waiting on a slow tool need as many; calls beyond the limit queue.
+UPSTREAM_MAX_CONNECTIONS = 1024
+UPSTREAM_KEEPALIVE_CONNECTIONS = 32
+UPSTREAM_CONNECT_TIMEOUT_S = 30.0
 # How long start-up waits for upstream servers before serving without them (they keep
 # reconnecting in the background).
 UPSTREAM_CONNECT_WAIT_S = 10.0

@@ -10,15 +10,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2
 import structlog
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import CONNECTION_CLOSED, CallToolResult, EmbeddedResource, TextContent, TextResourceContents
 from mcp_types import Tool as MCPTool
 
@@ -75,16 +75,31 @@ class UpstreamUnavailable(Exception):
     pass
 
 
+def upstream_http_client(headers: Mapping[str, str]) -> httpx2.AsyncClient:
+    """The HTTP client of one upstream server: one connection per tool call in flight.
+
+    The SDK's default client allows 100 connections and gives up after waiting 30 s for
+    one, so the 101st concurrent call to a slow tool would fail; here calls beyond the
+    limit queue for a connection instead.
+    """
+    return httpx2.AsyncClient(
+        headers=dict(headers),
+        timeout=httpx2.Timeout(constants.UPSTREAM_CONNECT_TIMEOUT_S, read=constants.UPSTREAM_CALL_TIMEOUT_S, pool=None),
+        limits=httpx2.Limits(
+            max_connections=constants.UPSTREAM_MAX_CONNECTIONS,
+            max_keepalive_connections=constants.UPSTREAM_KEEPALIVE_CONNECTIONS,
+        ),
+    )
+
+
 @asynccontextmanager
 async def open_configured_client(config: UpstreamServerConfig) -> AsyncIterator[Client]:
     """A connected client for a server from the tools file (HTTP with headers, or stdio)."""
     async with AsyncExitStack() as stack:
         target: Any
-        if config.url and config.headers:
-            http = await stack.enter_async_context(create_mcp_http_client(headers=dict(config.headers)))
+        if config.url:
+            http = await stack.enter_async_context(upstream_http_client(config.headers))
             target = streamable_http_client(config.url, http_client=http)
-        elif config.url:
-            target = config.url
         else:
             assert config.command is not None
             target = StdioServerParameters(command=config.command, args=list(config.args), env=dict(config.env) or None)
