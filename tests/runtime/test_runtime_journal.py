@@ -1,3 +1,4 @@
+import asyncio
 from pathlib import Path
 
 from structlog.testing import capture_logs
@@ -74,3 +75,33 @@ async def test_records_for_unknown_runs_are_ignored(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "state" / "runs.jsonl")
     await journal.append({"type": "round", "handle": "run-ghost", "messages": ROUND, "stats": {}})
     assert restore_runs(journal.read(), initial_messages) == []
+
+
+async def test_concurrent_appends_share_fsyncs_and_all_land(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    from luftpause.runtime import journal as journal_module
+
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        fsyncs.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(journal_module.os, "fsync", counting_fsync)
+    journal = Journal(tmp_path / "runs.jsonl")
+    runs = [make_run(f"run-{i}") for i in range(50)]
+
+    await asyncio.gather(*(journal.created(run) for run in runs))
+
+    assert [record["handle"] for record in journal.read()] == [run.handle for run in runs]
+    assert 1 <= len(fsyncs) < 50  # grouped, not one fsync per record
+
+
+async def test_a_failed_write_fails_every_append_in_its_batch(tmp_path: Path) -> None:
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("")
+    journal = Journal(blocker / "runs.jsonl")
+    results = await asyncio.gather(*(journal.created(make_run(f"run-{i}")) for i in range(3)), return_exceptions=True)
+    assert all(isinstance(result, OSError) for result in results)
