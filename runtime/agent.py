@@ -99,7 +99,9 @@ class AgentLoop:
         while True:
             self._check(run)
             offered = self._offered_tools(run)
+            run.activity = "turn"
             reply = await self._dataplane.chat(self._turn_body(run, offered), identity)
+            run.activity = None
             self._count_turn(run, reply)
             self._check(run)
             calls = self._tool_calls(reply, offered)
@@ -168,6 +170,7 @@ class AgentLoop:
         # Admitted calls count against budgets while they run (the check above and this
         # line run without a pause, so concurrent runs cannot both take the last call).
         run.tool_calls_in_flight = len(allowed)
+        run.activity = "tools"
         try:
             if run.spec.parallel_tool_calls:
                 outcomes = await asyncio.gather(*(self._execute_call(run, c, offered_by_name) for c in allowed))
@@ -175,6 +178,7 @@ class AgentLoop:
                 outcomes = [await self._execute_call(run, call, offered_by_name) for call in allowed]
         finally:
             run.tool_calls_in_flight = 0
+            run.activity = None
         for outcome in outcomes:
             run.stats.tool_calls += 1
             run.stats.failed_tool_calls += int(outcome.failed)

@@ -177,6 +177,8 @@ class Run:
     finished_at: float | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     loop_task: asyncio.Task[None] | None = None  # the agent loop while it runs in this process
+    # What the loop waits on now: "turn" (the model), "tools" (a tool-call round), or None.
+    activity: str | None = None
     # Tool calls of the current round that are admitted but not yet counted in `stats`:
     # budgets count them as used so concurrent runs cannot overshoot a tool-call limit.
     tool_calls_in_flight: int = 0
@@ -216,6 +218,7 @@ class Run:
         return {
             "handle": self.handle,
             "status": self.status.value,
+            "activity": None if self.status.finished else self.activity,
             "parent": self.parent,
             "children": list(self.children),
             "task": self.spec.task,

@@ -8,6 +8,7 @@ with the expected shape instead of reaching the tool server.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -15,6 +16,7 @@ from collections.abc import Collection
 from typing import Any
 
 import jsonschema
+import jsonschema.protocols
 from jsonschema.validators import validator_for
 
 
@@ -121,13 +123,24 @@ def _convert(value: Any, target: str) -> Any:
 
 
 def first_validation_error(arguments: dict[str, Any], schema: dict[str, Any]) -> str | None:
+    validator = _validator(json.dumps(schema, sort_keys=True))
+    if validator is None:
+        return None  # a server with a broken schema gets the arguments unchecked
+    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    return None if error is None else error.message
+
+
+@functools.lru_cache(maxsize=512)
+def _validator(schema_json: str) -> jsonschema.protocols.Validator | None:
+    """A checked validator per distinct schema: checking a schema against its metaschema
+    costs milliseconds, and every call of a tool has the same schema."""
+    schema = json.loads(schema_json)
     validator_class = validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         validator_class.check_schema(schema)
     except jsonschema.SchemaError:
-        return None  # a server with a broken schema gets the arguments unchecked
-    error = jsonschema.exceptions.best_match(validator_class(schema).iter_errors(arguments))
-    return None if error is None else error.message
+        return None
+    return validator_class(schema)
 
 
 def expected_shape(schema: dict[str, Any]) -> dict[str, str]:
