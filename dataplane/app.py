@@ -16,7 +16,7 @@ from aiohttp import web
 
 from luftpause import headers as h
 from luftpause.dataplane.constants import ENGINE_CONNECT_TIMEOUT_S, MAX_BODY_BYTES, TOOL_CALL_SWEEP_S
-from luftpause.dataplane.link import AdmitRejected, Placement, SchedulerLink, UnknownModel
+from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
 from luftpause.proto import scheduler_pb2 as pb
@@ -49,6 +49,8 @@ async def json_errors(request: web.Request, handler):
         return await handler(request)
     except ApiError as exc:
         run_id = request.get("run_id")
+        if run_id is None and request.path == "/v1/chat/completions":
+            run_id = request.headers.get(h.RUN_ID, "").strip() or uuid.uuid4().hex
         return error_response(exc.status, exc.message, {h.RUN_ID: run_id} if run_id else None)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -102,11 +104,8 @@ def _returned_tool_call_ids(document: dict) -> list[str]:
     ]
 
 
-async def parse_turn(request: web.Request) -> TurnRequest:
-    """Validate a chat completion request; name its run (header, returned tool_call
-    ids, or a new run)."""
-    header_run_id = request.headers.get(h.RUN_ID, "").strip()
-    request["run_id"] = header_run_id or uuid.uuid4().hex
+async def _json_request(request: web.Request) -> tuple[bytes, dict, str]:
+    """The body, its JSON object and its model, or a 4xx."""
     if request.content_type != "application/json":
         raise ApiError(415, "Content-Type must be application/json")
     body = await request.read()
@@ -119,6 +118,15 @@ async def parse_turn(request: web.Request) -> TurnRequest:
     model = document.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required and must be a non-empty string")
+    return body, document, model
+
+
+async def parse_turn(request: web.Request) -> TurnRequest:
+    """Validate a chat completion request; name its run (header, returned tool_call
+    ids, or a new run)."""
+    header_run_id = request.headers.get(h.RUN_ID, "").strip()
+    request["run_id"] = header_run_id or uuid.uuid4().hex
+    body, document, model = await _json_request(request)
     if not isinstance(document.get("messages"), list):
         raise ApiError(400, "'messages' is required and must be a list")
     stream = document.get("stream", False)
@@ -225,7 +233,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.StreamResponse:
-    run_header = {h.RUN_ID: turn.req.run_id}
+    run_header = {h.RUN_ID: turn.req.run_id, h.REPLICA: placement.replica}
     engines: aiohttp.ClientSession = request.app[ENGINES]
     url = placement.base_url + "/v1/chat/completions"
     try:
@@ -287,6 +295,38 @@ def _describe(exc: BaseException) -> str:
     return text
 
 
+# ------------------------------------------------------------------ one-pass calls
+
+
+async def decide(request: web.Request) -> web.Response:
+    """A one-pass call in vLLM's /classify format, sent to a one-pass (classifier)
+    replica outside run state: it takes no generative slot and never waits."""
+    body, document, model = await _json_request(request)
+    inputs = document.get("input")
+    if not (isinstance(inputs, str) and inputs) and not (
+        isinstance(inputs, list) and inputs and all(isinstance(i, str) for i in inputs)
+    ):
+        raise ApiError(400, "'input' is required: a string or a non-empty list of strings")
+    _, caller = _identity_headers(request)
+    try:
+        placement = await request.app[LINK].admit(uuid.uuid4().hex, "", model, h.DEFAULT_SERVICE_CLASS, caller,
+                                                  one_pass=True)
+    except UnknownModel as exc:
+        raise ApiError(404, str(exc)) from None
+    except AdmitRejected as exc:
+        raise ApiError(400, str(exc)) from None
+    except NoHealthyReplica as exc:
+        raise ApiError(503, str(exc)) from None
+    headers = _engine_headers(placement, request)
+    try:
+        async with request.app[ENGINES].post(placement.base_url + "/classify", data=body, headers=headers) as upstream:
+            reply = await upstream.read()
+            passed = {k: upstream.headers[k] for k in PASSED_HEADERS if k in upstream.headers}
+            return web.Response(status=upstream.status, body=reply, headers={**passed, h.REPLICA: placement.replica})
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise ApiError(502, f"engine {placement.replica}: {_describe(exc)}") from None
+
+
 # ------------------------------------------------------------------- other routes
 
 
@@ -340,6 +380,7 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/decide", decide)
     app.router.add_delete("/v1/runs/{run_id}", delete_run)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)

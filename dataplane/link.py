@@ -28,6 +28,10 @@ class AdmitRejected(Exception):
     """The scheduler found the turn malformed (INVALID_ARGUMENT)."""
 
 
+class NoHealthyReplica(Exception):
+    """Replicas serve the model but none is healthy, for a call that never waits."""
+
+
 @dataclass(frozen=True)
 class Placement:
     replica: str
@@ -64,11 +68,14 @@ class SchedulerLink:
 
     # ---------------------------------------------------------------- Admit
 
-    async def admit(self, turn_id: str, run_id: str, model: str, service_class: str, caller: str) -> Placement:
+    async def admit(
+        self, turn_id: str, run_id: str, model: str, service_class: str, caller: str, one_pass: bool = False
+    ) -> Placement:
         """Wait for a placement. While the scheduler is away the turn waits as if held,
         retrying every second with the same turn id. Cancelling abandons the turn."""
         request = pb.AdmitRequest(
-            turn_id=turn_id, run_id=run_id, model=model, service_class=CLASSES[service_class], caller=caller
+            turn_id=turn_id, run_id=run_id, model=model, service_class=CLASSES[service_class], caller=caller,
+            one_pass=one_pass,
         )
         while True:
             await self._synced.wait()
@@ -80,6 +87,8 @@ class SchedulerLink:
                     raise UnknownModel(exc.details()) from None
                 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     raise AdmitRejected(exc.details()) from None
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    raise NoHealthyReplica(exc.details()) from None
                 self.log.warning("admit_retry", turn=turn_id, code=exc.code().name, details=exc.details())
                 self._reconnect()
                 await asyncio.sleep(ADMIT_RETRY_DELAY_S)

@@ -8,3 +8,4 @@ SERVICE_CLASSES = ("interactive", "batch")
 DEFAULT_SERVICE_CLASS = "interactive"
 ANONYMOUS_CALLER = "anonymous"
 MAX_CALLER_BYTES = 128
+REPLICA = "x-luftpause-replica"  # which replica served the turn (responses only)

@@ -69,10 +69,17 @@ class Stack:
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @classmethod
-    def on_free_ports(cls, directory: Path, **options) -> Stack:
-        """A stack of fake engines on free ports, configured under ``directory`` (tests, benchmarks)."""
-        ports = Ports.free()
+    def on_free_ports(cls, directory: Path, engines: int = 2, pool: dict | None = None, **options) -> Stack:
+        """A stack of fake engines on free ports, configured under ``directory`` (tests,
+        benchmarks). ``pool`` replaces the generated pool file; "{engine-a}" in a base_url
+        stands for that engine's address."""
+        ports = Ports.free(engines)
         pool_file, tools_file = write_configs(directory / "config", ports)
+        if pool is not None:
+            text = yaml.safe_dump(pool, sort_keys=False)
+            for i, port in enumerate(ports.engines):
+                text = text.replace("{" + engine_name(i) + "}", f"http://{HOST}:{port}")
+            pool_file.write_text(text)
         return cls(ports, pool_file, tools_file, directory / "state", **options)
 
     @property

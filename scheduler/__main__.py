@@ -12,7 +12,7 @@ import sys
 from aiohttp import web
 
 from luftpause import logs
-from luftpause.scheduler.constants import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT
+from luftpause.scheduler.constants import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, PROBE_PERIOD_S
 from luftpause.scheduler.host import SchedulerHost, grpc_server, http_app, mark_serving
 from luftpause.scheduler.pool import PoolError, load_pool
 
@@ -31,12 +31,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--affinity", choices=("on", "off"), default=env("LUFTPAUSE_AFFINITY", "on"),
                         help="strict affinity of generating/paused runs to their replica (env LUFTPAUSE_AFFINITY, "
                              "default on; off lets runs roam, for benchmarks that measure what affinity is worth)")
+    parser.add_argument("--probe-period", type=float, default=float(env("LUFTPAUSE_PROBE_PERIOD_S", PROBE_PERIOD_S)),
+                        help=f"seconds between engine probes (env LUFTPAUSE_PROBE_PERIOD_S, default {PROBE_PERIOD_S:g}; "
+                             "the probe timeout stays 2 s)")
     return parser.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace, log) -> None:
     endpoints = load_pool(args.pool_file)
-    host = SchedulerHost(endpoints, log, affinity=args.affinity == "on")
+    host = SchedulerHost(endpoints, log, affinity=args.affinity == "on", probe_period_s=args.probe_period)
     server, health_servicer = grpc_server(host, f"{args.host}:{args.grpc_port}")
     await server.start()
     await mark_serving(health_servicer)

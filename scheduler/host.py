@@ -45,8 +45,14 @@ class SchedulerHost:
     """Owns the state; every change goes through :meth:`apply` on the event loop."""
 
     def __init__(
-        self, endpoints: list[Endpoint], log, clock: Callable[[], float] = time.monotonic, affinity: bool = True
+        self,
+        endpoints: list[Endpoint],
+        log,
+        clock: Callable[[], float] = time.monotonic,
+        affinity: bool = True,
+        probe_period_s: float = PROBE_PERIOD_S,
     ) -> None:
+        self.probe_period_s = probe_period_s
         self.endpoints = {e.name: e for e in endpoints}
         self.state = core.initial_state((e.replica() for e in endpoints), affinity=affinity)
         self.log = log
@@ -132,7 +138,7 @@ class SchedulerHost:
                     self._log_probe(endpoint.name, result)
                     self.apply(core.EngineProbed(endpoint.name, result.healthy, result.running, result.queued,
                                                  self.now_ms()))
-                await asyncio.sleep(max(0.0, PROBE_PERIOD_S - (time.monotonic() - started)))
+                await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
 
     def _log_probe(self, replica: str, result: ProbeResult) -> None:
         if result.healthy != self.state.replicas[replica].healthy:

@@ -1,0 +1,190 @@
+"""SPEC §5.3, one test per row, with real processes: what the client sees and what
+luftpause does when clients, engines or the scheduler fail."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import socket
+import time
+
+import httpx
+import pytest
+
+from luftpause import headers as h
+from luftpause.procs import wait_until
+from luftpause.stack import MODEL
+
+NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
+
+
+def chat_url(stack) -> str:
+    return f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
+
+
+def status(stack) -> dict:
+    return httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()
+
+
+def engine_stats(stack, index: int) -> dict:
+    return httpx.get(f"http://127.0.0.1:{stack.ports.engines[index]}/stats").json()
+
+
+def body(text: str = "hello", stream: bool = False) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}], "stream": stream}
+
+
+def runs_by_stage(stack) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for group in status(stack)["runs"]:
+        counts[group["stage"]] = counts.get(group["stage"], 0) + group["count"]
+    return counts
+
+
+def idle_again(stack) -> bool:
+    snapshot = status(stack)
+    return snapshot["in_flight"] == 0 and snapshot["held"] == 0
+
+
+# ------------------------------------------------------------------ clients leaving
+
+
+async def test_client_disconnect_while_held_abandons_the_turn_and_nothing_reaches_an_engine(make_stack):
+    stack = make_stack(without=NO_RUNTIME,
+                       engine_args=["--max-running", "1", "--token-ms", "100", "--reply-tokens", "40"])
+    async with httpx.AsyncClient(timeout=60) as client:
+        fillers = [asyncio.create_task(client.post(chat_url(stack), json=body(f"fill {i}"),
+                                                   headers={h.RUN_ID: f"filler-{i}"}))
+                   for i in range(4)]
+        # Each engine runs one and queues one; once probed, both are capped at one.
+        assert await asyncio.to_thread(
+            wait_until, lambda: [r["capacity"] for r in status(stack)["replicas"]] == [1, 1], 10)
+        sent_before = engine_stats(stack, 0)["requests"] + engine_stats(stack, 1)["requests"]
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post(chat_url(stack), json=body("impatient"), headers={h.RUN_ID: "impatient"}, timeout=1.0)
+        assert await asyncio.to_thread(wait_until, lambda: status(stack)["held"] == 0, 5)
+        assert engine_stats(stack, 0)["requests"] + engine_stats(stack, 1)["requests"] == sent_before
+        for task in fillers:
+            task.cancel()
+        await asyncio.gather(*fillers, return_exceptions=True)
+    assert await asyncio.to_thread(wait_until, lambda: idle_again(stack), 10)
+
+
+async def test_client_disconnect_while_streaming_closes_the_engine_request(make_stack):
+    stack = make_stack(without=NO_RUNTIME, engine_args=["--token-ms", "100", "--reply-tokens", "60"])
+    closed_before = sum(engine_stats(stack, i)["closed_early"] for i in range(2))
+    async with httpx.AsyncClient(timeout=30) as client:
+        async with client.stream("POST", chat_url(stack), json=body(stream=True),
+                                 headers={h.RUN_ID: "leaver"}) as response:
+            assert response.status_code == 200
+            chunks = response.aiter_bytes()
+            await anext(chunks)
+            await anext(chunks)
+    assert await asyncio.to_thread(
+        wait_until, lambda: sum(engine_stats(stack, i)["closed_early"] for i in range(2)) == closed_before + 1, 5)
+    assert await asyncio.to_thread(wait_until, lambda: idle_again(stack), 5)
+    assert runs_by_stage(stack).get("idle") == 1
+
+
+# --------------------------------------------------------------------- engines failing
+
+
+@pytest.fixture
+def stale_pool(make_stack):
+    """Engines probed healthy once, then rarely: the scheduler keeps trusting them while
+    the test breaks them (what happens between two probes)."""
+    stack = make_stack(without=NO_RUNTIME, env={"LUFTPAUSE_PROBE_PERIOD_S": "3600"})
+    for name in ("engine-a", "engine-b"):
+        stack.process(name).kill()
+    return stack
+
+
+def test_engine_refusing_connections_is_a_502_at_once(stale_pool):
+    started = time.monotonic()
+    response = httpx.post(chat_url(stale_pool), json=body(), headers={h.RUN_ID: "refused"}, timeout=10)
+    assert time.monotonic() - started < 1.5
+    assert response.status_code == 502
+    assert response.headers[h.RUN_ID] == "refused"
+    message = response.json()["error"]["message"]
+    assert message.startswith(f"engine {response.headers[h.REPLICA]}: ")
+    assert wait_until(lambda: idle_again(stale_pool), 5)
+    assert runs_by_stage(stale_pool) == {"idle": 1}
+
+
+def test_silent_engine_host_is_a_502_after_the_connect_timeout(stale_pool):
+    # A listener whose accept queue is full drops new SYNs: connecting hangs, as to a
+    # host that does not answer.
+    silent, fillers = [], []
+    for port in stale_pool.ports.engines:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(0)
+        silent.append(listener)
+        for _ in range(3):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            fillers.append(filler)
+    try:
+        time.sleep(0.2)
+        started = time.monotonic()
+        response = httpx.post(chat_url(stale_pool), json=body(), headers={h.RUN_ID: "silent"}, timeout=20)
+        elapsed = time.monotonic() - started
+    finally:
+        for s in fillers + silent:
+            s.close()
+    assert response.status_code == 502
+    assert "connect timeout after 2s" in response.json()["error"]["message"]
+    assert 1.8 <= elapsed < 6
+    assert wait_until(lambda: idle_again(stale_pool), 5)
+
+
+def test_engine_dying_mid_stream_closes_without_done(make_stack):
+    stack = make_stack(without=NO_RUNTIME)
+    received = b""
+    with pytest.raises(httpx.HTTPError):
+        with httpx.stream("POST", chat_url(stack), json=body("[[fake:die-after=3]] tell me", stream=True),
+                          headers={h.RUN_ID: "dies"}, timeout=10) as response:
+            assert response.status_code == 200
+            for chunk in response.iter_bytes():
+                received += chunk
+    assert received.count(b"data: ") >= 3
+    assert b"[DONE]" not in received
+    assert wait_until(lambda: idle_again(stack), 5)
+    assert runs_by_stage(stack) == {"idle": 1}
+
+
+@pytest.mark.parametrize("code", [429, 503, 500])
+def test_engine_error_status_is_passed_through_unchanged(make_stack, code):
+    stack = make_stack(without=NO_RUNTIME)
+    response = httpx.post(chat_url(stack), json=body(f"[[fake:status={code}]]"), headers={h.RUN_ID: "err"})
+    assert response.status_code == code
+    assert response.json() == {"error": {"message": f"fake status {code}"}}
+    if code in (429, 503):
+        assert response.headers["Retry-After"] == "1"
+    assert response.headers[h.RUN_ID] == "err"
+    assert wait_until(lambda: idle_again(stack), 5)
+    # The retry with the same run id is the same run, now idle and admitted like any turn.
+    retry = httpx.post(chat_url(stack), json=body("fine now"), headers={h.RUN_ID: "err"})
+    assert retry.status_code == 200
+    assert runs_by_stage(stack) == {"idle": 1}
+
+
+# ------------------------------------------------------------------ scheduler failing
+
+
+def test_turn_waits_while_the_scheduler_is_down_and_is_placed_after_it_returns(make_stack):
+    stack = make_stack(without=NO_RUNTIME)
+    scheduler = stack.process("scheduler")
+    scheduler.stop()
+    with httpx.Client(timeout=30) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(client.post, chat_url(stack), json=body("patient"), headers={h.RUN_ID: "patient"})
+        time.sleep(2.5)
+        assert not future.done()  # waiting as if held, not failed
+        scheduler.start()
+        scheduler.wait_ready()
+        response = future.result(timeout=20)
+    assert response.status_code == 200
+    assert response.headers[h.RUN_ID] == "patient"
+    assert wait_until(lambda: idle_again(stack), 5)
