@@ -8,10 +8,23 @@ Modules, outside in:
 - ``mcp_server``: the MCP tools (spawn, await, run, status, cancel, tools) and their errors.
 - ``service``: ``Runtime``, which spawns runs as asyncio tasks, waits for and cancels them.
 - ``agent``: the sub-agent loop (turn, tool-call round, next turn).
+- ``budgets``: token, tool-call and seconds limits over a run's subtree (SPEC §4.4).
 - ``dataplane``: LLM turns, run-end notices and the default model, over HTTP.
 - ``upstream``: long-lived clients of the upstream MCP tool servers, routing by tool name.
 - ``toolcalls``: argument coercion/validation and recovery of tool calls written as text.
 - ``journal``: ``runs.jsonl``, replayed at start-up so runs survive restarts.
 - ``runs``: the run model and the run tree; ``config``: settings and the tools file;
   ``constants``: the numbers from SPEC §8.
+
+Seams left for later features:
+
+- Tool approval (SPEC §4.5): ``AgentLoop(approval_gate=...)`` is asked before each call
+  (False = the model reads ``DECLINED_TEXT``); ``RunStatus.AWAITING_APPROVAL`` and the
+  ``pendingApproval`` field of await/status records exist; ``spawn(approveTools)`` is
+  stored in the spec and journal; replay skips record kinds it does not know, so
+  approval decisions can be journaled as a new kind.
+- MCP Tasks (SPEC §4.6): the ``run`` tool waits on ``run.finished``; a Tasks extension
+  would return a task there instead and journal it beside ``runs.jsonl``.
+- ``decide`` (SPEC §6.7): another tool in ``mcp_server`` whose one-pass request would go
+  through ``DataplaneClient`` like a turn.
 """

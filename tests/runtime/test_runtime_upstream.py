@@ -13,7 +13,14 @@ from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, ListToolsResult, TextContent, Tool
 
 from luftpause.runtime.config import UpstreamServerConfig
-from luftpause.runtime.upstream import Toolbox, UpstreamConnection, open_configured_client, result_text
+from luftpause.runtime import constants
+from luftpause.runtime.upstream import (
+    Toolbox,
+    UpstreamConnection,
+    open_configured_client,
+    result_text,
+    upstream_http_client,
+)
 
 
 async def test_tools_are_routed_to_the_server_that_owns_them() -> None:
@@ -78,8 +85,6 @@ async def test_a_broken_connection_is_reopened_and_the_call_retried() -> None:
 
 
 async def test_a_server_that_never_connects_fails_calls_cleanly(monkeypatch: Any) -> None:
-    from luftpause.runtime import constants
-
     monkeypatch.setattr(constants, "UPSTREAM_CONNECT_WAIT_S", 0.2)
 
     @asynccontextmanager
@@ -141,3 +146,13 @@ async def test_http_server_with_headers(fake_mcp: str) -> None:
 
 def test_result_text_falls_back_to_structured_content() -> None:
     assert result_text(CallToolResult(content=[], structured_content={"a": 1})) == '{"a": 1}'
+
+
+async def test_http_upstreams_queue_calls_for_a_connection_rather_than_fail() -> None:
+    # A tool call holds its connection until the answer; idle runs waiting on a slow tool
+    # must not hit the SDK default of 100 connections with a 30 s pool timeout.
+    async with upstream_http_client({"X-Test": "1"}) as http:
+        pool = http._transport._pool  # httpx2's connection pool
+        assert pool._max_connections >= 1000
+        assert http.timeout.pool is None and http.timeout.read == constants.UPSTREAM_CALL_TIMEOUT_S
+        assert http.headers["x-test"] == "1"
