@@ -7,6 +7,17 @@ import json
 from dataclasses import dataclass, field
 
 
+def _may_matter(payload: bytes) -> bool:
+    """After the first token, only chunks with tool calls, usage or a finish reason
+    change what is reported; most chunks carry none, and skipping their JSON parse
+    keeps the hot path cheap."""
+    if b"tool_calls" in payload or b"usage" in payload:
+        return True
+    if b"finish_reason" not in payload:
+        return False
+    return b'"finish_reason":null' not in payload and b'"finish_reason": null' not in payload
+
+
 @dataclass
 class TurnObserver:
     first_token: bool = False
@@ -31,6 +42,8 @@ class TurnObserver:
             if payload == b"[DONE]":
                 self.done = True
                 continue
+            if self.first_token and not _may_matter(payload):
+                continue  # a plain content delta: nothing left to learn from it
             try:
                 self._observe_chunk(json.loads(payload))
             except (ValueError, TypeError, AttributeError):

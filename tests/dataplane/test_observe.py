@@ -1,0 +1,58 @@
+"""The stream observer, fed with plain bytes: what it learns must not depend on how
+the stream is cut into chunks."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from luftpause.dataplane.observe import TurnObserver
+
+
+def sse(*chunks: dict) -> bytes:
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+STREAM = sse(
+    {"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                                        "function": {"name": "lookup", "arguments": ""}}]},
+                  "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
+                  "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 5,
+                              "prompt_tokens_details": {"cached_tokens": 8}}},
+)
+
+
+@given(st.lists(st.integers(1, len(STREAM) - 1), max_size=12, unique=True))
+def test_observations_do_not_depend_on_chunk_boundaries(cuts):
+    observer = TurnObserver()
+    first_token_signals = 0
+    edges = [0, *sorted(cuts), len(STREAM)]
+    for start, end in zip(edges, edges[1:], strict=False):
+        first_token_signals += observer.feed_sse(STREAM[start:end])
+    assert first_token_signals == 1
+    assert observer.done and observer.finish_reason == "tool_calls"
+    assert observer.tool_call_ids == ["call_1"]
+    assert (observer.prompt_tokens, observer.completion_tokens, observer.cached_tokens) == (12, 5, 8)
+
+
+def test_a_stream_without_done_is_not_done():
+    observer = TurnObserver()
+    observer.feed_sse(STREAM[: STREAM.index(b"data: [DONE]")])
+    assert not observer.done
+
+
+def test_whole_body_is_observed():
+    observer = TurnObserver()
+    observer.observe_body(json.dumps({"choices": [{"message": {"content": None, "tool_calls": [
+        {"id": "call_9", "type": "function", "function": {"name": "x", "arguments": "{}"}}]},
+        "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}).encode())
+    assert observer.tool_call_ids == ["call_9"] and observer.finish_reason == "tool_calls"
+    assert observer.first_token and observer.done and observer.prompt_tokens == 3
