@@ -45,9 +45,6 @@ class Stage(str, Enum):
 # (``_replace`` is one tuple build; ``dataclasses.replace`` introspects every call).
 
 
-def replace(record, **changes):
-    return record._replace(**changes)
-
 
 
 class Replica(NamedTuple):
@@ -284,12 +281,12 @@ def _admit(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:
     run = state.runs.get(event.run_id)
     if run is None:
         run = Run(event.run_id, event.service_class, event.caller)
-    run = replace(run, service_class=event.service_class, caller=event.caller, last_seen_ms=event.now_ms)
+    run = run._replace(service_class=event.service_class, caller=event.caller, last_seen_ms=event.now_ms)
     state = _put_run(state, run)
     held = HeldTurn(
         event.turn_id, event.run_id, event.model, event.service_class, event.caller, event.now_ms, state.next_seq
     )
-    state = replace(_hold(state, held), next_seq=state.next_seq + 1)
+    state = _hold(state, held)._replace(next_seq=state.next_seq + 1)
     return _release_held(state, event.now_ms)
 
 
@@ -310,7 +307,7 @@ def _admit_one_pass(state: State, event: AdmitRequested) -> tuple[State, list[Ac
         message = f"no healthy one-pass replica serves model '{event.model}'"
         return state, [Reject(event.turn_id, "no_healthy_replica", message)]
     replica = healthy[state.next_seq % len(healthy)]
-    return replace(state, next_seq=state.next_seq + 1), [Place(event.turn_id, replica.name, 0)]
+    return state._replace(next_seq=state.next_seq + 1), [Place(event.turn_id, replica.name, 0)]
 
 
 # ------------------------------------------------------------------ placement
@@ -343,13 +340,12 @@ def _pin(state: State, run: Run | None) -> str:
 
 
 def _hold(state: State, turn: HeldTurn) -> State:
-    turn = replace(turn, home=_pin(state, state.runs.get(turn.run_id)))
+    turn = turn._replace(home=_pin(state, state.runs.get(turn.run_id)))
     by_class = state.held_queues.get(turn.home, Map())
     by_caller = by_class.get(turn.service_class, Map())
     queue = by_caller.get(turn.caller, ()) + (turn.turn_id,)
     by_class = by_class.set(turn.service_class, by_caller.set(turn.caller, queue))
-    return replace(
-        state,
+    return state._replace(
         held=state.held.set(turn.turn_id, turn),
         held_queues=state.held_queues.set(turn.home, by_class),
         held_by_run=state.held_by_run.set(turn.run_id, state.held_by_run.get(turn.run_id, ()) + (turn.turn_id,)),
@@ -370,8 +366,7 @@ def _unhold(state: State, turn_id: str) -> State:
     by_caller = _without(by_caller, turn.caller, tuple(t for t in by_caller[turn.caller] if t != turn_id))
     by_class = _without(by_class, turn.service_class, by_caller)
     run_turns = tuple(t for t in state.held_by_run[turn.run_id] if t != turn_id)
-    return replace(
-        state,
+    return state._replace(
         held=state.held.delete(turn_id),
         held_queues=_without(state.held_queues, turn.home, by_class),
         held_by_run=_without(state.held_by_run, turn.run_id, run_turns),
@@ -388,21 +383,25 @@ def _rehome(state: State, run_id: str) -> State:
 
 def _held_in_release_order(state: State, homes: dict[str, list[str]]) -> Iterator[HeldTurn]:
     """Held turns filed under ``homes[class]``: interactive first, then the caller with
-    the fewest running turns, then arrival."""
+    the fewest running turns, then arrival (a k-way merge of the callers' FIFOs)."""
+    held = state.held
     for service_class in (INTERACTIVE, BATCH):
-        filed = [state.held_queues[home] for home in homes[service_class] if home in state.held_queues]
-        queues = [
-            _ranked_queue(state, state.running_by_caller.get(caller, 0), turn_ids)
-            for by_class in filed
-            for caller, turn_ids in by_class.get(service_class, Map()).items()
-        ]
-        for _, _, turn_id in heapq.merge(*queues):
-            yield state.held[turn_id]
-
-
-def _ranked_queue(state: State, running: int, turn_ids: tuple[str, ...]) -> Iterator[tuple[int, int, str]]:
-    for turn_id in turn_ids:
-        yield running, state.held[turn_id].seq, turn_id
+        heads = []
+        for home in homes[service_class]:
+            by_class = state.held_queues.get(home)
+            by_caller = by_class.get(service_class) if by_class is not None else None
+            if not by_caller:
+                continue
+            for caller, turn_ids in by_caller.items():
+                heads.append((state.running_by_caller.get(caller, 0), held[turn_ids[0]].seq, turn_ids, 0))
+        heapq.heapify(heads)
+        while heads:
+            running, _, turn_ids, index = heads[0]
+            yield held[turn_ids[index]]
+            if index + 1 < len(turn_ids):
+                heapq.heapreplace(heads, (running, held[turn_ids[index + 1]].seq, turn_ids, index + 1))
+            else:
+                heapq.heappop(heads)
 
 
 def _homes_with_room(state: State) -> dict[str, list[str]] | None:
@@ -460,9 +459,10 @@ def _release_held(state: State, now_ms: int) -> tuple[State, list[Action]]:
 
 def _place(state: State, turn: HeldTurn, replica: Replica, now_ms: int) -> State:
     run = state.runs.get(turn.run_id) or Run(turn.run_id, turn.service_class, turn.caller)
-    state = _put_run(state, replace(run, replica=replica.name, stage=Stage.GENERATING, last_seen_ms=now_ms))
+    state = _put_run(state, run._replace(replica=replica.name, stage=Stage.GENERATING, last_seen_ms=now_ms))
     placed = Turn(turn.turn_id, turn.run_id, turn.model, turn.service_class, turn.caller, replica.name, now_ms)
-    state = replace(_unhold(state, turn.turn_id), turns=state.turns.set(turn.turn_id, placed))
+    state = _unhold(state, turn.turn_id)
+    state = state._replace(turns=state.turns.set(turn.turn_id, placed))
     return _count_in_flight(state, replica.name, turn.caller, +1)
 
 
@@ -470,8 +470,8 @@ def _count_in_flight(state: State, replica_name: str, caller: str, delta: int) -
     replicas = state.replicas
     replica = replicas.get(replica_name)
     if replica is not None:
-        replicas = replicas.set(replica_name, replace(replica, in_flight=max(0, replica.in_flight + delta)))
-    return replace(state, replicas=replicas, running_by_caller=_add(state.running_by_caller, caller, delta))
+        replicas = replicas.set(replica_name, replica._replace(in_flight=max(0, replica.in_flight + delta)))
+    return state._replace(replicas=replicas, running_by_caller=_add(state.running_by_caller, caller, delta))
 
 
 def _add(counts: Map, key: str, delta: int) -> Map:
@@ -502,10 +502,10 @@ def _put_run(state: State, run: Run | None, run_id: str | None = None) -> State:
         for name, delta in ((before, -1), (after, +1)):
             if name is not None and name in replicas:
                 r = replicas[name]
-                replicas = replicas.set(name, replace(r, paused_interactive=max(0, r.paused_interactive + delta)))
+                replicas = replicas.set(name, r._replace(paused_interactive=max(0, r.paused_interactive + delta)))
     pin_before = _pin(state, state.runs.get(key))
     runs = state.runs.set(key, run) if run is not None else (state.runs.delete(key) if key in state.runs else state.runs)
-    state = replace(state, runs=runs, replicas=replicas)
+    state = state._replace(runs=runs, replicas=replicas)
     if key in state.held_by_run and _pin(state, run) != pin_before:
         state = _rehome(state, key)
     return state
@@ -515,11 +515,11 @@ def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int) -> State:
     turn = state.turns.get(turn_id)
     if turn is None:
         return state
-    state = replace(state, turns=state.turns.delete(turn_id))
+    state = state._replace(turns=state.turns.delete(turn_id))
     state = _count_in_flight(state, turn.replica, turn.caller, -1)
     run = state.runs.get(turn.run_id)
     if run is not None:
-        state = _put_run(state, replace(run, replica=turn.replica, stage=stage, last_seen_ms=now_ms))
+        state = _put_run(state, run._replace(replica=turn.replica, stage=stage, last_seen_ms=now_ms))
     return state
 
 
@@ -535,14 +535,13 @@ def _probed(state: State, event: EngineProbed) -> State:
     if replica is None:
         return state
     load_known = event.running is not None and event.queued is not None
-    updated = replace(
-        replica,
+    updated = replica._replace(
         healthy=event.healthy,
         load_known=load_known,
         running=event.running or 0,
         queued=event.queued or 0,
     )
-    return replace(state, replicas=state.replicas.set(replica.name, updated))
+    return state._replace(replicas=state.replicas.set(replica.name, updated))
 
 
 def _expire(state: State, now_ms: int) -> State:
@@ -558,19 +557,19 @@ def _expire(state: State, now_ms: int) -> State:
 
 def _resync(state: State, event: Resynced) -> State:
     """Replace runs and in-flight turns with the dataplane's view; keep held turns."""
-    replicas = Map({name: replace(r, in_flight=0, paused_interactive=0) for name, r in state.replicas.items()})
-    state = replace(state, replicas=replicas, runs=Map(), turns=Map(), running_by_caller=Map())
+    replicas = Map({name: r._replace(in_flight=0, paused_interactive=0) for name, r in state.replicas.items()})
+    state = state._replace(replicas=replicas, runs=Map(), turns=Map(), running_by_caller=Map())
     for snap in event.runs:
         run = Run(snap.run_id, snap.service_class, snap.caller, snap.replica, snap.stage, event.now_ms)
         state = _put_run(state, run)
     for snap in event.turns:
         turn = Turn(snap.turn_id, snap.run_id, snap.model, snap.service_class, snap.caller, snap.replica, event.now_ms)
-        state = replace(state, turns=state.turns.set(snap.turn_id, turn))
+        state = state._replace(turns=state.turns.set(snap.turn_id, turn))
         state = _count_in_flight(state, snap.replica, snap.caller, +1)
         run = state.runs.get(snap.run_id)
         if run is not None:  # a run ended while its turn was in flight stays forgotten
-            state = _put_run(state, replace(run, replica=snap.replica, stage=Stage.GENERATING, last_seen_ms=event.now_ms))
-    return replace(state, resynced=True)
+            state = _put_run(state, run._replace(replica=snap.replica, stage=Stage.GENERATING, last_seen_ms=event.now_ms))
+    return state._replace(resynced=True)
 
 
 # ------------------------------------------------------------------------ status
