@@ -352,7 +352,7 @@ def _hold(state: State, turn: HeldTurn) -> State:
     )
 
 
-def _without(mapping: Map, key: str, value: object) -> Map:
+def _set_or_drop(mapping: Map, key: str, value: object) -> Map:
     """Set ``key`` to ``value``, or drop it when the value is empty."""
     if value:
         return mapping.set(key, value)
@@ -363,13 +363,13 @@ def _unhold(state: State, turn_id: str) -> State:
     turn = state.held[turn_id]
     by_class = state.held_queues[turn.home]
     by_caller = by_class[turn.service_class]
-    by_caller = _without(by_caller, turn.caller, tuple(t for t in by_caller[turn.caller] if t != turn_id))
-    by_class = _without(by_class, turn.service_class, by_caller)
+    by_caller = _set_or_drop(by_caller, turn.caller, tuple(t for t in by_caller[turn.caller] if t != turn_id))
+    by_class = _set_or_drop(by_class, turn.service_class, by_caller)
     run_turns = tuple(t for t in state.held_by_run[turn.run_id] if t != turn_id)
     return state._replace(
         held=state.held.delete(turn_id),
-        held_queues=_without(state.held_queues, turn.home, by_class),
-        held_by_run=_without(state.held_by_run, turn.run_id, run_turns),
+        held_queues=_set_or_drop(state.held_queues, turn.home, by_class),
+        held_by_run=_set_or_drop(state.held_by_run, turn.run_id, run_turns),
     )
 
 
