@@ -188,7 +188,9 @@ def restore_runs(records: Iterable[dict[str, Any]], initial_messages: Any) -> li
             _apply(runs, record, initial_messages)
         except (KeyError, ValueError, TypeError) as exc:
             # One malformed record must not keep every other run from coming back.
-            log.warning("journal_record_unusable", handle=record.get("handle"), type=record.get("type"), error=repr(exc))
+            log.warning(
+                "journal_record_unusable", handle=record.get("handle"), type=record.get("type"), error=repr(exc)
+            )
     return list(runs.values())
 
 
