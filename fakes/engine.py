@@ -99,8 +99,9 @@ class EngineConfig:
 
 # Calibrated engines. "laptop-1b": Llama-3.2-1B FP8 under SGLang, one of two replicas
 # sharing one 8 GB laptop GPU (the original testbed, ~42 runs/min batched). Derivation
-# (docs/benchmarks.md): KV 16 layers × 8 heads × 64 dims × 2 × 2 B = 32 KiB/token, about
-# 1.2 GiB of KV per replica → ~40k tokens; prefill ~2 GFLOP/token at a shared laptop
+# (docs/benchmarks.md): KV 16 layers × 8 heads × 64 dims × 2 × 2 B = 32 KiB/token; each
+# replica gets ~2.8 GB (mem fraction ~0.35), less ~1.5 GB of weights and ~0.5 GB of CUDA
+# graphs and activations → ~0.75 GB of KV → ~24k tokens; prefill ~2 GFLOP/token at a shared laptop
 # GPU's effective ~35 TFLOP/s → ~0.06 ms/token; decode is memory-bound: ~2.5 GB of
 # weights read per step at ~120 GB/s effective for the replica's share (the other
 # replica contends for the same bandwidth) plus the scheduler's own per-step overhead →
@@ -111,7 +112,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "laptop-1b": {
         "max_running": 48,
-        "kv_tokens": 40000,
+        "kv_tokens": 24000,
         "block_tokens": 16,
         "context_tokens": 8192,
         "max_prefill_tokens": 8192,

@@ -120,7 +120,9 @@ class Rig:
         directory = self.dir / f"luftpause-{'strict' if affinity else 'roam'}-{time.monotonic_ns()}"
         pool_file, tools_file = write_configs(directory / "config", ports)
         stack = Stack(ports, pool_file, tools_file, directory / "state",
-                      env={"LUFTPAUSE_AFFINITY": "on" if affinity else "off", "LUFTPAUSE_LOG_LEVEL": "warning"},
+                      env={"LUFTPAUSE_AFFINITY": "on" if affinity else "off", "LUFTPAUSE_LOG_LEVEL": "warning",
+                           # the 2 s probe period is 2 s of *engine* time: scale it with the engines
+                           "LUFTPAUSE_PROBE_PERIOD_S": str(2.0 * self.config.time_scale)},
                       without=frozenset({"engine-a", "engine-b", "fake-mcp"}))
         stack.start()
         try:
@@ -145,6 +147,9 @@ class Rig:
 
     def reset_engines(self) -> None:
         peers.reset_engines(self.engine_urls)
+
+    def requests_per_engine(self) -> list[int]:
+        return [s["requests"] for s in peers.engine_stats(self.engine_urls)]
 
     def cache_share(self) -> float:
         stats = peers.engine_stats(self.engine_urls)
@@ -265,7 +270,8 @@ async def _closed(rig: Rig, config: BenchConfig, name: str, heavy: bool, *, targ
     rig.reset_engines()
     result = await run_load(b2_groups(heavy), target=target, spawn_target=spawn_target, warmup_s=config.warmup_s,
                             duration_s=config.window_s, time_scale=config.time_scale, name=name, console=console)
-    out = {"summary": result.summary, "cpu": result.cpu, "engine_cached_share": rig.cache_share()}
+    out = {"summary": result.summary, "cpu": result.cpu, "engine_cached_share": rig.cache_share(),
+           "engine_requests": rig.requests_per_engine()}
     s = result.summary
     log.warning("b2.variant", name=name, interactive=round(s.get("interactive", {}).get("runs_per_min", 0), 1),
                 batch=round(s.get("batch", {}).get("runs_per_min", 0), 1))
@@ -371,7 +377,8 @@ async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
                                 console=console)
         out = {"runs_per_min": result.summary.get("batch", {}).get("runs_per_min", 0.0),
                "errors": result.summary.get("batch", {}).get("errors", 0),
-               "engine_cached_share": rig.cache_share(), "cpu": result.cpu}
+               "engine_cached_share": rig.cache_share(), "engine_requests": rig.requests_per_engine(),
+               "cpu": result.cpu}
         log.warning("b3.variant", name=name, runs_per_min=round(out["runs_per_min"], 1),
                     cached=round(out["engine_cached_share"], 3))
         return out

@@ -139,7 +139,7 @@ def test_decode_step_cost_grows_with_batch() -> None:
 def test_preset_and_overrides() -> None:
     config = parse_args(["--preset", "laptop-1b", "--max-running", "7", "--time-scale", "0.5"])
     assert config.max_running == 7 and config.time_scale == 0.5
-    assert config.kv_tokens == 40000 and config.prefill_ms_per_token > 0
+    assert config.kv_tokens == 24000 and config.prefill_ms_per_token > 0
     assert parse_args([]).max_running == 0  # the quick default stays unbounded
 
 
