@@ -218,11 +218,13 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
     with Rig(config, "b1", ("cache_aware",)) as rig:
         with rig.luftpause() as stack:
             runtime = stack.urls["runtime_mcp"]
+            await _warm_up(runtime, config)
             for repeat in range(config.repeats):
                 for variant, sequential in (("sequential", True), ("luftpause", False)):
                     rig.reset_engines()
                     results[variant].append(await _fan(runtime, sequential, f"b1-{variant}-{repeat}", config))
         with rig.direct_runtime("cache_aware") as runtime:
+            await _warm_up(runtime, config)
             for repeat in range(config.repeats):
                 rig.reset_engines()
                 results["router"].append(await _fan(runtime, False, f"b1-router-{repeat}", config))
@@ -243,6 +245,12 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
     payload = {"benchmark": "B1", **describe(config), "results": results}
     console.print(f"raw results: {write_json(config, 'b1', payload)}")
     return payload
+
+
+async def _warm_up(runtime: str, config: BenchConfig) -> None:
+    """Two untimed sub-agents, so each runtime's first measured fan-out does not pay for
+    connecting to the tool server and the pool (the same for every variant)."""
+    await fan_out(SpawnTarget(runtime, MODEL), B1_WORKLOAD, 2, Clock(config.time_scale), Live(), name="b1-warm-up")
 
 
 async def _fan(runtime: str, sequential: bool, name: str, config: BenchConfig) -> dict[str, Any]:
