@@ -147,6 +147,11 @@ class SchedulerLink:
         ]
         await self._stub.Resync(pb.ResyncRequest(runs=runs, turns=turns), timeout=5.0, wait_for_ready=False)
 
-    async def _drain(self) -> AsyncIterator[pb.TurnEvent]:
+    async def _drain(self) -> AsyncIterator[pb.TurnEventBatch]:
+        """Everything queued so far in one message: a turn's usage and finish usually
+        arrive together, and under load many turns' events do."""
         while True:
-            yield await self._events.get()
+            events = [await self._events.get()]
+            while not self._events.empty():
+                events.append(self._events.get_nowait())
+            yield pb.TurnEventBatch(events=events)

@@ -163,8 +163,8 @@ async def admit_round_trips(count: int) -> dict:
                             await asyncio.sleep(0.1)
                     if i >= 50:  # warm-up excluded
                         samples.append((time.perf_counter() - t0) * 1000)
-                    events.put_nowait(pb.TurnEvent(turn_id=turn_id, run_id=f"run-{i % 20}",
-                                                   finished=pb.TurnFinished(finish_reason="stop")))
+                    events.put_nowait(pb.TurnEventBatch(events=[pb.TurnEvent(
+                        turn_id=turn_id, run_id=f"run-{i % 20}", finished=pb.TurnFinished(finish_reason="stop"))]))
                 report.cancel()
         finally:
             scheduler.stop()

@@ -41,7 +41,7 @@ class SchedulerStub:
                 _registered_method=True)
         self.Report = channel.stream_unary(
                 '/luftpause.scheduler.v1.Scheduler/Report',
-                request_serializer=luftpause_dot_proto_dot_scheduler__pb2.TurnEvent.SerializeToString,
+                request_serializer=luftpause_dot_proto_dot_scheduler__pb2.TurnEventBatch.SerializeToString,
                 response_deserializer=luftpause_dot_proto_dot_scheduler__pb2.ReportAck.FromString,
                 _registered_method=True)
         self.Resync = channel.unary_unary(
@@ -72,6 +72,7 @@ class SchedulerServicer:
 
     def Report(self, request_iterator, context):
         """Turn events from the dataplane, in order, for the life of the connection.
+        Events that are ready together travel in one batch (fewer messages per turn).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -102,7 +103,7 @@ def add_SchedulerServicer_to_server(servicer, server):
             ),
             'Report': grpc.stream_unary_rpc_method_handler(
                     servicer.Report,
-                    request_deserializer=luftpause_dot_proto_dot_scheduler__pb2.TurnEvent.FromString,
+                    request_deserializer=luftpause_dot_proto_dot_scheduler__pb2.TurnEventBatch.FromString,
                     response_serializer=luftpause_dot_proto_dot_scheduler__pb2.ReportAck.SerializeToString,
             ),
             'Resync': grpc.unary_unary_rpc_method_handler(
@@ -168,7 +169,7 @@ class Scheduler:
             request_iterator,
             target,
             '/luftpause.scheduler.v1.Scheduler/Report',
-            luftpause_dot_proto_dot_scheduler__pb2.TurnEvent.SerializeToString,
+            luftpause_dot_proto_dot_scheduler__pb2.TurnEventBatch.SerializeToString,
             luftpause_dot_proto_dot_scheduler__pb2.ReportAck.FromString,
             options,
             channel_credentials,

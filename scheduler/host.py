@@ -168,11 +168,12 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             replica=endpoint.name, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env, held_ms=action.held_ms
         )
 
-    async def Report(self, request_iterator: AsyncIterator[pb.TurnEvent], context) -> pb.ReportAck:
+    async def Report(self, request_iterator: AsyncIterator[pb.TurnEventBatch], context) -> pb.ReportAck:
         count = 0
-        async for event in request_iterator:
-            self.host.report(event)
-            count += 1
+        async for batch in request_iterator:
+            for event in batch.events:
+                self.host.report(event)
+            count += len(batch.events)
         return pb.ReportAck(events=count)
 
     async def Resync(self, request: pb.ResyncRequest, context) -> pb.ResyncReply:
