@@ -34,20 +34,28 @@ proto-check: $(STAMP)
 clean:
 	rm -rf $(VENV) state .pytest_cache .hypothesis
 
-# --- benchmarks (BENCHMARKS.md; need the bench extra: pip install -e ".[bench]") ---------
+# --- benchmarks (BENCHMARKS.md); they install the bench extra (sglang-router) ----------
 BENCH_ARGS ?=
-.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4
+BENCH_STAMP := $(VENV)/.bench-installed
+.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler
 
-bench-b1: $(STAMP)
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	touch $(BENCH_STAMP)
+
+bench-b1: $(BENCH_STAMP)
 	$(PY) -m luftpause.loadgen.bench b1 $(BENCH_ARGS)
 
-bench-b2: $(STAMP)
+bench-b2: $(BENCH_STAMP)
 	$(PY) -m luftpause.loadgen.bench b2 $(BENCH_ARGS)
 
-bench-b3: $(STAMP)
+bench-b3: $(BENCH_STAMP)
 	$(PY) -m luftpause.loadgen.bench b3 $(BENCH_ARGS)
 
-bench-b4: $(STAMP)
+bench-b4: $(BENCH_STAMP)
 	$(PY) -m luftpause.loadgen.proxy_bench
+
+bench-scheduler: $(STAMP)
+	$(PY) -m luftpause.loadgen.scheduler_bench
 
 bench: bench-b1 bench-b2 bench-b3 bench-b4

@@ -37,11 +37,10 @@ from luftpause.loadgen.records import CpuMeter
 from luftpause.loadgen.spawn import SpawnTarget, fan_out
 from luftpause.loadgen.workload import Workload
 from luftpause.procs import free_port
-from luftpause.stack import Ports, Stack, write_configs
+from luftpause.stack import MODEL, Ports, Stack, write_configs
 
 log = structlog.get_logger(service="bench")
 console = Console(width=200)
-MODEL = "fake-llama-1b"
 
 
 @dataclass(frozen=True)

@@ -49,13 +49,12 @@ from luftpause import logs
 from luftpause.procs import ManagedProcess, free_port, wait_until
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.runs import Run, RunSpec
-from luftpause.stack import Ports, Stack, write_configs
+from luftpause.stack import MODEL, Ports, Stack, write_configs
 
 log = structlog.get_logger(service="runtime-overhead")
 console = Console(width=150)
 
 HOST = "127.0.0.1"
-MODEL = "fake-llama-1b"
 PARTS = ("overhead", "memory", "fanout")
 B1_TARGET_SPEEDUP = 5.0
 
