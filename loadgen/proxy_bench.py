@@ -37,14 +37,16 @@ SLOW = ["--latency-ms", "0", "--token-ms", "1000", "--reply-tokens", "20"]
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
 
 
-def body(i: int) -> dict:
-    return {"model": MODEL, "stream": True, "max_tokens": 16,
+def body(i: int, stream: bool = True) -> dict:
+    return {"model": MODEL, "stream": stream, "max_tokens": 16,
             "messages": [{"role": "user", "content": f"question {i}"}]}
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, i: int, headers: dict[str, str]) -> float:
+async def one_stream(session: aiohttp.ClientSession, url: str, i: int, headers: dict[str, str],
+                     stream: bool = True) -> float:
+    """One request, read to its end; its latency in ms."""
     started = time.perf_counter()
-    async with session.post(url, json=body(i), headers=headers) as response:
+    async with session.post(url, json=body(i, stream), headers=headers) as response:
         if response.status != 200:
             raise RuntimeError(f"{url}: HTTP {response.status}: {await response.text()}")
         async for _ in response.content.iter_any():
@@ -57,22 +59,23 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-async def measure(url: str, luftpause: bool, sequential: int, concurrent_requests: int, concurrency: int) -> dict:
+async def measure(url: str, luftpause: bool, sequential: int, concurrent_requests: int, concurrency: int,
+                  stream: bool = True) -> dict:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         def headers(i: int) -> dict[str, str]:
             return {h.RUN_ID: f"bench-{i % 64}", h.CALLER: "bench"} if luftpause else {}
 
-        for i in range(50):  # warm-up: connections, caches, JIT-free but lazy imports
-            await one_stream(session, url, i, headers(i))
-        one_at_a_time = [await one_stream(session, url, i, headers(i)) for i in range(sequential)]
+        for i in range(50):  # warm-up: connections and lazy imports
+            await one_stream(session, url, i, headers(i), stream)
+        one_at_a_time = [await one_stream(session, url, i, headers(i), stream) for i in range(sequential)]
 
         latencies: list[float] = []
         counter = iter(range(concurrent_requests))
 
         async def worker():
             for i in counter:
-                latencies.append(await one_stream(session, url, i, headers(i)))
+                latencies.append(await one_stream(session, url, i, headers(i), stream))
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-router", action="store_true", help="skip the sglang-router column")
     parser.add_argument("--json", default="bench-results/b4-proxy.json", help="where to write the results")
     args = parser.parse_args(argv)
-    console = Console()
+    console = Console(width=170)
     results: dict = {"python": platform.python_version(), "cpus": os.cpu_count(),
                      "cpu_busy_before": round(cpu_busy_share(), 2), "targets": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,11 +170,12 @@ def main(argv: list[str] | None = None) -> int:
                 router = RouterProcess("round_robin", [engine], Path(tmp) / "router.log")
                 router.start()
                 targets["through sglang-router"] = (router.url, False)
-            for name, (base, luftpause) in targets.items():
-                console.print(f"measuring {name} …")
-                results["targets"][name] = asyncio.run(measure(
-                    base + "/v1/chat/completions", luftpause, args.sequential, args.concurrent_requests,
-                    args.concurrency))
+            for mode in ("streaming", "non-streaming"):
+                for name, (base, luftpause) in targets.items():
+                    console.print(f"measuring {name}, {mode} …")
+                    results["targets"].setdefault(mode, {})[name] = asyncio.run(measure(
+                        base + "/v1/chat/completions", luftpause, args.sequential, args.concurrent_requests,
+                        args.concurrency, stream=mode == "streaming"))
         finally:
             if router is not None:
                 router.stop()
@@ -193,10 +197,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_tables(console: Console, results: dict, concurrency: int) -> None:
-    targets = results["targets"]
+    for mode, targets in results["targets"].items():
+        print_table(console, mode, targets, concurrency)
+    memory = results["memory"]
+    console.print(f"dataplane memory: {memory['idle_rss_mb']} MB idle, {memory['open_rss_mb']} MB with "
+                  f"{memory['opened']} open streams (~{memory['per_stream_kb']} KB per stream)")
+    console.print(f"CPU busy before the run: {results['cpu_busy_before']:.0%} of {results['cpus']} cores")
+
+
+def print_table(console: Console, mode: str, targets: dict, concurrency: int) -> None:
     direct = targets["engine directly"]
     router = targets.get("through sglang-router")
-    table = Table(title="B4 — streaming chat completions against one instant fake engine")
+    table = Table(title=f"B4 — {mode} chat completions against one instant fake engine")
     for column in ("", "1-at-a-time req/s", "p50 ms", "added p50 ms", f"{concurrency} concurrent req/s",
                    "p50 ms", "p99 ms", "added p99 ms", "req/s vs router"):
         table.add_column(column, justify="right")
@@ -208,10 +220,6 @@ def print_tables(console: Console, results: dict, concurrency: int) -> None:
                       f"{conc['p50_ms']:.2f}", f"{conc['p99_ms']:.2f}",
                       f"{conc['p99_ms'] - direct['concurrent']['p99_ms']:+.2f}", vs_router)
     console.print(table)
-    memory = results["memory"]
-    console.print(f"dataplane memory: {memory['idle_rss_mb']} MB idle, {memory['open_rss_mb']} MB with "
-                  f"{memory['opened']} open streams (~{memory['per_stream_kb']} KB per stream)")
-    console.print(f"CPU busy before the run: {results['cpu_busy_before']:.0%} of {results['cpus']} cores")
 
 
 if __name__ == "__main__":
