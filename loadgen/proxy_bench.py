@@ -29,6 +29,7 @@ from rich.table import Table
 
 from luftpause import headers as h
 from luftpause.loadgen.peers import RouterProcess
+from luftpause.loadgen.records import CpuMeter, percentile
 from luftpause.stack import MODEL, Stack
 
 INSTANT = ["--latency-ms", "0", "--token-ms", "0", "--reply-tokens", "8"]
@@ -54,11 +55,6 @@ async def one_stream(session: aiohttp.ClientSession, url: str, i: int, headers: 
     return (time.perf_counter() - started) * 1000
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
-
-
 async def measure(url: str, luftpause: bool, sequential: int, concurrent_requests: int, concurrency: int,
                   stream: bool = True) -> dict:
     connector = aiohttp.TCPConnector(limit=0)
@@ -82,10 +78,10 @@ async def measure(url: str, luftpause: bool, sequential: int, concurrent_request
         elapsed = time.perf_counter() - started
     return {
         "sequential": {"requests": sequential, "p50_ms": statistics.median(one_at_a_time),
-                       "p99_ms": percentile(one_at_a_time, 0.99),
+                       "p99_ms": percentile(one_at_a_time, 99),
                        "requests_per_s": sequential / (sum(one_at_a_time) / 1000)},
         "concurrent": {"concurrency": concurrency, "requests": concurrent_requests,
-                       "p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 0.99),
+                       "p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 99),
                        "requests_per_s": concurrent_requests / elapsed},
     }
 
@@ -132,18 +128,6 @@ async def open_streams_memory(stack: Stack, streams: int) -> dict:
             "per_stream_kb": round((busy - idle) * 1024 / max(1, opened), 1)}
 
 
-def cpu_busy_share(seconds: float = 1.0) -> float:
-    def sample():
-        with open("/proc/stat") as stat:
-            values = [int(v) for v in stat.readline().split()[1:]]
-        return sum(values), values[3] + values[4]
-
-    total0, idle0 = sample()
-    time.sleep(seconds)
-    total1, idle1 = sample()
-    return 1 - (idle1 - idle0) / max(1, total1 - total0)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.proxy_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -155,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="bench-results/b4-proxy.json", help="where to write the results")
     args = parser.parse_args(argv)
     console = Console(width=170)
+    idle_check = CpuMeter()
+    time.sleep(1.0)
     results: dict = {"python": platform.python_version(), "cpus": os.cpu_count(),
-                     "cpu_busy_before": round(cpu_busy_share(), 2), "targets": {}}
+                     "cpu_busy_before": round(idle_check.read()["machine_busy"] or 0.0, 2), "targets": {}}
     with tempfile.TemporaryDirectory() as tmp:
         stack = Stack.on_free_ports(Path(tmp) / "fast", engines=1, without=NO_RUNTIME, engine_args=INSTANT,
                                     env={"LUFTPAUSE_LOG_LEVEL": "warning"})

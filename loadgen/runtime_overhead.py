@@ -46,6 +46,7 @@ from rich.console import Console
 from rich.table import Table
 
 from luftpause import logs
+from luftpause.loadgen.records import percentile
 from luftpause.procs import ManagedProcess, free_port, wait_until
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.runs import Run, RunSpec
@@ -144,14 +145,9 @@ async def await_all(client: Client, handles: list[str]) -> list[dict[str, Any]]:
     return [records[h] for h in handles]
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def summary_ms(values: list[float]) -> dict[str, float]:
-    return {"mean_ms": 1000 * statistics.fmean(values), "p50_ms": 1000 * percentile(values, 0.5),
-            "p95_ms": 1000 * percentile(values, 0.95), "max_ms": 1000 * max(values), "samples": len(values)}
+    return {"mean_ms": 1000 * statistics.fmean(values), "p50_ms": 1000 * percentile(values, 50),
+            "p95_ms": 1000 * percentile(values, 95), "max_ms": 1000 * max(values), "samples": len(values)}
 
 
 # --- part 1: overhead per tool round --------------------------------------------------------
