@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from luftpause.procs import ManagedProcess, free_port, http_ok
+from luftpause.procs import ManagedProcess, free_port, http_ok, wait_until
 
 HOST = "127.0.0.1"
 
@@ -123,9 +123,5 @@ def engine_stats(urls: list[str]) -> list[dict]:
 
 
 def wait_healthy(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if http_ok(url):
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not healthy after {timeout:.0f} s")
+    if not wait_until(lambda: http_ok(url), timeout, 0.1):
+        raise TimeoutError(f"{url} not healthy after {timeout:.0f} s")
