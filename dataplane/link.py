@@ -113,7 +113,7 @@ class SchedulerLink:
                 await self._resync()
                 self._synced.set()
                 self.log.info("scheduler_connected", address=self.address)
-                self._report_call = self._stub.Report(self._drain())
+                self._report_call = self._stub.Report(self._drain(self._events))
                 await self._report_call
             except grpc.aio.AioRpcError as exc:
                 self.log.warning("scheduler_unavailable", address=self.address, code=exc.code().name)
@@ -127,9 +127,10 @@ class SchedulerLink:
             await asyncio.sleep(REPORT_RECONNECT_DELAY_S)
 
     async def _resync(self) -> None:
-        # Queued events are older than the snapshot, which already reflects them.
-        while not self._events.empty():
-            self._events.get_nowait()
+        # Events queued so far are older than the snapshot, which already reflects
+        # them; later ones go to a fresh queue that only this connection drains (a
+        # broken call's request iterator may still be waiting on the old one).
+        self._events = asyncio.Queue()
         self.book.sweep(time.monotonic())
         runs = [
             pb.RunSnapshot(
@@ -147,11 +148,12 @@ class SchedulerLink:
         ]
         await self._stub.Resync(pb.ResyncRequest(runs=runs, turns=turns), timeout=5.0, wait_for_ready=False)
 
-    async def _drain(self) -> AsyncIterator[pb.TurnEventBatch]:
+    @staticmethod
+    async def _drain(queue: asyncio.Queue[pb.TurnEvent]) -> AsyncIterator[pb.TurnEventBatch]:
         """Everything queued so far in one message: a turn's usage and finish usually
         arrive together, and under load many turns' events do."""
         while True:
-            events = [await self._events.get()]
-            while not self._events.empty():
-                events.append(self._events.get_nowait())
+            events = [await queue.get()]
+            while not queue.empty():
+                events.append(queue.get_nowait())
             yield pb.TurnEventBatch(events=events)
