@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test proto proto-check clean help
+.PHONY: run test proto proto-check clean help release
 
 help:
 	@echo "make run    start the whole stack as local processes on loopback (Ctrl-C stops it)"
@@ -33,6 +33,24 @@ proto-check: $(STAMP)
 
 clean:
 	rm -rf $(VENV) state .pytest_cache .hypothesis
+
+# --- release: build, tag and push the images, then tag git ------------------------------
+# `make release` (VERSION defaults to v<pyproject version>); LUFTPAUSE_REGISTRY overrides
+# the registry; DRY_RUN=1 only prints the commands.
+LUFTPAUSE_REGISTRY ?= ghcr.io/vmedvedovskiy
+VERSION ?= v$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGES := scheduler dataplane runtime fakes
+RELEASE_RUN := $(if $(DRY_RUN),echo,)
+
+release:
+	@set -e; for image in $(IMAGES); do \
+	  $(RELEASE_RUN) docker build -f docker/Dockerfile.$$image -t $(LUFTPAUSE_REGISTRY)/luftpause-$$image:$(VERSION) -t $(LUFTPAUSE_REGISTRY)/luftpause-$$image:latest . ; \
+	done; \
+	for image in $(IMAGES); do \
+	  $(RELEASE_RUN) docker push $(LUFTPAUSE_REGISTRY)/luftpause-$$image:$(VERSION); \
+	  $(RELEASE_RUN) docker push $(LUFTPAUSE_REGISTRY)/luftpause-$$image:latest; \
+	done; \
+	$(RELEASE_RUN) git tag $(VERSION)
 
 # --- benchmarks (BENCHMARKS.md); they install the bench extra (sglang-router) ----------
 BENCH_ARGS ?=
