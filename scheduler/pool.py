@@ -5,7 +5,7 @@ YAML, one entry per endpoint::
     endpoints:
       - name: engine-a                 # unique; used in logs, status and 502 messages
         base_url: http://127.0.0.1:9001  # without /v1; ${VAR} is expanded from the environment
-        models: [fake-llama-1b]        # models this replica serves
+        models: [fake-llama-1b]        # models this replica serves (${VAR} expanded too)
         kind: generative               # generative | one-pass (classifier, outside run state)
         health_path: /health           # probed every 2 s; a 200 means healthy
         metrics_path: /metrics         # load (SGLang or vLLM names); absent metrics = never capped
@@ -79,7 +79,7 @@ def parse_pool(document: object) -> list[Endpoint]:
         kind = _text(entry, "kind", where, GENERATIVE)
         if kind not in (GENERATIVE, ONE_PASS):
             raise PoolError(f"{where}: kind must be '{GENERATIVE}' or '{ONE_PASS}'")
-        models = _strings(entry, "models", where)
+        models = tuple(_expand(m, where) for m in _strings(entry, "models", where))
         if not models:
             raise PoolError(f"{where}: 'models' must list at least one model")
         endpoint = Endpoint(

@@ -22,7 +22,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 BASE_COMPOSE = "compose.yaml"
-OVERLAYS = ["compose.testbed.yaml", "compose.runpod.yaml"]
+OVERLAYS = ["compose.testbed.yaml", "compose.runpod.yaml", "compose.ollama.yaml"]
 COMPOSE_FILES = [BASE_COMPOSE, *OVERLAYS]
 
 # The variables the overlays insist on (`${VAR:?}`), so `docker compose config` can run.
@@ -257,6 +257,7 @@ def test_every_mounted_config_file_exists_and_parses():
         (BASE_COMPOSE, "config/pool.compose.yaml"),
         ("compose.testbed.yaml", "config/pool.testbed.yaml"),
         ("compose.runpod.yaml", "config/pool.runpod.yaml"),
+        ("compose.ollama.yaml", "config/pool.ollama.yaml"),
     ],
 )
 def test_scheduler_pool_file_is_mounted(name, pool):
@@ -265,10 +266,26 @@ def test_scheduler_pool_file_is_mounted(name, pool):
     assert (f"./{pool}", pool_target) in bind_mounts(scheduler)
 
 
-def test_runtime_tools_file_is_mounted():
-    runtime = compose(BASE_COMPOSE)["services"]["runtime"]
+@pytest.mark.parametrize(("name", "tools"), [(BASE_COMPOSE, "config/tools.compose.yaml"),
+                                             ("compose.ollama.yaml", "config/tools.ollama.yaml")])
+def test_runtime_tools_file_is_mounted(name, tools):
+    runtime = compose(name)["services"]["runtime"]
     tools_target = as_env(runtime["environment"])["LUFTPAUSE_TOOLS_FILE"]
-    assert ("./config/tools.compose.yaml", tools_target) in bind_mounts(runtime)
+    assert (f"./{tools}", tools_target) in bind_mounts(runtime)
+
+
+def test_ollama_overlay_pool_serves_the_chosen_model_and_tools_reach_wikipedia(monkeypatch):
+    from luftpause.scheduler.pool import load_pool
+
+    overlay = compose("compose.ollama.yaml")["services"]
+    assert as_env(overlay["scheduler"]["environment"])["OLLAMA_MODEL"] == "${OLLAMA_MODEL:-llama3.2:1b}"
+    monkeypatch.setenv("OLLAMA_MODEL", "llama3.2:1b")
+    [ollama] = load_pool(ROOT / "config/pool.ollama.yaml")
+    assert ollama.models == ("llama3.2:1b",) and ollama.base_url == "http://host.docker.internal:11434"
+    tools = load_yaml("config/tools.ollama.yaml")["servers"]
+    assert tools == [{"name": "wikipedia", "url": "http://wikipedia:8000/mcp"}]
+    assert overlay["wikipedia"]["build"]["dockerfile"] == "docker/Dockerfile.wikipedia-mcp"
+    assert "--transport" in (ROOT / "docker/Dockerfile.wikipedia-mcp").read_text()
 
 
 # --- config files --------------------------------------------------------------
@@ -337,9 +354,10 @@ def test_tools_file_has_documented_fields():
 def test_pool_file_loads_with_the_scheduler(pool, monkeypatch):
     pool_module = pytest.importorskip("luftpause.scheduler.pool")
     monkeypatch.setenv("RUNPOD_POD_ID", OVERLAY_ENV["RUNPOD_POD_ID"])
+    monkeypatch.setenv("OLLAMA_MODEL", "llama3.2:1b")  # set by compose.ollama.yaml
     endpoints = pool_module.load_pool(ROOT / pool)
     assert [e.name for e in endpoints] == [e["name"] for e in load_yaml(pool)["endpoints"]]
-    assert all("${" not in e.base_url for e in endpoints)
+    assert all("${" not in e.base_url and not any("${" in m for m in e.models) for e in endpoints)
 
 
 def test_tools_file_loads_with_the_runtime():
