@@ -14,13 +14,18 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
 from luftpause import headers as h
+from luftpause import tracing
 from luftpause.dataplane.constants import ENGINE_CONNECT_TIMEOUT_S, MAX_BODY_BYTES, TOOL_CALL_SWEEP_S
 from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
 from luftpause.proto import scheduler_pb2 as pb
 
+TRACER = trace.get_tracer("luftpause.dataplane")
 BOOK = web.AppKey("book", RunBook)
 LINK = web.AppKey("link", SchedulerLink)
 ENGINES = web.AppKey("engines", aiohttp.ClientSession)
@@ -154,12 +159,15 @@ class Turn:
         self.started = time.monotonic()
         self.replica = ""
         self.ended = False
+        self.span = trace.get_current_span()
+        self.trace_id = tracing.trace_id()
 
     def event(self, **kind) -> None:
-        self.link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.req.run_id, **kind))
+        self.link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.req.run_id, trace_id=self.trace_id, **kind))
 
     def placed(self, placement: Placement) -> None:
         self.replica = placement.replica
+        self.span.set_attributes({"luftpause.replica": placement.replica, "luftpause.held_ms": placement.held_ms})
         self.book.turn_placed(
             InFlightTurn(self.turn_id, self.req.run_id, placement.replica, self.req.model,
                          self.req.service_class, self.req.caller),
@@ -178,6 +186,10 @@ class Turn:
             self.event(usage=pb.Usage(prompt_tokens=observer.prompt_tokens, completion_tokens=observer.completion_tokens,
                                       cached_tokens=observer.cached_tokens))
         reason = observer.finish_reason or "stop"
+        self.span.set_attributes({"gen_ai.response.finish_reasons": [reason],
+                                  "gen_ai.usage.input_tokens": observer.prompt_tokens,
+                                  "gen_ai.usage.output_tokens": observer.completion_tokens,
+                                  "luftpause.cached_tokens": observer.cached_tokens})
         now = time.monotonic()
         self.book.remember_tool_calls(self.req.run_id, observer.tool_call_ids, now)
         self.book.turn_ended(self.turn_id, PAUSED if reason == "tool_calls" else IDLE, now)
@@ -188,6 +200,7 @@ class Turn:
             return
         self.ended = True
         self.book.turn_ended(self.turn_id, IDLE, time.monotonic())
+        self.span.set_status(Status(StatusCode.ERROR, error))
         self.event(failed=pb.TurnFailed(error=error))
         self.app[LOG].info("turn_failed", turn=self.turn_id, run=self.req.run_id, error=error)
 
@@ -202,14 +215,20 @@ def _engine_headers(placement: Placement, request: web.Request) -> dict[str, str
     key = os.environ.get(placement.api_key_env, "") if placement.api_key_env else ""
     if key:
         out["Authorization"] = f"Bearer {key}"
-    for name in ("traceparent", "tracestate"):
-        if name in request.headers:
-            out[name] = request.headers[name]
+    tracing.inject(out)  # the engine's work is a child of this turn's span
     return out
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = await parse_turn(request)
+    attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": req.model,
+                  "luftpause.run_id": req.run_id, "luftpause.class": req.service_class}
+    with TRACER.start_as_current_span(f"chat {req.model}", context=tracing.extract(request.headers),
+                                      kind=SpanKind.SERVER, attributes=attributes):
+        return await _turn(request, req)
+
+
+async def _turn(request: web.Request, req: TurnRequest) -> web.StreamResponse:
     turn = Turn(request.app, req)
     try:
         placement = await turn.link.admit(turn.turn_id, req.run_id, req.model, req.service_class, req.caller)

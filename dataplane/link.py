@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from luftpause import tracing
 from luftpause.dataplane.constants import ADMIT_RETRY_DELAY_S, REPORT_RECONNECT_DELAY_S
 from luftpause.dataplane.runs import GENERATING, IDLE, PAUSED, RunBook
 from luftpause.proto import scheduler_pb2 as pb
@@ -77,10 +78,11 @@ class SchedulerLink:
             turn_id=turn_id, run_id=run_id, model=model, service_class=CLASSES[service_class], caller=caller,
             one_pass=one_pass,
         )
+        metadata = tuple(tracing.inject({}).items())  # the scheduler's admit span joins the turn's trace
         while True:
             await self._synced.wait()
             try:
-                reply = await self._stub.Admit(request)
+                reply = await self._stub.Admit(request, metadata=metadata)
                 return Placement(reply.replica, reply.base_url, reply.api_key_env, reply.held_ms)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:

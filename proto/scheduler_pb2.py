@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fluftpause/proto/scheduler.proto\x12\x16luftpause.scheduler.v1\"\x9d\x01\n\x0c\x41\x64mitRequest\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12;\n\rservice_class\x18\x04 \x01(\x0e\x32$.luftpause.scheduler.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x10\n\x08one_pass\x18\x06 \x01(\x08\"U\n\nAdmitReply\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x02 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x03 \x01(\t\x12\x0f\n\x07held_ms\x18\x04 \x01(\x04\"\x1e\n\x0bTurnStarted\x12\x0f\n\x07replica\x18\x01 \x01(\t\"\x1d\n\nFirstToken\x12\x0f\n\x07ttft_ms\x18\x01 \x01(\x04\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x04\x12\x15\n\rcached_tokens\x18\x03 \x01(\x04\"<\n\x0cTurnFinished\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x15\n\rtool_call_ids\x18\x02 \x03(\t\"\x1b\n\nTurnFailed\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"\x0f\n\rTurnAbandoned\"\n\n\x08RunEnded\"\xba\x03\n\tTurnEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x36\n\x07started\x18\n \x01(\x0b\x32#.luftpause.scheduler.v1.TurnStartedH\x00\x12\x39\n\x0b\x66irst_token\x18\x0b \x01(\x0b\x32\".luftpause.scheduler.v1.FirstTokenH\x00\x12.\n\x05usage\x18\x0c \x01(\x0b\x32\x1d.luftpause.scheduler.v1.UsageH\x00\x12\x38\n\x08\x66inished\x18\r \x01(\x0b\x32$.luftpause.scheduler.v1.TurnFinishedH\x00\x12\x34\n\x06\x66\x61iled\x18\x0e \x01(\x0b\x32\".luftpause.scheduler.v1.TurnFailedH\x00\x12:\n\tabandoned\x18\x0f \x01(\x0b\x32%.luftpause.scheduler.v1.TurnAbandonedH\x00\x12\x35\n\trun_ended\x18\x10 \x01(\x0b\x32 .luftpause.scheduler.v1.RunEndedH\x00\x42\x06\n\x04kind\"C\n\x0eTurnEventBatch\x12\x31\n\x06\x65vents\x18\x01 \x03(\x0b\x32!.luftpause.scheduler.v1.TurnEvent\"\x1b\n\tReportAck\x12\x0e\n\x06\x65vents\x18\x01 \x01(\x04\"\xac\x01\n\x0bRunSnapshot\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12/\n\x05stage\x18\x03 \x01(\x0e\x32 .luftpause.scheduler.v1.RunStage\x12;\n\rservice_class\x18\x04 \x01(\x0e\x32$.luftpause.scheduler.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\"\x9c\x01\n\x0cTurnSnapshot\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07replica\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12;\n\rservice_class\x18\x05 \x01(\x0e\x32$.luftpause.scheduler.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x06 \x01(\t\"w\n\rResyncRequest\x12\x31\n\x04runs\x18\x01 \x03(\x0b\x32#.luftpause.scheduler.v1.RunSnapshot\x12\x33\n\x05turns\x18\x02 \x03(\x0b\x32$.luftpause.scheduler.v1.TurnSnapshot\"*\n\x0bResyncReply\x12\x0c\n\x04runs\x18\x01 \x01(\r\x12\r\n\x05turns\x18\x02 \x01(\r\"\x0f\n\rStatusRequest\"\xb8\x01\n\rReplicaStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06models\x18\x04 \x03(\t\x12\x0f\n\x07healthy\x18\x05 \x01(\x08\x12\x12\n\nload_known\x18\x06 \x01(\x08\x12\x0f\n\x07running\x18\x07 \x01(\r\x12\x0e\n\x06queued\x18\x08 \x01(\r\x12\x11\n\tin_flight\x18\t \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\n \x01(\x05\"@\n\tHeldGroup\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x17\n\x0flongest_wait_ms\x18\x03 \x01(\x04\"?\n\x08RunGroup\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x15\n\rservice_class\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"\x9e\x02\n\x0bStatusReply\x12\x37\n\x08replicas\x18\x01 \x03(\x0b\x32%.luftpause.scheduler.v1.ReplicaStatus\x12\x0c\n\x04held\x18\x02 \x01(\r\x12\x38\n\rheld_by_class\x18\x03 \x03(\x0b\x32!.luftpause.scheduler.v1.HeldGroup\x12\x39\n\x0eheld_by_caller\x18\x04 \x03(\x0b\x32!.luftpause.scheduler.v1.HeldGroup\x12.\n\x04runs\x18\x05 \x03(\x0b\x32 .luftpause.scheduler.v1.RunGroup\x12\x11\n\tin_flight\x18\x06 \x01(\r\x12\x10\n\x08resynced\x18\x07 \x01(\x08*I\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x0f\n\x0bINTERACTIVE\x10\x01\x12\t\n\x05\x42\x41TCH\x10\x02*K\n\x08RunStage\x12\x19\n\x15RUN_STAGE_UNSPECIFIED\x10\x00\x12\x08\n\x04IDLE\x10\x01\x12\x0e\n\nGENERATING\x10\x02\x12\n\n\x06PAUSED\x10\x03\x32\xe1\x02\n\tScheduler\x12Q\n\x05\x41\x64mit\x12$.luftpause.scheduler.v1.AdmitRequest\x1a\".luftpause.scheduler.v1.AdmitReply\x12U\n\x06Report\x12&.luftpause.scheduler.v1.TurnEventBatch\x1a!.luftpause.scheduler.v1.ReportAck(\x01\x12T\n\x06Resync\x12%.luftpause.scheduler.v1.ResyncRequest\x1a#.luftpause.scheduler.v1.ResyncReply\x12T\n\x06Status\x12%.luftpause.scheduler.v1.StatusRequest\x1a#.luftpause.scheduler.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fluftpause/proto/scheduler.proto\x12\x16luftpause.scheduler.v1\"\x9d\x01\n\x0c\x41\x64mitRequest\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12;\n\rservice_class\x18\x04 \x01(\x0e\x32$.luftpause.scheduler.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x10\n\x08one_pass\x18\x06 \x01(\x08\"U\n\nAdmitReply\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x02 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x03 \x01(\t\x12\x0f\n\x07held_ms\x18\x04 \x01(\x04\"\x1e\n\x0bTurnStarted\x12\x0f\n\x07replica\x18\x01 \x01(\t\"\x1d\n\nFirstToken\x12\x0f\n\x07ttft_ms\x18\x01 \x01(\x04\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x04\x12\x15\n\rcached_tokens\x18\x03 \x01(\x04\"<\n\x0cTurnFinished\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x15\n\rtool_call_ids\x18\x02 \x03(\t\"\x1b\n\nTurnFailed\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"\x0f\n\rTurnAbandoned\"\n\n\x08RunEnded\"\xcc\x03\n\tTurnEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08trace_id\x18\x03 \x01(\t\x12\x36\n\x07started\x18\n \x01(\x0b\x32#.luftpause.scheduler.v1.TurnStartedH\x00\x12\x39\n\x0b\x66irst_token\x18\x0b \x01(\x0b\x32\".luftpause.scheduler.v1.FirstTokenH\x00\x12.\n\x05usage\x18\x0c \x01(\x0b\x32\x1d.luftpause.scheduler.v1.UsageH\x00\x12\x38\n\x08\x66inished\x18\r \x01(\x0b\x32$.luftpause.scheduler.v1.TurnFinishedH\x00\x12\x34\n\x06\x66\x61iled\x18\x0e \x01(\x0b\x32\".luftpause.scheduler.v1.TurnFailedH\x00\x12:\n\tabandoned\x18\x0f \x01(\x0b\x32%.luftpause.scheduler.v1.TurnAbandonedH\x00\x12\x35\n\trun_ended\x18\x10 \x01(\x0b\x32 .luftpause.scheduler.v1.RunEndedH\x00\x42\x06\n\x04kind\"C\n\x0eTurnEventBatch\x12\x31\n\x06\x65vents\x18\x01 \x03(\x0b\x32!.luftpause.scheduler.v1.TurnEvent\"\x1b\n\tReportAck\x12\x0e\n\x06\x65vents\x18\x01 \x01(\x04\"\xac\x01\n\x0bRunSnapshot\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12/\n\x05stage\x18\x03 \x01(\x0e\x32 .luftpause.scheduler.v1.RunStage\x12;\n\rservice_class\x18\x04 \x01(\x0e\x32$.luftpause.scheduler.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\"\x9c\x01\n\x0cTurnSnapshot\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07replica\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12;\n\rservice_class\x18\x05 \x01(\x0e\x32$.luftpause.scheduler.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x06 \x01(\t\"w\n\rResyncRequest\x12\x31\n\x04runs\x18\x01 \x03(\x0b\x32#.luftpause.scheduler.v1.RunSnapshot\x12\x33\n\x05turns\x18\x02 \x03(\x0b\x32$.luftpause.scheduler.v1.TurnSnapshot\"*\n\x0bResyncReply\x12\x0c\n\x04runs\x18\x01 \x01(\r\x12\r\n\x05turns\x18\x02 \x01(\r\"\x0f\n\rStatusRequest\"\xb8\x01\n\rReplicaStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06models\x18\x04 \x03(\t\x12\x0f\n\x07healthy\x18\x05 \x01(\x08\x12\x12\n\nload_known\x18\x06 \x01(\x08\x12\x0f\n\x07running\x18\x07 \x01(\r\x12\x0e\n\x06queued\x18\x08 \x01(\r\x12\x11\n\tin_flight\x18\t \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\n \x01(\x05\"@\n\tHeldGroup\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x17\n\x0flongest_wait_ms\x18\x03 \x01(\x04\"?\n\x08RunGroup\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x15\n\rservice_class\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"\x9e\x02\n\x0bStatusReply\x12\x37\n\x08replicas\x18\x01 \x03(\x0b\x32%.luftpause.scheduler.v1.ReplicaStatus\x12\x0c\n\x04held\x18\x02 \x01(\r\x12\x38\n\rheld_by_class\x18\x03 \x03(\x0b\x32!.luftpause.scheduler.v1.HeldGroup\x12\x39\n\x0eheld_by_caller\x18\x04 \x03(\x0b\x32!.luftpause.scheduler.v1.HeldGroup\x12.\n\x04runs\x18\x05 \x03(\x0b\x32 .luftpause.scheduler.v1.RunGroup\x12\x11\n\tin_flight\x18\x06 \x01(\r\x12\x10\n\x08resynced\x18\x07 \x01(\x08*I\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x0f\n\x0bINTERACTIVE\x10\x01\x12\t\n\x05\x42\x41TCH\x10\x02*K\n\x08RunStage\x12\x19\n\x15RUN_STAGE_UNSPECIFIED\x10\x00\x12\x08\n\x04IDLE\x10\x01\x12\x0e\n\nGENERATING\x10\x02\x12\n\n\x06PAUSED\x10\x03\x32\xe1\x02\n\tScheduler\x12Q\n\x05\x41\x64mit\x12$.luftpause.scheduler.v1.AdmitRequest\x1a\".luftpause.scheduler.v1.AdmitReply\x12U\n\x06Report\x12&.luftpause.scheduler.v1.TurnEventBatch\x1a!.luftpause.scheduler.v1.ReportAck(\x01\x12T\n\x06Resync\x12%.luftpause.scheduler.v1.ResyncRequest\x1a#.luftpause.scheduler.v1.ResyncReply\x12T\n\x06Status\x12%.luftpause.scheduler.v1.StatusRequest\x1a#.luftpause.scheduler.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'luftpause.proto.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERVICECLASS']._serialized_start=2237
-  _globals['_SERVICECLASS']._serialized_end=2310
-  _globals['_RUNSTAGE']._serialized_start=2312
-  _globals['_RUNSTAGE']._serialized_end=2387
+  _globals['_SERVICECLASS']._serialized_start=2255
+  _globals['_SERVICECLASS']._serialized_end=2328
+  _globals['_RUNSTAGE']._serialized_start=2330
+  _globals['_RUNSTAGE']._serialized_end=2405
   _globals['_ADMITREQUEST']._serialized_start=60
   _globals['_ADMITREQUEST']._serialized_end=217
   _globals['_ADMITREPLY']._serialized_start=219
@@ -54,29 +54,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUNENDED']._serialized_start=559
   _globals['_RUNENDED']._serialized_end=569
   _globals['_TURNEVENT']._serialized_start=572
-  _globals['_TURNEVENT']._serialized_end=1014
-  _globals['_TURNEVENTBATCH']._serialized_start=1016
-  _globals['_TURNEVENTBATCH']._serialized_end=1083
-  _globals['_REPORTACK']._serialized_start=1085
-  _globals['_REPORTACK']._serialized_end=1112
-  _globals['_RUNSNAPSHOT']._serialized_start=1115
-  _globals['_RUNSNAPSHOT']._serialized_end=1287
-  _globals['_TURNSNAPSHOT']._serialized_start=1290
-  _globals['_TURNSNAPSHOT']._serialized_end=1446
-  _globals['_RESYNCREQUEST']._serialized_start=1448
-  _globals['_RESYNCREQUEST']._serialized_end=1567
-  _globals['_RESYNCREPLY']._serialized_start=1569
-  _globals['_RESYNCREPLY']._serialized_end=1611
-  _globals['_STATUSREQUEST']._serialized_start=1613
-  _globals['_STATUSREQUEST']._serialized_end=1628
-  _globals['_REPLICASTATUS']._serialized_start=1631
-  _globals['_REPLICASTATUS']._serialized_end=1815
-  _globals['_HELDGROUP']._serialized_start=1817
-  _globals['_HELDGROUP']._serialized_end=1881
-  _globals['_RUNGROUP']._serialized_start=1883
-  _globals['_RUNGROUP']._serialized_end=1946
-  _globals['_STATUSREPLY']._serialized_start=1949
-  _globals['_STATUSREPLY']._serialized_end=2235
-  _globals['_SCHEDULER']._serialized_start=2390
-  _globals['_SCHEDULER']._serialized_end=2743
+  _globals['_TURNEVENT']._serialized_end=1032
+  _globals['_TURNEVENTBATCH']._serialized_start=1034
+  _globals['_TURNEVENTBATCH']._serialized_end=1101
+  _globals['_REPORTACK']._serialized_start=1103
+  _globals['_REPORTACK']._serialized_end=1130
+  _globals['_RUNSNAPSHOT']._serialized_start=1133
+  _globals['_RUNSNAPSHOT']._serialized_end=1305
+  _globals['_TURNSNAPSHOT']._serialized_start=1308
+  _globals['_TURNSNAPSHOT']._serialized_end=1464
+  _globals['_RESYNCREQUEST']._serialized_start=1466
+  _globals['_RESYNCREQUEST']._serialized_end=1585
+  _globals['_RESYNCREPLY']._serialized_start=1587
+  _globals['_RESYNCREPLY']._serialized_end=1629
+  _globals['_STATUSREQUEST']._serialized_start=1631
+  _globals['_STATUSREQUEST']._serialized_end=1646
+  _globals['_REPLICASTATUS']._serialized_start=1649
+  _globals['_REPLICASTATUS']._serialized_end=1833
+  _globals['_HELDGROUP']._serialized_start=1835
+  _globals['_HELDGROUP']._serialized_end=1899
+  _globals['_RUNGROUP']._serialized_start=1901
+  _globals['_RUNGROUP']._serialized_end=1964
+  _globals['_STATUSREPLY']._serialized_start=1967
+  _globals['_STATUSREPLY']._serialized_end=2253
+  _globals['_SCHEDULER']._serialized_start=2408
+  _globals['_SCHEDULER']._serialized_end=2761
 # @@protoc_insertion_point(module_scope)

@@ -100,9 +100,10 @@ class RunEnded(_message.Message):
     def __init__(self) -> None: ...
 
 class TurnEvent(_message.Message):
-    __slots__ = ("turn_id", "run_id", "started", "first_token", "usage", "finished", "failed", "abandoned", "run_ended")
+    __slots__ = ("turn_id", "run_id", "trace_id", "started", "first_token", "usage", "finished", "failed", "abandoned", "run_ended")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +113,7 @@ class TurnEvent(_message.Message):
     RUN_ENDED_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
+    trace_id: str
     started: TurnStarted
     first_token: FirstToken
     usage: Usage
@@ -119,7 +121,7 @@ class TurnEvent(_message.Message):
     failed: TurnFailed
     abandoned: TurnAbandoned
     run_ended: RunEnded
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., started: _Optional[_Union[TurnStarted, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., finished: _Optional[_Union[TurnFinished, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ..., abandoned: _Optional[_Union[TurnAbandoned, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ...) -> None: ...
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., started: _Optional[_Union[TurnStarted, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., finished: _Optional[_Union[TurnFinished, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ..., abandoned: _Optional[_Union[TurnAbandoned, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ...) -> None: ...
 
 class TurnEventBatch(_message.Message):
     __slots__ = ("events",)

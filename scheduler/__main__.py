@@ -11,7 +11,7 @@ import sys
 
 from aiohttp import web
 
-from luftpause import logs
+from luftpause import logs, tracing
 from luftpause.scheduler.constants import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, PROBE_PERIOD_S
 from luftpause.scheduler.host import SchedulerHost, grpc_server, http_app, mark_serving
 from luftpause.scheduler.pool import PoolError, load_pool
@@ -69,11 +69,14 @@ async def serve(args: argparse.Namespace, log) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log = logs.configure("scheduler")
+    tracing.configure("scheduler")
     try:
         asyncio.run(serve(args, log))
     except PoolError as exc:
         log.error("bad_pool_file", error=str(exc))
         return 2
+    finally:
+        tracing.shutdown()
     return 0
 
 

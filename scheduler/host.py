@@ -15,7 +15,10 @@ from aiohttp import web
 from google.protobuf import json_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from luftpause import tracing
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler import core
@@ -23,6 +26,7 @@ from luftpause.scheduler.constants import CLOCK_TICK_S, PROBE_PERIOD_S
 from luftpause.scheduler.pool import Endpoint
 from luftpause.scheduler.probes import ProbeResult, probe, probe_client
 
+TRACER = trace.get_tracer("luftpause.scheduler")
 CLASS_NAMES = {pb.INTERACTIVE: core.INTERACTIVE, pb.BATCH: core.BATCH}
 STAGES = {pb.IDLE: core.Stage.IDLE, pb.GENERATING: core.Stage.GENERATING, pb.PAUSED: core.Stage.PAUSED}
 REJECT_CODES = {
@@ -160,9 +164,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self.host = host
 
     async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitReply:
-        action = await self.host.admit(request)
-        if isinstance(action, core.Reject):
-            await context.abort(REJECT_CODES[action.reason], action.message)
+        parent = tracing.extract({m.key: m.value for m in context.invocation_metadata() or ()})
+        with TRACER.start_as_current_span("admit", context=parent, kind=SpanKind.SERVER,
+                                          attributes={"luftpause.turn_id": request.turn_id,
+                                                      "luftpause.run_id": request.run_id}) as span:
+            action = await self.host.admit(request)
+            if isinstance(action, core.Reject):
+                span.set_status(Status(StatusCode.ERROR, action.message))
+                await context.abort(REJECT_CODES[action.reason], action.message)
+            span.set_attributes({"luftpause.replica": action.replica, "luftpause.held_ms": action.held_ms})
         endpoint = self.host.endpoints[action.replica]
         return pb.AdmitReply(
             replica=endpoint.name, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env, held_ms=action.held_ms

@@ -51,3 +51,66 @@ def make_stack(tmp_path) -> Iterator:
     finally:
         for stack in started:
             stack.stop()
+
+
+class OtlpCollector:
+    """Stands in for an OpenTelemetry collector: receives OTLP/HTTP trace exports."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        self.spans: list[dict] = []
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                export = ExportTraceServiceRequest.FromString(body)
+                for resource_spans in export.resource_spans:
+                    service = next((a.value.string_value for a in resource_spans.resource.attributes
+                                    if a.key == "service.name"), "")
+                    for scope in resource_spans.scope_spans:
+                        for span in scope.spans:
+                            collector.spans.append({
+                                "service": service, "name": span.name, "trace_id": span.trace_id.hex(),
+                                "span_id": span.span_id.hex(), "parent_span_id": span.parent_span_id.hex(),
+                                "attributes": {a.key: _otlp_value(a.value) for a in span.attributes},
+                            })
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def named(self, name: str) -> list[dict]:
+        return [s for s in self.spans if s["name"] == name]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _otlp_value(value):
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_otlp_value(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None
+
+
+@pytest.fixture
+def otlp_collector() -> Iterator[OtlpCollector]:
+    collector = OtlpCollector()
+    try:
+        yield collector
+    finally:
+        collector.close()
