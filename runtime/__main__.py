@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from luftpause import logs
+from luftpause import logs, tracing
 from luftpause.runtime import constants
 from luftpause.runtime.app import build_app
 from luftpause.runtime.config import ToolsFileError, parse_settings
@@ -16,6 +16,7 @@ from luftpause.runtime.config import ToolsFileError, parse_settings
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
     log = logs.configure("runtime")
+    tracing.configure("runtime")
     try:
         app = build_app(settings)
     except ToolsFileError as exc:
@@ -39,7 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         lifespan="on",
         timeout_graceful_shutdown=constants.GRACEFUL_SHUTDOWN_S,
     )
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        tracing.shutdown()
     return 0
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from luftpause.runtime.dataplane import DataplaneClient, TurnIdentity, TurnReply
 from luftpause.runtime.runs import Run, RunSpec
@@ -21,6 +23,7 @@ from luftpause.runtime.toolcalls import ArgumentError, prepare_arguments, recove
 from luftpause.runtime.upstream import Toolbox, ToolOutcome, UpstreamTool
 
 log = structlog.get_logger(component="agent")
+TRACER = trace.get_tracer("luftpause.runtime")
 
 BUDGET_SPENT_TEXT = "Error: the tool-call budget of this run is spent; answer with what you have."
 
@@ -100,7 +103,13 @@ class AgentLoop:
             self._check(run)
             offered = self._offered_tools(run)
             run.activity = "turn"
-            reply = await self._dataplane.chat(self._turn_body(run, offered), identity)
+            with TRACER.start_as_current_span(f"chat {run.model}", kind=SpanKind.CLIENT, attributes={
+                    "gen_ai.operation.name": "chat", "gen_ai.request.model": run.model,
+                    "luftpause.run_id": run.handle}) as span:
+                reply = await self._dataplane.chat(self._turn_body(run, offered), identity)
+                span.set_attributes({"gen_ai.usage.input_tokens": reply.prompt_tokens,
+                                     "gen_ai.usage.output_tokens": reply.completion_tokens,
+                                     "gen_ai.response.finish_reasons": [reply.finish_reason or "stop"]})
             run.activity = None
             self._count_turn(run, reply)
             self._check(run)
@@ -197,7 +206,12 @@ class AgentLoop:
             return ToolOutcome(f"Error: {exc}", failed=True)
         if self._approval_gate is not None and not await self._approval_gate(run, tool, arguments):
             return ToolOutcome(DECLINED_TEXT, failed=True)
-        outcome = await self._toolbox.call(call.name, arguments)
+        with TRACER.start_as_current_span(f"execute_tool {call.name}", attributes={
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
+                "gen_ai.tool.call.id": call.id, "luftpause.run_id": run.handle}) as span:
+            outcome = await self._toolbox.call(call.name, arguments)
+            if outcome.failed:
+                span.set_status(Status(StatusCode.ERROR, outcome.text[:200]))
         log.info(
             "tool_called", run=run.handle, tool=call.name, failed=outcome.failed, seconds=round(outcome.seconds, 3)
         )

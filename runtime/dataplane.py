@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import structlog
 
-from luftpause import headers
+from luftpause import headers, tracing
 from luftpause.runtime import constants
 
 log = structlog.get_logger(component="dataplane-client")
@@ -122,7 +122,8 @@ class DataplaneClient:
         while True:
             try:
                 async with asyncio.timeout(constants.TURN_TIMEOUT_S):
-                    response = await self._http.post("/v1/chat/completions", json=body, headers=identity.as_headers())
+                    response = await self._http.post("/v1/chat/completions", json=body,
+                                                     headers=tracing.inject(identity.as_headers()))
             except TimeoutError as exc:
                 raise TurnError(f"turn timed out after {constants.TURN_TIMEOUT_S:g} s (queueing included)") from exc
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:

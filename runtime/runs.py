@@ -184,6 +184,9 @@ class Run:
     tool_calls_in_flight: int = 0
     # Set on a run whose own budget (spawn's budget* arguments) was exceeded.
     budget_excess: BudgetExcess | None = None
+    # Tracing (not journaled): where this run's span hangs, and the span while it runs.
+    trace_parent: Any = None
+    span: Any = None
 
     @property
     def parent(self) -> str | None:

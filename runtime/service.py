@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 import structlog
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from luftpause.runtime import constants
 from luftpause.runtime.agent import AgentLoop, initial_messages
@@ -22,6 +24,7 @@ from luftpause.runtime.runs import BudgetExcess, Run, RunRegistry, RunSpec, RunS
 from luftpause.runtime.upstream import Toolbox
 
 log = structlog.get_logger(component="runtime")
+TRACER = trace.get_tracer("luftpause.runtime")
 
 WaitMode = Literal["all", "any"]
 CancelReason = Callable[[Run, Run], str]  # (requested root, run in its subtree) -> error text
@@ -94,6 +97,7 @@ class Runtime:
             except OSError as exc:
                 raise JournalUnavailable(f"cannot write the run journal: {exc}") from exc
         self.runs.add(run)
+        run.trace_parent = self._trace_parent(run)
         if run.has_budget:
             self.budgets.arm(run)
         self._launch(run)
@@ -123,7 +127,27 @@ class Runtime:
     def _launch(self, run: Run) -> None:
         run.loop_task = asyncio.create_task(self._execute(run), name=f"run-{run.handle}")
 
+    def _trace_parent(self, run: Run) -> otel_context.Context:
+        """A child run's span hangs under its parent run's; a top-level run's under the
+        MCP request that spawned it (the SDK's span, current while spawn runs)."""
+        parent = self.runs.get(run.parent) if run.parent else None
+        if parent is not None and parent.span is not None:
+            return trace.set_span_in_context(parent.span)
+        return otel_context.get_current()
+
     async def _execute(self, run: Run) -> None:
+        attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.id": run.handle,
+                      "luftpause.parent": run.parent or "", "luftpause.class": run.spec.service_class}
+        with TRACER.start_as_current_span(f"invoke_agent {run.handle}", context=run.trace_parent,
+                                          attributes=attributes) as span:
+            run.span = span
+            try:
+                await self._drive(run)
+            finally:
+                span.set_attribute("luftpause.status", run.status.value)
+                run.span = None
+
+    async def _drive(self, run: Run) -> None:
         try:
             result = await self._agent.drive(run)
         except asyncio.CancelledError:

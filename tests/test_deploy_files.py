@@ -22,7 +22,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 BASE_COMPOSE = "compose.yaml"
-OVERLAYS = ["compose.testbed.yaml", "compose.runpod.yaml", "compose.ollama.yaml"]
+OVERLAYS = ["compose.testbed.yaml", "compose.runpod.yaml", "compose.ollama.yaml", "compose.otel.yaml"]
 COMPOSE_FILES = [BASE_COMPOSE, *OVERLAYS]
 
 # The variables the overlays insist on (`${VAR:?}`), so `docker compose config` can run.
@@ -191,8 +191,11 @@ def test_only_three_ports_published_on_loopback():
         assert host_ip == "127.0.0.1"
         assert int(host_port) == container_port
         assert int(target) == container_port
-    for overlay in OVERLAYS:
-        assert not any(body.get("ports") for body in compose(overlay)["services"].values())
+    for overlay in OVERLAYS:  # overlays publish nothing but Jaeger's UI, on loopback too
+        for name, body in compose(overlay)["services"].items():
+            if body.get("ports"):
+                assert (overlay, name) == ("compose.otel.yaml", "jaeger")
+                assert all(str(p).startswith("127.0.0.1:") for p in body["ports"])
 
 
 def test_service_environment_wiring():
@@ -512,3 +515,11 @@ def test_docker_compose_config(files):
         [*cli, *args, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_otel_overlay_points_every_service_at_the_collector():
+    overlay = compose("compose.otel.yaml")["services"]
+    for service in ("scheduler", "dataplane", "runtime"):
+        assert as_env(overlay[service]["environment"])["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
+    assert "4318" in overlay["jaeger"]["expose"]
+    assert overlay["jaeger"]["ports"] == ["127.0.0.1:16686:16686"]

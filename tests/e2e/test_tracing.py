@@ -43,3 +43,47 @@ def test_without_an_endpoint_nothing_is_exported(make_stack, otlp_collector):
                           json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 200
     assert not wait_until(lambda: otlp_collector.spans, 1.0)
+
+
+async def test_sub_agent_runs_are_traced_from_the_mcp_request_to_the_scheduler(make_stack, otlp_collector):
+    import json
+
+    from mcp import Client
+
+    stack = make_stack(env=otel_env(otlp_collector), fake_mcp_args=["--delay-s", "0.1"])
+    async with Client(f"http://127.0.0.1:{stack.ports.runtime}/mcp") as client:
+        parent = json.loads((await client.call_tool("spawn", {"task": "parent", "maxToolCalls": 1})).content[0].text)
+        child = json.loads((await client.call_tool(
+            "spawn", {"task": "child", "maxToolCalls": 1, "parent": parent["handle"]})).content[0].text)
+        await client.call_tool("await", {"handles": [parent["handle"], child["handle"]], "timeout": 30})
+
+    def agent_span(handle):
+        spans = otlp_collector.named(f"invoke_agent {handle}")
+        return spans[0] if spans else None
+
+    def whole_tree_exported() -> bool:
+        child_span = agent_span(child["handle"])
+        if not (agent_span(parent["handle"]) and child_span):
+            return False
+        trace = [s for s in otlp_collector.spans if s["trace_id"] == child_span["trace_id"]]
+        ids = {s["span_id"] for s in trace}
+        return len([s for s in trace if s["name"] == "admit"]) >= 4 and all(
+            not s["parent_span_id"] or s["parent_span_id"] in ids for s in trace)
+
+    assert wait_until(whole_tree_exported, 10)
+    parent_span, child_span = agent_span(parent["handle"]), agent_span(child["handle"])
+    assert parent_span["service"] == "luftpause-runtime"
+    assert child_span["parent_span_id"] == parent_span["span_id"]  # the run tree is the span tree
+    assert child_span["trace_id"] == parent_span["trace_id"]
+    trace = [s for s in otlp_collector.spans if s["trace_id"] == child_span["trace_id"]]
+    by_id = {s["span_id"]: s for s in trace}
+    turns = [s for s in trace if s["service"] == "luftpause-runtime" and s["name"].startswith("chat ")]
+    tools = [s for s in trace if s["name"] == "execute_tool lookup"]
+    assert turns and tools
+    for span in turns + tools:
+        assert by_id[span["parent_span_id"]]["name"].startswith("invoke_agent ")
+    proxied = [s for s in trace if s["service"] == "luftpause-dataplane"]
+    assert proxied and all(by_id[s["parent_span_id"]]["name"].startswith("chat ") for s in proxied)
+    admits = [s for s in trace if s["name"] == "admit"]
+    assert admits and all(by_id[s["parent_span_id"]]["service"] == "luftpause-dataplane" for s in admits)
+    assert turns[0]["attributes"]["gen_ai.usage.input_tokens"] > 0
