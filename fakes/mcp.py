@@ -27,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from luftpause import logs
+from luftpause import logs, tracing
 
 log = structlog.get_logger(service="fake-mcp")
 
@@ -145,6 +145,7 @@ def parse_args(argv: Sequence[str] | None = None) -> McpConfig:
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_args(argv)
     logs.configure("fake-mcp")  # before the SDK's own logging setup, which then defers to it
+    tracing.configure("fake-mcp")  # like a tool server that traces: shows traceparent arriving
     log.info("mcp.start", path=MCP_PATH, **asdict(config))
     server = uvicorn.Server(
         uvicorn.Config(
@@ -156,7 +157,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             timeout_graceful_shutdown=1,  # open SSE sessions must not hold a SIGTERM up
         )
     )
-    server.run()
+    try:
+        server.run()
+    finally:
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

@@ -87,3 +87,12 @@ async def test_sub_agent_runs_are_traced_from_the_mcp_request_to_the_scheduler(m
     admits = [s for s in trace if s["name"] == "admit"]
     assert admits and all(by_id[s["parent_span_id"]]["service"] == "luftpause-dataplane" for s in admits)
     assert turns[0]["attributes"]["gen_ai.usage.input_tokens"] > 0
+    # traceparent reaches the HTTP tool server: its own span hangs under execute_tool
+    assert wait_until(lambda: any(s["service"] == "luftpause-fake-mcp" and s["name"] == "tools/call lookup"
+                                  for s in otlp_collector.spans), 5)
+    served = [s for s in otlp_collector.spans if s["service"] == "luftpause-fake-mcp" and s["name"] == "tools/call lookup"]
+    every = {s["span_id"]: s for s in otlp_collector.spans}
+    for span in served:  # under the SDK's client span, under our execute_tool span
+        sent = every[span["parent_span_id"]]
+        assert sent["service"] == "luftpause-runtime" and sent["name"] == "MCP send tools/call lookup"
+        assert every[sent["parent_span_id"]]["name"] == "execute_tool lookup"
