@@ -1,0 +1,33 @@
+"""Every `python -m` entry point starts and documents the environment it reads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+DOCUMENTED = {
+    "luftpause": ["--free-ports", "--pool-file", "--tools-file", "--state-dir"],
+    "luftpause.scheduler": ["LUFTPAUSE_SCHEDULER_HOST", "LUFTPAUSE_SCHEDULER_GRPC_PORT",
+                            "LUFTPAUSE_SCHEDULER_HTTP_PORT", "LUFTPAUSE_POOL_FILE", "LUFTPAUSE_AFFINITY",
+                            "LUFTPAUSE_PROBE_PERIOD_S"],
+    "luftpause.dataplane": ["LUFTPAUSE_DATAPLANE_HOST", "LUFTPAUSE_DATAPLANE_PORT", "LUFTPAUSE_SCHEDULER_ADDR",
+                            "LUFTPAUSE_MAX_BODY_BYTES", "LUFTPAUSE_TOKEN"],
+    "luftpause.runtime": ["LUFTPAUSE_RUNTIME_HOST", "LUFTPAUSE_RUNTIME_PORT", "LUFTPAUSE_DATAPLANE_URL",
+                          "LUFTPAUSE_TOOLS_FILE", "LUFTPAUSE_STATE_DIR", "LUFTPAUSE_TOKEN"],
+    "luftpause.fakes.engine": ["--max-running", "--tool-calls", "--metrics-format", "--fault"],
+    "luftpause.fakes.mcp": ["--delay-s"],
+    "luftpause.loadgen": ["--agents", "--spawn"],
+    "luftpause.loadgen.proxy_bench": ["--streams"],
+    "luftpause.loadgen.scheduler_bench": ["--events"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(DOCUMENTED))
+def test_help_names_what_the_entry_point_reads(module):
+    result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    help_text = " ".join(result.stdout.split())  # argparse wraps long names across lines
+    missing = [name for name in DOCUMENTED[module] if name not in help_text.replace("- ", "-")]
+    assert not missing, f"{module} --help does not mention {missing}"
