@@ -356,12 +356,19 @@ async def delete_run(request: web.Request) -> web.Response:
     return web.json_response({"id": run_id, "deleted": True}, headers={h.RUN_ID: run_id})
 
 
+MODEL_KINDS = {"generative": ("generative",), "one-pass": ("one-pass",), "all": ("generative", "one-pass")}
+
+
 async def list_models(request: web.Request) -> web.Response:
+    """The pool's generative models; ``?kind=one-pass`` (or ``all``) lists classifiers."""
+    kinds = MODEL_KINDS.get(request.query.get("kind", "generative"))
+    if kinds is None:
+        raise ApiError(400, f"kind must be one of: {', '.join(MODEL_KINDS)}")
     try:
         status = await request.app[LINK].status()
     except Exception as exc:  # noqa: BLE001 - any failure means the scheduler is away
         raise ApiError(503, f"scheduler unavailable: {exc.__class__.__name__}") from None
-    models = sorted({m for r in status.replicas if r.kind == "generative" for m in r.models})
+    models = sorted({m for r in status.replicas if r.kind in kinds for m in r.models})
     return web.json_response(
         {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "luftpause"} for m in models]}
     )

@@ -5,7 +5,8 @@ Modules, outside in:
 - ``__main__``: command line, logging, uvicorn.
 - ``app``: the ASGI app (``/mcp``, ``GET /status``, ``GET /health``), bearer-token guard,
   start-up and shutdown.
-- ``mcp_server``: the MCP tools (spawn, await, run, status, cancel, tools) and their errors.
+- ``mcp_server``: the MCP tools (spawn, await, run, status, cancel, tools, decide) and their errors.
+- ``decide``: classification by a one-pass replica, or by scoring caller labels (SPEC §6.7).
 - ``service``: ``Runtime``, which spawns runs as asyncio tasks, waits for and cancels them.
 - ``agent``: the sub-agent loop (turn, tool-call round, next turn).
 - ``budgets``: token, tool-call and seconds limits over a run's subtree (SPEC §4.4).
@@ -25,6 +26,4 @@ Seams left for later features:
   approval decisions can be journaled as a new kind.
 - MCP Tasks (SPEC §4.6): the ``run`` tool waits on ``run.finished``; a Tasks extension
   would return a task there instead and journal it beside ``runs.jsonl``.
-- ``decide`` (SPEC §6.7): another tool in ``mcp_server`` whose one-pass request would go
-  through ``DataplaneClient`` like a turn.
 """

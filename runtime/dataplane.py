@@ -46,6 +46,7 @@ class TurnReply:
     completion_tokens: int
     finish_reason: str | None
     seconds: float
+    logprobs: dict[str, Any] | None = None  # the choice's logprobs, when asked for
 
 
 def truncate_caller(caller: str) -> str:
@@ -176,9 +177,27 @@ class DataplaneClient:
                 log.info("default_model_chosen", model=self._default_model)
         return self._default_model
 
-    async def _first_listed_model(self) -> str:
+    async def classify(self, model: str, text: str) -> dict[str, Any]:
+        """One one-pass call (vLLM /classify format) through the dataplane's /v1/decide."""
         try:
-            response = await self._http.get("/v1/models")
+            response = await self._http.post("/v1/decide", json={"model": model, "input": [text]},
+                                             headers=tracing.inject({}))
+        except httpx.HTTPError as exc:
+            raise TurnError(f"decide failed: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise TurnError(f"dataplane answered {error_message(response)}")
+        try:
+            return dict(response.json()["data"][0])
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise TurnError(f"malformed classification: {response.text[:300]}") from exc
+
+    async def one_pass_model(self) -> str:
+        """The first classifier model the pool serves."""
+        return await self._first_listed_model("one-pass")
+
+    async def _first_listed_model(self, kind: str = "generative") -> str:
+        try:
+            response = await self._http.get("/v1/models", params={"kind": kind})
         except httpx.HTTPError as exc:
             raise TurnError(f"cannot list models from the dataplane: {exc!r}") from exc
         if response.status_code >= 400:
@@ -186,7 +205,7 @@ class DataplaneClient:
         try:
             return str(response.json()["data"][0]["id"])
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise TurnError("the dataplane lists no models; pass `model` to spawn") from exc
+            raise TurnError(f"the dataplane lists no {kind} models; pass `model`") from exc
 
 
 def _parse_reply(response: httpx.Response, seconds: float) -> TurnReply:
@@ -205,4 +224,5 @@ def _parse_reply(response: httpx.Response, seconds: float) -> TurnReply:
         completion_tokens=int(usage.get("completion_tokens") or 0),
         finish_reason=choice.get("finish_reason"),
         seconds=seconds,
+        logprobs=choice.get("logprobs") if isinstance(choice.get("logprobs"), dict) else None,
     )

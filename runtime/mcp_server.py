@@ -19,6 +19,8 @@ from pydantic import Field
 from luftpause import __version__, headers
 from luftpause.headers import DEFAULT_SERVICE_CLASS
 from luftpause.runtime import constants
+from luftpause.runtime.dataplane import TurnError
+from luftpause.runtime.decide import DecideError, checked_labels, decide
 from luftpause.runtime.runs import RunSpec, UnknownRunError
 from luftpause.runtime.service import InvalidRequest, JournalUnavailable, Runtime
 
@@ -221,5 +223,29 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
     @server.tool(name="tools", description="The upstream tools sub-agents can use.", annotations=read_only)
     async def list_upstream_tools() -> dict[str, Any]:
         return {"tools": [tool.describe() for tool in runtime.toolbox.tools()]}
+
+    @server.tool(
+        name="decide",
+        description=(
+            "Classify `input`. Without `labels`, a one-pass classifier replica answers with its own labels; "
+            "with 2-20 `labels`, one model turn scores each label by the log-probability of its first token. "
+            "Returns label, probabilities and unscored labels."
+        ),
+        annotations=read_only,
+    )
+    async def decide_tool(
+        input: Annotated[str, Field(description="What to classify.")],  # noqa: A002 - the SPEC's argument name
+        ctx: Context,
+        labels: Annotated[list[str] | None, Field(description="2-20 candidate labels; none: the classifier's own.")] = None,
+        model: Annotated[str | None, Field(description="Model to use; default: the pool's first of the kind.")] = None,
+    ) -> dict[str, Any]:
+        if not input.strip():
+            raise invalid_params("input must not be empty")
+        try:
+            return await decide(runtime.dataplane, input, checked_labels(labels), model or None, caller_of(ctx))
+        except DecideError as exc:
+            raise invalid_params(str(exc)) from exc
+        except TurnError as exc:
+            raise MCPError(code=INTERNAL_ERROR, message=f"decide failed: {exc}") from exc
 
     return server

@@ -83,6 +83,10 @@ class Runtime:
         if pending:
             await asyncio.wait(pending, timeout=constants.CANCEL_WAIT_S)
 
+    @property
+    def dataplane(self) -> DataplaneClient:
+        return self._dataplane
+
     async def close(self) -> None:
         await self._dataplane.aclose()
 

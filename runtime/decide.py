@@ -1,0 +1,85 @@
+"""``decide`` (SPEC §6.7): classify an input.
+
+Without labels a one-pass classifier replica answers with its own labels. With 2–20
+caller labels one interactive generative turn with ``max_tokens: 1`` is asked for the
+answer, and each label is scored by the log-probability of its first token among the
+turn's ``top_logprobs``; labels whose first token is not among them are ``unscored``.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Any
+
+from luftpause.runtime.dataplane import DataplaneClient, TurnError, TurnIdentity
+
+MIN_LABELS, MAX_LABELS = 2, 20
+TOP_LOGPROBS = 20  # the most OpenAI-compatible engines return
+
+
+class DecideError(ValueError):
+    """Bad arguments to decide."""
+
+
+def checked_labels(labels: list[str] | None) -> list[str] | None:
+    if labels is None:
+        return None
+    cleaned = list(dict.fromkeys(label.strip() for label in labels))
+    if any(not label for label in cleaned):
+        raise DecideError("labels must be non-empty strings")
+    if not MIN_LABELS <= len(cleaned) <= MAX_LABELS:
+        raise DecideError(f"give {MIN_LABELS} to {MAX_LABELS} distinct labels, or none to use a classifier's own")
+    return cleaned
+
+
+def decision_messages(text: str, labels: list[str]) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": "Classify the input. Answer with exactly one of the labels, nothing else."},
+        {"role": "user", "content": f"Input: {text}\n\nLabels: {', '.join(labels)}"},
+    ]
+
+
+def score_labels(top_logprobs: list[dict[str, Any]], labels: list[str]) -> dict[str, Any]:
+    """Each label's score is the log-probability of the longest listed token its text
+    starts with (case and surrounding space ignored); scores become probabilities over
+    the scored labels."""
+    candidates = [(str(entry.get("token", "")).strip().lower(), float(entry.get("logprob", -math.inf)))
+                  for entry in top_logprobs]
+    scores: dict[str, float] = {}
+    for label in labels:
+        matches = [(len(token), logprob) for token, logprob in candidates if token and label.lower().startswith(token)]
+        if matches:
+            scores[label] = max(matches)[1]
+    unscored = [label for label in labels if label not in scores]
+    if not scores:
+        return {"label": None, "probabilities": {}, "unscored": unscored}
+    peak = max(scores.values())
+    weights = {label: math.exp(score - peak) for label, score in scores.items()}
+    total = sum(weights.values())
+    probabilities = {label: weight / total for label, weight in weights.items()}
+    return {"label": max(probabilities, key=probabilities.__getitem__), "probabilities": probabilities,
+            "unscored": unscored}
+
+
+async def decide(dataplane: DataplaneClient, text: str, labels: list[str] | None, model: str | None,
+                 caller: str) -> dict[str, Any]:
+    if labels is None:
+        model = model or await dataplane.one_pass_model()
+        result = await dataplane.classify(model, text)
+        probs = [float(p) for p in result.get("probs") or []]
+        label = result.get("label")
+        return {"label": label, "probabilities": {label: max(probs)} if probs and label else {},
+                "classProbabilities": probs, "unscored": [], "model": model}
+    model = model or await dataplane.default_model()
+    handle = f"decide-{uuid.uuid4().hex[:16]}"
+    body = {"model": model, "messages": decision_messages(text, labels), "max_tokens": 1,
+            "logprobs": True, "top_logprobs": TOP_LOGPROBS}
+    try:
+        reply = await dataplane.chat(body, TurnIdentity(handle, "interactive", caller))
+    finally:
+        await dataplane.end_run(handle)
+    content = (reply.logprobs or {}).get("content") or []
+    if not content:
+        raise TurnError("the engine returned no logprobs; it cannot score labels")
+    return {**score_labels(content[0].get("top_logprobs") or [], labels), "model": model}
