@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -16,7 +15,6 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.fakes.engine import EngineConfig, create_app
-from luftpause.procs import ManagedProcess, free_port
 
 MODEL = "fake-llama-1b"
 LOOKUP_TOOL = {
@@ -41,31 +39,6 @@ OTHER_TOOL = {"type": "function", "function": {"name": "other", "parameters": {"
 
 
 # --- fixtures -----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def start_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., str]]:
-    """Start engine processes with the given CLI args; all are stopped at module end."""
-    started: list[ManagedProcess] = []
-
-    def start(*args: str) -> str:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        proc = ManagedProcess(
-            name=f"fake-engine-{port}",
-            module="luftpause.fakes.engine",
-            args=["--port", str(port), *args],
-            ready_url=f"{url}/health",
-            log_path=Path(tmp_path_factory.mktemp("engine")) / "engine.log",
-        )
-        started.append(proc)
-        proc.start()
-        proc.wait_ready(timeout=15)
-        return url
-
-    yield start
-    for proc in started:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -14,7 +13,6 @@ import pytest
 
 from luftpause.fakes import faults
 from luftpause.fakes.faults import FaultError, Faults
-from luftpause.procs import ManagedProcess, free_port
 
 MODEL = "fake-llama-1b"
 TOOL = {
@@ -36,29 +34,8 @@ TOOL = {
 
 
 @pytest.fixture(scope="module")
-def start_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., str]]:
-    started: list[ManagedProcess] = []
-
-    def start(*args: str) -> str:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        proc = ManagedProcess(f"fake-engine-{port}", "luftpause.fakes.engine",
-                              ["--port", str(port), "--latency-ms", "5", "--token-ms", "1", *args],
-                              ready_url=f"{url}/health",
-                              log_path=Path(tmp_path_factory.mktemp("engine")) / "engine.log")
-        started.append(proc)
-        proc.start()
-        proc.wait_ready(timeout=15)
-        return url
-
-    yield start
-    for proc in started:
-        proc.stop()
-
-
-@pytest.fixture(scope="module")
 def engine(start_engine: Callable[..., str]) -> str:
-    return start_engine()
+    return start_engine("--latency-ms", "5", "--token-ms", "1")
 
 
 @pytest.fixture
