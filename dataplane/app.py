@@ -43,6 +43,15 @@ class ApiError(Exception):
         self.message = message
 
 
+def passed_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
+    """The engine's response headers a client may rely on."""
+    return {k: upstream.headers[k] for k in PASSED_HEADERS if k in upstream.headers}
+
+
+def engine_error(replica: str, exc: BaseException) -> str:
+    return f"engine {replica}: {_describe(exc)}"
+
+
 def error_response(status: int, message: str, extra: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status, headers=extra)
 
@@ -258,11 +267,11 @@ async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.
     try:
         upstream = await engines.post(url, data=turn.req.body, headers=_engine_headers(placement, request))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        message = f"engine {placement.replica}: {_describe(exc)}"
+        message = engine_error(placement.replica, exc)
         turn.failed(message)
         return error_response(502, message, run_header)
     try:
-        passed = {k: upstream.headers[k] for k in PASSED_HEADERS if k in upstream.headers}
+        passed = passed_headers(upstream)
         if upstream.status != 200:
             body = await upstream.read()
             turn.failed(f"engine {placement.replica}: HTTP {upstream.status}")
@@ -275,7 +284,7 @@ async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.
         turn.finished(observer)
         return web.Response(status=200, body=body, headers={**passed, **run_header})
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        message = f"engine {placement.replica}: {_describe(exc)}"
+        message = engine_error(placement.replica, exc)
         turn.failed(message)
         return error_response(502, message, run_header)
     finally:
@@ -340,10 +349,10 @@ async def decide(request: web.Request) -> web.Response:
     try:
         async with request.app[ENGINES].post(placement.base_url + "/classify", data=body, headers=headers) as upstream:
             reply = await upstream.read()
-            passed = {k: upstream.headers[k] for k in PASSED_HEADERS if k in upstream.headers}
+            passed = passed_headers(upstream)
             return web.Response(status=upstream.status, body=reply, headers={**passed, h.REPLICA: placement.replica})
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        raise ApiError(502, f"engine {placement.replica}: {_describe(exc)}") from None
+        raise ApiError(502, engine_error(placement.replica, exc)) from None
 
 
 # ------------------------------------------------------------------- other routes

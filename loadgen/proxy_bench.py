@@ -30,6 +30,7 @@ from rich.table import Table
 from luftpause import headers as h
 from luftpause.loadgen.peers import RouterProcess
 from luftpause.loadgen.records import CpuMeter, percentile
+from luftpause.procs import rss_bytes
 from luftpause.stack import MODEL, Stack
 
 INSTANT = ["--latency-ms", "0", "--token-ms", "0", "--reply-tokens", "8"]
@@ -86,18 +87,10 @@ async def measure(url: str, luftpause: bool, sequential: int, concurrent_request
     }
 
 
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 async def open_streams_memory(stack: Stack, streams: int) -> dict:
     """Dataplane RSS idle and with ``streams`` concurrent streams open mid-reply."""
     pid = stack.process("dataplane").process.pid
-    idle = rss_mb(pid)
+    idle = rss_bytes(pid) / 2**20
     url = f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
     connector = aiohttp.TCPConnector(limit=0)
     opened = 0
@@ -118,7 +111,7 @@ async def open_streams_memory(stack: Stack, streams: int) -> dict:
         try:
             await asyncio.wait_for(first_chunk.wait(), timeout=60)
             await asyncio.sleep(1)
-            busy = rss_mb(pid)
+            busy = rss_bytes(pid) / 2**20
         finally:
             release.set()
             for task in tasks:

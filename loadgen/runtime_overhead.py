@@ -47,7 +47,7 @@ from rich.table import Table
 
 from luftpause import logs
 from luftpause.loadgen.records import percentile
-from luftpause.procs import ManagedProcess, free_port, wait_until
+from luftpause.procs import ManagedProcess, free_port, rss_bytes, wait_until
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.runs import Run, RunSpec
 from luftpause.stack import MODEL, Ports, Stack, write_configs
@@ -252,13 +252,6 @@ def ms(value: float) -> str:
 
 
 # --- part 2: memory with idle runs -------------------------------------------------------------
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 async def spawn_many(mcp_url: str, count: int, arguments: dict[str, Any], concurrency: int = 32) -> list[str]:

@@ -27,6 +27,14 @@ def port_is_listening(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (Linux ``/proc``), for the benchmarks' memory figures."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
 def wait_until(predicate, timeout: float = 5.0, interval: float = 0.05) -> bool:
     """Poll ``predicate`` until it is true (True) or ``timeout`` seconds pass (False)."""
     deadline = time.monotonic() + timeout
