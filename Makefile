@@ -55,7 +55,7 @@ release:
 # --- benchmarks (BENCHMARKS.md); they install the bench extra (sglang-router) ----------
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
-.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler
+.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler bench-admission
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
@@ -72,6 +72,9 @@ bench-b3: $(BENCH_STAMP)
 
 bench-b4: $(BENCH_STAMP)
 	$(PY) -m luftpause.loadgen.proxy_bench
+
+bench-admission: $(STAMP)
+	$(PY) -m luftpause.loadgen.admission $(BENCH_ARGS)
 
 bench-scheduler: $(STAMP)
 	$(PY) -m luftpause.loadgen.scheduler_bench

@@ -186,7 +186,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("name", "base_url", "kind", "models", "healthy", "load_known", "running", "queued", "in_flight", "capacity")
+    __slots__ = ("name", "base_url", "kind", "models", "healthy", "load_known", "running", "queued", "in_flight", "capacity", "batch_reserve", "kv_used_tokens", "kv_total_tokens")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BASE_URL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +197,9 @@ class ReplicaStatus(_message.Message):
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    BATCH_RESERVE_FIELD_NUMBER: _ClassVar[int]
+    KV_USED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     name: str
     base_url: str
     kind: str
@@ -207,7 +210,10 @@ class ReplicaStatus(_message.Message):
     queued: int
     in_flight: int
     capacity: int
-    def __init__(self, name: _Optional[str] = ..., base_url: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., healthy: _Optional[bool] = ..., load_known: _Optional[bool] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
+    batch_reserve: int
+    kv_used_tokens: int
+    kv_total_tokens: int
+    def __init__(self, name: _Optional[str] = ..., base_url: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., healthy: _Optional[bool] = ..., load_known: _Optional[bool] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., batch_reserve: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_total_tokens: _Optional[int] = ...) -> None: ...
 
 class HeldGroup(_message.Message):
     __slots__ = ("key", "count", "longest_wait_ms")

@@ -1,4 +1,4 @@
-"""The scheduler's constants (SPEC §8), each with where it matters."""
+"""The scheduler's constants, each with where it matters."""
 
 # Health + load probe period of every engine; also the probe's own timeout.
 PROBE_PERIOD_S = 2.0
@@ -9,6 +9,11 @@ CLOCK_TICK_S = 1.0
 TURN_TIMEOUT_MS = 10 * 60 * 1000
 # A run with no turn for this long is forgotten; its next turn starts without affinity.
 RUN_IDLE_TIMEOUT_MS = 30 * 60 * 1000
+
+# The admission limit's increase per probe (core.py, "The admission limit"): the
+# requests that fit in this share of the engine's free KV, at most limit / divisor.
+LIMIT_FREE_KV_SHARE = 0.5
+LIMIT_MAX_STEP_DIVISOR = 4
 
 DEFAULT_GRPC_PORT = 5000
 DEFAULT_HTTP_PORT = 5001

@@ -4,20 +4,24 @@
 returns the next state and what the host must do. No I/O, no clock reads: time comes
 in the events. Read top to bottom it is the policy:
 
-* a turn goes only to a healthy generative replica serving its model (SPEC §6.5);
+* a turn goes only to a healthy generative replica serving its model;
 * a run that is generating or paused on a tool goes only to its last replica while
-  that replica is healthy (strict affinity, §6.3);
-* once an engine reports a waiting queue, in-flight turns on it are capped at the
-  number of requests it runs; engines without load metrics are never capped (§6.2);
-* batch turns leave room on a capped engine for every interactive run paused there;
-  held turns are released interactive first, then the caller with the fewest running
-  turns, then in arrival order (§6.4);
-* turns never reported finished expire after 10 min, idle runs after 30 min (§6.6).
+  that replica is healthy (strict affinity);
+* admission keeps the queue at the gateway, not in the engine: each replica has a
+  concurrency limit learned from the engine (see "The admission limit" below) and
+  kept between probes; in-flight turns are counted here, so a stale probe cannot
+  over-admit; engines without load metrics are never limited;
+* batch turns leave room under the limit for every interactive run paused on that
+  replica, sized by the paused run's context in KV tokens where the engine reports
+  token usage, one turn each otherwise; held turns are released interactive first,
+  then the caller with the fewest running turns, then in arrival order;
+* turns never reported finished expire after 10 min, idle runs after 30 min.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -26,7 +30,12 @@ from typing import NamedTuple
 from immutables import Map
 
 from luftpause.headers import MAX_CALLER_BYTES, SERVICE_CLASSES
-from luftpause.scheduler.constants import RUN_IDLE_TIMEOUT_MS, TURN_TIMEOUT_MS
+from luftpause.scheduler.constants import (
+    LIMIT_FREE_KV_SHARE,
+    LIMIT_MAX_STEP_DIVISOR,
+    RUN_IDLE_TIMEOUT_MS,
+    TURN_TIMEOUT_MS,
+)
 
 INTERACTIVE = "interactive"
 BATCH = "batch"
@@ -55,17 +64,19 @@ class Replica(NamedTuple):
     api_key_env: str = ""
     healthy: bool = False
     load_known: bool = False
-    running: int = 0
-    queued: int = 0
-    in_flight: int = 0
-    paused_interactive: int = 0
+    running: int = 0  # engine-reported, as of the last probe
+    queued: int = 0  # engine-reported, as of the last probe
+    kv_used: int = 0  # KV tokens the engine holds, 0 when it does not say
+    kv_total: int = 0  # the engine's KV pool in tokens, 0 when it does not say
+    in_flight: int = 0  # turns placed here and not yet ended: counted here, never stale
+    limit: int = 0  # learned concurrency limit; 0 = not learned yet (not limited)
+    paused_interactive: int = 0  # interactive runs paused on a tool, last served here
+    paused_interactive_tokens: int = 0  # their contexts, in tokens, where known
 
     @property
     def capacity(self) -> int | None:
-        """In-flight cap, or None while the engine reports no queue (or no load)."""
-        if self.load_known and self.queued > 0:
-            return self.running
-        return None
+        """The in-flight limit, or None while none has been learned (or no load is known)."""
+        return self.limit if self.limit > 0 else None
 
 
 class Run(NamedTuple):
@@ -75,6 +86,7 @@ class Run(NamedTuple):
     replica: str = ""
     stage: Stage = Stage.IDLE
     last_seen_ms: int = 0
+    context_tokens: int = 0  # prompt + reply of its last turn, 0 when not reported
 
 
 class Turn(NamedTuple):
@@ -113,7 +125,7 @@ class State(NamedTuple):
     running_by_caller: Map = Map()  # caller -> in-flight turns
     next_seq: int = 0
     resynced: bool = False
-    # Strict affinity (§6.3) is the policy; off only to measure what it is worth.
+    # Strict affinity is the policy; off only to measure what it is worth.
     affinity: bool = True
 
 
@@ -163,12 +175,24 @@ class RunEnded:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnUsage:
+    """The engine's token counts for a turn (reported just before it finishes)."""
+
+    turn_id: str
+    prompt_tokens: int
+    completion_tokens: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class EngineProbed:
     replica: str
     healthy: bool
     running: int | None  # None: the engine reports no load
     queued: int | None
     now_ms: int
+    kv_used: int | None = None  # KV tokens held, None when not reported
+    kv_total: int | None = None  # KV pool size in tokens, None when not reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +227,8 @@ class Resynced:
 
 
 Event = (
-    AdmitRequested | AdmitCancelled | TurnFinished | TurnFailed | RunEnded | EngineProbed | ClockTicked | Resynced
+    AdmitRequested | AdmitCancelled | TurnUsage | TurnFinished | TurnFailed | RunEnded | EngineProbed | ClockTicked
+    | Resynced
 )
 
 # ------------------------------------------------------------------------- actions
@@ -235,6 +260,8 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
             return _admit(state, event)
         case AdmitCancelled():
             state = _cancel(state, event)
+        case TurnUsage():
+            state = _usage(state, event)
         case TurnFinished():
             stage = Stage.PAUSED if event.finish_reason == "tool_calls" else Stage.IDLE
             state = _end_turn(state, event.turn_id, stage, event.now_ms)
@@ -324,11 +351,25 @@ def _candidates(state: State, turn: HeldTurn) -> list[Replica]:
     return serving
 
 
+def batch_reserve(replica: Replica) -> int:
+    """Turns of the limit batch may not take on this replica: room for the interactive
+    runs paused there on a tool. In KV tokens where the engine reports them (the paused
+    contexts over the tokens an average running request holds), never less than one
+    turn per paused run."""
+    paused = replica.paused_interactive
+    if paused == 0:
+        return 0
+    if replica.kv_total > 0 and replica.kv_used > 0 and replica.running > 0 and replica.paused_interactive_tokens:
+        per_turn = replica.kv_used / replica.running
+        return max(paused, math.ceil(replica.paused_interactive_tokens / per_turn))
+    return paused
+
+
 def _has_room(replica: Replica, service_class: str) -> bool:
     cap = replica.capacity
     if cap is None:
         return True
-    reserve = replica.paused_interactive if service_class == BATCH else 0
+    reserve = batch_reserve(replica) if service_class == BATCH else 0
     return replica.in_flight + reserve < cap
 
 
@@ -485,10 +526,11 @@ def _add(counts: Map, key: str, delta: int) -> Map:
 # ------------------------------------------------------------------ run bookkeeping
 
 
-def _paused_interactive(run: Run | None) -> str | None:
-    """The replica an interactive run paused on a tool holds a reserve on."""
+def _paused_interactive(run: Run | None) -> tuple[str, int] | None:
+    """The replica an interactive run paused on a tool holds a reserve on, and the
+    run's context in tokens."""
     if run is not None and run.stage is Stage.PAUSED and run.service_class == INTERACTIVE and run.replica:
-        return run.replica
+        return run.replica, run.context_tokens
     return None
 
 
@@ -499,10 +541,13 @@ def _put_run(state: State, run: Run | None, run_id: str | None = None) -> State:
     after = _paused_interactive(run)
     replicas = state.replicas
     if before != after:
-        for name, delta in ((before, -1), (after, +1)):
-            if name is not None and name in replicas:
-                r = replicas[name]
-                replicas = replicas.set(name, r._replace(paused_interactive=max(0, r.paused_interactive + delta)))
+        for reserve, sign in ((before, -1), (after, +1)):
+            if reserve is not None and reserve[0] in replicas:
+                r = replicas[reserve[0]]
+                replicas = replicas.set(reserve[0], r._replace(
+                    paused_interactive=max(0, r.paused_interactive + sign),
+                    paused_interactive_tokens=max(0, r.paused_interactive_tokens + sign * reserve[1]),
+                ))
     pin_before = _pin(state, state.runs.get(key))
     runs = state.runs.set(key, run) if run is not None else (state.runs.delete(key) if key in state.runs else state.runs)
     state = state._replace(runs=runs, replicas=replicas)
@@ -530,6 +575,56 @@ def _cancel(state: State, event: AdmitCancelled) -> State:
     return _end_turn(state, event.turn_id, Stage.IDLE, event.now_ms)
 
 
+def _usage(state: State, event: TurnUsage) -> State:
+    """Remember how large the turn's run has grown (its paused prefix is that size)."""
+    turn = state.turns.get(event.turn_id)
+    run = state.runs.get(turn.run_id) if turn is not None else None
+    if run is None:
+        return state
+    return _put_run(state, run._replace(context_tokens=max(0, event.prompt_tokens + event.completion_tokens)))
+
+
+# ---------------------------------------------------------------- the admission limit
+#
+# The engine's own queue is where an interactive turn would wait behind batch turns
+# in arrival order, so luftpause keeps that queue near empty and holds the rest
+# itself, in policy order. Per replica it keeps a concurrency limit, learned from the
+# engine and kept between probes (in-flight turns are counted here, so a probe that
+# is seconds old cannot make it over-admit):
+#
+# * learn / decrease: when the engine reports a waiting queue while luftpause has at
+#   least as many turns there as the engine runs, the excess is waiting in the
+#   engine: the limit becomes what the engine runs (never below 1);
+# * increase: when the engine reports no queue, luftpause is at the limit and turns
+#   are held, the engine could take more: the limit grows by the requests that fit
+#   in half its free KV (at the tokens an average running request holds), at least
+#   one and at most a quarter of the limit per probe; by one per probe where the
+#   engine reports no token usage;
+# * forget: an unhealthy engine, or one that stops reporting load, is learned anew.
+
+
+def _limit_after_probe(state: State, replica: Replica) -> int:
+    if not replica.healthy or not replica.load_known:
+        return 0
+    limit = replica.limit
+    if replica.queued > 0:
+        if limit == 0 or replica.in_flight >= replica.running:
+            limit = max(1, replica.running) if limit == 0 else max(1, min(limit, replica.running))
+        return limit
+    if limit > 0 and replica.in_flight >= limit and state.held:
+        return limit + _limit_step(replica)
+    return limit
+
+
+def _limit_step(replica: Replica) -> int:
+    ceiling = max(1, replica.limit // LIMIT_MAX_STEP_DIVISOR)
+    if replica.kv_total > 0 and replica.running > 0 and replica.kv_used > 0:
+        per_turn = replica.kv_used / replica.running
+        fits = int(max(0, replica.kv_total - replica.kv_used) * LIMIT_FREE_KV_SHARE / per_turn)
+        return max(1, min(ceiling, fits))
+    return 1
+
+
 def _probed(state: State, event: EngineProbed) -> State:
     replica = state.replicas.get(event.replica)
     if replica is None:
@@ -540,7 +635,10 @@ def _probed(state: State, event: EngineProbed) -> State:
         load_known=load_known,
         running=event.running or 0,
         queued=event.queued or 0,
+        kv_used=event.kv_used or 0,
+        kv_total=event.kv_total or 0,
     )
+    updated = updated._replace(limit=_limit_after_probe(state, updated))
     return state._replace(replicas=state.replicas.set(replica.name, updated))
 
 
@@ -589,6 +687,9 @@ def status(state: State, now_ms: int) -> dict:
             "queued": r.queued,
             "in_flight": r.in_flight,
             "capacity": -1 if r.capacity is None else r.capacity,
+            "batch_reserve": batch_reserve(r),
+            "kv_used_tokens": r.kv_used,
+            "kv_total_tokens": r.kv_total,
         }
         for r in sorted(state.replicas.values(), key=lambda r: r.name)
     ]

@@ -107,7 +107,9 @@ class SchedulerHost:
     def report(self, event: pb.TurnEvent) -> None:
         now = self.now_ms()
         kind = event.WhichOneof("kind")
-        if kind == "finished":
+        if kind == "usage":
+            self.apply(core.TurnUsage(event.turn_id, event.usage.prompt_tokens, event.usage.completion_tokens, now))
+        elif kind == "finished":
             self.apply(core.TurnFinished(event.turn_id, event.finished.finish_reason, now))
         elif kind == "failed":
             self.log.info("turn_failed", turn=event.turn_id, run=event.run_id, error=event.failed.error)
@@ -116,7 +118,7 @@ class SchedulerHost:
             self.apply(core.AdmitCancelled(event.turn_id, now))
         elif kind == "run_ended":
             self.apply(core.RunEnded(event.run_id, now))
-        # started, first_token and usage feed tracing and status later; they change no state.
+        # started and first_token feed tracing; they change no state.
 
     def resync(self, request: pb.ResyncRequest) -> None:
         runs = tuple(
@@ -141,7 +143,7 @@ class SchedulerHost:
                 for endpoint, result in zip(self.endpoints.values(), results, strict=True):
                     self._log_probe(endpoint.name, result)
                     self.apply(core.EngineProbed(endpoint.name, result.healthy, result.running, result.queued,
-                                                 self.now_ms()))
+                                                 self.now_ms(), result.kv_used, result.kv_total))
                 await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
 
     def _log_probe(self, replica: str, result: ProbeResult) -> None:

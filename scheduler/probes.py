@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,19 +24,56 @@ class BadMetrics(ValueError):
     """An engine's /metrics is not Prometheus text."""
 
 
-def parse_load(metrics_text: str) -> tuple[int, int] | None:
-    """(running, queued) from Prometheus text in SGLang or vLLM names, or None when
-    the engine reports neither. Raises BadMetrics on text that does not parse."""
+class Load(NamedTuple):
+    running: int
+    queued: int
+    kv_used: int = 0  # KV tokens held; 0 when the engine does not say
+    kv_total: int = 0  # KV pool in tokens; 0 when the engine does not say
+
+
+def _totals(metrics_text: str) -> tuple[dict[str, float], dict[str, dict[str, str]]]:
+    """Every sample summed by name, and the labels of the last sample of each name."""
     totals: dict[str, float] = {}
+    labels: dict[str, dict[str, str]] = {}
     try:
         for family in text_string_to_metric_families(metrics_text):
             for sample in family.samples:
                 totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+                labels[sample.name] = sample.labels
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         raise BadMetrics(str(exc) or type(exc).__name__) from None
+    return totals, labels
+
+
+def _kv_tokens(totals: dict[str, float], labels: dict[str, dict[str, str]]) -> tuple[int, int]:
+    """(KV tokens held, KV pool size) where the engine reports them, else (0, 0).
+    SGLang: ``num_used_tokens`` (or ``token_usage``) and ``max_total_num_tokens``;
+    vLLM: ``kv_cache_usage_perc`` and the pool from ``cache_config_info``'s labels."""
+    total = totals.get("sglang:max_total_num_tokens", 0.0)
+    if total > 0:
+        used = totals.get("sglang:num_used_tokens")
+        if used is None:
+            used = totals.get("sglang:token_usage", 0.0) * total
+        return int(used), int(total)
+    config = labels.get("vllm:cache_config_info", {})
+    try:
+        total = float(config.get("num_gpu_blocks", 0)) * float(config.get("block_size", 0))
+    except ValueError:
+        total = 0.0
+    usage = totals.get("vllm:kv_cache_usage_perc", totals.get("vllm:gpu_cache_usage_perc"))
+    if total > 0 and usage is not None:
+        return int(usage * total), int(total)
+    return 0, 0
+
+
+def parse_load(metrics_text: str) -> Load | None:
+    """Running and queued requests (and KV tokens where reported) from Prometheus text
+    in SGLang or vLLM names, or None when the engine reports no load. Raises
+    BadMetrics on text that does not parse."""
+    totals, labels = _totals(metrics_text)
     for running_name, queued_name in LOAD_METRICS:
         if running_name in totals and queued_name in totals:
-            return int(totals[running_name]), int(totals[queued_name])
+            return Load(int(totals[running_name]), int(totals[queued_name]), *_kv_tokens(totals, labels))
     return None
 
 
@@ -49,12 +87,14 @@ class ProbeResult:
     healthy: bool
     running: int | None = None  # None: no load reported
     queued: int | None = None
+    kv_used: int | None = None  # None: no KV tokens reported
+    kv_total: int | None = None
     problems: tuple[tuple[str, str], ...] = field(default=())  # (metrics URL, what is wrong with it)
 
 
 async def _load_of(
     client: httpx.AsyncClient, base_url: str, endpoint: Endpoint
-) -> tuple[int, int] | tuple[str, str] | None:
+) -> Load | tuple[str, str] | None:
     """(running, queued) at one metrics source, None when not reported, or (url, problem)."""
     try:
         response = await client.get(base_url + endpoint.metrics_path, headers=auth_headers(endpoint))
@@ -80,11 +120,15 @@ async def probe(client: httpx.AsyncClient, endpoint: Endpoint) -> ProbeResult:
         return ProbeResult(False)
     sources = endpoint.load_from or (endpoint.base_url,)
     loads = await asyncio.gather(*(_load_of(client, url, endpoint) for url in sources))
-    problems = tuple(load for load in loads if load is not None and isinstance(load[0], str))
-    numbers = [load for load in loads if load is not None and isinstance(load[0], int)]
+    problems = tuple(load for load in loads if load is not None and not isinstance(load, Load))
+    numbers = [load for load in loads if isinstance(load, Load)]
     if len(numbers) != len(loads):
         return ProbeResult(True, problems=problems)
-    return ProbeResult(True, sum(n[0] for n in numbers), sum(n[1] for n in numbers))
+    kv_known = all(n.kv_total > 0 for n in numbers)
+    return ProbeResult(
+        True, sum(n.running for n in numbers), sum(n.queued for n in numbers),
+        sum(n.kv_used for n in numbers) if kv_known else None, sum(n.kv_total for n in numbers) if kv_known else None,
+    )
 
 
 def probe_client() -> httpx.AsyncClient:

@@ -186,3 +186,128 @@ def test_resync_rebuilds_runs_and_in_flight_turns():
         n: (r.in_flight, r.paused_interactive) for n, r in before.replicas.items()
     }
     assert dict(after.running_by_caller) == dict(before.running_by_caller)
+
+
+# ------------------------------------------------------------- the admission limit
+
+
+def probe(state, name="a", running=2, queued=0, now=0, kv_used=None, kv_total=None):
+    return core.decide(state, core.EngineProbed(name, True, running, queued, now, kv_used, kv_total))
+
+
+def fill(state, count, prefix="t", cls="batch", now=0):
+    placed_now = {}
+    for i in range(count):
+        state, actions = admit(state, f"{prefix}{i}", f"{prefix}-run{i}", cls=cls, now=now)
+        placed_now.update(placed(actions))
+    return state, placed_now
+
+
+def test_learned_limit_persists_when_a_later_probe_sees_no_queue():
+    # The landed rule forgot the cap as soon as the engine's queue read empty, and the
+    # held turns flooded into the engine's FIFO.
+    state = pool("a")
+    state, _ = probe(state, running=3, queued=4)
+    state, first = fill(state, 3)
+    assert len(first) == 3
+    state, released = probe(state, running=3, queued=0)  # the engine drained its queue
+    state, more = fill(state, 5, prefix="u")
+    assert not placed(released) and not more
+    assert state.replicas["a"].in_flight == 3 and state.replicas["a"].capacity == 3
+
+
+def test_limit_drops_to_what_the_engine_runs_when_it_queues_our_excess():
+    state = pool("a")
+    state, _ = probe(state, running=6, queued=1)
+    state, first = fill(state, 6)
+    assert len(first) == 6
+    state, _ = probe(state, running=4, queued=2)  # it can run only 4 of our 6 now
+    assert state.replicas["a"].capacity == 4
+    for i in range(3):
+        state, _ = core.decide(state, core.TurnFinished(f"t{i}", "stop", 1))
+    state, more = fill(state, 3, prefix="u")
+    assert len(more) == 1  # 3 in flight + 1 = the limit of 4
+
+
+def test_a_queue_that_is_not_ours_does_not_lower_the_limit():
+    state = pool("a")
+    state, _ = probe(state, running=4, queued=1)
+    state, _ = fill(state, 2)
+    state, _ = probe(state, running=3, queued=5)  # others fill the engine; we have 2 of its 3
+    assert state.replicas["a"].capacity == 4
+
+
+def test_limit_grows_one_per_probe_while_the_engine_has_no_queue_and_turns_wait():
+    state = pool("a")
+    state, _ = probe(state, running=2, queued=1)
+    state, first = fill(state, 5)
+    assert len(first) == 2
+    state, released = probe(state, running=2, queued=0)
+    assert state.replicas["a"].capacity == 3 and len(placed(released)) == 1
+    state, released = probe(state, running=3, queued=0)
+    assert state.replicas["a"].capacity == 4 and len(placed(released)) == 1
+
+
+def test_limit_does_not_grow_without_waiting_turns():
+    state = pool("a")
+    state, _ = probe(state, running=2, queued=1)
+    state, _ = fill(state, 2)
+    for now in range(1, 5):
+        state, _ = probe(state, running=2, queued=0, now=now)
+    assert state.replicas["a"].capacity == 2
+
+
+def test_limit_grows_by_the_requests_that_fit_in_half_the_free_kv():
+    state = pool("a")
+    state, _ = probe(state, running=8, queued=1)
+    state, _ = fill(state, 12)
+    # 8 running hold 8,000 of 24,000 tokens: 1,000 each; half the 16,000 free fits 8,
+    # capped at a quarter of the limit (2) per probe.
+    state, released = probe(state, running=8, queued=0, kv_used=8000, kv_total=24000)
+    assert state.replicas["a"].capacity == 10 and len(placed(released)) == 2
+    # Nearly full: 1 at least.
+    state, _ = probe(state, running=10, queued=0, kv_used=23500, kv_total=24000)
+    assert state.replicas["a"].capacity == 11
+
+
+def test_an_unhealthy_engine_or_one_without_load_is_learned_anew():
+    for event in (core.EngineProbed("a", False, None, None, 1), core.EngineProbed("a", True, None, None, 1)):
+        state = pool("a")
+        state, _ = probe(state, running=2, queued=3)
+        state, _ = core.decide(state, event)
+        assert state.replicas["a"].capacity is None
+
+
+def test_batch_reserve_counts_paused_interactive_contexts_in_kv_tokens():
+    state = pool("a")
+    state, actions = admit(state, "i1", "interactive-run")
+    state, _ = core.decide(state, core.TurnUsage("i1", 2900, 100, 1))
+    state, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 1))
+    assert state.replicas["a"].paused_interactive_tokens == 3000
+    # 10 running requests hold 10,000 tokens: 1,000 on average; the paused 3,000-token
+    # context keeps 3 turns of the limit of 10 free of batch.
+    state, _ = probe(state, running=10, queued=1, kv_used=10_000, kv_total=20_000)
+    assert core.batch_reserve(state.replicas["a"]) == 3
+    state, batch = fill(state, 10)
+    assert len(batch) == 7
+    state, back = admit(state, "i2", "interactive-run", now=2)
+    # The run is back: its turn goes first, and the room it no longer needs goes to batch.
+    assert placed(back) == {"i2": "a", "t7": "a", "t8": "a"}
+    assert state.replicas["a"].paused_interactive == 0 and state.replicas["a"].paused_interactive_tokens == 0
+
+
+def test_batch_reserve_is_one_turn_per_paused_run_without_token_usage():
+    state = pool("a")
+    state, _ = admit(state, "i1", "interactive-run")
+    state, _ = core.decide(state, core.TurnUsage("i1", 2900, 100, 1))
+    state, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 1))
+    state, _ = probe(state, running=10, queued=1)
+    assert core.batch_reserve(state.replicas["a"]) == 1
+
+
+def test_status_shows_the_learned_limit_as_capacity():
+    state = pool("a", "b")
+    state, _ = probe(state, "a", running=3, queued=2)
+    state, _ = probe(state, "a", running=3, queued=0)
+    rows = {r["name"]: r for r in core.status(state, 0)["replicas"]}
+    assert rows["a"]["capacity"] == 3 and rows["b"]["capacity"] == -1

@@ -182,3 +182,38 @@ def test_state_after_resync_equals_state_before_the_restart(ops):
             replica.queued if replica.load_known else None, driver.now))
     after, _ = core.decide(restarted, core.Resynced(runs, turns, driver.now))
     assert comparable(after) == comparable(before)
+
+
+def queue_lowers_the_limit(before, event, after, actions):
+    """An engine that queues while luftpause has at least as many turns there as it
+    runs leaves with a limit no higher than what it runs: the queue goes to the gateway."""
+    if not isinstance(event, core.EngineProbed) or not event.healthy or not event.queued or event.running is None:
+        return
+    replica = after.replicas[event.replica]
+    if before.replicas[event.replica].in_flight >= event.running:
+        assert replica.capacity is not None and replica.capacity <= max(1, event.running), (event, replica)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.integers(0, 3), operations)
+def test_the_learned_limit_follows_the_engine_queue(running, ops):
+    driver = Driver(state=fresh_state(running), checks=[queue_lowers_the_limit, never_over_cap])
+    driver.play(ops)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 3), operations, st.integers(5, 30))
+def test_the_limit_recovers_to_full_use_when_the_engine_stops_queueing(running, ops, waiting):
+    """However low the limit was driven, an engine that shows no queue while turns wait
+    gets them all within a bounded number of probes, without any turn finishing."""
+    driver = Driver(state=fresh_state(running))
+    driver.play(ops)
+    for i in range(waiting):
+        driver.step(core.AdmitRequested(f"w{i}", f"waiting-run{i}", MODEL, "batch", "w", driver.now))
+    for _ in range(60):
+        if not driver.state.held:
+            break
+        for name in REPLICAS:
+            replica = driver.state.replicas[name]
+            driver.step(core.EngineProbed(name, True, replica.in_flight, 0, driver.now))
+    assert not driver.state.held

@@ -52,9 +52,22 @@ def test_scheduler_refuses_to_start_with_a_bad_pool_file(tmp_path):
 
 
 def test_load_is_read_in_sglang_and_vllm_names():
-    assert parse_load("sglang:num_running_reqs{model_name=\"m\"} 3\nsglang:num_queue_reqs{model_name=\"m\"} 2\n") == (3, 2)
-    assert parse_load("vllm:num_requests_running 5\nvllm:num_requests_waiting 0\n") == (5, 0)
+    assert parse_load("sglang:num_running_reqs{model_name=\"m\"} 3\nsglang:num_queue_reqs{model_name=\"m\"} 2\n")[:2] == (3, 2)
+    assert parse_load("vllm:num_requests_running 5\nvllm:num_requests_waiting 0\n")[:2] == (5, 0)
     assert parse_load("some_other_metric 1\n") is None
+
+
+def test_kv_tokens_are_read_where_the_engine_reports_its_pool():
+    sglang = ("sglang:num_running_reqs 3\nsglang:num_queue_reqs 0\nsglang:num_used_tokens 6000\n"
+              "sglang:max_total_num_tokens 24000\n")
+    assert parse_load(sglang) == (3, 0, 6000, 24000)
+    from_share = "sglang:num_running_reqs 3\nsglang:num_queue_reqs 0\nsglang:token_usage 0.5\nsglang:max_total_num_tokens 1000\n"
+    assert parse_load(from_share) == (3, 0, 500, 1000)
+    vllm = ('vllm:num_requests_running 2\nvllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.25\n'
+            'vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1\n')
+    assert parse_load(vllm) == (2, 1, 4000, 16000)
+    no_pool = "sglang:num_running_reqs 3\nsglang:num_queue_reqs 0\nsglang:token_usage 0.5\n"
+    assert parse_load(no_pool) == (3, 0, 0, 0)
 
 
 @pytest.fixture
