@@ -33,8 +33,9 @@ from luftpause import logs
 from luftpause.loadgen import peers
 from luftpause.loadgen.agents import Clock, Live, Target
 from luftpause.loadgen.driver import Group, run_load
-from luftpause.loadgen.records import CpuMeter
+from luftpause.loadgen.records import CpuMeter, RunRecord
 from luftpause.loadgen.spawn import SpawnTarget, fan_out
+from luftpause.loadgen.timeline import Timeline, plot_b2
 from luftpause.loadgen.workload import Workload
 from luftpause.procs import free_port
 from luftpause.stack import MODEL, Ports, Stack, write_configs
@@ -272,13 +273,34 @@ def b2_groups(heavy: bool) -> list[Group]:
     return [Group(4, replace(base, service_class="interactive")), Group(batch, replace(base, service_class="batch"))]
 
 
+def same_run_hits(records: list[RunRecord], window: tuple[float, float]) -> dict[str, float | int | None]:
+    """Prefix-cache hits a run got from its own earlier turns, as the engines reported
+    them per request (``usage.prompt_tokens_details.cached_tokens``). Every run shares
+    the system prompt, so any turn may hit that much: the floor is the largest hit of
+    a run's first turn. A later turn hitting more than the floor found its own
+    conversation still cached on the replica it went to."""
+    floor = max((r.turns[0].cached_tokens for r in records if r.turns), default=0)
+    later = [t for r in records if r.ok and window[0] <= r.ended <= window[1] for t in r.turns[1:]]
+    hits = [t for t in later if t.cached_tokens > floor]
+    return {"shared_floor_tokens": floor, "later_turns": len(later),
+            "same_run_hit_share": len(hits) / len(later) if later else None,
+            "tokens_above_floor": sum(t.cached_tokens - floor for t in hits)}
+
+
 async def _closed(rig: Rig, config: BenchConfig, name: str, heavy: bool, *, target: Target | None = None,
-                  spawn_target: SpawnTarget | None = None) -> dict[str, Any]:
+                  spawn_target: SpawnTarget | None = None, status_url: str | None = None) -> dict[str, Any]:
     rig.reset_engines()
-    result = await run_load(b2_groups(heavy), target=target, spawn_target=spawn_target, warmup_s=config.warmup_s,
-                            duration_s=config.window_s, time_scale=config.time_scale, name=name, console=console)
+    timeline = Timeline(rig.engine_urls, status_url, config.time_scale)
+    sampling = asyncio.create_task(timeline.run())
+    try:
+        result = await run_load(b2_groups(heavy), target=target, spawn_target=spawn_target,
+                                warmup_s=config.warmup_s, duration_s=config.window_s, time_scale=config.time_scale,
+                                name=name, console=console)
+    finally:
+        sampling.cancel()
     out = {"summary": result.summary, "cpu": result.cpu, "engine_cached_share": rig.cache_share(),
-           "engine_requests": rig.requests_per_engine()}
+           "engine_requests": rig.requests_per_engine(), "engines_over_window": timeline.summary(result.window_s),
+           "same_run": same_run_hits(result.records, result.window_s), "timeline": timeline.as_json()}
     s = result.summary
     log.warning("b2.variant", name=name, interactive=round(s.get("interactive", {}).get("runs_per_min", 0), 1),
                 batch=round(s.get("batch", {}).get("runs_per_min", 0), 1))
@@ -309,18 +331,22 @@ async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp"
             if "proxy" in results:
                 with rig.luftpause(affinity=False) as stack:
                     results["proxy"]["roam"].append(await _closed(
-                        rig, config, f"b2-proxy-roam-{repeat}", True, target=luftpause_target(stack)))
+                        rig, config, f"b2-proxy-roam-{repeat}", True, target=luftpause_target(stack),
+                        status_url=stack.urls["scheduler_status"]))
             with rig.luftpause(affinity=True) as stack:
                 if "proxy" in results:
                     results["proxy"]["strict"].append(await _closed(
-                        rig, config, f"b2-proxy-strict-{repeat}", True, target=luftpause_target(stack)))
+                        rig, config, f"b2-proxy-strict-{repeat}", True, target=luftpause_target(stack),
+                        status_url=stack.urls["scheduler_status"]))
                 if "mcp" in results:
                     results["mcp"]["strict"].append(await _closed(
                         rig, config, f"b2-mcp-strict-{repeat}", True,
-                        spawn_target=SpawnTarget(stack.urls["runtime_mcp"], MODEL)))
+                        spawn_target=SpawnTarget(stack.urls["runtime_mcp"], MODEL),
+                        status_url=stack.urls["scheduler_status"]))
                 if "light" in results:
                     results["light"]["strict"].append(await _closed(
-                        rig, config, f"b2-light-strict-{repeat}", False, target=luftpause_target(stack)))
+                        rig, config, f"b2-light-strict-{repeat}", False, target=luftpause_target(stack),
+                        status_url=stack.urls["scheduler_status"]))
             if "mcp" in results:
                 with rig.direct_runtime("cache_aware") as runtime:
                     results["mcp"]["router"].append(await _closed(
@@ -330,7 +356,10 @@ async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp"
     cpus = [r["cpu"] for p in results.values() for rs in p.values() for r in rs]
     console.print(cpu_note(cpus))
     payload = {"benchmark": "B2", **describe(config), "results": results}
-    console.print(f"raw results: {write_json(config, 'b2', payload)}")
+    path = write_json(config, "b2", payload)
+    console.print(f"raw results: {path}")
+    for part in parts:
+        console.print(f"plot: {plot_b2(path, path.with_name(f'{path.stem}-{part}.png'), part)}")
     return payload
 
 
@@ -345,7 +374,8 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
     table = Table(title=f"{title}: 4 interactive + {48 if heavy else 24} batch, closed loop, "
                         f"{config.window_s:.0f} s window, {config.repeats} repeats (model seconds)")
     for column in ("", "interactive runs/min", "interactive p50", "batch runs/min", "cached",
-                   "interactive ×router", "p50 ×router", "batch ×router"):
+                   "interactive ×router", "p50 ×router", "batch ×router", "engine queue", "luftpause held",
+                   "same-run hits"):
         table.add_column(column)
     base = results["router"]
     base_i = mean([_cls(r, "interactive", "runs_per_min") for r in base])
@@ -362,8 +392,15 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
                       fmt(cached, 0, " %"),
                       "—" if key == "router" else ratio(mean(inter), base_i),
                       "—" if key == "router" else ratio(mean(p50), base_p),
-                      "—" if key == "router" else ratio(mean(batch), base_b))
+                      "—" if key == "router" else ratio(mean(batch), base_b),
+                      fmt([r["engines_over_window"]["engine_queue_mean"] for r in rs]),
+                      fmt([r["engines_over_window"]["held_mean"] for r in rs]),
+                      fmt([_percent(r["same_run"]["same_run_hit_share"]) for r in rs], 0, " %"))
     console.print(table)
+
+
+def _percent(share: float | None) -> float | None:
+    return None if share is None else 100 * share
 
 
 # --- B3: routing ---------------------------------------------------------------------------------

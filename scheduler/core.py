@@ -611,9 +611,14 @@ def _limit_after_probe(state: State, replica: Replica) -> int:
         if limit == 0 or replica.in_flight >= replica.running:
             limit = max(1, replica.running) if limit == 0 else max(1, min(limit, replica.running))
         return limit
-    if limit > 0 and replica.in_flight >= limit and state.held:
+    if limit > 0 and replica.in_flight >= limit and _turns_wait_for(state, replica.name):
         return limit + _limit_step(replica)
     return limit
+
+
+def _turns_wait_for(state: State, name: str) -> bool:
+    """Whether held turns could go to this replica: pinned to it, or free to go anywhere."""
+    return bool(state.held_queues.get(name)) or bool(state.held_queues.get(""))
 
 
 def _limit_step(replica: Replica) -> int:

@@ -311,3 +311,21 @@ def test_status_shows_the_learned_limit_as_capacity():
     state, _ = probe(state, "a", running=3, queued=0)
     rows = {r["name"]: r for r in core.status(state, 0)["replicas"]}
     assert rows["a"]["capacity"] == 3 and rows["b"]["capacity"] == -1
+
+
+def test_limit_does_not_grow_for_turns_pinned_to_another_replica():
+    state = pool("a", "b")
+    state, _ = probe(state, "a", running=1, queued=1)
+    state, _ = probe(state, "b", running=1, queued=1)
+    state, first = admit(state, "p1", "pinned-run")
+    home = placed(first)["p1"]
+    other = "b" if home == "a" else "a"
+    state, _ = core.decide(state, core.TurnFinished("p1", "tool_calls", 1))
+    state, _ = admit(state, "x1", "busy-run")  # fills whichever replica is free
+    state, _ = admit(state, "x2", "busy-run-2")
+    state, held = admit(state, "p2", "pinned-run", now=2)  # waits for its home only
+    assert not placed(held)
+    state, _ = probe(state, other, running=1, queued=0, now=3)
+    assert state.replicas[other].capacity == 1
+    state, released = probe(state, home, running=1, queued=0, now=3)
+    assert state.replicas[home].capacity == 2 and placed(released) == {"p2": home}
