@@ -31,6 +31,8 @@ from immutables import Map
 
 from luftpause.headers import MAX_CALLER_BYTES, SERVICE_CLASSES
 from luftpause.scheduler.constants import (
+    LIMIT_CALM_MAX,
+    LIMIT_CALM_PROBES,
     LIMIT_FREE_KV_SHARE,
     LIMIT_MAX_STEP_DIVISOR,
     RUN_IDLE_TIMEOUT_MS,
@@ -70,6 +72,8 @@ class Replica(NamedTuple):
     kv_total: int = 0  # the engine's KV pool in tokens, 0 when it does not say
     in_flight: int = 0  # turns placed here and not yet ended: counted here, never stale
     limit: int = 0  # learned concurrency limit; 0 = not learned yet (not limited)
+    calm_probes: int = 0  # probes in a row that showed no queue in the engine
+    calm_needed: int = LIMIT_CALM_PROBES  # calm probes before the limit may grow
     paused_interactive: int = 0  # interactive runs paused on a tool, last served here
     paused_interactive_tokens: int = 0  # their contexts, in tokens, where known
 
@@ -595,25 +599,38 @@ def _usage(state: State, event: TurnUsage) -> State:
 # * learn / decrease: when the engine reports a waiting queue while luftpause has at
 #   least as many turns there as the engine runs, the excess is waiting in the
 #   engine: the limit becomes what the engine runs (never below 1);
-# * increase: when the engine reports no queue, luftpause is at the limit and turns
-#   are held, the engine could take more: the limit grows by the requests that fit
-#   in half its free KV (at the tokens an average running request holds), at least
-#   one and at most a quarter of the limit per probe; by one per probe where the
-#   engine reports no token usage;
+# * increase: when the engine has reported no queue for some probes in a row (two at
+#   first: one probe after a decrease is often the queue draining, not room),
+#   luftpause is at the limit and turns are held, the engine could take more: the
+#   limit grows by the requests that fit in half its free KV (at the tokens an
+#   average running request holds), at least one and at most a quarter of the limit
+#   per probe; by one per probe where the engine reports no KV pool;
+# * patience: each decrease doubles the calm probes the next increase waits for (up
+#   to 16), so an engine at its true capacity is not pushed into queueing every few
+#   seconds; twice that many calm probes in a row halve it again;
 # * forget: an unhealthy engine, or one that stops reporting load, is learned anew.
 
 
-def _limit_after_probe(state: State, replica: Replica) -> int:
+def _limit_after_probe(state: State, replica: Replica) -> Replica:
+    """The replica with its limit (and how patient the next increase must be) updated
+    from the probe just recorded on it."""
     if not replica.healthy or not replica.load_known:
-        return 0
-    limit = replica.limit
+        return replica._replace(limit=0, calm_needed=LIMIT_CALM_PROBES)
+    limit, needed = replica.limit, replica.calm_needed
     if replica.queued > 0:
-        if limit == 0 or replica.in_flight >= replica.running:
-            limit = max(1, replica.running) if limit == 0 else max(1, min(limit, replica.running))
-        return limit
-    if limit > 0 and replica.in_flight >= limit and _turns_wait_for(state, replica.name):
-        return limit + _limit_step(replica)
-    return limit
+        if limit == 0:
+            return replica._replace(limit=max(1, replica.running))
+        if replica.in_flight >= replica.running and replica.running < limit:
+            # Our own excess waits in the engine: back to what it runs, and probe for
+            # more room less eagerly next time (doubling, up to a ceiling).
+            return replica._replace(limit=max(1, replica.running), calm_needed=min(LIMIT_CALM_MAX, needed * 2))
+        return replica
+    if replica.calm_probes >= 2 * needed:  # long calm: the engine copes, be eager again
+        needed = max(LIMIT_CALM_PROBES, needed // 2)
+    if limit > 0 and replica.calm_probes >= needed and replica.in_flight >= limit \
+            and _turns_wait_for(state, replica.name):
+        limit += _limit_step(replica)
+    return replica._replace(limit=limit, calm_needed=needed)
 
 
 def _turns_wait_for(state: State, name: str) -> bool:
@@ -642,8 +659,9 @@ def _probed(state: State, event: EngineProbed) -> State:
         queued=event.queued or 0,
         kv_used=event.kv_used or 0,
         kv_total=event.kv_total or 0,
+        calm_probes=0 if (event.queued or not event.healthy) else replica.calm_probes + 1,
     )
-    updated = updated._replace(limit=_limit_after_probe(state, updated))
+    updated = _limit_after_probe(state, updated)
     return state._replace(replicas=state.replicas.set(replica.name, updated))
 
 

@@ -242,6 +242,8 @@ def test_limit_grows_one_per_probe_while_the_engine_has_no_queue_and_turns_wait(
     state, _ = probe(state, running=2, queued=1)
     state, first = fill(state, 5)
     assert len(first) == 2
+    state, released = probe(state, running=2, queued=0)  # one calm probe may be the queue draining
+    assert state.replicas["a"].capacity == 2 and not placed(released)
     state, released = probe(state, running=2, queued=0)
     assert state.replicas["a"].capacity == 3 and len(placed(released)) == 1
     state, released = probe(state, running=3, queued=0)
@@ -263,6 +265,7 @@ def test_limit_grows_by_the_requests_that_fit_in_half_the_free_kv():
     state, _ = fill(state, 12)
     # 8 running hold 8,000 of 24,000 tokens: 1,000 each; half the 16,000 free fits 8,
     # capped at a quarter of the limit (2) per probe.
+    state, _ = probe(state, running=8, queued=0, kv_used=8000, kv_total=24000)
     state, released = probe(state, running=8, queued=0, kv_used=8000, kv_total=24000)
     assert state.replicas["a"].capacity == 10 and len(placed(released)) == 2
     # Nearly full: 1 at least.
@@ -325,7 +328,27 @@ def test_limit_does_not_grow_for_turns_pinned_to_another_replica():
     state, _ = admit(state, "x2", "busy-run-2")
     state, held = admit(state, "p2", "pinned-run", now=2)  # waits for its home only
     assert not placed(held)
-    state, _ = probe(state, other, running=1, queued=0, now=3)
+    for _ in range(2):
+        state, _ = probe(state, other, running=1, queued=0, now=3)
     assert state.replicas[other].capacity == 1
     state, released = probe(state, home, running=1, queued=0, now=3)
+    assert not placed(released)
+    state, released = probe(state, home, running=1, queued=0, now=4)
     assert state.replicas[home].capacity == 2 and placed(released) == {"p2": home}
+
+
+def test_each_overshoot_makes_the_next_increase_wait_longer():
+    state = pool("a")
+    state, _ = probe(state, running=3, queued=2)
+    state, _ = fill(state, 10)
+    calm_probes_before_growth = []
+    for _ in range(3):
+        before = state.replicas["a"].capacity
+        calm = 0
+        while state.replicas["a"].capacity == before:
+            state, _ = probe(state, running=3, queued=0)
+            calm += 1
+        calm_probes_before_growth.append(calm)
+        state, _ = probe(state, running=3, queued=1)  # the engine runs 3: the step was too far
+        assert state.replicas["a"].capacity == 3
+    assert calm_probes_before_growth == [2, 4, 8]
