@@ -135,18 +135,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "laptop-1b-sglang": {
         "max_running": 0,
-        "kv_tokens": 24000,
+        "kv_tokens": 36000,
         "block_tokens": 16,
         "context_tokens": 8192,
         "max_prefill_tokens": 16384,
         "chunked_prefill_tokens": 2048,
         "cuda_graph_max_bs": 8,
-        "decode_eager_ms": 6.0,
+        "decode_eager_ms": 20.0,
         "metrics_interval_steps": 40,
         "latency_ms": 15.0,
-        "prefill_ms_per_token": 0.06,
+        "prefill_ms_per_token": 0.035,
         "token_ms": 12.0,
-        "decode_ms_per_request": 0.4,
+        "decode_ms_per_request": 0.8,
         "reply_tokens": 150,
         "reply_spread": 0.5,
         "tool_calls": 8,
@@ -175,6 +175,7 @@ class Gpu:
         self._lock = asyncio.Lock()
         self._free_at = 0.0
         self.busy_s = 0.0  # wall seconds of passes run, all replicas together
+        self.late_s = 0.0  # wall seconds passes ended after their planned end (a busy CPU)
 
     async def run(self, model_ms: float) -> None:
         """Hold the GPU for one pass of ``model_ms`` model milliseconds."""
@@ -190,6 +191,7 @@ class Gpu:
                 await asyncio.sleep(end - now)
             else:
                 await asyncio.sleep(0)
+            self.late_s += max(0.0, loop.time() - end)
             self._free_at = end
 
 
@@ -316,6 +318,7 @@ class EngineState:
             "reported_running": sum(model.gauges.running.values()),  # what /metrics shows (refreshed, not live)
             "reported_queued": sum(model.gauges.queued.values()),
             "gpu_busy_s": round(self.sim.gpu.busy_s, 3),  # the shared GPU's, when replicas share one
+            "gpu_late_s": round(self.sim.gpu.late_s, 3),  # how far the process fell behind the model
         }
 
 
