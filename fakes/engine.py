@@ -21,6 +21,7 @@ import json
 import math
 import os
 import random
+import signal
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -30,7 +31,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from luftpause import logs
@@ -55,6 +56,7 @@ class EngineConfig:
 
     host: str = "127.0.0.1"
     port: int = 9001
+    extra_ports: tuple[int, ...] = ()  # more replicas in this process, sharing one GPU timeline
     name: str = "fake-engine"
     models: tuple[str, ...] = ("fake-llama-1b",)
     tool_calls: int = 2
@@ -69,6 +71,10 @@ class EngineConfig:
     block_tokens: int = 16
     context_tokens: int = 0  # reply reservation without max_tokens: context − prompt; 0 = the planned reply
     max_prefill_tokens: int = 16384
+    chunked_prefill_tokens: int = 2048  # SGLang's --chunked-prefill-size on GPUs under 20 GB; 0 = off
+    cuda_graph_max_bs: int = 0  # decode batches above this pay --decode-eager-ms; 0 = never
+    decode_eager_ms: float = 0.0
+    metrics_interval_steps: int = 1  # decode steps between gauge refreshes (SGLang: 40); 1 = every step
     stream_interval: int = 1  # tokens per streamed chunk (SGLang's --stream-interval)
     time_scale: float = 1.0  # every simulated duration is multiplied by this
     seed: int = 0
@@ -90,6 +96,10 @@ class EngineConfig:
             block_tokens=self.block_tokens,
             context_tokens=self.context_tokens,
             max_prefill_tokens=self.max_prefill_tokens,
+            chunked_prefill_tokens=self.chunked_prefill_tokens,
+            cuda_graph_max_bs=self.cuda_graph_max_bs,
+            decode_eager_ms=self.decode_eager_ms,
+            metrics_interval_steps=self.metrics_interval_steps,
             prefill_base_ms=self.latency_ms,
             prefill_ms_per_token=self.prefill_ms_per_token,
             decode_base_ms=self.token_ms,
@@ -97,17 +107,15 @@ class EngineConfig:
         )
 
 
-# Calibrated engines. "laptop-1b": Llama-3.2-1B FP8 under SGLang, one of two replicas
-# sharing one 8 GB laptop GPU (the original testbed, ~42 runs/min batched). Derivation
-# (docs/benchmarks.md): KV 16 layers × 8 heads × 64 dims × 2 × 2 B = 32 KiB/token; each
-# replica gets ~2.8 GB (mem fraction ~0.35), less ~1.5 GB of weights and ~0.5 GB of CUDA
-# graphs and activations → ~0.75 GB of KV → ~24k tokens; prefill ~2 GFLOP/token at a shared laptop
-# GPU's effective ~35 TFLOP/s → ~0.06 ms/token; decode is memory-bound: ~2.5 GB of
-# weights read per step at ~120 GB/s effective for the replica's share (the other
-# replica contends for the same bandwidth) plus the scheduler's own per-step overhead →
-# ~20 ms; each running sequence adds its KV reads (~64 MB at a 2k-token context) and
-# sampling → ~0.8 ms; text replies of a 1B model in agent loops ~150 tokens median,
-# widely spread (capped by max_tokens).
+# Calibrated engines. "laptop-1b": the earlier, uncalibrated guess at one of the original
+# testbed's replicas (kept for comparison). "laptop-1b-sglang" (what the benchmarks use):
+# Llama-3.2-1B FP8 under SGLang's default scheduler, two replicas sharing one 8 GB laptop
+# GPU — serve both from one process (--extra-ports) so they share its timeline. Its
+# scheduler constants are SGLang's defaults on a GPU under 20 GB (chunked prefill 2048,
+# CUDA graphs up to batch 8, metrics every 40 decode steps, no running-request limit
+# besides KV); only the physical constants (KV per replica, prefill and decode costs)
+# were fitted, to the original's router and sequential figures alone, and then frozen:
+# docs/calibration.md has the targets, the fit and the physical reading of each value.
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "laptop-1b": {
@@ -116,9 +124,28 @@ PRESETS: dict[str, dict[str, Any]] = {
         "block_tokens": 16,
         "context_tokens": 8192,
         "max_prefill_tokens": 8192,
+        "chunked_prefill_tokens": 0,
         "latency_ms": 15.0,
         "prefill_ms_per_token": 0.06,
         "token_ms": 20.0,
+        "decode_ms_per_request": 0.8,
+        "reply_tokens": 150,
+        "reply_spread": 0.5,
+        "tool_calls": 8,
+    },
+    "laptop-1b-sglang": {
+        "max_running": 0,
+        "kv_tokens": 36000,
+        "block_tokens": 16,
+        "context_tokens": 8192,
+        "max_prefill_tokens": 16384,
+        "chunked_prefill_tokens": 2048,
+        "cuda_graph_max_bs": 8,
+        "decode_eager_ms": 20.0,
+        "metrics_interval_steps": 40,
+        "latency_ms": 15.0,
+        "prefill_ms_per_token": 0.035,
+        "token_ms": 12.0,
         "decode_ms_per_request": 0.8,
         "reply_tokens": 150,
         "reply_spread": 0.5,
@@ -130,21 +157,56 @@ PRESETS: dict[str, dict[str, Any]] = {
 # --- the simulation loop --------------------------------------------------------------
 
 
-class Simulator:
-    """Drives :class:`EngineModel` in real time: one loop per engine runs prefill passes
-    and decode steps, sleeping each pass's (scaled) duration, and wakes the handlers of
-    requests that made progress.
+class Gpu:
+    """One GPU's timeline, shared by the replicas served from one process.
 
-    The loop keeps its own clock and sleeps until each step's end on it, so handler and
-    event-loop overheads do not add up into a slower engine; when the machine falls
-    behind it catches up at most ``MAX_LAG_S`` (a saturated CPU must show, not hide).
+    Two SGLang processes on one GPU without MPS time-slice it: a kernel of one runs
+    while the other's waits. So a replica's pass starts when the GPU is free and holds
+    it for its whole duration; replicas take turns in arrival order (an asyncio lock is
+    first come, first served). The clock is kept here, not per pass, so handler and
+    event-loop overheads do not add up into a slower GPU; when the machine falls behind
+    it catches up at most ``MAX_LAG_S`` (a saturated CPU must show, not hide).
     """
 
     MAX_LAG_S = 0.02
 
-    def __init__(self, params: ModelParams, time_scale: float) -> None:
+    def __init__(self, time_scale: float) -> None:
+        self.time_scale = time_scale
+        self._lock = asyncio.Lock()
+        self._free_at = 0.0
+        self.busy_s = 0.0  # wall seconds of passes run, all replicas together
+        self.late_s = 0.0  # wall seconds passes ended after their planned end (a busy CPU)
+
+    async def run(self, model_ms: float) -> None:
+        """Hold the GPU for one pass of ``model_ms`` model milliseconds."""
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            # just behind (a pass ended late): catch up; longer ago: the GPU was idle
+            start = self._free_at if now - self._free_at <= self.MAX_LAG_S else now
+            duration = model_ms * self.time_scale / 1000
+            end = start + duration
+            self.busy_s += duration
+            if end > now:
+                await asyncio.sleep(end - now)
+            else:
+                await asyncio.sleep(0)
+            self.late_s += max(0.0, loop.time() - end)
+            self._free_at = end
+
+
+class Simulator:
+    """Drives :class:`EngineModel` in real time: one loop per replica runs prefill passes
+    and decode steps on its (possibly shared) :class:`Gpu`, and wakes the handlers of
+    requests that made progress. When idle, the gauges refresh after ``IDLE_METRICS_S``
+    model seconds, as SGLang's idle self-check logs metrics every 30 s."""
+
+    IDLE_METRICS_S = 30.0
+
+    def __init__(self, params: ModelParams, time_scale: float, gpu: Gpu | None = None) -> None:
         self.model = EngineModel(params)
         self.time_scale = time_scale
+        self.gpu = gpu if gpu is not None else Gpu(time_scale)
         self._wake = asyncio.Event()
         self._progress: dict[int, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
@@ -193,39 +255,33 @@ class Simulator:
             if event is not None:
                 event.set()
 
+    async def _idle(self) -> None:
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), self.IDLE_METRICS_S * self.time_scale)
+        except TimeoutError:
+            self.model.refresh_gauges()
+            await self._wake.wait()
+
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        clock = loop.time()
         while True:
             if not self.model.busy:
-                self._wake.clear()
-                await self._wake.wait()
-                clock = loop.time()
+                await self._idle()
+                continue
             admitted = self.model.admit()
             if admitted:
-                clock = await self._advance(loop, clock, self.model.prefill_ms(admitted))
+                await self.gpu.run(self.model.prefill_ms(admitted))
                 self.model.finish_prefill(admitted)
-                self.tokens_generated += sum(1 for r in admitted if r.generated)
+                self.tokens_generated += sum(1 for r in admitted if r.prefilled)
                 self._notify(admitted)
             elif self.model.decoding():
-                batch = self.model.decoding()
-                clock = await self._advance(loop, clock, self.model.decode_ms())
+                batch = self.model.prepare_decode()
+                await self.gpu.run(self.model.decode_ms())
                 self.model.decode_step()
                 self.tokens_generated += len(batch)
                 self._notify(batch)
             else:  # waiting requests that cannot be admitted and nothing runs: cannot happen
-                self._wake.clear()
-                await self._wake.wait()
-                clock = loop.time()
-
-    async def _advance(self, loop: asyncio.AbstractEventLoop, clock: float, model_ms: float) -> float:
-        target = clock + model_ms * self.time_scale / 1000
-        now = loop.time()
-        if target > now:
-            await asyncio.sleep(target - now)
-            return target
-        await asyncio.sleep(0)
-        return max(target, now - self.MAX_LAG_S)
+                await self._idle()
 
 
 # --- engine state -------------------------------------------------------------------
@@ -257,6 +313,12 @@ class EngineState:
             "kv_used_tokens": model.used_tokens,
             "kv_cached_blocks": len(model.cache),
             "tokens_generated": self.sim.tokens_generated,
+            "retractions": model.counters.retractions,
+            "new_token_ratio": round(model.new_token_ratio, 4),
+            "reported_running": sum(model.gauges.running.values()),  # what /metrics shows (refreshed, not live)
+            "reported_queued": sum(model.gauges.queued.values()),
+            "gpu_busy_s": round(self.sim.gpu.busy_s, 3),  # the shared GPU's, when replicas share one
+            "gpu_late_s": round(self.sim.gpu.late_s, 3),  # how far the process fell behind the model
         }
 
 
@@ -264,7 +326,9 @@ STATE_KEY = web.AppKey("engine_state", EngineState)
 
 
 class EngineCollector(Collector):
-    """Renders gauges from live state at scrape time, in SGLang's or vLLM's names."""
+    """Renders the model's gauges at scrape time, in SGLang's or vLLM's names: running,
+    queue and token usage as SGLang last refreshed them (see :mod:`luftpause.fakes.sim`),
+    and the retractions so far as a counter."""
 
     def __init__(self, state: EngineState) -> None:
         self.state = state
@@ -273,16 +337,22 @@ class EngineCollector(Collector):
         names = _METRIC_NAMES[self.state.config.metrics_format]
         families = {key: GaugeMetricFamily(name, doc, labels=["model_name"]) for key, (name, doc) in names.items()}
         model = self.state.sim.model
+        gauges = model.gauges
         for name in self.state.config.models:
             values = {
-                "running": model.running_for(name),
-                "queued": model.queued_for(name),
-                "token_usage": model.token_usage(),
-                "cache_hit_rate": model.cache_hit_rate(),
+                "running": gauges.running.get(name, 0),
+                "queued": gauges.queued.get(name, 0),
+                "token_usage": gauges.token_usage,
+                "cache_hit_rate": gauges.cache_hit_rate,
             }
             for key, family in families.items():
                 family.add_metric([name], values[key])
         yield from families.values()
+        counter = "sglang:num_retracted_reqs" if self.state.config.metrics_format == "sglang" else "vllm:num_preemptions"
+        retracted = CounterMetricFamily(counter, "Requests sent back to the queue because a decode step ran out of KV.",
+                                        labels=["model_name"])
+        retracted.add_metric([self.state.config.models[0]], model.counters.retractions)
+        yield retracted
 
 
 _METRIC_NAMES: dict[str, dict[str, tuple[str, str]]] = {
@@ -290,7 +360,7 @@ _METRIC_NAMES: dict[str, dict[str, tuple[str, str]]] = {
         "running": ("sglang:num_running_reqs", "The number of running requests."),
         "queued": ("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
         "token_usage": ("sglang:token_usage", "The token usage (share of the KV cache in use)."),
-        "cache_hit_rate": ("sglang:cache_hit_rate", "The prefix cache hit rate."),
+        "cache_hit_rate": ("sglang:cache_hit_rate", "The prefix cache hit rate of the last prefill batch."),
     },
     "vllm": {
         "running": ("vllm:num_requests_running", "Number of requests in model execution batches."),
@@ -649,11 +719,12 @@ async def metrics(request: web.Request) -> web.Response:
 REGISTRY_KEY = web.AppKey("metrics_registry", CollectorRegistry)
 
 
-def create_app(config: EngineConfig) -> web.Application:
-    """The engine as an aiohttp app, for ``main`` and for in-process tests."""
+def create_app(config: EngineConfig, gpu: Gpu | None = None) -> web.Application:
+    """The engine as an aiohttp app, for ``main`` and for in-process tests; replicas
+    given the same ``gpu`` share its timeline (one process, one GPU)."""
     if config.metrics_format not in _METRIC_NAMES:
         raise ValueError(f"metrics_format must be one of {sorted(_METRIC_NAMES)}")
-    state = EngineState(config=config, sim=Simulator(config.params(), config.time_scale),
+    state = EngineState(config=config, sim=Simulator(config.params(), config.time_scale, gpu),
                         faults=config.engine_faults())
     registry = CollectorRegistry(auto_describe=True)
     registry.register(EngineCollector(state))
@@ -737,7 +808,20 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
            "context length: a request without max_tokens reserves context − prompt tokens; "
            "0 = it reserves its planned reply only")
     option("--max-prefill-tokens", "MAX_PREFILL_TOKENS", int, d.max_prefill_tokens,
-           "uncached prompt tokens one prefill pass takes at most")
+           "uncached prompt tokens one prefill batch takes at most")
+    option("--chunked-prefill-tokens", "CHUNKED_PREFILL_TOKENS", int, d.chunked_prefill_tokens,
+           "new tokens one prefill pass takes at most; a longer prompt continues in the next pass; 0 = no chunking")
+    option("--cuda-graph-max-bs", "CUDA_GRAPH_MAX_BS", int, d.cuda_graph_max_bs,
+           "largest decode batch run as a CUDA graph; larger batches pay --decode-eager-ms more; 0 = no step")
+    option("--decode-eager-ms", "DECODE_EAGER_MS", float, d.decode_eager_ms,
+           "extra cost of a decode step above --cuda-graph-max-bs, ms")
+    option("--metrics-interval-steps", "METRICS_INTERVAL_STEPS", int, d.metrics_interval_steps,
+           "decode steps between refreshes of the /metrics gauges (SGLang: 40); they also refresh after "
+           "every prefill pass and after 30 idle model seconds")
+    option("--extra-ports", "EXTRA_PORTS", str, ",".join(map(str, d.extra_ports)),
+           "comma-separated ports of more replicas served by this process on the same simulated GPU "
+           "(one GPU shared by several SGLang replicas: one replica's pass delays the others'); "
+           "replica i is named <name>-<i> when there are several")
     option("--stream-interval", "STREAM_INTERVAL", int, d.stream_interval, "tokens per streamed chunk")
     option("--time-scale", "TIME_SCALE", float, d.time_scale,
            "multiplies every simulated duration (0.25 = four times faster than the modelled engine)")
@@ -767,8 +851,20 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
     if a.time_scale <= 0:
         p.error("--time-scale must be positive")
     values = {f.name: getattr(a, f.name) for f in fields(EngineConfig) if hasattr(a, f.name)}
-    values.update(models=model_names, labels=labels, faults=tuple(a.fault))
+    try:
+        extra_ports = tuple(int(x) for x in a.extra_ports.split(",") if x.strip())
+    except ValueError:
+        p.error("--extra-ports must be comma-separated port numbers")
+    values.update(models=model_names, labels=labels, faults=tuple(a.fault), extra_ports=extra_ports)
     return EngineConfig(**values)
+
+
+def replica_configs(config: EngineConfig) -> list[EngineConfig]:
+    """One config per replica this process serves (``--port`` and ``--extra-ports``)."""
+    if not config.extra_ports:
+        return [config]
+    ports = (config.port, *config.extra_ports)
+    return [replace(config, port=port, extra_ports=(), name=f"{config.name}-{i}") for i, port in enumerate(ports)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -776,15 +872,44 @@ def main(argv: Sequence[str] | None = None) -> None:
     logs.configure("fake-engine")
     structlog.contextvars.bind_contextvars(engine=config.name)
     log.info("engine.start", **asdict(config))
-    web.run_app(
-        create_app(config),
-        host=config.host,
-        port=config.port,
-        access_log=None,
-        print=None,
-        handler_cancellation=True,  # a client disconnect cancels its request, as in real engines
-        shutdown_timeout=1.0,
-    )
+    if not config.extra_ports:
+        web.run_app(
+            create_app(config),
+            host=config.host,
+            port=config.port,
+            access_log=None,
+            print=None,
+            handler_cancellation=True,  # a client disconnect cancels its request, as in real engines
+            shutdown_timeout=1.0,
+        )
+        return
+    try:
+        asyncio.run(_serve_replicas(replica_configs(config)))
+    except KeyboardInterrupt:
+        pass
+
+
+async def _serve_replicas(configs: list[EngineConfig]) -> None:
+    """Several replicas on one GPU timeline, each app on its own port, until SIGTERM/SIGINT."""
+
+    gpu = Gpu(configs[0].time_scale)
+    runners = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        for config in configs:
+            runner = web.AppRunner(create_app(config, gpu), access_log=None, handler_cancellation=True,
+                                   shutdown_timeout=1.0)
+            await runner.setup()
+            runners.append(runner)
+            await web.TCPSite(runner, config.host, config.port).start()
+            log.info("engine.replica", name=config.name, port=config.port)
+        await stop.wait()
+    finally:
+        for runner in runners:
+            await runner.cleanup()
 
 
 if __name__ == "__main__":

@@ -3,19 +3,26 @@ engines, in one invocation, every variant repeated.
 
 ``python -m luftpause.loadgen.bench b1|b2|b3|all [--repeats N] [--time-scale F]``
 
-Each benchmark starts what it needs itself — two fake engines (``--preset laptop-1b``),
-the fake MCP, SGLang routers (``cache_aware``, ``round_robin``) in front of the same
+Each benchmark starts what it needs itself — two fake engine replicas sharing one
+simulated GPU (one process, ``--preset laptop-1b-sglang``), the fake MCP, SGLang routers (``cache_aware``, ``round_robin``) in front of the same
 engines, luftpause's scheduler, dataplane and runtime, and for the MCP baselines a
 runtime whose turns go straight to a router — runs the variants one after another
 (engines emptied between variants), prints the table in BENCHMARKS.md's shape with
 ratios against the router, and writes the raw results to ``bench-results/``. Times are
-model seconds: wall seconds divided by the time scale.
+model seconds: wall seconds divided by the time scale. Per variant it also reports what
+the engines saw: the mean of the summed ``num_queue_reqs`` (as ``/metrics`` shows it,
+sampled every model second over the window), retractions, and the cached-token share.
+
+``--variants router`` runs only the peers' rows (sequential, the SGLang router, the
+runtime straight to the router): what the engine preset is calibrated on
+(docs/calibration.md); no luftpause process is started.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import time
@@ -50,7 +57,9 @@ class BenchConfig:
     repeats: int = 2
     seed: int = 1
     stream_interval: int = 8
-    preset: str = "laptop-1b"
+    preset: str = "laptop-1b-sglang"
+    shared_gpu: bool = True  # both replicas in one engine process, on one GPU timeline
+    router_only: bool = False  # only the peers' rows (calibration): no luftpause process
     out_dir: Path = Path("bench-results")
     work_dir: Path = Path("bench-results/work")
     window_s: float = 120.0  # B2 measurement window, model seconds (B3 uses half)
@@ -83,9 +92,16 @@ class Rig:
 
     def __enter__(self) -> Rig:
         try:
-            for i, port in enumerate(self.engine_ports):
-                engine = peers.engine_process(f"engine-{'ab'[i]}", port, self.config.engine_args(), self.logs)
-                self._start(engine)
+            if self.config.shared_gpu:  # one process, two replicas, one GPU (as on the original testbed)
+                extra = ["--extra-ports", ",".join(str(p) for p in self.engine_ports[1:])]
+                self._start(peers.engine_process("engine", self.engine_ports[0],
+                                                 [*self.config.engine_args(), *extra], self.logs))
+                for url in self.engine_urls[1:]:
+                    peers.wait_healthy(f"{url}/health")
+            else:
+                for i, port in enumerate(self.engine_ports):
+                    engine = peers.engine_process(f"engine-{'ab'[i]}", port, self.config.engine_args(), self.logs)
+                    self._start(engine)
             fake_mcp = peers.ManagedProcess(
                 "fake-mcp", "luftpause.fakes.mcp",
                 ["--host", peers.HOST, "--port", str(self.mcp_port), "--delay-s", str(2.0 * self.config.time_scale)],
@@ -156,6 +172,49 @@ class Rig:
         prompt = sum(s["prompt_tokens"] for s in stats)
         return sum(s["cached_tokens"] for s in stats) / prompt if prompt else 0.0
 
+    def retractions(self) -> int:
+        return sum(s.get("retractions", 0) for s in peers.engine_stats(self.engine_urls))
+
+    @contextlib.asynccontextmanager
+    async def engine_sampler(self, delay_s: float) -> Any:
+        """Samples every engine's ``/stats`` once a model second after ``delay_s`` model
+        seconds (the warm-up); yields the list the samples go to."""
+        samples: list[dict[str, Any]] = []
+        scale = self.config.time_scale
+
+        async def sample() -> None:
+            await asyncio.sleep(delay_s * scale)
+            started = time.monotonic()
+            while True:
+                try:
+                    stats = await asyncio.to_thread(peers.engine_stats, self.engine_urls)
+                except OSError:
+                    stats = []
+                if stats:
+                    samples.append({"t": round((time.monotonic() - started) / scale, 2),
+                                    "queued": [s.get("reported_queued", s["queued"]) for s in stats],
+                                    "queued_live": [s["queued"] for s in stats],
+                                    "running": [s["running"] for s in stats]})
+                await asyncio.sleep(scale)
+
+        task = asyncio.create_task(sample())
+        try:
+            yield samples
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def engine_figures(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        """What the engines saw over a variant's window."""
+        queued = [sum(s["queued"]) for s in samples]
+        live = [sum(s["queued_live"]) for s in samples]
+        return {"engine_cached_share": self.cache_share(), "engine_requests": self.requests_per_engine(),
+                "engine_retractions": self.retractions(),
+                "engine_queue_mean": statistics.fmean(queued) if queued else None,
+                "engine_queue_live_mean": statistics.fmean(live) if live else None,
+                "engine_samples": samples}
+
 
 def router_target(rig: Rig, policy: str) -> Target:
     return Target(f"{rig.routers[policy].url}/v1", MODEL, luftpause=False)
@@ -194,7 +253,7 @@ def write_json(config: BenchConfig, name: str, payload: dict[str, Any]) -> Path:
 def describe(config: BenchConfig) -> dict[str, Any]:
     from luftpause.fakes.engine import PRESETS
     return {"bench_config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
-            "engine_preset": PRESETS[config.preset], "engines": 2}
+            "engine_preset": PRESETS[config.preset], "engines": 2, "shared_gpu": config.shared_gpu}
 
 
 def cpu_note(cpus: list[dict[str, Any]]) -> str:
@@ -216,16 +275,20 @@ B1_WORKLOAD = Workload(service_class="interactive", context_chars_min=10000, con
 async def bench_b1(config: BenchConfig) -> dict[str, Any]:
     results: dict[str, list[dict[str, Any]]] = {"sequential": [], "luftpause": [], "router": []}
     with Rig(config, "b1", ("cache_aware",)) as rig:
-        with rig.luftpause() as stack:
-            runtime = stack.urls["runtime_mcp"]
-            await _warm_up(runtime, config)
-            for repeat in range(config.repeats):
-                for variant, sequential in (("sequential", True), ("luftpause", False)):
-                    rig.reset_engines()
-                    results[variant].append(await _fan(runtime, sequential, f"b1-{variant}-{repeat}", config))
+        if not config.router_only:
+            with rig.luftpause() as stack:
+                runtime = stack.urls["runtime_mcp"]
+                await _warm_up(runtime, config)
+                for repeat in range(config.repeats):
+                    for variant, sequential in (("sequential", True), ("luftpause", False)):
+                        rig.reset_engines()
+                        results[variant].append(await _fan(runtime, sequential, f"b1-{variant}-{repeat}", config))
         with rig.direct_runtime("cache_aware") as runtime:
             await _warm_up(runtime, config)
             for repeat in range(config.repeats):
+                if config.router_only:  # sequential too, one sub-agent at a time through the router
+                    rig.reset_engines()
+                    results["sequential"].append(await _fan(runtime, True, f"b1-sequential-{repeat}", config))
                 rig.reset_engines()
                 results["router"].append(await _fan(runtime, False, f"b1-router-{repeat}", config))
     seq = mean([r["all_done_s"] for r in results["sequential"]])
@@ -236,6 +299,8 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
     router = mean([r["all_done_s"] for r in results["router"]])
     for label, key in (("sequential (spawn, await, next)", "sequential"), ("parallel through luftpause", "luftpause"),
                        ("parallel direct to the SGLang router", "router")):
+        if not results[key]:
+            continue
         times = [r["all_done_s"] for r in results[key]]
         table.add_row(label, fmt(times, unit=" s"), "—" if key == "sequential" else ratio(seq, mean(times)),
                       ratio(router, mean(times)) if key == "luftpause" else "—")
@@ -293,17 +358,19 @@ async def _closed(rig: Rig, config: BenchConfig, name: str, heavy: bool, *, targ
     timeline = Timeline(rig.engine_urls, status_url, config.time_scale)
     sampling = asyncio.create_task(timeline.run())
     try:
-        result = await run_load(b2_groups(heavy), target=target, spawn_target=spawn_target,
-                                warmup_s=config.warmup_s, duration_s=config.window_s, time_scale=config.time_scale,
-                                name=name, console=console)
+        async with rig.engine_sampler(config.warmup_s) as samples:
+            result = await run_load(b2_groups(heavy), target=target, spawn_target=spawn_target,
+                                    warmup_s=config.warmup_s, duration_s=config.window_s,
+                                    time_scale=config.time_scale, name=name, console=console)
     finally:
         sampling.cancel()
-    out = {"summary": result.summary, "cpu": result.cpu, "engine_cached_share": rig.cache_share(),
-           "engine_requests": rig.requests_per_engine(), "engines_over_window": timeline.summary(result.window_s),
+    out = {"summary": result.summary, "cpu": result.cpu, **rig.engine_figures(samples),
+           "engines_over_window": timeline.summary(result.window_s),
            "same_run": same_run_hits(result.records, result.window_s), "timeline": timeline.as_json()}
     s = result.summary
     log.warning("b2.variant", name=name, interactive=round(s.get("interactive", {}).get("runs_per_min", 0), 1),
-                batch=round(s.get("batch", {}).get("runs_per_min", 0), 1))
+                batch=round(s.get("batch", {}).get("runs_per_min", 0), 1), queue=out["engine_queue_mean"],
+                retractions=out["engine_retractions"])
     return out
 
 
@@ -328,6 +395,12 @@ async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp"
                         results[part]["router"].append(await _closed(
                             rig, config, f"b2-{part}-router-{repeat}", part == "proxy",
                             target=router_target(rig, "cache_aware")))
+            if config.router_only:
+                if "mcp" in results:
+                    with rig.direct_runtime("cache_aware") as runtime:
+                        results["mcp"]["router"].append(await _closed(
+                            rig, config, f"b2-mcp-router-{repeat}", True, spawn_target=SpawnTarget(runtime, MODEL)))
+                continue
             if "proxy" in results:
                 with rig.luftpause(affinity=False) as stack:
                     results["proxy"]["roam"].append(await _closed(
@@ -373,8 +446,8 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
              "light": "B2 light load (2,000-char contexts, 24 batch runs)"}[part]
     table = Table(title=f"{title}: 4 interactive + {48 if heavy else 24} batch, closed loop, "
                         f"{config.window_s:.0f} s window, {config.repeats} repeats (model seconds)")
-    for column in ("", "interactive runs/min", "interactive p50", "batch runs/min", "cached",
-                   "interactive ×router", "p50 ×router", "batch ×router", "engine queue", "luftpause held",
+    for column in ("", "interactive runs/min", "interactive p50", "batch runs/min", "cached", "engine queue",
+                   "retractions", "interactive ×router", "p50 ×router", "batch ×router", "luftpause held",
                    "same-run hits"):
         table.add_column(column)
     base = results["router"]
@@ -383,17 +456,19 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
     base_b = mean([_cls(r, "batch", "runs_per_min") for r in base])
     for key, label in B2_VARIANTS[part]:
         rs = results[key]
+        if not rs:
+            continue
         inter = [_cls(r, "interactive", "runs_per_min") for r in rs]
         p50 = [_cls(r, "interactive", "latency_p50_s") for r in rs]
         batch = [_cls(r, "batch", "runs_per_min") for r in rs]
         cached = [100 * r["engine_cached_share"] for r in rs]
         errors = sum((_cls(r, "interactive", "errors") or 0) + (_cls(r, "batch", "errors") or 0) for r in rs)
         table.add_row(label + (f" [{errors} errors]" if errors else ""), fmt(inter), fmt(p50, unit=" s"), fmt(batch),
-                      fmt(cached, 0, " %"),
+                      fmt(cached, 0, " %"), fmt([r.get("engine_queue_mean") for r in rs]),
+                      fmt([r.get("engine_retractions") for r in rs], 0),
                       "—" if key == "router" else ratio(mean(inter), base_i),
                       "—" if key == "router" else ratio(mean(p50), base_p),
                       "—" if key == "router" else ratio(mean(batch), base_b),
-                      fmt([r["engines_over_window"]["engine_queue_mean"] for r in rs]),
                       fmt([r["engines_over_window"]["held_mean"] for r in rs]),
                       fmt([_percent(r["same_run"]["same_run_hit_share"]) for r in rs], 0, " %"))
     console.print(table)
@@ -416,37 +491,41 @@ async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
 
     async def one(name: str, runtime: str, rig: Rig) -> dict[str, Any]:
         rig.reset_engines()
-        result = await run_load([Group(concurrency, B3_WORKLOAD)], spawn_target=SpawnTarget(runtime, MODEL),
-                                warmup_s=warmup, duration_s=window, time_scale=config.time_scale, name=name,
-                                console=console)
+        async with rig.engine_sampler(warmup) as samples:
+            result = await run_load([Group(concurrency, B3_WORKLOAD)], spawn_target=SpawnTarget(runtime, MODEL),
+                                    warmup_s=warmup, duration_s=window, time_scale=config.time_scale, name=name,
+                                    console=console)
         out = {"runs_per_min": result.summary.get("batch", {}).get("runs_per_min", 0.0),
                "errors": result.summary.get("batch", {}).get("errors", 0),
-               "engine_cached_share": rig.cache_share(), "engine_requests": rig.requests_per_engine(),
-               "cpu": result.cpu}
+               **rig.engine_figures(samples), "cpu": result.cpu}
         log.warning("b3.variant", name=name, runs_per_min=round(out["runs_per_min"], 1),
                     cached=round(out["engine_cached_share"], 3))
         return out
 
     with Rig(config, "b3", ("cache_aware", "round_robin")) as rig:
-        with rig.luftpause() as stack:
-            for repeat in range(config.repeats):
-                results["luftpause"].append(await one(f"b3-luftpause-{repeat}", stack.urls["runtime_mcp"], rig))
+        if not config.router_only:
+            with rig.luftpause() as stack:
+                for repeat in range(config.repeats):
+                    results["luftpause"].append(await one(f"b3-luftpause-{repeat}", stack.urls["runtime_mcp"], rig))
         for policy in ("cache_aware", "round_robin"):
             with rig.direct_runtime(policy) as runtime:
                 for repeat in range(config.repeats):
                     results[policy].append(await one(f"b3-{policy}-{repeat}", runtime, rig))
     table = Table(title=f"B3 routing: N = {concurrency} concurrent sub-agents, {config.repeats} repeats "
                         f"(model seconds)")
-    for column in ("", "runs/min", "prompt tokens from cache", "runs/min ×cache_aware"):
+    for column in ("", "runs/min", "prompt tokens from cache", "engine queue", "retractions", "runs/min ×cache_aware"):
         table.add_column(column)
     base = mean([r["runs_per_min"] for r in results["cache_aware"]])
     for key, label in (("luftpause", "luftpause affinity"), ("cache_aware", "SGLang router cache_aware"),
                        ("round_robin", "SGLang router round_robin")):
         rs = results[key]
+        if not rs:
+            continue
         rates = [r["runs_per_min"] for r in rs]
         spread = statistics.pstdev(rates) if len(rates) > 1 else 0.0
         table.add_row(label, f"{mean(rates):.1f} ± {spread:.1f}",
                       f"{100 * mean([r['engine_cached_share'] for r in rs]):.1f} %",
+                      fmt([r.get("engine_queue_mean") for r in rs]), fmt([r.get("engine_retractions") for r in rs], 0),
                       "—" if key == "cache_aware" else ratio(mean(rates), base))
     console.print(table)
     console.print(cpu_note([r["cpu"] for rs in results.values() for r in rs]))
@@ -467,14 +546,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--window-s", type=float, default=120.0, help="B2 window in model seconds (B3 uses half)")
     p.add_argument("--warmup-s", type=float, default=30.0)
     p.add_argument("--b2-parts", default="proxy,mcp,light", help="which B2 tables: proxy,mcp,light")
+    p.add_argument("--variants", choices=("all", "router"), default="all",
+                   help="router: only the peers' rows (sequential, SGLang router, runtime straight to the router), "
+                        "what the engine preset is calibrated on; no luftpause process")
+    p.add_argument("--preset", default=BenchConfig.preset, help="fake engine preset (luftpause.fakes.engine)")
+    p.add_argument("--separate-gpus", action="store_true",
+                   help="one engine process per replica, each with its own GPU timeline (default: one shared GPU)")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"))
     a = p.parse_args(argv)
     logs.configure("bench", level="warning")
     config = BenchConfig(time_scale=a.time_scale, repeats=a.repeats, window_s=a.window_s, warmup_s=a.warmup_s,
+                         preset=a.preset, shared_gpu=not a.separate_gpus, router_only=a.variants == "router",
                          out_dir=a.out_dir, work_dir=a.out_dir / "work")
     started = time.monotonic()
-    console.print(f"engine model: preset {config.preset}, time scale {config.time_scale} "
-                  f"(1 model second = {config.time_scale} s wall), stream interval {config.stream_interval}")
+    console.print(f"engine model: preset {config.preset}, {'one shared GPU' if config.shared_gpu else 'a GPU each'}, "
+                  f"time scale {config.time_scale} (1 model second = {config.time_scale} s wall), "
+                  f"stream interval {config.stream_interval}, variants {a.variants}")
     if a.which in ("b1", "all"):
         asyncio.run(bench_b1(config))
     if a.which in ("b2", "all"):

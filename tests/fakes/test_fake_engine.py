@@ -116,13 +116,14 @@ async def get_json(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
 
 
 async def gauges(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    """``/metrics`` parsed with the Prometheus parser, as ``{name: value}`` for our model."""
+    """``/metrics`` parsed with the Prometheus parser, as ``{name: value}`` for our model:
+    gauges, and the retraction counter."""
     async with http.get(f"{url}/metrics") as response:
         assert response.status == 200
         text = await response.text()
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        assert family.type == "gauge", family.name
+        assert family.type == ("counter" if "retracted" in family.name else "gauge"), family.name
         for sample in family.samples:
             assert sample.labels == {"model_name": MODEL}
             values[sample.name] = sample.value
@@ -304,6 +305,7 @@ async def test_metrics_show_running_and_queue(slow_engine: str, http: aiohttp.Cl
         "sglang:num_queue_reqs",
         "sglang:token_usage",
         "sglang:cache_hit_rate",
+        "sglang:num_retracted_reqs_total",
     }
     assert idle["sglang:num_running_reqs"] == 0 and idle["sglang:num_queue_reqs"] == 0
 
