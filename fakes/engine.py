@@ -348,11 +348,33 @@ class EngineCollector(Collector):
             for key, family in families.items():
                 family.add_metric([name], values[key])
         yield from families.values()
+        yield from self._kv_pool(model)
         counter = "sglang:num_retracted_reqs" if self.state.config.metrics_format == "sglang" else "vllm:num_preemptions"
         retracted = CounterMetricFamily(counter, "Requests sent back to the queue because a decode step ran out of KV.",
                                         labels=["model_name"])
         retracted.add_metric([self.state.config.models[0]], model.counters.retractions)
         yield retracted
+
+
+    def _kv_pool(self, model: Any) -> Iterator[GaugeMetricFamily]:
+        """The KV pool's size and the tokens held (as stale as ``token_usage``), in the
+        engine family's own names: SGLang's ``max_total_num_tokens`` and
+        ``num_used_tokens``, vLLM's ``cache_config_info`` labels."""
+        pool = model.params.kv_tokens
+        if self.state.config.metrics_format == "sglang":
+            total = GaugeMetricFamily("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV pool.",
+                                      labels=["model_name"])
+            used = GaugeMetricFamily("sglang:num_used_tokens", "The number of used tokens.", labels=["model_name"])
+            total.add_metric([self.state.config.models[0]], pool)
+            used.add_metric([self.state.config.models[0]], round(model.gauges.token_usage * pool))
+            yield total
+            yield used
+        else:
+            block = model.params.block_tokens
+            info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMCache configuration.",
+                                     labels=["block_size", "num_gpu_blocks"])
+            info.add_metric([str(block), str(pool // block)], 1)
+            yield info
 
 
 _METRIC_NAMES: dict[str, dict[str, tuple[str, str]]] = {

@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.fakes.engine import EngineConfig, create_app
+from luftpause.scheduler.probes import parse_load
 
 MODEL = "fake-llama-1b"
 LOOKUP_TOOL = {
@@ -306,8 +307,11 @@ async def test_metrics_show_running_and_queue(slow_engine: str, http: aiohttp.Cl
         "sglang:token_usage",
         "sglang:cache_hit_rate",
         "sglang:num_retracted_reqs_total",
+        "sglang:max_total_num_tokens",
+        "sglang:num_used_tokens",
     }
     assert idle["sglang:num_running_reqs"] == 0 and idle["sglang:num_queue_reqs"] == 0
+    assert idle["sglang:num_used_tokens"] == 0 and idle["sglang:max_total_num_tokens"] > 0
 
     streams = [asyncio.create_task(post_stream(http, slow_engine, chat())) for _ in range(5)]
 
@@ -318,6 +322,8 @@ async def test_metrics_show_running_and_queue(slow_engine: str, http: aiohttp.Cl
     busy = await wait_for(batch_full)
     assert busy["sglang:num_running_reqs"] == 2  # --max-running 2
     assert 0 < busy["sglang:token_usage"] < 1
+    # The scheduler reads the KV pool from these: the same share, in tokens.
+    assert busy["sglang:num_used_tokens"] == round(busy["sglang:token_usage"] * busy["sglang:max_total_num_tokens"])
     stats = await get_json(http, f"{slow_engine}/stats")
     assert stats["running"] == 2 and stats["queued"] == 3
 
@@ -374,5 +380,6 @@ async def test_create_app_in_process_with_vllm_metrics() -> None:
         assert (await response.json())["usage"]["completion_tokens"] == 2
         text = await (await client.get("/metrics")).text()
     names = {f.name for f in text_string_to_metric_families(text)}
-    assert {"vllm:num_requests_running", "vllm:num_requests_waiting"} <= names
+    assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:cache_config_info"} <= names
     assert not any(name.startswith("sglang:") for name in names)
+    assert parse_load(text).kv_total == config.kv_tokens // config.block_tokens * config.block_tokens
