@@ -598,13 +598,14 @@ def _usage(state: State, event: TurnUsage) -> State:
 #
 # * learn / decrease: when the engine reports a waiting queue while luftpause has at
 #   least as many turns there as the engine runs, the excess is waiting in the
-#   engine: the limit becomes what the engine runs (never below 1);
+#   engine: the limit becomes what the engine serves of ours, the larger of what it
+#   runs and our in-flight turns less its queue (never below 1);
 # * increase: when the engine has reported no queue for some probes in a row (two at
 #   first: one probe after a decrease is often the queue draining, not room),
 #   luftpause is at the limit and turns are held, the engine could take more: the
 #   limit grows by the requests that fit in half its free KV (at the tokens an
-#   average running request holds), at least one and at most a quarter of the limit
-#   per probe; by one per probe where the engine reports no KV pool;
+#   average running request holds), at least one and at most half the limit per
+#   probe; by one per probe where the engine reports no KV pool;
 # * patience: each decrease doubles the calm probes the next increase waits for (up
 #   to 16), so an engine at its true capacity is not pushed into queueing every few
 #   seconds; twice that many calm probes in a row halve it again;
@@ -618,12 +619,16 @@ def _limit_after_probe(state: State, replica: Replica) -> Replica:
         return replica._replace(limit=0, calm_needed=LIMIT_CALM_PROBES)
     limit, needed = replica.limit, replica.calm_needed
     if replica.queued > 0:
+        # What the engine is serving of ours: it runs ``running`` and is prefilling
+        # what is neither running nor queued (a burst shows a small ``running`` and a
+        # long queue while chunked prefill works through it).
+        serving = max(1, replica.running, replica.in_flight - replica.queued)
         if limit == 0:
-            return replica._replace(limit=max(1, replica.running))
-        if replica.in_flight >= replica.running and replica.running < limit:
-            # Our own excess waits in the engine: back to what it runs, and probe for
+            return replica._replace(limit=serving)
+        if replica.in_flight >= replica.running and serving < limit:
+            # Our own excess waits in the engine: back to what it serves, and probe for
             # more room less eagerly next time (doubling, up to a ceiling).
-            return replica._replace(limit=max(1, replica.running), calm_needed=min(LIMIT_CALM_MAX, needed * 2))
+            return replica._replace(limit=serving, calm_needed=min(LIMIT_CALM_MAX, needed * 2))
         return replica
     if replica.calm_probes >= 2 * needed:  # long calm: the engine copes, be eager again
         needed = max(LIMIT_CALM_PROBES, needed // 2)

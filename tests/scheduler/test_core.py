@@ -216,6 +216,15 @@ def test_learned_limit_persists_when_a_later_probe_sees_no_queue():
     assert state.replicas["a"].in_flight == 3 and state.replicas["a"].capacity == 3
 
 
+def test_a_burst_in_chunked_prefill_does_not_collapse_the_limit():
+    # 30 of ours in flight; the engine shows 3 running and 12 queued while it works
+    # through the prompts in chunks: it is serving 18 of ours, not 3.
+    state = pool("a")
+    state, _ = fill(state, 30)
+    state, _ = probe(state, running=3, queued=12)
+    assert state.replicas["a"].capacity == 18
+
+
 def test_limit_drops_to_what_the_engine_runs_when_it_queues_our_excess():
     state = pool("a")
     state, _ = probe(state, running=6, queued=1)
@@ -263,14 +272,17 @@ def test_limit_grows_by_the_requests_that_fit_in_half_the_free_kv():
     state = pool("a")
     state, _ = probe(state, running=8, queued=1)
     state, _ = fill(state, 12)
-    # 8 running hold 8,000 of 24,000 tokens: 1,000 each; half the 16,000 free fits 8,
-    # capped at a quarter of the limit (2) per probe.
-    state, _ = probe(state, running=8, queued=0, kv_used=8000, kv_total=24000)
-    state, released = probe(state, running=8, queued=0, kv_used=8000, kv_total=24000)
+    # 8 running hold 16,000 of 24,000 tokens: 2,000 each; half the 8,000 free fits 2.
+    state, _ = probe(state, running=8, queued=0, kv_used=16000, kv_total=24000)
+    state, released = probe(state, running=8, queued=0, kv_used=16000, kv_total=24000)
     assert state.replicas["a"].capacity == 10 and len(placed(released)) == 2
+    # Plenty free, but at most half the limit per probe.
+    state, _ = fill(state, 20, prefix="u")
+    state, released = probe(state, running=10, queued=0, kv_used=1000, kv_total=24000)
+    assert state.replicas["a"].capacity == 15 and len(placed(released)) == 5
     # Nearly full: 1 at least.
-    state, _ = probe(state, running=10, queued=0, kv_used=23500, kv_total=24000)
-    assert state.replicas["a"].capacity == 11
+    state, _ = probe(state, running=15, queued=0, kv_used=23500, kv_total=24000)
+    assert state.replicas["a"].capacity == 16
 
 
 def test_an_unhealthy_engine_or_one_without_load_is_learned_anew():
