@@ -18,7 +18,8 @@ from luftpause.stack import Ports, Stack, write_configs
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m luftpause", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=logs.LOG_SETTINGS_HELP + " Every process started gets them.")
     parser.add_argument("--pool-file", default="config/pool.yaml",
                         help="engine pool for the scheduler (default config/pool.yaml: the two fake engines)")
     parser.add_argument("--tools-file", default="config/tools.yaml",
