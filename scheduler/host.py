@@ -65,6 +65,7 @@ class SchedulerHost:
         self._waiters: dict[str, list[asyncio.Future[core.Action]]] = {}
         self._logged_problems: set[str] = set()  # metrics URLs already logged as unreadable
         self.metrics = SchedulerMetrics(self.status, clock)
+        self.metrics.init_series(self.endpoints)
         self.serving = False  # set once the gRPC server is up (readiness)
 
     def now_ms(self) -> int:

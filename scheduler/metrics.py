@@ -93,6 +93,18 @@ class SchedulerMetrics:
         ProcessCollector(registry=r)
         r.register(_StatusCollector(self))
 
+    def init_series(self, replicas: Iterable[str]) -> None:
+        """Every class × replica series at 0 from the start, so rates and dashboards
+        show zero rather than nothing before the first event."""
+        for service_class in core.SERVICE_CLASSES:
+            self.hold_seconds.labels(service_class)
+            for replica in (*replicas, ANY_REPLICA):
+                for counter in (self.held, self.abandoned):
+                    counter.labels(service_class, replica)
+                if replica != ANY_REPLICA:
+                    for counter in (self.admitted, self.failed, self.finished):
+                        counter.labels(service_class, replica)
+
     # ------------------------------------------------------------------ feeding
 
     def applied(self, before: core.State, event: object, after: core.State, actions: Iterable[core.Action]) -> None:

@@ -22,7 +22,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 BASE_COMPOSE = "compose.yaml"
-OVERLAYS = ["compose.testbed.yaml", "compose.runpod.yaml", "compose.ollama.yaml", "compose.otel.yaml"]
+OVERLAYS = ["compose.testbed.yaml", "compose.runpod.yaml", "compose.ollama.yaml", "compose.otel.yaml",
+            "compose.monitoring.yaml"]
 COMPOSE_FILES = [BASE_COMPOSE, *OVERLAYS]
 
 # The variables the overlays insist on (`${VAR:?}`), so `docker compose config` can run.
@@ -153,7 +154,9 @@ def test_service_has_image_build_and_healthcheck(service):
     assert body["build"]["context"] == "."
     assert body["build"]["dockerfile"] in DOCKERFILES
     test = body["healthcheck"]["test"]
-    assert test[0] == "CMD" and "/health" in " ".join(test)
+    # luftpause's services report readiness (replicas, scheduler stream, journal), fakes liveness.
+    path = "/ready" if service in PUBLISHED else "/health"
+    assert test[0] == "CMD" and path in " ".join(test)
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
@@ -191,10 +194,13 @@ def test_only_three_ports_published_on_loopback():
         assert host_ip == "127.0.0.1"
         assert int(host_port) == container_port
         assert int(target) == container_port
-    for overlay in OVERLAYS:  # overlays publish nothing but Jaeger's UI, on loopback too
+    # Overlays publish nothing but Jaeger's, Prometheus' and Grafana's UIs, on loopback too.
+    uis = {("compose.otel.yaml", "jaeger"), ("compose.monitoring.yaml", "prometheus"),
+           ("compose.monitoring.yaml", "grafana")}
+    for overlay in OVERLAYS:
         for name, body in compose(overlay)["services"].items():
             if body.get("ports"):
-                assert (overlay, name) == ("compose.otel.yaml", "jaeger")
+                assert (overlay, name) in uis
                 assert all(str(p).startswith("127.0.0.1:") for p in body["ports"])
 
 
