@@ -226,6 +226,7 @@ class Run:
             "children": list(self.children),
             "task": self.spec.task,
             "model": self.model or self.spec.model,
+            "caller": self.caller,
             "serviceClass": self.spec.service_class,
             "settings": self.spec.settings(),
             "createdAt": self.created_at,
