@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 .PHONY: run test proto proto-check clean help release
 
 help:
-	@echo "make run    start the whole stack as local processes on loopback (Ctrl-C stops it)"
+	@echo "make run    start the whole stack as local processes on loopback (Ctrl-C stops it);"
+	@echo "            ARGS=... passes flags, e.g. make run ARGS=--free-ports"
 	@echo "make test   install what the tests need and run every test"
 	@echo "make proto  regenerate the gRPC modules from proto/scheduler.proto"
 
@@ -19,8 +20,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# Flags for `python -m luftpause`, e.g. `make run ARGS=--free-ports`.
+ARGS ?=
+
 run: $(STAMP)
-	$(PY) -m luftpause
+	$(PY) -m luftpause $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest
@@ -52,7 +56,7 @@ release:
 	done; \
 	$(RELEASE_RUN) git tag $(VERSION)
 
-# --- benchmarks (BENCHMARKS.md); they install the bench extra (sglang-router) ----------
+# --- benchmarks (docs/benchmarks.md); they install the bench extra (sglang-router) ----------
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
 .PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler bench-admission
