@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test proto proto-check clean help release
+.PHONY: run test proto proto-check clean help release lock
 
 help:
 	@echo "make run    start the whole stack as local processes on loopback (Ctrl-C stops it);"
@@ -34,6 +34,13 @@ proto: $(STAMP)
 
 proto-check: $(STAMP)
 	$(PY) -m luftpause.proto.generate --check
+
+# requirements.lock pins what the images install; regenerate it after changing the
+# dependencies in pyproject.toml (a test fails while they disagree).
+lock: $(STAMP)
+	$(PY) -m pip install --quiet uv
+	$(VENV)/bin/uv pip compile pyproject.toml --python-version 3.12 --python-platform linux \
+	  --custom-compile-command "make lock" -o requirements.lock
 
 clean:
 	rm -rf $(VENV) state .pytest_cache .hypothesis

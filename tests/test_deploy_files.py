@@ -432,8 +432,15 @@ def test_dockerfile(dockerfile):
     by_keyword: dict[str, list[str]] = {}
     for keyword, rest in instructions:
         by_keyword.setdefault(keyword, []).append(rest)
-    assert by_keyword["FROM"] == ["python:3.12-slim"]
-    assert any("pip install --no-cache-dir ." in run for run in by_keyword["RUN"])
+    # Two stages on the same Python base, pinned by digest: a build stage installing the
+    # lock file and the project into /opt/venv, and the image that copies it.
+    froms = by_keyword["FROM"]
+    assert len(froms) == 2 and froms[0].endswith(" AS build")
+    base = froms[1]
+    assert re.fullmatch(r"python:3\.12[\w.-]*-slim[\w.-]*@sha256:[0-9a-f]{64}", base), base
+    assert froms[0] == f"{base} AS build"
+    assert any("pip install --no-cache-dir -r /tmp/requirements.lock" in run for run in by_keyword["RUN"])
+    assert any(rest.startswith("--from=build /opt/venv") for rest in by_keyword["COPY"])
     user = by_keyword["USER"][-1]
     assert user not in ("root", "0")
     exposed = {int(port) for rest in by_keyword["EXPOSE"] for port in rest.split()}
