@@ -32,7 +32,7 @@ PROTECTED_PREFIXES = ("/mcp", "/status")
 
 
 class BearerTokenGuard:
-    """Requires `Authorization: Bearer <token>` on /mcp and /status (SPEC §5.5).
+    """Requires `Authorization: Bearer <token>` on /mcp and /status.
 
     Pure ASGI rather than BaseHTTPMiddleware, so MCP's SSE responses stream untouched.
     """

@@ -1,4 +1,4 @@
-"""The run journal: append-only `runs.jsonl`, the only state kept across restarts (SPEC §4.2).
+"""The run journal: append-only `runs.jsonl`, the only state kept across restarts.
 
 Record kinds, each fsync'd before the effect it records is acknowledged:
 

@@ -1,4 +1,4 @@
-"""Static checks of the deployment files (SPEC §9, §10).
+"""Static checks of the deployment files .
 
 There is no Docker engine where these run, so the compose files, Dockerfiles and
 config files are read as text and YAML and checked against what the services

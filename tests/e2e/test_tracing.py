@@ -1,4 +1,4 @@
-"""Tracing over OTLP (SPEC §7): spans from each service join the caller's trace."""
+"""Tracing over OTLP: spans from each service join the caller's trace."""
 
 from __future__ import annotations
 
