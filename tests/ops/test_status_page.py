@@ -114,8 +114,10 @@ async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first
 
     assert dom.text.get("runtime-error", "") == ""
     tree = [r for r in dom.rows["runtime"] if r["cells"]]
-    assert tree[0]["data-handle"] == parent and tree[0]["data-status"] == "Running"
-    assert tree[1]["data-handle"] == child and tree[1]["data-depth"] == "1" and "└" in tree[1]["cells"][0]
+    at = next(i for i, r in enumerate(tree) if r["data-handle"] == parent)
+    assert tree[at]["data-status"] == "Running" and tree[at]["data-depth"] == "0"
+    below = tree[at + 1]  # the child sits under its parent, indented
+    assert below["data-handle"] == child and below["data-depth"] == "1" and "└" in below["cells"][0]
     statuses = [r["data-status"] for r in tree if r["data-depth"] == "0"]
     live = [s in ("Running", "AwaitingApproval") for s in statuses]
     assert live == sorted(live, reverse=True), statuses  # live roots first
