@@ -43,6 +43,9 @@ async def _sub_agents(stack: Stack) -> None:
         spawned = []
         for i in range(4):
             args = {"task": f"research topic {i}", "maxToolCalls": 2, "serviceClass": "batch"}
+            if i == 1:
+                # The model sends the tool's schema as its arguments: failed tool calls.
+                args["task"] += " [[fake:schema-as-arguments]]"
             if i == 0:
                 args["budgetToolCalls"] = 1  # exceeded by the second tool call
             result = await mcp.call_tool("spawn", args)
