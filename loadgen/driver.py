@@ -43,11 +43,16 @@ class LoadResult:
         return out
 
 
+def _turns_in_flight(live: Live) -> str:
+    """Sub-agents' turns happen inside the runtime, out of the load generator's sight."""
+    return str(live.turns_in_flight) if live.turns_visible else "n/a (sub-agents)"
+
+
 def progress_table(live: Live, clock: Clock, until: float, label: str) -> Table:
     table = Table(title=f"{label}  t={clock.now():.0f}/{until:.0f} s (model time)", expand=False)
     for column in ("runs started", "runs done", "turns in flight", "errors"):
         table.add_column(column, justify="right")
-    table.add_row(str(live.runs_started), str(live.runs_done), str(live.turns_in_flight), str(live.errors))
+    table.add_row(str(live.runs_started), str(live.runs_done), _turns_in_flight(live), str(live.errors))
     return table
 
 
@@ -57,7 +62,7 @@ PROGRESS_EVERY_S = 5.0  # wall seconds between plain progress lines (no terminal
 def progress_line(live: Live, clock: Clock, until: float, label: str) -> str:
     """The progress table as one line, for logs and pipes."""
     return (f"{label} t={clock.now():.0f}/{until:.0f}s (model time) runs_started={live.runs_started} "
-            f"runs_done={live.runs_done} turns_in_flight={live.turns_in_flight} errors={live.errors}")
+            f"runs_done={live.runs_done} turns_in_flight={_turns_in_flight(live).split()[0]} errors={live.errors}")
 
 
 async def run_load(
@@ -76,7 +81,7 @@ async def run_load(
     if (target is None) == (spawn_target is None):
         raise ValueError("give exactly one of target (own-loop agents) or spawn_target (MCP)")
     clock = Clock(time_scale)
-    live = Live()
+    live = Live(turns_visible=target is not None)
     records: list[RunRecord] = []
     until = warmup_s + duration_s
     cpu = CpuMeter()
