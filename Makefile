@@ -50,7 +50,7 @@ clean:
 # the registry; DRY_RUN=1 only prints the commands.
 LUFTPAUSE_REGISTRY ?= ghcr.io/vmedvedovskiy
 VERSION ?= v$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-IMAGES := scheduler dataplane runtime fakes
+IMAGES := scheduler dataplane runtime fakes wikipedia-mcp
 RELEASE_RUN := $(if $(DRY_RUN),echo,)
 
 release:
