@@ -4,10 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test proto proto-check clean help release
+.PHONY: run test proto proto-check clean help release lock
 
 help:
-	@echo "make run    start the whole stack as local processes on loopback (Ctrl-C stops it)"
+	@echo "make run    start the whole stack as local processes on loopback (Ctrl-C stops it);"
+	@echo "            ARGS=... passes flags, e.g. make run ARGS=--free-ports"
 	@echo "make test   install what the tests need and run every test"
 	@echo "make proto  regenerate the gRPC modules from proto/scheduler.proto"
 
@@ -19,8 +20,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# Flags for `python -m luftpause`, e.g. `make run ARGS=--free-ports`.
+ARGS ?=
+
 run: $(STAMP)
-	$(PY) -m luftpause
+	$(PY) -m luftpause $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest
@@ -31,6 +35,13 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(PY) -m luftpause.proto.generate --check
 
+# requirements.lock pins what the images install; regenerate it after changing the
+# dependencies in pyproject.toml (a test fails while they disagree).
+lock: $(STAMP)
+	$(PY) -m pip install --quiet uv
+	$(VENV)/bin/uv pip compile pyproject.toml --python-version 3.12 --python-platform linux \
+	  --custom-compile-command "make lock" -o requirements.lock
+
 clean:
 	rm -rf $(VENV) state .pytest_cache .hypothesis
 
@@ -39,7 +50,7 @@ clean:
 # the registry; DRY_RUN=1 only prints the commands.
 LUFTPAUSE_REGISTRY ?= ghcr.io/vmedvedovskiy
 VERSION ?= v$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-IMAGES := scheduler dataplane runtime fakes
+IMAGES := scheduler dataplane runtime fakes wikipedia-mcp
 RELEASE_RUN := $(if $(DRY_RUN),echo,)
 
 release:
@@ -52,7 +63,7 @@ release:
 	done; \
 	$(RELEASE_RUN) git tag $(VERSION)
 
-# --- benchmarks (BENCHMARKS.md); they install the bench extra (sglang-router) ----------
+# --- benchmarks (docs/benchmarks.md); they install the bench extra (sglang-router) ----------
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
 .PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler bench-admission

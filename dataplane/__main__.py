@@ -18,7 +18,8 @@ from luftpause.dataplane.constants import DEFAULT_PORT, DEFAULT_SCHEDULER_ADDR, 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
     parser = argparse.ArgumentParser(prog="python -m luftpause.dataplane", description=__doc__,
-                                     epilog="LUFTPAUSE_TOKEN, when set, is the bearer token every /v1 route requires.")
+                                     epilog="LUFTPAUSE_TOKEN, when set, is the bearer token every /v1 route requires. "
+                                            + logs.LOG_SETTINGS_HELP)
     parser.add_argument("--host", default=env("LUFTPAUSE_DATAPLANE_HOST", "127.0.0.1"),
                         help="bind address (env LUFTPAUSE_DATAPLANE_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=int(env("LUFTPAUSE_DATAPLANE_PORT", DEFAULT_PORT)),

@@ -21,6 +21,7 @@ from luftpause import headers as h
 from luftpause import tracing
 from luftpause.dataplane.constants import ENGINE_CONNECT_TIMEOUT_S, MAX_BODY_BYTES, TOOL_CALL_SWEEP_S
 from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
+from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
 from luftpause.proto import scheduler_pb2 as pb
@@ -31,6 +32,7 @@ LINK = web.AppKey("link", SchedulerLink)
 ENGINES = web.AppKey("engines", aiohttp.ClientSession)
 TOKEN = web.AppKey("token", str)
 LOG = web.AppKey("log", object)
+METRICS = web.AppKey("metrics", DataplaneMetrics)
 
 # Engine response headers a client may rely on; hop-by-hop and length headers are ours.
 PASSED_HEADERS = ("Content-Type", "Retry-After", "Cache-Control")
@@ -167,6 +169,8 @@ class Turn:
         self.book: RunBook = app[BOOK]
         self.started = time.monotonic()
         self.replica = ""
+        self.held_ms = 0
+        self.ttft_ms: int | None = None
         self.ended = False
         self.span = trace.get_current_span()
         self.trace_id = tracing.trace_id()
@@ -176,6 +180,7 @@ class Turn:
 
     def placed(self, placement: Placement) -> None:
         self.replica = placement.replica
+        self.held_ms = placement.held_ms
         self.span.set_attributes({"luftpause.replica": placement.replica, "luftpause.held_ms": placement.held_ms})
         self.book.turn_placed(
             InFlightTurn(self.turn_id, self.req.run_id, placement.replica, self.req.model,
@@ -185,7 +190,16 @@ class Turn:
         self.event(started=pb.TurnStarted(replica=placement.replica))
 
     def first_token(self) -> None:
-        self.event(first_token=pb.FirstToken(ttft_ms=int((time.monotonic() - self.started) * 1000)))
+        self.ttft_ms = int((time.monotonic() - self.started) * 1000)
+        self.event(first_token=pb.FirstToken(ttft_ms=self.ttft_ms))
+
+    def _access_log(self, outcome: str, observer: TurnObserver | None = None, error: str | None = None) -> None:
+        o = observer or TurnObserver()
+        self.app[METRICS].turn_ended(
+            self.app[LOG], run=self.req.run_id, turn=self.turn_id, service_class=self.req.service_class,
+            caller=self.req.caller, replica=self.replica, hold_ms=self.held_ms, ttft_ms=self.ttft_ms,
+            outcome=outcome, prompt_tokens=o.prompt_tokens, completion_tokens=o.completion_tokens,
+            cached_tokens=o.cached_tokens, error=error)
 
     def finished(self, observer: TurnObserver) -> None:
         if self.ended:
@@ -203,6 +217,7 @@ class Turn:
         self.book.remember_tool_calls(self.req.run_id, observer.tool_call_ids, now)
         self.book.turn_ended(self.turn_id, PAUSED if reason == "tool_calls" else IDLE, now)
         self.event(finished=pb.TurnFinished(finish_reason=reason, tool_call_ids=observer.tool_call_ids))
+        self._access_log("finished", observer)
 
     def failed(self, error: str) -> None:
         if self.ended:
@@ -211,7 +226,7 @@ class Turn:
         self.book.turn_ended(self.turn_id, IDLE, time.monotonic())
         self.span.set_status(Status(StatusCode.ERROR, error))
         self.event(failed=pb.TurnFailed(error=error))
-        self.app[LOG].info("turn_failed", turn=self.turn_id, run=self.req.run_id, error=error)
+        self._access_log("failed", error=error)
 
 
 def _engine_headers(placement: Placement, request: web.Request) -> dict[str, str]:
@@ -264,6 +279,7 @@ async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.
     run_header = {h.RUN_ID: turn.req.run_id, h.REPLICA: placement.replica}
     engines: aiohttp.ClientSession = request.app[ENGINES]
     url = placement.base_url + "/v1/chat/completions"
+    request.app[METRICS].added.observe(max(0.0, time.monotonic() - turn.started - placement.held_ms / 1000))
     try:
         upstream = await engines.post(url, data=turn.req.body, headers=_engine_headers(placement, request))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
@@ -387,6 +403,18 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "scheduler": "connected" if request.app[LINK].synced else "away"})
 
 
+async def ready(request: web.Request) -> web.Response:
+    """Ready once the report stream to the scheduler is up (turns can be admitted)."""
+    synced = request.app[LINK].synced
+    return web.json_response({"status": "ready" if synced else "not ready",
+                              "problems": [] if synced else ["scheduler stream down"]}, status=200 if synced else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[METRICS].exposition()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
 async def _sweep_forever(app: web.Application) -> None:
     while True:
         await asyncio.sleep(TOOL_CALL_SWEEP_S)
@@ -398,6 +426,7 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
     app[BOOK] = RunBook()
     app[TOKEN] = token
     app[LOG] = log
+    app[METRICS] = DataplaneMetrics(lambda: LINK in app and app[LINK].synced)
 
     async def lifecycle(app: web.Application):
         app[LINK] = SchedulerLink(scheduler_address, app[BOOK], log)
@@ -419,4 +448,6 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
     app.router.add_delete("/v1/runs/{run_id}", delete_run)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
     return app

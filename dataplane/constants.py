@@ -1,4 +1,4 @@
-"""The dataplane's constants (SPEC §8), each with where it matters."""
+"""The dataplane's constants, each with where it matters."""
 
 # Connecting to an engine gives up after this long: a silent host answers 502.
 ENGINE_CONNECT_TIMEOUT_S = 2.0

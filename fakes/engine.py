@@ -475,21 +475,21 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         faults = state.faults.merged(fault_directives.from_messages(body["messages"]))
         top_logprobs = replies.logprobs_request(body)
     except RequestError as err:
-        log.info("chat.rejected", status=err.status, reason=str(err))
+        log.info("chat_rejected", status=err.status, reason=str(err))
         return _error(err)
     except FaultError as err:
-        log.info("chat.rejected", status=400, reason=str(err))
+        log.info("chat_rejected", status=400, reason=str(err))
         return _error(RequestError(str(err)))
     status = fault_directives.error_status(faults, body["messages"], state.status_counter)
     if status is not None:
-        log.info("chat.fault_status", status=status)
+        log.info("chat_fault_status", status=status)
         return web.json_response(fault_directives.error_body(status), status=status,
                                  headers=faults.error_headers(status))
     prompt_text = replies.render_prompt(body)
     reply = replies.plan_reply(body, _reply_rules(state.config, prompt_text), faults)
     turn = Turn(request, state, body, reply, Envelope.new(body["model"]), faults, top_logprobs)
     started = time.monotonic()
-    log.info("chat.request", id=turn.envelope.id, model=turn.envelope.model, stream=bool(body.get("stream")))
+    log.info("chat_request", id=turn.envelope.id, model=turn.envelope.model, stream=bool(body.get("stream")))
     try:
         if faults.hang:
             response = await _hang(request, state)
@@ -498,11 +498,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         else:
             response = await _complete(turn, prompt_text)
     except _Aborted:
-        log.info("chat.aborted", id=turn.envelope.id, after_s=round(time.monotonic() - started, 3))
+        log.info("chat_aborted", id=turn.envelope.id, after_s=round(time.monotonic() - started, 3))
         return web.Response(status=500)  # never reaches the client: its connection is gone
     except (asyncio.CancelledError, ConnectionResetError):
         state.closed_early += 1
-        log.info("chat.closed_early", id=turn.envelope.id, after_s=round(time.monotonic() - started, 3))
+        log.info("chat_closed_early", id=turn.envelope.id, after_s=round(time.monotonic() - started, 3))
         raise
     finally:
         if turn.sim_request is not None:
@@ -893,7 +893,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = parse_args(argv)
     logs.configure("fake-engine")
     structlog.contextvars.bind_contextvars(engine=config.name)
-    log.info("engine.start", **asdict(config))
+    log.info("engine_start", **asdict(config))
     if not config.extra_ports:
         web.run_app(
             create_app(config),
@@ -927,7 +927,7 @@ async def _serve_replicas(configs: list[EngineConfig]) -> None:
             await runner.setup()
             runners.append(runner)
             await web.TCPSite(runner, config.host, config.port).start()
-            log.info("engine.replica", name=config.name, port=config.port)
+            log.info("engine_replica", name=config.name, port=config.port)
         await stop.wait()
     finally:
         for runner in runners:

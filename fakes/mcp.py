@@ -61,10 +61,10 @@ class CallCounter:
 async def _run_tool(counter: CallCounter, name: str, wait_s: float, text: str) -> str:
     """The shared body of every fake tool: count, wait, answer."""
     counter.started[name] += 1
-    log.info("tool.start", tool=name, wait_s=wait_s)
+    log.info("tool_start", tool=name, wait_s=wait_s)
     await asyncio.sleep(wait_s)
     counter.completed[name] += 1
-    log.info("tool.done", tool=name)
+    log.info("tool_done", tool=name)
     return text
 
 
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = parse_args(argv)
     logs.configure("fake-mcp")  # before the SDK's own logging setup, which then defers to it
     tracing.configure("fake-mcp")  # like a tool server that traces: shows traceparent arriving
-    log.info("mcp.start", path=MCP_PATH, **asdict(config))
+    log.info("mcp_start", path=MCP_PATH, **asdict(config))
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(config),

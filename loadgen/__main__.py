@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wall seconds per model second (the engines' --time-scale); results are in model seconds")
     p.add_argument("--json", type=Path, help="write the result here")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--max-errors", type=int, default=0,
+                   help="exit with status 1 when more runs than this failed (default 0)")
     return p
 
 
@@ -105,8 +107,10 @@ def print_summary(console: Console, summary: dict, cpu: dict) -> None:
 
 
 async def amain(args: argparse.Namespace) -> dict:
-    console = Console(stderr=False) if not args.quiet else None
-    out = Console()
+    # Progress goes to stderr: a live table on a terminal, else a line every few seconds.
+    console = Console(stderr=True) if not args.quiet else None
+    # Results go to stdout, never cut to 80 columns when stdout is a pipe or a file.
+    out = Console() if sys.stdout.isatty() else Console(width=200)
     mix = args.mix or ([(args.service_class, args.agents or args.spawn)] if (args.agents or args.spawn) else [])
     if not mix:
         raise SystemExit("nothing to run: give --agents N, --mix … or --spawn N")
@@ -116,7 +120,8 @@ async def amain(args: argparse.Namespace) -> dict:
         total, records = await fan_out(SpawnTarget(args.runtime_url, args.model), wl, args.spawn, clock, live,
                                        sequential=args.sequential)
         result = {"mode": "sequential" if args.sequential else "fan-out", "runs": args.spawn, "all_done_s": total,
-                  "ok": sum(r.ok for r in records), "records": [r.as_json() for r in records]}
+                  "ok": sum(r.ok for r in records), "errors": sum(not r.ok for r in records),
+                  "records": [r.as_json() for r in records]}
         out.print(f"{result['mode']}: {args.spawn} sub-agents done in {total:.1f} s (model time), "
                   f"{result['ok']} completed")
         return result
@@ -133,7 +138,8 @@ async def amain(args: argparse.Namespace) -> dict:
                                 warmup_s=args.warmup_s, duration_s=args.duration_s, time_scale=args.time_scale,
                                 console=console)
     print_summary(out, result.summary, result.cpu)
-    return {"workload": workload_json(groups), **result.as_json(with_records=True)}
+    return {"workload": workload_json(groups), **result.as_json(with_records=True),
+            "errors": sum(s["errors"] for s in result.summary.values())}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -143,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
+    if result["errors"] > args.max_errors:
+        print(f"loadgen: {result['errors']} runs failed, more than --max-errors {args.max_errors}", file=sys.stderr)
+        sys.exit(1)
     sys.exit(0)
 
 

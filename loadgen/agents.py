@@ -61,6 +61,7 @@ class Live:
     runs_started: int = 0
     runs_done: int = 0
     errors: int = 0
+    turns_visible: bool = True  # False for MCP sub-agents, whose turns the runtime makes
 
 
 async def stream_turn(

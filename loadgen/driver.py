@@ -4,6 +4,8 @@ measurement window, a live progress display, and the per-class summary."""
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -41,12 +43,26 @@ class LoadResult:
         return out
 
 
+def _turns_in_flight(live: Live) -> str:
+    """Sub-agents' turns happen inside the runtime, out of the load generator's sight."""
+    return str(live.turns_in_flight) if live.turns_visible else "n/a (sub-agents)"
+
+
 def progress_table(live: Live, clock: Clock, until: float, label: str) -> Table:
     table = Table(title=f"{label}  t={clock.now():.0f}/{until:.0f} s (model time)", expand=False)
     for column in ("runs started", "runs done", "turns in flight", "errors"):
         table.add_column(column, justify="right")
-    table.add_row(str(live.runs_started), str(live.runs_done), str(live.turns_in_flight), str(live.errors))
+    table.add_row(str(live.runs_started), str(live.runs_done), _turns_in_flight(live), str(live.errors))
     return table
+
+
+PROGRESS_EVERY_S = 5.0  # wall seconds between plain progress lines (no terminal)
+
+
+def progress_line(live: Live, clock: Clock, until: float, label: str) -> str:
+    """The progress table as one line, for logs and pipes."""
+    return (f"{label} t={clock.now():.0f}/{until:.0f}s (model time) runs_started={live.runs_started} "
+            f"runs_done={live.runs_done} turns_in_flight={_turns_in_flight(live).split()[0]} errors={live.errors}")
 
 
 async def run_load(
@@ -65,7 +81,7 @@ async def run_load(
     if (target is None) == (spawn_target is None):
         raise ValueError("give exactly one of target (own-loop agents) or spawn_target (MCP)")
     clock = Clock(time_scale)
-    live = Live()
+    live = Live(turns_visible=target is not None)
     records: list[RunRecord] = []
     until = warmup_s + duration_s
     cpu = CpuMeter()
@@ -79,13 +95,20 @@ async def run_load(
             coro = spawn.closed_loop(spawn_target, group.workload, group.count, until, clock, live, records,
                                      group_name)
         tasks.append(asyncio.create_task(coro))
+    # On a terminal a live table; otherwise (CI, a pipe, a log file) a plain line to
+    # stderr every few seconds.
+    plain = console is not None and not console.is_terminal
     display = (RichLive(progress_table(live, clock, until, name), console=console, transient=True,
-                        refresh_per_second=2) if console is not None else nullcontext())
+                        refresh_per_second=2) if console is not None and not plain else nullcontext())
+    last_line = time.monotonic()
     with display as shown:
         while not all(t.done() for t in tasks):
             await asyncio.wait(tasks, timeout=0.5)
             if shown is not None:
                 shown.update(progress_table(live, clock, until, name))
+            elif plain and time.monotonic() - last_line >= PROGRESS_EVERY_S:
+                last_line = time.monotonic()
+                print(progress_line(live, clock, until, name), file=sys.stderr, flush=True)
     for task in tasks:
         task.result()
     cpu_use = cpu.read()

@@ -1,7 +1,10 @@
 """``python -m luftpause`` (what ``make run`` runs): the whole stack as local processes
-on loopback — two fake engines, the fake MCP, scheduler, dataplane and runtime.
+on loopback — two fake engines, a fake one-pass classifier, the fake MCP, scheduler,
+dataplane and runtime.
 
-Ctrl-C or SIGTERM stops every process it started.
+A child that dies is started again after 1 s, doubling up to 30 s while it keeps
+dying (logged as process_exited / process_restarting). Ctrl-C or SIGTERM stops every
+process it started.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ from pathlib import Path
 
 from luftpause import logs
 from luftpause.stack import Ports, Stack, write_configs
+from luftpause.supervise import Supervisor
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m luftpause", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=logs.LOG_SETTINGS_HELP + " Every process started gets them.")
     parser.add_argument("--pool-file", default="config/pool.yaml",
                         help="engine pool for the scheduler (default config/pool.yaml: the two fake engines)")
     parser.add_argument("--tools-file", default="config/tools.yaml",
@@ -38,10 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     if args.free_ports:
         ports = Ports.free()
-        pool_file, tools_file = write_configs(state_dir / "config", ports)
+        pool_file, tools_file = write_configs(state_dir / "config", ports, classifier=True)
     else:
         ports, pool_file, tools_file = Ports(), Path(args.pool_file), Path(args.tools_file)
-    stack = Stack(ports, pool_file, tools_file, state_dir)
+    stack = Stack(ports, pool_file, tools_file, state_dir, classifier=True)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -64,12 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         f"  claude mcp add --transport http luftpause {urls['runtime_mcp']}\n\n"
     )
     sys.stdout.flush()
+    supervisor = Supervisor(lambda: stack.processes, log)
     try:
         while not stop.wait(0.5):
-            dead = [p.name for p in stack.processes if p.process is not None and p.process.poll() is not None]
-            if dead:
-                log.error("process_exited", processes=dead)
-                return 1
+            supervisor.check()  # a child that dies is started again, with backoff
         return 0
     finally:
         log.info("stack_stopping")

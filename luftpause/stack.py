@@ -18,6 +18,7 @@ from luftpause.procs import ManagedProcess, free_port, wait_until
 
 HOST = "127.0.0.1"
 MODEL = "fake-llama-1b"
+CLASSIFIER_MODEL = "fake-classifier"
 
 
 @dataclass(frozen=True)
@@ -28,19 +29,21 @@ class Ports:
     runtime: int = 7000
     engines: tuple[int, ...] = (9001, 9002)
     fake_mcp: int = 7100
+    classifier: int = 9003  # the fake one-pass classifier (`make run` only)
 
     @classmethod
     def free(cls, engines: int = 2) -> Ports:
         return cls(free_port(), free_port(), free_port(), free_port(),
-                   tuple(free_port() for _ in range(engines)), free_port())
+                   tuple(free_port() for _ in range(engines)), free_port(), classifier=free_port())
 
 
 def engine_name(index: int) -> str:
     return f"engine-{chr(ord('a') + index)}"
 
 
-def write_configs(directory: Path, ports: Ports) -> tuple[Path, Path]:
-    """A pool file for the fake engines and a tools file for the fake MCP."""
+def write_configs(directory: Path, ports: Ports, classifier: bool = False) -> tuple[Path, Path]:
+    """A pool file for the fake engines (and the fake classifier) and a tools file for
+    the fake MCP."""
     directory.mkdir(parents=True, exist_ok=True)
     pool = {
         "endpoints": [
@@ -49,6 +52,9 @@ def write_configs(directory: Path, ports: Ports) -> tuple[Path, Path]:
             for i, port in enumerate(ports.engines)
         ]
     }
+    if classifier:
+        pool["endpoints"].append({"name": "classifier", "base_url": f"http://{HOST}:{ports.classifier}",
+                                  "models": [CLASSIFIER_MODEL], "kind": "one-pass", "health_path": "/health"})
     tools = {"servers": [{"name": "fake", "url": f"http://{HOST}:{ports.fake_mcp}/mcp"}]}
     pool_file, tools_file = directory / "pool.yaml", directory / "tools.yaml"
     pool_file.write_text(yaml.safe_dump(pool, sort_keys=False))
@@ -66,6 +72,7 @@ class Stack:
     engine_args: list[str] = field(default_factory=list)
     fake_mcp_args: list[str] = field(default_factory=list)
     without: frozenset[str] = frozenset()  # process names not to start (e.g. {"runtime"})
+    classifier: bool = False  # also start the fake one-pass classifier (`make run`)
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @classmethod
@@ -127,6 +134,11 @@ class Stack:
                                  "--dataplane-url", f"http://{HOST}:{p.dataplane}",
                                  "--tools-file", str(self.tools_file), "--state-dir", str(self.state_dir)],
                                 f"http://{HOST}:{p.runtime}/health")
+        if self.classifier:
+            engines.append(self._process("classifier", "luftpause.fakes.engine",
+                                         ["--host", HOST, "--port", str(p.classifier), "--name", "classifier",
+                                          "--models", CLASSIFIER_MODEL],
+                                         f"http://{HOST}:{p.classifier}/health"))
         tiers = [[*engines, fake_mcp], [scheduler], [dataplane], [runtime]]
         return [[p for p in tier if p.name not in self.without] for tier in tiers]
 

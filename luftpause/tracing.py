@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing shared by the services (SPEC §7).
+"""OpenTelemetry tracing shared by the services.
 
 With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, spans go over OTLP/HTTP to that endpoint
 (the standard ``OTEL_*`` variables tune the exporter and batching); unset, the API's

@@ -35,7 +35,7 @@ class RoundRecorder(Protocol):
 
 
 class RunGuard(Protocol):
-    """Limits checked around every step of a run (the budgets, SPEC §4.4).
+    """Limits checked around every step of a run (the budgets).
 
     ``check`` raises to stop the run; ``planned_tool_calls`` are the calls the next
     round is about to make.
@@ -44,7 +44,7 @@ class RunGuard(Protocol):
     def check(self, run: Run, planned_tool_calls: int = 0) -> None: ...
 
 
-# Seam for tool-call approval (SPEC §4.5): asked before a call runs; False = declined.
+# Seam for tool-call approval: asked before a call runs; False = declined.
 # The gate may wait for the user; it sets the run's status while it does.
 ApprovalGate = Callable[[Run, UpstreamTool, dict[str, Any]], Awaitable[bool]]
 DECLINED_TEXT = "Error: the user declined this tool call"

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import hmac
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -20,6 +22,7 @@ from luftpause.runtime.config import RuntimeSettings, load_tools_file
 from luftpause.runtime.dataplane import DataplaneClient
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.mcp_server import build_mcp_server
+from luftpause.runtime.metrics import build_registry, exposition
 from luftpause.runtime.service import Runtime
 from luftpause.runtime.upstream import Toolbox
 
@@ -29,7 +32,7 @@ PROTECTED_PREFIXES = ("/mcp", "/status")
 
 
 class BearerTokenGuard:
-    """Requires `Authorization: Bearer <token>` on /mcp and /status (SPEC §5.5).
+    """Requires `Authorization: Bearer <token>` on /mcp and /status.
 
     Pure ASGI rather than BaseHTTPMiddleware, so MCP's SSE responses stream untouched.
     """
@@ -69,9 +72,31 @@ def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGI
     mcp_server = build_mcp_server(runtime)
     mcp_app = mcp_server.streamable_http_app(streamable_http_path="/mcp", host=settings.host)
     started_at = time.time()
+    registry = build_registry(runtime)
+    journal_path = settings.state_dir / constants.JOURNAL_FILE
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "service": "runtime", "uptimeSeconds": round(time.time() - started_at)})
+
+    async def ready(request: Request) -> JSONResponse:
+        """Ready: the journal can be written and the dataplane answers."""
+        problems = []
+        target = journal_path if journal_path.exists() else journal_path.parent
+        if not os.access(target, os.W_OK):
+            problems.append(f"journal {journal_path} is not writable")
+        try:
+            async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
+                answer = await client.get(settings.dataplane_url.rstrip("/") + "/health")
+            if answer.status_code != 200:
+                problems.append(f"dataplane answered {answer.status_code}")
+        except httpx.HTTPError as exc:
+            problems.append(f"dataplane unreachable: {exc.__class__.__name__}")
+        return JSONResponse({"status": "not ready" if problems else "ready", "problems": problems},
+                            status_code=503 if problems else 200)
+
+    async def metrics(request: Request) -> Response:
+        body, content_type = exposition(registry)
+        return Response(body, headers={"Content-Type": content_type})
 
     async def status(request: Request) -> JSONResponse:
         report: dict[str, Any] = runtime.tree_report()
@@ -97,6 +122,8 @@ def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGI
     app: ASGIApp = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
+            Route("/ready", ready, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
             Route("/status", status, methods=["GET"]),
             Mount("/", app=mcp_app),
         ],

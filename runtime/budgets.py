@@ -1,4 +1,4 @@
-"""Budgets (SPEC §4.4): limits a run sets on its whole subtree, children spawned later included.
+"""Budgets: limits a run sets on its whole subtree, children spawned later included.
 
 A run with any of spawn's ``budgetTokens``, ``budgetToolCalls``, ``budgetSeconds`` owns a
 budget. Every turn and tool-call round anywhere below it is checked against it (and

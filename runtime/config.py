@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from luftpause.logs import LOG_SETTINGS_HELP
 from luftpause.runtime import constants
 
 
@@ -69,6 +70,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
             "open, with a warning) and LUFTPAUSE_DEFAULT_MODEL (model for spawn calls that "
             "name none; unset = the first model the dataplane lists)."
         ),
+        epilog=LOG_SETTINGS_HELP,
     )
     parser.add_argument(
         "--host",

@@ -1,4 +1,4 @@
-"""The runtime's numbers, each with the reason it has that value (SPEC §4, §8)."""
+"""The runtime's numbers, each with the reason it has that value."""
 
 from __future__ import annotations
 

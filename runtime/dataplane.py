@@ -1,6 +1,6 @@
 """The runtime's side of the dataplane: one LLM turn per call, run-end notices, models.
 
-Turns carry the run identity headers (SPEC §4.8) so the scheduler keeps the run on the
+Turns carry the run identity headers so the scheduler keeps the run on the
 replica holding its prefix and shares slots fairly between MCP sessions.
 """
 

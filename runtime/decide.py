@@ -1,4 +1,4 @@
-"""``decide`` (SPEC §6.7): classify an input.
+"""``decide``: classify an input.
 
 Without labels a one-pass classifier replica answers with its own labels. With 2–20
 caller labels one interactive generative turn with ``max_tokens: 1`` is asked for the

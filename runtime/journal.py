@@ -1,4 +1,4 @@
-"""The run journal: append-only `runs.jsonl`, the only state kept across restarts (SPEC §4.2).
+"""The run journal: append-only `runs.jsonl`, the only state kept across restarts.
 
 Record kinds, each fsync'd before the effect it records is acknowledged:
 
@@ -29,6 +29,7 @@ from typing import Any
 
 import structlog
 
+from luftpause.runtime.metrics import JOURNAL_FSYNC
 from luftpause.runtime.runs import BudgetExcess, Run, RunSpec, RunStats, RunStatus
 
 log = structlog.get_logger(component="journal")
@@ -98,8 +99,9 @@ class Journal:
                 if _ends_torn(fd):
                     # Start on a fresh line so a torn tail cannot swallow this record.
                     os.write(fd, b"\n")
-                _write_all(fd, lines)
-                os.fsync(fd)
+                with JOURNAL_FSYNC.time():
+                    _write_all(fd, lines)
+                    os.fsync(fd)
             finally:
                 os.close(fd)
 

@@ -1,4 +1,4 @@
-"""The MCP face of the runtime (SPEC §4.1): tool signatures, argument checks, errors.
+"""The MCP face of the runtime: tool signatures, argument checks, errors.
 
 Arguments are camelCase because that is the wire interface MCP clients and their
 models see. Requests that name unknown runs, or values out of range, are answered
@@ -196,7 +196,7 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
     @functools.wraps(spawn)  # `run` takes exactly spawn's arguments; the SDK reads them from spawn
     async def run_to_completion(**arguments: Any) -> dict[str, Any]:
         run = runtime.runs.get((await spawn(**arguments))["handle"])
-        # Seam for the Tasks extension (SPEC §4.6): a client declaring it gets a task here.
+        # Seam for the MCP Tasks extension: a client declaring it gets a task here.
         await run.finished.wait()
         return runtime.await_record(run)
 
@@ -234,7 +234,7 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         annotations=read_only,
     )
     async def decide_tool(
-        input: Annotated[str, Field(description="What to classify.")],  # noqa: A002 - the SPEC's argument name
+        input: Annotated[str, Field(description="What to classify.")],  # noqa: A002 - the tool's documented argument name
         ctx: Context,
         labels: Annotated[list[str] | None, Field(description="2-20 candidate labels; none: the classifier's own.")] = None,
         model: Annotated[str | None, Field(description="Model to use; default: the pool's first of the kind.")] = None,

@@ -213,7 +213,7 @@ class Run:
             "failedToolCalls": self.stats.failed_tool_calls,
             "error": self.error,
             "budget": budget,
-            "pendingApproval": None,  # seam for tool-call approval (SPEC §4.5)
+            "pendingApproval": None,  # seam for tool-call approval
         }
 
     def status_record(self, budget: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -226,6 +226,7 @@ class Run:
             "children": list(self.children),
             "task": self.spec.task,
             "model": self.model or self.spec.model,
+            "caller": self.caller,
             "serviceClass": self.spec.service_class,
             "settings": self.spec.settings(),
             "createdAt": self.created_at,
@@ -233,7 +234,7 @@ class Run:
             "stats": self.stats.to_json(),
             "error": self.error,
             "budget": budget,
-            "pendingApproval": None,  # seam for tool-call approval (SPEC §4.5)
+            "pendingApproval": None,  # seam for tool-call approval
         }
 
 

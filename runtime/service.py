@@ -181,7 +181,7 @@ class Runtime:
                 log.exception("journal_write_failed", run=run.handle)
         run.finish(status, result=result, error=error, at=finished_at)
         self._concluding.discard(run.handle)
-        log.info("run_finished", run=run.handle, status=status.value, error=error, **run.stats.to_json())
+        log.info("run_finished", run=run.handle, status=status.value, error=error, **run.stats.to_journal())
         await self._dataplane.end_run(run.handle)
 
     # --- waiting -----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Making small models' tool calls usable (SPEC §4.7).
+"""Making small models' tool calls usable.
 
 Models as small as Llama 3.2 1B pass numbers as strings, emit the call as JSON text
 instead of `tool_calls`, or echo the tool's schema instead of arguments. Arguments are

@@ -19,7 +19,8 @@ from luftpause.scheduler.pool import PoolError, load_pool
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
-    parser = argparse.ArgumentParser(prog="python -m luftpause.scheduler", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m luftpause.scheduler", description=__doc__,
+                                     epilog=logs.LOG_SETTINGS_HELP)
     parser.add_argument("--host", default=env("LUFTPAUSE_SCHEDULER_HOST", "127.0.0.1"),
                         help="bind address (env LUFTPAUSE_SCHEDULER_HOST, default 127.0.0.1)")
     parser.add_argument("--grpc-port", type=int, default=int(env("LUFTPAUSE_SCHEDULER_GRPC_PORT", DEFAULT_GRPC_PORT)),
@@ -43,6 +44,7 @@ async def serve(args: argparse.Namespace, log) -> None:
     server, health_servicer = grpc_server(host, f"{args.host}:{args.grpc_port}")
     await server.start()
     await mark_serving(health_servicer)
+    host.serving = True
     runner = web.AppRunner(http_app(host), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.http_port).start()

@@ -23,6 +23,7 @@ from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler import core
 from luftpause.scheduler.constants import CLOCK_TICK_S, PROBE_PERIOD_S
+from luftpause.scheduler.metrics import SchedulerMetrics, exposition, status_view
 from luftpause.scheduler.pool import Endpoint
 from luftpause.scheduler.probes import ProbeResult, probe, probe_client
 
@@ -63,18 +64,33 @@ class SchedulerHost:
         self._clock = clock
         self._waiters: dict[str, list[asyncio.Future[core.Action]]] = {}
         self._logged_problems: set[str] = set()  # metrics URLs already logged as unreadable
+        self.metrics = SchedulerMetrics(self.status, clock)
+        self.metrics.init_series(self.endpoints)
+        self.serving = False  # set once the gRPC server is up (readiness)
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
 
     def apply(self, event: core.Event) -> None:
+        before = self.state
         self.state, actions = core.decide(self.state, event)
+        self.metrics.applied(before, event, self.state, actions)
         for action in actions:
-            if isinstance(action, core.Place):
-                self.log.debug("turn_placed", turn=action.turn_id, replica=action.replica, held_ms=action.held_ms)
+            self._log_decision(action)
             for waiter in self._waiters.pop(action.turn_id, []):
                 if not waiter.done():
                     waiter.set_result(action)
+
+    def _log_decision(self, action: core.Action) -> None:
+        """One debug line per admission decision."""
+        if isinstance(action, core.Place):
+            turn = self.state.turns.get(action.turn_id)
+            self.log.debug("admit_decision", decision="place", turn=action.turn_id, replica=action.replica,
+                           held_ms=action.held_ms, run=turn.run_id if turn else None,
+                           service_class=turn.service_class if turn else None, caller=turn.caller if turn else None)
+        else:
+            self.log.debug("admit_decision", decision="reject", turn=action.turn_id, reason=action.reason,
+                           message=action.message)
 
     async def admit(self, request: pb.AdmitRequest) -> core.Action:
         """Wait until the turn is placed or rejected; cancelling abandons it."""
@@ -107,7 +123,9 @@ class SchedulerHost:
     def report(self, event: pb.TurnEvent) -> None:
         now = self.now_ms()
         kind = event.WhichOneof("kind")
-        if kind == "usage":
+        if kind == "first_token":
+            self.metrics.recent.first_token(event.first_token.ttft_ms)
+        elif kind == "usage":
             self.apply(core.TurnUsage(event.turn_id, event.usage.prompt_tokens, event.usage.completion_tokens, now))
         elif kind == "finished":
             self.apply(core.TurnFinished(event.turn_id, event.finished.finish_reason, now))
@@ -142,6 +160,7 @@ class SchedulerHost:
                 results = await asyncio.gather(*(probe(client, e) for e in self.endpoints.values()))
                 for endpoint, result in zip(self.endpoints.values(), results, strict=True):
                     self._log_probe(endpoint.name, result)
+                    self.metrics.probed(endpoint.name, result.healthy)
                     self.apply(core.EngineProbed(endpoint.name, result.healthy, result.running, result.queued,
                                                  self.now_ms(), result.kv_used, result.kv_total))
                 await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
@@ -226,7 +245,7 @@ def runtime_status_url(runtime: str) -> str:
 
 def http_app(host: SchedulerHost) -> web.Application:
     async def get_status(request: web.Request) -> web.Response:
-        return web.json_response(host.status())
+        return web.json_response(status_view(host.status(), host.metrics))
 
     async def get_page(request: web.Request) -> web.Response:
         return web.Response(text=PAGE.read_text(), content_type="text/html")
@@ -248,9 +267,22 @@ def http_app(host: SchedulerHost) -> web.Application:
     async def get_health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def get_ready(request: web.Request) -> web.Response:
+        """Ready: the gRPC server is serving and at least one replica is healthy."""
+        healthy = [r.name for r in host.state.replicas.values() if r.healthy]
+        problems = ([] if host.serving else ["gRPC server not serving"]) + ([] if healthy else ["no healthy replica"])
+        return web.json_response({"status": "not ready" if problems else "ready", "problems": problems,
+                                  "healthy_replicas": sorted(healthy)}, status=503 if problems else 200)
+
+    async def get_metrics(request: web.Request) -> web.Response:
+        body, content_type = exposition(host.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
     app = web.Application()
     app.router.add_get("/", get_page)
     app.router.add_get("/status", get_status)
     app.router.add_get("/runtime-status", get_runtime_status)
     app.router.add_get("/health", get_health)
+    app.router.add_get("/ready", get_ready)
+    app.router.add_get("/metrics", get_metrics)
     return app

@@ -1,4 +1,4 @@
-"""Static checks of the deployment files (SPEC §9, §10).
+"""Static checks of the deployment files .
 
 There is no Docker engine where these run, so the compose files, Dockerfiles and
 config files are read as text and YAML and checked against what the services
@@ -22,7 +22,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 BASE_COMPOSE = "compose.yaml"
-OVERLAYS = ["compose.testbed.yaml", "compose.runpod.yaml", "compose.ollama.yaml", "compose.otel.yaml"]
+OVERLAYS = ["compose.testbed.yaml", "compose.runpod.yaml", "compose.ollama.yaml", "compose.otel.yaml",
+            "compose.monitoring.yaml"]
 COMPOSE_FILES = [BASE_COMPOSE, *OVERLAYS]
 
 # The variables the overlays insist on (`${VAR:?}`), so `docker compose config` can run.
@@ -153,7 +154,9 @@ def test_service_has_image_build_and_healthcheck(service):
     assert body["build"]["context"] == "."
     assert body["build"]["dockerfile"] in DOCKERFILES
     test = body["healthcheck"]["test"]
-    assert test[0] == "CMD" and "/health" in " ".join(test)
+    # luftpause's services report readiness (replicas, scheduler stream, journal), fakes liveness.
+    path = "/ready" if service in PUBLISHED else "/health"
+    assert test[0] == "CMD" and path in " ".join(test)
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
@@ -191,10 +194,13 @@ def test_only_three_ports_published_on_loopback():
         assert host_ip == "127.0.0.1"
         assert int(host_port) == container_port
         assert int(target) == container_port
-    for overlay in OVERLAYS:  # overlays publish nothing but Jaeger's UI, on loopback too
+    # Overlays publish nothing but Jaeger's, Prometheus' and Grafana's UIs, on loopback too.
+    uis = {("compose.otel.yaml", "jaeger"), ("compose.monitoring.yaml", "prometheus"),
+           ("compose.monitoring.yaml", "grafana")}
+    for overlay in OVERLAYS:
         for name, body in compose(overlay)["services"].items():
             if body.get("ports"):
-                assert (overlay, name) == ("compose.otel.yaml", "jaeger")
+                assert (overlay, name) in uis
                 assert all(str(p).startswith("127.0.0.1:") for p in body["ports"])
 
 
@@ -426,8 +432,15 @@ def test_dockerfile(dockerfile):
     by_keyword: dict[str, list[str]] = {}
     for keyword, rest in instructions:
         by_keyword.setdefault(keyword, []).append(rest)
-    assert by_keyword["FROM"] == ["python:3.12-slim"]
-    assert any("pip install --no-cache-dir ." in run for run in by_keyword["RUN"])
+    # Two stages on the same Python base, pinned by digest: a build stage installing the
+    # lock file and the project into /opt/venv, and the image that copies it.
+    froms = by_keyword["FROM"]
+    assert len(froms) == 2 and froms[0].endswith(" AS build")
+    base = froms[1]
+    assert re.fullmatch(r"python:3\.12[\w.-]*-slim[\w.-]*@sha256:[0-9a-f]{64}", base), base
+    assert froms[0] == f"{base} AS build"
+    assert any("pip install --no-cache-dir -r /tmp/requirements.lock" in run for run in by_keyword["RUN"])
+    assert any(rest.startswith("--from=build /opt/venv") for rest in by_keyword["COPY"])
     user = by_keyword["USER"][-1]
     assert user not in ("root", "0")
     exposed = {int(port) for rest in by_keyword["EXPOSE"] for port in rest.split()}

@@ -8,14 +8,16 @@ import sys
 import pytest
 
 DOCUMENTED = {
-    "luftpause": ["--free-ports", "--pool-file", "--tools-file", "--state-dir"],
+    "luftpause": ["--free-ports", "--pool-file", "--tools-file", "--state-dir", "LUFTPAUSE_LOG_FORMAT"],
     "luftpause.scheduler": ["LUFTPAUSE_SCHEDULER_HOST", "LUFTPAUSE_SCHEDULER_GRPC_PORT",
                             "LUFTPAUSE_SCHEDULER_HTTP_PORT", "LUFTPAUSE_POOL_FILE", "LUFTPAUSE_AFFINITY",
-                            "LUFTPAUSE_PROBE_PERIOD_S"],
+                            "LUFTPAUSE_PROBE_PERIOD_S", "LUFTPAUSE_LOG_FORMAT", "LUFTPAUSE_LOG_LEVEL"],
     "luftpause.dataplane": ["LUFTPAUSE_DATAPLANE_HOST", "LUFTPAUSE_DATAPLANE_PORT", "LUFTPAUSE_SCHEDULER_ADDR",
-                            "LUFTPAUSE_MAX_BODY_BYTES", "LUFTPAUSE_TOKEN"],
+                            "LUFTPAUSE_MAX_BODY_BYTES", "LUFTPAUSE_TOKEN", "LUFTPAUSE_LOG_FORMAT",
+                            "LUFTPAUSE_LOG_LEVEL"],
     "luftpause.runtime": ["LUFTPAUSE_RUNTIME_HOST", "LUFTPAUSE_RUNTIME_PORT", "LUFTPAUSE_DATAPLANE_URL",
-                          "LUFTPAUSE_TOOLS_FILE", "LUFTPAUSE_STATE_DIR", "LUFTPAUSE_TOKEN"],
+                          "LUFTPAUSE_TOOLS_FILE", "LUFTPAUSE_STATE_DIR", "LUFTPAUSE_TOKEN",
+                          "LUFTPAUSE_LOG_FORMAT", "LUFTPAUSE_LOG_LEVEL"],
     "luftpause.fakes.engine": ["--max-running", "--tool-calls", "--metrics-format", "--fault"],
     "luftpause.fakes.mcp": ["--delay-s"],
     "luftpause.loadgen": ["--agents", "--spawn"],

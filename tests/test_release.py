@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-IMAGES = ("scheduler", "dataplane", "runtime", "fakes")
+IMAGES = ("scheduler", "dataplane", "runtime", "fakes", "wikipedia-mcp")
 
 
 def test_dry_run_release_prints_builds_pushes_and_the_git_tag():

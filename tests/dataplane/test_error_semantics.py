@@ -1,4 +1,4 @@
-"""SPEC §5.3, one test per row, with real processes: what the client sees and what
+"""The proxy's error semantics, one test per case, with real processes: what the client sees and what
 luftpause does when clients, engines or the scheduler fail."""
 
 from __future__ import annotations

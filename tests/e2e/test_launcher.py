@@ -3,6 +3,7 @@ Ctrl-C, stops every process it started and frees every port."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 
 import httpx
 import pytest
+from mcp import Client
 
 from luftpause.procs import port_is_listening, wait_until
 
@@ -40,7 +42,8 @@ def test_launcher_starts_the_stack_and_stops_it_without_orphans(tmp_path, signum
         assert wait_until(lambda: (state / "stack.json").exists() or launcher.poll() is not None, 90)
         assert launcher.poll() is None, launcher.stdout.read()
         stack = json.loads((state / "stack.json").read_text())
-        assert set(stack["pids"]) == {"engine-a", "engine-b", "fake-mcp", "scheduler", "dataplane", "runtime"}
+        assert set(stack["pids"]) == {"engine-a", "engine-b", "classifier", "fake-mcp", "scheduler", "dataplane",
+                                      "runtime"}
         assert httpx.get(stack["urls"]["scheduler_status"]).json()["replicas"][0]["healthy"] in (True, False)
         launcher.send_signal(signum)
         output, _ = launcher.communicate(timeout=30)
@@ -53,3 +56,40 @@ def test_launcher_starts_the_stack_and_stops_it_without_orphans(tmp_path, signum
     assert not [name for name, pid in stack["pids"].items() if alive(pid)]
     ports = [p for p in stack["ports"].values() if isinstance(p, int)] + stack["ports"]["engines"]
     assert not [p for p in ports if port_is_listening(p)]
+
+
+def test_decide_works_out_of_the_box_and_a_dead_child_is_restarted(tmp_path):
+    """`make run`'s stack has a one-pass classifier, and survives one of its children dying."""
+    state = tmp_path / "state"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "luftpause", "--free-ports", "--state-dir", str(state)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert wait_until(lambda: (state / "stack.json").exists() or launcher.poll() is not None, 90)
+        assert launcher.poll() is None, launcher.stdout.read()
+        stack = json.loads((state / "stack.json").read_text())
+
+        async def decide() -> dict:
+            async with Client(stack["urls"]["runtime_mcp"]) as client:
+                result = await client.call_tool("decide", {"input": "is this good?"})
+                assert not result.is_error, result.content
+                return json.loads(result.content[0].text)
+
+        answer = asyncio.run(decide())
+        assert answer["label"] in ("negative", "positive") and answer["probabilities"]
+
+        os.killpg(stack["pids"]["engine-a"], signal.SIGKILL)
+        engine_a = stack["urls"]["engine-a"] + "/health"
+        assert wait_until(lambda: not port_is_listening(stack["ports"]["engines"][0]), 10)
+        assert wait_until(lambda: httpx.get(engine_a).status_code == 200 if port_is_listening(
+            stack["ports"]["engines"][0]) else False, 30), "engine-a was not started again"
+        assert launcher.poll() is None, "the stack stopped when one child died"
+        launcher.send_signal(signal.SIGTERM)
+        output, _ = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 0
+    assert "process_exited" in output and "engine-a" in output and "process_restarting" in output

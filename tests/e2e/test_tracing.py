@@ -1,6 +1,8 @@
-"""Tracing over OTLP (SPEC §7): spans from each service join the caller's trace."""
+"""Tracing over OTLP: spans from each service join the caller's trace."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 
@@ -17,7 +19,8 @@ def otel_env(collector) -> dict[str, str]:
 
 
 def test_proxied_turn_is_traced_through_dataplane_and_scheduler(make_stack, otlp_collector):
-    stack = make_stack(without=frozenset({"runtime", "fake-mcp"}), env=otel_env(otlp_collector))
+    env = {**otel_env(otlp_collector), "LUFTPAUSE_LOG_FORMAT": "json", "LUFTPAUSE_LOG_LEVEL": "debug"}
+    stack = make_stack(without=frozenset({"runtime", "fake-mcp"}), env=env)
     response = httpx.post(f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions",
                           headers={"traceparent": TRACEPARENT, h.RUN_ID: "traced-run"},
                           json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
@@ -34,6 +37,16 @@ def test_proxied_turn_is_traced_through_dataplane_and_scheduler(make_stack, otlp
     assert turn["attributes"]["luftpause.run_id"] == "traced-run"
     assert turn["attributes"]["gen_ai.response.finish_reasons"] == ["stop"]
     assert turn["attributes"]["gen_ai.usage.input_tokens"] > 0
+    # The log lines written while handling the turn name the trace and the span.
+    [access] = [line for line in log_lines(stack, "dataplane") if line["event"] == "turn"]
+    assert access["trace_id"] == TRACE_ID and access["span_id"] == turn["span_id"]
+    [decision] = [line for line in log_lines(stack, "scheduler") if line["event"] == "admit_decision"]
+    assert decision["trace_id"] == TRACE_ID and decision["span_id"] == admit["span_id"]
+
+
+def log_lines(stack, name: str) -> list[dict]:
+    text = (stack.state_dir / "logs" / f"{name}.log").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
 def test_without_an_endpoint_nothing_is_exported(make_stack, otlp_collector):
@@ -46,8 +59,6 @@ def test_without_an_endpoint_nothing_is_exported(make_stack, otlp_collector):
 
 
 async def test_sub_agent_runs_are_traced_from_the_mcp_request_to_the_scheduler(make_stack, otlp_collector):
-    import json
-
     from mcp import Client
 
     stack = make_stack(env=otel_env(otlp_collector), fake_mcp_args=["--delay-s", "0.1"])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -111,3 +113,22 @@ async def test_closed_loop_measures_a_window(engine) -> None:
 
 def test_is_luftpause_is_false_for_an_unreachable_or_plain_target() -> None:
     assert not is_luftpause("http://127.0.0.1:9/v1")
+
+
+async def test_command_without_a_terminal_prints_progress_full_tables_and_fails_on_errors(engine) -> None:
+    """Piped (as in CI): progress lines on stderr every few seconds, the result table
+    uncut on stdout, and exit status 1 when more runs failed than --max-errors."""
+    url, _ = engine
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "luftpause.loadgen", "--base-url", url, "--model", "no-such-model", "--agents", "2",
+        "--class", "interactive", "--duration-s", "6", "--tool-delay-s", "0.01", "--headers", "off",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
+    out, err = stdout.decode(), stderr.decode()
+    assert process.returncode == 1, (out, err)
+    progress = [line for line in err.splitlines() if "runs_done=" in line]
+    assert progress and "errors=" in progress[-1]
+    assert "more than --max-errors 0" in err
+    header = next(line for line in out.splitlines() if "runs/min" in line)
+    for column in ("class", "runs/min", "p50 s", "p90 s", "TTFT p50 s", "cached share", "errors"):
+        assert column in header, header

@@ -1,4 +1,4 @@
-"""Budgets over run subtrees (SPEC §4.4) against the scripted dataplane: tokens, tool
+"""Budgets over run subtrees against the scripted dataplane: tokens, tool
 calls and seconds, children spawned later, the idle timer, reports and restarts."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""decide (SPEC §6.7): label scoring with plain values, and the tool end to end through
+"""decide: label scoring with plain values, and the tool end to end through
 scheduler, dataplane and fake engines (one of them a one-pass classifier)."""
 
 from __future__ import annotations

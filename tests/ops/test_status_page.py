@@ -1,0 +1,144 @@
+"""The scheduler's status page rendered by headless Chromium (Debian's `chromium`;
+.ci/run installs it) while load runs: the DOM a person would see is asserted on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import pytest
+from mcp import Client
+from ops_load import drive
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    if os.environ.get("CI"):
+        pytest.fail("chromium is not installed: .ci/run installs Debian's chromium package")
+    pytest.skip("chromium is not installed (apt-get install chromium)")
+
+
+def render(url: str, *extra: str) -> subprocess.CompletedProcess:
+    """The page after its scripts ran (3 s of virtual time: the first refresh and one more)."""
+    return subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--virtual-time-budget=3000", *extra, url],
+                          capture_output=True, text=True, timeout=90)
+
+
+class Dom(HTMLParser):
+    """Text by element id, and the rows of the run tree with their data attributes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: dict[str, str] = {}
+        self.rows: dict[str, list[dict]] = {}
+        self.classes: dict[str, list[str]] = {}
+        self._open: list[tuple[str, str | None]] = []  # (tag, id)
+        self._table: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "table":
+            self._table = a.get("id")
+        if tag == "tr" and self._table:
+            self.rows.setdefault(self._table, []).append({**a, "cells": []})
+        if tag == "td" and self._table and self.rows.get(self._table):
+            self.rows[self._table][-1]["cells"].append("")
+            self.classes.setdefault(self._table, []).append(a.get("class") or "")
+        self._open.append((tag, a.get("id")))
+
+    def handle_endtag(self, tag):
+        while self._open:
+            if self._open.pop()[0] == tag:
+                break
+        if tag == "table":
+            self._table = None
+
+    def handle_data(self, data):
+        for _, element_id in self._open:
+            if element_id:
+                self.text[element_id] = self.text.get(element_id, "") + data
+        if self._table and self.rows.get(self._table) and self.rows[self._table][-1]["cells"] and \
+                any(t == "td" for t, _ in self._open):
+            self.rows[self._table][-1]["cells"][-1] += data
+
+
+def parse(html: str) -> Dom:
+    dom = Dom()
+    dom.feed(html)
+    return dom
+
+
+async def spawn(client: Client, **arguments) -> str:
+    result = await client.call_tool("spawn", arguments)
+    assert not result.is_error, result.content
+    return json.loads(result.content[0].text)["handle"]
+
+
+async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first(ops_stack, tmp_path):
+    chromium()
+    p = ops_stack.ports
+    url = f"http://127.0.0.1:{p.scheduler_http}/?runtime=http://127.0.0.1:{p.runtime}"
+    async with Client(f"http://127.0.0.1:{p.runtime}/mcp") as client:
+        # A run that stays live (its engine request hangs) with a child, created before the load.
+        parent = await spawn(client, task="wait [[fake:hang]]", maxToolCalls=0)
+        child = await spawn(client, task="wait too [[fake:hang]]", maxToolCalls=0, parent=parent)
+        load = asyncio.create_task(drive(ops_stack))
+        try:
+            await asyncio.sleep(5)
+            page = await asyncio.to_thread(render, url, "--dump-dom")
+            shot = tmp_path / "page.png"
+            await asyncio.to_thread(render, url, "--window-size=1400,1100", f"--screenshot={shot}")
+        finally:
+            await load
+            await client.call_tool("cancel", {"handles": [parent]})
+    assert page.returncode == 0, page.stderr[-2000:]
+    dom = parse(page.stdout)
+
+    assert dom.text.get("error", "") == ""
+    assert "turns/s" in dom.text["turns-per-s"] and float(dom.text["turns-per-s"].split()[0]) > 0
+    assert "hold p50" in dom.text["hold-pct"] and "TTFT p50" in dom.text["ttft-pct"]
+    assert "ms" in dom.text["ttft-pct"]
+    replicas = [r for r in dom.rows["replicas"] if r["cells"]]
+    assert [r["cells"][0] for r in replicas] == ["engine-a", "engine-b"]
+    for r in replicas:
+        assert r["cells"][3] == "up" and r["cells"][4].endswith("s ago")
+        assert r["cells"][8] == "no limit" or r["cells"][8].split()[0].isdigit()
+
+    assert dom.text.get("runtime-error", "") == ""
+    tree = [r for r in dom.rows["runtime"] if r["cells"]]
+    at = next(i for i, r in enumerate(tree) if r["data-handle"] == parent)
+    assert tree[at]["data-status"] == "Running" and tree[at]["data-depth"] == "0"
+    below = tree[at + 1]  # the child sits under its parent, indented
+    assert below["data-handle"] == child and below["data-depth"] == "1" and "└" in below["cells"][0]
+    statuses = [r["data-status"] for r in tree if r["data-depth"] == "0"]
+    live = [s in ("Running", "AwaitingApproval") for s in statuses]
+    assert live == sorted(live, reverse=True), statuses  # live roots first
+    assert "Completed" in statuses
+    completed = next(r for r in tree if r["data-status"] == "Completed")
+    cells = completed["cells"]  # class, caller, model, elapsed, turns, tool calls, turn/tool time
+    assert cells[3] == "batch" and cells[4] and cells[5] == "fake-llama-1b" and cells[6].endswith(" s")
+    assert int(cells[7]) >= 1 and cells[9].endswith(" s") and cells[10].endswith(" s")
+    assert any("budget exceeded" in r["cells"][12] for r in tree)
+    assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_page_shows_an_error_when_the_runtime_cannot_be_read(ops_stack):
+    chromium()
+    from luftpause.procs import free_port
+
+    nobody = free_port()
+    page = render(f"http://127.0.0.1:{ops_stack.ports.scheduler_http}/?runtime=http://127.0.0.1:{nobody}",
+                  "--dump-dom")
+    dom = parse(page.stdout)
+    assert "runtime status unavailable (HTTP 502)" in dom.text["runtime-error"]
+    assert f"127.0.0.1:{nobody}" in dom.text["runtime-error"]
+    # The scheduler's own part still renders.
+    assert [r["cells"][0] for r in dom.rows["replicas"] if r["cells"]] == ["engine-a", "engine-b"]
