@@ -13,8 +13,9 @@ RUN_IDLE_TIMEOUT_MS = 30 * 60 * 1000
 # The admission limit's increase per probe (core.py, "The admission limit"): the
 # requests that fit in this share of the engine's free KV, at most limit / divisor.
 LIMIT_FREE_KV_SHARE = 0.5
-# Probes in a row without an engine queue before the limit may grow; each decrease
-# doubles it up to LIMIT_CALM_MAX, and twice as many calm probes halve it again.
+# Probes in a row without an engine queue before the limit may grow; a decrease right
+# after an increase doubles it up to LIMIT_CALM_MAX, and twice as many calm probes in a
+# row halve it again.
 LIMIT_CALM_PROBES = 2
 LIMIT_CALM_MAX = 16
 LIMIT_MAX_STEP_DIVISOR = 2

@@ -74,6 +74,7 @@ class Replica(NamedTuple):
     limit: int = 0  # learned concurrency limit; 0 = not learned yet (not limited)
     calm_probes: int = 0  # probes in a row that showed no queue in the engine
     calm_needed: int = LIMIT_CALM_PROBES  # calm probes before the limit may grow
+    since_growth: int = LIMIT_CALM_MAX  # probes since the limit last grew
     paused_interactive: int = 0  # interactive runs paused on a tool, last served here
     paused_interactive_tokens: int = 0  # their contexts, in tokens, where known
 
@@ -606,9 +607,10 @@ def _usage(state: State, event: TurnUsage) -> State:
 #   limit grows by the requests that fit in half its free KV (at the tokens an
 #   average running request holds), at least one and at most half the limit per
 #   probe; by one per probe where the engine reports no KV pool;
-# * patience: each decrease doubles the calm probes the next increase waits for (up
-#   to 16), so an engine at its true capacity is not pushed into queueing every few
-#   seconds; twice that many calm probes in a row halve it again;
+# * patience: a decrease right after an increase (the step overshot) doubles the
+#   calm probes the next increase waits for (up to 16), so an engine at its true
+#   capacity is not pushed into queueing every few seconds; twice that many calm
+#   probes in a row halve it again;
 # * forget: an unhealthy engine, or one that stops reporting load, is learned anew.
 
 
@@ -626,16 +628,18 @@ def _limit_after_probe(state: State, replica: Replica) -> Replica:
         if limit == 0:
             return replica._replace(limit=serving)
         if replica.in_flight >= replica.running and serving < limit:
-            # Our own excess waits in the engine: back to what it serves, and probe for
-            # more room less eagerly next time (doubling, up to a ceiling).
-            return replica._replace(limit=serving, calm_needed=min(LIMIT_CALM_MAX, needed * 2))
+            # Our own excess waits in the engine: back to what it serves. If the limit
+            # had just grown, that step overshot: probe for more room less eagerly
+            # next time (doubling, up to a ceiling).
+            overshoot = replica.since_growth <= LIMIT_CALM_PROBES
+            return replica._replace(limit=serving, calm_needed=min(LIMIT_CALM_MAX, needed * 2) if overshoot else needed)
         return replica
     if replica.calm_probes >= 2 * needed:  # long calm: the engine copes, be eager again
         needed = max(LIMIT_CALM_PROBES, needed // 2)
     if limit > 0 and replica.calm_probes >= needed and replica.in_flight >= limit \
             and _turns_wait_for(state, replica.name):
-        limit += _limit_step(replica)
-    return replica._replace(limit=limit, calm_needed=needed)
+        return replica._replace(limit=limit + _limit_step(replica), calm_needed=needed, since_growth=0)
+    return replica._replace(calm_needed=needed)
 
 
 def _turns_wait_for(state: State, name: str) -> bool:
@@ -665,6 +669,7 @@ def _probed(state: State, event: EngineProbed) -> State:
         kv_used=event.kv_used or 0,
         kv_total=event.kv_total or 0,
         calm_probes=0 if (event.queued or not event.healthy) else replica.calm_probes + 1,
+        since_growth=min(LIMIT_CALM_MAX, replica.since_growth + 1),
     )
     updated = _limit_after_probe(state, updated)
     return state._replace(replicas=state.replicas.set(replica.name, updated))

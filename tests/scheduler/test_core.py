@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from luftpause.scheduler import core
-from luftpause.scheduler.constants import RUN_IDLE_TIMEOUT_MS, TURN_TIMEOUT_MS
+from luftpause.scheduler.constants import LIMIT_CALM_PROBES, RUN_IDLE_TIMEOUT_MS, TURN_TIMEOUT_MS
 
 MODEL = "m"
 
@@ -364,3 +364,21 @@ def test_each_overshoot_makes_the_next_increase_wait_longer():
         state, _ = probe(state, running=3, queued=1)  # the engine runs 3: the step was too far
         assert state.replicas["a"].capacity == 3
     assert calm_probes_before_growth == [2, 4, 8]
+
+
+def test_a_queue_long_after_the_last_increase_lowers_the_limit_without_more_patience():
+    state = pool("a")
+    state, _ = probe(state, running=10, queued=1)
+    state, _ = fill(state, 12)
+    for _ in range(2):
+        state, _ = probe(state, running=10, queued=0)
+    grown = state.replicas["a"].capacity
+    assert grown > 10
+    for turn in list(state.turns):  # demand falls: nothing to grow for
+        state, _ = core.decide(state, core.TurnFinished(turn, "stop", 1))
+    for _ in range(LIMIT_CALM_PROBES + 1):
+        state, _ = probe(state, running=0, queued=0)
+    state, _ = fill(state, 20, prefix="u")
+    state, _ = probe(state, running=grown - 3, queued=2)  # the engine's own room shrank
+    assert state.replicas["a"].capacity == grown - 2  # in flight less its queue
+    assert state.replicas["a"].calm_needed == LIMIT_CALM_PROBES
