@@ -366,7 +366,8 @@ async def _closed(rig: Rig, config: BenchConfig, name: str, heavy: bool, *, targ
         sampling.cancel()
     out = {"summary": result.summary, "cpu": result.cpu, **rig.engine_figures(samples),
            "engines_over_window": timeline.summary(result.window_s),
-           "same_run": same_run_hits(result.records, result.window_s), "timeline": timeline.as_json()}
+           "same_run": same_run_hits(result.records, result.window_s), "timeline": timeline.as_json(),
+           "interactive_records": [r.as_json() for r in result.records if r.service_class == "interactive"]}
     s = result.summary
     log.warning("b2.variant", name=name, interactive=round(s.get("interactive", {}).get("runs_per_min", 0), 1),
                 batch=round(s.get("batch", {}).get("runs_per_min", 0), 1), queue=out["engine_queue_mean"],
