@@ -23,6 +23,7 @@ import json
 import statistics
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,18 @@ async def _measure(urls: list[str], engine_urls: list[str], status_url: str | No
     }
 
 
+def _wait_drained(engine_urls: list[str], timeout: float = 60.0) -> None:
+    """Until no engine runs or queues anything: the next variant starts on idle engines."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        loads = [parse_load(urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode())
+                 for url in engine_urls]
+        if all(load is not None and load.running == 0 and load.queued == 0 for load in loads):
+            return
+        time.sleep(0.2)
+    raise TimeoutError("the engines did not drain between variants")
+
+
 def _table(results: dict[str, dict[str, Any]]) -> Table:
     table = Table(title="Where the queue lives: engines with max-running per replica, streaming clients")
     for column in ("variant", "engine queue mean / max", "luftpause held mean", "in flight mean",
@@ -176,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             direct = [f"{url}/v1" for url in engine_urls]
             results["direct to the engines (round robin)"] = asyncio.run(
                 _measure(direct, engine_urls, None, args, luftpause=False))
-            time.sleep(2.0)  # let the engines drain before the next variant
+            _wait_drained(engine_urls)
             results["through luftpause"] = asyncio.run(_measure(
                 [f"http://127.0.0.1:{stack.ports.dataplane}/v1"], engine_urls,
                 f"http://127.0.0.1:{stack.ports.scheduler_http}/status", args, luftpause=True))

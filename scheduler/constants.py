@@ -17,7 +17,7 @@ LIMIT_FREE_KV_SHARE = 0.5
 # after an increase doubles it up to LIMIT_CALM_MAX, and twice as many calm probes in a
 # row halve it again.
 LIMIT_CALM_PROBES = 2
-LIMIT_CALM_MAX = 16
+LIMIT_CALM_MAX = 8
 LIMIT_MAX_STEP_DIVISOR = 2
 
 DEFAULT_GRPC_PORT = 5000

@@ -608,7 +608,7 @@ def _usage(state: State, event: TurnUsage) -> State:
 #   average running request holds), at least one and at most half the limit per
 #   probe; by one per probe where the engine reports no KV pool;
 # * patience: a decrease right after an increase (the step overshot) doubles the
-#   calm probes the next increase waits for (up to 16), so an engine at its true
+#   calm probes the next increase waits for (up to 8), so an engine at its true
 #   capacity is not pushed into queueing every few seconds; twice that many calm
 #   probes in a row halve it again;
 # * forget: an unhealthy engine, or one that stops reporting load, is learned anew.
