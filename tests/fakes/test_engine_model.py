@@ -393,3 +393,15 @@ async def test_metrics_are_stale_until_a_refresh_and_refresh_after_30_idle_secon
             if await running_gauge() == 0:
                 break
         assert await running_gauge() == 0
+
+
+async def test_gpu_counts_time_lost_to_a_busy_cpu_but_not_idle_time() -> None:
+    gpu = Gpu(1.0)
+    await gpu.run(10)
+    time.sleep(0.1)  # the event loop is held up, as by a saturated CPU, while work is pending
+    await gpu.run(10, continuing=True)
+    assert 0.07 < gpu.lost_s < 0.2  # 0.1 s behind, 0.02 s of it caught up
+    lost = gpu.lost_s
+    await asyncio.sleep(0.1)  # idle: nothing pending
+    await gpu.run(10, continuing=False)
+    assert gpu.lost_s == lost
