@@ -165,7 +165,8 @@ class Gpu:
     it for its whole duration; replicas take turns in arrival order (an asyncio lock is
     first come, first served). The clock is kept here, not per pass, so handler and
     event-loop overheads do not add up into a slower GPU; when the machine falls behind
-    it catches up at most ``MAX_LAG_S`` (a saturated CPU must show, not hide).
+    it catches up at most ``MAX_LAG_S`` and counts the rest in ``lost_s`` (a saturated
+    CPU must show, not hide).
     """
 
     MAX_LAG_S = 0.02
@@ -175,15 +176,19 @@ class Gpu:
         self._lock = asyncio.Lock()
         self._free_at = 0.0
         self.busy_s = 0.0  # wall seconds of passes run, all replicas together
-        self.late_s = 0.0  # wall seconds passes ended after their planned end (a busy CPU)
+        self.lost_s = 0.0  # wall seconds the GPU fell behind its clock and did not catch up (a busy CPU)
 
-    async def run(self, model_ms: float) -> None:
-        """Hold the GPU for one pass of ``model_ms`` model milliseconds."""
+    async def run(self, model_ms: float, continuing: bool = False) -> None:
+        """Hold the GPU for one pass of ``model_ms`` model milliseconds; ``continuing``:
+        the caller has had work since its last pass (it was not idle)."""
         async with self._lock:
             loop = asyncio.get_running_loop()
             now = loop.time()
-            # just behind (a pass ended late): catch up; longer ago: the GPU was idle
-            start = self._free_at if now - self._free_at <= self.MAX_LAG_S else now
+            if continuing and self.busy_s > 0:  # behind its clock: catch up at most MAX_LAG_S, the rest is lost
+                start = max(self._free_at, now - self.MAX_LAG_S)
+                self.lost_s += max(0.0, now - self.MAX_LAG_S - self._free_at)
+            else:  # the replica was idle: its pass starts now, or when the other's ends
+                start = max(self._free_at, now)
             duration = model_ms * self.time_scale / 1000
             end = start + duration
             self.busy_s += duration
@@ -191,7 +196,6 @@ class Gpu:
                 await asyncio.sleep(end - now)
             else:
                 await asyncio.sleep(0)
-            self.late_s += max(0.0, loop.time() - end)
             self._free_at = end
 
 
@@ -264,24 +268,29 @@ class Simulator:
             await self._wake.wait()
 
     async def _run(self) -> None:
+        continuing = False  # whether this replica has had work since its last pass
         while True:
             if not self.model.busy:
                 await self._idle()
+                continuing = False
                 continue
             admitted = self.model.admit()
             if admitted:
-                await self.gpu.run(self.model.prefill_ms(admitted))
+                await self.gpu.run(self.model.prefill_ms(admitted), continuing)
+                continuing = True
                 self.model.finish_prefill(admitted)
                 self.tokens_generated += sum(1 for r in admitted if r.prefilled)
                 self._notify(admitted)
             elif self.model.decoding():
                 batch = self.model.prepare_decode()
-                await self.gpu.run(self.model.decode_ms())
+                await self.gpu.run(self.model.decode_ms(), continuing)
+                continuing = True
                 self.model.decode_step()
                 self.tokens_generated += len(batch)
                 self._notify(batch)
             else:  # waiting requests that cannot be admitted and nothing runs: cannot happen
                 await self._idle()
+                continuing = False
 
 
 # --- engine state -------------------------------------------------------------------
@@ -318,7 +327,7 @@ class EngineState:
             "reported_running": sum(model.gauges.running.values()),  # what /metrics shows (refreshed, not live)
             "reported_queued": sum(model.gauges.queued.values()),
             "gpu_busy_s": round(self.sim.gpu.busy_s, 3),  # the shared GPU's, when replicas share one
-            "gpu_late_s": round(self.sim.gpu.late_s, 3),  # how far the process fell behind the model
+            "gpu_lost_s": round(self.sim.gpu.lost_s, 3),  # wall time the simulated GPU fell behind (busy CPU)
         }
 
 

@@ -194,7 +194,9 @@ class Rig:
                     samples.append({"t": round((time.monotonic() - started) / scale, 2),
                                     "queued": [s.get("reported_queued", s["queued"]) for s in stats],
                                     "queued_live": [s["queued"] for s in stats],
-                                    "running": [s["running"] for s in stats]})
+                                    "running": [s["running"] for s in stats],
+                                    "gpu_busy_s": [s.get("gpu_busy_s", 0.0) for s in stats],
+                                    "gpu_lost_s": [s.get("gpu_lost_s", 0.0) for s in stats]})
                 await asyncio.sleep(scale)
 
         task = asyncio.create_task(sample())
@@ -209,10 +211,19 @@ class Rig:
         """What the engines saw over a variant's window."""
         queued = [sum(s["queued"]) for s in samples]
         live = [sum(s["queued_live"]) for s in samples]
+        gpu_busy = gpu_lost = None
+        if len(samples) > 1:  # per GPU (with a shared GPU every replica reports the same timeline)
+            first, last = samples[0], samples[-1]
+            wall = (last["t"] - first["t"]) * self.config.time_scale
+            gpu_busy = statistics.fmean(b - a for a, b in zip(first["gpu_busy_s"], last["gpu_busy_s"])) / wall
+            gpu_lost = statistics.fmean(b - a for a, b in zip(first["gpu_lost_s"], last["gpu_lost_s"])) / wall
         return {"engine_cached_share": self.cache_share(), "engine_requests": self.requests_per_engine(),
                 "engine_retractions": self.retractions(),
                 "engine_queue_mean": statistics.fmean(queued) if queued else None,
                 "engine_queue_live_mean": statistics.fmean(live) if live else None,
+                # share of the window the GPU ran passes, and the share it fell behind its
+                # clock for good (a busy CPU slowing the simulated GPU down)
+                "engine_gpu_busy_share": gpu_busy, "engine_gpu_lost_share": gpu_lost,
                 "engine_samples": samples}
 
 

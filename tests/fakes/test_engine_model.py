@@ -370,3 +370,38 @@ def test_one_process_serves_replicas_on_extra_ports(start_engine: Callable[..., 
     assert stats(first)["gpu_busy_s"] == stats(other)["gpu_busy_s"] > 0  # one GPU
     with urllib.request.urlopen(f"{first}/metrics", timeout=5) as response:
         assert "sglang:num_retracted_reqs_total" in response.read().decode()
+
+
+async def test_metrics_are_stale_until_a_refresh_and_refresh_after_30_idle_seconds() -> None:
+    # 100 ms of wall time = 30 model seconds at time scale 1/300
+    config = EngineConfig(latency_ms=30, token_ms=30, reply_tokens=4, metrics_interval_steps=1000,
+                          time_scale=1 / 300)
+    async with TestClient(TestServer(create_app(config))) as client:
+        async def running_gauge() -> float:
+            text = await (await client.get("/metrics")).text()
+            line = next(x for x in text.splitlines() if x.startswith("sglang:num_running_reqs{"))
+            return float(line.rsplit(" ", 1)[1])
+
+        response = await client.post("/v1/chat/completions", json=CHAT)
+        assert response.status == 200
+        await response.json()
+        stats = await (await client.get("/stats")).json()
+        assert stats["running"] == 0 and stats["reported_running"] == 1  # as of the last prefill pass
+        assert await running_gauge() == 1
+        for _ in range(50):  # bounded: 30 idle model seconds are 0.1 s here
+            await asyncio.sleep(0.02)
+            if await running_gauge() == 0:
+                break
+        assert await running_gauge() == 0
+
+
+async def test_gpu_counts_time_lost_to_a_busy_cpu_but_not_idle_time() -> None:
+    gpu = Gpu(1.0)
+    await gpu.run(10)
+    time.sleep(0.1)  # the event loop is held up, as by a saturated CPU, while work is pending
+    await gpu.run(10, continuing=True)
+    assert 0.07 < gpu.lost_s < 0.2  # 0.1 s behind, 0.02 s of it caught up
+    lost = gpu.lost_s
+    await asyncio.sleep(0.1)  # idle: nothing pending
+    await gpu.run(10, continuing=False)
+    assert gpu.lost_s == lost
