@@ -12,7 +12,8 @@ What counts:
 - tool calls: calls counted before they run, so a round that would go over the limit
   is refused without reaching the tool server;
 - seconds: wall clock since the owner was created (across restarts), while anything in
-  the subtree is unfinished.
+  the subtree is unfinished, less the time every unfinished run of the subtree was
+  waiting for a human to approve a tool call (that wait is paused, timer included).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import structlog
 
-from luftpause.runtime.runs import BudgetExcess, BudgetKind, Run, RunRegistry
+from luftpause.runtime.runs import BudgetExcess, BudgetKind, Run, RunRegistry, RunStatus
 
 log = structlog.get_logger(component="budgets")
 
@@ -74,7 +75,40 @@ class Budgets:
             end = self._clock()
         else:
             end = max((r.finished_at or owner.created_at) for r in subtree)
-        return max(0.0, end - owner.created_at)
+        return max(0.0, end - owner.created_at - self._paused(owner, end))
+
+    def _paused(self, owner: Run, now: float) -> float:
+        """Seconds ``owner``'s clock stood still: its subtree was all waiting for a human."""
+        since = owner.budget_paused_since
+        return owner.budget_paused_s + (max(0.0, now - since) if since is not None else 0.0)
+
+    def _elapsed(self, owner: Run) -> float:
+        now = self._clock()
+        return now - owner.created_at - self._paused(owner, now)
+
+    # --- waiting for a human ---------------------------------------------------------
+
+    def waiting_changed(self, run: Run) -> None:
+        """``run`` started or stopped waiting for approval, finished, or was spawned:
+        pause or resume the seconds of every budget above it."""
+        for owner in self.owners(run):
+            if owner.spec.budget_seconds is None:
+                continue
+            live = [r for r in self._runs.subtree(owner.handle) if not r.status.finished]
+            paused = bool(live) and all(r.status is RunStatus.AWAITING_APPROVAL for r in live)
+            if paused and owner.budget_paused_since is None:
+                owner.budget_paused_since = self._clock()
+                self.disarm(owner)
+            elif not paused and owner.budget_paused_since is not None:
+                owner.budget_paused_s = self._paused(owner, self._clock())
+                owner.budget_paused_since = None
+                self.arm(owner)
+
+    def paused_record(self, run: Run) -> dict[str, Any]:
+        """The paused seconds of the budgets above ``run``, for the journal (survive a restart)."""
+        now = self._clock()
+        paused = {o.handle: round(self._paused(o, now), 3) for o in self.owners(run) if o.spec.budget_seconds}
+        return {"budgetPaused": paused} if paused else {}
 
     # --- checks ----------------------------------------------------------------------
 
@@ -93,8 +127,8 @@ class Budgets:
     def _excess(self, owner: Run, planned_tool_calls: int) -> BudgetExcess | None:
         limits = owner.spec.budget_limits()
         used = self.used(owner)
-        if BudgetKind.SECONDS in limits:
-            elapsed = self._clock() - owner.created_at
+        if BudgetKind.SECONDS in limits and owner.budget_paused_since is None:
+            elapsed = self._elapsed(owner)
             if elapsed > limits[BudgetKind.SECONDS]:
                 return BudgetExcess(BudgetKind.SECONDS, elapsed, limits[BudgetKind.SECONDS])
         if BudgetKind.TOKENS in limits and used[BudgetKind.TOKENS] > limits[BudgetKind.TOKENS]:
@@ -121,8 +155,8 @@ class Budgets:
             if owner.budget_excess is not None:
                 return f"cannot spawn under {parent.handle}: {owner.budget_excess.message} (budget of {owner.handle})"
             seconds = owner.spec.budget_seconds
-            if seconds is not None and self._clock() - owner.created_at > seconds:
-                excess = BudgetExcess(BudgetKind.SECONDS, self._clock() - owner.created_at, seconds)
+            if seconds is not None and self._elapsed(owner) > seconds:
+                excess = BudgetExcess(BudgetKind.SECONDS, self._elapsed(owner), seconds)
                 return f"cannot spawn under {parent.handle}: {excess.message} (budget of {owner.handle})"
         return None
 
@@ -133,7 +167,9 @@ class Budgets:
         seconds = owner.spec.budget_seconds
         if seconds is None or owner.budget_excess is not None or owner.handle in self._timers:
             return
-        delay = max(0.0, owner.created_at + seconds - self._clock())
+        if owner.budget_paused_since is not None:
+            return  # re-armed when the wait for a human ends
+        delay = max(0.0, seconds - self._elapsed(owner))
         self._timers[owner.handle] = asyncio.get_running_loop().call_later(delay, self._deadline, owner)
 
     def disarm(self, owner: Run) -> None:
@@ -153,7 +189,11 @@ class Budgets:
         if all(run.status.finished for run in self._runs.subtree(owner.handle)):
             return  # nothing to stop; a later spawn under it is refused (spawn_refusal)
         seconds = owner.spec.budget_seconds or 0.0
-        self._exceed(owner, BudgetExcess(BudgetKind.SECONDS, self._clock() - owner.created_at, seconds))
+        elapsed = self._elapsed(owner)
+        if elapsed < seconds:  # paused meanwhile: the rest of the budget is still there
+            self.arm(owner)
+            return
+        self._exceed(owner, BudgetExcess(BudgetKind.SECONDS, elapsed, seconds))
 
     # --- reporting -------------------------------------------------------------------
 

@@ -7,18 +7,21 @@ with an MCP error (-32602 invalid params); a run's own failure is data in its re
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal, ParamSpec, TypeVar
 
 from mcp import MCPError
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, ToolAnnotations
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, InputRequiredResult, ToolAnnotations
 from pydantic import Field
 
 from luftpause import __version__, headers
 from luftpause.headers import DEFAULT_SERVICE_CLASS
 from luftpause.runtime import constants
+from luftpause.runtime.approvals import AlreadyAnswered
+from luftpause.runtime.asking import asks_by_input_required, read_state, wait_asking, wait_or_ask
 from luftpause.runtime.dataplane import TurnError
 from luftpause.runtime.decide import DecideError, checked_labels, decide
 from luftpause.runtime.runs import RunSpec, UnknownRunError
@@ -31,7 +34,9 @@ INSTRUCTIONS = (
     "Run sub-agents on the shared model pool. `spawn` starts one and returns a handle at "
     "once; `await` collects results (many handles at a time, so sub-agents run in "
     "parallel); `run` spawns and waits in one call. Sub-agents use the upstream tools "
-    "listed by `tools`."
+    "listed by `tools`. A sub-agent's destructive tool call waits for the user's approval "
+    "(status AwaitingApproval): clients with elicitation are asked while they `await` or `run`; "
+    "others answer with `approve`."
 )
 
 Task = Annotated[str, Field(description="What the sub-agent should do (its user message).")]
@@ -58,7 +63,7 @@ BudgetToolCalls = Annotated[int | None, Field(description="Tool-call budget" + S
 BudgetSeconds = Annotated[float | None, Field(description="Wall-clock budget in seconds" + SUBTREE)]
 ApproveTools = Annotated[
     list[str] | None,
-    Field(description="Tool names whose calls need the user's approval. Recorded with the run; not enforced yet."),
+    Field(description="Tool names whose calls need the user's approval (destructive tools always do)."),
 ]
 Handles = Annotated[list[str], Field(description="Run handles returned by spawn.")]
 
@@ -185,19 +190,35 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
     @answers_bad_requests_with_mcp_errors
     async def await_runs(
         handles: Handles,
+        ctx: Context,
         mode: Literal["all", "any"] = "all",
         timeout: Annotated[float, Field(description="Seconds to wait, 0..600.")] = constants.DEFAULT_AWAIT_TIMEOUT_S,
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | InputRequiredResult:
         runs = runtime.runs.require(checked_handles(handles))
-        timed_out = await runtime.wait(runs, mode, checked_timeout(timeout))
+        if asks_by_input_required(ctx):
+            outcome = await wait_or_ask(runtime, ctx, runs, mode, checked_timeout(timeout), read_state(ctx))
+            if isinstance(outcome, InputRequiredResult):
+                return outcome
+            timed_out = outcome
+        else:
+            timed_out = await wait_asking(runtime, ctx, runs, mode, checked_timeout(timeout))
         return {"runs": [runtime.await_record(run) for run in runs], "timedOut": timed_out}
 
     @server.tool(name="run", description="Start a sub-agent and wait for it in the same call.")
     @functools.wraps(spawn)  # `run` takes exactly spawn's arguments; the SDK reads them from spawn
-    async def run_to_completion(**arguments: Any) -> dict[str, Any]:
+    async def run_to_completion(**arguments: Any) -> dict[str, Any] | InputRequiredResult:
+        ctx: Context = arguments["ctx"]
+        if asks_by_input_required(ctx):
+            state = read_state(ctx)  # on a retry: the run this call started
+            if not isinstance(state.get("handle"), str) or state["handle"] not in runtime.runs:
+                state = {"handle": (await spawn(**arguments))["handle"]}
+            run = runtime.runs.get(state["handle"])
+            outcome = await wait_or_ask(runtime, ctx, [run], "all", None, state)
+            if isinstance(outcome, InputRequiredResult):
+                return outcome
+            return runtime.await_record(run)
         run = runtime.runs.get((await spawn(**arguments))["handle"])
-        # Seam for the MCP Tasks extension: a client declaring it gets a task here.
-        await run.finished.wait()
+        await wait_asking(runtime, ctx, [run], "all", None)
         return runtime.await_record(run)
 
     @server.tool(
@@ -219,6 +240,25 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
             "runs": [runtime.await_record(run) for run in requested],
             "cancelled": [run.handle for run in cancelled],
         }
+
+    @server.tool(
+        description=(
+            "Answer a run's pending tool-call approval (see `status`/`await` pendingApproval): "
+            "allow true runs the call, false declines it."
+        )
+    )
+    @answers_bad_requests_with_mcp_errors
+    async def approve(
+        handle: Annotated[str, Field(description="Handle of the run awaiting approval.")],
+        allow: Annotated[bool, Field(description="true: run the tool call; false: decline it.")],
+    ) -> dict[str, Any]:
+        run = runtime.runs.get(handle)
+        try:
+            pending = await runtime.approvals.answer(run, allow, by="approve")
+        except AlreadyAnswered as exc:
+            raise invalid_params(str(exc)) from exc
+        await asyncio.sleep(0)  # let the run take the answer, so the status below is current
+        return {"handle": run.handle, "approval": pending.record(), "allow": allow, "status": run.status.value}
 
     @server.tool(name="tools", description="The upstream tools sub-agents can use.", annotations=read_only)
     async def list_upstream_tools() -> dict[str, Any]:

@@ -184,6 +184,10 @@ class Run:
     tool_calls_in_flight: int = 0
     # Set on a run whose own budget (spawn's budget* arguments) was exceeded.
     budget_excess: BudgetExcess | None = None
+    # Seconds this run's budget stood still because its subtree waited for a human, and
+    # since when it stands still now (None: running).
+    budget_paused_s: float = 0.0
+    budget_paused_since: float | None = None
     # Tracing (not journaled): where this run's span hangs, and the span while it runs.
     trace_parent: Any = None
     span: Any = None
@@ -203,7 +207,9 @@ class Run:
         self.finished_at = at if at is not None else time.time()
         self.finished.set()
 
-    def await_record(self, budget: dict[str, Any] | None = None) -> dict[str, Any]:
+    def await_record(
+        self, budget: dict[str, Any] | None = None, pending_approval: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """What `await` and `run` report for this run; ``budget`` is the budget governing it."""
         return {
             "handle": self.handle,
@@ -213,10 +219,12 @@ class Run:
             "failedToolCalls": self.stats.failed_tool_calls,
             "error": self.error,
             "budget": budget,
-            "pendingApproval": None,  # seam for tool-call approval
+            "pendingApproval": pending_approval,
         }
 
-    def status_record(self, budget: dict[str, Any] | None = None) -> dict[str, Any]:
+    def status_record(
+        self, budget: dict[str, Any] | None = None, pending_approval: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """What `status` reports: place in the tree and costs, no result text."""
         return {
             "handle": self.handle,
@@ -234,7 +242,7 @@ class Run:
             "stats": self.stats.to_json(),
             "error": self.error,
             "budget": budget,
-            "pendingApproval": None,  # seam for tool-call approval
+            "pendingApproval": pending_approval,
         }
 
 
@@ -304,7 +312,9 @@ class RunRegistry:
     def roots(self) -> list[Run]:
         return [run for run in self._runs.values() if run.parent is None or run.parent not in self._runs]
 
-    def tree_report(self, budget_of: BudgetReporter = no_budget) -> dict[str, Any]:
+    def tree_report(
+        self, budget_of: BudgetReporter = no_budget, approval_of: BudgetReporter = no_budget
+    ) -> dict[str, Any]:
         """The whole tree for `GET /status`: per run its own stats and its subtree totals.
 
         Runs are listed flat in creation order (parents first), each naming its parent and children
@@ -312,7 +322,7 @@ class RunRegistry:
         """
         subtree = self.subtree_stats()
         records = {
-            run.handle: {**run.status_record(budget_of(run)), "subtree": subtree[run.handle].to_json()}
+            run.handle: {**run.status_record(budget_of(run), approval_of(run)), "subtree": subtree[run.handle].to_json()}
             for run in self._runs.values()
         }
         roots = self.roots()

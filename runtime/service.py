@@ -17,6 +17,7 @@ from opentelemetry import trace
 
 from luftpause.runtime import constants
 from luftpause.runtime.agent import AgentLoop, initial_messages
+from luftpause.runtime.approvals import Approvals
 from luftpause.runtime.budgets import BudgetExceeded, Budgets
 from luftpause.runtime.dataplane import DataplaneClient, TurnError
 from luftpause.runtime.journal import Journal, restore_runs
@@ -49,7 +50,12 @@ class Runtime:
         self.budgets = Budgets(self.runs, self._budget_exceeded)
         self._dataplane = dataplane
         self._journal = journal
-        self._agent = AgentLoop(dataplane, toolbox, recorder=journal, guard=self.budgets)
+        self.approvals = Approvals(
+            journal, on_waiting_changed=self._waiting_changed, decision_extras=self.budgets.paused_record
+        )
+        self._agent = AgentLoop(
+            dataplane, toolbox, recorder=journal, approval_gate=self.approvals.gate, guard=self.budgets
+        )
         self._stopping = False
         # Why each run is being cancelled, by handle; absent = not cancelled by a caller.
         self._cancel_reasons: dict[str, str] = {}
@@ -61,9 +67,13 @@ class Runtime:
         """Replay the journal: finished runs are kept for `await`, unfinished ones resume."""
         if self._journal is None:
             return
-        restored = restore_runs(self._journal.read(), initial_messages)
+        records = self._journal.read()
+        restored = restore_runs(records, initial_messages)
+        self.approvals.restore(records)
+        paused = _paused_budgets(records)
         for run in restored:
             self.runs.add(run)
+            run.budget_paused_s = paused.get(run.handle, 0.0)
         resumed = [run for run in restored if not run.status.finished]
         for run in resumed:
             self._launch(run)
@@ -104,6 +114,7 @@ class Runtime:
         run.trace_parent = self._trace_parent(run)
         if run.has_budget:
             self.budgets.arm(run)
+        self.budgets.waiting_changed(run)  # a new run under a budget paused for a human resumes it
         self._launch(run)
         log.info(
             "run_spawned",
@@ -181,6 +192,8 @@ class Runtime:
                 log.exception("journal_write_failed", run=run.handle)
         run.finish(status, result=result, error=error, at=finished_at)
         self._concluding.discard(run.handle)
+        self.approvals.forget_run(run.handle)
+        self.budgets.waiting_changed(run)
         log.info("run_finished", run=run.handle, status=status.value, error=error, **run.stats.to_journal())
         await self._dataplane.end_run(run.handle)
 
@@ -252,13 +265,35 @@ class Runtime:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    # --- approval ----------------------------------------------------------------------
+
+    def _waiting_changed(self, run: Run) -> None:
+        if run.status.finished:
+            return
+        run.status = RunStatus.AWAITING_APPROVAL if self.approvals.of(run.handle) else RunStatus.RUNNING
+        self.budgets.waiting_changed(run)
+
     # --- reports -----------------------------------------------------------------------
 
+    def _approval_record(self, run: Run) -> dict[str, Any] | None:
+        return self.approvals.first_record(run.handle)
+
     def await_record(self, run: Run) -> dict[str, Any]:
-        return run.await_record(self.budgets.report(run))
+        return run.await_record(self.budgets.report(run), self._approval_record(run))
 
     def status_record(self, run: Run) -> dict[str, Any]:
-        return run.status_record(self.budgets.report(run))
+        return run.status_record(self.budgets.report(run), self._approval_record(run))
 
     def tree_report(self) -> dict[str, Any]:
-        return self.runs.tree_report(self.budgets.report)
+        return self.runs.tree_report(self.budgets.report, self._approval_record)
+
+
+def _paused_budgets(records: list[dict[str, Any]]) -> dict[str, float]:
+    """The seconds each budget stood still for a human, as last journaled, by owner handle."""
+    paused: dict[str, float] = {}
+    for record in records:
+        if record.get("type") == "approvalDecided" and isinstance(record.get("budgetPaused"), dict):
+            for handle, seconds in record["budgetPaused"].items():
+                if isinstance(seconds, int | float):
+                    paused[handle] = max(paused.get(handle, 0.0), float(seconds))
+    return paused

@@ -1,0 +1,147 @@
+"""Tool-call approval end to end: the runtime, the fake engine and the fake MCP server as
+real processes; the fake MCP's `delete_note` is marked destructive. Humans are played by
+the MCP clients' elicitation callbacks, or by `approve`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+from mcp import Client, MCPError
+from mcp_types import ElicitResult, INVALID_PARAMS
+from runtime_doubles import RuntimeProcess, tool_messages
+from test_runtime_processes import call, upstream_calls
+
+pytestmark = pytest.mark.timeout(60)
+
+DELETE = {"tools": ["delete_note"], "maxToolCalls": 1}
+DECLINED = "Error: the user declined this tool call"
+
+
+class Human:
+    """An elicitation callback that answers every form the same way and remembers the questions."""
+
+    def __init__(self, action: str = "accept", allow: bool = True) -> None:
+        self.action, self.allow = action, allow
+        self.questions: list[Any] = []
+
+    async def __call__(self, context: Any, params: Any) -> ElicitResult:
+        self.questions.append(params)
+        content = {"allow": self.allow} if self.action == "accept" else None
+        return ElicitResult(action=self.action, content=content)
+
+
+async def wait_for_status(client: Client, handle: str, status: str, timeout: float = 10) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        (record,) = (await call(client, "status", {"handles": [handle]}))["runs"]
+        if record["status"] == status or time.monotonic() > deadline:
+            return record
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"], ids=["session", "sessionless"])
+async def test_an_elicitation_that_allows_runs_the_destructive_call(
+    runtime_server: RuntimeProcess, fake_mcp: str, mode: str
+) -> None:
+    human = Human(allow=True)
+    before = upstream_calls(fake_mcp)["delete_note"]
+    async with Client(runtime_server.mcp_url, mode=mode, elicitation_callback=human) as client:
+        record = await call(client, "run", {"task": "delete two notes", "tools": ["delete_note"]})
+
+    assert record["status"] == "Completed" and record["toolCalls"] == 2 and record["failedToolCalls"] == 0
+    assert upstream_calls(fake_mcp)["delete_note"] - before == 2
+    assert len(human.questions) == 2  # one form per call
+    question = human.questions[0]
+    assert "delete_note" in question.message and record["handle"] in question.message
+    assert question.requested_schema["properties"]["allow"]["type"] == "boolean"
+    assert question.requested_schema["required"] == ["allow"]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"], ids=["session", "sessionless"])
+@pytest.mark.parametrize("human", [Human(allow=False), Human(action="decline")], ids=["allow-false", "decline"])
+async def test_a_refusal_gives_the_sub_agent_the_declined_text(
+    runtime_server: RuntimeProcess, fake_mcp: str, mode: str, human: Human
+) -> None:
+    before = upstream_calls(fake_mcp)["delete_note"]
+    async with Client(runtime_server.mcp_url, mode=mode, elicitation_callback=human) as client:
+        record = await call(client, "run", {"task": "delete a note", **DELETE})
+
+    assert record["status"] == "Completed" and record["toolCalls"] == 1 and record["failedToolCalls"] == 1
+    assert upstream_calls(fake_mcp)["delete_note"] == before  # never reached the tool server
+    assert tool_messages(runtime_server.state_dir, record["handle"]) == [DECLINED]
+
+
+async def test_a_client_without_elicitation_sees_the_pending_call_and_answers_with_approve(
+    runtime_server: RuntimeProcess, fake_mcp: str
+) -> None:
+    before = upstream_calls(fake_mcp)["delete_note"]
+    async with Client(runtime_server.mcp_url) as client:
+        handle = (await call(client, "spawn", {"task": "delete a note", **DELETE}))["handle"]
+        waiting = await wait_for_status(client, handle, "AwaitingApproval")
+        awaited = await call(client, "await", {"handles": [handle], "timeout": 0.3})
+        report = httpx.get(f"{runtime_server.url}/status").json()
+        with pytest.raises(MCPError) as wrong_run:
+            await client.call_tool("approve", {"handle": "run-unknown", "allow": True})
+        answer = await call(client, "approve", {"handle": handle, "allow": True})
+        done = await call(client, "await", {"handles": [handle], "timeout": 10})
+        with pytest.raises(MCPError) as nothing_pending:
+            await client.call_tool("approve", {"handle": handle, "allow": True})
+
+    pending = waiting["pendingApproval"]
+    assert pending["tool"] == "delete_note" and set(pending["arguments"]) == {"note_id"}
+    (run,) = awaited["runs"]
+    assert awaited["timedOut"] is True and run["status"] == "AwaitingApproval" and run["pendingApproval"] == pending
+    assert next(r for r in report["runs"] if r["handle"] == handle)["pendingApproval"] == pending
+    assert answer["approval"] == pending and answer["allow"] is True
+    assert done["runs"][0]["status"] == "Completed" and done["runs"][0]["pendingApproval"] is None
+    assert done["runs"][0]["failedToolCalls"] == 0
+    assert upstream_calls(fake_mcp)["delete_note"] - before == 1
+    assert wrong_run.value.error.code == INVALID_PARAMS and "run-unknown" in wrong_run.value.error.message
+    assert nothing_pending.value.error.code == INVALID_PARAMS and "no pending" in nothing_pending.value.error.message
+
+
+async def test_approve_tools_guards_a_read_only_tool_too(runtime_server: RuntimeProcess) -> None:
+    async with Client(runtime_server.mcp_url) as client:
+        guarded = (await call(client, "spawn", {"task": "look up", "tools": ["lookup"], "maxToolCalls": 1,
+                                                 "approveTools": ["lookup"]}))["handle"]
+        free = (await call(client, "spawn", {"task": "look up", "tools": ["lookup"], "maxToolCalls": 1}))["handle"]
+        waiting = await wait_for_status(client, guarded, "AwaitingApproval")
+        unguarded = await call(client, "await", {"handles": [free], "timeout": 10})
+        await call(client, "approve", {"handle": guarded, "allow": False})
+        refused = await call(client, "await", {"handles": [guarded], "timeout": 10})
+
+    assert waiting["pendingApproval"]["tool"] == "lookup"
+    assert unguarded["runs"][0]["status"] == "Completed" and unguarded["runs"][0]["failedToolCalls"] == 0
+    assert refused["runs"][0]["failedToolCalls"] == 1
+
+
+async def test_one_await_asks_each_pending_approval_of_its_runs_once(runtime_server: RuntimeProcess) -> None:
+    async with Client(runtime_server.mcp_url) as spawner:
+        handles = [(await call(spawner, "spawn", {"task": f"delete {i}", **DELETE}))["handle"] for i in range(3)]
+        for handle in handles:
+            await wait_for_status(spawner, handle, "AwaitingApproval")
+    human = Human(allow=True)
+    async with Client(runtime_server.mcp_url, mode="legacy", elicitation_callback=human) as client:
+        answer = await call(client, "await", {"handles": handles, "timeout": 20})
+
+    assert [run["status"] for run in answer["runs"]] == ["Completed"] * 3
+    asked_runs = sorted(h for h in handles for q in human.questions if h in q.message)
+    assert asked_runs == sorted(handles)  # each run's approval once, none twice
+
+
+async def test_waiting_for_a_human_does_not_use_up_budget_seconds(runtime_server: RuntimeProcess) -> None:
+    async with Client(runtime_server.mcp_url) as client:
+        handle = (await call(client, "spawn", {"task": "delete", **DELETE, "budgetSeconds": 1.5}))["handle"]
+        await wait_for_status(client, handle, "AwaitingApproval")
+        await asyncio.sleep(2.0)  # longer than the budget, all of it waiting for the human
+        waiting = (await call(client, "status", {"handles": [handle]}))["runs"][0]
+        await call(client, "approve", {"handle": handle, "allow": True})
+        done = await call(client, "await", {"handles": [handle], "timeout": 10})
+
+    assert waiting["status"] == "AwaitingApproval" and waiting["budget"]["exceeded"] is None
+    assert waiting["budget"]["used"]["seconds"] < 1.5
+    assert done["runs"][0]["status"] == "Completed", done
