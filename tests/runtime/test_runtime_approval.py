@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from mcp import Client, MCPError
 from mcp_types import ElicitResult, INVALID_PARAMS
-from runtime_doubles import RuntimeProcess, tool_messages
+from runtime_doubles import RuntimeProcess, journal_records, tool_messages
 from test_runtime_processes import call, upstream_calls
+
+from luftpause.procs import ManagedProcess, free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -145,3 +149,75 @@ async def test_waiting_for_a_human_does_not_use_up_budget_seconds(runtime_server
     assert waiting["status"] == "AwaitingApproval" and waiting["budget"]["exceeded"] is None
     assert waiting["budget"]["used"]["seconds"] < 1.5
     assert done["runs"][0]["status"] == "Completed", done
+
+
+# --- durable decisions: kill -9 of the runtime -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slow_tools_file(process_logs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fake MCP whose calls take 2 s, so a crash can fall between an answer and the call's end."""
+    port = free_port()
+    process = ManagedProcess(
+        name="slow-fake-mcp", module="luftpause.fakes.mcp",
+        args=["--host", "127.0.0.1", "--port", str(port), "--delay-s", "2"],
+        ready_url=f"http://127.0.0.1:{port}/health", log_path=process_logs / f"slow-fake-mcp-{port}.log",
+    )
+    process.start()
+    try:
+        process.wait_ready(timeout=20)
+        path = tmp_path_factory.mktemp("slow-config") / "tools.yaml"
+        path.write_text(f"servers:\n  - name: fake\n    url: http://127.0.0.1:{port}/mcp\n")
+        yield path
+    finally:
+        process.stop()
+
+
+def approval_records(state_dir: Path, handle: str, kind: str) -> list[dict[str, Any]]:
+    return [r for r in journal_records(state_dir, handle) if r["type"] == kind]
+
+
+async def test_an_unanswered_approval_is_asked_again_after_kill_9(
+    start_runtime: Callable[..., RuntimeProcess], fake_engine: str, tools_file: Path, fake_mcp: str, tmp_path: Path
+) -> None:
+    state_dir = tmp_path / "state"
+    first = start_runtime(fake_engine, tools_file, state_dir)
+    async with Client(first.mcp_url) as client:
+        handle = (await call(client, "spawn", {"task": "delete after a crash", **DELETE}))["handle"]
+        before_crash = await wait_for_status(client, handle, "AwaitingApproval")
+    first.process.kill()
+    before = upstream_calls(fake_mcp)["delete_note"]
+
+    second = start_runtime(fake_engine, tools_file, state_dir)
+    human = Human(allow=True)
+    async with Client(second.mcp_url, mode="legacy", elicitation_callback=human) as client:
+        answer = await call(client, "await", {"handles": [handle], "timeout": 20})
+
+    assert before_crash["pendingApproval"]["tool"] == "delete_note"
+    assert answer["runs"][0]["status"] == "Completed" and answer["runs"][0]["failedToolCalls"] == 0
+    assert len(human.questions) == 1 and handle in human.questions[0].message  # asked again
+    assert upstream_calls(fake_mcp)["delete_note"] - before == 1
+    assert len(approval_records(state_dir, handle, "approvalRequested")) == 2  # once per life of the runtime
+
+
+async def test_an_answer_given_just_before_kill_9_is_not_asked_again(
+    start_runtime: Callable[..., RuntimeProcess], fake_engine: str, slow_tools_file: Path, tmp_path: Path
+) -> None:
+    state_dir = tmp_path / "state"
+    first = start_runtime(fake_engine, slow_tools_file, state_dir)
+    async with Client(first.mcp_url) as client:
+        handle = (await call(client, "spawn", {"task": "delete once", **DELETE}))["handle"]
+        await wait_for_status(client, handle, "AwaitingApproval")
+        await call(client, "approve", {"handle": handle, "allow": True})
+    first.process.kill()  # the allowed call takes 2 s: its round is not journaled yet
+    assert [r["type"] for r in journal_records(state_dir, handle)] == [
+        "created", "approvalRequested", "approvalDecided"]
+
+    second = start_runtime(fake_engine, slow_tools_file, state_dir)
+    async with Client(second.mcp_url) as client:  # no elicitation, nobody approves: must not be asked
+        answer = await call(client, "await", {"handles": [handle], "timeout": 20})
+
+    run = answer["runs"][0]
+    assert run["status"] == "Completed" and run["toolCalls"] == 1 and run["failedToolCalls"] == 0
+    assert len(approval_records(state_dir, handle, "approvalRequested")) == 1  # not asked after the restart
+    assert "approval_replayed" in second.process.log_path.read_text()
