@@ -60,6 +60,19 @@ SESSIONLESS_CALLER = "mcp"
 
 JOURNAL_FILE = "runs.jsonl"
 
+# Retention of finished runs: a finished run tree stays (answers `await`, shows in
+# `status`, survives restarts) for this long after its last run finished, and at most
+# this many finished runs stay, newest first. Compaction applies both.
+RETENTION_S = 24 * 3600.0
+RETENTION_RUNS = 10_000
+# The journal is compacted on start, and while serving when it passes this size and
+# twice its size after the last compaction (~3.4 KB a run: some 20,000 runs).
+COMPACT_AT_BYTES = 64 * 1024 * 1024
+
+# `status` without handles pages: live runs first, then finished ones, newest first.
+STATUS_PAGE_DEFAULT = 100
+STATUS_PAGE_MAX = 1000
+
 # Defaults of the command line, each overridable by the environment variable beside it.
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7000

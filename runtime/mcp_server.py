@@ -222,14 +222,35 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
         return runtime.await_record(run)
 
     @server.tool(
-        description="Status of runs (default: all) with parent, children, stats and budget.", annotations=read_only
+        description=(
+            "Status of runs with parent, children, stats, budget and pending approval. Without handles: "
+            "every kept run, live ones first, then finished ones newest first, a page at a time "
+            "(pass nextCursor back as cursor)."
+        ),
+        annotations=read_only,
     )
     @answers_bad_requests_with_mcp_errors
     async def status(
         handles: Annotated[list[str] | None, Field(description="Run handles; default: every run.")] = None,
+        limit: Annotated[
+            int, Field(description=f"Runs per page without handles (1..{constants.STATUS_PAGE_MAX}).")
+        ] = constants.STATUS_PAGE_DEFAULT,
+        cursor: Annotated[str | None, Field(description="nextCursor of the previous page.")] = None,
     ) -> dict[str, Any]:
-        runs = runtime.runs.require(handles) if handles else list(runtime.runs)
-        return {"runs": [runtime.status_record(run) for run in runs]}
+        if handles:
+            return {"runs": [runtime.status_record(run) for run in runtime.runs.require(handles)]}
+        if not 1 <= limit <= constants.STATUS_PAGE_MAX:
+            raise invalid_params(f"limit must be between 1 and {constants.STATUS_PAGE_MAX}, got {limit}")
+        if cursor is not None and not cursor.isdigit():
+            raise invalid_params(f"cursor must be a nextCursor from status, got {cursor!r}")
+        listed = runtime.listed()
+        start = int(cursor or 0)
+        end = start + limit
+        return {
+            "runs": [runtime.status_record(run) for run in listed[start:end]],
+            "total": len(listed),
+            "nextCursor": str(end) if end < len(listed) else None,
+        }
 
     @server.tool(description="Cancel runs; cancelling a parent cancels all its running descendants.")
     @answers_bad_requests_with_mcp_errors

@@ -275,6 +275,14 @@ class RunRegistry:
             if run.handle not in siblings:
                 siblings.append(run.handle)
 
+    def discard(self, handle: str) -> None:
+        """Forget a run (retention dropped it)."""
+        run = self._runs.pop(handle, None)
+        if run is not None and run.parent in self._runs:
+            siblings = self._runs[run.parent].children
+            if handle in siblings:
+                siblings.remove(handle)
+
     def get(self, handle: str) -> Run:
         try:
             return self._runs[handle]

@@ -19,6 +19,7 @@ from luftpause.runtime import constants
 from luftpause.runtime.agent import AgentLoop, initial_messages
 from luftpause.runtime.approvals import Approvals
 from luftpause.runtime.budgets import BudgetExceeded, Budgets
+from luftpause.runtime.compaction import CompactionTrigger, compact
 from luftpause.runtime.dataplane import DataplaneClient, TurnError
 from luftpause.runtime.journal import Journal, restore_runs
 from luftpause.runtime.runs import BudgetExcess, Run, RunRegistry, RunSpec, RunStatus, new_handle
@@ -44,7 +45,14 @@ def cancelled_by_caller(root: Run, run: Run) -> str:
 
 
 class Runtime:
-    def __init__(self, dataplane: DataplaneClient, toolbox: Toolbox, journal: Journal | None = None) -> None:
+    def __init__(
+        self,
+        dataplane: DataplaneClient,
+        toolbox: Toolbox,
+        journal: Journal | None = None,
+        *,
+        compact_at_bytes: int = constants.COMPACT_AT_BYTES,
+    ) -> None:
         self.runs = RunRegistry()
         self.toolbox = toolbox
         self.budgets = Budgets(self.runs, self._budget_exceeded)
@@ -62,12 +70,13 @@ class Runtime:
         # Runs whose outcome is being journaled: too late to cancel them.
         self._concluding: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
+        self._compaction = CompactionTrigger(journal.path, compact_at_bytes) if journal is not None else None
 
     async def start(self) -> None:
         """Replay the journal: finished runs are kept for `await`, unfinished ones resume."""
         if self._journal is None:
             return
-        records = self._journal.read()
+        records = await self._compact_journal()
         restored = restore_runs(records, initial_messages)
         self.approvals.restore(records)
         paused = _paused_budgets(records)
@@ -81,6 +90,28 @@ class Runtime:
             if run.has_budget:
                 self.budgets.arm(run)  # a deadline passed while the runtime was down fires at once
         log.info("journal_replayed", runs=len(restored), resumed=[run.handle for run in resumed])
+
+    async def _compact_journal(self) -> list[dict[str, Any]]:
+        """Compact the journal (retention applies); returns the records kept."""
+        assert self._journal is not None and self._compaction is not None
+        self._compaction.running = True
+        try:
+            compacted = await asyncio.to_thread(compact, self._journal.path, self._journal._lock)
+        except OSError:
+            log.exception("journal_compaction_failed", path=str(self._journal.path))
+            return self._journal.read()
+        finally:
+            self._compaction.running = False
+        self._compaction.size_after_last = compacted.bytes_after
+        for handle in compacted.dropped:
+            if handle in self.runs and self.runs.get(handle).status.finished:
+                self.runs.discard(handle)
+        return compacted.records
+
+    def _compact_when_due(self) -> None:
+        if self._compaction is not None and not self._stopping and self._compaction.due():
+            self._compaction.running = True  # one at a time
+            self._in_background(self._compact_journal())
 
     async def stop(self) -> None:
         """Stop running loops without finishing them, so they resume after a restart."""
@@ -190,6 +221,7 @@ class Runtime:
                 await self._journal.finished(run.handle, status, result, error, run.stats, finished_at)
             except OSError:
                 log.exception("journal_write_failed", run=run.handle)
+            self._compact_when_due()
         run.finish(status, result=result, error=error, at=finished_at)
         self._concluding.discard(run.handle)
         self.approvals.forget_run(run.handle)
@@ -264,6 +296,14 @@ class Runtime:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def listed(self) -> list[Run]:
+        """Every run for `status` without handles: live ones first (oldest first), then
+        finished ones, most recently finished first."""
+        runs = list(self.runs)
+        live = [run for run in runs if not run.status.finished]
+        done = sorted((run for run in runs if run.status.finished), key=lambda r: r.finished_at or 0.0, reverse=True)
+        return live + done
 
     # --- approval ----------------------------------------------------------------------
 
