@@ -24,6 +24,7 @@ from luftpause.runtime.journal import Journal
 from luftpause.runtime.mcp_server import build_mcp_server
 from luftpause.runtime.metrics import build_registry, exposition
 from luftpause.runtime.service import Runtime
+from luftpause.runtime.tasks import TASKS_FILE, TaskStore
 from luftpause.runtime.upstream import Toolbox
 
 log = structlog.get_logger(component="app")
@@ -69,7 +70,8 @@ def build_runtime(settings: RuntimeSettings) -> Runtime:
 
 def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGIApp:
     runtime = runtime or build_runtime(settings)
-    mcp_server = build_mcp_server(runtime)
+    tasks = TaskStore(settings.state_dir / TASKS_FILE)
+    mcp_server = build_mcp_server(runtime, tasks)
     mcp_app = mcp_server.streamable_http_app(streamable_http_path="/mcp", host=settings.host)
     started_at = time.time()
     registry = build_registry(runtime)
@@ -107,6 +109,7 @@ def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGI
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await runtime.toolbox.start()
         await runtime.start()
+        tasks.restore(time.time())  # tasks open at the last stop fail; their runs resumed above
         # Mount does not run the MCP app's own lifespan, so its session manager runs here.
         async with mcp_server.session_manager.run():
             log.info("runtime_ready", host=settings.host, port=settings.port, dataplane=settings.dataplane_url)

@@ -220,7 +220,7 @@ def compact(path: Path, lock: threading.Lock | None = None, now: float | None = 
         kept, dropped = _retained(entries, time.time() if now is None else now,
                                   constants.RETENTION_S, constants.RETENTION_RUNS)
         data = b"".join(line for line, _ in kept)
-        _replace_atomically(path, data)
+        write_atomically(path, data)
     result = Compacted([r for _, r in kept], frozenset(dropped), bytes_before, len(data),
                        time.monotonic() - started)
     log.info("journal_compacted", path=str(path), records_before=len(entries), records_after=len(kept),
@@ -256,7 +256,7 @@ def _line(record: dict[str, Any]) -> bytes:
     return (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
 
-def _replace_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + SUFFIX)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -26,6 +26,7 @@ from luftpause.runtime.dataplane import TurnError
 from luftpause.runtime.decide import DecideError, checked_labels, decide
 from luftpause.runtime.runs import RunSpec, UnknownRunError
 from luftpause.runtime.service import InvalidRequest, JournalUnavailable, Runtime
+from luftpause.runtime.tasks import TASK_START, TaskStore, TasksExtension
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -137,8 +138,13 @@ def checked_handles(handles: list[str]) -> list[str]:
     return list(dict.fromkeys(handles))  # a handle named twice is reported once
 
 
-def build_mcp_server(runtime: Runtime) -> MCPServer:
-    server = MCPServer("luftpause-runtime", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
+def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPServer:
+    """The runtime's MCP server; ``tasks`` holds `run`'s tasks for clients with the Tasks extension."""
+    tasks = tasks if tasks is not None else TaskStore(None)
+    server = MCPServer(
+        "luftpause-runtime", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING",
+        extensions=[TasksExtension(runtime, tasks)],
+    )
     read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False)
 
     @server.tool(description="Start a sub-agent; returns its handle at once.")
@@ -208,6 +214,10 @@ def build_mcp_server(runtime: Runtime) -> MCPServer:
     @functools.wraps(spawn)  # `run` takes exactly spawn's arguments; the SDK reads them from spawn
     async def run_to_completion(**arguments: Any) -> dict[str, Any] | InputRequiredResult:
         ctx: Context = arguments["ctx"]
+        task_start = TASK_START.get()
+        if task_start is not None:  # the Tasks extension makes a task of it: spawn only
+            task_start.run = runtime.runs.get((await spawn(**arguments))["handle"])
+            return runtime.await_record(task_start.run)
         if asks_by_input_required(ctx):
             state = read_state(ctx)  # on a retry: the run this call started
             if not isinstance(state.get("handle"), str) or state["handle"] not in runtime.runs:

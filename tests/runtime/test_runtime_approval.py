@@ -5,6 +5,7 @@ the MCP clients' elicitation callbacks, or by `approve`."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp_types import ElicitResult, INVALID_PARAMS
 from runtime_doubles import RuntimeProcess, journal_records, tool_messages
+from tasks_client import TasksClient, get_task
 from test_runtime_processes import call, upstream_calls
 
 from luftpause.procs import ManagedProcess, free_port
@@ -221,3 +223,66 @@ async def test_an_answer_given_just_before_kill_9_is_not_asked_again(
     assert run["status"] == "Completed" and run["toolCalls"] == 1 and run["failedToolCalls"] == 0
     assert len(approval_records(state_dir, handle, "approvalRequested")) == 1  # not asked after the restart
     assert "approval_replayed" in second.process.log_path.read_text()
+
+
+# --- MCP Tasks ------------------------------------------------------------------------------
+
+
+async def test_a_tasks_client_gets_a_task_from_run_and_polls_it_through_an_approval(
+    runtime_server: RuntimeProcess, fake_mcp: str
+) -> None:
+    human = Human(allow=True)
+    tasks = TasksClient(human)
+    before = upstream_calls(fake_mcp)["delete_note"]
+    async with Client(runtime_server.mcp_url, extensions=[tasks]) as client:
+        record = await call(client, "run", {"task": "delete as a task", **DELETE})
+        (created,) = tasks.created
+        final = await get_task(client.session, created.task_id)
+        with pytest.raises(MCPError) as unknown:
+            await get_task(client.session, "task-unknown")
+
+    assert created.status == "working" and created.task_id.startswith("task-")
+    assert "input_required" in tasks.statuses and tasks.statuses[-1] == "completed"
+    assert len(human.questions) == 1 and "delete_note" in human.questions[0].message
+    assert record["status"] == "Completed" and record["failedToolCalls"] == 0
+    assert final["status"] == "completed" and final["result"]["structuredContent"] == record
+    assert upstream_calls(fake_mcp)["delete_note"] - before == 1
+    assert unknown.value.error.code == INVALID_PARAMS
+    journal = [json.loads(line) for line in (runtime_server.state_dir / "tasks.jsonl").read_text().splitlines()]
+    assert [(r["type"], r["taskId"]) for r in journal if r["taskId"] == created.task_id] == [
+        ("created", created.task_id), ("finished", created.task_id)]
+
+
+async def test_clients_without_the_tasks_extension_keep_the_blocking_run(runtime_server: RuntimeProcess) -> None:
+    for mode in ("auto", "legacy"):
+        async with Client(runtime_server.mcp_url, mode=mode) as client:
+            record = await call(client, "run", {"task": "no tasks here", "maxToolCalls": 0})
+        assert record["status"] == "Completed"
+
+
+async def test_a_task_open_at_kill_9_fails_after_the_restart_while_its_run_resumes(
+    start_runtime: Callable[..., RuntimeProcess], fake_engine: str, tools_file: Path, tmp_path: Path
+) -> None:
+    state_dir = tmp_path / "state"
+    first = start_runtime(fake_engine, tools_file, state_dir)
+    async with Client(first.mcp_url, extensions=[TasksClient()]) as client:
+        created = await client.session.call_tool("run", {"task": "delete across a crash", **DELETE},
+                                                 allow_claimed=True)
+        deadline = time.monotonic() + 10
+        while (task := await get_task(client.session, created.task_id))["status"] != "input_required":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+    first.process.kill()
+
+    second = start_runtime(fake_engine, tools_file, state_dir)
+    async with Client(second.mcp_url, extensions=[TasksClient()]) as client:
+        after = await get_task(client.session, created.task_id)
+        (run,) = (await call(client, "status", {}))["runs"]
+        handle = run["handle"]
+        await wait_for_status(client, handle, "AwaitingApproval")  # resumed, and asks again
+        await call(client, "approve", {"handle": handle, "allow": True})
+        done = await call(client, "await", {"handles": [handle], "timeout": 10})
+
+    assert task["inputRequests"] and all(k.startswith(handle) for k in task["inputRequests"])
+    assert after["status"] == "failed" and handle in after["error"]["message"]
+    assert done["runs"][0]["status"] == "Completed"

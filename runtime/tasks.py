@@ -1,0 +1,274 @@
+"""The MCP Tasks extension (``io.modelcontextprotocol/tasks``): `run` as a task.
+
+The SDK does not ship the extension, so it is built on the SDK's extension mechanism:
+a 2026-07-28 client that declares the extension gets, from `run`, a task at once
+(``resultType: "task"``) instead of a call that blocks until the run finished. It
+polls ``tasks/get``; while the run waits for a tool-call approval the task is
+``input_required`` with the elicitation (``inputRequests``, keyed by approval id),
+answered with ``tasks/update`` (``inputResponses``); when the run finished the task
+is ``completed`` with the `run` tool's result. ``tasks/cancel`` cancels the run.
+Clients without the extension (and every handshake-era client) keep the blocking `run`.
+
+Tasks are journaled to ``tasks.jsonl`` beside ``runs.jsonl`` (``created``, then
+``finished``). A task still open when the runtime stopped is failed at the next start
+(journaled), while its run resumes from ``runs.jsonl`` as usual and answers `await`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from mcp import MCPError
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.extension import Extension, MethodBinding
+from mcp_types import INVALID_PARAMS, CallToolRequestParams, CallToolResult, RequestParams, TextContent
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import Field
+
+from luftpause.runtime import constants
+from luftpause.runtime.asking import decision_of, elicit_request, record_answer
+from luftpause.runtime.compaction import write_atomically
+from luftpause.runtime.runs import Run, RunStatus
+from luftpause.runtime.service import Runtime
+
+log = structlog.get_logger(component="tasks")
+
+IDENTIFIER = "io.modelcontextprotocol/tasks"
+TASKS_FILE = "tasks.jsonl"
+POLL_INTERVAL_MS = 500
+TASK_TTL_MS = int(constants.RETENTION_S * 1000)  # as long as the run is kept
+RESTARTED_ERROR = "the runtime restarted while this task was open; its run {handle} resumes (use `await`)"
+
+
+@dataclass
+class TaskStart:
+    """Set around the `run` tool while the extension intercepts it: `run` only spawns."""
+
+    run: Run | None = None
+
+
+TASK_START: contextvars.ContextVar[TaskStart | None] = contextvars.ContextVar("luftpause_task_start", default=None)
+
+
+class TaskParams(RequestParams):
+    task_id: str = Field(alias="taskId")
+
+
+class TaskUpdateParams(TaskParams):
+    input_responses: dict[str, Any] | None = Field(default=None, alias="inputResponses")
+
+
+@dataclass
+class Task:
+    id: str
+    handle: str
+    created_at: float
+    updated_at: float
+    failed: str | None = None  # the task itself failed (runtime restarted); the run is separate
+    cancelled: bool = False
+
+
+@dataclass
+class TaskStore:
+    """Tasks by id, journaled to ``tasks.jsonl`` (None: kept in memory only)."""
+
+    path: Path | None
+    tasks: dict[str, Task] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def restore(self, now: float) -> None:
+        """Read the journal; fail tasks left open by the last stop; drop expired ones."""
+        if self.path is None or not self.path.exists():
+            return
+        closed: set[str] = set()
+        for line in self.path.read_bytes().splitlines():
+            try:
+                record = json.loads(line)
+                task_id = record["taskId"]
+                if record["type"] == "created":
+                    self.tasks[task_id] = Task(task_id, record["handle"], record["createdAt"], record["createdAt"])
+                elif record["type"] == "finished" and task_id in self.tasks:
+                    closed.add(task_id)
+                    task = self.tasks[task_id]
+                    task.failed, task.cancelled = record.get("error"), bool(record.get("cancelled"))
+                    task.updated_at = record.get("at", task.updated_at)
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line
+        for task in self.tasks.values():
+            if task.id not in closed:
+                task.failed, task.updated_at = RESTARTED_ERROR.format(handle=task.handle), now
+                log.warning("task_failed_by_restart", task=task.id, run=task.handle)
+        self.tasks = {k: t for k, t in self.tasks.items() if now - t.updated_at <= TASK_TTL_MS / 1000}
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        """The journal as the tasks now are (atomic: write, fsync, rename)."""
+        if self.path is None:
+            return
+        lines = []
+        for task in self.tasks.values():
+            lines.append({"type": "created", "taskId": task.id, "handle": task.handle, "createdAt": task.created_at})
+            lines.append({"type": "finished", "taskId": task.id, "error": task.failed, "cancelled": task.cancelled,
+                          "at": task.updated_at})
+        with self._lock:
+            write_atomically(self.path, b"".join(_line(record) for record in lines))
+
+    def append(self, record: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, _line(record))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def create(self, run: Run) -> Task:
+        now = time.time()
+        task = Task(f"task-{uuid.uuid4().hex}", run.handle, now, now)
+        self.append({"type": "created", "taskId": task.id, "handle": run.handle, "createdAt": now})
+        self.tasks[task.id] = task
+        return task
+
+    def close(self, task: Task, *, error: str | None = None, cancelled: bool = False) -> None:
+        task.failed, task.cancelled, task.updated_at = error, cancelled, time.time()
+        self.append({"type": "finished", "taskId": task.id, "error": error, "cancelled": cancelled,
+                     "at": task.updated_at})
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record, separators=(",", ":")) + "\n").encode()
+
+
+def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return False  # never a task to a handshake-era client
+    capabilities = ctx.session.client_capabilities
+    return bool(capabilities and capabilities.extensions and IDENTIFIER in capabilities.extensions)
+
+
+class TasksExtension(Extension):
+    identifier = IDENTIFIER
+
+    def __init__(self, runtime: Runtime, store: TaskStore) -> None:
+        self._runtime = runtime
+        self._store = store
+        self._watchers: set[asyncio.Task[None]] = set()
+
+    def settings(self) -> dict[str, Any]:
+        return {"tools": ["run"]}
+
+    def methods(self) -> list[MethodBinding]:
+        versions = frozenset(MODERN_PROTOCOL_VERSIONS)
+        return [
+            MethodBinding("tasks/get", TaskParams, self._get, protocol_versions=versions),
+            MethodBinding("tasks/update", TaskUpdateParams, self._update, protocol_versions=versions),
+            MethodBinding("tasks/cancel", TaskParams, self._cancel, protocol_versions=versions),
+        ]
+
+    async def intercept_tool_call(
+        self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        if params.name != "run" or not declares_tasks(ctx):
+            return await call_next(ctx)
+        start = TaskStart()
+        token = TASK_START.set(start)
+        try:
+            result = await call_next(ctx)  # `run` validates its arguments and spawns, nothing more
+        finally:
+            TASK_START.reset(token)
+        if start.run is None:
+            return result  # bad arguments: the tool's error result, as without the extension
+        task = self._store.create(start.run)
+        watcher = asyncio.create_task(self._close_when_finished(task, start.run), name=f"task-{task.id}")
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        log.info("task_created", task=task.id, run=start.run.handle)
+        return {"resultType": "task", **self._wire(task, brief=True)}
+
+    async def _close_when_finished(self, task: Task, run: Run) -> None:
+        """Journal the task's end with its run's (a stop cancels this: the task stays open,
+        and fails at the next start)."""
+        await run.finished.wait()
+        if task.failed is None and not task.cancelled:
+            self._store.close(task)
+            log.info("task_completed", task=task.id, run=run.handle, status=run.status.value)
+
+    # --- methods ---------------------------------------------------------------------
+
+    def _task(self, params: TaskParams) -> Task:
+        task = self._store.tasks.get(params.task_id)
+        if task is None:
+            raise MCPError(code=INVALID_PARAMS, message=f"unknown task: {params.task_id}")
+        return task
+
+    async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
+        return self._wire(self._task(params))
+
+    async def _update(self, ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams) -> dict[str, Any]:
+        task = self._task(params)
+        for approval_id, response in (params.input_responses or {}).items():
+            pending = self._runtime.approvals.get(approval_id)
+            if pending is None or pending.handle != task.handle:
+                continue  # answered already, or not this task's question
+            await record_answer(self._runtime, approval_id, decision_of(response), by="tasks/update")
+        return self._wire(task)
+
+    async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
+        task = self._task(params)
+        if task.failed is None and not task.cancelled and task.handle in self._runtime.runs:
+            self._store.close(task, cancelled=True)
+            await self._runtime.cancel([task.handle])
+        return self._wire(task)
+
+    # --- the task on the wire --------------------------------------------------------
+
+    def _wire(self, task: Task, *, brief: bool = False) -> dict[str, Any]:
+        run = self._runtime.runs.get(task.handle) if task.handle in self._runtime.runs else None
+        wire: dict[str, Any] = {
+            "taskId": task.id,
+            "status": "working",
+            "createdAt": _iso(task.created_at),
+            "lastUpdatedAt": _iso(task.updated_at),
+            "ttlMs": TASK_TTL_MS,
+            "pollIntervalMs": POLL_INTERVAL_MS,
+        }
+        if task.failed is not None or run is None:
+            wire.update(status="failed", error={"code": -32603, "message": task.failed or "the run is gone"})
+        elif task.cancelled:
+            wire["status"] = "cancelled"
+        elif run.status.finished:
+            wire.update(status="completed", lastUpdatedAt=_iso(run.finished_at or task.updated_at))
+            if not brief:
+                wire["result"] = self._result(run)
+        elif run.status is RunStatus.AWAITING_APPROVAL:
+            pending = self._runtime.approvals.of(run.handle)
+            wire["status"] = "input_required"
+            if not brief:
+                wire["inputRequests"] = {
+                    p.id: elicit_request(p).model_dump(by_alias=True, mode="json", exclude_none=True)
+                    for p in pending
+                }
+        return wire
+
+    def _result(self, run: Run) -> dict[str, Any]:
+        record = self._runtime.await_record(run)
+        result = CallToolResult(content=[TextContent(type="text", text=json.dumps(record))],
+                                structured_content=record)
+        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def _iso(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at * 1000) % 1000:03d}Z"
