@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +18,7 @@ import httpx
 import pytest
 from mcp import Client, MCPError
 from mcp_types import ElicitResult, INVALID_PARAMS
+from npm_packages import NpmUnavailable, install_npm_packages
 from runtime_doubles import RuntimeProcess, journal_records, tool_messages
 from tasks_client import TasksClient, get_task
 from test_runtime_processes import call, upstream_calls
@@ -286,3 +290,53 @@ async def test_a_task_open_at_kill_9_fails_after_the_restart_while_its_run_resum
     assert task["inputRequests"] and all(k.startswith(handle) for k in task["inputRequests"])
     assert after["status"] == "failed" and handle in after["error"]["message"]
     assert done["runs"][0]["status"] == "Completed"
+
+
+# --- a third-party client answering the elicitation: the TypeScript SDK on Node 22 ----------
+
+# Node 22 itself comes from npm (the `node` package ships the binary), so the test needs
+# only npm on the machine; both are cached outside the repository.
+NODE22_PACKAGES = {"node": "22.23.3", "@modelcontextprotocol/sdk": "1.32.2"}
+TS_ELICITATION_CLIENT = Path(__file__).parent / "node" / "ts_elicitation_client.mjs"
+
+
+@pytest.fixture(scope="module")
+def node22() -> Path:
+    """A directory with Node 22 (``node_modules/.bin/node``) and the TypeScript SDK."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "luftpause-tests" / "npm-node22"
+    try:
+        install_npm_packages(cache, NODE22_PACKAGES)
+    except NpmUnavailable as exc:
+        ping = subprocess.run(["npm", "ping"], capture_output=True, text=True, timeout=30) if shutil.which(
+            "npm") else None
+        if ping is None or ping.returncode != 0:
+            pytest.skip(f"the npm registry is unreachable, so Node 22 and the TypeScript SDK cannot be installed: {exc}")
+        raise
+    return cache
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("allow", [True, False])
+def test_the_typescript_sdk_answers_the_approval_elicitation(
+    runtime_server: RuntimeProcess, fake_mcp: str, node22: Path, allow: bool
+) -> None:
+    before = upstream_calls(fake_mcp)["delete_note"]
+    script = node22 / TS_ELICITATION_CLIENT.name  # beside node_modules, so its imports resolve there
+    shutil.copyfile(TS_ELICITATION_CLIENT, script)
+    completed = subprocess.run(
+        [str(node22 / "node_modules/.bin/node"), str(script), runtime_server.mcp_url,
+         str(allow).lower()],
+        cwd=node22, capture_output=True, text=True, timeout=90,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    output = json.loads(completed.stdout.strip().splitlines()[-1])
+
+    assert output["node"].startswith("v22.")
+    (form,) = output["forms"]
+    assert "delete_note" in form["message"] and form["requestedSchema"]["properties"]["allow"]["type"] == "boolean"
+    record = output["record"]
+    assert record["status"] == "Completed" and record["toolCalls"] == 1
+    assert record["failedToolCalls"] == (0 if allow else 1)
+    assert upstream_calls(fake_mcp)["delete_note"] - before == (1 if allow else 0)
+    if not allow:
+        assert tool_messages(runtime_server.state_dir, record["handle"]) == [DECLINED]
