@@ -100,7 +100,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         "--state-dir",
         type=Path,
         default=Path(env.get("LUFTPAUSE_STATE_DIR", constants.DEFAULT_STATE_DIR)),
-        help="directory of the run journal runs.jsonl (env LUFTPAUSE_STATE_DIR, default %(default)s)",
+        help="directory of the run journal runs.jsonl and tasks.jsonl (env LUFTPAUSE_STATE_DIR, default %(default)s)",
     )
     args = parser.parse_args(argv)
     return RuntimeSettings(

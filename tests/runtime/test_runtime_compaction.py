@@ -4,6 +4,7 @@ with a journal of 20,000 finished runs starts quickly."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -16,8 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from mcp import Client
-from runtime_doubles import MODEL, ScriptedDataplane, tool_call_reply
+from mcp import Client, MCPError
+from runtime_doubles import MODEL, RuntimeProcess, ScriptedDataplane, tool_call_reply
 from test_runtime_processes import call
 
 from luftpause.procs import ManagedProcess, free_port
@@ -25,6 +26,7 @@ from luftpause.runtime import constants
 from luftpause.runtime.agent import initial_messages
 from luftpause.runtime.compaction import SUFFIX, compact, read_records, retained
 from luftpause.runtime.journal import Journal, restore_runs
+from luftpause.runtime.runs import RunSpec
 from luftpause.runtime.service import Runtime
 from luftpause.runtime.upstream import Toolbox
 
@@ -122,15 +124,13 @@ async def test_a_growing_journal_is_compacted_while_serving_and_status_pages_liv
         await runtime.start()  # compaction on start drops the 30 old runs
         assert len(runtime.runs) == 0 and path.stat().st_size == 0
         write_journal(path, old)  # as if they had just been appended... and then runs finish:
-        from luftpause.runtime.runs import RunSpec
-
         dataplane.script = [tool_call_reply(("slow_search", {"query": "q"}))]
         live = await runtime.spawn(RunSpec(task="still running", max_tool_calls=5), "c")
         done = [await runtime.spawn(RunSpec(task=f"quick {i}", max_tool_calls=0), "c") for i in range(3)]
         await runtime.wait(done, "all", 5)
         deadline = time.monotonic() + 5
         while path.stat().st_size > 20_000 and time.monotonic() < deadline:
-            await asyncio_sleep(0.02)
+            await asyncio.sleep(0.02)
         listed = runtime.listed()
     finally:
         await runtime.stop()
@@ -140,12 +140,6 @@ async def test_a_growing_journal_is_compacted_while_serving_and_status_pages_liv
     assert not any(r["handle"].startswith("run-old") for r in read_records(path))
     assert listed[0] is live and {run.handle for run in listed[1:]} == {run.handle for run in done}
     assert [run.finished_at for run in listed[1:]] == sorted((run.finished_at for run in done), reverse=True)
-
-
-async def asyncio_sleep(seconds: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(seconds)
 
 
 # --- kill -9 in the middle of a compaction ------------------------------------------------
@@ -256,3 +250,33 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def test_status_without_handles_pages_live_runs_first_then_the_newest_finished(
+    runtime_server: RuntimeProcess,
+) -> None:
+    async with Client(runtime_server.mcp_url) as client:
+        finished = [(await call(client, "run", {"task": f"quick {i}", "maxToolCalls": 0}))["handle"] for i in range(3)]
+        live = (await call(client, "spawn", {"task": "waits for approval", "tools": ["delete_note"],
+                                             "maxToolCalls": 1}))["handle"]
+        pages, cursor = [], None
+        for _ in range(1000):
+            page = await call(client, "status", {"limit": 2, **({"cursor": cursor} if cursor else {})})
+            pages.append(page)
+            cursor = page["nextCursor"]
+            if cursor is None:
+                break
+        with pytest.raises(MCPError) as too_many:
+            await client.call_tool("status", {"limit": constants.STATUS_PAGE_MAX + 1})
+        await call(client, "cancel", {"handles": [live]})
+
+    runs = [run for page in pages for run in page["runs"]]
+    assert all(len(page["runs"]) <= 2 for page in pages) and len(runs) == pages[0]["total"]
+    handles = [run["handle"] for run in runs]
+    assert len(set(handles)) == len(handles) and live in handles and set(finished) <= set(handles)
+    done = [run["status"] in ("Completed", "Failed", "Cancelled") for run in runs]
+    assert done == sorted(done)  # every live run before every finished one
+    finished_at = [run["finishedAt"] for run in runs if run["finishedAt"] is not None]
+    assert finished_at == sorted(finished_at, reverse=True)
+    assert handles.index(finished[2]) < handles.index(finished[1]) < handles.index(finished[0])
+    assert "limit" in too_many.value.error.message
