@@ -83,6 +83,7 @@ class Runtime:
         for run in restored:
             self.runs.add(run)
             run.budget_paused_s = paused.get(run.handle, 0.0)
+        self._pause_for_open_approvals(records)
         resumed = [run for run in restored if not run.status.finished]
         for run in resumed:
             self._launch(run)
@@ -90,6 +91,25 @@ class Runtime:
             if run.has_budget:
                 self.budgets.arm(run)  # a deadline passed while the runtime was down fires at once
         log.info("journal_replayed", runs=len(restored), resumed=[run.handle for run in resumed])
+
+    def _pause_for_open_approvals(self, records: list[dict[str, Any]]) -> None:
+        """A question still open at the stop waited for a human until now (downtime included):
+        that time does not count against the seconds budgets above it either."""
+        decided = {r.get("id") for r in records if r.get("type") == "approvalDecided"}
+        open_since: dict[str, float] = {}
+        for record in records:
+            handle, at = record.get("handle"), record.get("at")
+            if record.get("type") != "approvalRequested" or record.get("id") in decided:
+                continue
+            if handle in self.runs and isinstance(at, int | float) and not self.runs.get(handle).status.finished:
+                open_since[handle] = min(open_since.get(handle, at), at)
+        waited: dict[str, float] = {}
+        now = time.time()
+        for handle, since in open_since.items():
+            for owner in self.budgets.owners(self.runs.get(handle)):
+                waited[owner.handle] = max(waited.get(owner.handle, 0.0), now - since)
+        for handle, seconds in waited.items():
+            self.runs.get(handle).budget_paused_s += max(0.0, seconds)
 
     async def _compact_journal(self) -> list[dict[str, Any]]:
         """Compact the journal (retention applies); returns the records kept."""
