@@ -307,6 +307,8 @@ def node22() -> Path:
     try:
         install_npm_packages(cache, NODE22_PACKAGES)
     except NpmUnavailable as exc:
+        if os.environ.get("LUFTPAUSE_SKIP_NPM_TESTS") == "1":
+            pytest.skip(str(exc))
         ping = subprocess.run(["npm", "ping"], capture_output=True, text=True, timeout=30) if shutil.which(
             "npm") else None
         if ping is None or ping.returncode != 0:
