@@ -230,10 +230,18 @@ def compact(path: Path, lock: threading.Lock | None = None, now: float | None = 
 
 
 def _read_entries(path: Path) -> list[_Entry]:
+    """The journal's usable lines; a torn or corrupt one (crash mid-write) is skipped, as replay does."""
     if not path.exists():
         return []
+    entries = []
     with path.open("rb") as journal_file:
-        return [entry for entry in map(_entry, journal_file) if entry is not None]
+        for number, line in enumerate(journal_file, start=1):
+            entry = _entry(line)
+            if entry is None:
+                log.warning("journal_line_skipped", path=str(path), line=number)
+                continue
+            entries.append(entry)
+    return entries
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
