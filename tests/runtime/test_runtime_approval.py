@@ -129,18 +129,19 @@ async def test_approve_tools_guards_a_read_only_tool_too(runtime_server: Runtime
     assert refused["runs"][0]["failedToolCalls"] == 1
 
 
-async def test_one_await_asks_each_pending_approval_of_its_runs_once(runtime_server: RuntimeProcess) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "auto"], ids=["session", "sessionless"])
+async def test_one_await_asks_each_pending_approval_of_its_runs_once(runtime_server: RuntimeProcess, mode: str) -> None:
     async with Client(runtime_server.mcp_url) as spawner:
         handles = [(await call(spawner, "spawn", {"task": f"delete {i}", **DELETE}))["handle"] for i in range(3)]
         for handle in handles:
             await wait_for_status(spawner, handle, "AwaitingApproval")
     human = Human(allow=True)
-    async with Client(runtime_server.mcp_url, mode="legacy", elicitation_callback=human) as client:
+    async with Client(runtime_server.mcp_url, mode=mode, elicitation_callback=human) as client:
         answer = await call(client, "await", {"handles": handles, "timeout": 20})
 
     assert [run["status"] for run in answer["runs"]] == ["Completed"] * 3
     asked_runs = sorted(h for h in handles for q in human.questions if h in q.message)
-    assert asked_runs == sorted(handles)  # each run's approval once, none twice
+    assert asked_runs == sorted(handles) and len(human.questions) == 3  # each run's approval once
 
 
 async def test_waiting_for_a_human_does_not_use_up_budget_seconds(runtime_server: RuntimeProcess) -> None:
