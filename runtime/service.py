@@ -327,6 +327,11 @@ class Runtime:
 
     # --- approval ----------------------------------------------------------------------
 
+    @property
+    def approvals_pending(self) -> int:
+        """Tool calls waiting for a person's approval now (the metrics gauge)."""
+        return self.approvals.pending_count
+
     def _waiting_changed(self, run: Run) -> None:
         if run.status.finished:
             return

@@ -94,6 +94,7 @@ async def test_a_client_without_elicitation_sees_the_pending_call_and_answers_wi
         waiting = await wait_for_status(client, handle, "AwaitingApproval")
         awaited = await call(client, "await", {"handles": [handle], "timeout": 0.3})
         report = httpx.get(f"{runtime_server.url}/status").json()
+        metrics = httpx.get(f"{runtime_server.url}/metrics").text
         with pytest.raises(MCPError) as wrong_run:
             await client.call_tool("approve", {"handle": "run-unknown", "allow": True})
         answer = await call(client, "approve", {"handle": handle, "allow": True})
@@ -106,6 +107,8 @@ async def test_a_client_without_elicitation_sees_the_pending_call_and_answers_wi
     (run,) = awaited["runs"]
     assert awaited["timedOut"] is True and run["status"] == "AwaitingApproval" and run["pendingApproval"] == pending
     assert next(r for r in report["runs"] if r["handle"] == handle)["pendingApproval"] == pending
+    gauge = next(line for line in metrics.splitlines() if line.startswith("luftpause_runtime_approvals_pending "))
+    assert float(gauge.split()[1]) >= 1
     assert answer["approval"] == pending and answer["allow"] is True
     assert done["runs"][0]["status"] == "Completed" and done["runs"][0]["pendingApproval"] is None
     assert done["runs"][0]["failedToolCalls"] == 0
