@@ -134,7 +134,10 @@ class Rig:
         """Scheduler, dataplane and runtime in front of the rig's engines and fake MCP."""
         ports = replace(Ports.free(engines=0), engines=self.engine_ports, fake_mcp=self.mcp_port)
         directory = self.dir / f"luftpause-{'strict' if affinity else 'roam'}-{time.monotonic_ns()}"
-        pool_file, tools_file = write_configs(directory / "config", ports)
+        # Replicas on one simulated GPU are declared so in the pool, as a user of that
+        # testbed would (compose.testbed.yaml's pool does the same).
+        pool_file, tools_file = write_configs(directory / "config", ports,
+                                              device="gpu0" if self.config.shared_gpu else "")
         stack = Stack(ports, pool_file, tools_file, directory / "state",
                       env={"LUFTPAUSE_AFFINITY": "on" if affinity else "off", "LUFTPAUSE_LOG_LEVEL": "warning",
                            # the 2 s probe period is 2 s of *engine* time: scale it with the engines

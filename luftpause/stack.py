@@ -41,14 +41,14 @@ def engine_name(index: int) -> str:
     return f"engine-{chr(ord('a') + index)}"
 
 
-def write_configs(directory: Path, ports: Ports, classifier: bool = False) -> tuple[Path, Path]:
+def write_configs(directory: Path, ports: Ports, classifier: bool = False, device: str = "") -> tuple[Path, Path]:
     """A pool file for the fake engines (and the fake classifier) and a tools file for
-    the fake MCP."""
+    the fake MCP. ``device`` marks the engines as replicas sharing one accelerator."""
     directory.mkdir(parents=True, exist_ok=True)
     pool = {
         "endpoints": [
             {"name": engine_name(i), "base_url": f"http://{HOST}:{port}", "models": [MODEL],
-             "kind": "generative", "health_path": "/health"}
+             "kind": "generative", "health_path": "/health", **({"device": device} if device else {})}
             for i, port in enumerate(ports.engines)
         ]
     }

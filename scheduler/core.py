@@ -64,6 +64,7 @@ class Replica(NamedTuple):
     models: frozenset[str]
     kind: str = GENERATIVE
     api_key_env: str = ""
+    device: str = ""  # replicas with the same device share one accelerator; "" = their own
     healthy: bool = False
     load_known: bool = False
     running: int = 0  # engine-reported, as of the last probe
@@ -480,11 +481,29 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
         candidates = _candidates(state, turn)
         roomy = [r for r in candidates if r.name not in blocked and _has_room(r, turn.service_class)]
         if roomy:
-            return turn, min(roomy, key=lambda r: (r.in_flight, r.name))
+            return turn, _best_replica(state, roomy)
         blocked.update(r.name for r in candidates)
         if open_replicas <= blocked:
             return None
     return None
+
+
+def _best_replica(state: State, roomy: list[Replica]) -> Replica:
+    """Spread across devices, fill within one: the device with the fewest turns in
+    flight, and on a device several replicas share, the busiest of them that has room.
+    Replicas on one accelerator take turns at it, each pass reading all the weights, so
+    one replica with the whole batch decodes faster than two with half each; the next
+    one there takes turns once the first is at its limit."""
+    if len(roomy) == 1:
+        return roomy[0]
+    if not any(r.device for r in roomy):
+        return min(roomy, key=lambda r: (r.in_flight, r.name))
+    on_device: dict[str, int] = {}
+    for r in state.replicas.values():
+        if r.device:
+            on_device[r.device] = on_device.get(r.device, 0) + r.in_flight
+    return min(roomy, key=lambda r: (on_device[r.device], -r.in_flight, r.name) if r.device
+               else (r.in_flight, r.in_flight, r.name))
 
 
 def _release_held(state: State, now_ms: int) -> tuple[State, list[Action]]:

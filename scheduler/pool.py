@@ -11,6 +11,9 @@ YAML, one entry per endpoint::
         metrics_path: /metrics         # load (SGLang or vLLM names); absent metrics = never capped
         api_key_env: ""                # environment variable holding this replica's API key
         load_from: []                  # for a router: base URLs of the engines whose load it has
+        device: ""                     # replicas naming the same device share one accelerator:
+                                       # turns fill one of them before the next (each pass of
+                                       # each replica reads all weights); "" = its own hardware
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ class Endpoint:
     metrics_path: str = "/metrics"
     api_key_env: str = ""
     load_from: tuple[str, ...] = ()
+    device: str = ""
 
     def replica(self) -> Replica:
-        return Replica(self.name, self.base_url, frozenset(self.models), self.kind, self.api_key_env)
+        return Replica(self.name, self.base_url, frozenset(self.models), self.kind, self.api_key_env,
+                       device=self.device)
 
 
 def _expand(value: str, where: str) -> str:
@@ -91,6 +96,7 @@ def parse_pool(document: object) -> list[Endpoint]:
             metrics_path=_text(entry, "metrics_path", where, "/metrics"),
             api_key_env=_text(entry, "api_key_env", where, ""),
             load_from=tuple(_expand(u, where).rstrip("/") for u in _strings(entry, "load_from", where)),
+            device=_text(entry, "device", where, ""),
         )
         if not endpoint.base_url.startswith(("http://", "https://")):
             raise PoolError(f"{where}: base_url must start with http:// or https://")

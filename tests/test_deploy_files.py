@@ -50,7 +50,7 @@ DOCKERFILES = {
 }
 
 POOL_FIELDS = {"name", "base_url", "models", "kind", "health_path", "api_key_env", "load_from"}
-POOL_OPTIONAL_FIELDS = {"metrics_path"}
+POOL_OPTIONAL_FIELDS = {"metrics_path", "device"}
 POOL_KINDS = {"generative", "one-pass"}
 
 _VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")

@@ -382,3 +382,29 @@ def test_a_queue_long_after_the_last_increase_lowers_the_limit_without_more_pati
     state, _ = probe(state, running=grown - 3, queued=2)  # the engine's own room shrank
     assert state.replicas["a"].capacity == grown - 2  # in flight less its queue
     assert state.replicas["a"].calm_needed == LIMIT_CALM_PROBES
+
+
+def shared_gpu_pool(*names: str, device="gpu0") -> core.State:
+    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL}), device=device) for n in names)
+    for name in names:
+        state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0))
+    return state
+
+
+def test_replicas_sharing_a_device_are_filled_one_at_a_time():
+    state = shared_gpu_pool("a", "b")
+    state, first = fill(state, 4)
+    assert set(first.values()) == {"a"}  # one replica with the whole batch decodes faster
+    state, _ = probe(state, "a", running=4, queued=1)  # a is full: its limit is learned
+    state, more = fill(state, 3, prefix="u")
+    assert set(more.values()) == {"b"}
+
+
+def test_devices_are_spread_across_and_filled_within():
+    state = core.initial_state([core.Replica("a1", "http://a1", frozenset({MODEL}), device="gpu0"),
+                                core.Replica("a2", "http://a2", frozenset({MODEL}), device="gpu0"),
+                                core.Replica("c", "http://c", frozenset({MODEL}))])
+    for name in ("a1", "a2", "c"):
+        state, _ = probe(state, name, running=0, queued=0)
+    state, placed_now = fill(state, 4)
+    assert sorted(placed_now.values()) == ["a1", "a1", "c", "c"]
