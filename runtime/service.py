@@ -192,6 +192,20 @@ class Runtime:
 
     def _launch(self, run: Run) -> None:
         run.loop_task = asyncio.create_task(self._execute(run), name=f"run-{run.handle}")
+        run.loop_task.add_done_callback(lambda task: self._loop_ended(run))
+
+    def _loop_ended(self, run: Run) -> None:
+        """A loop task cancelled before its first step (a budget deadline that fired at
+        once, a cancel right after spawn) never enters `_execute`, so nothing recorded an
+        end: conclude the run here, or it would stay Running for good."""
+        if run.status.finished or run.handle in self._concluding:
+            return
+        if self._stopping and run.handle not in self._cancel_reasons:
+            return  # shutdown: it resumes after the restart
+        reason = self._cancel_reasons.get(run.handle)
+        if reason is None and run.budget_excess is not None:
+            reason = run.budget_excess.message
+        self._in_background(self._conclude(run, RunStatus.CANCELLED, error=reason or "cancelled"))
 
     def _trace_parent(self, run: Run) -> otel_context.Context:
         """A child run's span hangs under its parent run's; a top-level run's under the
@@ -292,11 +306,21 @@ class Runtime:
     async def cancel(self, handles: Iterable[str]) -> list[Run]:
         """Cancel runs and their running descendants; returns every run that was cancelled."""
         cancelled = self._cancel_subtrees(self.runs.require(handles), cancelled_by_caller)
-        tasks = [run.loop_task for run in cancelled if run.loop_task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=constants.CANCEL_WAIT_S)
+        # Waiting on the runs' ends, not their tasks: a run whose task was cancelled before
+        # it started is concluded by `_loop_ended`, after the task is done.
+        waiters = [asyncio.ensure_future(run.finished.wait()) for run in cancelled]
+        if waiters:
+            try:
+                await asyncio.wait(waiters, timeout=constants.CANCEL_WAIT_S)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
         log.info("runs_cancelled", runs=[run.handle for run in cancelled])
         return cancelled
+
+    def cancel_soon(self, handles: Iterable[str]) -> None:
+        """Cancel runs from a caller that is itself being cancelled (it cannot await)."""
+        self._in_background(self.cancel(list(handles)))
 
     def _budget_exceeded(self, owner: Run, excess: BudgetExcess) -> None:
         """Cancel the owner's subtree with the budget message, and journal the excess."""
