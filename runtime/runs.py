@@ -121,6 +121,12 @@ class RunSpec:
         if values.get("tools") is not None:
             values["tools"] = tuple(values["tools"])
         values["approve_tools"] = tuple(values.get("approve_tools") or ())
+        for budget in ("budget_tokens", "budget_tool_calls", "budget_seconds"):
+            # Journals written before limits had to be finite may hold Infinity or NaN,
+            # which no JSON report can carry: such a limit limits nothing.
+            limit = values.get(budget)
+            if isinstance(limit, float) and not math.isfinite(limit):
+                values[budget] = None
         return cls(**values)
 
 
