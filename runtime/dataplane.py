@@ -31,11 +31,11 @@ class TurnIdentity:
     service_class: str
     caller: str
 
-    def as_headers(self) -> dict[str, str]:
+    def as_headers(self) -> dict[str, str | bytes]:
         return {
             headers.RUN_ID: self.run_handle,
             headers.SERVICE_CLASS: self.service_class,
-            headers.CALLER: truncate_caller(self.caller),
+            headers.CALLER: caller_header(self.caller),
         }
 
 
@@ -55,6 +55,14 @@ def truncate_caller(caller: str) -> str:
     if len(encoded) <= headers.MAX_CALLER_BYTES:
         return caller
     return encoded[: headers.MAX_CALLER_BYTES].decode(errors="ignore")
+
+
+def caller_header(caller: str) -> bytes:
+    """The caller as header bytes: UTF-8 (a name like "Código" stays itself; httpx would
+    refuse it as a str, failing every turn of the run), control characters dropped (they
+    would end the header), at most the header limit."""
+    printable = "".join(char for char in caller if char.isprintable() or char == " ").strip()
+    return truncate_caller(printable or headers.ANONYMOUS_CALLER).encode()
 
 
 def retry_after_seconds(value: str | None) -> float:

@@ -99,11 +99,20 @@ def caller_of(ctx: Context) -> str:
     request_headers = ctx.headers or {}
     named = request_headers.get(headers.CALLER) or request_headers.get("mcp-session-id")
     if named:
-        return named
+        return header_text(named)
     client_params = getattr(ctx.session, "client_params", None)
     client_info = getattr(client_params, "client_info", None)
     name = getattr(client_info, "name", None)
     return f"{constants.SESSIONLESS_CALLER}:{name}" if name else constants.SESSIONLESS_CALLER
+
+
+def header_text(value: str) -> str:
+    """A header value as the client meant it: ASGI servers decode header bytes as
+    Latin-1, so a UTF-8 name ("café") arrives garbled; undecodable bytes stay as they are."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
 
 
 def checked_spec(spec: RunSpec) -> RunSpec:
@@ -228,7 +237,13 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
                 return outcome
             return runtime.await_record(run)
         run = runtime.runs.get((await spawn(**arguments))["handle"])
-        await wait_asking(runtime, ctx, [run], "all", None)
+        try:
+            await wait_asking(runtime, ctx, [run], "all", None)
+        except asyncio.CancelledError:
+            # The client cancelled the call (notifications/cancelled) or went away: nobody
+            # holds the handle, so the sub-agent would run on for no one.
+            runtime.cancel_soon([run.handle])
+            raise
         return runtime.await_record(run)
 
     @server.tool(
