@@ -6,6 +6,17 @@ from __future__ import annotations
 # produce; unbounded replies batched 7x fewer requests in the original. 0 = engine default.
 DEFAULT_MAX_TOKENS = 256
 
+# The largest values `spawn` accepts (each also stated in the tool's input schema). They
+# are far above any sensible run, and keep absurd numbers (10**20 tokens, 1e308 s)
+# from reaching engines, timers and reports.
+MAX_TOOL_CALLS_LIMIT = 10_000
+MAX_TOKENS_LIMIT = 1_000_000  # per turn; larger than any engine's context today
+MAX_BUDGET_TOKENS = 10**12
+MAX_BUDGET_TOOL_CALLS = 10**6
+MAX_BUDGET_SECONDS = 30 * 24 * 3600.0  # 30 days
+# Handles named in one `await`/`cancel`/`status` call.
+MAX_HANDLES = 1_000
+
 # Tool calls per run. Once spent the model is offered no tools and must answer, which
 # also caps a run at DEFAULT_MAX_TOOL_CALLS + 1 turns.
 DEFAULT_MAX_TOOL_CALLS = 8

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
+import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal, ParamSpec, TypeVar
 
 from mcp import MCPError
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, InputRequiredResult, ToolAnnotations
-from pydantic import Field
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
 from luftpause import __version__, headers
 from luftpause.headers import DEFAULT_SERVICE_CLASS
@@ -23,8 +26,9 @@ from luftpause.runtime import constants
 from luftpause.runtime.approvals import AlreadyAnswered
 from luftpause.runtime.asking import asks_by_input_required, read_state, wait_asking, wait_or_ask
 from luftpause.runtime.dataplane import TurnError
-from luftpause.runtime.decide import DecideError, checked_labels, decide
-from luftpause.runtime.runs import RunSpec, UnknownRunError
+from luftpause.runtime.arguments import answer_unknown_prompts_with_invalid_params, tighten_arguments
+from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS, DecideError, checked_labels, decide
+from luftpause.runtime.runs import RunSpec, RunStatus, UnknownRunError
 from luftpause.runtime.service import InvalidRequest, JournalUnavailable, Runtime
 from luftpause.runtime.tasks import TASK_START, TaskStore, TasksExtension
 
@@ -47,26 +51,133 @@ ServiceClass = Annotated[
     Field(description="interactive: someone waits for it (served first); batch: background work."),
 ]
 System = Annotated[str | None, Field(description="System prompt for the sub-agent.")]
+
+
+def bounds(minimum: float | None = None, maximum: float | None = None, exclusive_minimum: float | None = None,
+           min_items: int | None = None, max_items: int | None = None) -> dict[str, Any]:
+    """JSON-schema bounds for an argument; the tools check them (and answer -32602)."""
+    named = {"minimum": minimum, "maximum": maximum, "exclusiveMinimum": exclusive_minimum,
+             "minItems": min_items, "maxItems": max_items}
+    return {key: value for key, value in named.items() if value is not None}
+
+
 MaxToolCalls = Annotated[
-    int, Field(description="Tool calls the sub-agent may make; then it is offered no tools and must answer.")
+    int,
+    Field(description="Tool calls the sub-agent may make; then it is offered no tools and must answer.",
+          json_schema_extra=bounds(0, constants.MAX_TOOL_CALLS_LIMIT)),
 ]
 ToolAllowList = Annotated[
     list[str] | None, Field(description="Allow-list of upstream tool names (see `tools`); default: all.")
 ]
-MaxTokens = Annotated[int, Field(description="Reply length cap per turn in tokens; 0 = leave it to the engine.")]
+MaxTokens = Annotated[
+    int,
+    Field(description="Reply length cap per turn in tokens; 0 = leave it to the engine.",
+          json_schema_extra=bounds(0, constants.MAX_TOKENS_LIMIT)),
+]
 ParallelToolCalls = Annotated[
     bool, Field(description="Let the model request several tools per reply and run them concurrently.")
 ]
 Parent = Annotated[str | None, Field(description="Handle of the parent run (builds a run tree).")]
 SUBTREE = " for this run and every run spawned under it (now or later); on excess the subtree is cancelled."
-BudgetTokens = Annotated[int | None, Field(description="Token budget (prompt + completion)" + SUBTREE)]
-BudgetToolCalls = Annotated[int | None, Field(description="Tool-call budget" + SUBTREE)]
-BudgetSeconds = Annotated[float | None, Field(description="Wall-clock budget in seconds" + SUBTREE)]
+BudgetTokens = Annotated[
+    int | None,
+    Field(description="Token budget (prompt + completion)" + SUBTREE, json_schema_extra=bounds(1, constants.MAX_BUDGET_TOKENS)),
+]
+BudgetToolCalls = Annotated[
+    int | None,
+    Field(description="Tool-call budget" + SUBTREE, json_schema_extra=bounds(1, constants.MAX_BUDGET_TOOL_CALLS)),
+]
+BudgetSeconds = Annotated[
+    float | None,
+    Field(description="Wall-clock budget in seconds" + SUBTREE,
+          json_schema_extra=bounds(maximum=constants.MAX_BUDGET_SECONDS, exclusive_minimum=0)),
+]
 ApproveTools = Annotated[
     list[str] | None,
     Field(description="Tool names whose calls need the user's approval (destructive tools always do)."),
 ]
-Handles = Annotated[list[str], Field(description="Run handles returned by spawn.")]
+Handles = Annotated[
+    list[str],
+    Field(description="Run handles returned by spawn.", json_schema_extra=bounds(min_items=1, max_items=constants.MAX_HANDLES)),
+]
+Timeout = Annotated[
+    float,
+    Field(description=f"Seconds to wait, 0..{constants.MAX_AWAIT_TIMEOUT_S:.0f}.",
+          json_schema_extra=bounds(0, constants.MAX_AWAIT_TIMEOUT_S)),
+]
+Labels = Annotated[
+    list[str] | None,
+    Field(description=f"{MIN_LABELS}-{MAX_LABELS} candidate labels; none: the classifier's own.",
+          json_schema_extra=bounds(min_items=MIN_LABELS, max_items=MAX_LABELS)),
+]
+
+
+# What the tools return (their outputSchemas). Open to fields added later.
+RunStatusName = Literal[tuple(status.value for status in RunStatus)]  # type: ignore[valid-type]
+
+@with_config(ConfigDict(extra="allow"))
+class SpawnResult(TypedDict):
+    handle: str
+    status: RunStatusName
+
+
+@with_config(ConfigDict(extra="allow"))
+class RunRecord(TypedDict):
+    handle: str
+    status: RunStatusName
+    result: str | None
+    toolCalls: int
+    failedToolCalls: int
+    error: str | None
+    budget: dict[str, Any] | None
+    pendingApproval: Any
+
+
+@with_config(ConfigDict(extra="allow"))
+class AwaitResult(TypedDict):
+    runs: list[RunRecord]
+    timedOut: bool
+
+
+@with_config(ConfigDict(extra="allow"))
+class StatusRecord(TypedDict):
+    handle: str
+    status: RunStatusName
+    activity: str | None
+    parent: str | None
+    children: list[str]
+    task: str
+    model: str | None
+    serviceClass: str
+    settings: dict[str, Any]
+    createdAt: float
+    finishedAt: float | None
+    stats: dict[str, Any]
+    error: str | None
+    budget: dict[str, Any] | None
+
+
+@with_config(ConfigDict(extra="allow"))
+class StatusResult(TypedDict):
+    runs: list[StatusRecord]
+
+
+@with_config(ConfigDict(extra="allow"))
+class CancelResult(TypedDict):
+    runs: list[RunRecord]
+    cancelled: list[str]
+
+
+@with_config(ConfigDict(extra="allow"))
+class ToolsResult(TypedDict):
+    tools: list[dict[str, Any]]
+
+
+@with_config(ConfigDict(extra="allow"))
+class DecideResult(TypedDict):
+    label: str | None
+    probabilities: dict[str, float]
+    unscored: list[str]
 
 
 def invalid_params(message: str) -> MCPError:
@@ -123,19 +234,27 @@ def checked_spec(spec: RunSpec) -> RunSpec:
         raise invalid_params("maxToolCalls must be >= 0")
     if spec.max_tokens < 0:
         raise invalid_params("maxTokens must be >= 0 (0 = engine default)")
-    budgets = {
-        "budgetTokens": spec.budget_tokens,
-        "budgetToolCalls": spec.budget_tool_calls,
-        "budgetSeconds": spec.budget_seconds,
+    maxima = {
+        "maxToolCalls": (spec.max_tool_calls, constants.MAX_TOOL_CALLS_LIMIT),
+        "maxTokens": (spec.max_tokens, constants.MAX_TOKENS_LIMIT),
+        "budgetTokens": (spec.budget_tokens, constants.MAX_BUDGET_TOKENS),
+        "budgetToolCalls": (spec.budget_tool_calls, constants.MAX_BUDGET_TOOL_CALLS),
+        "budgetSeconds": (spec.budget_seconds, constants.MAX_BUDGET_SECONDS),
     }
-    for name, limit in budgets.items():
-        if limit is not None and limit <= 0:
+    for name, (value, maximum) in maxima.items():
+        if value is None:
+            continue
+        if not math.isfinite(value):
+            raise invalid_params(f"{name} must be a finite number")
+        if name.startswith("budget") and value <= 0:
             raise invalid_params(f"{name} must be > 0")
+        if value > maximum:
+            raise invalid_params(f"{name} must be at most {maximum:g}")
     return spec
 
 
 def checked_timeout(timeout: float) -> float:
-    if not 0 <= timeout <= constants.MAX_AWAIT_TIMEOUT_S:
+    if not (math.isfinite(timeout) and 0 <= timeout <= constants.MAX_AWAIT_TIMEOUT_S):
         limit = constants.MAX_AWAIT_TIMEOUT_S
         raise invalid_params(f"timeout must be between 0 and {limit:.0f} seconds, got {timeout}")
     return timeout
@@ -144,6 +263,8 @@ def checked_timeout(timeout: float) -> float:
 def checked_handles(handles: list[str]) -> list[str]:
     if not handles:
         raise invalid_params("handles must name at least one run")
+    if len(handles) > constants.MAX_HANDLES:
+        raise invalid_params(f"handles may name at most {constants.MAX_HANDLES} runs")
     return list(dict.fromkeys(handles))  # a handle named twice is reported once
 
 
@@ -154,9 +275,12 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         "luftpause-runtime", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING",
         extensions=[TasksExtension(runtime, tasks)],
     )
-    read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False)
+    read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+    # A sub-agent calls the upstream tools (open world); starting one changes nothing existing.
+    starts_runs = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                                  open_world_hint=True)
 
-    @server.tool(description="Start a sub-agent; returns its handle at once.")
+    @server.tool(description="Start a sub-agent; returns its handle at once.", annotations=starts_runs)
     @answers_bad_requests_with_mcp_errors
     async def spawn(  # noqa: N803 - camelCase is the MCP wire interface
         task: Task,
@@ -173,7 +297,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         budgetToolCalls: BudgetToolCalls = None,  # noqa: N803
         budgetSeconds: BudgetSeconds = None,  # noqa: N803
         approveTools: ApproveTools = None,  # noqa: N803
-    ) -> dict[str, Any]:
+    ) -> SpawnResult:
         spec = RunSpec(
             task=task,
             model=model or None,
@@ -207,7 +331,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         handles: Handles,
         ctx: Context,
         mode: Literal["all", "any"] = "all",
-        timeout: Annotated[float, Field(description="Seconds to wait, 0..600.")] = constants.DEFAULT_AWAIT_TIMEOUT_S,
+        timeout: Timeout = constants.DEFAULT_AWAIT_TIMEOUT_S,
     ) -> dict[str, Any] | InputRequiredResult:
         runs = runtime.runs.require(checked_handles(handles))
         if asks_by_input_required(ctx):
@@ -219,8 +343,6 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
             timed_out = await wait_asking(runtime, ctx, runs, mode, checked_timeout(timeout))
         return {"runs": [runtime.await_record(run) for run in runs], "timedOut": timed_out}
 
-    @server.tool(name="run", description="Start a sub-agent and wait for it in the same call.")
-    @functools.wraps(spawn)  # `run` takes exactly spawn's arguments; the SDK reads them from spawn
     async def run_to_completion(**arguments: Any) -> dict[str, Any] | InputRequiredResult:
         ctx: Context = arguments["ctx"]
         task_start = TASK_START.get()
@@ -246,6 +368,15 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
             raise
         return runtime.await_record(run)
 
+    # `run` takes exactly spawn's arguments (the SDK reads them from the signature) and
+    # answers with an await record.
+    run_to_completion.__annotations__ = {**spawn.__annotations__, "return": RunRecord}
+    run_to_completion.__signature__ = inspect.signature(spawn, eval_str=True).replace(  # type: ignore[attr-defined]
+        return_annotation=RunRecord
+    )
+    server.tool(name="run", description="Start a sub-agent and wait for it in the same call.",
+                annotations=starts_runs)(run_to_completion)
+
     @server.tool(
         description=(
             "Status of runs with parent, children, stats, budget and pending approval. Without handles: "
@@ -256,14 +387,17 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
     )
     @answers_bad_requests_with_mcp_errors
     async def status(
-        handles: Annotated[list[str] | None, Field(description="Run handles; default: every run.")] = None,
+        handles: Annotated[
+            list[str] | None,
+            Field(description="Run handles; default: every run.", json_schema_extra=bounds(max_items=constants.MAX_HANDLES)),
+        ] = None,
         limit: Annotated[
             int, Field(description=f"Runs per page without handles (1..{constants.STATUS_PAGE_MAX}).")
         ] = constants.STATUS_PAGE_DEFAULT,
         cursor: Annotated[str | None, Field(description="nextCursor of the previous page.")] = None,
-    ) -> dict[str, Any]:
+    ) -> StatusResult:
         if handles:
-            return {"runs": [runtime.status_record(run) for run in runtime.runs.require(handles)]}
+            return {"runs": [runtime.status_record(run) for run in runtime.runs.require(checked_handles(handles))]}
         if not 1 <= limit <= constants.STATUS_PAGE_MAX:
             raise invalid_params(f"limit must be between 1 and {constants.STATUS_PAGE_MAX}, got {limit}")
         if cursor is not None and not cursor.isdigit():
@@ -277,9 +411,13 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
             "nextCursor": str(end) if end < len(listed) else None,
         }
 
-    @server.tool(description="Cancel runs; cancelling a parent cancels all its running descendants.")
+    @server.tool(
+        description="Cancel runs; cancelling a parent cancels all its running descendants.",
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
+                                    open_world_hint=False),
+    )
     @answers_bad_requests_with_mcp_errors
-    async def cancel(handles: Handles) -> dict[str, Any]:
+    async def cancel(handles: Handles) -> CancelResult:
         requested = runtime.runs.require(checked_handles(handles))
         cancelled = await runtime.cancel(run.handle for run in requested)
         return {
@@ -307,7 +445,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         return {"handle": run.handle, "approval": pending.record(), "allow": allow, "status": run.status.value}
 
     @server.tool(name="tools", description="The upstream tools sub-agents can use.", annotations=read_only)
-    async def list_upstream_tools() -> dict[str, Any]:
+    async def list_upstream_tools() -> ToolsResult:
         return {"tools": [tool.describe() for tool in runtime.toolbox.tools()]}
 
     @server.tool(
@@ -322,9 +460,9 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
     async def decide_tool(
         input: Annotated[str, Field(description="What to classify.")],  # noqa: A002 - the tool's documented argument name
         ctx: Context,
-        labels: Annotated[list[str] | None, Field(description="2-20 candidate labels; none: the classifier's own.")] = None,
+        labels: Labels = None,
         model: Annotated[str | None, Field(description="Model to use; default: the pool's first of the kind.")] = None,
-    ) -> dict[str, Any]:
+    ) -> DecideResult:
         if not input.strip():
             raise invalid_params("input must not be empty")
         try:
@@ -334,4 +472,6 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         except TurnError as exc:
             raise MCPError(code=INTERNAL_ERROR, message=f"decide failed: {exc}") from exc
 
+    tighten_arguments(server)
+    answer_unknown_prompts_with_invalid_params(server)
     return server

@@ -1,0 +1,58 @@
+"""A bare JSON-RPC client for MCP over Streamable HTTP, for sending what no SDK client
+would: literal ``Infinity``, wrong types, odd headers. Session era (initialize)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+PROTOCOL_VERSION = "2025-06-18"
+ACCEPT = "application/json, text/event-stream"
+
+
+def messages(response: httpx.Response) -> list[dict[str, Any]]:
+    """The JSON-RPC messages of a response, plain JSON or server-sent events."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        return [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+    return [response.json()] if response.content else []
+
+
+class RawSession:
+    def __init__(self, http: httpx.Client, url: str, headers: dict[str, str] | None = None) -> None:
+        self.http, self.url = http, url
+        self.headers = {"Accept": ACCEPT, "Content-Type": "application/json", **(headers or {})}
+        self.next_id = 1
+
+    def open(self) -> RawSession:
+        response = self.post_json({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"}}})
+        response.raise_for_status()
+        self.headers["mcp-session-id"] = response.headers["mcp-session-id"]
+        self.headers["mcp-protocol-version"] = PROTOCOL_VERSION
+        self.post_json({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return self
+
+    def close(self) -> None:
+        if "mcp-session-id" in self.headers:
+            self.http.delete(self.url, headers=self.headers)
+
+    def post_json(self, message: dict[str, Any]) -> httpx.Response:
+        return self.http.post(self.url, content=json.dumps(message), headers=self.headers)
+
+    def post_text(self, text: str) -> httpx.Response:
+        return self.http.post(self.url, content=text.encode(), headers=self.headers)
+
+    def call_text(self, tool: str, arguments_json: str) -> tuple[httpx.Response, dict[str, Any] | None]:
+        """`tools/call` with the arguments written as raw JSON text; the response and its reply."""
+        self.next_id += 1
+        text = (f'{{"jsonrpc":"2.0","id":{self.next_id},"method":"tools/call",'
+                f'"params":{{"name":{json.dumps(tool)},"arguments":{arguments_json}}}}}')
+        response = self.post_text(text)
+        replies = [m for m in messages(response) if m.get("id") == self.next_id]
+        return response, (replies[0] if replies else None)
+
+    def call(self, tool: str, arguments: Any) -> tuple[httpx.Response, dict[str, Any] | None]:
+        return self.call_text(tool, json.dumps(arguments))

@@ -1,0 +1,144 @@
+"""The runtime's tool arguments and results as an MCP client sees them: strict types,
+finite numbers in documented ranges, schemas that state them, annotations on every tool."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from mcp import Client, MCPError
+from mcp.server.mcpserver import MCPServer
+from mcp_types import INVALID_PARAMS
+from raw_mcp import RawSession
+from runtime_doubles import RuntimeProcess, ScriptedDataplane
+
+from luftpause.runtime import constants
+from luftpause.runtime.mcp_server import build_mcp_server
+from luftpause.runtime.service import Runtime
+
+MakeRuntime = Callable[..., Awaitable[Runtime]]
+
+
+@pytest.fixture
+async def server(make_runtime: MakeRuntime) -> MCPServer:
+    return build_mcp_server(await make_runtime())
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"task": "t", "maxTokens": "5"}, "maxTokens"),  # no string -> int
+        ({"task": "t", "maxToolCalls": True}, "maxToolCalls"),  # no bool -> int
+        ({"task": "t", "budgetTokens": 1.5}, "budgetTokens"),
+        ({"task": "t", "parallelToolCalls": "yes"}, "parallelToolCalls"),
+        ({"task": "t", "budgetSeconds": "10"}, "budgetSeconds"),
+        ({"task": "t", "maxTokkens": 5}, "maxTokkens"),  # unknown arguments are mistakes
+        ({"task": 5}, "task"),
+    ],
+)
+async def test_loose_argument_types_are_refused_naming_the_argument(
+    server: MCPServer, dataplane: ScriptedDataplane, arguments: dict[str, Any], field: str
+) -> None:
+    async with Client(server) as client:
+        result = await client.call_tool("spawn", arguments)
+        assert result.is_error and field in result.content[0].text
+        assert dataplane.chat_requests == []  # nothing was started
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "message"),
+    [
+        ("spawn", {"task": "t", "maxTokens": 10**20}, "maxTokens must be at most"),
+        ("spawn", {"task": "t", "maxToolCalls": constants.MAX_TOOL_CALLS_LIMIT + 1}, "maxToolCalls must be at most"),
+        ("spawn", {"task": "t", "budgetSeconds": 1e308}, "budgetSeconds must be at most"),
+        ("spawn", {"task": "t", "budgetTokens": 10**13}, "budgetTokens must be at most"),
+        ("spawn", {"task": "t", "budgetToolCalls": 10**7}, "budgetToolCalls must be at most"),
+        ("await", {"handles": ["run-x"] * (constants.MAX_HANDLES + 1)}, "at most"),
+        ("cancel", {"handles": []}, "at least one"),
+    ],
+)
+async def test_values_out_of_the_documented_range_are_invalid_params(
+    server: MCPServer, tool: str, arguments: dict[str, Any], message: str
+) -> None:
+    async with Client(server) as client:
+        with pytest.raises(MCPError) as error:
+            await client.call_tool(tool, arguments)
+        assert error.value.error.code == INVALID_PARAMS and message in error.value.error.message
+
+
+@pytest.mark.parametrize("value", ["Infinity", "-Infinity", "NaN", "1e999"])
+@pytest.mark.parametrize("argument", ["budgetSeconds", "budgetTokens", "maxTokens"])
+def test_non_finite_numbers_are_refused(runtime_server: RuntimeProcess, argument: str, value: str) -> None:
+    # Python's JSON reader (and so the SDK's) takes these literals; no SDK client sends them.
+    with httpx.Client(timeout=10) as http:
+        session = RawSession(http, runtime_server.mcp_url).open()
+        response, reply = session.call_text("spawn", f'{{"task": "t", "{argument}": {value}}}')
+        status = httpx.get(f"{runtime_server.url}/status")
+        session.close()
+
+    assert response.status_code == 200 and reply is not None
+    refused = reply.get("error") or reply["result"]
+    assert "error" in reply or reply["result"]["isError"], refused
+    assert argument in json.dumps(refused)
+    assert status.status_code == 200 and status.json()["runs"] is not None
+
+
+async def test_schemas_state_ranges_and_results(server: MCPServer) -> None:
+    async with Client(server) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+
+        spawn = tools["spawn"].input_schema
+        assert spawn["additionalProperties"] is False
+        assert spawn["properties"]["maxTokens"]["minimum"] == 0
+        assert spawn["properties"]["maxTokens"]["maximum"] == constants.MAX_TOKENS_LIMIT
+        assert spawn["properties"]["budgetSeconds"]["exclusiveMinimum"] == 0
+        await_schema = tools["await"].input_schema["properties"]
+        assert await_schema["timeout"]["minimum"] == 0 and await_schema["timeout"]["maximum"] == 600
+        assert await_schema["handles"]["minItems"] == 1
+        labels = tools["decide"].input_schema["properties"]["labels"]
+        assert labels["minItems"] == 2 and labels["maxItems"] == 20
+
+        run_output = tools["run"].output_schema
+        assert run_output["title"] == "RunRecord"
+        assert {"handle", "status", "result", "error", "toolCalls"} <= set(run_output["required"])
+        assert "Completed" in run_output["properties"]["status"]["enum"]
+        assert tools["spawn"].output_schema["title"] == "SpawnResult"
+        for name, tool in tools.items():
+            assert tool.output_schema and tool.output_schema.get("properties"), f"{name} has a loose outputSchema"
+
+
+async def test_every_tool_carries_annotations(server: MCPServer) -> None:
+    async with Client(server) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+
+        assert all(tool.annotations is not None for tool in tools.values())
+        for name in ("status", "tools", "await"):
+            assert tools[name].annotations.read_only_hint is True
+        assert tools["cancel"].annotations.destructive_hint is False
+        assert tools["cancel"].annotations.read_only_hint is False
+        for name in ("spawn", "run"):
+            hints = tools[name].annotations
+            assert hints.read_only_hint is False and hints.destructive_hint is False and hints.open_world_hint is True
+
+
+async def test_results_match_their_output_schemas(server: MCPServer) -> None:
+    async with Client(server) as client:
+        # The client validates structuredContent against outputSchema; a mismatch raises here.
+        record = (await client.call_tool("run", {"task": "t"})).structured_content
+        assert record["status"] == "Completed"
+        status = (await client.call_tool("status", {})).structured_content
+        assert status["runs"][0]["handle"] == record["handle"]
+        waited = (await client.call_tool("await", {"handles": [record["handle"]], "timeout": 0})).structured_content
+        assert waited["timedOut"] is False
+        cancelled = (await client.call_tool("cancel", {"handles": [record["handle"]]})).structured_content
+        assert cancelled["cancelled"] == []
+
+
+async def test_an_unknown_prompt_is_invalid_params(server: MCPServer) -> None:
+    async with Client(server) as client:
+        with pytest.raises(MCPError) as error:
+            await client.get_prompt("no-such-prompt")
+        assert error.value.error.code == INVALID_PARAMS
