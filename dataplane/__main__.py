@@ -18,7 +18,11 @@ from luftpause.dataplane.constants import DEFAULT_PORT, DEFAULT_SCHEDULER_ADDR, 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
     parser = argparse.ArgumentParser(prog="python -m luftpause.dataplane", description=__doc__,
-                                     epilog="LUFTPAUSE_TOKEN, when set, is the bearer token every /v1 route requires. "
+                                     epilog="LUFTPAUSE_TOKEN, when set, is the bearer token every /v1 route requires; "
+                                            "the dataplane also presents it to the scheduler. "
+                                            "LUFTPAUSE_ALLOWED_HOSTS: comma-separated Host names clients may use "
+                                            "(host or host:port, * = any; unset = localhost, 127.0.0.1, [::1]); "
+                                            "other Host headers get 421, other Origins 403. "
                                             + logs.LOG_SETTINGS_HELP)
     parser.add_argument("--host", default=env("LUFTPAUSE_DATAPLANE_HOST", "127.0.0.1"),
                         help="bind address (env LUFTPAUSE_DATAPLANE_HOST, default 127.0.0.1)")

@@ -18,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from luftpause import headers as h
-from luftpause import tracing
+from luftpause import origins, tracing
 from luftpause.dataplane.constants import ENGINE_CONNECT_TIMEOUT_S, MAX_BODY_BYTES, TOOL_CALL_SWEEP_S
 from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
 from luftpause.dataplane.metrics import DataplaneMetrics
@@ -422,14 +422,15 @@ async def _sweep_forever(app: web.Application) -> None:
 
 
 def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
-    app = web.Application(middlewares=[json_errors, bearer_auth], client_max_size=max_body_bytes)
+    app = web.Application(middlewares=[origins.aiohttp_middleware(origins.AllowedHosts.from_env()), json_errors,
+                                       bearer_auth], client_max_size=max_body_bytes)
     app[BOOK] = RunBook()
     app[TOKEN] = token
     app[LOG] = log
     app[METRICS] = DataplaneMetrics(lambda: LINK in app and app[LINK].synced)
 
     async def lifecycle(app: web.Application):
-        app[LINK] = SchedulerLink(scheduler_address, app[BOOK], log)
+        app[LINK] = SchedulerLink(scheduler_address, app[BOOK], log, token=token or None)
         app[LINK].start()
         timeout = aiohttp.ClientTimeout(total=None, connect=ENGINE_CONNECT_TIMEOUT_S,
                                         sock_connect=ENGINE_CONNECT_TIMEOUT_S)

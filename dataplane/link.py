@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from luftpause import tracing
+from luftpause import auth, tracing
 from luftpause.dataplane.constants import ADMIT_RETRY_DELAY_S, REPORT_RECONNECT_DELAY_S
 from luftpause.dataplane.runs import GENERATING, IDLE, PAUSED, RunBook
 from luftpause.proto import scheduler_pb2 as pb
@@ -42,11 +42,11 @@ class Placement:
 
 
 class SchedulerLink:
-    def __init__(self, address: str, book: RunBook, log) -> None:
+    def __init__(self, address: str, book: RunBook, log, token: str | None = None) -> None:
         self.address = address
         self.book = book
         self.log = log
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = grpc.aio.insecure_channel(address, interceptors=auth.client_interceptors(token))
         self._stub = pb_grpc.SchedulerStub(self._channel)
         self._events: asyncio.Queue[pb.TurnEvent] = asyncio.Queue()
         self._synced = asyncio.Event()

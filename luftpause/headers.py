@@ -8,4 +8,7 @@ SERVICE_CLASSES = ("interactive", "batch")
 DEFAULT_SERVICE_CLASS = "interactive"
 ANONYMOUS_CALLER = "anonymous"
 MAX_CALLER_BYTES = 128
+# Run and turn ids (x-luftpause-run-id, the scheduler's Admit and Resync): far above a
+# UUID, far below what would let one client grow the scheduler's state without bound.
+MAX_ID_BYTES = 256
 REPLICA = "x-luftpause-replica"  # which replica served the turn (responses only)

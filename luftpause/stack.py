@@ -8,12 +8,14 @@ dataplane and runtime, started in dependency order and stopped together.
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
+from luftpause import auth
 from luftpause.procs import ManagedProcess, free_port, wait_until
 
 HOST = "127.0.0.1"
@@ -123,7 +125,8 @@ class Stack:
                                  f"http://{HOST}:{p.fake_mcp}/health")
         scheduler = self._process("scheduler", "luftpause.scheduler",
                                   ["--host", HOST, "--grpc-port", str(p.scheduler_grpc),
-                                   "--http-port", str(p.scheduler_http), "--pool-file", str(self.pool_file)],
+                                   "--http-port", str(p.scheduler_http), "--pool-file", str(self.pool_file),
+                                   "--runtime-url", f"http://{HOST}:{p.runtime}"],
                                   f"http://{HOST}:{p.scheduler_http}/health")
         dataplane = self._process("dataplane", "luftpause.dataplane",
                                   ["--host", HOST, "--port", str(p.dataplane),
@@ -165,7 +168,8 @@ class Stack:
         is connected to the scheduler."""
         status_url = f"http://{HOST}:{self.ports.scheduler_http}/status"
         health_url = f"http://{HOST}:{self.ports.dataplane}/health"
-        if not wait_until(lambda: _any_healthy(status_url) and _dataplane_connected(health_url), timeout, 0.1):
+        token = auth.token_from_env({**os.environ, **self.env})
+        if not wait_until(lambda: _any_healthy(status_url, token) and _dataplane_connected(health_url), timeout, 0.1):
             raise TimeoutError("no engine became healthy, or the dataplane never reached the scheduler")
 
     def process(self, name: str) -> ManagedProcess:
@@ -177,17 +181,18 @@ class Stack:
         self.processes.clear()
 
 
-def _get_json(url: str) -> dict | None:
+def _get_json(url: str, token: str | None = None) -> dict | None:
     """The JSON at ``url``, or None while the service does not answer."""
+    request = urllib.request.Request(url, headers={"Authorization": auth.bearer(token)} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2) as response:
             return json.loads(response.read())
     except (OSError, ValueError):
         return None
 
 
-def _any_healthy(status_url: str) -> bool:
-    status = _get_json(status_url)
+def _any_healthy(status_url: str, token: str | None = None) -> bool:
+    status = _get_json(status_url, token)
     return bool(status) and any(r["healthy"] for r in status["replicas"])
 
 

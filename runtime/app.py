@@ -11,12 +11,14 @@ from typing import Any
 
 import httpx
 import structlog
+from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from luftpause.origins import AllowedHosts, HostOriginGuard
 from luftpause.runtime import constants
 from luftpause.runtime.config import RuntimeSettings, load_tools_file
 from luftpause.runtime.dataplane import DataplaneClient
@@ -72,7 +74,12 @@ def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGI
     runtime = runtime or build_runtime(settings)
     tasks = TaskStore(settings.state_dir / TASKS_FILE)
     mcp_server = build_mcp_server(runtime, tasks)
-    mcp_app = mcp_server.streamable_http_app(streamable_http_path="/mcp", host=settings.host)
+    # Host/Origin are checked for every route below (HostOriginGuard), not by the SDK,
+    # whose check covers /mcp only and only on loopback binds.
+    mcp_app = mcp_server.streamable_http_app(
+        streamable_http_path="/mcp", host=settings.host,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
     started_at = time.time()
     registry = build_registry(runtime)
     journal_path = settings.state_dir / constants.JOURNAL_FILE
@@ -136,4 +143,4 @@ def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGI
         app = BearerTokenGuard(app, settings.token)
     else:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set; /mcp and /status accept everyone")
-    return app
+    return HostOriginGuard(app, AllowedHosts.from_env())

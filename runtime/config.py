@@ -68,7 +68,9 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
             "through the dataplane. Secrets come from the environment only: LUFTPAUSE_TOKEN "
             "(bearer token required on /mcp and /status and sent to the dataplane; unset = "
             "open, with a warning) and LUFTPAUSE_DEFAULT_MODEL (model for spawn calls that "
-            "name none; unset = the first model the dataplane lists)."
+            "name none; unset = the first model the dataplane lists). LUFTPAUSE_ALLOWED_HOSTS: "
+            "comma-separated Host names clients may use (host or host:port, * = any; unset = "
+            "localhost, 127.0.0.1, [::1]); other Host headers get 421, other Origins 403."
         ),
         epilog=LOG_SETTINGS_HELP,
     )

@@ -11,10 +11,18 @@ import sys
 
 from aiohttp import web
 
-from luftpause import logs, tracing
+from luftpause import auth, logs, tracing
 from luftpause.scheduler.constants import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, PROBE_PERIOD_S
-from luftpause.scheduler.host import SchedulerHost, grpc_server, http_app, mark_serving
+from luftpause.scheduler.host import SchedulerHost, grpc_server, http_app, mark_serving, runtime_status_url
 from luftpause.scheduler.pool import PoolError, load_pool
+
+
+def runtime_url(value: str) -> str:
+    try:
+        runtime_status_url(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,17 +43,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--probe-period", type=float, default=float(env("LUFTPAUSE_PROBE_PERIOD_S", PROBE_PERIOD_S)),
                         help=f"seconds between engine probes (env LUFTPAUSE_PROBE_PERIOD_S, default {PROBE_PERIOD_S:g}; "
                              "the probe timeout stays 2 s)")
+    parser.add_argument("--runtime-url", default=env("LUFTPAUSE_RUNTIME_URL") or None, type=runtime_url,
+                        help="the runtime whose run tree the status page shows, e.g. http://127.0.0.1:7000 "
+                             "(env LUFTPAUSE_RUNTIME_URL; unset = no run tree). LUFTPAUSE_TOKEN (env only), when "
+                             "set, is required on gRPC (metadata) and HTTP (Authorization: Bearer) but health "
+                             "checks and the static page, and is presented to the runtime")
     return parser.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace, log) -> None:
     endpoints = load_pool(args.pool_file)
     host = SchedulerHost(endpoints, log, affinity=args.affinity == "on", probe_period_s=args.probe_period)
-    server, health_servicer = grpc_server(host, f"{args.host}:{args.grpc_port}")
+    token = auth.token_from_env()
+    if not token:
+        log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set; gRPC and HTTP accept everyone")
+    server, health_servicer = grpc_server(host, f"{args.host}:{args.grpc_port}", token)
     await server.start()
     await mark_serving(health_servicer)
     host.serving = True
-    runner = web.AppRunner(http_app(host), access_log=None)
+    runner = web.AppRunner(http_app(host, token, args.runtime_url), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.http_port).start()
     log.info("scheduler_started", grpc=f"{args.host}:{args.grpc_port}", http=f"{args.host}:{args.http_port}",

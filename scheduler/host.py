@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from luftpause import tracing
+from luftpause import auth, tracing
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler import core
@@ -26,6 +26,7 @@ from luftpause.scheduler.constants import CLOCK_TICK_S, PROBE_PERIOD_S
 from luftpause.scheduler.metrics import SchedulerMetrics, exposition, status_view
 from luftpause.scheduler.pool import Endpoint
 from luftpause.scheduler.probes import ProbeResult, probe, probe_client
+from luftpause.scheduler.validation import admit_problem, resync_problem
 
 TRACER = trace.get_tracer("luftpause.scheduler")
 CLASS_NAMES = {pb.INTERACTIVE: core.INTERACTIVE, pb.BATCH: core.BATCH}
@@ -185,6 +186,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self.host = host
 
     async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitReply:
+        if problem := admit_problem(request):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         parent = tracing.extract({m.key: m.value for m in context.invocation_metadata() or ()})
         with TRACER.start_as_current_span("admit", context=parent, kind=SpanKind.SERVER,
                                           attributes={"luftpause.turn_id": request.turn_id,
@@ -208,6 +211,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return pb.ReportAck(events=count)
 
     async def Resync(self, request: pb.ResyncRequest, context) -> pb.ResyncReply:
+        if problem := resync_problem(request):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         self.host.resync(request)
         return pb.ResyncReply(runs=len(request.runs), turns=len(request.turns))
 
@@ -215,9 +220,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return json_format.ParseDict(self.host.status(), pb.StatusReply())
 
 
-def grpc_server(host: SchedulerHost, bind: str) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
-    """The Scheduler service plus standard health checking and reflection (grpcurl)."""
-    server = grpc.aio.server()
+def grpc_server(host: SchedulerHost, bind: str, token: str | None = None) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """The Scheduler service plus standard health checking and reflection (grpcurl);
+    with ``token``, every call but health checks must carry it (luftpause.auth)."""
+    server = grpc.aio.server(interceptors=auth.server_interceptors(token))
     pb_grpc.add_SchedulerServicer_to_server(SchedulerServicer(host), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -236,14 +242,18 @@ PAGE = Path(__file__).with_name("page.html")
 
 
 def runtime_status_url(runtime: str) -> str:
-    """Only ``<runtime origin>/status`` may be fetched through the page's helper route."""
+    """``<runtime origin>/status`` for the configured runtime URL (never a caller's)."""
     parsed = urllib.parse.urlsplit(runtime)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ValueError("runtime must be an http(s) URL such as http://localhost:7000")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.username or parsed.password:
+        raise ValueError(f"runtime URL must be http(s)://host:port without credentials, got {runtime!r}")
     return f"{parsed.scheme}://{parsed.netloc}/status"
 
 
-def http_app(host: SchedulerHost) -> web.Application:
+def http_app(host: SchedulerHost, token: str | None = None, runtime_url: str | None = None) -> web.Application:
+    """The page, `/status` and `/runtime-status` (the configured runtime's run tree),
+    all behind ``token`` when set; `/health` and the page itself (static, no data) open."""
+    runtime_status = runtime_status_url(runtime_url) if runtime_url else None
+
     async def get_status(request: web.Request) -> web.Response:
         return web.json_response(status_view(host.status(), host.metrics))
 
@@ -251,18 +261,21 @@ def http_app(host: SchedulerHost) -> web.Application:
         return web.Response(text=PAGE.read_text(), content_type="text/html")
 
     async def get_runtime_status(request: web.Request) -> web.Response:
-        """The page's view of a runtime's run tree (fetched here: no CORS needed)."""
+        """The configured runtime's run tree for the page (fetched here: no CORS needed).
+        The scheduler presents its own token; nothing of the caller's request is passed on."""
+        if runtime_status is None:
+            return web.json_response(
+                {"error": {"message": "no runtime configured (--runtime-url, LUFTPAUSE_RUNTIME_URL)"}}, status=404
+            )
+        headers = {"Authorization": auth.bearer(token)} if token else {}
         try:
-            url = runtime_status_url(request.query.get("runtime", ""))
-        except ValueError as exc:
-            return web.json_response({"error": {"message": str(exc)}}, status=400)
-        headers = {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
-        try:
-            async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
-                response = await client.get(url, headers=headers)
-            return web.json_response(response.json(), status=response.status_code)
+            async with httpx.AsyncClient(timeout=2.0, trust_env=False, follow_redirects=False) as client:
+                response = await client.get(runtime_status, headers=headers)
+            if response.status_code != 200:
+                raise ValueError(f"answered {response.status_code}")
+            return web.json_response(response.json())
         except (httpx.HTTPError, ValueError) as exc:
-            return web.json_response({"error": {"message": f"runtime {url}: {exc}"}}, status=502)
+            return web.json_response({"error": {"message": f"runtime {runtime_status}: {exc}"}}, status=502)
 
     async def get_health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -278,7 +291,8 @@ def http_app(host: SchedulerHost) -> web.Application:
         body, content_type = exposition(host.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
-    app = web.Application()
+    # /ready stays open like /health: orchestrators probe it without credentials.
+    app = web.Application(middlewares=[auth.aiohttp_middleware(token, open_paths={"/", "/health", "/ready"})])
     app.router.add_get("/", get_page)
     app.router.add_get("/status", get_status)
     app.router.add_get("/runtime-status", get_runtime_status)

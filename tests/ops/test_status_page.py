@@ -85,7 +85,7 @@ async def spawn(client: Client, **arguments) -> str:
 async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first(ops_stack, tmp_path):
     chromium()
     p = ops_stack.ports
-    url = f"http://127.0.0.1:{p.scheduler_http}/?runtime=http://127.0.0.1:{p.runtime}"
+    url = f"http://127.0.0.1:{p.scheduler_http}/"  # the run tree is the configured runtime's (--runtime-url)
     async with Client(f"http://127.0.0.1:{p.runtime}/mcp") as client:
         # A run that stays live (its engine request hangs) with a child, created before the load.
         parent = await spawn(client, task="wait [[fake:hang]]", maxToolCalls=0)
@@ -130,15 +130,12 @@ async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_page_shows_an_error_when_the_runtime_cannot_be_read(ops_stack):
+def test_page_shows_an_error_when_the_runtime_cannot_be_read(make_stack):
     chromium()
-    from luftpause.procs import free_port
-
-    nobody = free_port()
-    page = render(f"http://127.0.0.1:{ops_stack.ports.scheduler_http}/?runtime=http://127.0.0.1:{nobody}",
-                  "--dump-dom")
+    stack = make_stack(without=frozenset({"runtime"}))  # the scheduler's configured runtime is not there
+    page = render(f"http://127.0.0.1:{stack.ports.scheduler_http}/", "--dump-dom")
     dom = parse(page.stdout)
     assert "runtime status unavailable (HTTP 502)" in dom.text["runtime-error"]
-    assert f"127.0.0.1:{nobody}" in dom.text["runtime-error"]
+    assert f"127.0.0.1:{stack.ports.runtime}" in dom.text["runtime-error"]
     # The scheduler's own part still renders.
     assert [r["cells"][0] for r in dom.rows["replicas"] if r["cells"]] == ["engine-a", "engine-b"]

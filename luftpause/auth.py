@@ -1,0 +1,132 @@
+"""The one shared secret, LUFTPAUSE_TOKEN, on every service (see docs/security.md).
+
+With the token set, every route that shows or changes state requires it:
+``Authorization: Bearer <token>`` on HTTP, ``authorization: Bearer <token>`` metadata on
+the scheduler's gRPC. Only health checks stay open, and they show nothing private.
+Unset, everything is open (loopback development), and each service logs a warning.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+ENV = "LUFTPAUSE_TOKEN"
+# gRPC methods anyone may call: standard health checking (SERVING or not).
+OPEN_GRPC_PREFIXES = ("/grpc.health.v1.Health/",)
+# HTTP paths anyone may GET: liveness, which shows no runs, callers or replicas.
+OPEN_HTTP_PATHS = frozenset({"/health"})
+REFUSAL = "missing or invalid bearer token"
+
+
+def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    return (os.environ if environ is None else environ).get(ENV) or None
+
+
+def bearer(token: str) -> str:
+    return f"Bearer {token}"
+
+
+def presented_matches(presented: str | bytes | None, token: str) -> bool:
+    """Constant-time comparison of a presented ``Authorization`` value with the token."""
+    if presented is None:
+        return False
+    if isinstance(presented, str):
+        presented = presented.encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(presented, bearer(token).encode())
+
+
+# ------------------------------------------------------------------------------ gRPC
+
+
+class RequireToken(grpc.aio.ServerInterceptor):
+    """Refuses every gRPC call but health checks without the token (UNAUTHENTICATED)."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
+    ) -> Any:
+        if details.method.startswith(OPEN_GRPC_PREFIXES):
+            return await continuation(details)
+        presented = dict(details.invocation_metadata or ()).get("authorization")
+        if presented_matches(presented, self._token):
+            return await continuation(details)
+        handler = await continuation(details)
+        return _refusing(handler)
+
+
+def _refusing(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler:
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSAL)
+
+    request_streaming = bool(handler and handler.request_streaming)
+    response_streaming = bool(handler and handler.response_streaming)
+    deserializer = handler.request_deserializer if handler else None
+    serializer = handler.response_serializer if handler else None
+    if request_streaming and response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse, deserializer, serializer)
+    if request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse, deserializer, serializer)
+    if response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse, deserializer, serializer)
+    return grpc.unary_unary_rpc_method_handler(refuse, deserializer, serializer)
+
+
+def server_interceptors(token: str | None) -> list[grpc.aio.ServerInterceptor]:
+    return [RequireToken(token)] if token else []
+
+
+class _SendToken(
+    grpc.aio.UnaryUnaryClientInterceptor,
+    grpc.aio.UnaryStreamClientInterceptor,
+    grpc.aio.StreamUnaryClientInterceptor,
+    grpc.aio.StreamStreamClientInterceptor,
+):
+    """Adds ``authorization`` metadata to every call of a channel."""
+
+    def __init__(self, token: str) -> None:
+        self._pair = ("authorization", bearer(token))
+
+    def _with_token(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = [pair for pair in (details.metadata or ()) if pair[0] != "authorization"]
+        return details._replace(metadata=grpc.aio.Metadata(*metadata, self._pair))
+
+    async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return await continuation(self._with_token(details), request)
+
+    async def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return await continuation(self._with_token(details), request)
+
+    async def intercept_stream_unary(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._with_token(details), request_iterator)
+
+    async def intercept_stream_stream(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._with_token(details), request_iterator)
+
+
+def client_interceptors(token: str | None) -> list[Any]:
+    """For ``grpc.aio.insecure_channel(address, interceptors=...)``: sends the token."""
+    return [_SendToken(token)] if token else []
+
+
+# ------------------------------------------------------------------------------ aiohttp
+
+
+def aiohttp_middleware(token: str | None, open_paths: Iterable[str] = OPEN_HTTP_PATHS) -> Callable[..., Any]:
+    """Requires the token on every route but ``open_paths`` (401 with a JSON message)."""
+    open_set = frozenset(open_paths)
+
+    @web.middleware
+    async def require_token(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
+        if token and request.path not in open_set and not presented_matches(request.headers.get("Authorization"), token):
+            return web.json_response({"error": {"message": REFUSAL}}, status=401, headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    return require_token
