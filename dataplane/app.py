@@ -99,13 +99,24 @@ class TurnRequest:
     caller: str
 
 
+def _identity_header(request: web.Request, name: str, limit: int) -> str:
+    """A run-identity header as text: UTF-8 (aiohttp keeps other bytes as surrogates,
+    which no gRPC string can carry) and at most ``limit`` bytes."""
+    value = request.headers.get(name, "").strip()
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise ApiError(400, f"{name} must be UTF-8 text") from None
+    if size > limit:
+        raise ApiError(400, f"{name} must be at most {limit} bytes")
+    return value
+
+
 def _identity_headers(request: web.Request) -> tuple[str, str]:
     service_class = request.headers.get(h.SERVICE_CLASS, h.DEFAULT_SERVICE_CLASS).strip().lower()
     if service_class not in h.SERVICE_CLASSES:
         raise ApiError(400, f"{h.SERVICE_CLASS} must be one of: {', '.join(h.SERVICE_CLASSES)}")
-    caller = request.headers.get(h.CALLER, "").strip() or h.ANONYMOUS_CALLER
-    if len(caller.encode()) > h.MAX_CALLER_BYTES:
-        raise ApiError(400, f"{h.CALLER} must be at most {h.MAX_CALLER_BYTES} bytes")
+    caller = _identity_header(request, h.CALLER, h.MAX_CALLER_BYTES) or h.ANONYMOUS_CALLER
     return service_class, caller
 
 
@@ -140,8 +151,9 @@ async def _json_request(request: web.Request) -> tuple[bytes, dict, str]:
 async def parse_turn(request: web.Request) -> TurnRequest:
     """Validate a chat completion request; name its run (header, returned tool_call
     ids, or a new run)."""
-    header_run_id = request.headers.get(h.RUN_ID, "").strip()
-    request["run_id"] = header_run_id or uuid.uuid4().hex
+    request["run_id"] = uuid.uuid4().hex  # named in error responses until the header is known good
+    header_run_id = _identity_header(request, h.RUN_ID, h.MAX_ID_BYTES)
+    request["run_id"] = header_run_id or request["run_id"]
     body, document, model = await _json_request(request)
     if not isinstance(document.get("messages"), list):
         raise ApiError(400, "'messages' is required and must be a list")
