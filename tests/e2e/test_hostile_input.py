@@ -1,0 +1,111 @@
+"""Hostile input, generated: arbitrary JSON as MCP tool arguments and arbitrary headers and
+bodies on the proxy. Whatever comes in: no 5xx, every run final after `cancel`, and the
+runtime's /status always valid JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
+from raw_mcp import RawSession  # noqa: E402
+
+from luftpause import headers as h  # noqa: E402
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+FINAL = {"Completed", "Failed", "Cancelled"}
+
+json_scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+                | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=40))
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=12)
+SPAWN_KEYS = ["task", "model", "serviceClass", "system", "maxToolCalls", "tools", "maxTokens", "parallelToolCalls",
+              "parent", "budgetTokens", "budgetToolCalls", "budgetSeconds", "approveTools", "bogus"]
+spawn_arguments = st.dictionaries(st.sampled_from(SPAWN_KEYS), json_values, max_size=6).map(
+    lambda arguments: {"task": "hostile", **arguments} if "task" not in arguments else arguments
+)
+
+
+def literal_json(value) -> str:
+    """JSON as Python writes it: Infinity and NaN stay literals, as a hostile client may send."""
+    return json.dumps(value, allow_nan=True)
+
+
+@pytest.fixture(scope="module")
+def runtime_url(full_stack) -> str:
+    return f"http://127.0.0.1:{full_stack.ports.runtime}"
+
+
+@SETTINGS
+@given(arguments=spawn_arguments)
+def test_spawn_with_arbitrary_arguments_never_breaks_the_runtime(runtime_url: str, arguments: dict) -> None:
+    with httpx.Client(timeout=30) as http:
+        session = RawSession(http, f"{runtime_url}/mcp").open()
+        try:
+            response, reply = session.call_text("spawn", literal_json(arguments))
+            assert response.status_code < 500 and reply is not None, response.text
+            handle = (reply.get("result") or {}).get("structuredContent", {}).get("handle")
+            if handle:
+                response, reply = session.call("cancel", {"handles": [handle]})
+                assert response.status_code < 500 and "result" in reply, reply
+                record = reply["result"]["structuredContent"]["runs"][0]
+                assert record["status"] in FINAL, record
+        finally:
+            session.close()
+        status = http.get(f"{runtime_url}/status")
+        assert status.status_code == 200
+        json.loads(status.text, parse_constant=lambda name: pytest.fail(f"{name} in /status"))
+
+
+@SETTINGS
+@given(tool=st.sampled_from(["await", "status", "cancel", "tools", "decide", "run", "nope"]),
+       arguments=json_values)
+def test_any_tool_with_any_arguments_answers_without_a_server_error(runtime_url: str, tool: str, arguments) -> None:
+    with httpx.Client(timeout=30) as http:
+        session = RawSession(http, f"{runtime_url}/mcp").open()
+        try:
+            if tool == "run":  # keep it short: a run that does start is told to finish at once
+                arguments = {"task": "t", "maxToolCalls": 0, "maxTokens": 1}
+            if tool == "await" and isinstance(arguments, dict):
+                arguments["timeout"] = 0
+            response, reply = session.call_text(tool, literal_json(arguments))
+        finally:
+            session.close()
+    assert response.status_code < 500, response.text
+    assert reply is not None and ("result" in reply or reply["error"]["code"] != 0), reply
+
+
+# Header values as sent on the wire: UTF-8 text, or any bytes an HTTP parser lets through
+# (visible ASCII and obs-text; control characters are refused by the parser itself).
+header_text = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=0x2FF, exclude_characters="\x7f"),
+                      max_size=300).map(lambda text: text.encode().strip(b" "))
+header_bytes = st.lists(st.integers(0x20, 0xFF).filter(lambda b: b != 0x7F), max_size=300).map(lambda b: bytes(b).strip(b" "))
+bodies = st.one_of(
+    st.binary(max_size=200),
+    json_values.map(lambda value: literal_json(value).encode()),
+    st.fixed_dictionaries({"model": st.sampled_from(["fake-llama-1b", "nope", ""]), "messages": json_values},
+                          optional={"stream": json_values, "max_tokens": json_values}).map(
+        lambda value: literal_json(value).encode()),
+)
+
+
+@SETTINGS
+@given(run_id=header_text | header_bytes, caller=header_text | header_bytes,
+       service_class=st.sampled_from(["interactive", "batch", "BATCH", "", "urgent"]), body=bodies,
+       content_type=st.sampled_from(["application/json", "text/plain", "application/json; charset=utf-8"]))
+def test_the_proxy_answers_arbitrary_headers_and_bodies_without_a_server_error(
+    proxy_stack, run_id, caller, service_class: str, body: bytes, content_type: str
+) -> None:
+    url = f"http://127.0.0.1:{proxy_stack.ports.dataplane}/v1/chat/completions"
+    request_headers = {"Content-Type": content_type, h.RUN_ID: run_id, h.CALLER: caller,
+                       h.SERVICE_CLASS: service_class}
+    response = httpx.post(url, content=body, headers=request_headers, timeout=30)
+    assert response.status_code < 500, (response.status_code, response.text[:500])
+    if response.status_code >= 400:
+        assert response.json()["error"]["message"], response.text[:500]
