@@ -67,7 +67,7 @@ def build_runtime(settings: RuntimeSettings) -> Runtime:
         log.warning("tools_file_missing", path=str(settings.tools_file), effect="sub-agents get no tools")
         servers = []
     journal = Journal(settings.state_dir / constants.JOURNAL_FILE)
-    return Runtime(dataplane, Toolbox.from_configs(servers), journal)
+    return Runtime(dataplane, Toolbox.from_configs(servers), journal, max_runs_per_caller=settings.max_runs_per_caller)
 
 
 def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGIApp:
@@ -79,6 +79,7 @@ def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGI
     mcp_app = mcp_server.streamable_http_app(
         streamable_http_path="/mcp", host=settings.host,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        max_sessions=settings.max_sessions, session_idle_timeout=settings.session_idle_s,
     )
     started_at = time.time()
     registry = build_registry(runtime)

@@ -56,6 +56,9 @@ class RuntimeSettings:
     state_dir: Path = Path(constants.DEFAULT_STATE_DIR)
     token: str | None = None
     default_model: str | None = None
+    max_runs_per_caller: int = constants.MAX_RUNS_PER_CALLER
+    max_sessions: int = constants.MAX_SESSIONS
+    session_idle_s: float = constants.SESSION_IDLE_S
 
 
 def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> RuntimeSettings:
@@ -104,7 +107,23 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         default=Path(env.get("LUFTPAUSE_STATE_DIR", constants.DEFAULT_STATE_DIR)),
         help="directory of the run journal runs.jsonl and tasks.jsonl (env LUFTPAUSE_STATE_DIR, default %(default)s)",
     )
+    parser.add_argument(
+        "--max-runs-per-caller", type=int,
+        default=int(env.get("LUFTPAUSE_MAX_RUNS_PER_CALLER", constants.MAX_RUNS_PER_CALLER)),
+        help="unfinished runs one caller may have; spawn beyond it is refused "
+        "(env LUFTPAUSE_MAX_RUNS_PER_CALLER, default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-sessions", type=int, default=int(env.get("LUFTPAUSE_MAX_SESSIONS", constants.MAX_SESSIONS)),
+        help="open MCP sessions; new ones beyond it get 503 (env LUFTPAUSE_MAX_SESSIONS, default %(default)s)",
+    )
+    parser.add_argument(
+        "--session-idle", type=float, default=float(env.get("LUFTPAUSE_SESSION_IDLE_S", constants.SESSION_IDLE_S)),
+        help="seconds after which an idle MCP session is closed (env LUFTPAUSE_SESSION_IDLE_S, default %(default)s)",
+    )
     args = parser.parse_args(argv)
+    if args.max_runs_per_caller < 1 or args.max_sessions < 1 or not 0 < args.session_idle < float("inf"):
+        parser.error("--max-runs-per-caller and --max-sessions must be >= 1, --session-idle > 0")
     return RuntimeSettings(
         host=args.host,
         port=args.port,
@@ -114,6 +133,9 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         state_dir=args.state_dir,
         token=env.get("LUFTPAUSE_TOKEN") or None,
         default_model=env.get("LUFTPAUSE_DEFAULT_MODEL") or None,
+        max_runs_per_caller=args.max_runs_per_caller,
+        max_sessions=args.max_sessions,
+        session_idle_s=args.session_idle,
     )
 
 

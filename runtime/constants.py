@@ -17,6 +17,14 @@ MAX_BUDGET_SECONDS = 30 * 24 * 3600.0  # 30 days
 # Handles named in one `await`/`cancel`/`status` call.
 MAX_HANDLES = 1_000
 
+# Per-client limits. Runs not yet finished per caller (MCP session, x-luftpause-caller or
+# client name): far above a real fan-out, low enough that one client cannot fill the
+# runtime's memory and the pool's queue. Open MCP sessions: the SDK refuses new ones
+# beyond the limit (503) and closes a session idle this long, so abandoned ones free up.
+MAX_RUNS_PER_CALLER = 1_000
+MAX_SESSIONS = 1_000
+SESSION_IDLE_S = 600.0
+
 # Tool calls per run. Once spent the model is offered no tools and must answer, which
 # also caps a run at DEFAULT_MAX_TOOL_CALLS + 1 turns.
 DEFAULT_MAX_TOOL_CALLS = 8

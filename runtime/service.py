@@ -52,8 +52,10 @@ class Runtime:
         journal: Journal | None = None,
         *,
         compact_at_bytes: int = constants.COMPACT_AT_BYTES,
+        max_runs_per_caller: int = constants.MAX_RUNS_PER_CALLER,
     ) -> None:
         self.runs = RunRegistry()
+        self.max_runs_per_caller = max_runs_per_caller
         self.toolbox = toolbox
         self.budgets = Budgets(self.runs, self._budget_exceeded)
         self._dataplane = dataplane
@@ -155,6 +157,12 @@ class Runtime:
 
     async def spawn(self, spec: RunSpec, caller: str) -> Run:
         self._check_spawnable(spec)
+        running = sum(1 for run in self.runs if run.caller == caller and not run.status.finished)
+        if running >= self.max_runs_per_caller:
+            raise InvalidRequest(
+                f"caller {caller!r} has {running} unfinished runs, the limit (LUFTPAUSE_MAX_RUNS_PER_CALLER); "
+                "await or cancel some first"
+            )
         run = Run(handle=new_handle(), spec=spec, caller=caller, messages=initial_messages(spec))
         if self._journal is not None:
             try:

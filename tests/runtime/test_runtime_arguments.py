@@ -4,6 +4,7 @@ finite numbers in documented ranges, schemas that state them, annotations on eve
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -142,3 +143,26 @@ async def test_an_unknown_prompt_is_invalid_params(server: MCPServer) -> None:
         with pytest.raises(MCPError) as error:
             await client.get_prompt("no-such-prompt")
         assert error.value.error.code == INVALID_PARAMS
+
+
+def test_open_sessions_are_bounded_and_idle_ones_reclaimed(
+    start_runtime: Callable[..., RuntimeProcess], fake_engine: str, tools_file, tmp_path
+) -> None:
+    runtime = start_runtime(fake_engine, tools_file, tmp_path / "state",
+                            env={"LUFTPAUSE_MAX_SESSIONS": "2", "LUFTPAUSE_SESSION_IDLE_S": "1"})
+    with httpx.Client(timeout=10) as http:
+        for _ in range(2):
+            RawSession(http, runtime.mcp_url).open()  # and never closed
+        refused = RawSession(http, runtime.mcp_url).post_json(
+            {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "third", "version": "0"}}})
+        assert refused.status_code == 503 and "Too many open sessions" in refused.text
+
+        deadline = time.monotonic() + 15
+        while True:  # the idle ones are closed after about a second
+            try:
+                RawSession(http, runtime.mcp_url).open().close()
+                break
+            except httpx.HTTPStatusError:
+                assert time.monotonic() < deadline, "idle sessions were never reclaimed"
+                time.sleep(0.2)

@@ -22,7 +22,7 @@ from luftpause.runtime.config import RuntimeSettings
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.mcp_server import build_mcp_server
 from luftpause.runtime.runs import RunSpec, RunStatus
-from luftpause.runtime.service import Runtime
+from luftpause.runtime.service import InvalidRequest, Runtime
 
 MakeRuntime = Callable[..., Awaitable[Runtime]]
 pytestmark = pytest.mark.filterwarnings("ignore:Overriding the \"event_loop_policy\" fixture is deprecated")
@@ -120,3 +120,22 @@ async def test_cancelling_a_run_call_cancels_the_sub_agent(
         await until(lambda: run.status.finished)
 
     assert run.status is RunStatus.CANCELLED and run.error == "cancelled"
+
+
+async def test_unfinished_runs_per_caller_are_bounded(dataplane: ScriptedDataplane, toolbox) -> None:
+    runtime = Runtime(dataplane.client(), toolbox, max_runs_per_caller=2)
+    await runtime.start()
+    dataplane.script = [hang, hang]
+    try:
+        first = await runtime.spawn(RunSpec(task="1"), "greedy")
+        await runtime.spawn(RunSpec(task="2"), "greedy")
+        with pytest.raises(InvalidRequest, match="'greedy' has 2 unfinished runs"):
+            await runtime.spawn(RunSpec(task="3"), "greedy")
+        other = await runtime.spawn(RunSpec(task="other"), "someone-else")  # others are not affected
+
+        await runtime.cancel([first.handle])
+        third = await runtime.spawn(RunSpec(task="3"), "greedy")
+        assert other.caller == "someone-else" and third.status is RunStatus.RUNNING
+    finally:
+        await runtime.stop()
+        await runtime.close()
