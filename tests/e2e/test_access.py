@@ -40,6 +40,10 @@ async def test_a_run_goes_through_every_service_with_the_token(stack) -> None:
 
     tree = httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/runtime-status", headers=BEARER)
     assert record["handle"] in [run["handle"] for run in tree.json()["runs"]]
+    # The turns' reports reached the scheduler over the Report stream, which needs the token too.
+    status = httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status", headers=BEARER).json()
+    assert status["in_flight"] == 0 and status["held"] == 0
+    assert "UNAUTHENTICATED" not in stack.process("dataplane").log_path.read_text()
 
 
 def sweep(stack) -> dict[str, int]:
