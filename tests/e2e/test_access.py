@@ -13,6 +13,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from luftpause.proto import scheduler_pb2 as pb
+from luftpause.stack import Stack
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 
 TOKEN = "e2e-s3cret"
@@ -21,9 +22,8 @@ BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from conftest import start_stack
-
-    started = start_stack(tmp_path_factory.mktemp("access"), env={"LUFTPAUSE_TOKEN": TOKEN})
+    started = Stack.on_free_ports(tmp_path_factory.mktemp("access"), env={"LUFTPAUSE_TOKEN": TOKEN})
+    started.start()
     try:
         yield started
     finally:

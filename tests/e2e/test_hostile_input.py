@@ -4,8 +4,8 @@ runtime's /status always valid JSON."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import httpx
@@ -13,10 +13,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
-from raw_mcp import RawSession  # noqa: E402
+from luftpause import headers as h
 
-from luftpause import headers as h  # noqa: E402
+
+def _raw_mcp():
+    """tests/runtime/raw_mcp.py, loaded by path (the test directories are not packages)."""
+    spec = importlib.util.spec_from_file_location("raw_mcp", Path(__file__).parents[1] / "runtime" / "raw_mcp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RawSession = _raw_mcp().RawSession
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 FINAL = {"Completed", "Failed", "Cancelled"}
