@@ -291,8 +291,9 @@ def http_app(host: SchedulerHost, token: str | None = None, runtime_url: str | N
         body, content_type = exposition(host.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
-    # /ready stays open like /health: orchestrators probe it without credentials.
-    app = web.Application(middlewares=[auth.aiohttp_middleware(token, open_paths={"/", "/health", "/ready"})])
+    # Open like on the other services: probes and scrapers come without credentials, and
+    # these routes carry counts by replica and class only (no runs, tasks or callers).
+    app = web.Application(middlewares=[auth.aiohttp_middleware(token, open_paths={"/", "/health", "/ready", "/metrics"})])
     app.router.add_get("/", get_page)
     app.router.add_get("/status", get_status)
     app.router.add_get("/runtime-status", get_runtime_status)

@@ -61,6 +61,9 @@ def sweep(stack) -> dict[str, int]:
         "scheduler /status": ("GET", p.scheduler_http, "/status"),
         "scheduler /runtime-status": ("GET", p.scheduler_http, "/runtime-status"),
         "scheduler /health": ("GET", p.scheduler_http, "/health"),
+        **{f"{name} {path}": ("GET", port, path) for name, port in
+           (("runtime", p.runtime), ("dataplane", p.dataplane), ("scheduler", p.scheduler_http))
+           for path in ("/ready", "/metrics")},
     }
     answers = {}
     for name, (method, port, path) in routes.items():
@@ -74,11 +77,13 @@ def test_without_the_token_only_health_and_the_static_page_answer(stack) -> None
     print(json.dumps(answers, indent=1))  # the port sweep for the record (pytest -s)
 
     open_routes = {name for name, status in answers.items() if status < 400}
-    assert open_routes == {"runtime /health", "dataplane /health", "scheduler /", "scheduler /health"}
+    probes = {f"{name} {path}" for name in ("runtime", "dataplane", "scheduler") for path in ("/health", "/ready", "/metrics")}
+    assert open_routes == probes | {"scheduler /"}
     assert all(status == 401 for name, status in answers.items() if name not in open_routes)
     for port in (stack.ports.runtime, stack.ports.dataplane, stack.ports.scheduler_http):
-        health = httpx.get(f"http://127.0.0.1:{port}/health").text
-        assert "run-" not in health and "engine-" not in health and "fake-" not in health
+        for path in ("/health", "/metrics"):
+            text = httpx.get(f"http://127.0.0.1:{port}{path}").text
+            assert "run-" not in text and "hostile" not in text and "through the pool" not in text
 
 
 async def test_scheduler_grpc_refuses_calls_without_the_token(stack) -> None:
