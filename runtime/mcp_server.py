@@ -169,6 +169,14 @@ class CancelResult(TypedDict):
 
 
 @with_config(ConfigDict(extra="allow"))
+class ApproveResult(TypedDict):
+    handle: str
+    approval: dict[str, Any]
+    allow: bool
+    status: RunStatusName
+
+
+@with_config(ConfigDict(extra="allow"))
 class ToolsResult(TypedDict):
     tools: list[dict[str, Any]]
 
@@ -332,7 +340,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         ctx: Context,
         mode: Literal["all", "any"] = "all",
         timeout: Timeout = constants.DEFAULT_AWAIT_TIMEOUT_S,
-    ) -> dict[str, Any] | InputRequiredResult:
+    ) -> AwaitResult | InputRequiredResult:
         runs = runtime.runs.require(checked_handles(handles))
         if asks_by_input_required(ctx):
             outcome = await wait_or_ask(runtime, ctx, runs, mode, checked_timeout(timeout), read_state(ctx))
@@ -343,7 +351,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
             timed_out = await wait_asking(runtime, ctx, runs, mode, checked_timeout(timeout))
         return {"runs": [runtime.await_record(run) for run in runs], "timedOut": timed_out}
 
-    async def run_to_completion(**arguments: Any) -> dict[str, Any] | InputRequiredResult:
+    async def run_to_completion(**arguments: Any) -> RunRecord | InputRequiredResult:
         ctx: Context = arguments["ctx"]
         task_start = TASK_START.get()
         if task_start is not None:  # the Tasks extension makes a task of it: spawn only
@@ -429,13 +437,16 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         description=(
             "Answer a run's pending tool-call approval (see `status`/`await` pendingApproval): "
             "allow true runs the call, false declines it."
-        )
+        ),
+        # Answering lets a tool call run (or not): a change, but nothing is deleted by it.
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                                    open_world_hint=True),
     )
     @answers_bad_requests_with_mcp_errors
     async def approve(
         handle: Annotated[str, Field(description="Handle of the run awaiting approval.")],
         allow: Annotated[bool, Field(description="true: run the tool call; false: decline it.")],
-    ) -> dict[str, Any]:
+    ) -> ApproveResult:
         run = runtime.runs.get(handle)
         try:
             pending = await runtime.approvals.answer(run, allow, by="approve")
