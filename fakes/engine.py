@@ -5,7 +5,7 @@ It stands in for SGLang/vLLM on machines without a GPU. What it answers comes fr
 answers comes from :mod:`luftpause.fakes.sim`, a continuous-batching model with a
 bounded batch, a FIFO queue, a KV budget and a prefix cache, driven here by one loop
 per engine in (scaled) real time. Around that: Prometheus ``/metrics`` in SGLang's or
-vLLM's names, the endpoints the SGLang router probes, vLLM's ``/classify``, fault
+vLLM's names (or llama.cpp's, TGI's, or none that tell load), the endpoints the SGLang router probes, vLLM's ``/classify``, fault
 directives (:mod:`luftpause.fakes.faults`) and counters at ``/stats`` that tests use to
 see what really reached the engine. It knows nothing about luftpause's headers.
 
@@ -335,7 +335,7 @@ STATE_KEY = web.AppKey("engine_state", EngineState)
 
 
 class EngineCollector(Collector):
-    """Renders the model's gauges at scrape time, in SGLang's or vLLM's names: running,
+    """Renders the model's gauges at scrape time, in the names of ``metrics_format``: running,
     queue and token usage as SGLang last refreshed them (see :mod:`luftpause.fakes.sim`),
     and the retractions so far as a counter."""
 
@@ -357,6 +357,8 @@ class EngineCollector(Collector):
             for key, family in families.items():
                 family.add_metric([name], values[key])
         yield from families.values()
+        if self.state.config.metrics_format not in ("sglang", "vllm"):
+            return  # llama.cpp, TGI and "none" report no KV pool here
         yield from self._kv_pool(model)
         counter = "sglang:num_retracted_reqs" if self.state.config.metrics_format == "sglang" else "vllm:num_preemptions"
         retracted = CounterMetricFamily(counter, "Requests sent back to the queue because a decode step ran out of KV.",
@@ -397,6 +399,17 @@ _METRIC_NAMES: dict[str, dict[str, tuple[str, str]]] = {
         "running": ("vllm:num_requests_running", "Number of requests in model execution batches."),
         "queued": ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
         "token_usage": ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+    },
+    "llamacpp": {  # llama-server --metrics
+        "running": ("llamacpp:requests_processing", "Number of requests processing."),
+        "queued": ("llamacpp:requests_deferred", "Number of requests deferred."),
+    },
+    "tgi": {
+        "running": ("tgi_batch_current_size", "Current batch size"),
+        "queued": ("tgi_queue_size", "Current queue size"),
+    },
+    "none": {  # an engine whose /metrics knows nothing of load (token counters only)
+        "token_usage": ("engine_kv_cache_usage_ratio", "KV-cache usage."),
     },
 }
 

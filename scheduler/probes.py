@@ -13,11 +13,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from luftpause.scheduler.constants import PROBE_TIMEOUT_S
 from luftpause.scheduler.pool import Endpoint
 
-# (running, waiting) metric names per engine family.
+# (running, waiting) metric names per engine family, as each exposes them at /metrics.
+# Ollama has no /metrics at all: its replicas are probed for health only and run uncapped.
 LOAD_METRICS = (
-    ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
-    ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    ("sglang:num_running_reqs", "sglang:num_queue_reqs"),  # SGLang
+    ("vllm:num_requests_running", "vllm:num_requests_waiting"),  # vLLM
+    ("llamacpp:requests_processing", "llamacpp:requests_deferred"),  # llama.cpp llama-server --metrics
+    ("tgi_batch_current_size", "tgi_queue_size"),  # Hugging Face TGI
 )
+# At most this many of an unknown engine's metric names go into the log line about it.
+SEEN_NAMES_LOGGED = 40
 
 
 class BadMetrics(ValueError):
@@ -66,15 +71,27 @@ def _kv_tokens(totals: dict[str, float], labels: dict[str, dict[str, str]]) -> t
     return 0, 0
 
 
-def parse_load(metrics_text: str) -> Load | None:
-    """Running and queued requests (and KV tokens where reported) from Prometheus text
-    in SGLang or vLLM names, or None when the engine reports no load. Raises
-    BadMetrics on text that does not parse."""
-    totals, labels = _totals(metrics_text)
+def _known_load(totals: dict[str, float], labels: dict[str, dict[str, str]]) -> Load | None:
     for running_name, queued_name in LOAD_METRICS:
         if running_name in totals and queued_name in totals:
             return Load(int(totals[running_name]), int(totals[queued_name]), *_kv_tokens(totals, labels))
     return None
+
+
+def parse_load(metrics_text: str) -> Load | None:
+    """Running and queued requests (and KV tokens where reported) from Prometheus text
+    in SGLang, vLLM, llama.cpp or TGI names, or None when the engine reports no load.
+    Raises BadMetrics on text that does not parse."""
+    return _known_load(*_totals(metrics_text))
+
+
+def unknown_load_problem(totals: dict[str, float]) -> str:
+    """What to log about a /metrics that answers without any known load metric."""
+    seen = sorted(totals)
+    shown = ", ".join(seen[:SEEN_NAMES_LOGGED]) + (f" (+{len(seen) - SEEN_NAMES_LOGGED} more)"
+                                                  if len(seen) > SEEN_NAMES_LOGGED else "")
+    known = ", ".join(f"{running}/{queued}" for running, queued in LOAD_METRICS)
+    return f"no known load metric (known: {known}); it reports: {shown or 'nothing'}"
 
 
 def auth_headers(endpoint: Endpoint) -> dict[str, str]:
@@ -95,7 +112,8 @@ class ProbeResult:
 async def _load_of(
     client: httpx.AsyncClient, base_url: str, endpoint: Endpoint
 ) -> Load | tuple[str, str] | None:
-    """(running, queued) at one metrics source, None when not reported, or (url, problem)."""
+    """(running, queued) at one metrics source, None when not reported, or (url, problem):
+    text that does not parse, or metrics that answer with no known load metric."""
     try:
         response = await client.get(base_url + endpoint.metrics_path, headers=auth_headers(endpoint))
     except httpx.HTTPError:
@@ -103,9 +121,11 @@ async def _load_of(
     if response.status_code != 200:
         return None
     try:
-        return parse_load(response.text)
+        totals, labels = _totals(response.text)
     except BadMetrics as exc:
         return (base_url + endpoint.metrics_path, f"not Prometheus text: {exc}")
+    load = _known_load(totals, labels)
+    return load if load is not None else (base_url + endpoint.metrics_path, unknown_load_problem(totals))
 
 
 async def probe(client: httpx.AsyncClient, endpoint: Endpoint) -> ProbeResult:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
 from aiohttp import web
 
-from luftpause.procs import ManagedProcess, free_port
+from luftpause.fakes.engine import EngineConfig
+from luftpause.fakes.engine import create_app as create_engine_app
+from luftpause.procs import ManagedProcess, free_port, wait_until
 from luftpause.scheduler.pool import Endpoint, PoolError, parse_pool
 from luftpause.scheduler.probes import parse_load, probe, probe_client
 
@@ -68,6 +71,86 @@ def test_kv_tokens_are_read_where_the_engine_reports_its_pool():
     assert parse_load(vllm) == (2, 1, 4000, 16000)
     no_pool = "sglang:num_running_reqs 3\nsglang:num_queue_reqs 0\nsglang:token_usage 0.5\n"
     assert parse_load(no_pool) == (3, 0, 0, 0)
+
+
+def test_load_is_read_in_llama_cpp_and_tgi_names():
+    llama_cpp = ("# HELP llamacpp:requests_processing Number of requests processing.\n"
+                 "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 4\n"
+                 "# HELP llamacpp:requests_deferred Number of requests deferred.\n"
+                 "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 4\n"
+                 "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 6886\n")
+    assert parse_load(llama_cpp) == (4, 4, 0, 0)
+    assert parse_load("# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size 7\n"
+                      "# TYPE tgi_queue_size gauge\ntgi_queue_size 3\n") == (7, 3, 0, 0)
+
+
+async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("metrics_format", ["llamacpp", "tgi"])
+async def test_fake_engine_in_llama_cpp_and_tgi_names_reports_known_load(metrics_format):
+    runner, url = await serve_app(create_engine_app(EngineConfig(metrics_format=metrics_format)))
+    try:
+        async with probe_client() as client:
+            result = await probe(client, Endpoint("e", url, ("fake-llama-1b",)))
+    finally:
+        await runner.cleanup()
+    assert result.healthy and (result.running, result.queued) == (0, 0) and not result.problems
+
+
+async def test_metrics_without_a_known_load_metric_name_what_they_report():
+    async def ok(request):
+        return web.Response(text="ok")
+
+    async def metrics(request):
+        return web.Response(text="# TYPE my_engine_busy gauge\nmy_engine_busy 3\nmy_engine_tokens_total 9\n")
+
+    app = web.Application()
+    app.router.add_get("/health", ok)
+    app.router.add_get("/metrics", metrics)
+    runner, url = await serve_app(app)
+    try:
+        async with probe_client() as client:
+            result = await probe(client, Endpoint("odd", url, ("m",)))
+    finally:
+        await runner.cleanup()
+    assert result.healthy and result.running is None
+    [(metrics_url, problem)] = result.problems
+    assert metrics_url == url + "/metrics"
+    assert "no known load metric" in problem and "my_engine_busy" in problem and "my_engine_tokens_total" in problem
+    assert "llamacpp:requests_processing" in problem  # what it would have understood
+
+
+def test_scheduler_logs_a_replica_without_known_load_metrics_once(tmp_path):
+    engine_port, grpc_port, http_port = free_port(), free_port(), free_port()
+    engine = ManagedProcess("engine", "luftpause.fakes.engine",
+                            ["--port", str(engine_port), "--metrics-format", "none"],
+                            ready_url=f"http://127.0.0.1:{engine_port}/health", log_path=tmp_path / "engine.log")
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(f"endpoints:\n  - name: quiet\n    base_url: http://127.0.0.1:{engine_port}\n"
+                    "    models: [fake-llama-1b]\n")
+    scheduler = ManagedProcess("scheduler", "luftpause.scheduler",
+                               ["--pool-file", str(pool), "--grpc-port", str(grpc_port), "--http-port",
+                                str(http_port), "--probe-period", "0.1"],
+                               ready_url=f"http://127.0.0.1:{http_port}/health", log_path=tmp_path / "scheduler.log")
+    try:
+        engine.start()
+        engine.wait_ready()
+        scheduler.start()
+        scheduler.wait_ready()
+        status_url = f"http://127.0.0.1:{http_port}/status"
+        assert wait_until(lambda: httpx.get(status_url).json()["replicas"][0]["healthy"], 10)
+        time.sleep(0.5)  # several more probes
+    finally:
+        scheduler.stop()
+        engine.stop()
+    lines = [line for line in (tmp_path / "scheduler.log").read_text().splitlines() if "no known load metric" in line]
+    assert len(lines) == 1 and "quiet" in lines[0] and "engine_kv_cache_usage_ratio" in lines[0]
 
 
 @pytest.fixture
