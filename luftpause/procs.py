@@ -56,7 +56,8 @@ def http_ok(url: str, timeout: float = 1.0, headers: dict[str, str] | None = Non
 
 @dataclass
 class ManagedProcess:
-    """One ``python -m <module>`` child, started in its own process group."""
+    """One ``python -m <module>`` child (or ``command``, e.g. a real engine's binary),
+    started in its own process group."""
 
     name: str
     module: str
@@ -66,13 +67,14 @@ class ManagedProcess:
     ready_port: int | None = None
     log_path: Path | None = None
     process: subprocess.Popen[bytes] | None = None
+    command: list[str] | None = None  # run instead of ``python -m <module> <args>``
 
     def start(self) -> None:
         env = {**os.environ, **self.env}
         stdout = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", self.module, *self.args],
+                self.command or [sys.executable, "-m", self.module, *self.args],
                 env=env,
                 stdout=stdout,
                 stderr=subprocess.STDOUT,

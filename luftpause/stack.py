@@ -1,5 +1,5 @@
-"""The whole stack as local processes: two fake engines, the fake MCP, scheduler,
-dataplane and runtime, started in dependency order and stopped together.
+"""The whole stack as local processes: two fake engines (or two llama.cpp replicas), the
+fake MCP, scheduler, dataplane and runtime, started in dependency order and stopped together.
 
 ``make run`` uses it through ``python -m luftpause``; the end-to-end tests use the same
 :class:`Stack` on free loopback ports.
@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from luftpause import auth
+from luftpause.llama import Engine
 from luftpause.procs import ManagedProcess, free_port, wait_until
 
 HOST = "127.0.0.1"
@@ -43,13 +44,14 @@ def engine_name(index: int) -> str:
     return f"engine-{chr(ord('a') + index)}"
 
 
-def write_configs(directory: Path, ports: Ports, classifier: bool = False, device: str = "") -> tuple[Path, Path]:
-    """A pool file for the fake engines (and the fake classifier) and a tools file for
-    the fake MCP. ``device`` marks the engines as replicas sharing one accelerator."""
+def write_configs(directory: Path, ports: Ports, classifier: bool = False, device: str = "",
+                  model: str = MODEL) -> tuple[Path, Path]:
+    """A pool file for the engines serving ``model`` (and the fake classifier) and a tools
+    file for the fake MCP. ``device`` marks the engines as replicas sharing one accelerator."""
     directory.mkdir(parents=True, exist_ok=True)
     pool = {
         "endpoints": [
-            {"name": engine_name(i), "base_url": f"http://{HOST}:{port}", "models": [MODEL],
+            {"name": engine_name(i), "base_url": f"http://{HOST}:{port}", "models": [model],
              "kind": "generative", "health_path": "/health", **({"device": device} if device else {})}
             for i, port in enumerate(ports.engines)
         ]
@@ -75,6 +77,7 @@ class Stack:
     fake_mcp_args: list[str] = field(default_factory=list)
     without: frozenset[str] = frozenset()  # process names not to start (e.g. {"runtime"})
     classifier: bool = False  # also start the fake one-pass classifier (`make run`)
+    llama: Engine | None = None  # real llama.cpp replicas on the engine ports instead of fake engines
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @classmethod
@@ -110,10 +113,16 @@ class Stack:
         return ManagedProcess(name, module, args, env=dict(self.env), ready_url=ready_url,
                               log_path=log_dir / f"{name}.log")
 
+    def _llama_process(self, index: int, port: int) -> ManagedProcess:
+        assert self.llama is not None
+        process = self._process(engine_name(index), "llama-server", [], f"http://{HOST}:{port}/health")
+        process.command = self.llama.command(port)
+        return process
+
     def _tiers(self) -> list[list[ManagedProcess]]:
         """Processes in start order; each tier needs the ones before it."""
         p = self.ports
-        engines = [
+        engines = [self._llama_process(i, port) for i, port in enumerate(p.engines)] if self.llama else [
             self._process(engine_name(i), "luftpause.fakes.engine",
                           ["--host", HOST, "--port", str(port), "--name", engine_name(i), "--models", MODEL,
                            *self.engine_args],

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from mcp import Client
 
-from luftpause.procs import port_is_listening, wait_until
+from luftpause.procs import ManagedProcess, free_port, port_is_listening, wait_until
 
 
 
@@ -93,3 +93,50 @@ def test_decide_works_out_of_the_box_and_a_dead_child_is_restarted(tmp_path):
             launcher.wait()
     assert launcher.returncode == 0
     assert "process_exited" in output and "engine-a" in output and "process_restarting" in output
+
+
+def test_free_ports_honour_a_given_pool_file_and_tools_file(tmp_path):
+    """--pool-file/--tools-file with --free-ports serve the given engines and tools; the
+    fakes the launcher would otherwise start are not started."""
+    engine_port, mcp_port = free_port(), free_port()
+    engine = ManagedProcess("mine", "luftpause.fakes.engine",
+                            ["--port", str(engine_port), "--name", "mine", "--models", "my-model"],
+                            ready_url=f"http://127.0.0.1:{engine_port}/health", log_path=tmp_path / "engine.log")
+    mcp = ManagedProcess("my-mcp", "luftpause.fakes.mcp", ["--port", str(mcp_port)],
+                         ready_url=f"http://127.0.0.1:{mcp_port}/health", log_path=tmp_path / "mcp.log")
+    pool, tools = tmp_path / "pool.yaml", tmp_path / "tools.yaml"
+    pool.write_text(f"endpoints:\n  - name: mine\n    base_url: http://127.0.0.1:{engine_port}\n    models: [my-model]\n")
+    tools.write_text(f"servers:\n  - name: mine\n    url: http://127.0.0.1:{mcp_port}/mcp\n")
+    state = tmp_path / "state"
+    launcher = None
+    try:
+        for process in (engine, mcp):
+            process.start()
+            process.wait_ready()
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "luftpause", "--free-ports", "--pool-file", str(pool), "--tools-file", str(tools),
+             "--state-dir", str(state)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        assert wait_until(lambda: (state / "stack.json").exists() or launcher.poll() is not None, 90)
+        assert launcher.poll() is None, launcher.stdout.read()
+        stack = json.loads((state / "stack.json").read_text())
+        assert set(stack["pids"]) == {"scheduler", "dataplane", "runtime"}
+        replicas = httpx.get(stack["urls"]["scheduler_status"]).json()["replicas"]
+        assert [r["name"] for r in replicas] == ["mine"]
+        models = httpx.get(stack["urls"]["dataplane"] + "/models").json()["data"]
+        assert [m["id"] for m in models] == ["my-model"]
+        runtime_log = state / "logs" / "runtime.log"
+        assert wait_until(lambda: "upstream_connected" in runtime_log.read_text(), 20)
+        assert [line for line in runtime_log.read_text().splitlines()
+                if "upstream_connected" in line and "server=mine" in line]
+    finally:
+        if launcher is not None:
+            launcher.send_signal(signal.SIGTERM)
+            try:
+                launcher.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+                launcher.wait()
+        mcp.stop()
+        engine.stop()
