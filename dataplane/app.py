@@ -20,6 +20,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from luftpause import headers as h
 from luftpause import origins, tracing
 from luftpause.dataplane.constants import ENGINE_CONNECT_TIMEOUT_S, MAX_BODY_BYTES, TOOL_CALL_SWEEP_S
+from luftpause.dataplane.engines import engine_session
 from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
@@ -329,9 +330,17 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
         async for chunk in upstream.content.iter_any():
             if observer.feed_sse(chunk):
                 turn.first_token()
+            if observer.done:
+                # The turn is complete at [DONE]: a client that closes right after it (the
+                # openai one does) must not turn it into a failure with its usage lost.
+                turn.finished(observer)
             await response.write(chunk)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
         error = _describe(exc)
+    except (asyncio.CancelledError, ConnectionResetError):
+        if observer.finish_reason:  # the client left after the finish: the reply was whole
+            turn.finished(observer)
+        raise
     if observer.done:
         turn.finished(observer)
         await response.write_eof()
@@ -444,11 +453,7 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
     async def lifecycle(app: web.Application):
         app[LINK] = SchedulerLink(scheduler_address, app[BOOK], log, token=token or None)
         app[LINK].start()
-        timeout = aiohttp.ClientTimeout(total=None, connect=ENGINE_CONNECT_TIMEOUT_S,
-                                        sock_connect=ENGINE_CONNECT_TIMEOUT_S)
-        app[ENGINES] = aiohttp.ClientSession(
-            timeout=timeout, connector=aiohttp.TCPConnector(limit=0), trust_env=False
-        )
+        app[ENGINES] = engine_session()
         sweeper = asyncio.create_task(_sweep_forever(app))
         yield
         sweeper.cancel()

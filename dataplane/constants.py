@@ -2,6 +2,13 @@
 
 # Connecting to an engine gives up after this long: a silent host answers 502.
 ENGINE_CONNECT_TIMEOUT_S = 2.0
+# Idle pooled connections to engines are closed after this long: below the 5 s after
+# which llama-server and uvicorn (vLLM, SGLang) close them, so a pooled connection is
+# rarely one the engine has already closed.
+ENGINE_KEEPALIVE_S = 4.0
+# When it is, the request is sent again on a new connection (before any byte reached
+# the client); at most this many times, as several pooled connections may be stale.
+STALE_CONNECTION_RETRIES = 2
 # Admit is retried this often, with the same turn id, while the scheduler is away.
 ADMIT_RETRY_DELAY_S = 1.0
 # The Report stream reconnects (and resyncs) after this delay.

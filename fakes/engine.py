@@ -82,6 +82,7 @@ class EngineConfig:
     metrics_format: str = "sglang"
     faults: tuple[str, ...] = ()  # engine-wide fault directives, e.g. ("status=503",)
     hang_limit_s: float = 3600.0  # a [[fake:hang]] request is dropped after this long
+    idle_close_s: float = 0.0  # drop requests on connections idle longer than this (0 = never)
 
     def engine_faults(self) -> Faults:
         return fault_directives.parse(fault_directives.parse_option(f) for f in self.faults)
@@ -304,6 +305,7 @@ class EngineState:
     sim: Simulator
     requests: int = 0
     closed_early: int = 0
+    stale_dropped: int = 0
     faults: Faults = field(default_factory=Faults)
     status_counter: StatusCounter = field(default_factory=StatusCounter)
 
@@ -316,6 +318,7 @@ class EngineState:
             "running": len(model.running),
             "queued": len(model.waiting),
             "closed_early": self.closed_early,
+            "stale_dropped": self.stale_dropped,
             "prompt_tokens": model.counters.prompt_tokens,
             "cached_tokens": model.counters.cached_tokens,
             "evicted_blocks": model.counters.evicted_blocks,
@@ -415,6 +418,33 @@ _METRIC_NAMES: dict[str, dict[str, tuple[str, str]]] = {
 
 
 # --- HTTP handlers ------------------------------------------------------------------
+
+
+def _idle_close(limit_s: float):
+    """Keep-alive as a real engine's server ends it, at its worst: a request that arrives
+    on a connection idle for longer than ``limit_s`` finds it closed (llama-server keeps
+    idle connections 5 s, uvicorn 5 s) — the race in which a client's pooled connection
+    was closed by the server just as the client sent a request on it. The request is
+    dropped unanswered and counted in ``/stats`` as ``stale_dropped``."""
+    last_used: dict[Any, float] = {}
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        previous = last_used.pop(peer, None)
+        if previous is not None and time.monotonic() - previous > limit_s:
+            request.app[STATE_KEY].stale_dropped += 1
+            log.info("chat.stale_connection_dropped", idle_s=round(time.monotonic() - previous, 3))
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response(status=500)  # never reaches the client: its connection is gone
+        try:
+            return await handler(request)
+        finally:
+            last_used[peer] = time.monotonic()
+
+    return middleware
+
 
 
 def _error(err: RequestError) -> web.Response:
@@ -622,6 +652,8 @@ async def _stream(turn: Turn, prompt_text: str, include_usage: bool) -> web.Stre
     for chunk in replies.closing_chunks(turn.accounted_reply(), turn.envelope, include_usage):
         await _send(response, chunk)
     await response.write(b"data: [DONE]\n\n")
+    if turn.faults.linger_after_done_ms:
+        await asyncio.sleep(turn.faults.linger_after_done_ms / 1000)
     await response.write_eof()
     return response
 
@@ -772,7 +804,7 @@ def create_app(config: EngineConfig, gpu: Gpu | None = None) -> web.Application:
                         faults=config.engine_faults())
     registry = CollectorRegistry(auto_describe=True)
     registry.register(EngineCollector(state))
-    app = web.Application()
+    app = web.Application(middlewares=[_idle_close(config.idle_close_s)] if config.idle_close_s > 0 else [])
     app[STATE_KEY] = state
     app[REGISTRY_KEY] = registry
 
@@ -871,6 +903,9 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
            "multiplies every simulated duration (0.25 = four times faster than the modelled engine)")
     option("--seed", "SEED", int, d.seed, "seed of reply lengths and classifier scores")
     option("--labels", "LABELS", str, ",".join(d.labels), "comma-separated /classify labels")
+    option("--idle-close-s", "IDLE_CLOSE_S", float, d.idle_close_s,
+           "a request arriving on a kept-alive connection idle longer than this is dropped unanswered, "
+           "as when a server's keep-alive timer closes it just as the request is sent; 0 = never")
     p.add_argument(
         "--metrics-format",
         choices=sorted(_METRIC_NAMES),
@@ -879,8 +914,8 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
     )
     p.add_argument("--fault", action="append", default=[], metavar="DIRECTIVE",
                    help="engine-wide fault directive, repeatable: status=503, status-times=429:2, "
-                        "retry-after=3, die-after=4, hang, tool-call-as-text, schema-as-arguments, "
-                        "string-scalars (the same as [[fake:...]] in a message)")
+                        "retry-after=3, die-after=4, linger-after-done=500, hang, tool-call-as-text, "
+                        "schema-as-arguments, string-scalars (the same as [[fake:...]] in a message)")
     a = p.parse_args(argv)
     try:
         fault_directives.parse(fault_directives.parse_option(f) for f in a.fault)
