@@ -3,7 +3,9 @@
 Without labels a one-pass classifier replica answers with its own labels. With 2–20
 caller labels one interactive generative turn with ``max_tokens: 1`` is asked for the
 answer, and each label is scored by the log-probability of its first token among the
-turn's ``top_logprobs``; labels whose first token is not among them are ``unscored``.
+turn's ``top_logprobs`` (a token of two characters or more that the label starts with,
+never a lone letter of a longer label); labels whose first token is not among them are
+``unscored``.
 """
 
 from __future__ import annotations
@@ -40,15 +42,23 @@ def decision_messages(text: str, labels: list[str]) -> list[dict[str, str]]:
     ]
 
 
+def _scores_label(token: str, label: str) -> bool:
+    """Whether ``token`` (stripped, lower case) can be ``label``'s first token: a prefix of
+    it of at least two characters, or all of a one-character label. A lone letter such as
+    "A" or "I" is far more often an article or a pronoun than the start of "apple" or
+    "important", and scoring labels by it answers with whatever label shares its letter."""
+    return bool(token) and label.startswith(token) and (len(token) >= 2 or token == label)
+
+
 def score_labels(top_logprobs: list[dict[str, Any]], labels: list[str]) -> dict[str, Any]:
-    """Each label's score is the log-probability of the longest listed token its text
-    starts with (case and surrounding space ignored); scores become probabilities over
-    the scored labels."""
+    """Each label's score is the log-probability of the longest listed token that can be
+    its first token (case and surrounding space ignored; see ``_scores_label``); scores
+    become probabilities over the scored labels."""
     candidates = [(str(entry.get("token", "")).strip().lower(), float(entry.get("logprob", -math.inf)))
                   for entry in top_logprobs]
     scores: dict[str, float] = {}
     for label in labels:
-        matches = [(len(token), logprob) for token, logprob in candidates if token and label.lower().startswith(token)]
+        matches = [(len(token), logprob) for token, logprob in candidates if _scores_label(token, label.lower())]
         if matches:
             scores[label] = max(matches)[1]
     unscored = [label for label in labels if label not in scores]

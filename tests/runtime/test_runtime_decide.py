@@ -23,6 +23,17 @@ def test_labels_are_scored_by_their_first_tokens_log_probability():
     assert decision["probabilities"]["positive"] == pytest.approx(1 / (1 + math.exp(-1.9)))
 
 
+def test_a_lone_letter_does_not_score_a_longer_label():
+    """SmolLM2 on "The server crashed and lost my data." with [apple, banana]: its top token
+    was "The"; "A" and "I" are articles and pronouns, not the start of a label."""
+    top = [{"token": "The", "logprob": -0.2}, {"token": "A", "logprob": -2.5}, {"token": "I", "logprob": -3.0},
+           {"token": " S", "logprob": -3.2}, {"token": " ban", "logprob": -6.0}]
+    assert score_labels(top, ["apple", "banana"]) == {"label": "banana", "probabilities": {"banana": 1.0},
+                                                       "unscored": ["apple"]}
+    assert score_labels(top, ["important", "spam"])["label"] is None
+    assert score_labels([{"token": "B", "logprob": -1.0}, {"token": "a", "logprob": -2.0}], ["a", "b"])["label"] == "b"
+
+
 def test_nothing_scored_means_no_label():
     assert score_labels([{"token": "x", "logprob": -1}], ["a", "b"]) == {
         "label": None, "probabilities": {}, "unscored": ["a", "b"]}
