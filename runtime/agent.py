@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from luftpause.runtime.dataplane import DataplaneClient, TurnIdentity, TurnReply
 from luftpause.runtime.runs import Run, RunSpec
-from luftpause.runtime.toolcalls import ArgumentError, prepare_arguments, recover_text_tool_calls
+from luftpause.runtime.toolcalls import ArgumentError, prepare_arguments, recover_text_tool_calls, was_coerced
 from luftpause.runtime.upstream import Toolbox, ToolOutcome, UpstreamTool
 
 log = structlog.get_logger(component="agent")
@@ -116,6 +116,10 @@ class AgentLoop:
             calls = self._tool_calls(reply, offered)
             if not calls:
                 return str(reply.message.get("content") or "")
+            if not reply.message.get("tool_calls"):
+                log.info("tool_calls_recovered", run=run.handle, tools=[call.name for call in calls],
+                         source="JSON text in the reply's content")
+            calls = _calls_to_run(run, calls)
             round_messages = [self._assistant_message(reply, calls)]
             round_messages += await self._execute_round(run, calls, offered)
             run.messages.extend(round_messages)
@@ -199,11 +203,16 @@ class AgentLoop:
         tool = offered.get(call.name)
         if tool is None:
             names = ", ".join(sorted(offered)) or "none"
+            log.info("tool_call_rejected", run=run.handle, tool=call.name, reason="no such tool offered")
             return ToolOutcome(f"Error: there is no tool {call.name!r}; available tools: {names}", failed=True)
         try:
             arguments = prepare_arguments(call.raw_arguments, tool.input_schema)
         except ArgumentError as exc:
+            log.info("tool_call_rejected", run=run.handle, tool=call.name, reason=str(exc))
             return ToolOutcome(f"Error: {exc}", failed=True)
+        if was_coerced(call.raw_arguments, arguments):
+            log.info("tool_call_coerced", run=run.handle, tool=call.name, sent=_short(call.raw_arguments),
+                     arguments=_short(arguments))
         if self._approval_gate is not None and not await self._approval_gate(run, tool, arguments):
             return ToolOutcome(DECLINED_TEXT, failed=True)
         with TRACER.start_as_current_span(f"execute_tool {call.name}", attributes={
@@ -216,6 +225,40 @@ class AgentLoop:
             "tool_called", run=run.handle, tool=call.name, failed=outcome.failed, seconds=round(outcome.seconds, 3)
         )
         return outcome
+
+
+def _calls_to_run(run: Run, calls: list[ToolCall]) -> list[ToolCall]:
+    """The calls of one reply worth running. Small models repeat the same call two or
+    three times in one reply (SmolLM2 on llama.cpp does): identical calls (same tool,
+    same arguments) run once. Without ``parallelToolCalls`` a run makes one call per
+    reply, whatever the engine allowed (llama.cpp ignores ``parallel_tool_calls``): the
+    first is kept. The assistant message sent back holds only the calls that ran."""
+    unique: dict[tuple[str, str], ToolCall] = {}
+    for call in calls:
+        unique.setdefault((call.name, _canonical(call.raw_arguments)), call)
+    kept = list(unique.values())
+    if len(kept) < len(calls):
+        log.info("tool_calls_deduplicated", run=run.handle, received=len(calls), kept=len(kept),
+                 tools=sorted({call.name for call in calls}))
+    if not run.spec.parallel_tool_calls and len(kept) > 1:
+        log.info("tool_calls_dropped", run=run.handle, kept=kept[0].name, dropped=[call.name for call in kept[1:]],
+                 reason="parallelToolCalls is false: one call per reply")
+        kept = kept[:1]
+    return kept
+
+
+def _canonical(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return arguments
+    return json.dumps(arguments, sort_keys=True)
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _tool_message(call: ToolCall, text: str) -> dict[str, Any]:

@@ -39,6 +39,14 @@ def prepare_arguments(raw: Any, schema: dict[str, Any]) -> dict[str, Any]:
     return arguments
 
 
+def was_coerced(raw: Any, arguments: dict[str, Any]) -> bool:
+    """Whether ``prepare_arguments`` changed what the model sent (it accepted ``raw``)."""
+    try:
+        return _parse(raw) != arguments
+    except ArgumentError:
+        return True
+
+
 def _parse(raw: Any) -> dict[str, Any]:
     if raw is None or raw == "":
         return {}

@@ -82,7 +82,7 @@ async def test_calls_beyond_the_budget_in_one_reply_are_answered_not_run(
     runtime = await make_runtime()
     dataplane.script = [tool_call_reply(("lookup", {"query": "a"}), ("lookup", {"query": "b"}))]
 
-    run = await finish(runtime, RunSpec(task="t", max_tool_calls=1))
+    run = await finish(runtime, RunSpec(task="t", max_tool_calls=1, parallel_tool_calls=True))
 
     assert run.stats.tool_calls == 1 and upstream_calls == ["lookup"]
     tool_messages = [m for m in dataplane.chat_bodies[1]["messages"] if m["role"] == "tool"]
