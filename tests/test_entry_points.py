@@ -8,7 +8,9 @@ import sys
 import pytest
 
 DOCUMENTED = {
-    "luftpause": ["--free-ports", "--pool-file", "--tools-file", "--state-dir", "LUFTPAUSE_LOG_FORMAT"],
+    "luftpause": ["--free-ports", "--pool-file", "--tools-file", "--state-dir", "LUFTPAUSE_LOG_FORMAT", "--engine",
+                  "LUFTPAUSE_LLAMA_CACHE"],
+    "luftpause.llama": ["build", "LUFTPAUSE_LLAMA_CACHE"],
     "luftpause.scheduler": ["LUFTPAUSE_SCHEDULER_HOST", "LUFTPAUSE_SCHEDULER_GRPC_PORT",
                             "LUFTPAUSE_SCHEDULER_HTTP_PORT", "LUFTPAUSE_POOL_FILE", "LUFTPAUSE_AFFINITY",
                             "LUFTPAUSE_PROBE_PERIOD_S", "LUFTPAUSE_LOG_FORMAT", "LUFTPAUSE_LOG_LEVEL",
@@ -19,7 +21,7 @@ DOCUMENTED = {
     "luftpause.runtime": ["LUFTPAUSE_RUNTIME_HOST", "LUFTPAUSE_RUNTIME_PORT", "LUFTPAUSE_DATAPLANE_URL",
                           "LUFTPAUSE_TOOLS_FILE", "LUFTPAUSE_STATE_DIR", "LUFTPAUSE_TOKEN",
                           "LUFTPAUSE_LOG_FORMAT", "LUFTPAUSE_LOG_LEVEL", "LUFTPAUSE_ALLOWED_HOSTS"],
-    "luftpause.fakes.engine": ["--max-running", "--tool-calls", "--metrics-format", "--fault"],
+    "luftpause.fakes.engine": ["--max-running", "--tool-calls", "--metrics-format", "--fault", "--idle-close-s"],
     "luftpause.fakes.mcp": ["--delay-s"],
     "luftpause.loadgen": ["--agents", "--spawn"],
     "luftpause.loadgen.proxy_bench": ["--streams"],
