@@ -30,7 +30,10 @@ ENGINE ?= fake
 run: $(STAMP)
 	$(PY) -m luftpause --engine $(ENGINE) $(ARGS)
 
+# The real-engine tests need llama-server: built once into ~/.cache/luftpause/llama
+# (5-8 minutes on 2 cores), reused afterwards. LUFTPAUSE_SKIP_REAL_ENGINE=1 skips both.
 test: $(STAMP)
+	$(if $(filter 1,$(LUFTPAUSE_SKIP_REAL_ENGINE)),,$(PY) -m luftpause.llama build)
 	$(PY) -m pytest
 
 proto: $(STAMP)
@@ -70,7 +73,7 @@ release:
 # --- benchmarks (docs/benchmarks.md); they install the bench extra (sglang-router) ----------
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
-.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler bench-admission
+.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler bench-admission bench-real
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
@@ -90,6 +93,10 @@ bench-b4: $(BENCH_STAMP)
 
 bench-admission: $(STAMP)
 	$(PY) -m luftpause.loadgen.admission $(BENCH_ARGS)
+
+# B2's shape on two real llama.cpp replicas (SmolLM2-135M): luftpause vs sglang-router.
+bench-real: $(BENCH_STAMP)
+	$(PY) -m luftpause.loadgen.real_bench b2 $(BENCH_ARGS)
 
 bench-scheduler: $(STAMP)
 	$(PY) -m luftpause.loadgen.scheduler_bench

@@ -100,6 +100,17 @@ def _source_tree(root: Path) -> Path:
     return hits[0].parent.parent
 
 
+def _cmake() -> str:
+    """cmake from PATH, else the one PyPI's ``cmake`` package installs beside this Python."""
+    found = shutil.which("cmake") or shutil.which("cmake", path=str(Path(sys.executable).parent))
+    if found is None:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "cmake"], check=True)
+        found = shutil.which("cmake", path=str(Path(sys.executable).parent))
+    if found is None or shutil.which("c++") is None and shutil.which("g++") is None:
+        raise RuntimeError("building llama-server needs cmake and a C++ compiler (apt-get install cmake g++)")
+    return found
+
+
 def ensure(jobs: int | None = None) -> Engine:
     """Build ``llama-server`` and unpack the model into the cache unless already there.
 
@@ -115,14 +126,12 @@ def ensure(jobs: int | None = None) -> Engine:
         if not (server.exists() and template.exists()):
             src = _source_tree(root)
             if not server.exists():
-                if shutil.which("cmake") is None:
-                    raise RuntimeError("building llama-server needs cmake and a C++ compiler "
-                                       "(apt-get install cmake g++)")
+                cmake = _cmake()
                 jobs = jobs or max(1, min(2, os.cpu_count() or 1))
                 log.info("llama_build_start", src=str(src), jobs=jobs, note="first build takes ~5-8 min on 2 cores")
-                subprocess.run(["cmake", "-S", str(src), "-B", str(root / "build"), *CMAKE_FLAGS],
+                subprocess.run([cmake, "-S", str(src), "-B", str(root / "build"), *CMAKE_FLAGS],
                                check=True, stdout=subprocess.DEVNULL)
-                subprocess.run(["cmake", "--build", str(root / "build"), f"-j{jobs}", "--target", "llama-server"],
+                subprocess.run([cmake, "--build", str(root / "build"), f"-j{jobs}", "--target", "llama-server"],
                                check=True, stdout=subprocess.DEVNULL)
                 log.info("llama_build_done", server=str(server))
             template.parent.mkdir(parents=True, exist_ok=True)
