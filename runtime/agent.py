@@ -143,6 +143,8 @@ class AgentLoop:
         body: dict[str, Any] = {"model": run.model, "messages": run.messages}
         if run.spec.max_tokens:
             body["max_tokens"] = run.spec.max_tokens
+        if run.spec.temperature is not None:
+            body["temperature"] = run.spec.temperature
         if offered:
             body["tools"] = [tool.openai_function() for tool in offered]
             if run.spec.parallel_tool_calls:

@@ -69,6 +69,9 @@ MaxToolCalls = Annotated[
 ToolAllowList = Annotated[
     list[str] | None, Field(description="Allow-list of upstream tool names (see `tools`); default: all.")
 ]
+Temperature = Annotated[float | None, Field(
+    description="Sampling temperature of every turn (0 = greedy: small models call tools far more reliably); "
+                "default: the engine's.")]
 MaxTokens = Annotated[
     int,
     Field(description="Reply length cap per turn in tokens; 0 = leave it to the engine.",
@@ -305,6 +308,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         budgetToolCalls: BudgetToolCalls = None,  # noqa: N803
         budgetSeconds: BudgetSeconds = None,  # noqa: N803
         approveTools: ApproveTools = None,  # noqa: N803
+        temperature: Temperature = None,
     ) -> SpawnResult:
         spec = RunSpec(
             task=task,
@@ -320,6 +324,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
             budget_tool_calls=budgetToolCalls,
             budget_seconds=budgetSeconds,
             approve_tools=tuple(approveTools or ()),
+            temperature=temperature,
         )
         run = await runtime.spawn(checked_spec(spec), caller_of(ctx))
         return {"handle": run.handle, "status": run.status.value}

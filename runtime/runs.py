@@ -90,6 +90,7 @@ class RunSpec:
     budget_tool_calls: int | None = None
     budget_seconds: float | None = None
     approve_tools: tuple[str, ...] = ()
+    temperature: float | None = None  # None = the engine's default sampling
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,6 +104,7 @@ class RunSpec:
             "tools": list(self.tools) if self.tools is not None else None,
             "approveTools": list(self.approve_tools),
             "system": self.system,
+            "temperature": self.temperature,
         }
 
     def budget_limits(self) -> dict[str, float]:
