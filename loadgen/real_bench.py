@@ -77,7 +77,7 @@ class RealRig:
     def luftpause(self) -> Iterator[Stack]:
         ports = replace(Ports.free(engines=0), engines=self.engine_ports)
         directory = self.dir / f"luftpause-{time.monotonic_ns()}"
-        pool_file, tools_file = write_configs(directory / "config", ports, llama.ALIAS)
+        pool_file, tools_file = write_configs(directory / "config", ports, model=llama.ALIAS)
         stack = Stack(ports, pool_file, tools_file, directory / "state",
                       without=frozenset({"engine-a", "engine-b", "fake-mcp", "runtime"}))
         stack.start()

@@ -62,7 +62,7 @@ def llama_stack(tmp_path_factory) -> Iterator[Stack]:
     engine = llama.ensure()
     directory = tmp_path_factory.mktemp("llama")
     ports = Ports.free()
-    pool_file, tools_file = write_configs(directory / "config", ports, MODEL)
+    pool_file, tools_file = write_configs(directory / "config", ports, model=MODEL)
     stack = Stack(ports, pool_file, tools_file, directory / "state", llama=engine,
                   fake_mcp_args=["--delay-s", "0.1"])
     stack.start(timeout=120)
