@@ -100,7 +100,8 @@ def turn_failures(stack: Stack) -> int:
     """Turns the dataplane recorded as failed, except those of runs the load generator
     cancelled at its deadline (their client really did leave mid-turn)."""
     lines = (stack.state_dir / "logs" / "dataplane.log").read_text().splitlines()
-    return sum(1 for line in lines if "turn_failed" in line and "client disconnected" not in line)
+    failed = [line for line in lines if "turn_failed" in line or ("status=failed" in line or '"failed"' in line)]
+    return sum(1 for line in failed if "client disconnected" not in line)
 
 
 def failed_runs(result) -> list[str]:
