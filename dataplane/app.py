@@ -19,7 +19,14 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from luftpause import headers as h
 from luftpause import origins, tracing
-from luftpause.dataplane.constants import ENGINE_CONNECT_TIMEOUT_S, MAX_BODY_BYTES, TOOL_CALL_SWEEP_S
+from luftpause.dataplane.constants import (
+    ENGINE_CONNECT_TIMEOUT_S,
+    ENGINE_RETRY_ATTEMPTS,
+    ENGINE_RETRY_DELAY_S,
+    ENGINE_RETRY_WINDOW_S,
+    MAX_BODY_BYTES,
+    TOOL_CALL_SWEEP_S,
+)
 from luftpause.dataplane.engines import engine_session
 from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
 from luftpause.dataplane.metrics import DataplaneMetrics
@@ -43,6 +50,16 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+        self.message = message
+
+
+class EngineUnreachable(Exception):
+    """The engine could not be reached, or failed before any byte reached the client:
+    the turn had no effect and may be sent again."""
+
+    def __init__(self, replica: str, message: str) -> None:
+        super().__init__(message)
+        self.replica = replica
         self.message = message
 
 
@@ -185,6 +202,7 @@ class Turn:
         self.held_ms = 0
         self.ttft_ms: int | None = None
         self.ended = False
+        self.streaming = False  # bytes may have reached the client: never sent again
         self.span = trace.get_current_span()
         self.trace_id = tracing.trace_id()
 
@@ -266,25 +284,57 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _turn(request: web.Request, req: TurnRequest) -> web.StreamResponse:
-    turn = Turn(request.app, req)
+    """Admit and proxy the turn; if its engine cannot be reached (or fails before the
+    client got a byte) admit it again as a new turn of the now idle run, so it may go to
+    another replica: ENGINE_RETRY_ATTEMPTS within ENGINE_RETRY_WINDOW_S, then a 502."""
+    first_failure: float | None = None
+    delay = ENGINE_RETRY_DELAY_S
+    for attempt in range(1, ENGINE_RETRY_ATTEMPTS + 1):
+        turn = Turn(request.app, req)
+        deadline = None if first_failure is None else first_failure + ENGINE_RETRY_WINDOW_S
+        placement = await _admit(turn, deadline)
+        if placement is None:  # still held when the retry window closed
+            break
+        turn.placed(placement)
+        try:
+            return await _proxy(request, turn, placement)
+        except EngineUnreachable as exc:
+            turn.failed(exc.message)
+            failure = exc
+        except asyncio.CancelledError:
+            turn.failed("client disconnected")
+            raise
+        except Exception as exc:  # never leave a slot taken behind an unexpected error
+            turn.failed(f"dataplane error: {exc!r}")
+            raise
+        first_failure = first_failure or time.monotonic()
+        if attempt == ENGINE_RETRY_ATTEMPTS or time.monotonic() + delay >= first_failure + ENGINE_RETRY_WINDOW_S:
+            break
+        request.app[LOG].info("turn_retried", run=req.run_id, attempt=attempt + 1, failed_on=failure.replica)
+        await asyncio.sleep(delay)
+        delay *= 2
+    headers = {h.RUN_ID: req.run_id, h.REPLICA: failure.replica, h.ENGINE_FAILURE: "unreachable"}
+    return error_response(502, failure.message, headers)
+
+
+async def _admit(turn: Turn, deadline: float | None) -> Placement | None:
+    """The turn's placement; None when ``deadline`` (monotonic) passes first."""
+    req = turn.req
     try:
-        placement = await turn.link.admit(turn.turn_id, req.run_id, req.model, req.service_class, req.caller)
+        admit = turn.link.admit(turn.turn_id, req.run_id, req.model, req.service_class, req.caller)
+        if deadline is None:
+            return await admit
+        return await asyncio.wait_for(admit, max(0.0, deadline - time.monotonic()))
     except UnknownModel as exc:
         raise ApiError(404, str(exc)) from None
     except AdmitRejected as exc:
         raise ApiError(400, str(exc)) from None
+    except TimeoutError:
+        turn.event(abandoned=pb.TurnAbandoned())
+        return None
     except asyncio.CancelledError:
         # The client left while its turn was held: nothing reaches an engine.
         turn.event(abandoned=pb.TurnAbandoned())
-        raise
-    turn.placed(placement)
-    try:
-        return await _proxy(request, turn, placement)
-    except asyncio.CancelledError:
-        turn.failed("client disconnected")
-        raise
-    except Exception as exc:  # never leave a slot taken behind an unexpected error
-        turn.failed(f"dataplane error: {exc!r}")
         raise
 
 
@@ -296,9 +346,7 @@ async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.
     try:
         upstream = await engines.post(url, data=turn.req.body, headers=_engine_headers(placement, request))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        message = engine_error(placement.replica, exc)
-        turn.failed(message)
-        return error_response(502, message, run_header)
+        raise EngineUnreachable(placement.replica, engine_error(placement.replica, exc)) from None
     try:
         passed = passed_headers(upstream)
         if upstream.status != 200:
@@ -306,6 +354,7 @@ async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.
             turn.failed(f"engine {placement.replica}: HTTP {upstream.status}")
             return web.Response(status=upstream.status, body=body, headers={**passed, **run_header})
         if upstream.content_type == "text/event-stream":
+            turn.streaming = True
             return await _stream(request, turn, upstream, {**passed, **run_header})
         body = await upstream.read()
         observer = TurnObserver()
@@ -314,6 +363,8 @@ async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.
         return web.Response(status=200, body=body, headers={**passed, **run_header})
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         message = engine_error(placement.replica, exc)
+        if not turn.streaming:  # nothing reached the client yet
+            raise EngineUnreachable(placement.replica, message) from None
         turn.failed(message)
         return error_response(502, message, run_header)
     finally:

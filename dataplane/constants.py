@@ -9,10 +9,22 @@ ENGINE_KEEPALIVE_S = 4.0
 # When it is, the request is sent again on a new connection (before any byte reached
 # the client); at most this many times, as several pooled connections may be stale.
 STALE_CONNECTION_RETRIES = 2
+# A turn whose engine could not be reached, or died before any byte reached the client,
+# is admitted again (its run idle, so it may move to another replica): at most this many
+# attempts in all, the first retry after ENGINE_RETRY_DELAY_S (doubling), none started
+# later than ENGINE_RETRY_WINDOW_S after the first failure. Longer outages are the
+# client's to retry (the runtime does, marked by the ENGINE_FAILURE header on the 502).
+ENGINE_RETRY_ATTEMPTS = 3
+ENGINE_RETRY_DELAY_S = 0.1
+ENGINE_RETRY_WINDOW_S = 1.0
 # Admit is retried this often, with the same turn id, while the scheduler is away.
-ADMIT_RETRY_DELAY_S = 1.0
-# The Report stream reconnects (and resyncs) after this delay.
-REPORT_RECONNECT_DELAY_S = 1.0
+ADMIT_RETRY_DELAY_S = 0.2
+# The Report stream reconnects (and resyncs) after this delay; together with the gRPC
+# channel's reconnect backoff (capped at SCHEDULER_RECONNECT_MAX_S, not gRPC's default
+# 120 s) turns held during a scheduler outage are placed within 1 s of its return.
+REPORT_RECONNECT_DELAY_S = 0.1
+SCHEDULER_RECONNECT_MIN_S = 0.1
+SCHEDULER_RECONNECT_MAX_S = 0.5
 # tool_call ids an engine produced identify their run when an agent sends them back.
 TOOL_CALL_MEMORY_S = 30 * 60
 TOOL_CALL_SWEEP_S = 60

@@ -6,19 +6,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+import uuid
 from dataclasses import dataclass
 
 import grpc
 
 from luftpause import auth, tracing
-from luftpause.dataplane.constants import ADMIT_RETRY_DELAY_S, REPORT_RECONNECT_DELAY_S
+from luftpause.dataplane.constants import (
+    ADMIT_RETRY_DELAY_S,
+    REPORT_RECONNECT_DELAY_S,
+    SCHEDULER_RECONNECT_MAX_S,
+    SCHEDULER_RECONNECT_MIN_S,
+)
 from luftpause.dataplane.runs import GENERATING, IDLE, PAUSED, RunBook
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 
 CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
 STAGES = {IDLE: pb.IDLE, GENERATING: pb.GENERATING, PAUSED: pb.PAUSED}
+DATAPLANE_METADATA = "x-luftpause-dataplane"
+# Reconnect soon after the scheduler is back, however long it was away.
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", int(SCHEDULER_RECONNECT_MIN_S * 1000)),
+    ("grpc.min_reconnect_backoff_ms", int(SCHEDULER_RECONNECT_MIN_S * 1000)),
+    ("grpc.max_reconnect_backoff_ms", int(SCHEDULER_RECONNECT_MAX_S * 1000)),
+)
 
 
 class UnknownModel(Exception):
@@ -46,7 +58,10 @@ class SchedulerLink:
         self.address = address
         self.book = book
         self.log = log
-        self._channel = grpc.aio.insecure_channel(address, interceptors=auth.client_interceptors(token))
+        # One id per process: a restarted dataplane is a new peer and owns nothing yet.
+        self.dataplane_id = uuid.uuid4().hex
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS,
+                                                  interceptors=auth.client_interceptors(token))
         self._stub = pb_grpc.SchedulerStub(self._channel)
         self._events: asyncio.Queue[pb.TurnEvent] = asyncio.Queue()
         self._synced = asyncio.Event()
@@ -76,7 +91,7 @@ class SchedulerLink:
         retrying every second with the same turn id. Cancelling abandons the turn."""
         request = pb.AdmitRequest(
             turn_id=turn_id, run_id=run_id, model=model, service_class=CLASSES[service_class], caller=caller,
-            one_pass=one_pass,
+            one_pass=one_pass, dataplane_id=self.dataplane_id,
         )
         metadata = tuple(tracing.inject({}).items())  # the scheduler's admit span joins the turn's trace
         while True:
@@ -110,21 +125,34 @@ class SchedulerLink:
             self._report_call.cancel()
 
     async def _report_forever(self) -> None:
+        away_logged = False
         while True:
+            writer: asyncio.Task | None = None
             try:
                 await self._resync()
                 self._synced.set()
-                self.log.info("scheduler_connected", address=self.address)
-                self._report_call = self._stub.Report(self._drain(self._events))
-                await self._report_call
+                away_logged = False
+                self.log.info("scheduler_connected", address=self.address, dataplane=self.dataplane_id)
+                call = self._stub.Report(metadata=((DATAPLANE_METADATA, self.dataplane_id),))
+                self._report_call = call
+                # Our own writer task, not a request iterator handed to gRPC: on reconnect
+                # it is cancelled and awaited here, so nothing is left pending.
+                writer = asyncio.create_task(self._write_events(call, self._events))
+                await call
             except grpc.aio.AioRpcError as exc:
-                self.log.warning("scheduler_unavailable", address=self.address, code=exc.code().name)
+                if self._synced.is_set() or not away_logged:  # once per outage, not per attempt
+                    self.log.warning("scheduler_unavailable", address=self.address, code=exc.code().name)
+                    away_logged = True
             except asyncio.CancelledError:
                 if asyncio.current_task().cancelling():
                     raise  # we are shutting down
                 # else _reconnect cancelled the stream call: resync below
             finally:
                 self._report_call = None
+                if writer is not None:
+                    writer.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await writer
             self._synced.clear()
             await asyncio.sleep(REPORT_RECONNECT_DELAY_S)
 
@@ -148,14 +176,18 @@ class SchedulerLink:
             )
             for t in self.book.turns.values()
         ]
-        await self._stub.Resync(pb.ResyncRequest(runs=runs, turns=turns), timeout=5.0, wait_for_ready=False)
+        await self._stub.Resync(pb.ResyncRequest(runs=runs, turns=turns, dataplane_id=self.dataplane_id),
+                                timeout=5.0, wait_for_ready=False)
 
     @staticmethod
-    async def _drain(queue: asyncio.Queue[pb.TurnEvent]) -> AsyncIterator[pb.TurnEventBatch]:
+    async def _write_events(call: grpc.aio.StreamUnaryCall, queue: asyncio.Queue[pb.TurnEvent]) -> None:
         """Everything queued so far in one message: a turn's usage and finish usually
-        arrive together, and under load many turns' events do."""
+        arrive together, and under load many turns' events do. Ends with the call."""
         while True:
             events = [await queue.get()]
             while not queue.empty():
                 events.append(queue.get_nowait())
-            yield pb.TurnEventBatch(events=events)
+            try:
+                await call.write(pb.TurnEventBatch(events=events))
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+                return  # the call ended; the next connection's Resync covers these events

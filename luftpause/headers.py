@@ -12,3 +12,6 @@ MAX_CALLER_BYTES = 128
 # UUID, far below what would let one client grow the scheduler's state without bound.
 MAX_ID_BYTES = 256
 REPLICA = "x-luftpause-replica"  # which replica served the turn (responses only)
+# On a dataplane's own 502: the engine could not be reached or died before answering;
+# the turn had no effect and may be sent again (responses only).
+ENGINE_FAILURE = "x-luftpause-engine-failure"

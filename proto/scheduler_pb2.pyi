@@ -28,20 +28,22 @@ GENERATING: RunStage
 PAUSED: RunStage
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "one_pass")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "one_pass", "dataplane_id")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
     CALLER_FIELD_NUMBER: _ClassVar[int]
     ONE_PASS_FIELD_NUMBER: _ClassVar[int]
+    DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
     service_class: ServiceClass
     caller: str
     one_pass: bool
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., one_pass: _Optional[bool] = ...) -> None: ...
+    dataplane_id: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., one_pass: _Optional[bool] = ..., dataplane_id: _Optional[str] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("replica", "base_url", "api_key_env", "held_ms")
@@ -166,12 +168,14 @@ class TurnSnapshot(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., replica: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ...) -> None: ...
 
 class ResyncRequest(_message.Message):
-    __slots__ = ("runs", "turns")
+    __slots__ = ("runs", "turns", "dataplane_id")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
+    DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[RunSnapshot]
     turns: _containers.RepeatedCompositeFieldContainer[TurnSnapshot]
-    def __init__(self, runs: _Optional[_Iterable[_Union[RunSnapshot, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[TurnSnapshot, _Mapping]]] = ...) -> None: ...
+    dataplane_id: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunSnapshot, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[TurnSnapshot, _Mapping]]] = ..., dataplane_id: _Optional[str] = ...) -> None: ...
 
 class ResyncReply(_message.Message):
     __slots__ = ("runs", "turns")

@@ -79,8 +79,10 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Resync(self, request, context):
-        """Rebuild the scheduler's view of runs and in-flight turns from the dataplane
+        """Rebuild the scheduler's view of the runs and in-flight turns this dataplane owns
         (after a scheduler restart or a reconnect), before any new Admit is answered.
+        When a dataplane's Report stream ends and it does not reconnect within a few
+        seconds, its in-flight turns are taken as failed; its runs keep their replica.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -46,9 +46,16 @@ DEFAULT_RETRY_AFTER_S = 1.0
 DATAPLANE_CONNECT_GRACE_S = 30.0
 DATAPLANE_CONNECT_RETRY_S = 1.0
 
-# A turn whose connection closed before the answer (dataplane or engine restarting) is
-# sent again this many times, DATAPLANE_CONNECT_RETRY_S apart; a turn has no side effects.
-DROPPED_TURN_RETRIES = 2
+# A turn that failed because its engine could not be reached or died before answering
+# (the dataplane's 502 marked x-luftpause-engine-failure), or whose connection closed
+# before the answer (dataplane or engine restarting), is sent again: the run is idle
+# then, so the turn may go to a healthy replica, and a turn has no side effects. At most
+# TURN_RETRY_ATTEMPTS sends in all, TURN_RETRY_BACKOFF_S apart (doubling up to
+# TURN_RETRY_BACKOFF_MAX_S), none later than TURN_RETRY_WINDOW_S after the first failure.
+TURN_RETRY_ATTEMPTS = 5
+TURN_RETRY_BACKOFF_S = 0.25
+TURN_RETRY_BACKOFF_MAX_S = 4.0
+TURN_RETRY_WINDOW_S = 30.0
 
 # Telling the dataplane a run ended is best effort; it must not hold a run open.
 RUN_END_NOTICE_TIMEOUT_S = 5.0

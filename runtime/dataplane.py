@@ -127,7 +127,7 @@ class DataplaneClient:
 
     async def _post_until_admitted(self, body: dict[str, Any], identity: TurnIdentity) -> httpx.Response:
         unreachable_since: float | None = None
-        dropped = 0
+        retry = _TurnRetry()
         while True:
             try:
                 async with asyncio.timeout(constants.TURN_TIMEOUT_S):
@@ -146,19 +146,28 @@ class DataplaneClient:
             except httpx.TimeoutException as exc:
                 raise TurnError(f"turn timed out: {exc!r}") from exc
             except httpx.TransportError as exc:
-                # The connection closed before an answer (a proxy or engine restart): the turn
-                # has no side effects, so it is sent again a few times.
-                dropped += 1
-                if dropped > constants.DROPPED_TURN_RETRIES:
+                # The connection closed before an answer (a proxy or engine restart).
+                delay = retry.next_delay()
+                if delay is None:
                     raise TurnError(
-                        f"the dataplane closed the connection before answering ({dropped} attempts): {exc!r}"
+                        f"the dataplane closed the connection before answering ({retry.attempts} attempts): {exc!r}"
                     ) from exc
-                log.warning("turn_dropped", run=identity.run_handle, attempt=dropped, error=repr(exc))
-                await asyncio.sleep(constants.DATAPLANE_CONNECT_RETRY_S)
+                log.warning("turn_dropped", run=identity.run_handle, attempt=retry.attempts, error=repr(exc))
+                await asyncio.sleep(delay)
                 continue
             if response.status_code == 429:
                 delay = retry_after_seconds(response.headers.get("retry-after"))
                 log.info("turn_rate_limited", run=identity.run_handle, retry_after_s=delay)
+                await asyncio.sleep(delay)
+                continue
+            if response.status_code == 502 and response.headers.get(headers.ENGINE_FAILURE):
+                # The engine could not be reached or died before answering; engine errors
+                # proper (4xx, 5xx passed through) are final.
+                delay = retry.next_delay()
+                if delay is None:
+                    raise TurnError(f"{error_message(response)} ({retry.attempts} attempts)")
+                log.warning("turn_engine_failed", run=identity.run_handle, attempt=retry.attempts,
+                            error=error_message(response))
                 await asyncio.sleep(delay)
                 continue
             if response.status_code >= 400:
@@ -214,6 +223,26 @@ class DataplaneClient:
             return str(response.json()["data"][0]["id"])
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise TurnError(f"the dataplane lists no {kind} models; pass `model`") from exc
+
+
+class _TurnRetry:
+    """Backoff and bounds for sending a turn again (TURN_RETRY_* in constants)."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self._first_failure: float | None = None
+        self._delay = constants.TURN_RETRY_BACKOFF_S
+
+    def next_delay(self) -> float | None:
+        """Count a failed send; how long to wait before the next, or None to give up."""
+        self.attempts += 1
+        now = time.monotonic()
+        self._first_failure = self._first_failure or now
+        delay = self._delay
+        if self.attempts >= constants.TURN_RETRY_ATTEMPTS or now + delay > self._first_failure + constants.TURN_RETRY_WINDOW_S:
+            return None
+        self._delay = min(self._delay * 2, constants.TURN_RETRY_BACKOFF_MAX_S)
+        return delay
 
 
 def _parse_reply(response: httpx.Response, seconds: float) -> TurnReply:

@@ -15,7 +15,12 @@ in the events. Read top to bottom it is the policy:
   replica, sized by the paused run's context in KV tokens where the engine reports
   token usage, one turn each otherwise; held turns are released interactive first,
   then the caller with the fewest running turns, then in arrival order;
-* turns never reported finished expire after 10 min, idle runs after 30 min.
+* turns never reported finished expire after 10 min, idle runs after 30 min;
+* dataplanes are peers: each owns the runs and turns it admitted; a Resync replaces
+  only what its sender owns, and a dataplane that is gone takes its in-flight turns
+  with it but leaves its runs' pins (they come back through any dataplane, or expire);
+* after a (re)start nothing is placed until every replica's first probe is in (or
+  the first round timed out), so no turn lands on the replica probed first.
 """
 
 from __future__ import annotations
@@ -133,10 +138,25 @@ class State(NamedTuple):
     resynced: bool = False
     # Strict affinity is the policy; off only to measure what it is worth.
     affinity: bool = True
+    # Which dataplane admitted each run and turn ("" for one that names none).
+    run_owner: Map = Map()  # run_id -> dataplane id
+    turn_owner: Map = Map()  # turn_id -> dataplane id (held or placed turns)
+    # Replicas whose first probe is not in yet, and when the scheduler stops waiting
+    # for them: until then no held turn is placed (empty: placement is open).
+    unprobed: frozenset = frozenset()
+    unprobed_until_ms: int = 0
 
 
-def initial_state(replicas: Iterable[Replica], affinity: bool = True) -> State:
-    return State(replicas=Map({r.name: r for r in replicas}), affinity=affinity)
+def initial_state(
+    replicas: Iterable[Replica], affinity: bool = True, first_probe_deadline_ms: int | None = None
+) -> State:
+    """With ``first_probe_deadline_ms`` (a restarted scheduler), held turns wait until every
+    replica has been probed once, or until that time."""
+    replicas = Map({r.name: r for r in replicas})
+    if first_probe_deadline_ms is None:
+        return State(replicas=replicas, affinity=affinity)
+    return State(replicas=replicas, affinity=affinity, unprobed=frozenset(replicas.keys()),
+                 unprobed_until_ms=first_probe_deadline_ms)
 
 
 # -------------------------------------------------------------------------- events
@@ -151,6 +171,7 @@ class AdmitRequested:
     caller: str
     now_ms: int
     one_pass: bool = False
+    dataplane: str = ""  # the dataplane asking; it owns the run from now on
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,11 +251,21 @@ class Resynced:
     runs: tuple[RunSnapshot, ...]
     turns: tuple[TurnSnapshot, ...]
     now_ms: int
+    dataplane: str = ""  # whose view this is: it replaces only what that dataplane owns
+
+
+@dataclass(frozen=True, slots=True)
+class DataplaneGone:
+    """A dataplane's connection ended and it did not come back: its in-flight turns died
+    with it. Its runs keep their replica and stage until they return or expire."""
+
+    dataplane: str
+    now_ms: int
 
 
 Event = (
     AdmitRequested | AdmitCancelled | TurnUsage | TurnFinished | TurnFailed | RunEnded | EngineProbed | ClockTicked
-    | Resynced
+    | Resynced | DataplaneGone
 )
 
 # ------------------------------------------------------------------------- actions
@@ -276,11 +307,13 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
         case RunEnded():
             state = _put_run(state, None, run_id=event.run_id)
         case EngineProbed():
-            state = _probed(state, event)
+            state = _first_probe_in(_probed(state, event), event.replica)
         case ClockTicked():
             state = _expire(state, event.now_ms)
         case Resynced():
             state = _resync(state, event)
+        case DataplaneGone():
+            state = _dataplane_gone(state, event)
         case _:
             raise TypeError(f"unknown event {event!r}")
     # Every event may have freed capacity (or changed who may use it).
@@ -320,6 +353,7 @@ def _admit(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:
         event.turn_id, event.run_id, event.model, event.service_class, event.caller, event.now_ms, state.next_seq
     )
     state = _hold(state, held)._replace(next_seq=state.next_seq + 1)
+    state = _own(state, event.dataplane, event.run_id, event.turn_id)
     return _release_held(state, event.now_ms)
 
 
@@ -509,6 +543,8 @@ def _best_replica(state: State, roomy: list[Replica]) -> Replica:
 def _release_held(state: State, now_ms: int) -> tuple[State, list[Action]]:
     """Place held turns, best first, while any fits."""
     actions: list[Action] = []
+    if state.unprobed and now_ms < state.unprobed_until_ms:
+        return state, actions  # the pool is not known yet
     while state.held:
         homes = _homes_with_room(state)
         if homes is None:
@@ -702,24 +738,75 @@ def _expire(state: State, now_ms: int) -> State:
     for run in list(state.runs.values()):
         if run.run_id not in busy_runs and now_ms - run.last_seen_ms >= RUN_IDLE_TIMEOUT_MS:
             state = _put_run(state, None, run_id=run.run_id)
-    return state
+    return _prune_owners(state)
 
 
 def _resync(state: State, event: Resynced) -> State:
-    """Replace runs and in-flight turns with the dataplane's view; keep held turns."""
-    replicas = Map({name: r._replace(in_flight=0, paused_interactive=0) for name, r in state.replicas.items()})
-    state = state._replace(replicas=replicas, runs=Map(), turns=Map(), running_by_caller=Map())
+    """Merge one dataplane's view: its snapshot replaces the runs and in-flight turns
+    that dataplane owns (what it no longer has ended while it was away); runs and turns
+    of other dataplanes stay; held turns stay."""
+    sender = event.dataplane
+    snapshot_turns = {snap.turn_id for snap in event.turns}
+    for turn_id, owner in list(state.turn_owner.items()):
+        if owner == sender and turn_id in state.turns and turn_id not in snapshot_turns:
+            state = _end_turn(state, turn_id, Stage.IDLE, event.now_ms)
+    snapshot_runs = {snap.run_id for snap in event.runs}
+    busy = {t.run_id for t in state.turns.values()} | set(state.held_by_run.keys())
+    for run_id, owner in list(state.run_owner.items()):
+        if owner == sender and run_id in state.runs and run_id not in snapshot_runs and run_id not in busy:
+            state = _put_run(state, None, run_id=run_id)
     for snap in event.runs:
-        run = Run(snap.run_id, snap.service_class, snap.caller, snap.replica, snap.stage, event.now_ms)
-        state = _put_run(state, run)
+        if state.run_owner.get(snap.run_id, sender) != sender and snap.run_id in state.runs:
+            continue  # another dataplane has seen this run since: its view is newer
+        known = state.runs.get(snap.run_id)
+        run = Run(snap.run_id, snap.service_class, snap.caller, snap.replica, snap.stage, event.now_ms,
+                  known.context_tokens if known is not None else 0)
+        state = _own(_put_run(state, run), sender, snap.run_id)
     for snap in event.turns:
+        if snap.turn_id in state.turns:
+            continue
         turn = Turn(snap.turn_id, snap.run_id, snap.model, snap.service_class, snap.caller, snap.replica, event.now_ms)
         state = state._replace(turns=state.turns.set(snap.turn_id, turn))
         state = _count_in_flight(state, snap.replica, snap.caller, +1)
+        state = _own(state, sender, turn_id=snap.turn_id)
         run = state.runs.get(snap.run_id)
         if run is not None:  # a run ended while its turn was in flight stays forgotten
             state = _put_run(state, run._replace(replica=snap.replica, stage=Stage.GENERATING, last_seen_ms=event.now_ms))
-    return state._replace(resynced=True)
+    return _prune_owners(state)._replace(resynced=True)
+
+
+def _dataplane_gone(state: State, event: DataplaneGone) -> State:
+    """A gone dataplane's in-flight turns failed with it (their runs are idle, as after
+    any failed turn); its paused runs keep their pins."""
+    for turn_id, owner in list(state.turn_owner.items()):
+        if owner == event.dataplane and turn_id in state.turns:
+            state = _end_turn(state, turn_id, Stage.IDLE, event.now_ms)
+    return _prune_owners(state)
+
+
+def _own(state: State, dataplane: str, run_id: str = "", turn_id: str = "") -> State:
+    run_owner, turn_owner = state.run_owner, state.turn_owner
+    if run_id and run_owner.get(run_id) != dataplane:
+        run_owner = run_owner.set(run_id, dataplane)
+    if turn_id:
+        turn_owner = turn_owner.set(turn_id, dataplane)
+    return state._replace(run_owner=run_owner, turn_owner=turn_owner)
+
+
+def _prune_owners(state: State) -> State:
+    """Drop ownership of runs and turns the state no longer holds."""
+    run_owner, turn_owner = state.run_owner, state.turn_owner
+    for run_id in [r for r in run_owner.keys() if r not in state.runs]:
+        run_owner = run_owner.delete(run_id)
+    for turn_id in [t for t in turn_owner.keys() if t not in state.turns and t not in state.held]:
+        turn_owner = turn_owner.delete(turn_id)
+    return state._replace(run_owner=run_owner, turn_owner=turn_owner)
+
+
+def _first_probe_in(state: State, replica: str) -> State:
+    if replica in state.unprobed:
+        return state._replace(unprobed=state.unprobed - {replica})
+    return state
 
 
 # ------------------------------------------------------------------------ status

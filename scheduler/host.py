@@ -22,7 +22,7 @@ from luftpause import auth, tracing
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler import core
-from luftpause.scheduler.constants import CLOCK_TICK_S, PROBE_PERIOD_S
+from luftpause.scheduler.constants import CLOCK_TICK_S, DATAPLANE_GONE_S, FIRST_PROBE_WAIT_S, PROBE_PERIOD_S
 from luftpause.scheduler.metrics import SchedulerMetrics, exposition, status_view
 from luftpause.scheduler.pool import Endpoint
 from luftpause.scheduler.probes import ProbeResult, probe, probe_client
@@ -31,6 +31,7 @@ from luftpause.scheduler.validation import admit_problem, resync_problem
 TRACER = trace.get_tracer("luftpause.scheduler")
 CLASS_NAMES = {pb.INTERACTIVE: core.INTERACTIVE, pb.BATCH: core.BATCH}
 STAGES = {pb.IDLE: core.Stage.IDLE, pb.GENERATING: core.Stage.GENERATING, pb.PAUSED: core.Stage.PAUSED}
+DATAPLANE_METADATA = "x-luftpause-dataplane"  # the Report stream's sender (ResyncRequest.dataplane_id)
 REJECT_CODES = {
     "unknown_model": grpc.StatusCode.NOT_FOUND,
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
@@ -57,17 +58,25 @@ class SchedulerHost:
         clock: Callable[[], float] = time.monotonic,
         affinity: bool = True,
         probe_period_s: float = PROBE_PERIOD_S,
+        first_probe_wait_s: float = FIRST_PROBE_WAIT_S,
+        dataplane_gone_s: float = DATAPLANE_GONE_S,
     ) -> None:
         self.probe_period_s = probe_period_s
+        self.dataplane_gone_s = dataplane_gone_s
         self.endpoints = {e.name: e for e in endpoints}
-        self.state = core.initial_state((e.replica() for e in endpoints), affinity=affinity)
-        self.log = log
         self._clock = clock
+        self.state = core.initial_state((e.replica() for e in endpoints), affinity=affinity,
+                                        first_probe_deadline_ms=self.now_ms() + int(first_probe_wait_s * 1000))
+        self.log = log
+        self._streams: dict[str, int] = {}  # dataplane id -> open Report streams
         self._waiters: dict[str, list[asyncio.Future[core.Action]]] = {}
         self._logged_problems: set[str] = set()  # metrics URLs already logged as unreadable
         self.metrics = SchedulerMetrics(self.status, clock)
         self.metrics.init_series(self.endpoints)
         self.serving = False  # set once the gRPC server is up (readiness)
+        self._probe_client: httpx.AsyncClient | None = None
+        self._reprobing: set[str] = set()  # replicas probed out of turn right now
+        self._tasks: set[asyncio.Task] = set()
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -107,6 +116,7 @@ class SchedulerHost:
                     caller=request.caller,
                     now_ms=self.now_ms(),
                     one_pass=request.one_pass,
+                    dataplane=request.dataplane_id,
                 )
             )
             return await waiter
@@ -132,7 +142,10 @@ class SchedulerHost:
             self.apply(core.TurnFinished(event.turn_id, event.finished.finish_reason, now))
         elif kind == "failed":
             self.log.info("turn_failed", turn=event.turn_id, run=event.run_id, error=event.failed.error)
+            placed = self.state.turns.get(event.turn_id)
             self.apply(core.TurnFailed(event.turn_id, now))
+            if placed is not None:
+                self.reprobe(placed.replica)
         elif kind == "abandoned":
             self.apply(core.AdmitCancelled(event.turn_id, now))
         elif kind == "run_ended":
@@ -148,23 +161,68 @@ class SchedulerHost:
             core.TurnSnapshot(t.turn_id, t.run_id, t.replica, t.model, class_name(t.service_class), t.caller)
             for t in request.turns
         )
-        self.apply(core.Resynced(runs, turns, self.now_ms()))
-        self.log.info("resynced", runs=len(runs), turns=len(turns))
+        self.apply(core.Resynced(runs, turns, self.now_ms(), request.dataplane_id))
+        self.log.info("resynced", dataplane=request.dataplane_id, runs=len(runs), turns=len(turns))
+
+    def stream_opened(self, dataplane: str) -> None:
+        self._streams[dataplane] = self._streams.get(dataplane, 0) + 1
+
+    def stream_closed(self, dataplane: str) -> None:
+        """The dataplane's Report stream ended: unless it is back within DATAPLANE_GONE_S
+        (then its Resync speaks for its turns), its in-flight turns died with it."""
+        self._streams[dataplane] = self._streams.get(dataplane, 1) - 1
+        if self._streams[dataplane] > 0:
+            return
+
+        async def check() -> None:
+            await asyncio.sleep(self.dataplane_gone_s)
+            if self._streams.get(dataplane, 0) <= 0:
+                self._streams.pop(dataplane, None)
+                self.log.info("dataplane_gone", dataplane=dataplane)
+                self.apply(core.DataplaneGone(dataplane, self.now_ms()))
+
+        task = asyncio.get_running_loop().create_task(check())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def status(self) -> dict:
         return core.status(self.state, self.now_ms())
 
     async def probe_forever(self) -> None:
         async with probe_client() as client:
+            self._probe_client = client
             while True:
                 started = time.monotonic()
                 results = await asyncio.gather(*(probe(client, e) for e in self.endpoints.values()))
                 for endpoint, result in zip(self.endpoints.values(), results, strict=True):
-                    self._log_probe(endpoint.name, result)
-                    self.metrics.probed(endpoint.name, result.healthy)
-                    self.apply(core.EngineProbed(endpoint.name, result.healthy, result.running, result.queued,
-                                                 self.now_ms(), result.kv_used, result.kv_total))
+                    self._probe_result(endpoint.name, result)
                 await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
+
+    def _probe_result(self, replica: str, result: ProbeResult) -> None:
+        self._log_probe(replica, result)
+        self.metrics.probed(replica, result.healthy)
+        self.apply(core.EngineProbed(replica, result.healthy, result.running, result.queued, self.now_ms(),
+                                     result.kv_used, result.kv_total))
+
+    def reprobe(self, replica: str) -> None:
+        """Probe one replica now, out of turn: a turn failed there, and a dead engine
+        should stop taking the retries of the turns it failed (one probe at a time)."""
+        endpoint = self.endpoints.get(replica)
+        if endpoint is None or self._probe_client is None or replica in self._reprobing:
+            return
+        self._reprobing.add(replica)
+
+        async def run() -> None:
+            try:
+                result = await probe(self._probe_client, endpoint)
+                if not result.healthy:  # load stays the periodic probes' business
+                    self._probe_result(replica, result)
+            finally:
+                self._reprobing.discard(replica)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _log_probe(self, replica: str, result: ProbeResult) -> None:
         if result.healthy != self.state.replicas[replica].healthy:
@@ -203,11 +261,16 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         )
 
     async def Report(self, request_iterator: AsyncIterator[pb.TurnEventBatch], context) -> pb.ReportAck:
+        dataplane = {m.key: m.value for m in context.invocation_metadata() or ()}.get(DATAPLANE_METADATA, "")
         count = 0
-        async for batch in request_iterator:
-            for event in batch.events:
-                self.host.report(event)
-            count += len(batch.events)
+        self.host.stream_opened(dataplane)
+        try:
+            async for batch in request_iterator:
+                for event in batch.events:
+                    self.host.report(event)
+                count += len(batch.events)
+        finally:
+            self.host.stream_closed(dataplane)
         return pb.ReportAck(events=count)
 
     async def Resync(self, request: pb.ResyncRequest, context) -> pb.ResyncReply:

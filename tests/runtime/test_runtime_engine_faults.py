@@ -18,6 +18,8 @@ import pytest
 from mcp import Client
 from runtime_doubles import RuntimeProcess, journal_records, round_messages, tool_call_arguments, tool_messages
 
+from luftpause.runtime.constants import TURN_RETRY_ATTEMPTS
+
 pytestmark = pytest.mark.timeout(60)
 
 # Strict types: a string where an integer or boolean belongs fails validation here, so a
@@ -128,8 +130,9 @@ async def test_a_connection_dropped_mid_turn_is_retried_then_fails_the_run(
         record = await call(client, "run", {"task": "crashing engine [[fake:die-after=0]]"})
 
     assert record["status"] == "Failed"
-    assert record["error"].startswith("the dataplane closed the connection before answering (3 attempts)")
-    assert engine_stats(fake_engine)["requests"] - before == 3
+    assert record["error"].startswith(
+        f"the dataplane closed the connection before answering ({TURN_RETRY_ATTEMPTS} attempts)")
+    assert engine_stats(fake_engine)["requests"] - before == TURN_RETRY_ATTEMPTS
 
 
 # --- tool calls the model got wrong -----------------------------------------------------

@@ -408,3 +408,97 @@ def test_devices_are_spread_across_and_filled_within():
         state, _ = probe(state, name, running=0, queued=0)
     state, placed_now = fill(state, 4)
     assert sorted(placed_now.values()) == ["a1", "a1", "c", "c"]
+# ------------------------------------------------------------ dataplanes as peers
+
+
+def admit_via(state, dataplane, turn, run, now=0):
+    return core.decide(state, core.AdmitRequested(turn, run, MODEL, "interactive", "c", now, dataplane=dataplane))
+
+
+def paused_on(state, run) -> tuple[str, core.Stage]:
+    r = state.runs[run]
+    return r.replica, r.stage
+
+
+def test_a_new_dataplanes_empty_resync_keeps_the_runs_of_other_dataplanes():
+    state = pool("a", "b")
+    for i in range(4):
+        state, _ = admit_via(state, "dp1", f"t{i}", f"r{i}")
+        state, _ = core.decide(state, core.TurnFinished(f"t{i}", "tool_calls", 1))
+    before = {f"r{i}": paused_on(state, f"r{i}") for i in range(4)}
+    assert {replica for replica, _ in before.values()} == {"a"}  # placed one after another, fewest in flight
+    state, _ = core.decide(state, core.Resynced((), (), 2, dataplane="dp2"))
+    assert {run: paused_on(state, run) for run in before} == before
+    assert state.replicas["a"].paused_interactive == 4
+    # Their next turns, through the new dataplane, stay on their replica.
+    state, actions = admit_via(state, "dp2", "next", "r3", now=3)
+    assert placed(actions) == {"next": "a"}
+
+
+def test_a_dataplanes_resync_replaces_what_it_owns_only():
+    state = pool("a", "b")
+    state, _ = admit_via(state, "dp1", "t1", "mine")  # in flight on a, owned by dp1
+    state, _ = admit_via(state, "dp2", "t2", "theirs")  # in flight on b, owned by dp2
+    state, _ = admit_via(state, "dp1", "t3", "gone")
+    state, _ = core.decide(state, core.TurnFinished("t3", "stop", 1))
+    # dp1 reconnects: t1 finished with a tool call while it was away, "gone" was dropped.
+    runs = (core.RunSnapshot("mine", "a", core.Stage.PAUSED, "interactive", "c"),)
+    state, _ = core.decide(state, core.Resynced(runs, (), 2, dataplane="dp1"))
+    assert "t1" not in state.turns and paused_on(state, "mine") == ("a", core.Stage.PAUSED)
+    assert "gone" not in state.runs
+    assert "t2" in state.turns and paused_on(state, "theirs") == ("b", core.Stage.GENERATING)
+    assert state.replicas["a"].in_flight == 0 and state.replicas["b"].in_flight == 1
+
+
+def test_a_resync_does_not_roll_back_a_run_another_dataplane_moved_on():
+    state = pool("a", "b")
+    state, _ = admit_via(state, "dp1", "t1", "r1")
+    state, _ = core.decide(state, core.TurnFinished("t1", "tool_calls", 1))
+    state, _ = admit_via(state, "dp2", "t2", "r1")  # the run's next turn came through dp2
+    old_view = (core.RunSnapshot("r1", "a", core.Stage.PAUSED, "interactive", "c"),)
+    state, _ = core.decide(state, core.Resynced(old_view, (), 2, dataplane="dp1"))
+    assert paused_on(state, "r1") == ("a", core.Stage.GENERATING) and "t2" in state.turns
+
+
+def test_a_gone_dataplanes_turns_end_and_its_paused_runs_keep_their_pin():
+    state = pool("a", "b")
+    state, _ = admit_via(state, "dp1", "t1", "paused")
+    state, _ = core.decide(state, core.TurnFinished("t1", "tool_calls", 1))
+    state, _ = admit_via(state, "dp1", "t2", "busy")
+    state, _ = admit_via(state, "dp2", "t3", "alive")
+    assert sum(r.in_flight for r in state.replicas.values()) == 2
+    state, _ = core.decide(state, core.DataplaneGone("dp1", 2))
+    assert set(state.turns) == {"t3"} and sum(r.in_flight for r in state.replicas.values()) == 1
+    assert paused_on(state, "paused") == ("a", core.Stage.PAUSED)
+    state, actions = admit_via(state, "dp2", "t4", "paused", now=4)
+    assert placed(actions) == {"t4": "a"}
+
+
+# ------------------------------------------------------- no placement before the pool is known
+
+
+def restarted(deadline_ms: int = 5000) -> core.State:
+    state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in ("a", "b")),
+                               first_probe_deadline_ms=deadline_ms)
+    runs = (core.RunSnapshot("r1", "b", core.Stage.PAUSED, "interactive", "c"),)
+    state, _ = core.decide(state, core.Resynced(runs, (), 0, dataplane="dp"))
+    return state
+
+
+def test_after_a_restart_a_pinned_turn_waits_for_its_replicas_first_probe():
+    state = restarted()
+    state, actions = admit_via(state, "dp", "t1", "r1", now=10)
+    assert actions == []
+    state, actions = core.decide(state, core.EngineProbed("a", True, None, None, 20))
+    assert actions == []  # a is known, b not yet: the turn must not move to a
+    state, actions = core.decide(state, core.EngineProbed("b", True, None, None, 30))
+    assert placed(actions) == {"t1": "b"}
+
+
+def test_after_a_restart_held_turns_go_once_the_first_probes_time_out():
+    state = restarted(deadline_ms=5000)
+    state, _ = admit_via(state, "dp", "t1", "r1", now=10)
+    state, actions = core.decide(state, core.EngineProbed("a", True, None, None, 20))
+    assert actions == []
+    state, actions = core.decide(state, core.ClockTicked(5000))
+    assert placed(actions) == {"t1": "a"}  # b never answered: the run moves
