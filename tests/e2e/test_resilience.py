@@ -1,0 +1,150 @@
+"""No run fails because one process died: engines, the dataplane and the scheduler are
+killed under real traffic (real processes, loopback) and what the client sees is checked."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from mcp import Client
+
+from luftpause import headers as h
+from luftpause.procs import wait_until
+from luftpause.stack import MODEL
+
+NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
+TOOL = {"type": "function", "function": {"name": "lookup", "description": "look up",
+                                         "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}
+
+
+def chat_url(stack) -> str:
+    return f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
+
+
+def status(stack) -> dict:
+    return httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()
+
+
+def connected(stack) -> bool:
+    try:
+        health = httpx.get(f"http://127.0.0.1:{stack.ports.dataplane}/health").json()
+    except httpx.HTTPError:
+        return False
+    return health.get("scheduler") == "connected"
+
+
+def paused_runs(stack) -> int:
+    return sum(g["count"] for g in status(stack)["runs"] if g["stage"] == "paused")
+
+
+# ------------------------------------------------------------------ an engine dies
+
+
+def test_turns_on_an_engine_killed_between_probes_move_to_the_healthy_one(make_stack):
+    # Probed once at start, then not for an hour: only the failed turns tell the scheduler.
+    stack = make_stack(without=NO_RUNTIME, env={"LUFTPAUSE_PROBE_PERIOD_S": "3600"})
+    # With nothing in flight a new run goes to engine-a (fewest in flight, then name).
+    stack.process("engine-a").kill()
+    replicas = []
+    for i in range(6):
+        stream = i % 2 == 1
+        response = httpx.post(chat_url(stack), headers={h.RUN_ID: f"run-{i}"}, timeout=20, json={
+            "model": MODEL, "messages": [{"role": "user", "content": f"question {i}"}], "stream": stream})
+        assert response.status_code == 200, response.text
+        assert (b"[DONE]" in response.content) if stream else response.json()["choices"]
+        replicas.append(response.headers[h.REPLICA])
+    assert replicas == ["engine-b"] * 6
+    assert wait_until(lambda: status(stack)["in_flight"] == 0, 5)
+
+
+async def test_a_run_outlives_its_only_engine_restarting(make_stack):
+    stack = make_stack(engines=1)
+    engine = stack.process("engine-a")
+    engine.kill()
+    async with Client(f"http://127.0.0.1:{stack.ports.runtime}/mcp") as client:
+        handle = json.loads((await client.call_tool("spawn", {"task": "patient", "maxToolCalls": 1})).content[0].text)
+        await asyncio.sleep(1.5)  # the turn failed on the dead engine, the runtime retries
+        engine.start()
+        engine.wait_ready()
+        result = await client.call_tool("await", {"handles": [handle["handle"]], "timeout": 30})
+    run = json.loads(result.content[0].text)["runs"][0]
+    assert run["status"] == "Completed", run
+    assert run["toolCalls"] == 1
+
+
+# ------------------------------------------------------------- the dataplane restarts
+
+
+async def test_a_restarted_dataplane_keeps_paused_runs_on_their_replicas(make_stack):
+    stack = make_stack(without=NO_RUNTIME, engine_args=["--token-ms", "20"])
+    first: dict[str, dict] = {}
+    async with httpx.AsyncClient(timeout=30) as client:
+        async def first_turn(i: int) -> None:
+            messages = [{"role": "user", "content": f"research {i}"}]
+            response = await client.post(chat_url(stack), headers={h.RUN_ID: f"run-{i}"},
+                                         json={"model": MODEL, "messages": messages, "tools": [TOOL]})
+            assert response.status_code == 200
+            message = response.json()["choices"][0]["message"]
+            assert message["tool_calls"]
+            first[f"run-{i}"] = {"replica": response.headers[h.REPLICA], "messages": [*messages, message]}
+
+        await asyncio.gather(*(first_turn(i) for i in range(8)))
+    assert {r["replica"] for r in first.values()} == {"engine-a", "engine-b"}
+    assert paused_runs(stack) == 8
+
+    dataplane = stack.process("dataplane")
+    dataplane.kill()
+    dataplane.start()
+    dataplane.wait_ready()
+    assert wait_until(lambda: connected(stack), 10)
+    assert paused_runs(stack) == 8  # the new dataplane's empty Resync wiped nothing
+
+    async with httpx.AsyncClient(timeout=30) as client:
+        for run_id, run in first.items():
+            call = run["messages"][-1]["tool_calls"][0]
+            messages = [*run["messages"], {"role": "tool", "tool_call_id": call["id"], "content": "found it"}]
+            response = await client.post(chat_url(stack), headers={h.RUN_ID: run_id},
+                                         json={"model": MODEL, "messages": messages})
+            assert response.status_code == 200
+            assert response.headers[h.REPLICA] == run["replica"], run_id
+
+
+# ------------------------------------------------------------- the scheduler restarts
+
+
+@pytest.mark.parametrize("outage_s", [2, 10])
+def test_turns_held_during_a_scheduler_outage_are_placed_within_a_second_of_its_return(make_stack, outage_s):
+    stack = make_stack(without=NO_RUNTIME)
+    scheduler = stack.process("scheduler")
+    scheduler.kill()
+    answered: dict[str, float] = {}
+
+    def turn(i: int) -> int:
+        response = httpx.post(chat_url(stack), headers={h.RUN_ID: f"held-{i}"}, timeout=outage_s + 30,
+                              json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        answered[f"held-{i}"] = time.monotonic()
+        return response.status_code
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(turn, i) for i in range(4)]
+        time.sleep(outage_s)
+        assert not any(f.done() for f in futures)  # waiting as if held
+        scheduler.start()
+        serving = threading.Event()
+        while not serving.is_set():
+            try:
+                serving.set() if httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/health",
+                                           timeout=1).status_code == 200 else None
+            except httpx.HTTPError:
+                time.sleep(0.02)
+        back = time.monotonic()
+        assert [f.result(timeout=30) for f in futures] == [200] * 4
+    worst = max(answered.values()) - back
+    assert worst <= 1.0, f"placed {worst:.2f} s after the scheduler served again"
+    log = (stack.state_dir / "logs" / "dataplane.log").read_text()
+    assert "Task was destroyed" not in log and "already running" not in log
