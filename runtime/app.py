@@ -86,7 +86,11 @@ def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGI
     journal_path = settings.state_dir / constants.JOURNAL_FILE
 
     async def health(request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "service": "runtime", "uptimeSeconds": round(time.time() - started_at)})
+        report = {"status": "ok", "service": "runtime", "uptimeSeconds": round(time.time() - started_at)}
+        problem = runtime.journal_problem
+        if problem:  # runs wait until their rounds and outcomes are on disk
+            return JSONResponse({**report, "status": "degraded", "problem": problem}, status_code=503)
+        return JSONResponse(report)
 
     async def ready(request: Request) -> JSONResponse:
         """Ready: the journal can be written and the dataplane answers."""

@@ -85,6 +85,10 @@ GRACEFUL_SHUTDOWN_S = 5.0
 SESSIONLESS_CALLER = "mcp"
 
 JOURNAL_FILE = "runs.jsonl"
+# A round or outcome that cannot be journaled is written again this often until it is
+# (the run waits, Running, and /health answers 503 meanwhile): reporting the run
+# Failed would be contradicted by a restart, which resumes it from the journal.
+JOURNAL_RETRY_S = 1.0
 
 # Retention of finished runs: a finished run tree stays (answers `await`, shows in
 # `status`, survives restarts) for this long after its last run finished, and at most

@@ -9,6 +9,11 @@ Record kinds, each fsync'd before the effect it records is acknowledged:
 - ``budgetExceeded``: the run whose budget was exceeded, with kind, used and limit (its
   subtree's ``finished`` records follow as the runs wind down).
 
+A round or ``finished`` record that cannot be written (disk full, directory not
+writable) is retried until it is, and the run waits meanwhile: the journal is what a
+restart will believe, so no outcome is told to a client before it is on disk.
+``problem`` names the journal and the error while writes fail (``/health`` shows it).
+
 Replay ignores record kinds it does not know, so later features (approval decisions)
 can add kinds without breaking older journals.
 
@@ -29,6 +34,7 @@ from typing import Any
 
 import structlog
 
+from luftpause.runtime import constants
 from luftpause.runtime.metrics import JOURNAL_FSYNC
 from luftpause.runtime.runs import BudgetExcess, Run, RunSpec, RunStats, RunStatus
 
@@ -49,6 +55,7 @@ class Journal:
         self._lock = threading.Lock()  # one writer thread at a time, whole lines only
         self._queued: list[tuple[bytes, asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
+        self.problem: str | None = None  # why the last write failed, until one succeeds
 
     def read(self) -> list[dict[str, Any]]:
         """All intact records; a torn or corrupt line (crash mid-write) is skipped."""
@@ -83,13 +90,28 @@ class Journal:
             try:
                 await asyncio.to_thread(self._write_durably, b"".join(line for line, _ in batch))
             except OSError as exc:
+                if self.problem is None:
+                    log.error("journal_unwritable", path=str(self.path), error=str(exc))
+                self.problem = f"cannot write the run journal {self.path}: {exc}"
                 for _, written in batch:
                     if not written.done():
                         written.set_exception(exc)
             else:
+                if self.problem is not None:
+                    log.info("journal_writable_again", path=str(self.path))
+                self.problem = None
                 for _, written in batch:
                     if not written.done():
                         written.set_result(None)
+
+    async def append_until_written(self, record: dict[str, Any]) -> None:
+        """Append, retrying every JOURNAL_RETRY_S while the journal cannot be written."""
+        while True:
+            try:
+                await self.append(record)
+                return
+            except OSError:
+                await asyncio.sleep(constants.JOURNAL_RETRY_S)
 
     def _write_durably(self, lines: bytes) -> None:
         with self._lock:
@@ -117,7 +139,7 @@ class Journal:
         )
 
     async def round(self, run: Run, messages: list[dict[str, Any]]) -> None:
-        await self.append(
+        await self.append_until_written(
             {
                 "type": "round",
                 "handle": run.handle,
@@ -136,7 +158,7 @@ class Journal:
         stats: RunStats,
         finished_at: float | None = None,
     ) -> None:
-        await self.append(
+        await self.append_until_written(
             {
                 "type": "finished",
                 "handle": handle,
@@ -207,6 +229,12 @@ def _apply(runs: dict[str, Run], record: dict[str, Any], initial_messages: Any) 
             created_at=record.get("createdAt", 0.0),
             messages=initial_messages(spec),
         )
+    elif handle not in runs and kind == "finished":
+        # Its `created` line is lost (corrupt): the outcome alone still answers `await`.
+        log.warning("journal_run_without_created", handle=handle, effect="restored from its finished record")
+        runs[handle] = Run(handle=handle, spec=RunSpec(task=""), caller="",
+                           created_at=record.get("finishedAt") or 0.0, messages=[])
+        _apply(runs, record, initial_messages)
     elif handle not in runs:
         log.warning("journal_record_without_run", handle=handle, type=kind)
     elif kind == "round":

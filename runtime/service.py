@@ -147,6 +147,11 @@ class Runtime:
             await asyncio.wait(pending, timeout=constants.CANCEL_WAIT_S)
 
     @property
+    def journal_problem(self) -> str | None:
+        """Why the journal cannot be written right now, or None."""
+        return self._journal.problem if self._journal is not None else None
+
+    @property
     def dataplane(self) -> DataplaneClient:
         return self._dataplane
 
@@ -168,7 +173,7 @@ class Runtime:
             try:
                 await self._journal.created(run)  # durable before the handle is handed out
             except OSError as exc:
-                raise JournalUnavailable(f"cannot write the run journal: {exc}") from exc
+                raise JournalUnavailable(f"cannot write the run journal {self._journal.path}: {exc}") from exc
         self.runs.add(run)
         run.trace_parent = self._trace_parent(run)
         if run.has_budget:

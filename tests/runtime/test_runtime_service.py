@@ -337,7 +337,7 @@ async def test_a_turn_that_takes_too_long_fails_the_run(
 async def test_a_dropped_turn_is_sent_again_a_few_times(
     make_runtime: MakeRuntime, dataplane: ScriptedDataplane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(constants, "DATAPLANE_CONNECT_RETRY_S", 0.01)
+    monkeypatch.setattr(constants, "TURN_RETRY_BACKOFF_S", 0.01)
 
     async def dropped(request: httpx.Request) -> httpx.Response:
         raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
@@ -350,5 +350,34 @@ async def test_a_dropped_turn_is_sent_again_a_few_times(
     dataplane.script = [dropped] * 10
     gave_up = await finish(runtime, RunSpec(task="t"))
     assert gave_up.status is RunStatus.FAILED
-    assert (gave_up.error or "").startswith("the dataplane closed the connection before answering (3 attempts)")
-    assert len(dataplane.chat_requests) == 2 + 3
+    attempts = constants.TURN_RETRY_ATTEMPTS
+    assert (gave_up.error or "").startswith(f"the dataplane closed the connection before answering ({attempts} attempts)")
+    assert len(dataplane.chat_requests) == 2 + attempts
+
+
+async def test_a_turn_whose_engine_could_not_be_reached_is_sent_again_but_engine_errors_are_final(
+    make_runtime: MakeRuntime, dataplane: ScriptedDataplane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(constants, "TURN_RETRY_BACKOFF_S", 0.01)
+
+    async def unreachable(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(502, headers={headers.ENGINE_FAILURE: "unreachable"},
+                              json={"error": {"message": "engine engine-b: Server disconnected"}})
+
+    async def engine_502(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(502, json={"error": {"message": "bad gateway behind the engine"}})
+
+    runtime = await make_runtime()
+    dataplane.script = [unreachable, unreachable, text_reply("third try")]
+    recovered = await finish(runtime, RunSpec(task="t"))
+    assert recovered.status is RunStatus.COMPLETED and recovered.result == "third try"
+
+    dataplane.script = [unreachable] * 10
+    gave_up = await finish(runtime, RunSpec(task="t"))
+    assert gave_up.error == (f"dataplane answered 502: engine engine-b: Server disconnected "
+                             f"({constants.TURN_RETRY_ATTEMPTS} attempts)")
+
+    dataplane.script = [engine_502, text_reply("never sent")]
+    final = await finish(runtime, RunSpec(task="t"))
+    assert final.status is RunStatus.FAILED and final.error == "dataplane answered 502: bad gateway behind the engine"
+    assert len(dataplane.chat_requests) == 3 + constants.TURN_RETRY_ATTEMPTS + 1
