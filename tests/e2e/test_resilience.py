@@ -148,3 +148,71 @@ def test_turns_held_during_a_scheduler_outage_are_placed_within_a_second_of_its_
     assert worst <= 1.0, f"placed {worst:.2f} s after the scheduler served again"
     log = (stack.state_dir / "logs" / "dataplane.log").read_text()
     assert "Task was destroyed" not in log and "already running" not in log
+
+
+# ------------------------------------------------------- several dataplanes, one scheduler
+
+
+def dataplane_url(stack, index: int) -> str:
+    return f"http://127.0.0.1:{stack.ports.dataplanes[index]}/v1/chat/completions"
+
+
+async def test_runs_alternating_between_two_dataplanes_keep_their_replica(make_stack):
+    stack = make_stack(without=NO_RUNTIME, dataplanes=2, engine_args=["--token-ms", "20"])
+    replicas: dict[str, set[str]] = {}
+
+    async def run(client: httpx.AsyncClient, i: int) -> None:
+        run_id = f"run-{i}"
+        messages = [{"role": "user", "content": f"research {i}"}]
+        for turn in range(3):  # the fake engine calls a tool twice, then answers
+            response = await client.post(dataplane_url(stack, (i + turn) % 2), headers={h.RUN_ID: run_id},
+                                         json={"model": MODEL, "messages": messages, "tools": [TOOL]})
+            assert response.status_code == 200
+            replicas.setdefault(run_id, set()).add(response.headers[h.REPLICA])
+            message = response.json()["choices"][0]["message"]
+            messages.append(message)
+            for call in message.get("tool_calls") or []:
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": "found"})
+
+    async with httpx.AsyncClient(timeout=30) as client:
+        await asyncio.gather(*(run(client, i) for i in range(6)))
+    assert all(len(used) == 1 for used in replicas.values()), replicas
+    assert set().union(*replicas.values()) == {"engine-a", "engine-b"}
+
+
+async def test_a_dataplane_restart_does_not_free_the_slots_of_another_dataplanes_turns(make_stack):
+    # Engines run 2 requests at once and take ~6 s per reply; once probed with a queue
+    # they are capped at 2 in flight each.
+    stack = make_stack(without=NO_RUNTIME, dataplanes=2,
+                       engine_args=["--max-running", "2", "--reply-tokens", "60", "--token-ms", "100"])
+
+    async def turn(client: httpx.AsyncClient, index: int, i: int) -> int:
+        response = await client.post(dataplane_url(stack, index), headers={h.RUN_ID: f"run-{i}"},
+                                     json={"model": MODEL, "messages": [{"role": "user", "content": f"q{i}"}]})
+        return response.status_code
+
+    async with httpx.AsyncClient(timeout=120) as client:
+        first = [asyncio.create_task(turn(client, 0, i)) for i in range(8)]
+        assert await asyncio.to_thread(wait_until, lambda: status(stack)["in_flight"] == 8, 5)
+        peer = stack.process("dataplane-2")
+        peer.kill()
+        peer.start()
+        peer.wait_ready()
+        assert await asyncio.to_thread(wait_until, lambda: _connected(stack, 1), 10)
+        assert status(stack)["in_flight"] == 8  # the peer's empty Resync freed nothing
+        assert await asyncio.to_thread(
+            wait_until, lambda: all(r["capacity"] == 2 for r in status(stack)["replicas"]), 10)
+        second = [asyncio.create_task(turn(client, 1, i)) for i in range(8, 14)]
+        await asyncio.sleep(1)
+        snapshot = status(stack)
+        assert snapshot["held"] == 6 and snapshot["in_flight"] == 8  # caps hold across dataplanes
+        codes = await asyncio.gather(*first, *second)
+    assert codes == [200] * 14
+
+
+def _connected(stack, index: int) -> bool:
+    try:
+        health = httpx.get(f"http://127.0.0.1:{stack.ports.dataplanes[index]}/health").json()
+    except httpx.HTTPError:
+        return False
+    return health.get("scheduler") == "connected"
