@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 BASE_COMPOSE = "compose.yaml"
 OVERLAYS = ["compose.testbed.yaml", "compose.runpod.yaml", "compose.ollama.yaml", "compose.otel.yaml",
-            "compose.monitoring.yaml"]
+            "compose.monitoring.yaml", "compose.peers.yaml"]
 COMPOSE_FILES = [BASE_COMPOSE, *OVERLAYS]
 
 # The variables the overlays insist on (`${VAR:?}`), so `docker compose config` can run.
@@ -536,3 +536,11 @@ def test_otel_overlay_points_every_service_at_the_collector():
         assert as_env(overlay[service]["environment"])["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
     assert "4318" in overlay["jaeger"]["expose"]
     assert overlay["jaeger"]["ports"] == ["127.0.0.1:16686:16686"]
+
+
+def test_peers_overlay_adds_a_scalable_dataplane_the_runtime_uses():
+    base, peers = compose(BASE_COMPOSE)["services"], compose("compose.peers.yaml")["services"]
+    peer = peers["dataplane-peer"]
+    assert peer["image"] == base["dataplane"]["image"] and "ports" not in peer  # scalable: no fixed host port
+    assert peer["environment"]["LUFTPAUSE_SCHEDULER_ADDR"] == base["dataplane"]["environment"]["LUFTPAUSE_SCHEDULER_ADDR"]
+    assert peers["runtime"]["environment"]["LUFTPAUSE_DATAPLANE_URL"] == "http://dataplane-peer:8080"
