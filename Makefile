@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test proto proto-check clean help release lock
+.PHONY: run test proto proto-check clean help release lock chaos
 
 help:
 	@echo "make run    start the whole stack as local processes on loopback (Ctrl-C stops it);"
@@ -12,6 +12,7 @@ help:
 	@echo "            ENGINE=llama: two real llama.cpp replicas of SmolLM2-135M instead of the fakes"
 	@echo "make test   install what the tests need and run every test"
 	@echo "make proto  regenerate the gRPC modules from proto/scheduler.proto"
+	@echo "make chaos  seeded chaos run: every process SIGKILLed under load, a table per seed"
 
 # The virtualenv is (re)built when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -38,6 +39,11 @@ test: $(STAMP)
 
 proto: $(STAMP)
 	$(PY) -m luftpause.proto.generate
+
+# Seeds 1 and 2: 60 runs each through 3 runtime, 2 scheduler, 2 dataplane, 1 engine SIGKILL.
+CHAOS_ARGS ?=
+chaos: $(STAMP)
+	$(PY) -m luftpause.loadgen.chaos $(CHAOS_ARGS)
 
 proto-check: $(STAMP)
 	$(PY) -m luftpause.proto.generate --check

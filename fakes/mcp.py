@@ -58,13 +58,14 @@ class CallCounter:
         return {"calls": dict(self.started), "completed": dict(self.completed)}
 
 
-async def _run_tool(counter: CallCounter, name: str, wait_s: float, text: str) -> str:
-    """The shared body of every fake tool: count, wait, answer."""
+async def _run_tool(counter: CallCounter, name: str, wait_s: float, text: str, query: str = "") -> str:
+    """The shared body of every fake tool: count, wait, answer. The log names the query,
+    so a chaos run can count each run's executions here."""
     counter.started[name] += 1
-    log.info("tool_start", tool=name, wait_s=wait_s)
+    log.info("tool_start", tool=name, wait_s=wait_s, query=query)
     await asyncio.sleep(wait_s)
     counter.completed[name] += 1
-    log.info("tool_done", tool=name)
+    log.info("tool_done", tool=name, query=query)
     return text
 
 
@@ -82,7 +83,8 @@ def create_server(config: McpConfig, counter: CallCounter) -> MCPServer:
         structured_output=False,
     )
     async def lookup(query: str) -> str:
-        return await _run_tool(counter, "lookup", config.delay_s, f"Lookup result for '{query}': placeholder text.")
+        return await _run_tool(counter, "lookup", config.delay_s, f"Lookup result for '{query}': placeholder text.",
+                               query)
 
     @server.tool(
         description="Search deeply (slow: twice the lookup wait; placeholder answer).",
@@ -91,7 +93,7 @@ def create_server(config: McpConfig, counter: CallCounter) -> MCPServer:
     )
     async def deep_search(query: str) -> str:
         text = f"Deep search findings for '{query}': placeholder text from several fake sources."
-        return await _run_tool(counter, "deep_search", 2 * config.delay_s, text)
+        return await _run_tool(counter, "deep_search", 2 * config.delay_s, text, query)
 
     @server.tool(
         description="Delete a note by id (destructive; nothing is really deleted).",
