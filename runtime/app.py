@@ -98,6 +98,8 @@ def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGI
         target = journal_path if journal_path.exists() else journal_path.parent
         if not os.access(target, os.W_OK):
             problems.append(f"journal {journal_path} is not writable")
+        elif runtime.journal_problem:  # the last write failed (permissions are not all)
+            problems.append(runtime.journal_problem)
         try:
             async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
                 answer = await client.get(settings.dataplane_url.rstrip("/") + "/health")

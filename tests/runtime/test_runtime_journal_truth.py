@@ -51,6 +51,8 @@ async def test_an_unwritable_journal_degrades_health_and_runs_wait_instead_of_fa
         health = lambda: httpx.get(f"{runtime.url}/health")  # noqa: E731
         assert await wait_for(lambda: health().status_code == 503, 15)
         assert str(journal) in health().json()["problem"]
+        ready = httpx.get(f"{runtime.url}/ready")
+        assert ready.status_code == 503 and any(str(journal) in p for p in ready.json()["problems"])
         waited = await call(client, "await", {"handles": [handle], "timeout": 1.5})
         assert waited["timedOut"] is True and waited["runs"][0]["status"] == "Running"
 
