@@ -142,7 +142,7 @@ async def test_spawn_takes_every_argument_and_status_shows_them(runtime_server: 
     assert status["parent"] == parent and status["model"] == "fake-llama-1b" and status["serviceClass"] == "batch"
     assert status["settings"] == {
         "maxToolCalls": 3, "maxTokens": 0, "parallelToolCalls": True, "tools": ["lookup", "deep_search"],
-        "approveTools": ["delete_note"], "system": "be brief",
+        "approveTools": ["delete_note"], "system": "be brief", "temperature": None,
     }
     assert status["budget"]["limits"] == {"tokens": 100000, "toolCalls": 10, "seconds": 120}
     assert status["pendingApproval"] is None
