@@ -1,4 +1,4 @@
-"""Benchmarks B1–B3 (BENCHMARKS.md): luftpause against the SGLang router on the same fake
+"""Benchmarks B1–B3 (docs/benchmarks.md): luftpause against the SGLang router on the same fake
 engines, in one invocation, every variant repeated.
 
 ``python -m luftpause.loadgen.bench b1|b2|b3|all [--repeats N] [--time-scale F]``
@@ -7,7 +7,7 @@ Each benchmark starts what it needs itself — two fake engine replicas sharing 
 simulated GPU (one process, ``--preset laptop-1b-sglang``), the fake MCP, SGLang routers (``cache_aware``, ``round_robin``) in front of the same
 engines, luftpause's scheduler, dataplane and runtime, and for the MCP baselines a
 runtime whose turns go straight to a router — runs the variants one after another
-(engines emptied between variants), prints the table in BENCHMARKS.md's shape with
+(engines emptied between variants), prints the table in the shape of docs/benchmarks.md with
 ratios against the router, and writes the raw results to ``bench-results/``. Times are
 model seconds: wall seconds divided by the time scale. Per variant it also reports what
 the engines saw: the mean of the summed ``num_queue_reqs`` (as ``/metrics`` shows it,
