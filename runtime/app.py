@@ -26,6 +26,7 @@ from luftpause.runtime.journal import Journal
 from luftpause.runtime.mcp_server import build_mcp_server
 from luftpause.runtime.metrics import build_registry, exposition
 from luftpause.runtime.service import Runtime
+from luftpause.runtime.sessions import evict_idle_at_cap
 from luftpause.runtime.tasks import TASKS_FILE, TaskStore
 from luftpause.runtime.upstream import Toolbox
 
@@ -81,6 +82,7 @@ def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGI
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         max_sessions=settings.max_sessions, session_idle_timeout=settings.session_idle_s,
     )
+    evict_idle_at_cap(mcp_server.session_manager)
     started_at = time.time()
     registry = build_registry(runtime)
     journal_path = settings.state_dir / constants.JOURNAL_FILE

@@ -115,7 +115,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
     )
     parser.add_argument(
         "--max-sessions", type=int, default=int(env.get("LUFTPAUSE_MAX_SESSIONS", constants.MAX_SESSIONS)),
-        help="open MCP sessions; new ones beyond it get 503 (env LUFTPAUSE_MAX_SESSIONS, default %(default)s)",
+        help="open MCP sessions; at the cap the longest-idle session is closed for a new one, which gets 503 only while every session has a request in flight (env LUFTPAUSE_MAX_SESSIONS, default %(default)s)",
     )
     parser.add_argument(
         "--session-idle", type=float, default=float(env.get("LUFTPAUSE_SESSION_IDLE_S", constants.SESSION_IDLE_S)),
