@@ -4,10 +4,10 @@
 
 Two fake engines that run at most ``--max-running`` requests each (the rest wait in
 their FIFO), ``--batch`` + ``--interactive`` streaming clients in a closed loop (each
-request a new run), first direct to the engines (round robin: what an engine's own
-queue does to interactive turns), then through luftpause's stack (scheduler and
-dataplane as ``make run`` starts them). Every 0.2 s the engines' ``num_queue_reqs``
-and the scheduler's held and in-flight turns are sampled. Prints a table and writes
+request a new run), through luftpause's stack (scheduler and dataplane as ``make run``
+starts them) and then direct to the engines (round robin: what an engine's own queue
+does to interactive turns). Every 0.2 s the engines' ``num_queue_reqs`` and the
+scheduler's held and in-flight turns are sampled. Prints a table and writes
 ``bench-results/admission-<time>.json``.
 
 What luftpause should show: the engines' summed queue near zero (the limit keeps the
@@ -187,12 +187,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             engine_urls = [f"http://127.0.0.1:{port}" for port in stack.ports.engines]
             direct = [f"{url}/v1" for url in engine_urls]
-            results["direct to the engines (round robin)"] = asyncio.run(
-                _measure(direct, engine_urls, None, args, luftpause=False))
-            _wait_drained(engine_urls)
-            results["through luftpause"] = asyncio.run(_measure(
+            # luftpause first: while the direct clients flood the engines the scheduler
+            # keeps probing them, and a limit learned from load that is not its own
+            # would start the luftpause variant from a wrong place.
+            luftpause = asyncio.run(_measure(
                 [f"http://127.0.0.1:{stack.ports.dataplane}/v1"], engine_urls,
                 f"http://127.0.0.1:{stack.ports.scheduler_http}/status", args, luftpause=True))
+            _wait_drained(engine_urls)
+            results["direct to the engines (round robin)"] = asyncio.run(
+                _measure(direct, engine_urls, None, args, luftpause=False))
+            results["through luftpause"] = luftpause
         finally:
             stack.stop()
     console.print(_table(results))
