@@ -399,10 +399,17 @@ def batch_reserve(replica: Replica) -> int:
     paused = replica.paused_interactive
     if paused == 0:
         return 0
-    if replica.kv_total > 0 and replica.kv_used > 0 and replica.running > 0 and replica.paused_interactive_tokens:
-        per_turn = replica.kv_used / replica.running
+    per_turn = _tokens_per_turn(replica)
+    if per_turn and replica.paused_interactive_tokens:
         return max(paused, math.ceil(replica.paused_interactive_tokens / per_turn))
     return paused
+
+
+def _tokens_per_turn(replica: Replica) -> float | None:
+    """KV tokens an average running request holds, where the engine reports its pool."""
+    if replica.kv_total > 0 and replica.kv_used > 0 and replica.running > 0:
+        return replica.kv_used / replica.running
+    return None
 
 
 def _has_room(replica: Replica, service_class: str) -> bool:
@@ -704,8 +711,8 @@ def _turns_wait_for(state: State, name: str) -> bool:
 
 def _limit_step(replica: Replica) -> int:
     ceiling = max(1, replica.limit // LIMIT_MAX_STEP_DIVISOR)
-    if replica.kv_total > 0 and replica.running > 0 and replica.kv_used > 0:
-        per_turn = replica.kv_used / replica.running
+    per_turn = _tokens_per_turn(replica)
+    if per_turn:
         fits = int(max(0, replica.kv_total - replica.kv_used) * LIMIT_FREE_KV_SHARE / per_turn)
         return max(1, min(ceiling, fits))
     return 1
