@@ -186,12 +186,15 @@ def test_state_after_resync_equals_state_before_the_restart(ops):
 
 def queue_lowers_the_limit(before, event, after, actions):
     """An engine that queues while luftpause has at least as many turns there as it
-    runs leaves with a limit no higher than what it runs: the queue goes to the gateway."""
+    runs leaves with a limit no higher than what it serves of luftpause's (the larger of
+    what it runs and luftpause's turns less its queue): the queue goes to the gateway."""
     if not isinstance(event, core.EngineProbed) or not event.healthy or not event.queued or event.running is None:
         return
     replica = after.replicas[event.replica]
-    if before.replicas[event.replica].in_flight >= event.running:
-        assert replica.capacity is not None and replica.capacity <= max(1, event.running), (event, replica)
+    in_flight = before.replicas[event.replica].in_flight
+    if in_flight >= event.running:
+        serving = max(1, event.running, in_flight - event.queued)
+        assert replica.capacity is not None and replica.capacity <= serving, (event, replica)
 
 
 @settings(max_examples=600, deadline=None)
