@@ -752,6 +752,9 @@ async def server_info(request: web.Request) -> web.Response:
         "page_size": config.block_tokens,
         "context_length": config.context_tokens or None,
         "stream_interval": config.stream_interval,
+        # Batches up to this size decode from captured CUDA graphs; larger ones run eagerly.
+        "cuda_graph_max_bs": config.cuda_graph_max_bs or None,
+        "disable_cuda_graph": False,
         "dp_size": 1,
         "tp_size": 1,
     })

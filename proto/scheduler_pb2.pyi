@@ -190,7 +190,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("name", "base_url", "kind", "models", "healthy", "load_known", "running", "queued", "in_flight", "capacity", "batch_reserve", "kv_used_tokens", "kv_total_tokens")
+    __slots__ = ("name", "base_url", "kind", "models", "healthy", "load_known", "running", "queued", "in_flight", "capacity", "batch_reserve", "kv_used_tokens", "kv_total_tokens", "decode_ceiling")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BASE_URL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +204,7 @@ class ReplicaStatus(_message.Message):
     BATCH_RESERVE_FIELD_NUMBER: _ClassVar[int]
     KV_USED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_CEILING_FIELD_NUMBER: _ClassVar[int]
     name: str
     base_url: str
     kind: str
@@ -217,7 +218,8 @@ class ReplicaStatus(_message.Message):
     batch_reserve: int
     kv_used_tokens: int
     kv_total_tokens: int
-    def __init__(self, name: _Optional[str] = ..., base_url: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., healthy: _Optional[bool] = ..., load_known: _Optional[bool] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., batch_reserve: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_total_tokens: _Optional[int] = ...) -> None: ...
+    decode_ceiling: int
+    def __init__(self, name: _Optional[str] = ..., base_url: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., healthy: _Optional[bool] = ..., load_known: _Optional[bool] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., batch_reserve: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_total_tokens: _Optional[int] = ..., decode_ceiling: _Optional[int] = ...) -> None: ...
 
 class HeldGroup(_message.Message):
     __slots__ = ("key", "count", "longest_wait_ms")

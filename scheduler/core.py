@@ -10,7 +10,10 @@ in the events. Read top to bottom it is the policy:
 * admission keeps the queue at the gateway, not in the engine: each replica has a
   concurrency limit learned from the engine (see "The admission limit" below) and
   kept between probes; in-flight turns are counted here, so a stale probe cannot
-  over-admit; engines without load metrics are never limited;
+  over-admit; engines without load metrics are never limited; and no replica gets
+  more turns in flight than the largest batch it decodes at full speed (its CUDA-graph
+  batch size as SGLang reports it, or the pool file's ``max_batch``): above it every
+  token of every run there gets slower, the interactive ones included;
 * batch turns leave room under the limit for every interactive run paused on that
   replica, sized by the paused run's context in KV tokens where the engine reports
   token usage, one turn each otherwise; held turns are released interactive first,
@@ -70,6 +73,7 @@ class Replica(NamedTuple):
     kind: str = GENERATIVE
     api_key_env: str = ""
     device: str = ""  # replicas with the same device share one accelerator; "" = their own
+    max_batch: int = 0  # the pool file's ceiling on turns in flight here; 0 = none set
     healthy: bool = False
     load_known: bool = False
     running: int = 0  # engine-reported, as of the last probe
@@ -83,11 +87,20 @@ class Replica(NamedTuple):
     since_growth: int = LIMIT_CALM_MAX  # probes since the limit last grew
     paused_interactive: int = 0  # interactive runs paused on a tool, last served here
     paused_interactive_tokens: int = 0  # their contexts, in tokens, where known
+    fast_batch: int = 0  # the largest decode batch the engine runs at full speed, as it reports it; 0 = unknown
+
+    @property
+    def ceiling(self) -> int:
+        """The decode-speed ceiling on turns in flight: the pool file's ``max_batch``, else
+        the engine's own fast batch size; 0 = none."""
+        return self.max_batch or self.fast_batch
 
     @property
     def capacity(self) -> int | None:
-        """The in-flight limit, or None while none has been learned (or no load is known)."""
-        return self.limit if self.limit > 0 else None
+        """Turns in flight this replica takes: the learned limit and the ceiling, whichever
+        is lower, or None while neither is known."""
+        caps = [c for c in (self.limit, self.ceiling) if c > 0]
+        return min(caps) if caps else None
 
 
 class Run(NamedTuple):
@@ -220,6 +233,7 @@ class EngineProbed:
     now_ms: int
     kv_used: int | None = None  # KV tokens held, None when not reported
     kv_total: int | None = None  # KV pool size in tokens, None when not reported
+    fast_batch: int | None = None  # the engine's fast decode batch (0: none), None when not read this time
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,11 +427,16 @@ def _tokens_per_turn(replica: Replica) -> float | None:
 
 
 def _has_room(replica: Replica, service_class: str) -> bool:
-    cap = replica.capacity
-    if cap is None:
+    """Whether one more turn of this class may go here now. The batch reserve comes off
+    the learned limit (the KV room paused interactive prefixes need), not off the decode
+    ceiling: under the ceiling a slot kept empty would slow every run for nothing, and
+    a resuming interactive turn takes the next free slot before any batch turn."""
+    if replica.ceiling and replica.in_flight >= replica.ceiling:
+        return False
+    if replica.limit <= 0:
         return True
     reserve = batch_reserve(replica) if service_class == BATCH else 0
-    return replica.in_flight + reserve < cap
+    return replica.in_flight + reserve < replica.limit
 
 
 def _pin(state: State, run: Run | None) -> str:
@@ -665,7 +684,8 @@ def _usage(state: State, event: TurnUsage) -> State:
 #   runs and our in-flight turns less its queue (never below 1);
 # * increase: when the engine has reported no queue for some probes in a row (two at
 #   first: one probe after a decrease is often the queue draining, not room),
-#   luftpause is at the limit and turns are held, the engine could take more: the
+#   luftpause is at the limit (its turns plus the batch reserve) and turns are held,
+#   the engine could take more: the
 #   limit grows by the requests that fit in half its free KV (at the tokens an
 #   average running request holds), at least one and at most half the limit per
 #   probe; by one per probe where the engine reports no KV pool;
@@ -673,7 +693,12 @@ def _usage(state: State, event: TurnUsage) -> State:
 #   calm probes the next increase waits for (up to 8), so an engine at its true
 #   capacity is not pushed into queueing every few seconds; twice that many calm
 #   probes in a row halve it again;
-# * forget: an unhealthy engine, or one that stops reporting load, is learned anew.
+# * forget: an unhealthy engine, or one that stops reporting load, is learned anew;
+# * the ceiling: above the engine's fast decode batch (SGLang captures CUDA graphs up
+#   to ``cuda_graph_max_bs`` and runs larger batches eagerly, paying the kernel
+#   launches every step) a step costs more for every request in it, so a larger batch
+#   buys little throughput and slows every token. In-flight turns stay at or below it
+#   whatever the limit says; the batch reserve comes off the limit, not the ceiling.
 
 
 def _limit_after_probe(state: State, replica: Replica) -> Replica:
@@ -698,7 +723,9 @@ def _limit_after_probe(state: State, replica: Replica) -> Replica:
         return replica
     if replica.calm_probes >= 2 * needed:  # long calm: the engine copes, be eager again
         needed = max(LIMIT_CALM_PROBES, needed // 2)
-    if limit > 0 and replica.calm_probes >= needed and replica.in_flight >= limit \
+    # At the limit: our turns there, plus the room kept for paused interactive runs
+    # (batch turns wait behind that room as surely as behind running turns).
+    if limit > 0 and replica.calm_probes >= needed and replica.in_flight + batch_reserve(replica) >= limit \
             and _turns_wait_for(state, replica.name):
         return replica._replace(limit=limit + _limit_step(replica), calm_needed=needed, since_growth=0)
     return replica._replace(calm_needed=needed)
@@ -730,6 +757,8 @@ def _probed(state: State, event: EngineProbed) -> State:
         queued=event.queued or 0,
         kv_used=event.kv_used or 0,
         kv_total=event.kv_total or 0,
+        # Read once per healthy spell: an engine that went away may come back with other settings.
+        fast_batch=event.fast_batch if event.fast_batch is not None else (replica.fast_batch if event.healthy else 0),
         calm_probes=0 if (event.queued or not event.healthy) else replica.calm_probes + 1,
         since_growth=min(LIMIT_CALM_MAX, replica.since_growth + 1),
     )
@@ -833,6 +862,7 @@ def status(state: State, now_ms: int) -> dict:
             "queued": r.queued,
             "in_flight": r.in_flight,
             "capacity": -1 if r.capacity is None else r.capacity,
+            "decode_ceiling": r.ceiling,
             "batch_reserve": batch_reserve(r),
             "kv_used_tokens": r.kv_used,
             "kv_total_tokens": r.kv_total,

@@ -25,7 +25,7 @@ from luftpause.scheduler import core
 from luftpause.scheduler.constants import CLOCK_TICK_S, DATAPLANE_GONE_S, FIRST_PROBE_WAIT_S, PROBE_PERIOD_S
 from luftpause.scheduler.metrics import SchedulerMetrics, exposition, status_view
 from luftpause.scheduler.pool import Endpoint
-from luftpause.scheduler.probes import ProbeResult, probe, probe_client
+from luftpause.scheduler.probes import ProbeResult, fast_batch, probe, probe_client
 from luftpause.scheduler.validation import admit_problem, resync_problem
 
 TRACER = trace.get_tracer("luftpause.scheduler")
@@ -76,6 +76,7 @@ class SchedulerHost:
         self.serving = False  # set once the gRPC server is up (readiness)
         self._probe_client: httpx.AsyncClient | None = None
         self._reprobing: set[str] = set()  # replicas probed out of turn right now
+        self._fast_batch_read: set[str] = set()  # replicas whose fast batch was read this healthy spell
         self._tasks: set[asyncio.Task] = set()
 
     def now_ms(self) -> int:
@@ -194,15 +195,25 @@ class SchedulerHost:
             while True:
                 started = time.monotonic()
                 results = await asyncio.gather(*(probe(client, e) for e in self.endpoints.values()))
+                unread = [e for e, r in zip(self.endpoints.values(), results, strict=True)
+                          if r.healthy and e.name not in self._fast_batch_read]
+                sizes = await asyncio.gather(*(fast_batch(client, e) for e in unread))
+                read = {e.name: size for e, size in zip(unread, sizes, strict=True)}
                 for endpoint, result in zip(self.endpoints.values(), results, strict=True):
-                    self._probe_result(endpoint.name, result)
+                    self._probe_result(endpoint.name, result, read.get(endpoint.name))
                 await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
 
-    def _probe_result(self, replica: str, result: ProbeResult) -> None:
+    def _probe_result(self, replica: str, result: ProbeResult, fast: int | None = None) -> None:
         self._log_probe(replica, result)
         self.metrics.probed(replica, result.healthy)
+        if not result.healthy:
+            self._fast_batch_read.discard(replica)
+        elif fast is not None:
+            self._fast_batch_read.add(replica)
+            if fast:
+                self.log.info("engine_fast_batch", replica=replica, fast_batch=fast)
         self.apply(core.EngineProbed(replica, result.healthy, result.running, result.queued, self.now_ms(),
-                                     result.kv_used, result.kv_total))
+                                     result.kv_used, result.kv_total, fast))
 
     def reprobe(self, replica: str) -> None:
         """Probe one replica now, out of turn: a turn failed there, and a dead engine

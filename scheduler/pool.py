@@ -14,6 +14,9 @@ YAML, one entry per endpoint::
         device: ""                     # replicas naming the same device share one accelerator:
                                        # turns fill one of them before the next (each pass of
                                        # each replica reads all weights); "" = its own hardware
+        max_batch: 16                  # optional: at most this many turns in flight here, the
+                                       # largest batch the engine decodes at full speed (read
+                                       # from SGLang's /get_server_info when absent)
 """
 
 from __future__ import annotations
@@ -43,10 +46,11 @@ class Endpoint:
     api_key_env: str = ""
     load_from: tuple[str, ...] = ()
     device: str = ""
+    max_batch: int = 0  # 0 = not set
 
     def replica(self) -> Replica:
         return Replica(self.name, self.base_url, frozenset(self.models), self.kind, self.api_key_env,
-                       device=self.device)
+                       device=self.device, max_batch=self.max_batch)
 
 
 def _expand(value: str, where: str) -> str:
@@ -68,6 +72,13 @@ def _strings(entry: dict, key: str, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise PoolError(f"{where}: '{key}' must be a list of strings")
     return tuple(value)
+
+
+def _max_batch(entry: dict, where: str) -> int:
+    value = entry.get("max_batch", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value == 0 and "max_batch" in entry):
+        raise PoolError(f"{where}: 'max_batch' must be a whole number of turns, at least 1")
+    return value
 
 
 def parse_pool(document: object) -> list[Endpoint]:
@@ -97,6 +108,7 @@ def parse_pool(document: object) -> list[Endpoint]:
             api_key_env=_text(entry, "api_key_env", where, ""),
             load_from=tuple(_expand(u, where).rstrip("/") for u in _strings(entry, "load_from", where)),
             device=_text(entry, "device", where, ""),
+            max_batch=_max_batch(entry, where),
         )
         if not endpoint.base_url.startswith(("http://", "https://")):
             raise PoolError(f"{where}: base_url must start with http:// or https://")

@@ -21,6 +21,8 @@ LOAD_METRICS = (
     ("llamacpp:requests_processing", "llamacpp:requests_deferred"),  # llama.cpp llama-server --metrics
     ("tgi_batch_current_size", "tgi_queue_size"),  # Hugging Face TGI
 )
+# SGLang's server arguments (``cuda_graph_max_bs`` among them); other engines answer 404.
+SERVER_INFO_PATH = "/get_server_info"
 # At most this many of an unknown engine's metric names go into the log line about it.
 SEEN_NAMES_LOGGED = 40
 
@@ -149,6 +151,24 @@ async def probe(client: httpx.AsyncClient, endpoint: Endpoint) -> ProbeResult:
         True, sum(n.running for n in numbers), sum(n.queued for n in numbers),
         sum(n.kv_used for n in numbers) if kv_known else None, sum(n.kv_total for n in numbers) if kv_known else None,
     )
+
+
+async def fast_batch(client: httpx.AsyncClient, endpoint: Endpoint) -> int:
+    """The largest decode batch the engine runs at full speed, as it reports it, or 0
+    when it says nothing usable. SGLang's ``/get_server_info`` carries its server
+    arguments: batches up to ``cuda_graph_max_bs`` replay captured CUDA graphs, larger
+    ones run eagerly (unless ``disable_cuda_graph``, when none is fast)."""
+    if endpoint.load_from:  # a router: its engines' settings are their own
+        return 0
+    try:
+        response = await client.get(endpoint.base_url + SERVER_INFO_PATH, headers=auth_headers(endpoint))
+        info = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return 0
+    if not isinstance(info, dict) or info.get("disable_cuda_graph") is True:
+        return 0
+    size = info.get("cuda_graph_max_bs")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
 
 
 def probe_client() -> httpx.AsyncClient:

@@ -502,3 +502,52 @@ def test_after_a_restart_held_turns_go_once_the_first_probes_time_out():
     assert actions == []
     state, actions = core.decide(state, core.ClockTicked(5000))
     assert placed(actions) == {"t1": "a"}  # b never answered: the run moves
+
+
+def test_in_flight_stays_at_the_engines_fast_batch_whatever_the_limit():
+    # SGLang decodes batches up to its CUDA-graph size fast; above it every step is
+    # slower for every request in it. The engine's KV would take 20 of ours.
+    state = pool("a")
+    state, _ = core.decide(state, core.EngineProbed("a", True, 20, 1, 1, 20_000, 60_000, 8))
+    state, first = fill(state, 12)
+    assert len(first) == 8 and len(state.held) == 4
+    assert state.replicas["a"].capacity == 8 and core.status(state, 1)["replicas"][0]["decode_ceiling"] == 8
+    # Later probes do not re-read it; a turn ending lets exactly one more in.
+    state, _ = probe(state, running=8, queued=0, now=2)
+    state, _ = core.decide(state, core.TurnFinished("t0", "stop", 3))
+    assert len(state.held) == 3 and state.replicas["a"].in_flight == 8
+
+
+def test_the_pool_files_max_batch_wins_over_what_the_engine_reports():
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), max_batch=3)])
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0, fast_batch=8))
+    state, first = fill(state, 5)
+    assert len(first) == 3 and state.replicas["a"].capacity == 3
+
+
+def test_the_fast_batch_is_forgotten_when_the_engine_goes_away():
+    state = pool("a")
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 1, fast_batch=4))
+    state, _ = core.decide(state, core.EngineProbed("a", False, None, None, 2))
+    state, _ = core.decide(state, core.EngineProbed("a", True, None, None, 3))  # back, not re-read yet
+    state, first = fill(state, 6)
+    assert len(first) == 6 and state.replicas["a"].capacity is None
+
+
+def test_under_the_ceiling_the_batch_reserve_keeps_no_slot_empty():
+    # The reserve is KV room for paused prefixes, taken off the learned limit: with a
+    # limit of 20 and a reserve of 3, batch still fills the ceiling of 8, and the paused
+    # run's next turn goes before any batch turn when a slot frees.
+    state = pool("a")
+    state, _ = admit(state, "i1", "interactive-run")
+    state, _ = core.decide(state, core.TurnUsage("i1", 2900, 100, 1))
+    state, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 1))
+    state, _ = core.decide(state, core.EngineProbed("a", True, 10, 1, 2, 10_000, 40_000, 8))
+    state = state._replace(replicas=state.replicas.set("a", state.replicas["a"]._replace(limit=20)))
+    assert core.batch_reserve(state.replicas["a"]) == 3
+    state, batch = fill(state, 10)
+    assert len(batch) == 8
+    state, back = admit(state, "i2", "interactive-run", now=3)
+    assert not placed(back)
+    state, freed = core.decide(state, core.TurnFinished("t0", "stop", 4))
+    assert placed(freed) == {"i2": "a"}

@@ -13,7 +13,7 @@ from luftpause.fakes.engine import EngineConfig
 from luftpause.fakes.engine import create_app as create_engine_app
 from luftpause.procs import ManagedProcess, free_port, wait_until
 from luftpause.scheduler.pool import Endpoint, PoolError, parse_pool
-from luftpause.scheduler.probes import parse_load, probe, probe_client
+from luftpause.scheduler.probes import fast_batch, parse_load, probe, probe_client
 
 GOOD = {"name": "a", "base_url": "http://127.0.0.1:1", "models": ["m"]}
 
@@ -28,6 +28,9 @@ GOOD = {"name": "a", "base_url": "http://127.0.0.1:1", "models": ["m"]}
         ({**GOOD, "base_url": "ftp://x"}, "base_url"),
         ({**GOOD, "colour": "red"}, "colour"),
         ({**GOOD, "base_url": "https://${NO_SUCH_VARIABLE_HERE}"}, "NO_SUCH_VARIABLE_HERE"),
+        ({**GOOD, "max_batch": 0}, "'max_batch'"),
+        ({**GOOD, "max_batch": "8"}, "'max_batch'"),
+        ({**GOOD, "max_batch": True}, "'max_batch'"),
     ],
 )
 def test_bad_pool_entry_is_rejected_naming_the_field(entry, names):
@@ -226,3 +229,27 @@ async def test_garbage_metrics_mean_no_load_and_name_the_problem():
     assert result.healthy and result.running is None and result.queued is None
     assert result.problems and result.problems[0][0].endswith("/metrics")
     await asyncio.sleep(0)
+
+
+def test_pool_max_batch_caps_the_replica():
+    [endpoint] = parse_pool({"endpoints": [{**GOOD, "max_batch": 12}]})
+    assert endpoint.replica().ceiling == 12 and parse_pool({"endpoints": [GOOD]})[0].replica().ceiling == 0
+
+
+@pytest.mark.parametrize(("graphs", "expected"), [(8, 8), (0, 0)])
+async def test_fast_batch_is_read_from_sglangs_server_info(graphs, expected):
+    app = create_engine_app(EngineConfig(cuda_graph_max_bs=graphs))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with probe_client() as client:
+            size = await fast_batch(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",)))
+            # A router speaks for engines whose settings are their own; a dead port says nothing.
+            router = await fast_batch(client, Endpoint("r", f"http://127.0.0.1:{port}", ("m",),
+                                                       load_from=(f"http://127.0.0.1:{port}",)))
+            gone = await fast_batch(client, Endpoint("g", f"http://127.0.0.1:{free_port()}", ("m",)))
+    finally:
+        await runner.cleanup()
+    assert (size, router, gone) == (expected, 0, 0)
