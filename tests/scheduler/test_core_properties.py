@@ -129,6 +129,25 @@ def test_in_flight_never_exceeds_a_capped_engines_cap(running, ops):
     driver.play(ops)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 4), st.one_of(st.none(), st.integers(0, 3)), operations)
+def test_in_flight_never_exceeds_the_decode_ceiling(ceiling, running, ops):
+    """Whatever the learned limit does, no placement takes a replica past the batch it
+    decodes at full speed (as the engine reported it on its first probe)."""
+    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in REPLICAS)
+    for name in REPLICAS:
+        state, _ = core.decide(state, core.EngineProbed(name, True, running, None if running is None else 1, 0,
+                                                        fast_batch=ceiling))
+
+    def never_over_ceiling(before, event, after, actions):
+        for place in placements(actions):
+            replica = after.replicas[place.replica]
+            if replica.ceiling:
+                assert replica.in_flight <= replica.ceiling, (place, replica)
+
+    Driver(state=state, checks=[never_over_ceiling, never_over_cap]).play(ops)
+
+
 @settings(max_examples=600, deadline=None)
 @given(operations)
 def test_a_pinned_run_is_never_placed_elsewhere_while_its_replica_is_healthy(ops):
