@@ -747,7 +747,7 @@ async def server_info(request: web.Request) -> web.Response:
     return web.json_response({
         "version": "fake",
         "served_model_name": config.models[0],
-        "max_running_requests": config.max_running,  # 0: no limit but KV (SGLang reports its own)
+        "max_running_requests": config.max_running,
         "max_total_num_tokens": config.kv_tokens,
         "page_size": config.block_tokens,
         "context_length": config.context_tokens or None,

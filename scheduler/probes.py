@@ -153,16 +153,11 @@ async def probe(client: httpx.AsyncClient, endpoint: Endpoint) -> ProbeResult:
     )
 
 
-def _positive(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 async def fast_batch(client: httpx.AsyncClient, endpoint: Endpoint) -> int:
-    """The largest batch the engine decodes at full speed, as it reports it, or 0 when
-    it says nothing usable. SGLang's ``/get_server_info`` carries its server arguments:
-    batches up to ``cuda_graph_max_bs`` replay captured CUDA graphs, larger ones run
-    eagerly (unless ``disable_cuda_graph``, when none is fast); and it never runs more
-    than ``max_running_requests`` at once (the rest wait in its queue)."""
+    """The largest decode batch the engine runs at full speed, as it reports it, or 0
+    when it says nothing usable. SGLang's ``/get_server_info`` carries its server
+    arguments: batches up to ``cuda_graph_max_bs`` replay captured CUDA graphs, larger
+    ones run eagerly (unless ``disable_cuda_graph``, when none is fast)."""
     if endpoint.load_from:  # a router: its engines' settings are their own
         return 0
     try:
@@ -170,11 +165,10 @@ async def fast_batch(client: httpx.AsyncClient, endpoint: Endpoint) -> int:
         info = response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return 0
-    if not isinstance(info, dict):
+    if not isinstance(info, dict) or info.get("disable_cuda_graph") is True:
         return 0
-    graphs = 0 if info.get("disable_cuda_graph") is True else _positive(info.get("cuda_graph_max_bs"))
-    sizes = [size for size in (graphs, _positive(info.get("max_running_requests"))) if size]
-    return min(sizes, default=0)
+    size = info.get("cuda_graph_max_bs")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
 
 
 def probe_client() -> httpx.AsyncClient:

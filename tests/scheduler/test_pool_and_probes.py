@@ -236,9 +236,9 @@ def test_pool_max_batch_caps_the_replica():
     assert endpoint.replica().ceiling == 12 and parse_pool({"endpoints": [GOOD]})[0].replica().ceiling == 0
 
 
-@pytest.mark.parametrize(("graphs", "running", "expected"), [(8, 0, 8), (0, 0, 0), (0, 3, 3), (8, 5, 5), (8, 20, 8)])
-async def test_fast_batch_is_read_from_sglangs_server_info(graphs, running, expected):
-    app = create_engine_app(EngineConfig(cuda_graph_max_bs=graphs, max_running=running))
+@pytest.mark.parametrize(("graphs", "expected"), [(8, 8), (0, 0)])
+async def test_fast_batch_is_read_from_sglangs_server_info(graphs, expected):
+    app = create_engine_app(EngineConfig(cuda_graph_max_bs=graphs))
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
