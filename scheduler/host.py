@@ -76,7 +76,6 @@ class SchedulerHost:
         self.serving = False  # set once the gRPC server is up (readiness)
         self._probe_client: httpx.AsyncClient | None = None
         self._reprobing: set[str] = set()  # replicas probed out of turn right now
-        self._fast_batch_read: set[str] = set()  # replicas whose fast batch was read this healthy spell
         self._tasks: set[asyncio.Task] = set()
 
     def now_ms(self) -> int:
@@ -195,8 +194,9 @@ class SchedulerHost:
             while True:
                 started = time.monotonic()
                 results = await asyncio.gather(*(probe(client, e) for e in self.endpoints.values()))
+                # The fast batch is read on the first healthy probe of each healthy spell.
                 unread = [e for e, r in zip(self.endpoints.values(), results, strict=True)
-                          if r.healthy and e.name not in self._fast_batch_read]
+                          if r.healthy and not self.state.replicas[e.name].healthy]
                 sizes = await asyncio.gather(*(fast_batch(client, e) for e in unread))
                 read = {e.name: size for e, size in zip(unread, sizes, strict=True)}
                 for endpoint, result in zip(self.endpoints.values(), results, strict=True):
@@ -206,12 +206,8 @@ class SchedulerHost:
     def _probe_result(self, replica: str, result: ProbeResult, fast: int | None = None) -> None:
         self._log_probe(replica, result)
         self.metrics.probed(replica, result.healthy)
-        if not result.healthy:
-            self._fast_batch_read.discard(replica)
-        elif fast is not None:
-            self._fast_batch_read.add(replica)
-            if fast:
-                self.log.info("engine_fast_batch", replica=replica, fast_batch=fast)
+        if fast:
+            self.log.info("engine_fast_batch", replica=replica, fast_batch=fast)
         self.apply(core.EngineProbed(replica, result.healthy, result.running, result.queued, self.now_ms(),
                                      result.kv_used, result.kv_total, fast))
 

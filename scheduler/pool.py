@@ -75,8 +75,10 @@ def _strings(entry: dict, key: str, where: str) -> tuple[str, ...]:
 
 
 def _max_batch(entry: dict, where: str) -> int:
-    value = entry.get("max_batch", 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value == 0 and "max_batch" in entry):
+    if "max_batch" not in entry:
+        return 0
+    value = entry["max_batch"]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PoolError(f"{where}: 'max_batch' must be a whole number of turns, at least 1")
     return value
 

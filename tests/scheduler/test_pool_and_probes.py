@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
@@ -14,6 +16,19 @@ from luftpause.fakes.engine import create_app as create_engine_app
 from luftpause.procs import ManagedProcess, free_port, wait_until
 from luftpause.scheduler.pool import Endpoint, PoolError, parse_pool
 from luftpause.scheduler.probes import fast_batch, parse_load, probe, probe_client
+
+@asynccontextmanager
+async def served(app: web.Application) -> AsyncIterator[int]:
+    """The app listening on a free loopback port, for the block's length."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
+
 
 GOOD = {"name": "a", "base_url": "http://127.0.0.1:1", "models": ["m"]}
 
@@ -217,15 +232,8 @@ async def test_garbage_metrics_mean_no_load_and_name_the_problem():
     app = web.Application()
     app.router.add_get("/health", ok)
     app.router.add_get("/metrics", garbage)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        async with probe_client() as client:
-            result = await probe(client, Endpoint("junk", f"http://127.0.0.1:{port}", ("m",)))
-    finally:
-        await runner.cleanup()
+    async with served(app) as port, probe_client() as client:
+        result = await probe(client, Endpoint("junk", f"http://127.0.0.1:{port}", ("m",)))
     assert result.healthy and result.running is None and result.queued is None
     assert result.problems and result.problems[0][0].endswith("/metrics")
     await asyncio.sleep(0)
@@ -238,18 +246,11 @@ def test_pool_max_batch_caps_the_replica():
 
 @pytest.mark.parametrize(("graphs", "expected"), [(8, 8), (0, 0)])
 async def test_fast_batch_is_read_from_sglangs_server_info(graphs, expected):
-    app = create_engine_app(EngineConfig(cuda_graph_max_bs=graphs))
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        async with probe_client() as client:
-            size = await fast_batch(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",)))
-            # A router speaks for engines whose settings are their own; a dead port says nothing.
-            router = await fast_batch(client, Endpoint("r", f"http://127.0.0.1:{port}", ("m",),
-                                                       load_from=(f"http://127.0.0.1:{port}",)))
-            gone = await fast_batch(client, Endpoint("g", f"http://127.0.0.1:{free_port()}", ("m",)))
-    finally:
-        await runner.cleanup()
+    async with served(create_engine_app(EngineConfig(cuda_graph_max_bs=graphs))) as port, \
+            probe_client() as client:
+        size = await fast_batch(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",)))
+        # A router speaks for engines whose settings are their own; a dead port says nothing.
+        router = await fast_batch(client, Endpoint("r", f"http://127.0.0.1:{port}", ("m",),
+                                                   load_from=(f"http://127.0.0.1:{port}",)))
+        gone = await fast_batch(client, Endpoint("g", f"http://127.0.0.1:{free_port()}", ("m",)))
     assert (size, router, gone) == (expected, 0, 0)
