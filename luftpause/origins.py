@@ -17,11 +17,13 @@ from __future__ import annotations
 import os
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 ENV = "LUFTPAUSE_ALLOWED_HOSTS"
 LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
@@ -97,6 +99,8 @@ class HostOriginGuard:
 
 
 def aiohttp_middleware(allowed: AllowedHosts) -> Callable[..., Any]:
+    from aiohttp import web  # only the dataplane serves aiohttp; the runtime starts faster without it
+
     @web.middleware
     async def check_host_and_origin(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
         problem = allowed.problem(request.path, request.headers.get("Host"), request.headers.get("Origin"))

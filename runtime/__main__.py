@@ -1,24 +1,53 @@
-"""`python -m luftpause.runtime`: serve the MCP runtime (see `--help`)."""
+"""`python -m luftpause.runtime`: serve the MCP runtime (see `--help`).
+
+Start-up order matters for how soon the port answers: the settings are read and a child
+process is forked to compact the journal (`compaction.ForkedCompaction`) before the
+heavy imports (the MCP SDK, uvicorn: most of a start's CPU), which then run on one core
+while the compaction runs on another. Replay waits for the child.
+"""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
+import time
 
-import uvicorn
+STARTED = time.monotonic()  # before any import of weight
 
-from luftpause import logs, tracing
-from luftpause.runtime import constants
-from luftpause.runtime.app import build_app
-from luftpause.runtime.config import ToolsFileError, parse_settings
+import gc  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from typing import Any  # noqa: E402
+
+from luftpause import logs, tracing  # noqa: E402
+from luftpause.runtime import constants  # noqa: E402
+from luftpause.runtime.compaction import ForkedCompaction  # noqa: E402
+from luftpause.runtime.config import RuntimeSettings, ToolsFileError, parse_settings  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
     log = logs.configure("runtime")
-    tracing.configure("runtime")
+    forked = ForkedCompaction.begin(settings.state_dir / constants.JOURNAL_FILE)
     try:
-        app = build_app(settings)
+        return _serve(settings, log, forked)
+    finally:
+        if forked is not None:
+            forked.abandon()  # (done by now unless the runtime exits before replaying)
+
+
+def _serve(settings: RuntimeSettings, log: Any, forked: ForkedCompaction | None) -> int:
+    # The heavy imports, here rather than at the top so that they run while the forked
+    # child compacts the journal.
+    import uvicorn
+
+    from luftpause.runtime.app import build_app
+
+    imported = time.monotonic()
+    # What the imports made lives as long as the process: the cyclic collector need not
+    # walk it again each time the replay's allocations trigger it.
+    gc.freeze()
+    tracing.configure("runtime")  # (after the fork: an exporting tracer runs a thread)
+    try:
+        app = build_app(settings, forked_compaction=forked, process_started=STARTED)
     except ToolsFileError as exc:
         log.error("tools_file_invalid", error=str(exc))
         return 2
@@ -30,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tools_file=str(settings.tools_file),
         state_dir=str(settings.state_dir),
         auth=bool(settings.token),
+        imports_seconds=round(imported - STARTED, 3),
+        compaction_forked=forked is not None,
     )
     config = uvicorn.Config(
         app,

@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from luftpause.origins import AllowedHosts, HostOriginGuard
 from luftpause.runtime import constants
+from luftpause.runtime.compaction import ForkedCompaction
 from luftpause.runtime.config import RuntimeSettings, load_tools_file
 from luftpause.runtime.dataplane import DataplaneClient
 from luftpause.runtime.journal import Journal
@@ -61,18 +62,25 @@ class BearerTokenGuard:
         return hmac.compare_digest(presented, self._expected)
 
 
-def build_runtime(settings: RuntimeSettings) -> Runtime:
+def build_runtime(settings: RuntimeSettings, forked_compaction: ForkedCompaction | None = None) -> Runtime:
     dataplane = DataplaneClient(settings.dataplane_url, token=settings.token, default_model=settings.default_model)
     servers = load_tools_file(settings.tools_file)
     if servers is None:
         log.warning("tools_file_missing", path=str(settings.tools_file), effect="sub-agents get no tools")
         servers = []
     journal = Journal(settings.state_dir / constants.JOURNAL_FILE)
-    return Runtime(dataplane, Toolbox.from_configs(servers), journal, max_runs_per_caller=settings.max_runs_per_caller)
+    return Runtime(dataplane, Toolbox.from_configs(servers), journal, max_runs_per_caller=settings.max_runs_per_caller,
+                   forked_compaction=forked_compaction)
 
 
-def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGIApp:
-    runtime = runtime or build_runtime(settings)
+def build_app(
+    settings: RuntimeSettings, runtime: Runtime | None = None, *,
+    forked_compaction: ForkedCompaction | None = None, process_started: float | None = None,
+) -> ASGIApp:
+    """``forked_compaction``: the journal's compaction a child process began (`__main__`);
+    ``process_started``: when the process started (``time.monotonic()``), for the start-up
+    figures the ``runtime_ready`` line reports."""
+    runtime = runtime or build_runtime(settings, forked_compaction)
     tasks = TaskStore(settings.state_dir / TASKS_FILE)
     mcp_server = build_mcp_server(runtime, tasks)
     # Host/Origin are checked for every route below (HostOriginGuard), not by the SDK,
@@ -128,7 +136,11 @@ def build_app(settings: RuntimeSettings, runtime: Runtime | None = None) -> ASGI
         tasks.restore(time.time())  # tasks open at the last stop fail; their runs resumed above
         # Mount does not run the MCP app's own lifespan, so its session manager runs here.
         async with mcp_server.session_manager.run():
-            log.info("runtime_ready", host=settings.host, port=settings.port, dataplane=settings.dataplane_url)
+            startup = {f"{part}_seconds": round(seconds, 3) for part, seconds in runtime.start_seconds.items()}
+            if process_started is not None:
+                startup["startup_seconds"] = round(time.monotonic() - process_started, 3)
+            log.info("runtime_ready", host=settings.host, port=settings.port, dataplane=settings.dataplane_url,
+                     runs=len(runtime.runs), cpu_seconds=round(time.process_time(), 3), **startup)
             try:
                 yield
             finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -107,6 +108,11 @@ class DataplaneClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         auth_headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if transport is None and base_url.startswith("http://"):
+            # Plain HTTP needs no CA bundle, whose loading is some 50 ms of the runtime's
+            # start: this TLS context trusts nothing (it is never used; if it were, it
+            # would refuse to connect rather than connect unverified).
+            transport = httpx.AsyncHTTPTransport(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=auth_headers,

@@ -13,11 +13,10 @@ import json
 import re
 import uuid
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
-import jsonschema.protocols
-from jsonschema.validators import validator_for
+if TYPE_CHECKING:
+    import jsonschema.protocols
 
 
 class ArgumentError(ValueError):
@@ -134,6 +133,8 @@ def first_validation_error(arguments: dict[str, Any], schema: dict[str, Any]) ->
     validator = _validator(json.dumps(schema, sort_keys=True))
     if validator is None:
         return None  # a server with a broken schema gets the arguments unchecked
+    import jsonschema.exceptions
+
     error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
     return None if error is None else error.message
 
@@ -141,7 +142,11 @@ def first_validation_error(arguments: dict[str, Any], schema: dict[str, Any]) ->
 @functools.lru_cache(maxsize=512)
 def _validator(schema_json: str) -> jsonschema.protocols.Validator | None:
     """A checked validator per distinct schema: checking a schema against its metaschema
-    costs milliseconds, and every call of a tool has the same schema."""
+    costs milliseconds, and every call of a tool has the same schema. (jsonschema is
+    imported on the first tool call, not while the runtime starts.)"""
+    import jsonschema
+    from jsonschema.validators import validator_for
+
     schema = json.loads(schema_json)
     validator_class = validator_for(schema, default=jsonschema.Draft202012Validator)
     try:

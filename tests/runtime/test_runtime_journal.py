@@ -105,3 +105,27 @@ async def test_a_failed_write_fails_every_append_in_its_batch(tmp_path: Path) ->
     journal = Journal(blocker / "runs.jsonl")
     results = await asyncio.gather(*(journal.created(make_run(f"run-{i}")) for i in range(3)), return_exceptions=True)
     assert all(isinstance(result, OSError) for result in results)
+
+
+def test_an_intact_journal_reads_in_one_parse_and_a_damaged_one_line_by_line_with_the_same_records(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "runs.jsonl"
+    intact = (b'{"type":"created","handle":"run-a","text":"line\\nbreak, \\u2028 and \xc3\xa9"}\n'
+              b'{"type":"finished","handle":"run-a"}\n')
+    path.write_bytes(intact)
+    with capture_logs() as logs:
+        assert Journal(path).read() == [{"type": "created", "handle": "run-a", "text": "line\nbreak, \u2028 and é"},
+                                        {"type": "finished", "handle": "run-a"}]
+    assert logs == []
+    # Two bad lines that would parse as one record once joined by a comma are still two
+    # bad lines, not one record.
+    path.write_bytes(b'{"type":"round","handle":"run-a","m":[1\n2]}\n' + intact)
+    with capture_logs() as logs:
+        assert [r["type"] for r in Journal(path).read()] == ["created", "finished"]
+    assert [entry["line"] for entry in logs if entry["event"] == "journal_line_skipped"] == [1, 2]
+    # A line that is not a record, a torn tail.
+    path.write_bytes(b'5\n' + intact + b'{"type":"round","han')
+    with capture_logs() as logs:
+        assert [r["type"] for r in Journal(path).read()] == ["created", "finished"]
+    assert [entry["line"] for entry in logs if entry["event"] == "journal_line_skipped"] == [1, 4]
