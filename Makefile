@@ -79,7 +79,7 @@ release:
 # --- benchmarks (docs/benchmarks.md); they install the bench extra (sglang-router) ----------
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
-.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler bench-admission bench-real
+.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler bench-admission bench-real bench-startup
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
@@ -106,5 +106,10 @@ bench-real: $(BENCH_STAMP)
 
 bench-scheduler: $(STAMP)
 	$(PY) -m luftpause.loadgen.scheduler_bench
+
+# The runtime's start with a journal of 20,000 finished runs: time until its MCP endpoint
+# answers, CPU, imports / compaction / replay; BENCH_ARGS="--repeats 10", "--python <venv>".
+bench-startup: $(STAMP)
+	$(PY) -m luftpause.loadgen.runtime_startup $(BENCH_ARGS)
 
 bench: bench-b1 bench-b2 bench-b3 bench-b4
