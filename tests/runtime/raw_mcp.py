@@ -4,6 +4,7 @@ would: literal ``Infinity``, wrong types, odd headers. Session era (initialize).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -15,7 +16,10 @@ ACCEPT = "application/json, text/event-stream"
 def messages(response: httpx.Response) -> list[dict[str, Any]]:
     """The JSON-RPC messages of a response, plain JSON or server-sent events."""
     if response.headers.get("content-type", "").startswith("text/event-stream"):
-        return [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+        # Server-sent events end lines with CR, LF or CRLF only; str.splitlines would also
+        # split inside a JSON string that carries U+0085 or U+2028 unescaped.
+        lines = re.split(r"\r\n|\r|\n", response.text)
+        return [json.loads(line[5:]) for line in lines if line.startswith("data:") and line[5:].strip()]
     return [response.json()] if response.content else []
 
 
