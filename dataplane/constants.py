@@ -17,12 +17,13 @@ STALE_CONNECTION_RETRIES = 2
 ENGINE_RETRY_ATTEMPTS = 3
 ENGINE_RETRY_DELAY_S = 0.1
 ENGINE_RETRY_WINDOW_S = 1.0
-# Admit is retried this often, with the same turn id, while the scheduler is away.
-ADMIT_RETRY_DELAY_S = 0.2
-# The Report stream reconnects (and resyncs) after this delay; together with the gRPC
-# channel's reconnect backoff (capped at SCHEDULER_RECONNECT_MAX_S, not gRPC's default
-# 120 s) turns held during a scheduler outage are placed within 1 s of its return.
-REPORT_RECONNECT_DELAY_S = 0.1
+# The Connect stream to the scheduler reconnects (and resyncs) after this delay; together
+# with the gRPC channel's reconnect backoff (capped at SCHEDULER_RECONNECT_MAX_S, not
+# gRPC's default 120 s) turns waiting through a scheduler outage are placed within 1 s
+# of its return.
+STREAM_RECONNECT_DELAY_S = 0.1
+# A scheduler that does not answer the Hello within this long is treated as away.
+HELLO_TIMEOUT_S = 5.0
 SCHEDULER_RECONNECT_MIN_S = 0.1
 SCHEDULER_RECONNECT_MAX_S = 0.5
 # tool_call ids an engine produced identify their run when an agent sends them back.

@@ -1,5 +1,11 @@
-"""The dataplane's side of the gRPC contract: Admit with retries, the Report stream,
-and Resync on every (re)connect before any turn is admitted."""
+"""The dataplane's side of the gRPC contract (protocol 2): one Connect stream to the
+scheduler for the life of the process, reconnected (and resynced by its Hello) whenever
+it breaks.
+
+Admissions and turn events go out in the order they happen; what is ready in one
+event-loop tick travels in one frame. A turn waits for its Decision while the scheduler
+holds it, and while the scheduler is away: admissions still waiting when the stream
+breaks are sent again on the next one, with the same turn ids, after its Hello."""
 
 from __future__ import annotations
 
@@ -13,10 +19,10 @@ import grpc
 
 from luftpause import auth, tracing
 from luftpause.dataplane.constants import (
-    ADMIT_RETRY_DELAY_S,
-    REPORT_RECONNECT_DELAY_S,
+    HELLO_TIMEOUT_S,
     SCHEDULER_RECONNECT_MAX_S,
     SCHEDULER_RECONNECT_MIN_S,
+    STREAM_RECONNECT_DELAY_S,
 )
 from luftpause.dataplane.runs import GENERATING, IDLE, PAUSED, RunBook
 from luftpause.proto import scheduler_pb2 as pb
@@ -25,12 +31,17 @@ from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
 STAGES = {IDLE: pb.IDLE, GENERATING: pb.GENERATING, PAUSED: pb.PAUSED}
 DATAPLANE_METADATA = "x-luftpause-dataplane"
+PROTOCOL = pb.PROTOCOL_STREAM
 # Reconnect soon after the scheduler is back, however long it was away.
 CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", int(SCHEDULER_RECONNECT_MIN_S * 1000)),
     ("grpc.min_reconnect_backoff_ms", int(SCHEDULER_RECONNECT_MIN_S * 1000)),
     ("grpc.max_reconnect_backoff_ms", int(SCHEDULER_RECONNECT_MAX_S * 1000)),
 )
+
+
+class SchedulerTooOld(Exception):
+    """The scheduler does not speak the Connect stream (upgrade schedulers first)."""
 
 
 class UnknownModel(Exception):
@@ -53,6 +64,9 @@ class Placement:
     held_ms: int
 
 
+REFUSALS = {pb.UNKNOWN_MODEL: UnknownModel, pb.MALFORMED: AdmitRejected, pb.NO_HEALTHY_REPLICA: NoHealthyReplica}
+
+
 class SchedulerLink:
     def __init__(self, address: str, book: RunBook, log, token: str | None = None) -> None:
         self.address = address
@@ -60,20 +74,26 @@ class SchedulerLink:
         self.log = log
         # One id per process: a restarted dataplane is a new peer and owns nothing yet.
         self.dataplane_id = uuid.uuid4().hex
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS,
-                                                  interceptors=auth.client_interceptors(token))
+        # The token travels as metadata on each call: client interceptors would wrap
+        # every read and write of the stream.
+        self._metadata = ((DATAPLANE_METADATA, self.dataplane_id),
+                          *((("authorization", auth.bearer(token)),) if token else ()))
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.SchedulerStub(self._channel)
-        self._events: asyncio.Queue[pb.TurnEvent] = asyncio.Queue()
-        self._synced = asyncio.Event()
-        self._report_call: grpc.aio.StreamUnaryCall | None = None
+        # turn id -> (its admission, who waits for the decision), in arrival order
+        self._pending: dict[str, tuple[pb.AdmitRequest, asyncio.Future[Placement]]] = {}
+        self._out = pb.DataplaneFrame()  # what the next write sends
+        self._wake = asyncio.Event()
+        self._connected = False
         self._task: asyncio.Task | None = None
 
     @property
     def synced(self) -> bool:
-        return self._synced.is_set()
+        """The stream is up and the scheduler has applied this dataplane's snapshot."""
+        return self._connected
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._report_forever())
+        self._task = asyncio.create_task(self._connect_forever())
 
     async def close(self) -> None:
         if self._task is not None:
@@ -82,85 +102,58 @@ class SchedulerLink:
                 await self._task
         await self._channel.close()
 
-    # ---------------------------------------------------------------- Admit
+    # ------------------------------------------------------------ admission
 
     async def admit(
         self, turn_id: str, run_id: str, model: str, service_class: str, caller: str, one_pass: bool = False
     ) -> Placement:
-        """Wait for a placement. While the scheduler is away the turn waits as if held,
-        retrying every second with the same turn id. Cancelling abandons the turn."""
-        request = pb.AdmitRequest(
-            turn_id=turn_id, run_id=run_id, model=model, service_class=CLASSES[service_class], caller=caller,
-            one_pass=one_pass, dataplane_id=self.dataplane_id,
-        )
-        metadata = tuple(tracing.inject({}).items())  # the scheduler's admit span joins the turn's trace
-        while True:
-            await self._synced.wait()
-            try:
-                reply = await self._stub.Admit(request, metadata=metadata)
-                return Placement(reply.replica, reply.base_url, reply.api_key_env, reply.held_ms)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.NOT_FOUND:
-                    raise UnknownModel(exc.details()) from None
-                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                    raise AdmitRejected(exc.details()) from None
-                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    raise NoHealthyReplica(exc.details()) from None
-                self.log.warning("admit_retry", turn=turn_id, code=exc.code().name, details=exc.details())
-                self._reconnect()
-                await asyncio.sleep(ADMIT_RETRY_DELAY_S)
+        """Wait for a placement. While the scheduler is away the turn waits as if held
+        and is sent again once the stream is back. Cancelling gives up the wait; the
+        caller reports the turn abandoned."""
+        request = pb.AdmitRequest(turn_id=turn_id, run_id=run_id, model=model, service_class=CLASSES[service_class],
+                                  caller=caller, one_pass=one_pass, traceparent=tracing.traceparent())
+        future: asyncio.Future[Placement] = asyncio.get_running_loop().create_future()
+        self._pending[turn_id] = (request, future)
+        if self._connected:
+            self._send_admit(request)
+        try:
+            return await future
+        finally:
+            self._pending.pop(turn_id, None)
+
+    def _send_admit(self, request: pb.AdmitRequest) -> None:
+        self._out.items.add().admit.CopyFrom(request)
+        self._wake.set()
+
+    def _decided(self, frame: pb.SchedulerFrame) -> None:
+        for decision in frame.decisions:
+            entry = self._pending.pop(decision.turn_id, None)
+            if entry is None or entry[1].done():
+                continue  # given up meanwhile: its abandoned event frees what was placed
+            if decision.HasField("placed"):
+                placed = decision.placed
+                entry[1].set_result(Placement(placed.replica, placed.base_url, placed.api_key_env, placed.held_ms))
+            else:
+                refused = decision.refused
+                entry[1].set_exception(REFUSALS.get(refused.reason, AdmitRejected)(refused.message))
 
     async def status(self, timeout: float = 2.0) -> pb.StatusReply:
-        return await self._stub.Status(pb.StatusRequest(), timeout=timeout)
+        return await self._stub.Status(pb.StatusRequest(), timeout=timeout, metadata=self._metadata)
 
-    # --------------------------------------------------------------- Report
+    # ---------------------------------------------------------- turn events
 
-    def report(self, event: pb.TurnEvent) -> None:
-        self._events.put_nowait(event)
+    def report(self, event: pb.TurnEvent, urgent: bool = True) -> None:
+        """Send a turn event with the next frame; one that changes nothing the scheduler
+        decides on (``urgent=False``: started, first token) waits for the next frame
+        something else opens. Events from before a reconnect are dropped: the next
+        Hello's snapshot already reflects them."""
+        self._out.items.add().event.CopyFrom(event)
+        if urgent:
+            self._wake.set()
 
-    def _reconnect(self) -> None:
-        """The scheduler may have restarted: drop the stream so it resyncs."""
-        self._synced.clear()
-        if self._report_call is not None:
-            self._report_call.cancel()
+    # ---------------------------------------------------------- the stream
 
-    async def _report_forever(self) -> None:
-        away_logged = False
-        while True:
-            writer: asyncio.Task | None = None
-            try:
-                await self._resync()
-                self._synced.set()
-                away_logged = False
-                self.log.info("scheduler_connected", address=self.address, dataplane=self.dataplane_id)
-                call = self._stub.Report(metadata=((DATAPLANE_METADATA, self.dataplane_id),))
-                self._report_call = call
-                # Our own writer task, not a request iterator handed to gRPC: on reconnect
-                # it is cancelled and awaited here, so nothing is left pending.
-                writer = asyncio.create_task(self._write_events(call, self._events))
-                await call
-            except grpc.aio.AioRpcError as exc:
-                if self._synced.is_set() or not away_logged:  # once per outage, not per attempt
-                    self.log.warning("scheduler_unavailable", address=self.address, code=exc.code().name)
-                    away_logged = True
-            except asyncio.CancelledError:
-                if asyncio.current_task().cancelling():
-                    raise  # we are shutting down
-                # else _reconnect cancelled the stream call: resync below
-            finally:
-                self._report_call = None
-                if writer is not None:
-                    writer.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await writer
-            self._synced.clear()
-            await asyncio.sleep(REPORT_RECONNECT_DELAY_S)
-
-    async def _resync(self) -> None:
-        # Events queued so far are older than the snapshot, which already reflects
-        # them; later ones go to a fresh queue that only this connection drains (a
-        # broken call's request iterator may still be waiting on the old one).
-        self._events = asyncio.Queue()
+    def _hello(self) -> pb.DataplaneFrame:
         self.book.sweep(time.monotonic())
         runs = [
             pb.RunSnapshot(
@@ -176,18 +169,73 @@ class SchedulerLink:
             )
             for t in self.book.turns.values()
         ]
-        await self._stub.Resync(pb.ResyncRequest(runs=runs, turns=turns, dataplane_id=self.dataplane_id),
-                                timeout=5.0, wait_for_ready=False)
+        resync = pb.ResyncRequest(runs=runs, turns=turns, dataplane_id=self.dataplane_id)
+        return pb.DataplaneFrame(hello=pb.Hello(protocol=PROTOCOL, resync=resync))
 
-    @staticmethod
-    async def _write_events(call: grpc.aio.StreamUnaryCall, queue: asyncio.Queue[pb.TurnEvent]) -> None:
-        """Everything queued so far in one message: a turn's usage and finish usually
-        arrive together, and under load many turns' events do. Ends with the call."""
+    async def _connect_forever(self) -> None:
+        away_logged = False
         while True:
-            events = [await queue.get()]
-            while not queue.empty():
-                events.append(queue.get_nowait())
+            call: grpc.aio.StreamStreamCall | None = None
+            writer: asyncio.Task | None = None
             try:
-                await call.write(pb.TurnEventBatch(events=events))
+                # Events queued so far are older than the snapshot, which reflects them.
+                self._out = pb.DataplaneFrame()
+                call = self._stub.Connect(metadata=self._metadata)
+                await call.write(self._hello())
+                first = await asyncio.wait_for(call.read(), HELLO_TIMEOUT_S)
+                if first is grpc.aio.EOF or not first.HasField("welcome"):
+                    raise ConnectionError("the scheduler answered the Hello without a Welcome")
+                if first.welcome.protocol != PROTOCOL:
+                    raise SchedulerTooOld(f"the scheduler speaks protocol {first.welcome.protocol}, not {PROTOCOL}")
+                for request, _ in self._pending.values():  # waiting since before the stream
+                    self._out.items.add().admit.CopyFrom(request)
+                self._connected = True
+                away_logged = False
+                self.log.info("scheduler_connected", address=self.address, dataplane=self.dataplane_id,
+                              waiting=len(self._pending))
+                writer = asyncio.create_task(self._write_forever(call))
+                self._wake.set()
+                while True:
+                    frame = await call.read()
+                    if frame is grpc.aio.EOF:
+                        break
+                    self._decided(frame)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    exc = SchedulerTooOld("the scheduler has no Connect stream: upgrade it before its dataplanes")
+                if self._connected or not away_logged:  # once per outage, not per attempt
+                    self.log.warning("scheduler_unavailable", address=self.address, code=_code(exc))
+                    away_logged = True
+            except (SchedulerTooOld, ConnectionError, TimeoutError) as exc:
+                if self._connected or not away_logged:
+                    self.log.warning("scheduler_unavailable", address=self.address, problem=str(exc))
+                    away_logged = True
+            except asyncio.CancelledError:
+                if asyncio.current_task().cancelling():
+                    raise  # we are shutting down
+            finally:
+                self._connected = False
+                if writer is not None:
+                    writer.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await writer
+                if call is not None:
+                    call.cancel()
+            await asyncio.sleep(STREAM_RECONNECT_DELAY_S)
+
+    async def _write_forever(self, call: grpc.aio.StreamStreamCall) -> None:
+        """Everything queued since the last write goes in one frame. Ends with the call."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._out.items:
+                continue
+            frame, self._out = self._out, pb.DataplaneFrame()
+            try:
+                await call.write(frame)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
-                return  # the call ended; the next connection's Resync covers these events
+                return  # the call ended; the reader sees it and reconnects
+
+
+def _code(exc: BaseException) -> str:
+    return exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)

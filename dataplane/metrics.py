@@ -27,7 +27,7 @@ class DataplaneMetrics:
                                buckets=ADDED_BUCKETS, registry=r)
         self.tokens = Counter("luftpause_dataplane_tokens", "Tokens the engines reported (prompt, completion, "
                               "cached).", ["kind"], registry=r)
-        connected = Gauge("luftpause_dataplane_scheduler_connected", "1 while the report stream to the "
+        connected = Gauge("luftpause_dataplane_scheduler_connected", "1 while the Connect stream to the "
                           "scheduler is up.", registry=r)
         connected.set_function(lambda: 1.0 if scheduler_connected() else 0.0)
         ProcessCollector(registry=r)

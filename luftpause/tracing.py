@@ -53,3 +53,12 @@ def trace_id() -> str:
     """The current trace id as 32 hex digits, or "" outside a recorded trace."""
     context = trace.get_current_span().get_span_context()
     return format(context.trace_id, "032x") if context.is_valid else ""
+
+
+def traceparent() -> str:
+    """The current span's W3C ``traceparent``, or "" outside a trace (no propagator call:
+    this runs once per turn)."""
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return ""
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"

@@ -7,6 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Protocol(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROTOCOL_UNSPECIFIED: _ClassVar[Protocol]
+    PROTOCOL_UNARY: _ClassVar[Protocol]
+    PROTOCOL_STREAM: _ClassVar[Protocol]
+
 class ServiceClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SERVICE_CLASS_UNSPECIFIED: _ClassVar[ServiceClass]
@@ -19,6 +25,16 @@ class RunStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     IDLE: _ClassVar[RunStage]
     GENERATING: _ClassVar[RunStage]
     PAUSED: _ClassVar[RunStage]
+
+class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REFUSAL_REASON_UNSPECIFIED: _ClassVar[RefusalReason]
+    UNKNOWN_MODEL: _ClassVar[RefusalReason]
+    MALFORMED: _ClassVar[RefusalReason]
+    NO_HEALTHY_REPLICA: _ClassVar[RefusalReason]
+PROTOCOL_UNSPECIFIED: Protocol
+PROTOCOL_UNARY: Protocol
+PROTOCOL_STREAM: Protocol
 SERVICE_CLASS_UNSPECIFIED: ServiceClass
 INTERACTIVE: ServiceClass
 BATCH: ServiceClass
@@ -26,9 +42,13 @@ RUN_STAGE_UNSPECIFIED: RunStage
 IDLE: RunStage
 GENERATING: RunStage
 PAUSED: RunStage
+REFUSAL_REASON_UNSPECIFIED: RefusalReason
+UNKNOWN_MODEL: RefusalReason
+MALFORMED: RefusalReason
+NO_HEALTHY_REPLICA: RefusalReason
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "one_pass", "dataplane_id")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "one_pass", "dataplane_id", "traceparent")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +56,7 @@ class AdmitRequest(_message.Message):
     CALLER_FIELD_NUMBER: _ClassVar[int]
     ONE_PASS_FIELD_NUMBER: _ClassVar[int]
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -43,7 +64,8 @@ class AdmitRequest(_message.Message):
     caller: str
     one_pass: bool
     dataplane_id: str
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., one_pass: _Optional[bool] = ..., dataplane_id: _Optional[str] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., one_pass: _Optional[bool] = ..., dataplane_id: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("replica", "base_url", "api_key_env", "held_ms")
@@ -184,6 +206,64 @@ class ResyncReply(_message.Message):
     runs: int
     turns: int
     def __init__(self, runs: _Optional[int] = ..., turns: _Optional[int] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("protocol", "resync")
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
+    protocol: Protocol
+    resync: ResyncRequest
+    def __init__(self, protocol: _Optional[_Union[Protocol, str]] = ..., resync: _Optional[_Union[ResyncRequest, _Mapping]] = ...) -> None: ...
+
+class DataplaneItem(_message.Message):
+    __slots__ = ("admit", "event")
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    admit: AdmitRequest
+    event: TurnEvent
+    def __init__(self, admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., event: _Optional[_Union[TurnEvent, _Mapping]] = ...) -> None: ...
+
+class DataplaneFrame(_message.Message):
+    __slots__ = ("hello", "items")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    items: _containers.RepeatedCompositeFieldContainer[DataplaneItem]
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., items: _Optional[_Iterable[_Union[DataplaneItem, _Mapping]]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("protocol", "resync")
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
+    protocol: Protocol
+    resync: ResyncReply
+    def __init__(self, protocol: _Optional[_Union[Protocol, str]] = ..., resync: _Optional[_Union[ResyncReply, _Mapping]] = ...) -> None: ...
+
+class Refusal(_message.Message):
+    __slots__ = ("reason", "message")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    reason: RefusalReason
+    message: str
+    def __init__(self, reason: _Optional[_Union[RefusalReason, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Decision(_message.Message):
+    __slots__ = ("turn_id", "placed", "refused")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    placed: AdmitReply
+    refused: Refusal
+    def __init__(self, turn_id: _Optional[str] = ..., placed: _Optional[_Union[AdmitReply, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
+
+class SchedulerFrame(_message.Message):
+    __slots__ = ("welcome", "decisions")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

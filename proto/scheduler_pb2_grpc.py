@@ -26,7 +26,11 @@ if _version_not_supported:
 
 
 class SchedulerStub:
-    """Missing associated documentation comment in .proto file."""
+    """Protocol versions. A dataplane speaks PROTOCOL_STREAM: one Connect stream per
+    process for admissions, placements, cancellations and turn events. PROTOCOL_UNARY
+    (a unary Admit per turn, the Report stream, Resync) stays served for other clients
+    and older dataplanes, so a scheduler is upgraded before its dataplanes.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -34,6 +38,11 @@ class SchedulerStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Connect = channel.stream_stream(
+                '/luftpause.scheduler.v1.Scheduler/Connect',
+                request_serializer=luftpause_dot_proto_dot_scheduler__pb2.DataplaneFrame.SerializeToString,
+                response_deserializer=luftpause_dot_proto_dot_scheduler__pb2.SchedulerFrame.FromString,
+                _registered_method=True)
         self.Admit = channel.unary_unary(
                 '/luftpause.scheduler.v1.Scheduler/Admit',
                 request_serializer=luftpause_dot_proto_dot_scheduler__pb2.AdmitRequest.SerializeToString,
@@ -57,11 +66,37 @@ class SchedulerStub:
 
 
 class SchedulerServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Protocol versions. A dataplane speaks PROTOCOL_STREAM: one Connect stream per
+    process for admissions, placements, cancellations and turn events. PROTOCOL_UNARY
+    (a unary Admit per turn, the Report stream, Resync) stays served for other clients
+    and older dataplanes, so a scheduler is upgraded before its dataplanes.
+    """
+
+    def Connect(self, request_iterator, context):
+        """PROTOCOL_STREAM: the dataplane's one long-lived stream. Its first frame is a Hello
+        (the newest protocol the dataplane speaks and its Resync snapshot); the scheduler
+        applies the snapshot and answers a Welcome (the protocol it speaks on this stream)
+        before it decides anything the dataplane sends after. Then the dataplane sends
+        admissions and turn events in the order they happened, several per frame (what is
+        ready in one event-loop tick travels together), and the scheduler answers each
+        admission with one Decision once the turn is placed or refused (a held turn's
+        Decision comes when it is released). A TurnEvent `abandoned` is the cancellation
+        of an admission, held or already placed.
+        When the stream ends, the turns it left held are abandoned; the dataplane
+        reconnects, its Hello resyncs, and it sends again the admissions still waiting
+        (same turn ids). A dataplane that does not reconnect within a few seconds is gone:
+        its in-flight turns are taken as failed; its runs keep their replica.
+        Errors (the stream ends): FAILED_PRECONDITION (a protocol the scheduler does not
+        speak), INVALID_ARGUMENT (no Hello first, or a malformed snapshot). A malformed
+        admission is refused with its Decision; the stream goes on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Admit(self, request, context):
-        """Ask where a turn may run. The call stays open while the turn is held; it
-        returns once the turn is placed. Cancelling the call abandons the turn.
+        """PROTOCOL_UNARY. Ask where a turn may run. The call stays open while the turn is
+        held; it returns once the turn is placed. Cancelling the call abandons the turn.
         Errors: NOT_FOUND (no generative replica serves the model),
         INVALID_ARGUMENT (malformed request), ALREADY_EXISTS never: re-sending a
         turn id that is held or placed answers the same placement (idempotent retry).
@@ -71,18 +106,18 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Report(self, request_iterator, context):
-        """Turn events from the dataplane, in order, for the life of the connection.
-        Events that are ready together travel in one batch (fewer messages per turn).
+        """PROTOCOL_UNARY. Turn events from the dataplane, in order, for the life of the
+        connection. Events that are ready together travel in one batch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Resync(self, request, context):
-        """Rebuild the scheduler's view of the runs and in-flight turns this dataplane owns
-        (after a scheduler restart or a reconnect), before any new Admit is answered.
-        When a dataplane's Report stream ends and it does not reconnect within a few
-        seconds, its in-flight turns are taken as failed; its runs keep their replica.
+        """PROTOCOL_UNARY. Rebuild the scheduler's view of the runs and in-flight turns this
+        dataplane owns (after a scheduler restart or a reconnect), before any new Admit is
+        answered. When a dataplane's Report stream ends and it does not reconnect within a
+        few seconds, its in-flight turns are taken as failed; its runs keep their replica.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -98,6 +133,11 @@ class SchedulerServicer:
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Connect': grpc.stream_stream_rpc_method_handler(
+                    servicer.Connect,
+                    request_deserializer=luftpause_dot_proto_dot_scheduler__pb2.DataplaneFrame.FromString,
+                    response_serializer=luftpause_dot_proto_dot_scheduler__pb2.SchedulerFrame.SerializeToString,
+            ),
             'Admit': grpc.unary_unary_rpc_method_handler(
                     servicer.Admit,
                     request_deserializer=luftpause_dot_proto_dot_scheduler__pb2.AdmitRequest.FromString,
@@ -127,7 +167,38 @@ def add_SchedulerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Scheduler:
-    """Missing associated documentation comment in .proto file."""
+    """Protocol versions. A dataplane speaks PROTOCOL_STREAM: one Connect stream per
+    process for admissions, placements, cancellations and turn events. PROTOCOL_UNARY
+    (a unary Admit per turn, the Report stream, Resync) stays served for other clients
+    and older dataplanes, so a scheduler is upgraded before its dataplanes.
+    """
+
+    @staticmethod
+    def Connect(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/luftpause.scheduler.v1.Scheduler/Connect',
+            luftpause_dot_proto_dot_scheduler__pb2.DataplaneFrame.SerializeToString,
+            luftpause_dot_proto_dot_scheduler__pb2.SchedulerFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Admit(request,

@@ -6,7 +6,7 @@ PROBE_TIMEOUT_S = 2.0
 # After a (re)start, held turns wait for every replica's first probe (health and load),
 # at most this long, so a pinned turn never moves because its replica was probed last.
 FIRST_PROBE_WAIT_S = 2 * PROBE_TIMEOUT_S + 1.0
-# A dataplane whose Report stream ended and did not come back within this long is gone:
+# A dataplane whose Connect (or Report) stream ended and did not come back within this long is gone:
 # its in-flight turns are taken as failed (its runs keep their replica).
 DATAPLANE_GONE_S = 5.0
 # Clock tick that drives expiry.

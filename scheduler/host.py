@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from luftpause import auth, tracing
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
-from luftpause.scheduler import core
+from luftpause.scheduler import core, stream
 from luftpause.scheduler.constants import CLOCK_TICK_S, DATAPLANE_GONE_S, FIRST_PROBE_WAIT_S, PROBE_PERIOD_S
 from luftpause.scheduler.metrics import SchedulerMetrics, exposition, status_view
 from luftpause.scheduler.pool import Endpoint
@@ -68,8 +68,9 @@ class SchedulerHost:
         self.state = core.initial_state((e.replica() for e in endpoints), affinity=affinity,
                                         first_probe_deadline_ms=self.now_ms() + int(first_probe_wait_s * 1000))
         self.log = log
-        self._streams: dict[str, int] = {}  # dataplane id -> open Report streams
-        self._waiters: dict[str, list[asyncio.Future[core.Action]]] = {}
+        self._streams: dict[str, int] = {}  # dataplane id -> open Connect and Report streams
+        # turn id -> who waits for its decision (a unary Admit call or a Connect stream)
+        self._waiters: dict[str, list[Callable[[core.Action], None]]] = {}
         self._logged_problems: set[str] = set()  # metrics URLs already logged as unreadable
         self.metrics = SchedulerMetrics(self.status, clock)
         self.metrics.init_series(self.endpoints)
@@ -87,9 +88,8 @@ class SchedulerHost:
         self.metrics.applied(before, event, self.state, actions)
         for action in actions:
             self._log_decision(action)
-            for waiter in self._waiters.pop(action.turn_id, []):
-                if not waiter.done():
-                    waiter.set_result(action)
+            for waiter in self._waiters.pop(action.turn_id, ()):
+                waiter(action)
 
     def _log_decision(self, action: core.Action) -> None:
         """One debug line per admission decision."""
@@ -105,31 +105,48 @@ class SchedulerHost:
     async def admit(self, request: pb.AdmitRequest) -> core.Action:
         """Wait until the turn is placed or rejected; cancelling abandons it."""
         waiter: asyncio.Future[core.Action] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(request.turn_id, []).append(waiter)
+
+        def decided(action: core.Action) -> None:
+            if not waiter.done():
+                waiter.set_result(action)
+
         try:
-            self.apply(
-                core.AdmitRequested(
-                    turn_id=request.turn_id,
-                    run_id=request.run_id,
-                    model=request.model,
-                    service_class=class_name(request.service_class),
-                    caller=request.caller,
-                    now_ms=self.now_ms(),
-                    one_pass=request.one_pass,
-                    dataplane=request.dataplane_id,
-                )
-            )
+            self.request_admit(request, decided, request.dataplane_id)
             return await waiter
         except asyncio.CancelledError:
-            others = [w for w in self._waiters.get(request.turn_id, []) if w is not waiter]
-            if others:
-                self._waiters[request.turn_id] = others
-            else:
-                self._waiters.pop(request.turn_id, None)
-                if request.turn_id in self.state.held:
-                    self.log.info("turn_abandoned", turn=request.turn_id, run=request.run_id)
-                    self.apply(core.AdmitCancelled(request.turn_id, self.now_ms()))
+            self.withdraw(request.turn_id, request.run_id, decided)
             raise
+
+    def request_admit(self, request: pb.AdmitRequest, decided: Callable[[core.Action], None], dataplane: str) -> None:
+        """Ask for a turn's placement; ``decided`` is called once with the core's answer
+        (at once, or when a held turn is released)."""
+        self._waiters.setdefault(request.turn_id, []).append(decided)
+        self.apply(
+            core.AdmitRequested(
+                turn_id=request.turn_id,
+                run_id=request.run_id,
+                model=request.model,
+                service_class=class_name(request.service_class),
+                caller=request.caller,
+                now_ms=self.now_ms(),
+                one_pass=request.one_pass,
+                dataplane=dataplane,
+            )
+        )
+
+    def withdraw(self, turn_id: str, run_id: str, decided: Callable[[core.Action], None]) -> None:
+        """``decided`` no longer waits (its caller left); once nobody waits for a held
+        turn, the turn is abandoned."""
+        waiters = self._waiters.get(turn_id)
+        if waiters is None or decided not in waiters:
+            return  # decided already
+        waiters.remove(decided)
+        if waiters:
+            return
+        del self._waiters[turn_id]
+        if turn_id in self.state.held:
+            self.log.info("turn_abandoned", turn=turn_id, run=run_id)
+            self.apply(core.AdmitCancelled(turn_id, self.now_ms()))
 
     def report(self, event: pb.TurnEvent) -> None:
         now = self.now_ms()
@@ -153,6 +170,7 @@ class SchedulerHost:
         # started and first_token feed tracing; they change no state.
 
     def resync(self, request: pb.ResyncRequest) -> None:
+        """Apply one dataplane's snapshot (protocol 1's Resync, protocol 2's Hello)."""
         runs = tuple(
             core.RunSnapshot(r.run_id, r.replica, STAGES.get(r.stage, core.Stage.IDLE), class_name(r.service_class), r.caller)
             for r in request.runs
@@ -168,7 +186,7 @@ class SchedulerHost:
         self._streams[dataplane] = self._streams.get(dataplane, 0) + 1
 
     def stream_closed(self, dataplane: str) -> None:
-        """The dataplane's Report stream ended: unless it is back within DATAPLANE_GONE_S
+        """The dataplane's Connect (or Report) stream ended: unless it is back within DATAPLANE_GONE_S
         (then its Resync speaks for its turns), its in-flight turns died with it."""
         self._streams[dataplane] = self._streams.get(dataplane, 1) - 1
         if self._streams[dataplane] > 0:
@@ -249,6 +267,9 @@ class SchedulerHost:
 class SchedulerServicer(pb_grpc.SchedulerServicer):
     def __init__(self, host: SchedulerHost) -> None:
         self.host = host
+
+    async def Connect(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        await stream.serve(self.host, context)
 
     async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitReply:
         if problem := admit_problem(request):

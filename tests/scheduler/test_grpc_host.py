@@ -7,38 +7,17 @@ import asyncio
 import grpc
 import httpx
 import pytest
-import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from luftpause.procs import ManagedProcess, free_port, wait_until
+from luftpause.procs import ManagedProcess, wait_until
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 
-MODEL = "fake-llama-1b"
-
-
-@pytest.fixture
-def scheduler(tmp_path):
-    """A scheduler whose only engine is not running yet (port reserved, nothing listens)."""
-    engine_port, grpc_port, http_port = free_port(), free_port(), free_port()
-    pool = tmp_path / "pool.yaml"
-    pool.write_text(yaml.safe_dump({"endpoints": [
-        {"name": "engine-a", "base_url": f"http://127.0.0.1:{engine_port}", "models": [MODEL]}]}))
-    process = ManagedProcess("scheduler", "luftpause.scheduler",
-                             ["--grpc-port", str(grpc_port), "--http-port", str(http_port), "--pool-file", str(pool)],
-                             ready_url=f"http://127.0.0.1:{http_port}/health", log_path=tmp_path / "scheduler.log")
-    process.start()
-    try:
-        process.wait_ready(30)
-        yield {"grpc": f"127.0.0.1:{grpc_port}", "http": f"http://127.0.0.1:{http_port}",
-               "engine_port": engine_port, "tmp": tmp_path}
-    finally:
-        process.stop()
+MODEL = "fake-llama-1b"  # the scheduler fixture's (conftest.py) pool serves it
 
 
 def held(scheduler) -> int:
     return httpx.get(scheduler["http"] + "/status").json()["held"]
-
 
 
 async def test_grpc_health_reports_serving(scheduler):
