@@ -1,4 +1,4 @@
-"""The OpenAI-compatible proxy: identify the run, Admit, stream the engine's bytes
+"""The OpenAI-compatible proxy: identify the run, admit the turn, stream the engine's bytes
 through unchanged while observing them, Report what happened."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from luftpause.dataplane.constants import (
     MAX_BODY_BYTES,
     TOOL_CALL_SWEEP_S,
 )
-from luftpause.dataplane.engines import engine_session
+from luftpause.dataplane.engines import Engines
 from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
@@ -37,7 +37,7 @@ from luftpause.proto import scheduler_pb2 as pb
 TRACER = trace.get_tracer("luftpause.dataplane")
 BOOK = web.AppKey("book", RunBook)
 LINK = web.AppKey("link", SchedulerLink)
-ENGINES = web.AppKey("engines", aiohttp.ClientSession)
+ENGINES = web.AppKey("engines", Engines)
 TOKEN = web.AppKey("token", str)
 LOG = web.AppKey("log", object)
 METRICS = web.AppKey("metrics", DataplaneMetrics)
@@ -206,8 +206,9 @@ class Turn:
         self.span = trace.get_current_span()
         self.trace_id = tracing.trace_id()
 
-    def event(self, **kind) -> None:
-        self.link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.req.run_id, trace_id=self.trace_id, **kind))
+    def event(self, urgent: bool = False, **kind) -> None:
+        self.link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.req.run_id, trace_id=self.trace_id, **kind),
+                         urgent)
 
     def placed(self, placement: Placement) -> None:
         self.replica = placement.replica
@@ -260,17 +261,22 @@ class Turn:
         self._access_log("failed", error=error)
 
 
+_ENGINE_HEADERS: dict[str, dict[str, str]] = {}  # api_key_env -> the headers every request to it has
+
+
 def _engine_headers(placement: Placement, request: web.Request) -> dict[str, str]:
     """The engine gets its own key, never the client's Authorization."""
-    out = {
-        "Content-Type": "application/json",
-        "Accept": request.headers.get("Accept", "*/*"),
-        "Accept-Encoding": "identity",  # bytes pass through as they are: no re-encoding
-    }
-    key = os.environ.get(placement.api_key_env, "") if placement.api_key_env else ""
-    if key:
-        out["Authorization"] = f"Bearer {key}"
-    tracing.inject(out)  # the engine's work is a child of this turn's span
+    base = _ENGINE_HEADERS.get(placement.api_key_env)
+    if base is None:
+        base = {"Content-Type": "application/json",
+                "Accept-Encoding": "identity"}  # bytes pass through as they are: no re-encoding
+        key = os.environ.get(placement.api_key_env, "") if placement.api_key_env else ""
+        if key:
+            base["Authorization"] = f"Bearer {key}"
+        _ENGINE_HEADERS[placement.api_key_env] = base
+    out = {**base, "Accept": request.headers.get("Accept", "*/*")}
+    if traceparent := tracing.traceparent():  # the engine's work is a child of this turn's span
+        out["traceparent"] = traceparent
     return out
 
 
@@ -330,21 +336,21 @@ async def _admit(turn: Turn, deadline: float | None) -> Placement | None:
     except AdmitRejected as exc:
         raise ApiError(400, str(exc)) from None
     except TimeoutError:
-        turn.event(abandoned=pb.TurnAbandoned())
+        turn.event(True, abandoned=pb.TurnAbandoned())
         return None
     except asyncio.CancelledError:
         # The client left while its turn was held: nothing reaches an engine.
-        turn.event(abandoned=pb.TurnAbandoned())
+        turn.event(True, abandoned=pb.TurnAbandoned())
         raise
 
 
 async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.StreamResponse:
     run_header = {h.RUN_ID: turn.req.run_id, h.REPLICA: placement.replica}
-    engines: aiohttp.ClientSession = request.app[ENGINES]
-    url = placement.base_url + "/v1/chat/completions"
+    engines = request.app[ENGINES]
     request.app[METRICS].added.observe(max(0.0, time.monotonic() - turn.started - placement.held_ms / 1000))
     try:
-        upstream = await engines.post(url, data=turn.req.body, headers=_engine_headers(placement, request))
+        upstream = await engines.post(placement.base_url, "/v1/chat/completions", turn.req.body,
+                                      _engine_headers(placement, request))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise EngineUnreachable(placement.replica, engine_error(placement.replica, exc)) from None
     try:
@@ -435,7 +441,7 @@ async def decide(request: web.Request) -> web.Response:
         raise ApiError(503, str(exc)) from None
     headers = _engine_headers(placement, request)
     try:
-        async with request.app[ENGINES].post(placement.base_url + "/classify", data=body, headers=headers) as upstream:
+        async with await request.app[ENGINES].post(placement.base_url, "/classify", body, headers) as upstream:
             reply = await upstream.read()
             passed = passed_headers(upstream)
             return web.Response(status=upstream.status, body=reply, headers={**passed, h.REPLICA: placement.replica})
@@ -476,7 +482,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """Ready once the report stream to the scheduler is up (turns can be admitted)."""
+    """Ready once the Connect stream to the scheduler is up (turns can be admitted)."""
     synced = request.app[LINK].synced
     return web.json_response({"status": "ready" if synced else "not ready",
                               "problems": [] if synced else ["scheduler stream down"]}, status=200 if synced else 503)
@@ -504,7 +510,7 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
     async def lifecycle(app: web.Application):
         app[LINK] = SchedulerLink(scheduler_address, app[BOOK], log, token=token or None)
         app[LINK].start()
-        app[ENGINES] = engine_session()
+        app[ENGINES] = Engines()
         sweeper = asyncio.create_task(_sweep_forever(app))
         yield
         sweeper.cancel()

@@ -22,6 +22,10 @@ ENGINE_RETRY_WINDOW_S = 1.0
 # gRPC's default 120 s) turns waiting through a scheduler outage are placed within 1 s
 # of its return.
 STREAM_RECONNECT_DELAY_S = 0.1
+# Turn events (but cancellations) wait at most this long for a frame to ride on (most
+# go with the next admission): one gRPC message fewer per turn, against a slot freed
+# this much later on the scheduler.
+EVENT_LINGER_S = 0.002
 # A scheduler that does not answer the Hello within this long is treated as away.
 HELLO_TIMEOUT_S = 5.0
 SCHEDULER_RECONNECT_MIN_S = 0.1

@@ -19,6 +19,7 @@ import grpc
 
 from luftpause import auth, tracing
 from luftpause.dataplane.constants import (
+    EVENT_LINGER_S,
     HELLO_TIMEOUT_S,
     SCHEDULER_RECONNECT_MAX_S,
     SCHEDULER_RECONNECT_MIN_S,
@@ -84,6 +85,7 @@ class SchedulerLink:
         self._pending: dict[str, tuple[pb.AdmitRequest, asyncio.Future[Placement]]] = {}
         self._out = pb.DataplaneFrame()  # what the next write sends
         self._wake = asyncio.Event()
+        self._linger: asyncio.TimerHandle | None = None  # wakes the writer for events alone
         self._connected = False
         self._task: asyncio.Task | None = None
 
@@ -142,14 +144,20 @@ class SchedulerLink:
 
     # ---------------------------------------------------------- turn events
 
-    def report(self, event: pb.TurnEvent, urgent: bool = True) -> None:
-        """Send a turn event with the next frame; one that changes nothing the scheduler
-        decides on (``urgent=False``: started, first token) waits for the next frame
-        something else opens. Events from before a reconnect are dropped: the next
-        Hello's snapshot already reflects them."""
+    def report(self, event: pb.TurnEvent, urgent: bool = False) -> None:
+        """Send a turn event within EVENT_LINGER_S, with the first frame that goes by
+        then (usually the next admission's); ``urgent`` ones (a cancellation) go this
+        tick. Events from before a reconnect are dropped: the next Hello's snapshot
+        already reflects them."""
         self._out.items.add().event.CopyFrom(event)
         if urgent:
             self._wake.set()
+        elif self._linger is None:
+            self._linger = asyncio.get_running_loop().call_later(EVENT_LINGER_S, self._lingered)
+
+    def _lingered(self) -> None:
+        self._linger = None
+        self._wake.set()
 
     # ---------------------------------------------------------- the stream
 
@@ -231,6 +239,9 @@ class SchedulerLink:
             if not self._out.items:
                 continue
             frame, self._out = self._out, pb.DataplaneFrame()
+            if self._linger is not None:
+                self._linger.cancel()
+                self._linger = None
             try:
                 await call.write(frame)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):

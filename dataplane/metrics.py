@@ -17,13 +17,14 @@ class DataplaneMetrics:
 
     def __init__(self, scheduler_connected: Callable[[], bool]) -> None:
         self.registry = r = CollectorRegistry()
+        self._children: dict[tuple, object] = {}
         self.turns = Counter("luftpause_dataplane_turns", "Proxied turns by outcome (finished, failed).",
                              ["class", "replica", "outcome"], registry=r)
         self.ttft = Histogram("luftpause_dataplane_time_to_first_token_seconds", "From the request's arrival "
                               "(hold included) to the first token of a streamed reply.", ["class", "replica"],
                               buckets=TTFT_BUCKETS, registry=r)
         self.added = Histogram("luftpause_dataplane_added_latency_seconds", "What the dataplane adds before the "
-                               "engine is called: parsing and the Admit round trip, without the hold.",
+                               "engine is called: parsing and the admission round trip, without the hold.",
                                buckets=ADDED_BUCKETS, registry=r)
         self.tokens = Counter("luftpause_dataplane_tokens", "Tokens the engines reported (prompt, completion, "
                               "cached).", ["kind"], registry=r)
@@ -32,6 +33,15 @@ class DataplaneMetrics:
         connected.set_function(lambda: 1.0 if scheduler_connected() else 0.0)
         ProcessCollector(registry=r)
 
+    def _child(self, metric, *labels: str):  # noqa: ANN001, ANN202 - a prometheus_client metric and its child
+        """``metric.labels(*labels)``, looked up once per label set (labels() locks and
+        validates on every call; this runs several times per turn)."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
@@ -39,12 +49,12 @@ class DataplaneMetrics:
                    hold_ms: int, ttft_ms: int | None, outcome: str, prompt_tokens: int, completion_tokens: int,
                    cached_tokens: int, error: str | None = None) -> None:
         """Count an ended turn and write its access log line."""
-        self.turns.labels(service_class, replica or "none", outcome).inc()
+        self._child(self.turns, service_class, replica or "none", outcome).inc()
         for kind, count in (("prompt", prompt_tokens), ("completion", completion_tokens), ("cached", cached_tokens)):
             if count:
-                self.tokens.labels(kind).inc(count)
+                self._child(self.tokens, kind).inc(count)
         if ttft_ms is not None:
-            self.ttft.labels(service_class, replica).observe(ttft_ms / 1000)
+            self._child(self.ttft, service_class, replica).observe(ttft_ms / 1000)
         log.info("turn", run=run, turn=turn, service_class=service_class, caller=caller, replica=replica,
                  hold_ms=hold_ms, ttft_ms=ttft_ms, status=outcome, prompt_tokens=prompt_tokens,
                  completion_tokens=completion_tokens, **({"error": error} if error else {}))

@@ -4,6 +4,7 @@ first token, usage, finish reason and new tool_call ids."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 
@@ -16,6 +17,11 @@ def _may_matter(payload: bytes) -> bool:
     if b"finish_reason" not in payload:
         return False
     return b'"finish_reason":null' not in payload and b'"finish_reason": null' not in payload
+
+
+_FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"([^"\\]*)"')
+_VALUE_AFTER_KEY = re.compile(rb"\s*:\s*")
+_DECODER = json.JSONDecoder()
 
 
 @dataclass
@@ -51,7 +57,11 @@ class TurnObserver:
         return self.first_token and not had_token
 
     def observe_body(self, body: bytes) -> None:
-        """Observe a whole (non-streaming) chat.completion."""
+        """Observe a whole (non-streaming) chat.completion. Without tool calls only the
+        finish reasons and the usage object are decoded, not the reply's text."""
+        if b'"tool_calls"' not in body and self._observe_body_parts(body):
+            self.done = True
+            return
         try:
             document = json.loads(body)
             for choice in document.get("choices") or []:
@@ -61,6 +71,31 @@ class TurnObserver:
         except (ValueError, TypeError, AttributeError):
             pass
         self.done = True
+
+    def _observe_body_parts(self, body: bytes) -> bool:
+        """Finish reason and usage read where they stand; False when the body is not
+        laid out as expected (then the caller decodes all of it). In JSON text a quote
+        inside a string is escaped, so these byte patterns only match keys."""
+        reasons = _FINISH_REASON.findall(body)
+        usage_at = body.rfind(b'"usage"')
+        if not reasons or usage_at < 0:
+            return False
+        value = _VALUE_AFTER_KEY.match(body, usage_at + len(b'"usage"'))
+        if value is None:
+            return False
+        try:
+            usage, _ = _DECODER.raw_decode(body[value.end():].decode())
+            text = [reason.decode() for reason in reasons]
+        except (ValueError, UnicodeDecodeError):
+            return False
+        if usage is not None and not isinstance(usage, dict):
+            return False
+        self.finish_reason = text[-1]
+        try:
+            self._observe_usage(usage)
+        except (ValueError, TypeError, AttributeError):
+            return False
+        return True
 
     def _observe_chunk(self, chunk: dict) -> None:
         for choice in chunk.get("choices") or []:

@@ -56,3 +56,31 @@ def test_whole_body_is_observed():
         "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}).encode())
     assert observer.tool_call_ids == ["call_9"] and observer.finish_reason == "tool_calls"
     assert observer.first_token and observer.done and observer.prompt_tokens == 3
+
+
+def _decoded_in_full(body: bytes) -> TurnObserver:
+    observer = TurnObserver()
+    document = json.loads(body)
+    for choice in document["choices"]:
+        observer._observe_message(choice["message"], choice.get("finish_reason"))
+    observer._observe_usage(document.get("usage"))
+    return observer
+
+
+TRICKY_TEXT = st.lists(st.sampled_from(['"', "\\", '"usage"', '"finish_reason"', ":", "{", "}", " ", "ä", "x"]),
+                       max_size=30).map("".join)
+
+
+@given(TRICKY_TEXT, st.sampled_from(["stop", "length"]), st.integers(0, 10**6), st.booleans(), st.booleans())
+def test_a_body_without_tool_calls_is_read_as_a_full_decode_would(content, reason, tokens, usage_first, spaced):
+    usage = {"prompt_tokens": tokens, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 3}}
+    choices = [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": reason}]
+    document = {"usage": usage, "choices": choices} if usage_first else {"choices": choices, "usage": usage}
+    body = json.dumps(document, separators=(", ", ": ") if spaced else (",", ":"), ensure_ascii=False).encode()
+    observer = TurnObserver()
+    observer.observe_body(body)
+    expected = _decoded_in_full(body)
+    assert observer.done
+    assert (observer.finish_reason, observer.prompt_tokens, observer.completion_tokens, observer.cached_tokens,
+            observer.usage_seen) == (expected.finish_reason, expected.prompt_tokens, expected.completion_tokens,
+                                     expected.cached_tokens, expected.usage_seen)
