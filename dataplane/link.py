@@ -214,7 +214,8 @@ class SchedulerLink:
                 if self._connected or not away_logged:  # once per outage, not per attempt
                     self.log.warning("scheduler_unavailable", address=self.address, code=_code(exc))
                     away_logged = True
-            except (SchedulerTooOld, ConnectionError, TimeoutError) as exc:
+            except (SchedulerTooOld, ConnectionError, TimeoutError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
+                # InvalidStateError, UsageError: the call ended before a write (the scheduler is away).
                 if self._connected or not away_logged:
                     self.log.warning("scheduler_unavailable", address=self.address, problem=str(exc))
                     away_logged = True
