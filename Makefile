@@ -76,7 +76,7 @@ release:
 	done; \
 	$(RELEASE_RUN) git tag $(VERSION)
 
-# --- benchmarks (docs/benchmarks.md); they install the bench extra (sglang-router) ----------
+# --- benchmarks (docs/benchmarks.md); they install the bench extra (sglang-router, vllm-router) -
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
 .PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler bench-admission bench-real bench-startup
@@ -94,8 +94,10 @@ bench-b2: $(BENCH_STAMP)
 bench-b3: $(BENCH_STAMP)
 	$(PY) -m luftpause.loadgen.bench b3 $(BENCH_ARGS)
 
+# B4_ARGS, e.g. B4_ARGS="--concurrency 20,100 --dataplanes 1,2 --duration 5" (see --help).
+B4_ARGS ?=
 bench-b4: $(BENCH_STAMP)
-	$(PY) -m luftpause.loadgen.proxy_bench
+	$(PY) -m luftpause.loadgen.proxy_bench $(B4_ARGS)
 
 bench-admission: $(STAMP)
 	$(PY) -m luftpause.loadgen.admission $(BENCH_ARGS)

@@ -1,6 +1,6 @@
-"""Processes a benchmark starts besides luftpause: fake engines, the fake MCP, SGLang
-routers, and a runtime whose turns go straight to a router. All on loopback, each
-stopped by the benchmark that started it."""
+"""Processes a benchmark starts besides luftpause: fake engines, the fake MCP, the peer
+routers (``sglang-router``, and ``vllm-router`` in B4), and a runtime whose turns go
+straight to a router. All on loopback, each stopped by the benchmark that started it."""
 
 from __future__ import annotations
 
@@ -20,16 +20,32 @@ from luftpause.procs import ManagedProcess, free_port, http_ok, wait_until
 HOST = "127.0.0.1"
 
 
-def router_binary() -> str:
-    found = shutil.which("sglang-router") or str(Path(sys.executable).parent / "sglang-router")
-    if not Path(found).exists():
-        raise SystemExit("sglang-router is not installed: pip install 'luftpause[bench]' (or pip install sglang-router)")
+# The peer routers, by the name of the console script their PyPI package installs
+# (both packages are in the ``bench`` extra).
+SGLANG_ROUTER = "sglang-router"
+VLLM_ROUTER = "vllm-router"
+PEER_ROUTERS = (SGLANG_ROUTER, VLLM_ROUTER)
+
+
+def find_router(name: str = SGLANG_ROUTER) -> str | None:
+    """The path of a router's console script (beside this Python first), or None."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    return shutil.which(name)
+
+
+def router_binary(name: str = SGLANG_ROUTER) -> str:
+    found = find_router(name)
+    if found is None:
+        raise SystemExit(f"{name} is not installed: pip install 'luftpause[bench]' (or pip install {name})")
     return found
 
 
 @dataclass
 class RouterProcess:
-    """``sglang-router launch`` in front of the given workers, loopback only."""
+    """A peer router in front of the given workers, loopback only: ``sglang-router
+    launch`` (the default) or ``vllm-router`` (``binary``), which take the same flags."""
 
     policy: str
     workers: list[str]
@@ -37,15 +53,21 @@ class RouterProcess:
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    binary: str = SGLANG_ROUTER
+    extra_args: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
+    def command(self) -> list[str]:
+        launch = [router_binary(self.binary), *(["launch"] if self.binary == SGLANG_ROUTER else [])]
+        return [*launch, "--worker-urls", *self.workers, "--policy", self.policy,
+                "--host", HOST, "--port", str(self.port),
+                "--prometheus-host", HOST, "--prometheus-port", str(self.metrics_port), *self.extra_args]
+
     def start(self, timeout: float = 60.0) -> None:
-        command = [router_binary(), "launch", "--worker-urls", *self.workers, "--policy", self.policy,
-                   "--host", HOST, "--port", str(self.port),
-                   "--prometheus-host", HOST, "--prometheus-port", str(self.metrics_port)]
+        command = self.command()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -53,12 +75,13 @@ class RouterProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"router {self.policy} exited with {self.process.returncode}; see {self.log_path}")
+                raise RuntimeError(f"{self.binary} {self.policy} exited with {self.process.returncode}; "
+                                   f"see {self.log_path}")
             if self._ready():
                 return
             time.sleep(0.2)
         self.stop()
-        raise TimeoutError(f"router {self.policy} not ready after {timeout:.0f} s; see {self.log_path}")
+        raise TimeoutError(f"{self.binary} {self.policy} not ready after {timeout:.0f} s; see {self.log_path}")
 
     def _ready(self) -> bool:
         try:

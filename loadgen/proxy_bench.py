@@ -1,13 +1,25 @@
-"""B4, the dataplane's cost: one fake engine with instant replies, called (a) directly,
-(b) through luftpause (scheduler + dataplane), (c) through ``sglang-router``, in one
-run. Prints requests/s and latency (p50, p99) one request at a time and with 20
-concurrent streams, the latency luftpause and the router add over the engine, and the
-dataplane's memory with 1,000 concurrent open streams.
+"""B4, the proxy's cost: one fake engine with instant replies, called directly, through
+luftpause (one scheduler, 1 and 2 dataplanes), through ``sglang-router`` and through
+``vllm-router``, all in one run and in front of the same engine process.
 
-    python -m luftpause.loadgen.proxy_bench [--sequential N] [--concurrent-requests N] [--streams N]
+For each, streaming and not: latency one request at a time (p50, and what the proxy adds
+over the engine's own), then a closed loop of C concurrent clients for ``--duration``
+seconds at each concurrency level (req/s, p50, p99, added p99), and the CPU each process
+spent per completed turn, read from ``/proc/<pid>/stat`` (utime + stime of the process
+and its children) before and after the measured phase: luftpause's dataplanes and its
+scheduler separately (the scheduler's CPU per turn is its CPU per decision), the router,
+the engine, and this load generator. With N dataplanes client c sends to dataplane
+c mod N, as a TCP load balancer in front of them would. Then memory: the proxy's RSS
+with ``--streams`` streams open mid-reply (a second, slow fake engine) minus its RSS
+idle, per stream, for luftpause's dataplane and each router. A table of the issue's
+goals (met/missed) closes the report; everything is written as JSON too.
 
-Needs the ``bench`` extra for the router (``pip install 'luftpause[bench]'``); without
-it the router column is skipped. Everything runs on loopback and stops at the end.
+    python -m luftpause.loadgen.proxy_bench [--concurrency 20,100] [--dataplanes 1,2]
+        [--duration S] [--sequential N] [--streams N] [--peers sglang-router,vllm-router]
+
+The routers come with the ``bench`` extra (``pip install 'luftpause[bench]'``); a router
+that is not installed is skipped, and the JSON says so. Everything runs on loopback and
+stops at the end; the defaults take about three and a half minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -17,10 +29,13 @@ import asyncio
 import json
 import os
 import platform
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -28,15 +43,34 @@ from rich.console import Console
 from rich.table import Table
 
 from luftpause import headers as h
-from luftpause.loadgen.peers import RouterProcess
+from luftpause.loadgen import peers
 from luftpause.loadgen.records import CpuMeter, percentile
-from luftpause.procs import rss_bytes
+from luftpause.procs import ManagedProcess, free_port
 from luftpause.stack import MODEL, Stack
 
 INSTANT = ["--latency-ms", "0", "--token-ms", "0", "--reply-tokens", "8"]
-# 1,000 open streams: each reply lasts ~20 s (one token a second).
+# Open streams for the memory figures: each reply lasts ~16 s (one token a second).
 SLOW = ["--latency-ms", "0", "--token-ms", "1000", "--reply-tokens", "20"]
-NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
+NOT_STARTED = frozenset({"runtime", "fake-mcp", "engine-a"})  # the engines are started once, outside the stacks
+WARM_UP = 50  # requests before each measured mode: connections, lazy imports
+ENGINE = "engine directly"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# The issue's goals (issue 15): (key, what, limit, higher is better).
+CPU_PER_TURN_US = 400.0
+ADDED_P99_MS = 20.0
+ADDED_P50_MS = 1.0
+NON_STREAMING_VS_SGLANG = 0.8
+STREAMING_VS_SGLANG = 2.0
+SCHEDULER_FLAT = 1.25  # this report's reading of "stays flat": max ≤ 1.25 × min
+
+
+def luftpause_name(dataplanes: int) -> str:
+    return "through luftpause" if dataplanes == 1 else f"through luftpause, {dataplanes} dataplanes"
+
+
+def peer_name(router: str) -> str:
+    return f"through {router}"
 
 
 def body(i: int, stream: bool = True) -> dict:
@@ -44,161 +78,555 @@ def body(i: int, stream: bool = True) -> dict:
             "messages": [{"role": "user", "content": f"question {i}"}]}
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, i: int, headers: dict[str, str],
-                     stream: bool = True) -> float:
+# --------------------------------------------------------------------- /proc accounting
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (from the ppid field of /proc/*/stat)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    tree, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        tree.append(current)
+        pending.extend(children.get(current, ()))
+    return tree
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (all its threads) and of its reaped children."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # after the comm field: state(0) ... utime(11) stime(12) cutime(13) cstime(14)
+    return sum(int(x) for x in fields[11:15]) / CLK_TCK
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    return sum(cpu_seconds(p) for p in process_tree(pid))
+
+
+def tree_rss_bytes(pid: int) -> int:
+    total = 0
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
+        except OSError:
+            pass
+    return total
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class CpuAccount:
+    """CPU seconds of named groups of processes (each pid counted with its children),
+    read before and after a measured phase. ``load generator`` is this process."""
+
+    groups: dict[str, list[int]]
+
+    def read(self) -> dict[str, float]:
+        out = {name: sum(tree_cpu_seconds(pid) for pid in pids) for name, pids in self.groups.items()}
+        out["load generator"] = own_cpu_seconds()
+        for name, pids in self.groups.items():
+            if len(pids) > 1:
+                for i, pid in enumerate(pids, start=1):
+                    out[f"{name} #{i}"] = tree_cpu_seconds(pid)
+        return out
+
+    @staticmethod
+    def per_turn(before: dict[str, float], after: dict[str, float], turns: int, elapsed: float) -> dict[str, dict]:
+        """µs of CPU per completed turn, and cores busy, for each group."""
+        out = {}
+        for name in before:
+            spent = after[name] - before[name]
+            out[name] = {"cpu_s": round(spent, 3), "us_per_turn": round(spent * 1e6 / turns, 1) if turns else None,
+                         "cores": round(spent / elapsed, 3) if elapsed > 0 else None}
+        return out
+
+
+# --------------------------------------------------------------------- the load
+@dataclass
+class Target:
+    """Where the requests go: one or more base URLs (clients spread over them), whether
+    they are luftpause's (run headers), and whose CPU to account."""
+
+    name: str
+    urls: list[str]
+    luftpause: bool
+    cpu: dict[str, list[int]] = field(default_factory=dict)
+    proxy: tuple[str, ...] = ()  # the cpu groups that are the proxy's own cost
+    engine: str | None = None  # the engine behind it, whose /stats counts the requests it served
+
+    def url(self, i: int) -> str:
+        return f"{self.urls[i % len(self.urls)]}/v1/chat/completions"
+
+    def headers(self, run: str) -> dict[str, str]:
+        return {h.RUN_ID: run, h.CALLER: "bench"} if self.luftpause else {}
+
+
+async def one_request(session: aiohttp.ClientSession, url: str, i: int, headers: dict[str, str],
+                      stream: bool = True) -> float:
     """One request, read to its end; its latency in ms."""
     started = time.perf_counter()
     async with session.post(url, json=body(i, stream), headers=headers) as response:
         if response.status != 200:
-            raise RuntimeError(f"{url}: HTTP {response.status}: {await response.text()}")
+            raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:200]}")
         async for _ in response.content.iter_any():
             pass
     return (time.perf_counter() - started) * 1000
 
 
-async def measure(url: str, luftpause: bool, sequential: int, concurrent_requests: int, concurrency: int,
-                  stream: bool = True) -> dict:
+async def one_at_a_time(session: aiohttp.ClientSession, target: Target, requests: int, stream: bool) -> dict:
+    latencies = [await one_request(session, target.url(i), i, target.headers(f"seq-{i % 64}"), stream)
+                 for i in range(requests)]
+    return {"requests": requests, "p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 99),
+            "requests_per_s": requests / (sum(latencies) / 1000)}
+
+
+async def closed_loop(session: aiohttp.ClientSession, target: Target, concurrency: int, duration: float,
+                      stream: bool) -> dict:
+    """``concurrency`` clients, each a run sending its turns back to back for ``duration``
+    seconds (client c to the target's URL c mod N); CPU per completed turn of each of the
+    target's processes, over the whole phase including the last turns' drain."""
+    account = CpuAccount(target.cpu)
+    latencies: list[float] = []
+    errors: list[str] = []
+    served_before = engine_requests(target.engine)
+    machine = CpuMeter()
+    before = account.read()
+    started = time.perf_counter()
+    deadline = started + duration
+
+    async def client(c: int) -> None:
+        url, headers = target.url(c), target.headers(f"bench-c{concurrency}-{c}")
+        i = 0
+        while time.perf_counter() < deadline:
+            try:
+                latencies.append(await one_request(session, url, c * 1_000_000 + i, headers, stream))
+            except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as exc:
+                errors.append(str(exc) or type(exc).__name__)
+            i += 1
+
+    await asyncio.gather(*(client(c) for c in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    after = account.read()
+    machine_busy = machine.read()["machine_busy"]
+    served = engine_requests(target.engine)
+    turns = len(latencies)
+    cpu = CpuAccount.per_turn(before, after, turns, elapsed)
+    proxy_us = [cpu[name]["us_per_turn"] for name in target.proxy if name in cpu]
+    ours = sum(c["cores"] or 0 for name, c in cpu.items() if "#" not in name)
+    # Cores busy machine-wide during the phase beyond the processes measured here: other
+    # work on a shared machine, which slows everything measured and inflates CPU per turn.
+    others = round(max(0.0, machine_busy * (os.cpu_count() or 1) - ours), 2) if machine_busy is not None else None
+    return {"concurrency": concurrency, "duration_s": round(elapsed, 2), "requests": turns,
+            "engine_requests": served - served_before if served is not None and served_before is not None else None,
+            "errors": len(errors), "error_examples": sorted(set(errors))[:3],
+            "p50_ms": statistics.median(latencies) if latencies else None,
+            "p99_ms": percentile(latencies, 99), "requests_per_s": turns / elapsed,
+            "cpu": cpu, "cores_busy_measured": round(ours, 2), "cores_busy_others": others,
+            "proxy_cpu_us_per_turn": round(sum(proxy_us), 1) if proxy_us and turns else None}
+
+
+def engine_requests(engine: str | None) -> int | None:
+    """Requests the fake engine has received so far (its /stats), or None."""
+    if engine is None:
+        return None
+    return peers.engine_stats([engine])[0]["requests"]
+
+
+async def measure(target: Target, sequential: int, levels: list[int], duration: float, stream: bool) -> dict:
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        def headers(i: int) -> dict[str, str]:
-            return {h.RUN_ID: f"bench-{i % 64}", h.CALLER: "bench"} if luftpause else {}
-
-        for i in range(50):  # warm-up: connections and lazy imports
-            await one_stream(session, url, i, headers(i), stream)
-        one_at_a_time = [await one_stream(session, url, i, headers(i), stream) for i in range(sequential)]
-
-        latencies: list[float] = []
-        counter = iter(range(concurrent_requests))
-
-        async def worker():
-            for i in counter:
-                latencies.append(await one_stream(session, url, i, headers(i), stream))
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return {
-        "sequential": {"requests": sequential, "p50_ms": statistics.median(one_at_a_time),
-                       "p99_ms": percentile(one_at_a_time, 99),
-                       "requests_per_s": sequential / (sum(one_at_a_time) / 1000)},
-        "concurrent": {"concurrency": concurrency, "requests": concurrent_requests,
-                       "p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 99),
-                       "requests_per_s": concurrent_requests / elapsed},
-    }
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        for i in range(WARM_UP):
+            await one_request(session, target.url(i), i, target.headers(f"warm-{i % 8}"), stream)
+        out: dict = {"sequential": await one_at_a_time(session, target, sequential, stream), "levels": {}}
+        for level in levels:
+            out["levels"][str(level)] = await closed_loop(session, target, level, duration, stream)
+    # The first level stands where the single concurrent figure stood before (JSON shape).
+    out["concurrent"] = out["levels"][str(levels[0])]
+    return out
 
 
-async def open_streams_memory(stack: Stack, streams: int) -> dict:
-    """Dataplane RSS idle and with ``streams`` concurrent streams open mid-reply."""
-    pid = stack.process("dataplane").process.pid
-    idle = rss_bytes(pid) / 2**20
-    url = f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
+async def open_streams_memory(url: str, pid: int, streams: int, luftpause: bool) -> dict:
+    """RSS of ``pid`` (with its children) idle and with ``streams`` streams open mid-reply."""
+    idle = tree_rss_bytes(pid) / 2**20
     connector = aiohttp.TCPConnector(limit=0)
     opened = 0
+    busy = idle
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
-        first_chunk = asyncio.Event()
+        all_open = asyncio.Event()
         release = asyncio.Event()
 
-        async def hold(i: int):
+        async def hold(i: int) -> None:
             nonlocal opened
-            async with session.post(url, json=body(i), headers={h.RUN_ID: f"open-{i}"}) as response:
+            headers = {h.RUN_ID: f"open-{i}"} if luftpause else {}
+            async with session.post(f"{url}/v1/chat/completions", json=body(i), headers=headers) as response:
                 await response.content.readany()
                 opened += 1
                 if opened == streams:
-                    first_chunk.set()
+                    all_open.set()
                 await release.wait()
 
         tasks = [asyncio.create_task(hold(i)) for i in range(streams)]
         try:
-            await asyncio.wait_for(first_chunk.wait(), timeout=60)
+            await asyncio.wait_for(all_open.wait(), timeout=60)
             await asyncio.sleep(1)
-            busy = rss_bytes(pid) / 2**20
+            busy = tree_rss_bytes(pid) / 2**20
+        except asyncio.TimeoutError:
+            pass  # reported with opened < streams
         finally:
             release.set()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
     return {"streams": streams, "opened": opened, "idle_rss_mb": round(idle, 1), "open_rss_mb": round(busy, 1),
-            "per_stream_kb": round((busy - idle) * 1024 / max(1, opened), 1)}
+            "per_stream_kb": round((busy - idle) * 1024 / opened, 1) if opened == streams else None}
+
+
+# --------------------------------------------------------------------- processes
+def start_engine(name: str, args: list[str], logs: Path) -> tuple[ManagedProcess, str]:
+    port = free_port()
+    engine = peers.engine_process(name, port, ["--models", MODEL, *args], logs)
+    engine.start()
+    engine.wait_ready(30)
+    return engine, f"http://{peers.HOST}:{port}"
+
+
+def luftpause_stack(directory: Path, engine_url: str, dataplanes: int) -> Stack:
+    """Scheduler and ``dataplanes`` dataplanes in front of an engine already running."""
+    pool = {"endpoints": [{"name": "engine-a", "base_url": engine_url, "models": [MODEL], "kind": "generative",
+                           "health_path": "/health"}]}
+    return Stack.on_free_ports(directory, engines=1, pool=pool, dataplanes=dataplanes, without=NOT_STARTED,
+                               env={"LUFTPAUSE_LOG_LEVEL": "warning"})
+
+
+def stack_target(stack: Stack, dataplanes: int, engine: ManagedProcess, engine_url: str | None = None) -> Target:
+    names = ["dataplane", *(f"dataplane-{i}" for i in range(2, dataplanes + 1))]
+    return Target(luftpause_name(dataplanes), [f"http://{peers.HOST}:{port}" for port in stack.ports.dataplanes],
+                  True, {"dataplanes": [stack.process(n).process.pid for n in names],
+                         "scheduler": [stack.process("scheduler").process.pid], "engine": [engine.process.pid]},
+                  proxy=("dataplanes", "scheduler"), engine=engine_url)
+
+
+# Routers log at warning, as luftpause does here: no log line per request on either side.
+ROUTER_QUIET = {peers.SGLANG_ROUTER: ["--log-level", "warn"], peers.VLLM_ROUTER: ["--log-level", "warning"]}
+
+
+def start_router(router: str, engine_url: str, logs: Path, tag: str) -> peers.RouterProcess:
+    process = peers.RouterProcess("round_robin", [engine_url], logs / f"{router}-{tag}.log", binary=router,
+                                  extra_args=ROUTER_QUIET[router])
+    process.start()
+    return process
+
+
+# --------------------------------------------------------------------- the run
+def run(args: argparse.Namespace, console: Console) -> dict:
+    idle_check = CpuMeter()
+    time.sleep(1.0)
+    results: dict = {
+        "python": platform.python_version(), "cpus": os.cpu_count(),
+        "cpu_busy_before": round(idle_check.read()["machine_busy"] or 0.0, 2),
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+        "uptime_before": uptime(),
+        "options": {"concurrency": args.concurrency, "dataplanes": args.dataplanes, "duration_s": args.duration,
+                    "sequential": args.sequential, "streams": args.streams, "peers": args.peers},
+        "peers": {}, "targets": {},
+    }
+    for router in args.peers:
+        found = peers.find_router(router)
+        results["peers"][router] = {"binary": found, "skipped": None if found else
+                                    f"{router} is not installed (pip install 'luftpause[bench]')"}
+    available = [r for r in args.peers if results["peers"][r]["binary"]]
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = Path(tmp) / "logs"
+        logs.mkdir()
+
+        def measure_target(target: Target) -> None:
+            for mode in ("streaming", "non-streaming"):
+                console.print(f"measuring {target.name}, {mode} …")
+                results["targets"].setdefault(mode, {})[target.name] = asyncio.run(measure(
+                    target, args.sequential, args.concurrency, args.duration, stream=mode == "streaming"))
+
+        engine, engine_url = start_engine("engine-instant", INSTANT, logs)
+        try:
+            measure_target(Target(ENGINE, [engine_url], False, {"engine": [engine.process.pid]}, engine=engine_url))
+            for n in args.dataplanes:
+                stack = luftpause_stack(Path(tmp) / f"stack-{n}", engine_url, n)
+                stack.start()
+                try:
+                    measure_target(stack_target(stack, n, engine, engine_url))
+                finally:
+                    stack.stop()
+            for router in available:
+                process = start_router(router, engine_url, logs, "instant")
+                try:
+                    measure_target(Target(peer_name(router), [process.url], False,
+                                          {"router": [process.process.pid], "engine": [engine.process.pid]},
+                                          proxy=("router",), engine=engine_url))
+                finally:
+                    process.stop()
+        finally:
+            engine.stop()
+
+        if args.streams:
+            results["memory"] = measure_memory(args, available, logs, Path(tmp), console)
+    results["elapsed_s"] = round(time.monotonic() - started, 1)
+    results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    others = [level["cores_busy_others"] for targets in results["targets"].values() for t in targets.values()
+              for level in t["levels"].values() if level["cores_busy_others"] is not None]
+    results["cores_busy_others_max"] = max(others, default=None)
+    results["goals"] = goals(results)
+    return results
+
+
+def uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def measure_memory(args: argparse.Namespace, routers: list[str], logs: Path, tmp: Path, console: Console) -> dict:
+    """Per-stream RSS of luftpause's dataplane and of each router, ``--streams`` open."""
+    by_proxy: dict[str, dict] = {}
+    engine, engine_url = start_engine("engine-slow", SLOW, logs)
+    try:
+        console.print(f"opening {args.streams} streams through luftpause's dataplane …")
+        stack = luftpause_stack(tmp / "slow", engine_url, 1)
+        stack.start()
+        try:
+            by_proxy[luftpause_name(1)] = asyncio.run(open_streams_memory(
+                f"http://{peers.HOST}:{stack.ports.dataplane}", stack.process("dataplane").process.pid,
+                args.streams, True))
+        finally:
+            stack.stop()
+        for router in routers:
+            console.print(f"opening {args.streams} streams through {router} …")
+            process = start_router(router, engine_url, logs, "slow")
+            try:
+                by_proxy[peer_name(router)] = asyncio.run(open_streams_memory(
+                    process.url, process.process.pid, args.streams, False))
+            finally:
+                process.stop()
+    finally:
+        engine.stop()
+    # The dataplane's figures stay at the top level, where they were before (JSON shape).
+    return {**by_proxy[luftpause_name(1)], "by_proxy": by_proxy}
+
+
+# --------------------------------------------------------------------- the report
+def goals(results: dict) -> list[dict]:
+    """The issue's goals against this run's figures: each with its measured value, its
+    limit and whether it is met (None when this run did not measure it)."""
+    targets = results["targets"]
+    levels = [int(x) for x in results["options"]["concurrency"]]
+    level = "20" if 20 in levels else str(levels[0])
+    ns = sorted(results["options"]["dataplanes"])
+    lp = luftpause_name(ns[0])
+    sglang = peer_name(peers.SGLANG_ROUTER)
+    out: list[dict] = []
+
+    def goal(what: str, value: float | None, limit: float, higher_is_better: bool, unit: str) -> None:
+        met = None if value is None else (value >= limit if higher_is_better else value <= limit)
+        out.append({"goal": what, "value": None if value is None else round(value, 3),
+                    "limit": limit, "unit": unit, "higher_is_better": higher_is_better, "met": met})
+
+    def figures(mode: str, name: str) -> dict | None:
+        return targets.get(mode, {}).get(name)
+
+    for mode in ("streaming", "non-streaming"):
+        mine = figures(mode, lp)
+        cpu = mine["levels"][level]["proxy_cpu_us_per_turn"] if mine else None
+        goal(f"dataplane + scheduler CPU per turn, {mode}, {level} concurrent ({lp})", cpu, CPU_PER_TURN_US,
+             False, "µs")
+    for mode in ("streaming", "non-streaming"):
+        mine, direct = figures(mode, lp), figures(mode, ENGINE)
+        added = mine["sequential"]["p50_ms"] - direct["sequential"]["p50_ms"] if mine and direct else None
+        goal(f"added p50 one at a time, {mode} ({lp})", added, ADDED_P50_MS, False, "ms")
+    for mode in ("streaming", "non-streaming"):
+        mine, direct = figures(mode, lp), figures(mode, ENGINE)
+        added = (mine["levels"][level]["p99_ms"] - direct["levels"][level]["p99_ms"]
+                 if mine and direct and mine["levels"][level]["p99_ms"] is not None else None)
+        goal(f"added p99 at {level} concurrent, {mode} ({lp})", added, ADDED_P99_MS, False, "ms")
+    for mode, limit in (("non-streaming", NON_STREAMING_VS_SGLANG), ("streaming", STREAMING_VS_SGLANG)):
+        mine, router = figures(mode, lp), figures(mode, sglang)
+        ratio = (mine["levels"][level]["requests_per_s"] / router["levels"][level]["requests_per_s"]
+                 if mine and router else None)
+        goal(f"req/s at {level} concurrent ÷ sglang-router's, {mode} ({lp})", ratio, limit, True, "×")
+    for mode in ("streaming", "non-streaming"):
+        per_decision = [t["levels"][str(c)]["cpu"]["scheduler"]["us_per_turn"]
+                        for n in ns if (t := figures(mode, luftpause_name(n)))
+                        for c in levels if t["levels"][str(c)]["requests"]]
+        spread = max(per_decision) / min(per_decision) if len(per_decision) > 1 and min(per_decision) else None
+        goal(f"scheduler CPU per decision, max ÷ min over {'/'.join(map(str, ns))} dataplanes × "
+             f"{'/'.join(map(str, levels))} concurrent, {mode} (≤ {SCHEDULER_FLAT}× read as flat)",
+             spread, SCHEDULER_FLAT, False, "×")
+    return out
+
+
+def fmt(value: float | None, pattern: str = "{:.2f}", dash: str = "–") -> str:
+    return dash if value is None else pattern.format(value)
+
+
+def print_report(console: Console, results: dict) -> None:
+    levels = [str(c) for c in results["options"]["concurrency"]]
+    for mode, targets in results["targets"].items():
+        print_latency_table(console, mode, targets, levels)
+    print_cpu_table(console, results, levels)
+    for mode, targets in results["targets"].items():
+        for name, figures in targets.items():
+            for level, conc in figures["levels"].items():
+                if conc["errors"]:
+                    console.print(f"[red]{name}, {mode}, {level} concurrent: {conc['errors']} failed requests, "
+                                  f"e.g. {conc['error_examples']}[/]")
+                if conc["engine_requests"] is not None and conc["engine_requests"] != conc["requests"]:
+                    console.print(f"[yellow]{name}, {mode}, {level} concurrent: the engine received "
+                                  f"{conc['engine_requests']} requests for {conc['requests']} completed turns[/]")
+    memory = results.get("memory")
+    if memory:
+        table = Table(title=f"B4 — proxy memory with {memory['streams']} streams open mid-reply")
+        for column in ("", "streams open", "RSS idle MB", "RSS open MB", "KB per stream"):
+            table.add_column(column, justify="right")
+        for name, m in memory["by_proxy"].items():
+            table.add_row(name, str(m["opened"]), fmt(m["idle_rss_mb"], "{:.1f}"), fmt(m["open_rss_mb"], "{:.1f}"),
+                          fmt(m["per_stream_kb"], "{:.1f}"))
+        console.print(table)
+    for router, peer in results["peers"].items():
+        if peer["skipped"]:
+            console.print(f"[yellow]{router} skipped: {peer['skipped']}[/]")
+    table = Table(title="B4 — goals (issue 15)")
+    for column, justify in (("goal", "left"), ("measured", "right"), ("limit", "right"), ("", "left")):
+        table.add_column(column, justify=justify)
+    for g in results["goals"]:
+        verdict = {True: "[green]met[/]", False: "[red]missed[/]", None: "not measured"}[g["met"]]
+        sign = "≥" if g["higher_is_better"] else "≤"
+        table.add_row(g["goal"], fmt(g["value"], "{:.2f} " + g["unit"]), f"{sign} {g['limit']} {g['unit']}", verdict)
+    console.print(table)
+    busy = results["cores_busy_others_max"]
+    if results["cpu_busy_before"] > 0.2 or (busy is not None and busy > 0.2):
+        console.print(f"[yellow]the machine was shared: {results['cpu_busy_before']:.0%} busy before the run, up to "
+                      f"{fmt(busy)} cores busy with other work during a measured phase; the figures are slowed "
+                      "and CPU per turn inflated by that[/]")
+    console.print(f"CPU busy before the run: {results['cpu_busy_before']:.0%} of {results['cpus']} cores; "
+                  f"load average before {results['load_average_before']}, after {results['load_average_after']}; "
+                  f"{results['elapsed_s']:.0f} s")
+
+
+def print_latency_table(console: Console, mode: str, targets: dict, levels: list[str]) -> None:
+    direct = targets[ENGINE]
+    sglang = targets.get(peer_name(peers.SGLANG_ROUTER))
+    table = Table(title=f"B4 — {mode} chat completions against one instant fake engine "
+                        "(added = minus the engine's own figure)")
+    table.add_column("")
+    for column in ("1-at-a-time p50 ms", "added p50"):
+        table.add_column(column, justify="right")
+    for level in levels:
+        for column in (f"{level} conc. req/s", "p99 ms", "added p99", "× sglang"):
+            table.add_column(column, justify="right")
+    for name, figures in targets.items():
+        seq = figures["sequential"]
+        row = [name, f"{seq['p50_ms']:.2f}", f"{seq['p50_ms'] - direct['sequential']['p50_ms']:+.2f}"]
+        for level in levels:
+            conc, base = figures["levels"][level], direct["levels"][level]
+            vs = (f"{conc['requests_per_s'] / sglang['levels'][level]['requests_per_s']:.2f}×"
+                  if sglang and name != peer_name(peers.SGLANG_ROUTER) else "–")
+            added = conc["p99_ms"] - base["p99_ms"] if conc["p99_ms"] is not None else None
+            errors = f" ({conc['errors']} failed)" if conc["errors"] else ""
+            row += [f"{conc['requests_per_s']:.0f}{errors}", fmt(conc["p99_ms"]), fmt(added, "{:+.2f}"), vs]
+        table.add_row(*row)
+    console.print(table)
+
+
+def print_cpu_table(console: Console, results: dict, levels: list[str]) -> None:
+    table = Table(title="B4 — CPU µs per completed turn (/proc utime+stime over the measured phase ÷ turns); "
+                        "cores busy = CPU s ÷ wall s, of these processes and of all others on the machine")
+    for column in ("mode", "", "conc.", "turns", "dataplanes", "scheduler", "dp + sched", "router", "engine",
+                   "load gen.", "cores: these", "cores: others"):
+        table.add_column(column, justify="right" if column not in ("mode", "") else "left")
+    for mode, targets in results["targets"].items():
+        for name, figures in targets.items():
+            for level in levels:
+                conc = figures["levels"][level]
+                cpu = conc["cpu"]
+
+                def us(group: str) -> str:
+                    return fmt(cpu[group]["us_per_turn"], "{:.0f}") if group in cpu else ""
+
+                dp = us("dataplanes")
+                if "dataplanes #2" in cpu:
+                    dp += " (" + " + ".join(fmt(cpu[k]["us_per_turn"], "{:.0f}") for k in sorted(cpu)
+                                            if k.startswith("dataplanes #")) + ")"
+                both = fmt(conc["proxy_cpu_us_per_turn"], "{:.0f}") if "scheduler" in cpu else ""
+                table.add_row(mode, name.removeprefix("through "), level, str(conc["requests"]), dp, us("scheduler"),
+                              both, us("router"), us("engine"), us("load generator"),
+                              f"{conc['cores_busy_measured']:.2f}", fmt(conc["cores_busy_others"]))
+    console.print(table)
+
+
+def csv_ints(text: str) -> list[int]:
+    values = [int(x) for x in text.split(",") if x.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return values
+
+
+def csv_peers(text: str) -> list[str]:
+    if text.strip() in ("", "none"):
+        return []
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in peers.PEER_ROUTERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown peers {unknown}; known: {', '.join(peers.PEER_ROUTERS)}")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.proxy_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=csv_ints, default=[20, 100],
+                        help="concurrency levels, comma-separated (default 20,100)")
+    parser.add_argument("--dataplanes", type=csv_ints, default=[1, 2],
+                        help="luftpause variants by number of dataplanes on one scheduler, comma-separated "
+                             "(default 1,2)")
+    parser.add_argument("--duration", type=float, default=5.0,
+                        help="seconds of closed loop per concurrency level, target and mode (default 5)")
+    parser.add_argument("--sequential", type=int, default=400, help="requests one at a time (default 400)")
+    parser.add_argument("--streams", type=int, default=1000,
+                        help="open streams for the memory figures, 0 to skip them (default 1000)")
+    parser.add_argument("--peers", type=csv_peers, default=list(peers.PEER_ROUTERS),
+                        help="peer routers, comma-separated, or none (default sglang-router,vllm-router)")
+    parser.add_argument("--no-router", action="store_true", help="no peer routers (same as --peers none)")
+    parser.add_argument("--json", default="bench-results/b4-proxy.json", help="where to write the results")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.proxy_bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sequential", type=int, default=400, help="requests one at a time (default 400)")
-    parser.add_argument("--concurrent-requests", type=int, default=2000, help="requests at 20 concurrent (default 2000)")
-    parser.add_argument("--concurrency", type=int, default=20, help="concurrent streams (default 20)")
-    parser.add_argument("--streams", type=int, default=1000, help="open streams for the memory figure (default 1000)")
-    parser.add_argument("--no-router", action="store_true", help="skip the sglang-router column")
-    parser.add_argument("--json", default="bench-results/b4-proxy.json", help="where to write the results")
-    args = parser.parse_args(argv)
-    console = Console(width=170)
-    idle_check = CpuMeter()
-    time.sleep(1.0)
-    results: dict = {"python": platform.python_version(), "cpus": os.cpu_count(),
-                     "cpu_busy_before": round(idle_check.read()["machine_busy"] or 0.0, 2), "targets": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        stack = Stack.on_free_ports(Path(tmp) / "fast", engines=1, without=NO_RUNTIME, engine_args=INSTANT,
-                                    env={"LUFTPAUSE_LOG_LEVEL": "warning"})
-        router = None
-        stack.start()
-        try:
-            engine = f"http://127.0.0.1:{stack.ports.engines[0]}"
-            targets = {"engine directly": (engine, False),
-                       "through luftpause": (f"http://127.0.0.1:{stack.ports.dataplane}", True)}
-            if not args.no_router:
-                router = RouterProcess("round_robin", [engine], Path(tmp) / "router.log")
-                router.start()
-                targets["through sglang-router"] = (router.url, False)
-            for mode in ("streaming", "non-streaming"):
-                for name, (base, luftpause) in targets.items():
-                    console.print(f"measuring {name}, {mode} …")
-                    results["targets"].setdefault(mode, {})[name] = asyncio.run(measure(
-                        base + "/v1/chat/completions", luftpause, args.sequential, args.concurrent_requests,
-                        args.concurrency, stream=mode == "streaming"))
-        finally:
-            if router is not None:
-                router.stop()
-            stack.stop()
-        console.print(f"opening {args.streams} streams through the dataplane …")
-        slow = Stack.on_free_ports(Path(tmp) / "slow", engines=1, without=NO_RUNTIME, engine_args=SLOW,
-                                   env={"LUFTPAUSE_LOG_LEVEL": "warning"})
-        slow.start()
-        try:
-            results["memory"] = asyncio.run(open_streams_memory(slow, args.streams))
-        finally:
-            slow.stop()
-    print_tables(console, results, args.concurrency)
+    args = build_parser().parse_args(argv)
+    if args.no_router:
+        args.peers = []
+    console = Console(width=200)
+    results = run(args, console)
+    print_report(console, results)
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2))
     console.print(f"JSON: {path}")
     return 0
-
-
-def print_tables(console: Console, results: dict, concurrency: int) -> None:
-    for mode, targets in results["targets"].items():
-        print_table(console, mode, targets, concurrency)
-    memory = results["memory"]
-    console.print(f"dataplane memory: {memory['idle_rss_mb']} MB idle, {memory['open_rss_mb']} MB with "
-                  f"{memory['opened']} open streams (~{memory['per_stream_kb']} KB per stream)")
-    console.print(f"CPU busy before the run: {results['cpu_busy_before']:.0%} of {results['cpus']} cores")
-
-
-def print_table(console: Console, mode: str, targets: dict, concurrency: int) -> None:
-    direct = targets["engine directly"]
-    router = targets.get("through sglang-router")
-    table = Table(title=f"B4 — {mode} chat completions against one instant fake engine")
-    for column in ("", "1-at-a-time req/s", "p50 ms", "added p50 ms", f"{concurrency} concurrent req/s",
-                   "p50 ms", "p99 ms", "added p99 ms", "req/s vs router"):
-        table.add_column(column, justify="right")
-    for name, figures in targets.items():
-        seq, conc = figures["sequential"], figures["concurrent"]
-        vs_router = f"{conc['requests_per_s'] / router['concurrent']['requests_per_s']:.2f}×" if router else "–"
-        table.add_row(name, f"{seq['requests_per_s']:.0f}", f"{seq['p50_ms']:.2f}",
-                      f"{seq['p50_ms'] - direct['sequential']['p50_ms']:+.2f}", f"{conc['requests_per_s']:.0f}",
-                      f"{conc['p50_ms']:.2f}", f"{conc['p99_ms']:.2f}",
-                      f"{conc['p99_ms'] - direct['concurrent']['p99_ms']:+.2f}", vs_router)
-    console.print(table)
 
 
 if __name__ == "__main__":
