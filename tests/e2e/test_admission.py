@@ -57,6 +57,46 @@ async def test_engine_reporting_a_queue_caps_in_flight_and_holds_the_rest(slow_e
     assert final["in_flight"] == 0 and final["held"] == 0
 
 
+async def test_the_decode_ceiling_an_engine_reports_bounds_what_it_is_sent(make_stack):
+    """Engines that report a CUDA-graph batch size of 2 and keep no queue of their own: the
+    live scheduler reads the ceiling from /get_server_info and never has more than 2 turns
+    in flight on either, holding the rest at the gateway."""
+    stack = make_stack(without=frozenset({"runtime", "fake-mcp"}),
+                       engine_args=["--cuda-graph-max-bs", "2", "--reply-tokens", "20", "--token-ms", "100"])
+    assert wait_until(lambda: all(r["decode_ceiling"] == 2 for r in status(stack)["replicas"]), 10), status(stack)
+    url = f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
+    seen = {"held": 0, "in_flight": 0, "at_engine": 0}
+
+    def engine_load(port: int) -> int:
+        stats = httpx.get(f"http://127.0.0.1:{port}/stats").json()
+        return stats["running"] + stats["queued"]
+
+    async def watch():
+        while True:
+            snapshot = await asyncio.to_thread(status, stack)
+            seen["held"] = max(seen["held"], snapshot["held"])
+            seen["in_flight"] = max(seen["in_flight"], *(r["in_flight"] for r in snapshot["replicas"]))
+            loads = await asyncio.gather(*(asyncio.to_thread(engine_load, p) for p in stack.ports.engines))
+            seen["at_engine"] = max(seen["at_engine"], *loads)
+            await asyncio.sleep(0.1)
+
+    async def turn(client, i):
+        response = await client.post(url, headers={h.RUN_ID: f"ceiling-{i}", h.SERVICE_CLASS: "batch"},
+                                     json={"model": MODEL, "messages": [{"role": "user", "content": f"q{i}"}]})
+        return response.status_code
+
+    watcher = asyncio.create_task(watch())
+    async with httpx.AsyncClient(timeout=120) as client:
+        codes = await asyncio.gather(*(turn(client, i) for i in range(10)))
+    watcher.cancel()
+    assert codes == [200] * 10
+    assert seen["held"] > 0 and 0 < seen["in_flight"] <= 2 and 0 < seen["at_engine"] <= 2, seen
+    served = [httpx.get(f"http://127.0.0.1:{port}/stats").json()["requests"] for port in stack.ports.engines]
+    assert all(n > 0 for n in served), served  # both engines took turns
+    final = status(stack)
+    assert final["in_flight"] == 0 and final["held"] == 0
+
+
 def test_killed_engine_leaves_rotation_within_a_probe_period(make_stack):
     stack = make_stack(without=frozenset({"runtime", "fake-mcp"}))
     assert wait_until(lambda: all(r["healthy"] for r in status(stack)["replicas"]), 10)
