@@ -40,6 +40,7 @@ from pathlib import Path
 
 import aiohttp
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from luftpause import headers as h
@@ -508,7 +509,7 @@ def print_report(console: Console, results: dict) -> None:
         console.print(table)
     for router, peer in results["peers"].items():
         if peer["skipped"]:
-            console.print(f"[yellow]{router} skipped: {peer['skipped']}[/]")
+            console.print(f"[yellow]{router} skipped: {escape(peer['skipped'])}[/]")
     table = Table(title="B4 — goals (issue 15)")
     for column, justify in (("goal", "left"), ("measured", "right"), ("limit", "right"), ("", "left")):
         table.add_column(column, justify=justify)
