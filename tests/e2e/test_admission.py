@@ -18,6 +18,14 @@ def status(stack) -> dict:
     return httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()
 
 
+async def batch_turn(client: httpx.AsyncClient, stack, run_id: str) -> int:
+    """One batch turn through the stack's dataplane; its HTTP status."""
+    response = await client.post(f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions",
+                                 headers={h.RUN_ID: run_id, h.SERVICE_CLASS: "batch"},
+                                 json={"model": MODEL, "messages": [{"role": "user", "content": run_id}]})
+    return response.status_code
+
+
 @pytest.fixture
 def slow_engines(make_stack):
     """Engines that run at most 2 requests at once and take ~3 s per reply."""
@@ -26,7 +34,6 @@ def slow_engines(make_stack):
 
 
 async def test_engine_reporting_a_queue_caps_in_flight_and_holds_the_rest(slow_engines):
-    url = f"http://127.0.0.1:{slow_engines.ports.dataplane}/v1/chat/completions"
     seen = {"held": 0, "capacities": set()}
 
     async def watch():
@@ -36,18 +43,13 @@ async def test_engine_reporting_a_queue_caps_in_flight_and_holds_the_rest(slow_e
             seen["capacities"].update(r["capacity"] for r in snapshot["replicas"])
             await asyncio.sleep(0.2)
 
-    async def turn(client, i):
-        response = await client.post(url, headers={h.RUN_ID: f"run-{i}", h.SERVICE_CLASS: "batch"},
-                                     json={"model": MODEL, "messages": [{"role": "user", "content": f"q{i}"}]})
-        return response.status_code
-
     watcher = asyncio.create_task(watch())
     async with httpx.AsyncClient(timeout=120) as client:
         # The first wave fills both engines (queue appears); the second arrives once the
         # scheduler has probed the queue and must be held rather than sent.
-        first = [asyncio.create_task(turn(client, i)) for i in range(8)]
+        first = [asyncio.create_task(batch_turn(client, slow_engines, f"run-{i}")) for i in range(8)]
         await asyncio.sleep(3)
-        second = [asyncio.create_task(turn(client, i)) for i in range(8, 14)]
+        second = [asyncio.create_task(batch_turn(client, slow_engines, f"run-{i}")) for i in range(8, 14)]
         codes = await asyncio.gather(*first, *second)
     watcher.cancel()
     assert codes == [200] * 14
@@ -64,7 +66,6 @@ async def test_the_decode_ceiling_an_engine_reports_bounds_what_it_is_sent(make_
     stack = make_stack(without=frozenset({"runtime", "fake-mcp"}),
                        engine_args=["--cuda-graph-max-bs", "2", "--reply-tokens", "20", "--token-ms", "100"])
     assert wait_until(lambda: all(r["decode_ceiling"] == 2 for r in status(stack)["replicas"]), 10), status(stack)
-    url = f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
     seen = {"held": 0, "in_flight": 0, "at_engine": 0}
 
     def engine_load(port: int) -> int:
@@ -80,14 +81,9 @@ async def test_the_decode_ceiling_an_engine_reports_bounds_what_it_is_sent(make_
             seen["at_engine"] = max(seen["at_engine"], *loads)
             await asyncio.sleep(0.1)
 
-    async def turn(client, i):
-        response = await client.post(url, headers={h.RUN_ID: f"ceiling-{i}", h.SERVICE_CLASS: "batch"},
-                                     json={"model": MODEL, "messages": [{"role": "user", "content": f"q{i}"}]})
-        return response.status_code
-
     watcher = asyncio.create_task(watch())
     async with httpx.AsyncClient(timeout=120) as client:
-        codes = await asyncio.gather(*(turn(client, i) for i in range(10)))
+        codes = await asyncio.gather(*(batch_turn(client, stack, f"ceiling-{i}") for i in range(10)))
     watcher.cancel()
     assert codes == [200] * 10
     assert seen["held"] > 0 and 0 < seen["in_flight"] <= 2 and 0 < seen["at_engine"] <= 2, seen
