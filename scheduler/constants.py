@@ -23,6 +23,9 @@ LIMIT_FREE_KV_SHARE = 0.5
 # after an increase doubles it up to LIMIT_CALM_MAX, and twice as many calm probes in a
 # row halve it again.
 LIMIT_CALM_PROBES = 2
+# Slow start: a replica that reports load, shows no queue and has no decode ceiling takes
+# at most this many turns (or those already there) until its limit grows.
+LIMIT_INITIAL = 4
 LIMIT_CALM_MAX = 8
 LIMIT_MAX_STEP_DIVISOR = 2
 

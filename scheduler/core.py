@@ -42,6 +42,7 @@ from luftpause.scheduler.constants import (
     LIMIT_CALM_MAX,
     LIMIT_CALM_PROBES,
     LIMIT_FREE_KV_SHARE,
+    LIMIT_INITIAL,
     LIMIT_MAX_STEP_DIVISOR,
     RUN_IDLE_TIMEOUT_MS,
     TURN_TIMEOUT_MS,
@@ -693,6 +694,10 @@ def _usage(state: State, event: TurnUsage) -> State:
 #   calm probes the next increase waits for (up to 8), so an engine at its true
 #   capacity is not pushed into queueing every few seconds; twice that many calm
 #   probes in a row halve it again;
+# * slow start: an engine that reports load and no queue, and has no decode ceiling,
+#   starts at LIMIT_INITIAL turns (or ours already there) and grows by the rule above;
+#   a burst on a cold pool would otherwise reach the engine's FIFO before any probe
+#   could learn from its queue (an engine with a ceiling starts at the ceiling);
 # * forget: an unhealthy engine, or one that stops reporting load, is learned anew;
 # * the ceiling: above the engine's fast decode batch (SGLang captures CUDA graphs up
 #   to ``cuda_graph_max_bs`` and runs larger batches eagerly, paying the kernel
@@ -721,6 +726,10 @@ def _limit_after_probe(state: State, replica: Replica) -> Replica:
             overshoot = replica.since_growth <= LIMIT_CALM_PROBES
             return replica._replace(limit=serving, calm_needed=min(LIMIT_CALM_MAX, needed * 2) if overshoot else needed)
         return replica
+    if limit == 0 and replica.ceiling == 0:
+        # Slow start: an engine with no queue says nothing yet about how much more it
+        # takes; a burst sent all at once would wait in its FIFO. Start small and grow.
+        return replica._replace(limit=max(LIMIT_INITIAL, replica.in_flight), calm_needed=needed)
     if replica.calm_probes >= 2 * needed:  # long calm: the engine copes, be eager again
         needed = max(LIMIT_CALM_PROBES, needed // 2)
     # At the limit: our turns there, plus the room kept for paused interactive runs

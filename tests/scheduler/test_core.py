@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from luftpause.scheduler import core
-from luftpause.scheduler.constants import LIMIT_CALM_PROBES, RUN_IDLE_TIMEOUT_MS, TURN_TIMEOUT_MS
+from luftpause.scheduler.constants import LIMIT_CALM_PROBES, LIMIT_INITIAL, RUN_IDLE_TIMEOUT_MS, TURN_TIMEOUT_MS
 
 MODEL = "m"
 
@@ -71,14 +71,37 @@ def test_engine_reporting_a_queue_caps_in_flight_at_its_running_count():
     assert placed(released) == {"t3": "a"}
 
 
-def test_engine_without_queue_or_without_metrics_is_not_capped():
-    for running, queued in ((2, 0), (None, None)):
-        state = pool("a")
-        state, _ = core.decide(state, core.EngineProbed("a", True, running, queued, 0))
-        for i in range(10):
-            state, actions = admit(state, f"t{i}", f"r{i}")
-            assert placed(actions)
-        assert state.replicas["a"].in_flight == 10
+def test_engine_without_metrics_is_not_capped():
+    state = pool("a")
+    for i in range(10):
+        state, actions = admit(state, f"t{i}", f"r{i}")
+        assert placed(actions)
+    assert state.replicas["a"].in_flight == 10
+
+
+def test_a_cold_engine_with_metrics_and_no_ceiling_starts_small_then_grows_while_it_shows_no_queue():
+    state = pool("a")
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0, 0, 10_000))
+    sent = {}
+    for i in range(12):
+        state, actions = admit(state, f"t{i}", f"r{i}", cls="batch")
+        sent.update(placed(actions))
+    assert len(sent) == LIMIT_INITIAL and len(state.held) == 12 - LIMIT_INITIAL  # the burst waits here
+    assert core.status(state, 0)["replicas"][0]["capacity"] == LIMIT_INITIAL
+    for now in range(1, LIMIT_CALM_PROBES + 1):  # calm probes, the engine running ours, KV to spare
+        state, released = core.decide(state, core.EngineProbed("a", True, len(sent), 0, now, 1_000, 10_000))
+        sent.update(placed(released))
+    assert len(sent) > LIMIT_INITIAL and state.replicas["a"].limit > LIMIT_INITIAL
+
+
+def test_an_engine_with_a_ceiling_starts_at_the_ceiling():
+    state = core.initial_state([core.Replica("a", "http://a", frozenset((MODEL,)), max_batch=6)])
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0))
+    sent = {}
+    for i in range(8):
+        state, actions = admit(state, f"t{i}", f"r{i}", cls="batch")
+        sent.update(placed(actions))
+    assert len(sent) == 6 and state.replicas["a"].limit == 0  # the ceiling, no slow start
 
 
 def test_run_paused_on_a_tool_returns_to_its_replica_even_when_another_is_emptier():
