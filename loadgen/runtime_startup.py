@@ -47,7 +47,8 @@ from rich.table import Table
 from luftpause.procs import free_port
 from luftpause.runtime import constants
 from luftpause.runtime.compaction import read_records
-from luftpause.runtime.journal import created_record, encoded, finished_record, round_record
+from luftpause.runtime.journal import created_record, finished_record, round_record
+from luftpause.runtime.lines import encoded
 from luftpause.runtime.runs import Run, RunSpec, RunStats, RunStatus
 
 console = Console(width=150)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import json
 import os
 import re
 import signal
@@ -50,6 +49,7 @@ from typing import Any
 import structlog
 
 from luftpause.runtime import constants
+from luftpause.runtime.lines import decoded, encoded
 
 log = structlog.get_logger(component="compaction")
 
@@ -127,7 +127,7 @@ class _Scan:
         """A line the patterns do not cover: parsed in full."""
         if not line.endswith(b"\n"):
             line += b"\n"  # the last line, its newline torn off
-        record = _decode(line)
+        record = decoded(line)
         if record is None:
             self.skipped.append(number)
             return
@@ -153,15 +153,6 @@ class _Scan:
         return next((model for model in map(_model_in, reversed(rounds)) if model is not None), None)
 
 
-def _decode(line: bytes) -> dict[str, Any] | None:
-    try:
-        # (json.loads of bytes would first guess their encoding; the journal is UTF-8.)
-        record = json.loads(line.decode("utf-8", "surrogatepass"))
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) and isinstance(record.get("handle"), str) else None
-
-
 def retained(
     records: Iterable[dict[str, Any]],
     now: float,
@@ -169,7 +160,7 @@ def retained(
     retention_runs: int = constants.RETENTION_RUNS,
 ) -> tuple[list[dict[str, Any]], set[str]]:
     """The records a compacted journal holds, in their original order, and the dropped handles."""
-    scan = _Scan(_line(record) for record in records)
+    scan = _Scan(encoded(record) for record in records)
     kept, dropped = _retained(scan, now, retention_s, retention_runs)
     return [record for _, record in kept], dropped
 
@@ -206,12 +197,12 @@ def _retained(
             continue
         if handle not in finished_at:  # it still runs: every record stays
             if record is None:
-                record = _decode(line)
+                record = decoded(line)
             if record is not None:
                 out.append((line, record))
         elif kind in _FINISHED_KEEPS:
             if record is None:
-                record = _decode(line)
+                record = decoded(line)
             if record is None:
                 continue
             if kind == _FINISHED:
@@ -224,7 +215,7 @@ def _retained(
 
 def _kept_round(handle: str, model: str) -> tuple[bytes, dict[str, Any]]:
     """The one round a finished run keeps: the model it used, not the messages (its stats
-    come with the ``finished`` record). The line is what ``_line`` writes for the record,
+    come with the ``finished`` record). The line is what ``lines.encoded`` writes for the record,
     built without a JSON encoder per run."""
     record = {"type": "round", "handle": handle, "model": model, "messages": [], "stats": {}}
     line = f'{{"type":"round","handle":{_quoted(handle)},"model":{_quoted(model)},"messages":[],"stats":{{}}}}\n'
@@ -236,7 +227,7 @@ def _model_in(line: bytes) -> str | None:
     found = _MODEL.match(line)
     if found is not None:
         return found.group(1).decode() if found.group(1) is not None else None
-    record = _decode(line)
+    record = decoded(line)
     model = record.get("model") if record is not None else None
     return model if isinstance(model, str) else None
 
@@ -378,7 +369,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     with path.open("rb") as journal_file:
-        return [record for record in map(_decode, journal_file) if record is not None]
+        return [record for record in map(decoded, journal_file) if record is not None]
 
 
 def remove_leftover(path: Path) -> None:
@@ -387,10 +378,6 @@ def remove_leftover(path: Path) -> None:
     if leftover.exists():
         leftover.unlink()
         log.warning("journal_compaction_leftover_removed", path=str(leftover))
-
-
-def _line(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
 
 def write_atomically(path: Path, data: bytes) -> None:

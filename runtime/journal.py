@@ -36,6 +36,7 @@ from typing import Any
 import structlog
 
 from luftpause.runtime import constants
+from luftpause.runtime.lines import decoded, encoded
 from luftpause.runtime.metrics import JOURNAL_FSYNC
 from luftpause.runtime.runs import BudgetExcess, Run, RunSpec, RunStats, RunStatus
 
@@ -69,7 +70,7 @@ class Journal:
             return whole
         records = []
         for number, line in enumerate(io.BytesIO(data), start=1):
-            record = _decode(line)
+            record = decoded(line)
             if record is None:
                 log.warning("journal_line_skipped", path=str(self.path), line=number)
                 continue
@@ -169,22 +170,6 @@ def finished_record(
 ) -> dict[str, Any]:
     return {"type": "finished", "handle": handle, "status": status.value, "result": result, "error": error,
             "stats": stats.to_journal(), "finishedAt": finished_at if finished_at is not None else time.time()}
-
-
-def encoded(record: dict[str, Any]) -> bytes:
-    """A record as its journal line."""
-    return (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
-
-
-def _decode(line: bytes) -> dict[str, Any] | None:
-    try:
-        # (json.loads of bytes would first guess their encoding; the journal is UTF-8.)
-        record = json.loads(line.decode("utf-8", "surrogatepass"))
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or not isinstance(record.get("handle"), str):
-        return None
-    return record
 
 
 def _decode_whole(data: bytes) -> list[dict[str, Any]] | None:
