@@ -11,6 +11,7 @@ import sys
 from aiohttp import web
 
 from luftpause import logs, tracing
+from luftpause.procs import run_event_loop
 from luftpause.dataplane.app import create_app
 from luftpause.dataplane.constants import DEFAULT_PORT, DEFAULT_SCHEDULER_ADDR, MAX_BODY_BYTES
 
@@ -61,12 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log = logs.configure("dataplane")
     tracing.configure("dataplane")
-    try:
-        import uvloop
-    except ImportError:  # not on Windows: the standard loop serves as well, a bit slower
-        asyncio.run(serve(args, log))
-    else:
-        uvloop.run(serve(args, log))
+    run_event_loop(serve(args, log))
     tracing.shutdown()
     return 0
 

@@ -13,6 +13,7 @@ import sys
 from aiohttp import web
 
 from luftpause import auth, logs, tracing
+from luftpause.procs import run_event_loop
 from luftpause.scheduler.constants import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, PROBE_PERIOD_S
 from luftpause.scheduler.host import SchedulerHost, grpc_server, http_app, mark_serving, runtime_status_url
 from luftpause.scheduler.pool import PoolError, load_pool
@@ -85,23 +86,12 @@ async def serve(args: argparse.Namespace, log) -> None:
         await runner.cleanup()
 
 
-def run(main_coroutine) -> None:
-    """uvloop where it is installed: gRPC's asyncio stack costs about half the CPU per
-    message on it (the standard loop elsewhere, e.g. on Windows)."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main_coroutine)
-    else:
-        uvloop.run(main_coroutine)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log = logs.configure("scheduler")
     tracing.configure("scheduler")
     try:
-        run(serve(args, log))
+        run_event_loop(serve(args, log))
     except PoolError as exc:
         log.error("bad_pool_file", error=str(exc))
         return 2
