@@ -4,6 +4,7 @@ through unchanged while observing them, Report what happened."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import os
@@ -261,20 +262,20 @@ class Turn:
         self._access_log("failed", error=error)
 
 
-_ENGINE_HEADERS: dict[str, dict[str, str]] = {}  # api_key_env -> the headers every request to it has
+@functools.cache
+def _engine_base_headers(api_key_env: str) -> dict[str, str]:
+    """The headers every request to engines with this key has (read once; not to be changed)."""
+    base = {"Content-Type": "application/json",
+            "Accept-Encoding": "identity"}  # bytes pass through as they are: no re-encoding
+    key = os.environ.get(api_key_env, "") if api_key_env else ""
+    if key:
+        base["Authorization"] = f"Bearer {key}"
+    return base
 
 
 def _engine_headers(placement: Placement, request: web.Request) -> dict[str, str]:
     """The engine gets its own key, never the client's Authorization."""
-    base = _ENGINE_HEADERS.get(placement.api_key_env)
-    if base is None:
-        base = {"Content-Type": "application/json",
-                "Accept-Encoding": "identity"}  # bytes pass through as they are: no re-encoding
-        key = os.environ.get(placement.api_key_env, "") if placement.api_key_env else ""
-        if key:
-            base["Authorization"] = f"Bearer {key}"
-        _ENGINE_HEADERS[placement.api_key_env] = base
-    out = {**base, "Accept": request.headers.get("Accept", "*/*")}
+    out = {**_engine_base_headers(placement.api_key_env), "Accept": request.headers.get("Accept", "*/*")}
     if traceparent := tracing.traceparent():  # the engine's work is a child of this turn's span
         out["traceparent"] = traceparent
     return out

@@ -196,7 +196,7 @@ class SchedulerLink:
                 if first.welcome.protocol != PROTOCOL:
                     raise SchedulerTooOld(f"the scheduler speaks protocol {first.welcome.protocol}, not {PROTOCOL}")
                 for request, _ in self._pending.values():  # waiting since before the stream
-                    self._out.items.add().admit.CopyFrom(request)
+                    self._send_admit(request)
                 self._connected = True
                 away_logged = False
                 self.log.info("scheduler_connected", address=self.address, dataplane=self.dataplane_id,
