@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -35,7 +34,7 @@ from rich.table import Table
 
 from luftpause import logs
 from luftpause.headers import CALLER, RUN_ID, SERVICE_CLASS
-from luftpause.loadgen.records import percentile
+from luftpause.loadgen.records import percentile, write_results
 from luftpause.scheduler.probes import parse_load
 from luftpause.stack import MODEL, Stack
 
@@ -200,9 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stack.stop()
     console.print(_table(results))
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / f"admission-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
+    out = write_results(args.out_dir, "admission", {"args": {k: str(v) for k, v in vars(args).items()},
+                                                    "results": results})
     console.print(f"raw results: {out}")
     return 0
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import statistics
 import time
 from collections.abc import Iterator
@@ -40,7 +39,7 @@ from luftpause import logs
 from luftpause.loadgen import peers
 from luftpause.loadgen.agents import Clock, Live, Target
 from luftpause.loadgen.driver import Group, run_load
-from luftpause.loadgen.records import CpuMeter, RunRecord
+from luftpause.loadgen.records import CpuMeter, RunRecord, write_results
 from luftpause.loadgen.spawn import SpawnTarget, fan_out
 from luftpause.loadgen.timeline import Timeline, plot_b2
 from luftpause.loadgen.workload import Workload
@@ -257,13 +256,6 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×"
 
 
-def write_json(config: BenchConfig, name: str, payload: dict[str, Any]) -> Path:
-    config.out_dir.mkdir(parents=True, exist_ok=True)
-    path = config.out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(payload, indent=2, default=str))
-    return path
-
-
 def describe(config: BenchConfig) -> dict[str, Any]:
     from luftpause.fakes.engine import PRESETS
     return {"bench_config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
@@ -322,7 +314,7 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
     cpus = [r["cpu"] for rs in results.values() for r in rs]
     console.print(cpu_note(cpus))
     payload = {"benchmark": "B1", **describe(config), "results": results}
-    console.print(f"raw results: {write_json(config, 'b1', payload)}")
+    console.print(f"raw results: {write_results(config.out_dir, 'b1', payload)}")
     return payload
 
 
@@ -444,7 +436,7 @@ async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp"
     cpus = [r["cpu"] for p in results.values() for rs in p.values() for r in rs]
     console.print(cpu_note(cpus))
     payload = {"benchmark": "B2", **describe(config), "results": results}
-    path = write_json(config, "b2", payload)
+    path = write_results(config.out_dir, "b2", payload)
     console.print(f"raw results: {path}")
     for part in parts:
         console.print(f"plot: {plot_b2(path, path.with_name(f'{path.stem}-{part}.png'), part)}")
@@ -545,7 +537,7 @@ async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
     console.print(table)
     console.print(cpu_note([r["cpu"] for rs in results.values() for r in rs]))
     payload = {"benchmark": "B3", **describe(config), "results": results}
-    console.print(f"raw results: {write_json(config, 'b3', payload)}")
+    console.print(f"raw results: {write_results(config.out_dir, 'b3', payload)}")
     return payload
 
 

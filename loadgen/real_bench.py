@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -34,6 +33,7 @@ from luftpause.loadgen import peers
 from luftpause.loadgen.agents import Target
 from luftpause.loadgen.bench import fmt, mean, ratio
 from luftpause.loadgen.driver import Group, run_load
+from luftpause.loadgen.records import write_results
 from luftpause.loadgen.workload import Workload
 from luftpause.procs import ManagedProcess, free_port
 from luftpause.stack import Ports, Stack, write_configs
@@ -138,7 +138,7 @@ async def mixed(runs: int, duration_s: float, out_dir: Path) -> dict[str, Any]:
                       fmt([(s.get("batch") or {}).get("runs_per_min")]))
     console.print(table)
     payload = {"benchmark": "real-mixed", "workload": WORKLOAD.__dict__, "duration_s": duration_s, "rows": rows}
-    console.print(f"raw results: {_write(out_dir, 'real-mixed', payload)}")
+    console.print(f"raw results: {write_results(out_dir, 'real-mixed', payload)}")
     return payload
 
 
@@ -163,7 +163,7 @@ async def b2(repeats: int, window_s: float, warmup_s: float, out_dir: Path) -> d
     print_b2(results, repeats, window_s)
     payload = {"benchmark": "real-b2", "workload": WORKLOAD.__dict__, "window_s": window_s, "warmup_s": warmup_s,
                "results": results}
-    console.print(f"raw results: {_write(out_dir, 'real-b2', payload)}")
+    console.print(f"raw results: {write_results(out_dir, 'real-b2', payload)}")
     return payload
 
 
@@ -193,13 +193,6 @@ def print_b2(results: dict[str, list[dict[str, Any]]], repeats: int, window_s: f
                       "—" if key == "router" else ratio(mean(p50), base_p),
                       "—" if key == "router" else ratio(mean(batch), base_b))
     console.print(table)
-
-
-def _write(out_dir: Path, name: str, payload: dict[str, Any]) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(payload, indent=2, default=str))
-    return path
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import resource
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -117,3 +119,11 @@ class CpuMeter:
             "machine_busy": machine,  # share of all CPUs busy during the measurement
             "loadgen_cpu_share": (self._own_cpu() - self._own) / wall,  # of one CPU
         }
+
+
+def write_results(out_dir: Path, name: str, payload: dict[str, Any]) -> Path:
+    """A benchmark's raw results as ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>.json``; its path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    return path

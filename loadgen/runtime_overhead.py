@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -46,7 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from luftpause import logs
-from luftpause.loadgen.records import percentile
+from luftpause.loadgen.records import percentile, write_results
 from luftpause.procs import ManagedProcess, free_port, rss_bytes, wait_until
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.runs import Run, RunSpec
@@ -439,9 +438,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     runners = {"overhead": part_overhead, "memory": part_memory, "fanout": part_fanout}
     for part in parts:
         payload[part] = runners[part](config)
-    config.out_dir.mkdir(parents=True, exist_ok=True)
-    path = config.out_dir / f"runtime-overhead-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(payload, indent=2, default=str))
+    path = write_results(config.out_dir, "runtime-overhead", payload)
     console.print(f"raw results: {path}")
 
 

@@ -44,6 +44,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from luftpause.loadgen.records import write_results
 from luftpause.procs import free_port
 from luftpause.runtime import constants
 from luftpause.runtime.compaction import read_records
@@ -383,9 +384,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": sys.version.split()[0]}
     payload.update(run(config))
     print_tables(payload)
-    config.out_dir.mkdir(parents=True, exist_ok=True)
-    path = config.out_dir / f"runtime-startup-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(payload, indent=2, default=str))
+    path = write_results(config.out_dir, "runtime-startup", payload)
     console.print(f"raw results: {path}")
 
 
