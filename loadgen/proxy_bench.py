@@ -139,12 +139,14 @@ class CpuAccount:
     groups: dict[str, list[int]]
 
     def read(self) -> dict[str, float]:
-        out = {name: sum(tree_cpu_seconds(pid) for pid in pids) for name, pids in self.groups.items()}
+        """Each process read once: a group's total is the sum of its members' readings
+        (read again, a member would have run on meanwhile)."""
+        each = {name: [tree_cpu_seconds(pid) for pid in pids] for name, pids in self.groups.items()}
+        out = {name: sum(seconds) for name, seconds in each.items()}
         out["load generator"] = own_cpu_seconds()
-        for name, pids in self.groups.items():
-            if len(pids) > 1:
-                for i, pid in enumerate(pids, start=1):
-                    out[f"{name} #{i}"] = tree_cpu_seconds(pid)
+        for name, seconds in each.items():
+            if len(seconds) > 1:
+                out.update({f"{name} #{i}": member for i, member in enumerate(seconds, start=1)})
         return out
 
     @staticmethod
