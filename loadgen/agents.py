@@ -132,17 +132,20 @@ async def _read_stream(response: aiohttp.ClientResponse, started: float, clock: 
 
 
 async def run_once(
-    session: aiohttp.ClientSession, target: Target, workload: Workload, seed: str, clock: Clock, live: Live
+    session: aiohttp.ClientSession, target: Target, workload: Workload, seed: str, clock: Clock, live: Live,
+    run_id: str | None = None,
 ) -> RunRecord:
-    """One agent run to its final answer (or its first failure)."""
+    """One agent run to its final answer (or its first failure). ``seed`` decides the
+    run's task and tool results; ``run_id`` (default: the seed) names it to luftpause."""
     plan = plan_run(workload, seed)
+    run_id = run_id or seed
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": plan.task},
     ]
     headers = {}
     if target.luftpause:
-        headers = {"x-luftpause-run-id": seed, "x-luftpause-class": workload.service_class,
+        headers = {"x-luftpause-run-id": run_id, "x-luftpause-class": workload.service_class,
                    "x-luftpause-caller": target.caller}
     record = RunRecord(service_class=workload.service_class, seed=seed, started=clock.now())
     live.runs_started += 1
@@ -178,7 +181,7 @@ async def run_once(
     live.runs_done += 1
     if target.luftpause:
         try:  # the run is over: let the scheduler forget it now, as the runtime does
-            async with session.delete(f"{target.base_url}/runs/{seed}", headers=headers):
+            async with session.delete(f"{target.base_url}/runs/{run_id}", headers=headers):
                 pass
         except aiohttp.ClientError:
             pass
@@ -187,10 +190,13 @@ async def run_once(
 
 async def closed_loop(
     target: Target, workload: Workload, agents: int, until: float, clock: Clock, live: Live,
-    records: list[RunRecord], name: str,
+    records: list[RunRecord], name: str, seed: str | None = None,
 ) -> None:
     """``agents`` concurrent agents, each starting a new run when one ends, until
-    model time ``until``; runs still going then are cancelled (and not counted)."""
+    model time ``until``; runs still going then are cancelled (and not counted). Agent
+    i's run k is seeded ``{seed}-{i}-{k}`` (``seed`` defaults to ``name``) and named
+    ``{name}-{i}-{k}``: variants given one seed see the same runs."""
+    seed = seed or name
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -198,7 +204,8 @@ async def closed_loop(
         async def agent(index: int) -> None:
             run = 0
             while clock.now() < until:
-                record = await run_once(session, target, workload, f"{name}-{index}-{run}", clock, live)
+                record = await run_once(session, target, workload, f"{seed}-{index}-{run}", clock, live,
+                                        run_id=f"{name}-{index}-{run}")
                 records.append(record)
                 run += 1
                 if not record.ok:

@@ -288,15 +288,17 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
                 for repeat in range(config.repeats):
                     for variant, sequential in (("sequential", True), ("luftpause", False)):
                         rig.reset_engines()
-                        results[variant].append(await _fan(runtime, sequential, f"b1-{variant}-{repeat}", config))
+                        results[variant].append(
+                            await _fan(runtime, sequential, f"b1-{variant}-{repeat}", f"b1-{repeat}", config))
         with rig.direct_runtime("cache_aware") as runtime:
             await _warm_up(runtime, config)
             for repeat in range(config.repeats):
                 if config.router_only:  # sequential too, one sub-agent at a time through the router
                     rig.reset_engines()
-                    results["sequential"].append(await _fan(runtime, True, f"b1-sequential-{repeat}", config))
+                    results["sequential"].append(
+                        await _fan(runtime, True, f"b1-sequential-{repeat}", f"b1-{repeat}", config))
                 rig.reset_engines()
-                results["router"].append(await _fan(runtime, False, f"b1-router-{repeat}", config))
+                results["router"].append(await _fan(runtime, False, f"b1-router-{repeat}", f"b1-{repeat}", config))
     seq = mean([r["all_done_s"] for r in results["sequential"]])
     table = Table(title=f"B1 fan-out: 16 sub-agents, ~2.8k-token tasks, lookup 2 s, ≤ 3 tool calls "
                         f"({config.repeats} repeats, model seconds)")
@@ -324,10 +326,11 @@ async def _warm_up(runtime: str, config: BenchConfig) -> None:
     await fan_out(SpawnTarget(runtime, MODEL), B1_WORKLOAD, 2, Clock(config.time_scale), Live(), name="b1-warm-up")
 
 
-async def _fan(runtime: str, sequential: bool, name: str, config: BenchConfig) -> dict[str, Any]:
+async def _fan(runtime: str, sequential: bool, name: str, seed: str, config: BenchConfig) -> dict[str, Any]:
+    """One fan-out of 16; ``seed`` decides the runs (the same for every variant)."""
     meter = CpuMeter()
     total, records = await fan_out(SpawnTarget(runtime, MODEL), B1_WORKLOAD, 16, Clock(config.time_scale), Live(),
-                                   name=name, sequential=sequential)
+                                   name=seed, sequential=sequential)
     ok = sum(r.ok for r in records)
     log.warning("b1.variant", name=name, all_done_s=round(total, 1), ok=ok)
     return {"all_done_s": total, "ok": ok, "tool_calls": sum(r.tool_calls for r in records), "cpu": meter.read()}
@@ -358,7 +361,7 @@ def same_run_hits(records: list[RunRecord], window: tuple[float, float]) -> dict
             "tokens_above_floor": sum(t.cached_tokens - floor for t in hits)}
 
 
-async def _closed(rig: Rig, config: BenchConfig, name: str, heavy: bool, *, target: Target | None = None,
+async def _closed(rig: Rig, config: BenchConfig, name: str, seed: str, heavy: bool, *, target: Target | None = None,
                   spawn_target: SpawnTarget | None = None, status_url: str | None = None) -> dict[str, Any]:
     rig.reset_engines()
     timeline = Timeline(rig.engine_urls, status_url, config.time_scale)
@@ -367,7 +370,7 @@ async def _closed(rig: Rig, config: BenchConfig, name: str, heavy: bool, *, targ
         async with rig.engine_sampler(config.warmup_s) as samples:
             result = await run_load(b2_groups(heavy), target=target, spawn_target=spawn_target,
                                     warmup_s=config.warmup_s, duration_s=config.window_s,
-                                    time_scale=config.time_scale, name=name, console=console)
+                                    time_scale=config.time_scale, name=name, seed=seed, console=console)
     finally:
         sampling.cancel()
     out = {"summary": result.summary, "cpu": result.cpu, **rig.engine_figures(samples),
@@ -400,37 +403,42 @@ async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp"
                 for part in ("proxy", "light"):
                     if part in results:
                         results[part]["router"].append(await _closed(
-                            rig, config, f"b2-{part}-router-{repeat}", part == "proxy",
+                            rig, config, f"b2-{part}-router-{repeat}", f"b2-{part}-{repeat}", part == "proxy",
                             target=router_target(rig, "cache_aware")))
             if config.router_only:
                 if "mcp" in results:
                     with rig.direct_runtime("cache_aware") as runtime:
                         results["mcp"]["router"].append(await _closed(
-                            rig, config, f"b2-mcp-router-{repeat}", True, spawn_target=SpawnTarget(runtime, MODEL)))
+                            rig, config, f"b2-mcp-router-{repeat}", f"b2-mcp-{repeat}", True,
+                            spawn_target=SpawnTarget(runtime, MODEL)))
                 continue
             if "proxy" in results:
                 with rig.luftpause(affinity=False) as stack:
                     results["proxy"]["roam"].append(await _closed(
-                        rig, config, f"b2-proxy-roam-{repeat}", True, target=luftpause_target(stack),
+                        rig, config, f"b2-proxy-roam-{repeat}", f"b2-proxy-{repeat}", True,
+                        target=luftpause_target(stack),
                         status_url=stack.urls["scheduler_status"]))
             with rig.luftpause(affinity=True) as stack:
                 if "proxy" in results:
                     results["proxy"]["strict"].append(await _closed(
-                        rig, config, f"b2-proxy-strict-{repeat}", True, target=luftpause_target(stack),
+                        rig, config, f"b2-proxy-strict-{repeat}", f"b2-proxy-{repeat}", True,
+                        target=luftpause_target(stack),
                         status_url=stack.urls["scheduler_status"]))
                 if "mcp" in results:
                     results["mcp"]["strict"].append(await _closed(
-                        rig, config, f"b2-mcp-strict-{repeat}", True,
+                        rig, config, f"b2-mcp-strict-{repeat}", f"b2-mcp-{repeat}", True,
                         spawn_target=SpawnTarget(stack.urls["runtime_mcp"], MODEL),
                         status_url=stack.urls["scheduler_status"]))
                 if "light" in results:
                     results["light"]["strict"].append(await _closed(
-                        rig, config, f"b2-light-strict-{repeat}", False, target=luftpause_target(stack),
+                        rig, config, f"b2-light-strict-{repeat}", f"b2-light-{repeat}", False,
+                        target=luftpause_target(stack),
                         status_url=stack.urls["scheduler_status"]))
             if "mcp" in results:
                 with rig.direct_runtime("cache_aware") as runtime:
                     results["mcp"]["router"].append(await _closed(
-                        rig, config, f"b2-mcp-router-{repeat}", True, spawn_target=SpawnTarget(runtime, MODEL)))
+                        rig, config, f"b2-mcp-router-{repeat}", f"b2-mcp-{repeat}", True,
+                        spawn_target=SpawnTarget(runtime, MODEL)))
     for part in parts:
         print_b2_table(part, results[part], config)
     cpus = [r["cpu"] for p in results.values() for rs in p.values() for r in rs]
@@ -496,11 +504,11 @@ async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
     window, warmup = config.window_s / 2, config.warmup_s / 2
     results: dict[str, list[dict[str, Any]]] = {"luftpause": [], "cache_aware": [], "round_robin": []}
 
-    async def one(name: str, runtime: str, rig: Rig) -> dict[str, Any]:
+    async def one(name: str, seed: str, runtime: str, rig: Rig) -> dict[str, Any]:
         rig.reset_engines()
         async with rig.engine_sampler(warmup) as samples:
             result = await run_load([Group(concurrency, B3_WORKLOAD)], spawn_target=SpawnTarget(runtime, MODEL),
-                                    warmup_s=warmup, duration_s=window, time_scale=config.time_scale, name=name,
+                                    warmup_s=warmup, duration_s=window, time_scale=config.time_scale, name=name, seed=seed,
                                     console=console)
         out = {"runs_per_min": result.summary.get("batch", {}).get("runs_per_min", 0.0),
                "errors": result.summary.get("batch", {}).get("errors", 0),
@@ -513,11 +521,12 @@ async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
         if not config.router_only:
             with rig.luftpause() as stack:
                 for repeat in range(config.repeats):
-                    results["luftpause"].append(await one(f"b3-luftpause-{repeat}", stack.urls["runtime_mcp"], rig))
+                    results["luftpause"].append(await one(f"b3-luftpause-{repeat}", f"b3-{repeat}",
+                                                             stack.urls["runtime_mcp"], rig))
         for policy in ("cache_aware", "round_robin"):
             with rig.direct_runtime(policy) as runtime:
                 for repeat in range(config.repeats):
-                    results[policy].append(await one(f"b3-{policy}-{repeat}", runtime, rig))
+                    results[policy].append(await one(f"b3-{policy}-{repeat}", f"b3-{repeat}", runtime, rig))
     table = Table(title=f"B3 routing: N = {concurrency} concurrent sub-agents, {config.repeats} repeats "
                         f"(model seconds)")
     for column in ("", "runs/min", "prompt tokens from cache", "engine queue", "retractions", "runs/min ×cache_aware"):

@@ -74,10 +74,13 @@ async def run_load(
     duration_s: float,
     time_scale: float,
     name: str = "load",
+    seed: str | None = None,
     console: Console | None = None,
 ) -> LoadResult:
     """Run every group closed loop for ``warmup_s + duration_s`` model seconds; runs
-    finishing inside the last ``duration_s`` are measured."""
+    finishing inside the last ``duration_s`` are measured. ``seed`` (default ``name``)
+    decides the runs: variants compared with each other pass the same one, so each
+    sees the same sequence of runs and the comparison is not a draw of workloads."""
     if (target is None) == (spawn_target is None):
         raise ValueError("give exactly one of target (own-loop agents) or spawn_target (MCP)")
     clock = Clock(time_scale)
@@ -88,12 +91,14 @@ async def run_load(
     tasks = []
     for index, group in enumerate(groups):
         group_name = f"{name}-{group.workload.service_class}-{index}"
+        group_seed = f"{seed or name}-{group.workload.service_class}-{index}"
         if target is not None:
-            coro = agents.closed_loop(target, group.workload, group.count, until, clock, live, records, group_name)
+            coro = agents.closed_loop(target, group.workload, group.count, until, clock, live, records, group_name,
+                                      group_seed)
         else:
             assert spawn_target is not None
             coro = spawn.closed_loop(spawn_target, group.workload, group.count, until, clock, live, records,
-                                     group_name)
+                                     group_seed)
         tasks.append(asyncio.create_task(coro))
     # On a terminal a live table; otherwise (CI, a pipe, a log file) a plain line to
     # stderr every few seconds.

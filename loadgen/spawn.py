@@ -118,7 +118,8 @@ async def fan_out(target: SpawnTarget, workload: Workload, count: int, clock: Cl
 async def closed_loop(target: SpawnTarget, workload: Workload, slots: int, until: float, clock: Clock,
                       live: Live, records: list[RunRecord], name: str) -> None:
     """``slots`` sub-agents at a time through one MCP session per slot, until model
-    time ``until``; a run's latency is from its spawn to its result."""
+    time ``until``; a run's latency is from its spawn to its result. Slot i's run k is
+    seeded ``{name}-{i}-{k}`` (the runtime names its runs itself)."""
     loop = asyncio.get_running_loop()
     deadline_wall = loop.time() + (until - clock.now()) * clock.time_scale
 

@@ -27,13 +27,15 @@ QUICK = Workload(service_class="interactive", context_chars_min=200, context_cha
 
 @pytest.fixture
 async def engine() -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
-    """A quick fake engine in process, recording the headers of every chat request."""
+    """A quick fake engine in process, recording the headers of every chat request and
+    its task (the first user message) under the key "task"."""
     seen: list[dict[str, str]] = []
 
     @web.middleware
     async def record_headers(request: web.Request, handler: Any) -> web.StreamResponse:
         if request.path.endswith("/chat/completions"):
-            seen.append(dict(request.headers))
+            messages = (await request.json()).get("messages") or [{}, {}]
+            seen.append({**request.headers, "task": messages[1].get("content", "")})
         return await handler(request)
 
     app = create_app(EngineConfig(latency_ms=1, token_ms=0.5, tool_calls=8, reply_tokens=8))
@@ -109,6 +111,29 @@ async def test_closed_loop_measures_a_window(engine) -> None:
     for summary in result.summary.values():
         assert summary["runs"] > 0 and summary["errors"] == 0 and summary["latency_p50_s"] > 0
     assert result.cpu["loadgen_cpu_share"] >= 0
+
+
+async def test_variants_given_one_seed_send_the_same_runs_under_their_own_run_ids(engine) -> None:
+    """A benchmark compares variants on the same sequence of runs: the seed decides the
+    prompts, the name only the run ids luftpause sees."""
+    url, seen = engine
+    target = Target(url, MODEL, luftpause=True)
+
+    async def variant(name: str, seed: str) -> dict[str, str]:
+        """Each run's task, by the run id luftpause was given."""
+        seen.clear()
+        await run_load([Group(2, QUICK)], target=target, warmup_s=0.0, duration_s=0.3, time_scale=1.0, name=name,
+                       seed=seed)
+        return {h["x-luftpause-run-id"]: h["task"] for h in seen}
+
+    router, strict, other = (await variant("b2-router-0", "b2-0"), await variant("b2-strict-0", "b2-0"),
+                             await variant("b2-strict-1", "b2-1"))
+    assert router and all(k.startswith("b2-router-0-interactive-0-") for k in router)
+    assert strict and all(k.startswith("b2-strict-0-interactive-0-") for k in strict)
+    # agent i's run k is the same run in both variants
+    paired = [k for k in router if k.replace("router", "strict") in strict]
+    assert paired and all(router[k] == strict[k.replace("router", "strict")] for k in paired)
+    assert not set(router.values()) & set(other.values())  # another seed, other runs
 
 
 def test_is_luftpause_is_false_for_an_unreachable_or_plain_target() -> None:
