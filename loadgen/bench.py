@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import statistics
 import time
 from collections.abc import Iterator
@@ -63,6 +64,10 @@ class BenchConfig:
     work_dir: Path = Path("bench-results/work")
     window_s: float = 120.0  # B2 measurement window, model seconds (B3 uses half)
     warmup_s: float = 30.0
+    first_repeat: int = 0  # repeat k runs workload k: a later invocation from here adds new workloads
+
+    def repeat_numbers(self) -> range:
+        return range(self.first_repeat, self.first_repeat + self.repeats)
 
     def engine_args(self) -> list[str]:
         return ["--preset", self.preset, "--time-scale", str(self.time_scale),
@@ -285,14 +290,14 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
             with rig.luftpause() as stack:
                 runtime = stack.urls["runtime_mcp"]
                 await _warm_up(runtime, config)
-                for repeat in range(config.repeats):
+                for repeat in config.repeat_numbers():
                     for variant, sequential in (("sequential", True), ("luftpause", False)):
                         rig.reset_engines()
                         results[variant].append(
                             await _fan(runtime, sequential, f"b1-{variant}-{repeat}", f"b1-{repeat}", config))
         with rig.direct_runtime("cache_aware") as runtime:
             await _warm_up(runtime, config)
-            for repeat in range(config.repeats):
+            for repeat in config.repeat_numbers():
                 if config.router_only:  # sequential too, one sub-agent at a time through the router
                     rig.reset_engines()
                     results["sequential"].append(
@@ -361,6 +366,23 @@ def same_run_hits(records: list[RunRecord], window: tuple[float, float]) -> dict
             "tokens_above_floor": sum(t.cached_tokens - floor for t in hits)}
 
 
+def interactive_time(records: list[RunRecord], window: tuple[float, float]) -> dict[str, float] | None:
+    """Where a finished interactive run's time went, per run (model seconds): waiting for
+    first tokens, decoding after them, and the tool calls between turns; with the decode
+    time per completion token. None without per-turn records (MCP runs have none)."""
+    runs = [r for r in records if r.ok and r.service_class == "interactive" and r.turns
+            and window[0] <= r.ended <= window[1]]
+    if not runs:
+        return None
+    turns = [t for r in runs for t in r.turns]
+    decode = sum(t.duration - t.first_token for t in turns)
+    tokens = sum(t.completion_tokens for t in turns)
+    return {"runs": len(runs), "run_s": sum(r.ended - r.started for r in runs) / len(runs),
+            "first_token_s": sum(t.first_token for t in turns) / len(runs),
+            "decode_s": decode / len(runs), "tool_calls": sum(r.tool_calls for r in runs) / len(runs),
+            "completion_tokens": tokens / len(runs), "decode_ms_per_token": 1000 * decode / tokens if tokens else 0.0}
+
+
 async def _closed(rig: Rig, config: BenchConfig, name: str, seed: str, heavy: bool, *, target: Target | None = None,
                   spawn_target: SpawnTarget | None = None, status_url: str | None = None) -> dict[str, Any]:
     rig.reset_engines()
@@ -376,6 +398,7 @@ async def _closed(rig: Rig, config: BenchConfig, name: str, seed: str, heavy: bo
     out = {"summary": result.summary, "cpu": result.cpu, **rig.engine_figures(samples),
            "engines_over_window": timeline.summary(result.window_s),
            "same_run": same_run_hits(result.records, result.window_s), "timeline": timeline.as_json(),
+           "interactive_time": interactive_time(result.records, result.window_s),
            "interactive_records": [r.as_json() for r in result.records if r.service_class == "interactive"]}
     s = result.summary
     log.warning("b2.variant", name=name, interactive=round(s.get("interactive", {}).get("runs_per_min", 0), 1),
@@ -398,7 +421,7 @@ B2_VARIANTS = {
 async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp", "light")) -> dict[str, Any]:
     results: dict[str, dict[str, list[dict[str, Any]]]] = {p: {v: [] for v, _ in B2_VARIANTS[p]} for p in parts}
     with Rig(config, "b2", ("cache_aware",)) as rig:
-        for repeat in range(config.repeats):
+        for repeat in config.repeat_numbers():
             if "proxy" in results or "light" in results:
                 for part in ("proxy", "light"):
                     if part in results:
@@ -487,6 +510,53 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
                       fmt([r["engines_over_window"]["held_mean"] for r in rs]),
                       fmt([_percent(r["same_run"]["same_run_hit_share"]) for r in rs], 0, " %"))
     console.print(table)
+    print_interactive_time(part, results)
+
+
+def print_interactive_time(part: str, results: dict[str, list[dict[str, Any]]]) -> None:
+    """Per variant, where an interactive run's time goes (means over the repeats)."""
+    rows = [(label, [r["interactive_time"] for r in results[key] if r.get("interactive_time")])
+            for key, label in B2_VARIANTS[part]]
+    rows = [(label, times) for label, times in rows if times]
+    if not rows:
+        return
+    table = Table(title=f"B2 {part}: where a finished interactive run's time goes (model seconds per run, "
+                        f"mean of repeats)")
+    for column in ("", "run", "waiting for first tokens", "decoding", "decode ms per token", "tool calls",
+                   "completion tokens"):
+        table.add_column(column)
+    for label, times in rows:
+        def avg(key: str) -> float:
+            return mean([t[key] for t in times])
+        table.add_row(label, f"{avg('run_s'):.1f}", f"{avg('first_token_s'):.2f}", f"{avg('decode_s'):.1f}",
+                      f"{avg('decode_ms_per_token'):.1f}", f"{avg('tool_calls'):.2f}", f"{avg('completion_tokens'):.0f}")
+    console.print(table)
+
+
+def print_b2_tables_from(paths: list[Path]) -> None:
+    """The B2 tables of earlier runs, from their raw JSON, the repeats of all files pooled
+    (e.g. a run and its continuation with ``--first-repeat``)."""
+    merged: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    windows = set()
+    for path in paths:
+        data = json.loads(path.read_text())
+        if data.get("benchmark") != "B2":
+            raise SystemExit(f"{path}: not a B2 result")
+        bench = data["bench_config"]
+        window = (bench["warmup_s"], bench["warmup_s"] + bench["window_s"])
+        windows.add(bench["window_s"])
+        for part, variants in data["results"].items():
+            for key, runs in variants.items():
+                for r in runs:
+                    if "interactive_time" not in r:  # written before the bench kept it
+                        records = [RunRecord.from_json(x) for x in r.get("interactive_records", ())]
+                        r["interactive_time"] = interactive_time(records, window)
+                merged.setdefault(part, {v: [] for v, _ in B2_VARIANTS[part]})[key].extend(runs)
+    if len(windows) > 1:
+        raise SystemExit(f"these runs have different windows ({sorted(windows)}): their rates do not pool")
+    for part, results in merged.items():
+        repeats = max(len(rs) for rs in results.values())
+        print_b2_table(part, results, BenchConfig(repeats=repeats, window_s=windows.pop() if windows else 120.0))
 
 
 def _percent(share: float | None) -> float | None:
@@ -520,12 +590,12 @@ async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
     with Rig(config, "b3", ("cache_aware", "round_robin")) as rig:
         if not config.router_only:
             with rig.luftpause() as stack:
-                for repeat in range(config.repeats):
+                for repeat in config.repeat_numbers():
                     results["luftpause"].append(await one(f"b3-luftpause-{repeat}", f"b3-{repeat}",
                                                              stack.urls["runtime_mcp"], rig))
         for policy in ("cache_aware", "round_robin"):
             with rig.direct_runtime(policy) as runtime:
-                for repeat in range(config.repeats):
+                for repeat in config.repeat_numbers():
                     results[policy].append(await one(f"b3-{policy}-{repeat}", f"b3-{repeat}", runtime, rig))
     table = Table(title=f"B3 routing: N = {concurrency} concurrent sub-agents, {config.repeats} repeats "
                         f"(model seconds)")
@@ -558,6 +628,9 @@ def main(argv: list[str] | None = None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", choices=("b1", "b2", "b3", "all"))
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--first-repeat", type=int, default=0,
+                   help="number the repeats from here; repeat k runs the k-th workload (every variant the same), so "
+                        "a second invocation with --first-repeat N adds N.. without re-running 0..N-1's workloads")
     p.add_argument("--time-scale", type=float, default=0.25)
     p.add_argument("--window-s", type=float, default=120.0, help="B2 window in model seconds (B3 uses half)")
     p.add_argument("--warmup-s", type=float, default=30.0)
@@ -569,9 +642,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--separate-gpus", action="store_true",
                    help="one engine process per replica, each with its own GPU timeline (default: one shared GPU)")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"))
+    p.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
+                   help="with b2: run nothing; print the tables of earlier runs' raw JSON, their repeats pooled")
     a = p.parse_args(argv)
     logs.configure("bench", level="warning")
-    config = BenchConfig(time_scale=a.time_scale, repeats=a.repeats, window_s=a.window_s, warmup_s=a.warmup_s,
+    if a.from_json:
+        if a.which != "b2":
+            p.error("--from-json goes with b2")
+        print_b2_tables_from(a.from_json)
+        return
+    config = BenchConfig(time_scale=a.time_scale, repeats=a.repeats, first_repeat=a.first_repeat,
+                         window_s=a.window_s, warmup_s=a.warmup_s,
                          preset=a.preset, shared_gpu=not a.separate_gpus, router_only=a.variants == "router",
                          out_dir=a.out_dir, work_dir=a.out_dir / "work")
     started = time.monotonic()

@@ -41,6 +41,10 @@ class RunRecord:
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunRecord:
+        return cls(**{**data, "turns": [TurnRecord(**t) for t in data.get("turns", ())]})
+
 
 def percentile(values: list[float], q: float) -> float | None:
     """Nearest-rank percentile (q in 0..100); None for no values."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import asyncio
 import sys
 from collections.abc import AsyncIterator
@@ -157,3 +158,58 @@ async def test_command_without_a_terminal_prints_progress_full_tables_and_fails_
     header = next(line for line in out.splitlines() if "runs/min" in line)
     for column in ("class", "runs/min", "p50 s", "p90 s", "TTFT p50 s", "cached share", "errors"):
         assert column in header, header
+
+
+def test_interactive_time_splits_a_run_into_first_token_waits_decoding_and_tools() -> None:
+    from luftpause.loadgen.bench import interactive_time
+
+    def run(started: float, ended: float, *turns: tuple[float, float, int], ok: bool = True,
+            service_class: str = "interactive") -> RunRecord:
+        return RunRecord(service_class, "s", started=started, ended=ended, ok=ok, tool_calls=len(turns) - 1,
+                         turns=[TurnRecord(started=started, first_token=f, duration=d, completion_tokens=n)
+                                for f, d, n in turns])
+
+    records = [run(10, 20, (0.5, 2.5, 20), (1.0, 5.0, 80)),  # 2 s tool call between the turns
+               run(30, 36, (1.5, 5.5, 100)),
+               run(0, 8, (1.0, 2.0, 10)),  # ended before the window
+               run(40, 50, (9.0, 9.5, 5), ok=False),  # failed
+               run(12, 18, (0.1, 1.1, 50), service_class="batch")]
+    time = interactive_time(records, (10, 70))
+    assert time is not None and time["runs"] == 2
+    assert time["run_s"] == 8.0 and time["first_token_s"] == 1.5 and time["decode_s"] == 5.0
+    assert time["tool_calls"] == 0.5 and time["completion_tokens"] == 100.0
+    assert time["decode_ms_per_token"] == 50.0  # 10 s of decoding for 200 tokens
+    assert interactive_time(records[2:], (10, 70)) is None
+
+
+def test_b2_tables_from_earlier_runs_pool_their_repeats(tmp_path, capsys) -> None:
+    """``bench b2 --from-json A B`` prints one table over both files' repeats, and
+    refuses runs whose windows differ (their rates do not pool)."""
+    from luftpause.loadgen import bench
+
+    def variant(interactive: float, batch: float) -> dict[str, Any]:
+        record = RunRecord("interactive", "s", started=40, ended=60, ok=True, tool_calls=1,
+                           turns=[TurnRecord(started=40, first_token=1.0, duration=3.0, completion_tokens=20),
+                                  TurnRecord(started=50, first_token=0.5, duration=8.5, completion_tokens=80)])
+        return {"summary": {"interactive": {"runs_per_min": interactive, "latency_p50_s": 60 / interactive},
+                            "batch": {"runs_per_min": batch}},
+                "engine_cached_share": 0.25, "engine_queue_mean": 0.0, "engine_retractions": 0,
+                "engines_over_window": {"held_mean": 3.0}, "same_run": {"same_run_hit_share": 0.1},
+                "interactive_records": [record.as_json()]}
+
+    def write(name: str, window_s: float, router: float, strict: float) -> str:
+        payload = {"benchmark": "B2", "bench_config": {"warmup_s": 30.0, "window_s": window_s},
+                   "results": {"proxy": {"router": [variant(router, 80)], "roam": [],
+                                         "strict": [variant(strict, 76)]}}}
+        path = tmp_path / name
+        path.write_text(json.dumps(payload))
+        return str(path)
+
+    first, second = write("a.json", 120.0, 6.0, 15.0), write("b.json", 120.0, 8.0, 13.0)
+    bench.main(["b2", "--from-json", first, second])
+    out = capsys.readouterr().out
+    assert "2 repeats" in out and "2.00×" in out  # (15 + 13) / (6 + 8)
+    assert "0.95×" in out  # batch 76 against 80
+    assert "100.0" in out  # decode ms per token: 10 s for 100 tokens (the older files' records, recomputed)
+    with pytest.raises(SystemExit, match="different windows"):
+        bench.main(["b2", "--from-json", first, write("c.json", 180.0, 6.0, 15.0)])
