@@ -6,6 +6,7 @@ import argparse
 import json
 import asyncio
 import sys
+from pathlib import Path
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -206,10 +207,10 @@ def test_b2_tables_from_earlier_runs_pool_their_repeats(tmp_path, capsys) -> Non
         return str(path)
 
     first, second = write("a.json", 120.0, 6.0, 15.0), write("b.json", 120.0, 8.0, 13.0)
-    bench.main(["b2", "--from-json", first, second])
+    bench.print_b2_tables_from([Path(first), Path(second)])  # what `bench b2 --from-json` runs
     out = capsys.readouterr().out
     assert "2 repeats" in out and "2.00×" in out  # (15 + 13) / (6 + 8)
     assert "0.95×" in out  # batch 76 against 80
     assert "100.0" in out  # decode ms per token: 10 s for 100 tokens (the older files' records, recomputed)
     with pytest.raises(SystemExit, match="different windows"):
-        bench.main(["b2", "--from-json", first, write("c.json", 180.0, 6.0, 15.0)])
+        bench.print_b2_tables_from([Path(first), Path(write("c.json", 180.0, 6.0, 15.0))])
