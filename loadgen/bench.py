@@ -383,8 +383,12 @@ def interactive_time(records: list[RunRecord], window: tuple[float, float]) -> d
             "completion_tokens": tokens / len(runs), "decode_ms_per_token": 1000 * decode / tokens if tokens else 0.0}
 
 
-async def _closed(rig: Rig, config: BenchConfig, name: str, seed: str, heavy: bool, *, target: Target | None = None,
-                  spawn_target: SpawnTarget | None = None, status_url: str | None = None) -> dict[str, Any]:
+async def _closed(rig: Rig, config: BenchConfig, part: str, variant: str, repeat: int, *,
+                  target: Target | None = None, spawn_target: SpawnTarget | None = None,
+                  status_url: str | None = None) -> dict[str, Any]:
+    """One B2 variant's closed loop. Every variant of a part and repeat runs the same
+    workload (the seed names no variant); "light" is the part without the heavy batch."""
+    name, seed, heavy = f"b2-{part}-{variant}-{repeat}", f"b2-{part}-{repeat}", part != "light"
     rig.reset_engines()
     timeline = Timeline(rig.engine_urls, status_url, config.time_scale)
     sampling = asyncio.create_task(timeline.run())
@@ -426,41 +430,41 @@ async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp"
                 for part in ("proxy", "light"):
                     if part in results:
                         results[part]["router"].append(await _closed(
-                            rig, config, f"b2-{part}-router-{repeat}", f"b2-{part}-{repeat}", part == "proxy",
+                            rig, config, part, "router", repeat,
                             target=router_target(rig, "cache_aware")))
             if config.router_only:
                 if "mcp" in results:
                     with rig.direct_runtime("cache_aware") as runtime:
                         results["mcp"]["router"].append(await _closed(
-                            rig, config, f"b2-mcp-router-{repeat}", f"b2-mcp-{repeat}", True,
+                            rig, config, "mcp", "router", repeat,
                             spawn_target=SpawnTarget(runtime, MODEL)))
                 continue
             if "proxy" in results:
                 with rig.luftpause(affinity=False) as stack:
                     results["proxy"]["roam"].append(await _closed(
-                        rig, config, f"b2-proxy-roam-{repeat}", f"b2-proxy-{repeat}", True,
+                        rig, config, "proxy", "roam", repeat,
                         target=luftpause_target(stack),
                         status_url=stack.urls["scheduler_status"]))
             with rig.luftpause(affinity=True) as stack:
                 if "proxy" in results:
                     results["proxy"]["strict"].append(await _closed(
-                        rig, config, f"b2-proxy-strict-{repeat}", f"b2-proxy-{repeat}", True,
+                        rig, config, "proxy", "strict", repeat,
                         target=luftpause_target(stack),
                         status_url=stack.urls["scheduler_status"]))
                 if "mcp" in results:
                     results["mcp"]["strict"].append(await _closed(
-                        rig, config, f"b2-mcp-strict-{repeat}", f"b2-mcp-{repeat}", True,
+                        rig, config, "mcp", "strict", repeat,
                         spawn_target=SpawnTarget(stack.urls["runtime_mcp"], MODEL),
                         status_url=stack.urls["scheduler_status"]))
                 if "light" in results:
                     results["light"]["strict"].append(await _closed(
-                        rig, config, f"b2-light-strict-{repeat}", f"b2-light-{repeat}", False,
+                        rig, config, "light", "strict", repeat,
                         target=luftpause_target(stack),
                         status_url=stack.urls["scheduler_status"]))
             if "mcp" in results:
                 with rig.direct_runtime("cache_aware") as runtime:
                     results["mcp"]["router"].append(await _closed(
-                        rig, config, f"b2-mcp-router-{repeat}", f"b2-mcp-{repeat}", True,
+                        rig, config, "mcp", "router", repeat,
                         spawn_target=SpawnTarget(runtime, MODEL)))
     for part in parts:
         print_b2_table(part, results[part], config)
