@@ -206,6 +206,7 @@ class Turn:
         self.streaming = False  # bytes may have reached the client: never sent again
         self.span = trace.get_current_span()
         self.trace_id = tracing.trace_id()
+        self.lease: tuple[str, int] | None = None  # the lent slot it fills, if it took one
 
     def event(self, urgent: bool = False, **kind) -> None:
         self.link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.req.run_id, trace_id=self.trace_id, **kind),
@@ -220,7 +221,13 @@ class Turn:
                          self.req.service_class, self.req.caller),
             time.monotonic(),
         )
-        self.event(started=pb.TurnStarted(replica=placement.replica))
+        if self.lease is None:  # a leased turn's admission already said where it went
+            self.event(started=pb.TurnStarted(replica=placement.replica))
+        self.app[METRICS].turn_placed("scheduler" if self.lease is None else "lease")
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.link.release(self.lease)
 
     def first_token(self) -> None:
         self.ttft_ms = int((time.monotonic() - self.started) * 1000)
@@ -250,6 +257,7 @@ class Turn:
         self.book.remember_tool_calls(self.req.run_id, observer.tool_call_ids, now)
         self.book.turn_ended(self.turn_id, PAUSED if reason == "tool_calls" else IDLE, now)
         self.event(finished=pb.TurnFinished(finish_reason=reason, tool_call_ids=observer.tool_call_ids))
+        self.release()
         self._access_log("finished", observer)
 
     def failed(self, error: str) -> None:
@@ -259,6 +267,7 @@ class Turn:
         self.book.turn_ended(self.turn_id, IDLE, time.monotonic())
         self.span.set_status(Status(StatusCode.ERROR, error))
         self.event(failed=pb.TurnFailed(error=error))
+        self.release()
         self._access_log("failed", error=error)
 
 
@@ -295,11 +304,12 @@ async def _turn(request: web.Request, req: TurnRequest) -> web.StreamResponse:
     client got a byte) admit it again as a new turn of the now idle run, so it may go to
     another replica: ENGINE_RETRY_ATTEMPTS within ENGINE_RETRY_WINDOW_S, then a 502."""
     first_failure: float | None = None
+    failure: EngineUnreachable | None = None
     delay = ENGINE_RETRY_DELAY_S
     for attempt in range(1, ENGINE_RETRY_ATTEMPTS + 1):
         turn = Turn(request.app, req)
         deadline = None if first_failure is None else first_failure + ENGINE_RETRY_WINDOW_S
-        placement = await _admit(turn, deadline)
+        placement = _on_lease(turn, avoid=failure.replica if failure else "") or await _admit(turn, deadline)
         if placement is None:  # still held when the retry window closed
             break
         turn.placed(placement)
@@ -322,6 +332,28 @@ async def _turn(request: web.Request, req: TurnRequest) -> web.StreamResponse:
         delay *= 2
     headers = {h.RUN_ID: req.run_id, h.REPLICA: failure.replica, h.ENGINE_FAILURE: "unreachable"}
     return error_response(502, failure.message, headers)
+
+
+def _on_lease(turn: Turn, avoid: str = "") -> Placement | None:
+    """A lent slot for the turn, if the dataplane holds one it may use: only for a run
+    this dataplane has seen (another may have pinned a run it has not), on the run's
+    replica while the run is pinned there (a turn in flight or paused on a tool), else
+    anywhere, its last replica first."""
+    req = turn.req
+    record = turn.book.runs.get(req.run_id)
+    if record is None:
+        return None
+    pinned = record.stage != IDLE and record.replica
+    leased = turn.link.place_on_lease(turn.turn_id, req.run_id, req.model, req.service_class, req.caller,
+                                      pin=record.replica if pinned else "", prefer=record.replica, avoid=avoid)
+    if leased is None:
+        return None
+    placement, turn.lease = leased
+    if turn.trace_id:  # the admission happened here: its span is the dataplane's
+        TRACER.start_span("admit", attributes={"luftpause.turn_id": turn.turn_id, "luftpause.run_id": req.run_id,
+                                               "luftpause.replica": placement.replica, "luftpause.held_ms": 0,
+                                               "luftpause.lease": True}).end()
+    return placement
 
 
 async def _admit(turn: Turn, deadline: float | None) -> Placement | None:

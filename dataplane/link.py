@@ -5,7 +5,13 @@ it breaks.
 Admissions and turn events go out in the order they happen; what is ready in one
 event-loop tick travels in one frame. A turn waits for its Decision while the scheduler
 holds it, and while the scheduler is away: admissions still waiting when the stream
-breaks are sent again on the next one, with the same turn ids, after its Hello."""
+breaks are sent again on the next one, with the same turn ids, after its Hello.
+
+With a scheduler that lends (protocol 3), a turn may instead take a slot of a lease:
+slots of a replica's free room the scheduler lent this dataplane while nothing was
+held. Such a turn goes to its engine at once and its admission only tells the
+scheduler where it went. A called-back lease is returned slot by slot as its slots
+free; leases end with the stream."""
 
 from __future__ import annotations
 
@@ -32,7 +38,8 @@ from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
 STAGES = {IDLE: pb.IDLE, GENERATING: pb.GENERATING, PAUSED: pb.PAUSED}
 DATAPLANE_METADATA = "x-luftpause-dataplane"
-PROTOCOL = pb.PROTOCOL_STREAM
+PROTOCOL = pb.PROTOCOL_LEASES
+SPOKEN = (pb.PROTOCOL_STREAM, pb.PROTOCOL_LEASES)  # what a scheduler may answer (older ones lend nothing)
 # Reconnect soon after the scheduler is back, however long it was away.
 CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", int(SCHEDULER_RECONNECT_MIN_S * 1000)),
@@ -65,6 +72,23 @@ class Placement:
     held_ms: int
 
 
+class Lease:
+    """Slots of one replica lent to this dataplane."""
+
+    __slots__ = ("slots", "busy", "returning", "placement", "models")
+
+    def __init__(self, placement: Placement, models: frozenset[str]) -> None:
+        self.slots = 0
+        self.busy = 0
+        self.returning = 0  # called back: slots still to give back as they free
+        self.placement = placement
+        self.models = models
+
+    @property
+    def idle(self) -> int:
+        return 0 if self.returning else self.slots - self.busy
+
+
 REFUSALS = {pb.UNKNOWN_MODEL: UnknownModel, pb.MALFORMED: AdmitRejected, pb.NO_HEALTHY_REPLICA: NoHealthyReplica}
 
 
@@ -88,6 +112,8 @@ class SchedulerLink:
         self._linger: asyncio.TimerHandle | None = None  # wakes the writer for events alone
         self._connected = False
         self._task: asyncio.Task | None = None
+        self._leases: dict[str, Lease] = {}  # replica -> what this stream was lent there
+        self._lease_epoch = 0  # a new stream's leases are new: slots of older ones are not given back
 
     @property
     def synced(self) -> bool:
@@ -127,7 +153,85 @@ class SchedulerLink:
         self._out.items.add().admit.CopyFrom(request)
         self._wake.set()
 
+    # --------------------------------------------------------------- leases
+
+    def place_on_lease(self, turn_id: str, run_id: str, model: str, service_class: str, caller: str,
+                       pin: str = "", prefer: str = "", avoid: str = "") -> tuple[Placement, tuple[str, int]] | None:
+        """Place a turn on a lent slot, and tell the scheduler (no answer comes): on
+        ``pin`` only when given, else ``prefer`` if it has an idle slot, else the replica
+        with the most; never on ``avoid``. Returns the placement and the slot's token for
+        :meth:`release`, or None (then ask with :meth:`admit`)."""
+        if not self._leases or not self._connected:
+            return None
+        if pin:
+            lease = self._leases.get(pin)
+            chosen = pin if lease is not None and lease.idle > 0 and model in lease.models and pin != avoid else None
+        else:
+            lease = self._leases.get(prefer) if prefer and prefer != avoid else None
+            if lease is not None and lease.idle > 0 and model in lease.models:
+                chosen = prefer
+            else:
+                usable = [(lease.idle, name) for name, lease in self._leases.items()
+                          if lease.idle > 0 and model in lease.models and name != avoid]
+                chosen = max(usable)[1] if usable else None
+        if chosen is None:
+            return None
+        lease = self._leases[chosen]
+        lease.busy += 1
+        admit = self._out.items.add().admit
+        admit.turn_id, admit.run_id, admit.model, admit.caller = turn_id, run_id, model, caller
+        admit.service_class, admit.leased_replica = CLASSES[service_class], chosen
+        self._soon()
+        return lease.placement, (chosen, self._lease_epoch)
+
+    def release(self, token: tuple[str, int]) -> None:
+        """A leased slot's turn ended: the slot is idle again (or given back, when called back)."""
+        replica, epoch = token
+        lease = self._leases.get(replica)
+        if epoch != self._lease_epoch or lease is None:
+            return  # lent on an older stream: that lease ended with it
+        lease.busy = max(0, lease.busy - 1)
+        self._give_back(replica, lease)
+
+    def _give_back(self, replica: str, lease: Lease) -> None:
+        back = min(lease.returning, lease.slots - lease.busy)
+        if back > 0:
+            lease.slots -= back
+            lease.returning -= back
+            returned = self._out.items.add().returned
+            returned.replica, returned.slots = replica, back
+            self._wake.set()  # the scheduler may have turns waiting for this room
+        if lease.slots == 0:
+            del self._leases[replica]
+
+    def _lent(self, frame: pb.SchedulerFrame) -> None:
+        for grant in frame.grants:
+            lease = self._leases.get(grant.replica)
+            if lease is None:
+                placement = Placement(grant.replica, grant.base_url, grant.api_key_env, 0)
+                lease = self._leases[grant.replica] = Lease(placement, frozenset(grant.models))
+            lease.slots += grant.slots
+            self._give_back(grant.replica, lease)
+        for revoke in frame.revokes:
+            lease = self._leases.get(revoke.replica)
+            if lease is not None:
+                lease.returning = lease.slots
+                self._give_back(revoke.replica, lease)
+
+    def end_leases(self) -> None:
+        """Leases end with the stream: the scheduler voids them when it sees the end, and
+        slots of theirs that free later are not given back to the next stream's."""
+        self._leases.clear()
+        self._lease_epoch += 1
+
+    @property
+    def leased_slots(self) -> dict[str, tuple[int, int]]:
+        """Replica -> (slots lent, of them busy), for the status of this dataplane."""
+        return {name: (lease.slots, lease.busy) for name, lease in self._leases.items()}
+
     def _decided(self, frame: pb.SchedulerFrame) -> None:
+        if frame.grants or frame.revokes:
+            self._lent(frame)
         for decision in frame.decisions:
             entry = self._pending.pop(decision.turn_id, None)
             if entry is None or entry[1].done():
@@ -152,7 +256,12 @@ class SchedulerLink:
         self._out.items.add().event.CopyFrom(event)
         if urgent:
             self._wake.set()
-        elif self._linger is None:
+        else:
+            self._soon()
+
+    def _soon(self) -> None:
+        """Write within EVENT_LINGER_S (with the first frame that goes by then)."""
+        if self._linger is None:
             self._linger = asyncio.get_running_loop().call_later(EVENT_LINGER_S, self._lingered)
 
     def _lingered(self) -> None:
@@ -193,7 +302,7 @@ class SchedulerLink:
                 first = await asyncio.wait_for(call.read(), HELLO_TIMEOUT_S)
                 if first is grpc.aio.EOF or not first.HasField("welcome"):
                     raise ConnectionError("the scheduler answered the Hello without a Welcome")
-                if first.welcome.protocol != PROTOCOL:
+                if first.welcome.protocol not in SPOKEN:
                     raise SchedulerTooOld(f"the scheduler speaks protocol {first.welcome.protocol}, not {PROTOCOL}")
                 for request, _ in self._pending.values():  # waiting since before the stream
                     self._send_admit(request)
@@ -224,6 +333,7 @@ class SchedulerLink:
                     raise  # we are shutting down
             finally:
                 self._connected = False
+                self.end_leases()
                 if writer is not None:
                     writer.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

@@ -26,6 +26,9 @@ class DataplaneMetrics:
         self.added = Histogram("luftpause_dataplane_added_latency_seconds", "What the dataplane adds before the "
                                "engine is called: parsing and the admission round trip, without the hold.",
                                buckets=ADDED_BUCKETS, registry=r)
+        self.placed = Counter("luftpause_dataplane_turns_placed", "Turns placed, by who placed them: the "
+                              "scheduler, or this dataplane on a slot the scheduler lent it (lease).", ["by"],
+                              registry=r)
         self.tokens = Counter("luftpause_dataplane_tokens", "Tokens the engines reported (prompt, completion, "
                               "cached).", ["kind"], registry=r)
         connected = Gauge("luftpause_dataplane_scheduler_connected", "1 while the Connect stream to the "
@@ -44,6 +47,9 @@ class DataplaneMetrics:
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def turn_placed(self, by: str) -> None:
+        self._child(self.placed, by).inc()
 
     def turn_ended(self, log, *, run: str, turn: str, service_class: str, caller: str, replica: str,
                    hold_ms: int, ttft_ms: int | None, outcome: str, prompt_tokens: int, completion_tokens: int,

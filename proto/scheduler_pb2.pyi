@@ -12,6 +12,7 @@ class Protocol(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROTOCOL_UNSPECIFIED: _ClassVar[Protocol]
     PROTOCOL_UNARY: _ClassVar[Protocol]
     PROTOCOL_STREAM: _ClassVar[Protocol]
+    PROTOCOL_LEASES: _ClassVar[Protocol]
 
 class ServiceClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -35,6 +36,7 @@ class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 PROTOCOL_UNSPECIFIED: Protocol
 PROTOCOL_UNARY: Protocol
 PROTOCOL_STREAM: Protocol
+PROTOCOL_LEASES: Protocol
 SERVICE_CLASS_UNSPECIFIED: ServiceClass
 INTERACTIVE: ServiceClass
 BATCH: ServiceClass
@@ -48,7 +50,7 @@ MALFORMED: RefusalReason
 NO_HEALTHY_REPLICA: RefusalReason
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "one_pass", "dataplane_id", "traceparent")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "one_pass", "dataplane_id", "traceparent", "leased_replica")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +59,7 @@ class AdmitRequest(_message.Message):
     ONE_PASS_FIELD_NUMBER: _ClassVar[int]
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    LEASED_REPLICA_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -65,7 +68,8 @@ class AdmitRequest(_message.Message):
     one_pass: bool
     dataplane_id: str
     traceparent: str
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., one_pass: _Optional[bool] = ..., dataplane_id: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    leased_replica: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., one_pass: _Optional[bool] = ..., dataplane_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., leased_replica: _Optional[str] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("replica", "base_url", "api_key_env", "held_ms")
@@ -216,12 +220,22 @@ class Hello(_message.Message):
     def __init__(self, protocol: _Optional[_Union[Protocol, str]] = ..., resync: _Optional[_Union[ResyncRequest, _Mapping]] = ...) -> None: ...
 
 class DataplaneItem(_message.Message):
-    __slots__ = ("admit", "event")
+    __slots__ = ("admit", "event", "returned")
     ADMIT_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
+    RETURNED_FIELD_NUMBER: _ClassVar[int]
     admit: AdmitRequest
     event: TurnEvent
-    def __init__(self, admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., event: _Optional[_Union[TurnEvent, _Mapping]] = ...) -> None: ...
+    returned: LeaseReturn
+    def __init__(self, admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., event: _Optional[_Union[TurnEvent, _Mapping]] = ..., returned: _Optional[_Union[LeaseReturn, _Mapping]] = ...) -> None: ...
+
+class LeaseReturn(_message.Message):
+    __slots__ = ("replica", "slots")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    slots: int
+    def __init__(self, replica: _Optional[str] = ..., slots: _Optional[int] = ...) -> None: ...
 
 class DataplaneFrame(_message.Message):
     __slots__ = ("hello", "items")
@@ -257,20 +271,44 @@ class Decision(_message.Message):
     refused: Refusal
     def __init__(self, turn_id: _Optional[str] = ..., placed: _Optional[_Union[AdmitReply, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
 
+class LeaseGrant(_message.Message):
+    __slots__ = ("replica", "slots", "base_url", "api_key_env", "models")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    BASE_URL_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_ENV_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    slots: int
+    base_url: str
+    api_key_env: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica: _Optional[str] = ..., slots: _Optional[int] = ..., base_url: _Optional[str] = ..., api_key_env: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LeaseRevoke(_message.Message):
+    __slots__ = ("replica",)
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    def __init__(self, replica: _Optional[str] = ...) -> None: ...
+
 class SchedulerFrame(_message.Message):
-    __slots__ = ("welcome", "decisions")
+    __slots__ = ("welcome", "decisions", "grants", "revokes")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
+    REVOKES_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     decisions: _containers.RepeatedCompositeFieldContainer[Decision]
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
+    grants: _containers.RepeatedCompositeFieldContainer[LeaseGrant]
+    revokes: _containers.RepeatedCompositeFieldContainer[LeaseRevoke]
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., grants: _Optional[_Iterable[_Union[LeaseGrant, _Mapping]]] = ..., revokes: _Optional[_Iterable[_Union[LeaseRevoke, _Mapping]]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("name", "base_url", "kind", "models", "healthy", "load_known", "running", "queued", "in_flight", "capacity", "batch_reserve", "kv_used_tokens", "kv_total_tokens", "decode_ceiling")
+    __slots__ = ("name", "base_url", "kind", "models", "healthy", "load_known", "running", "queued", "in_flight", "capacity", "batch_reserve", "kv_used_tokens", "kv_total_tokens", "decode_ceiling", "leased_idle")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BASE_URL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +323,7 @@ class ReplicaStatus(_message.Message):
     KV_USED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DECODE_CEILING_FIELD_NUMBER: _ClassVar[int]
+    LEASED_IDLE_FIELD_NUMBER: _ClassVar[int]
     name: str
     base_url: str
     kind: str
@@ -299,7 +338,8 @@ class ReplicaStatus(_message.Message):
     kv_used_tokens: int
     kv_total_tokens: int
     decode_ceiling: int
-    def __init__(self, name: _Optional[str] = ..., base_url: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., healthy: _Optional[bool] = ..., load_known: _Optional[bool] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., batch_reserve: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_total_tokens: _Optional[int] = ..., decode_ceiling: _Optional[int] = ...) -> None: ...
+    leased_idle: int
+    def __init__(self, name: _Optional[str] = ..., base_url: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., healthy: _Optional[bool] = ..., load_known: _Optional[bool] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., batch_reserve: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_total_tokens: _Optional[int] = ..., decode_ceiling: _Optional[int] = ..., leased_idle: _Optional[int] = ...) -> None: ...
 
 class HeldGroup(_message.Message):
     __slots__ = ("key", "count", "longest_wait_ms")

@@ -82,6 +82,13 @@ class SchedulerServicer:
         admission with one Decision once the turn is placed or refused (a held turn's
         Decision comes when it is released). A TurnEvent `abandoned` is the cancellation
         of an admission, held or already placed.
+        PROTOCOL_LEASES adds leases: while nothing is held, the scheduler may lend a
+        dataplane slots of a replica's free room (a LeaseGrant with the Decision that
+        answered its admission). The dataplane fills a lent slot itself: it sends the
+        turn's admission with `leased_replica` set, gets no Decision, and the slot is its
+        own again when the turn ends. A LeaseRevoke calls the lease back: the dataplane
+        returns idle slots at once and busy ones as their turns end (LeaseReturn). Leases
+        end with the stream.
         When the stream ends, the turns it left held are abandoned; the dataplane
         reconnects, its Hello resyncs, and it sends again the admissions still waiting
         (same turn ids). A dataplane that does not reconnect within a few seconds is gone:

@@ -29,5 +29,13 @@ LIMIT_INITIAL = 4
 LIMIT_CALM_MAX = 8
 LIMIT_MAX_STEP_DIVISOR = 2
 
+# Leases (core.py, "Leases"): a dataplane that asks while nothing is held is lent at
+# most 1/LEASE_ROOM_DIVISOR of each replica's free room (the rest stays for other
+# dataplanes and for the turns the scheduler places), at most LEASE_MAX_SLOTS per
+# replica; a replica with neither a limit nor a ceiling counts LEASE_UNLIMITED_ROOM.
+LEASE_ROOM_DIVISOR = 2
+LEASE_MAX_SLOTS = 32
+LEASE_UNLIMITED_ROOM = 16
+
 DEFAULT_GRPC_PORT = 5000
 DEFAULT_HTTP_PORT = 5001

@@ -23,7 +23,11 @@ in the events. Read top to bottom it is the policy:
   only what its sender owns, and a dataplane that is gone takes its in-flight turns
   with it but leaves its runs' pins (they come back through any dataplane, or expire);
 * after a (re)start nothing is placed until every replica's first probe is in (or
-  the first round timed out), so no turn lands on the replica probed first.
+  the first round timed out), so no turn lands on the replica probed first;
+* while nothing is held, a dataplane that asked may be lent part of a replica's free
+  room (a lease: slots it fills itself, without asking, and reports); every lease is
+  called back the moment a turn is held, the replica's room shrinks or it turns
+  unhealthy (see "Leases" below).
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ from luftpause.scheduler.constants import (
     LIMIT_FREE_KV_SHARE,
     LIMIT_INITIAL,
     LIMIT_MAX_STEP_DIVISOR,
+    LEASE_MAX_SLOTS,
+    LEASE_ROOM_DIVISOR,
+    LEASE_UNLIMITED_ROOM,
     RUN_IDLE_TIMEOUT_MS,
     TURN_TIMEOUT_MS,
 )
@@ -89,6 +96,7 @@ class Replica(NamedTuple):
     paused_interactive: int = 0  # interactive runs paused on a tool, last served here
     paused_interactive_tokens: int = 0  # their contexts, in tokens, where known
     fast_batch: int = 0  # the largest decode batch the engine runs at full speed, as it reports it; 0 = unknown
+    leased_idle: int = 0  # slots lent to dataplanes and not in use: taken, as far as room goes
 
     @property
     def ceiling(self) -> int:
@@ -124,6 +132,15 @@ class Turn(NamedTuple):
     caller: str
     replica: str
     placed_ms: int
+    leased_by: str = ""  # the dataplane whose lease slot it fills (the slot goes back to it); "" = placed here
+
+
+class Lease(NamedTuple):
+    """Slots of one replica lent to one dataplane: ``busy`` of them fill turns it reported."""
+
+    slots: int
+    busy: int = 0
+    revoked: bool = False  # called back: the dataplane returns every slot as it frees
 
 
 class HeldTurn(NamedTuple):
@@ -159,6 +176,10 @@ class State(NamedTuple):
     # for them: until then no held turn is placed (empty: placement is open).
     unprobed: frozenset = frozenset()
     unprobed_until_ms: int = 0
+    # Dataplanes that take leases (their Connect stream says so), and what they hold:
+    # (dataplane, replica) -> Lease.
+    lease_takers: frozenset = frozenset()
+    leases: Map = Map()
 
 
 def initial_state(
@@ -186,6 +207,9 @@ class AdmitRequested:
     now_ms: int
     one_pass: bool = False
     dataplane: str = ""  # the dataplane asking; it owns the run from now on
+    # Not a question but news: the dataplane placed the turn itself on a slot of its
+    # lease on this replica. No action answers it.
+    leased_replica: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,9 +302,30 @@ class DataplaneGone:
     now_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseReturned:
+    """A dataplane gave back slots of its lease on a replica (it was called back)."""
+
+    dataplane: str
+    replica: str
+    slots: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTaking:
+    """A dataplane's Connect stream that takes leases opened (``taking``) or ended. At the
+    end its leases are void: the turns filling them count as placed here, the rest of
+    their slots are free."""
+
+    dataplane: str
+    taking: bool
+    now_ms: int
+
+
 Event = (
     AdmitRequested | AdmitCancelled | TurnUsage | TurnFinished | TurnFailed | RunEnded | EngineProbed | ClockTicked
-    | Resynced | DataplaneGone
+    | Resynced | DataplaneGone | LeaseReturned | LeaseTaking
 )
 
 # ------------------------------------------------------------------------- actions
@@ -300,7 +345,25 @@ class Reject:
     message: str
 
 
-Action = Place | Reject
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Lend the dataplane ``slots`` more slots of the replica."""
+
+    dataplane: str
+    replica: str
+    slots: int
+
+
+@dataclass(frozen=True, slots=True)
+class Revoke:
+    """Call back the dataplane's lease on the replica: idle slots now, busy ones as their
+    turns end."""
+
+    dataplane: str
+    replica: str
+
+
+Action = Place | Reject | Grant | Revoke
 
 # ------------------------------------------------------------------------ decide
 
@@ -309,7 +372,11 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
     """Apply one event; return the new state and the actions the host performs."""
     match event:
         case AdmitRequested():
-            return _admit(state, event)
+            if event.leased_replica:
+                state = _admit_leased(state, event)
+            else:
+                state, actions = _admit(state, event)
+                return _settle_leases(state, actions, event)
         case AdmitCancelled():
             state = _cancel(state, event)
         case TurnUsage():
@@ -329,10 +396,15 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
             state = _resync(state, event)
         case DataplaneGone():
             state = _dataplane_gone(state, event)
+        case LeaseReturned():
+            state = _lease_returned(state, event)
+        case LeaseTaking():
+            state = _lease_taking(state, event)
         case _:
             raise TypeError(f"unknown event {event!r}")
     # Every event may have freed capacity (or changed who may use it).
-    return _release_held(state, event.now_ms)
+    state, actions = _release_held(state, event.now_ms)
+    return _settle_leases(state, actions, event)
 
 
 def validation_error(model: str, service_class: str, caller: str) -> str | None:
@@ -431,13 +503,15 @@ def _has_room(replica: Replica, service_class: str) -> bool:
     """Whether one more turn of this class may go here now. The batch reserve comes off
     the learned limit (the KV room paused interactive prefixes need), not off the decode
     ceiling: under the ceiling a slot kept empty would slow every run for nothing, and
-    a resuming interactive turn takes the next free slot before any batch turn."""
-    if replica.ceiling and replica.in_flight >= replica.ceiling:
+    a resuming interactive turn takes the next free slot before any batch turn. Slots
+    lent to dataplanes are taken."""
+    taken = replica.in_flight + replica.leased_idle
+    if replica.ceiling and taken >= replica.ceiling:
         return False
     if replica.limit <= 0:
         return True
     reserve = batch_reserve(replica) if service_class == BATCH else 0
-    return replica.in_flight + reserve < replica.limit
+    return taken + reserve < replica.limit
 
 
 def _pin(state: State, run: Run | None) -> str:
@@ -649,6 +723,8 @@ def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int) -> State:
         return state
     state = state._replace(turns=state.turns.delete(turn_id))
     state = _count_in_flight(state, turn.replica, turn.caller, -1)
+    if turn.leased_by:  # its slot goes back to the lease
+        state = _lease_slot(state, turn.leased_by, turn.replica, -1)
     run = state.runs.get(turn.run_id)
     if run is not None:
         state = _put_run(state, run._replace(replica=turn.replica, stage=stage, last_seen_ms=now_ms))
@@ -791,6 +867,7 @@ def _resync(state: State, event: Resynced) -> State:
     that dataplane owns (what it no longer has ended while it was away); runs and turns
     of other dataplanes stay; held turns stay."""
     sender = event.dataplane
+    state = _void_leases(state, sender)  # a new stream starts without leases
     snapshot_turns = {snap.turn_id for snap in event.turns}
     for turn_id, owner in list(state.turn_owner.items()):
         if owner == sender and turn_id in state.turns and turn_id not in snapshot_turns:
@@ -823,10 +900,163 @@ def _resync(state: State, event: Resynced) -> State:
 def _dataplane_gone(state: State, event: DataplaneGone) -> State:
     """A gone dataplane's in-flight turns failed with it (their runs are idle, as after
     any failed turn); its paused runs keep their pins."""
+    state = _void_leases(state, event.dataplane)
     for turn_id, owner in list(state.turn_owner.items()):
         if owner == event.dataplane and turn_id in state.turns:
             state = _end_turn(state, turn_id, Stage.IDLE, event.now_ms)
     return _prune_owners(state)
+
+
+# ---------------------------------------------------------------------------- leases
+#
+# Asking the scheduler costs a turn a round trip and both processes a message each
+# way, though while nothing is held the answer is always "yes, there". So a dataplane
+# whose Connect stream takes leases may be lent slots of a replica's free room:
+#
+# * grant: when a dataplane asks (it has no leased slot the turn may use) and, once
+#   that turn is placed, nothing is held, it is lent up to 1/LEASE_ROOM_DIVISOR of
+#   each healthy replica's free room (the room a batch turn would have: under the
+#   ceiling and under the limit less the batch reserve), at most LEASE_MAX_SLOTS per
+#   replica; lent slots are taken as far as everyone else's room goes;
+# * use: the dataplane places a turn on a slot itself and reports it (an admission
+#   naming the leased replica): the slot is busy until the turn ends, then idle again,
+#   still lent;
+# * revoke: the moment a turn is held, a replica turns unhealthy or its lent and used
+#   slots no longer fit under its limit, every lease concerned is called back: the
+#   dataplane returns idle slots at once and busy ones as their turns end, and gets no
+#   new slot of that replica until all are back;
+# * void: when the dataplane's stream ends (or it resyncs, or is gone) its leases end;
+#   their busy turns count as placed here.
+# Affinity is the dataplane's to keep: it fills a slot only with a run it has seen,
+# on the run's own replica while the run is pinned.
+
+
+def _lease_room(replica: Replica) -> int:
+    """Slots of the replica that could be lent now: its room for a batch turn."""
+    taken = replica.in_flight + replica.leased_idle
+    rooms = []
+    if replica.ceiling:
+        rooms.append(replica.ceiling - taken)
+    if replica.limit > 0:
+        rooms.append(replica.limit - taken - batch_reserve(replica))
+    return min(rooms) if rooms else LEASE_UNLIMITED_ROOM - taken
+
+
+def _over_lent(replica: Replica) -> bool:
+    """Whether the slots lent and used there no longer fit under its ceiling or limit."""
+    taken = replica.in_flight + replica.leased_idle
+    if replica.ceiling and taken > replica.ceiling:
+        return True
+    return replica.limit > 0 and taken + batch_reserve(replica) > replica.limit
+
+
+def _lease_slot(state: State, dataplane: str, replica_name: str, delta: int) -> State:
+    """A lent slot turns busy (+1) or idle again (-1)."""
+    key = (dataplane, replica_name)
+    lease = state.leases.get(key)
+    replica = state.replicas.get(replica_name)
+    if lease is None or replica is None:
+        return state
+    busy = max(0, lease.busy + delta)
+    idle = max(0, replica.leased_idle + lease.busy - busy)
+    return state._replace(leases=state.leases.set(key, lease._replace(busy=busy)),
+                          replicas=state.replicas.set(replica_name, replica._replace(leased_idle=idle)))
+
+
+def _admit_leased(state: State, event: AdmitRequested) -> State:
+    """A turn the dataplane placed on a slot of its lease. Already running: it is
+    recorded whatever the state says (a slot it no longer holds, a run pinned elsewhere)."""
+    if event.turn_id in state.turns or event.leased_replica not in state.replicas:
+        return state
+    if event.turn_id in state.held:  # placed by the dataplane after all: not ours to place
+        state = _unhold(state, event.turn_id)
+    run = state.runs.get(event.run_id) or Run(event.run_id, event.service_class, event.caller)
+    run = run._replace(service_class=event.service_class, caller=event.caller, replica=event.leased_replica,
+                       stage=Stage.GENERATING, last_seen_ms=event.now_ms)
+    state = _put_run(state, run)
+    lease = state.leases.get((event.dataplane, event.leased_replica))
+    leased_by = event.dataplane if lease is not None and lease.busy < lease.slots else ""
+    turn = Turn(event.turn_id, event.run_id, event.model, event.service_class, event.caller, event.leased_replica,
+                event.now_ms, leased_by)
+    state = state._replace(turns=state.turns.set(event.turn_id, turn))
+    state = _count_in_flight(state, event.leased_replica, event.caller, +1)
+    if leased_by:
+        state = _lease_slot(state, leased_by, event.leased_replica, +1)
+    return _own(state, event.dataplane, event.run_id, event.turn_id)
+
+
+def _lease_returned(state: State, event: LeaseReturned) -> State:
+    key = (event.dataplane, event.replica)
+    lease = state.leases.get(key)
+    replica = state.replicas.get(event.replica)
+    if lease is None or replica is None:
+        return state
+    back = max(0, min(event.slots, lease.slots - lease.busy))
+    slots = lease.slots - back
+    leases = state.leases.set(key, lease._replace(slots=slots)) if slots else state.leases.delete(key)
+    replica = replica._replace(leased_idle=max(0, replica.leased_idle - back))
+    return state._replace(leases=leases, replicas=state.replicas.set(event.replica, replica))
+
+
+def _lease_taking(state: State, event: LeaseTaking) -> State:
+    if event.taking:
+        return state._replace(lease_takers=state.lease_takers | {event.dataplane})
+    return _void_leases(state, event.dataplane)._replace(lease_takers=state.lease_takers - {event.dataplane})
+
+
+def _void_leases(state: State, dataplane: str) -> State:
+    """End the dataplane's leases: their idle slots are free, their busy turns placed here."""
+    mine = [key for key in state.leases.keys() if key[0] == dataplane]
+    if not mine:
+        return state
+    replicas, leases = state.replicas, state.leases
+    for key in mine:
+        lease = leases[key]
+        replica = replicas.get(key[1])
+        if replica is not None:
+            replicas = replicas.set(key[1], replica._replace(
+                leased_idle=max(0, replica.leased_idle - (lease.slots - lease.busy))))
+        leases = leases.delete(key)
+    turns = state.turns
+    for turn in state.turns.values():
+        if turn.leased_by == dataplane:
+            turns = turns.set(turn.turn_id, turn._replace(leased_by=""))
+    return state._replace(replicas=replicas, leases=leases, turns=turns)
+
+
+def _settle_leases(state: State, actions: list[Action], event: Event) -> tuple[State, list[Action]]:
+    """Call back the leases that must come back; lend to a dataplane that just asked."""
+    if not state.lease_takers and not state.leases:
+        return state, actions
+    for key, lease in state.leases.items():
+        if lease.revoked:
+            continue
+        replica = state.replicas[key[1]]
+        if state.held or not replica.healthy or key[0] not in state.lease_takers or _over_lent(replica):
+            state = state._replace(leases=state.leases.set(key, lease._replace(revoked=True)))
+            actions = [*actions, Revoke(key[0], key[1])]
+    asker = event.dataplane if isinstance(event, AdmitRequested) and not event.leased_replica else None
+    if asker is None or asker not in state.lease_takers or state.held or event.turn_id not in state.turns:
+        return state, actions  # lend only to a dataplane whose turn was just placed
+    if state.unprobed and event.now_ms < state.unprobed_until_ms:
+        return state, actions
+    for name, replica in state.replicas.items():
+        if replica.kind != GENERATIVE or not replica.healthy:
+            continue
+        lease = state.leases.get((asker, name))
+        if lease is not None and lease.revoked:
+            continue
+        held = lease.slots if lease is not None else 0
+        slots = min(_lease_room(replica) // LEASE_ROOM_DIVISOR, LEASE_MAX_SLOTS - held)
+        if slots <= 0:
+            continue
+        lease = Lease(held + slots, lease.busy if lease is not None else 0)
+        state = state._replace(
+            leases=state.leases.set((asker, name), lease),
+            replicas=state.replicas.set(name, replica._replace(leased_idle=replica.leased_idle + slots)),
+        )
+        actions = [*actions, Grant(asker, name, slots)]
+    return state, actions
 
 
 def _own(state: State, dataplane: str, run_id: str = "", turn_id: str = "") -> State:
@@ -870,6 +1100,7 @@ def status(state: State, now_ms: int) -> dict:
             "running": r.running,
             "queued": r.queued,
             "in_flight": r.in_flight,
+            "leased_idle": r.leased_idle,
             "capacity": -1 if r.capacity is None else r.capacity,
             "decode_ceiling": r.ceiling,
             "batch_reserve": batch_reserve(r),

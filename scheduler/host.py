@@ -69,6 +69,7 @@ class SchedulerHost:
                                         first_probe_deadline_ms=self.now_ms() + int(first_probe_wait_s * 1000))
         self.log = log
         self._streams: dict[str, int] = {}  # dataplane id -> open Connect and Report streams
+        self._lenders: dict[str, object] = {}  # dataplane id -> its Connect stream that takes leases
         # turn id -> who waits for its decision (a unary Admit call or a Connect stream)
         self._waiters: dict[str, list[Callable[[core.Action], None]]] = {}
         self._logged_problems: set[str] = set()  # metrics URLs already logged as unreadable
@@ -87,6 +88,9 @@ class SchedulerHost:
         self.state, actions = core.decide(self.state, event)
         self.metrics.applied(before, event, self.state, actions)
         for action in actions:
+            if isinstance(action, (core.Grant, core.Revoke)):
+                self._lend(action)
+                continue
             self._log_decision(action)
             for waiter in self._waiters.pop(action.turn_id, ()):
                 waiter(action)
@@ -133,6 +137,39 @@ class SchedulerHost:
                 dataplane=dataplane,
             )
         )
+
+    def leased_admit(self, request: pb.AdmitRequest, dataplane: str) -> None:
+        """A turn the dataplane placed itself on a slot of its lease."""
+        self.apply(core.AdmitRequested(
+            turn_id=request.turn_id, run_id=request.run_id, model=request.model,
+            service_class=class_name(request.service_class), caller=request.caller, now_ms=self.now_ms(),
+            dataplane=dataplane, leased_replica=request.leased_replica))
+
+    def lease_returned(self, dataplane: str, returned: pb.LeaseReturn) -> None:
+        self.apply(core.LeaseReturned(dataplane, returned.replica, returned.slots, self.now_ms()))
+
+    def lender_opened(self, dataplane: str, stream) -> None:
+        """A Connect stream that takes leases: grants and revokes for its dataplane go there."""
+        self._lenders[dataplane] = stream
+        self.apply(core.LeaseTaking(dataplane, True, self.now_ms()))
+
+    def lender_closed(self, dataplane: str, stream) -> None:
+        if self._lenders.get(dataplane) is not stream:
+            return  # a newer stream of the same dataplane took over
+        del self._lenders[dataplane]
+        self.apply(core.LeaseTaking(dataplane, False, self.now_ms()))
+
+    def _lend(self, action: core.Grant | core.Revoke) -> None:
+        stream = self._lenders.get(action.dataplane)
+        if stream is None:  # its stream ended: the core voids the lease with LeaseTaking
+            return
+        if isinstance(action, core.Grant):
+            stream.grant(self.endpoints[action.replica], action.slots)
+        else:
+            stream.revoke(action.replica)
+        self.log.debug("lease", action="grant" if isinstance(action, core.Grant) else "revoke",
+                       dataplane=action.dataplane, replica=action.replica,
+                       slots=action.slots if isinstance(action, core.Grant) else None)
 
     def withdraw(self, turn_id: str, run_id: str, decided: Callable[[core.Action], None]) -> None:
         """``decided`` no longer waits (its caller left); once nobody waits for a held

@@ -88,6 +88,10 @@ class SchedulerMetrics:
                                 ["reason"], registry=r)
         self.hold_seconds = Histogram("luftpause_scheduler_hold_seconds", "Time a turn was held before placement.",
                                       ["class"], buckets=HOLD_BUCKETS, registry=r)
+        self.lease_slots = Counter("luftpause_scheduler_lease_slots_granted", "Slots of a replica lent to a "
+                                   "dataplane, which fills them without asking.", ["replica"], registry=r)
+        self.lease_revokes = Counter("luftpause_scheduler_lease_revokes", "Leases called back (a turn held, "
+                                     "the replica's room shrank or it turned unhealthy).", ["replica"], registry=r)
         self.probe_failures = Counter("luftpause_scheduler_probe_failures", "Engine probes that found the "
                                       "replica unhealthy or unreachable.", ["replica"], registry=r)
         ProcessCollector(registry=r)
@@ -118,7 +122,17 @@ class SchedulerMetrics:
                 self.recent.placed(action.held_ms)
             elif isinstance(action, core.Reject):
                 self.rejected.labels(action.reason).inc()
-        if isinstance(event, core.AdmitRequested):
+            elif isinstance(action, core.Grant):
+                self.lease_slots.labels(action.replica).inc(action.slots)
+            elif isinstance(action, core.Revoke):
+                self.lease_revokes.labels(action.replica).inc()
+        if isinstance(event, core.AdmitRequested) and event.leased_replica:
+            turn = after.turns.get(event.turn_id)
+            if turn is not None and event.turn_id not in before.turns:  # placed on a lent slot: never held
+                self.admitted.labels(turn.service_class, turn.replica).inc()
+                self.hold_seconds.labels(turn.service_class).observe(0)
+                self.recent.placed(0)
+        elif isinstance(event, core.AdmitRequested):
             held = after.held.get(event.turn_id)
             if held is not None and event.turn_id not in before.held:
                 self.held.labels(held.service_class, held.home or ANY_REPLICA).inc()

@@ -1,5 +1,7 @@
-"""The scheduler's side of the Connect stream (protocol 2): one long-lived stream per
-dataplane carrying its admissions and turn events in, and the decisions out.
+"""The scheduler's side of the Connect stream (protocol 2, or 3 with leases): one
+long-lived stream per dataplane carrying its admissions and turn events in, and the
+decisions out; with protocol 3 also the leases the core grants and revokes, and the
+slots the dataplane returns (core.py, "Leases").
 
 A frame in is applied item by item, in order; decisions the core makes meanwhile (for
 this stream's turns, now or when a held turn is released) collect in one outgoing
@@ -23,8 +25,8 @@ from luftpause.scheduler import core
 from luftpause.scheduler.validation import admit_problem, resync_problem
 
 TRACER = trace.get_tracer("luftpause.scheduler")
-# The newest protocol this scheduler speaks on Connect.
-PROTOCOL = pb.PROTOCOL_STREAM
+# The newest protocol this scheduler speaks on Connect (PROTOCOL_STREAM is the oldest).
+PROTOCOL = pb.PROTOCOL_LEASES
 REFUSALS = {"unknown_model": pb.UNKNOWN_MODEL, "invalid": pb.MALFORMED, "no_healthy_replica": pb.NO_HEALTHY_REPLICA}
 
 
@@ -42,10 +44,23 @@ class DataplaneStream:
 
     def apply(self, frame: pb.DataplaneFrame) -> None:
         for item in frame.items:
-            if item.HasField("admit"):
-                self.admit(item.admit)
-            else:
+            kind = item.WhichOneof("kind")
+            if kind == "admit":
+                if item.admit.leased_replica:
+                    self.leased(item.admit)
+                else:
+                    self.admit(item.admit)
+            elif kind == "event":
                 self.host.report(item.event)
+            elif kind == "returned":
+                self.host.lease_returned(self.dataplane, item.returned)
+
+    def leased(self, request: pb.AdmitRequest) -> None:
+        """A turn the dataplane placed on a lent slot: recorded, not answered (a malformed
+        one is dropped: there is nobody to refuse it to)."""
+        if admit_problem(request) or request.leased_replica not in self.host.endpoints:
+            return
+        self.host.leased_admit(request, self.dataplane)
 
     def admit(self, request: pb.AdmitRequest) -> None:
         if problem := admit_problem(request):
@@ -82,6 +97,15 @@ class DataplaneStream:
         placed.api_key_env = endpoint.api_key_env
         self._wake.set()
 
+    def grant(self, endpoint, slots: int) -> None:
+        self._out.grants.add(replica=endpoint.name, slots=slots, base_url=endpoint.base_url,
+                             api_key_env=endpoint.api_key_env, models=sorted(endpoint.models))
+        self._wake.set()
+
+    def revoke(self, replica: str) -> None:
+        self._out.revokes.add(replica=replica)
+        self._wake.set()
+
     def _refuse(self, turn_id: str, reason: int, message: str) -> None:
         refused = self._out.decisions.add(turn_id=turn_id).refused
         refused.reason, refused.message = reason, message
@@ -114,10 +138,11 @@ async def serve(host, context: grpc.aio.ServicerContext) -> None:
     if not first.HasField("hello"):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first frame must be a Hello")
     hello = first.hello
-    if hello.protocol < PROTOCOL:
+    if hello.protocol < pb.PROTOCOL_STREAM:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                            f"Connect speaks protocol {PROTOCOL} or newer, the dataplane offered {hello.protocol}; "
-                            "an older dataplane uses Admit, Report and Resync")
+                            f"Connect speaks protocol {pb.PROTOCOL_STREAM} or newer, the dataplane offered "
+                            f"{hello.protocol}; an older dataplane uses Admit, Report and Resync")
+    protocol = min(hello.protocol, PROTOCOL)
     if problem := resync_problem(hello.resync):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"hello.resync: {problem}")
     dataplane = hello.resync.dataplane_id
@@ -127,7 +152,9 @@ async def serve(host, context: grpc.aio.ServicerContext) -> None:
     writer: asyncio.Task | None = None
     try:
         await context.write(pb.SchedulerFrame(welcome=pb.Welcome(
-            protocol=PROTOCOL, resync=pb.ResyncReply(runs=len(hello.resync.runs), turns=len(hello.resync.turns)))))
+            protocol=protocol, resync=pb.ResyncReply(runs=len(hello.resync.runs), turns=len(hello.resync.turns)))))
+        if protocol >= pb.PROTOCOL_LEASES:
+            host.lender_opened(dataplane, stream)
         writer = asyncio.create_task(stream.write_forever(context))
         while True:
             frame = await context.read()
@@ -141,5 +168,6 @@ async def serve(host, context: grpc.aio.ServicerContext) -> None:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await writer
+        host.lender_closed(dataplane, stream)
         stream.closed()
         host.stream_closed(dataplane)

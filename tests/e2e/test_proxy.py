@@ -57,6 +57,37 @@ def test_run_is_recognised_from_a_returned_tool_call_id(proxy_stack):
     assert second.headers[h.RUN_ID] == first.headers[h.RUN_ID]
 
 
+def metric(url: str, name: str, labels: str = "") -> float:
+    """A sample's value from a Prometheus exposition, 0 when it is not there."""
+    wanted = f"{name}{{{labels}}}" if labels else name
+    for line in httpx.get(url).text.splitlines():
+        if line.startswith(wanted + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_runs_later_turns_go_out_on_lent_slots_without_asking(proxy_stack):
+    """The first turn asks the scheduler, which lends the dataplane free room with its
+    answer; the run's next turns fill a lent slot on the same replica, and the scheduler
+    counts them in flight all the same."""
+    dataplane_metrics = base_url(proxy_stack) + "/metrics"
+    scheduler_metrics = f"http://127.0.0.1:{proxy_stack.ports.scheduler_http}/metrics"
+    leased_before = metric(dataplane_metrics, "luftpause_dataplane_turns_placed_total", 'by="lease"')
+    replicas = []
+    for _ in range(6):
+        response = httpx.post(base_url(proxy_stack) + "/v1/chat/completions", headers={h.RUN_ID: "lent-slots"},
+                              json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"]
+        replicas.append(response.headers[h.REPLICA])
+    assert len(set(replicas)) == 1  # the run keeps its replica (and its cached prefix)
+    assert metric(dataplane_metrics, "luftpause_dataplane_turns_placed_total", 'by="lease"') - leased_before >= 5
+    assert metric(scheduler_metrics, "luftpause_scheduler_lease_slots_granted_total", f'replica="{replicas[0]}"') >= 1
+    assert wait_until(lambda: scheduler_status(proxy_stack)["in_flight"] == 0)
+    finished = metric(scheduler_metrics, "luftpause_scheduler_turns_finished_total",
+                      f'class="interactive",replica="{replicas[0]}"')
+    assert finished >= 6  # the scheduler saw every turn end, leased or not
+
+
 def test_run_id_header_is_kept(proxy_stack):
     response = httpx.post(base_url(proxy_stack) + "/v1/chat/completions",
                           headers={h.RUN_ID: "my-run-1"},

@@ -123,3 +123,65 @@ async def test_a_held_turn_is_placed_on_the_stream_once_an_engine_comes_up(sched
     assert decision.placed.replica == again.placed.replica == "engine-a"
     assert decision.placed.base_url == f"http://127.0.0.1:{scheduler['engine_port']}"
     assert status(scheduler)["in_flight"] == 1
+
+
+async def read_until(call, wanted, timeout: float = 10.0) -> list[pb.SchedulerFrame]:
+    """Frames read until ``wanted(frames so far)`` holds."""
+    frames: list[pb.SchedulerFrame] = []
+    async with asyncio.timeout(timeout):
+        while not wanted(frames):
+            frames.append(await call.read())
+    return frames
+
+
+async def test_a_lease_is_lent_filled_without_answer_called_back_and_returned(scheduler):
+    """Protocol 3: the placed turn's dataplane is lent slots; a turn on a lent slot gets
+    no Decision but counts in flight; a turn held for another dataplane calls the lease
+    back, and the returned slot places it."""
+    engine = ManagedProcess("engine", "luftpause.fakes.engine", ["--port", str(scheduler["engine_port"])],
+                            ready_url=f"http://127.0.0.1:{scheduler['engine_port']}/health")
+    engine.start()
+    try:
+        engine.wait_ready(30)
+        assert await asyncio.to_thread(wait_until, lambda: status(scheduler)["replicas"][0]["capacity"] > 0)
+        capacity = status(scheduler)["replicas"][0]["capacity"]
+        async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
+            lender = pb_grpc.SchedulerStub(channel).Connect()
+            await lender.write(hello("dp-lender", protocol=pb.PROTOCOL_LEASES))
+            assert (await asyncio.wait_for(lender.read(), 5)).welcome.protocol == pb.PROTOCOL_LEASES
+            await lender.write(admit("t1", service_class=pb.BATCH))
+            frames = await read_until(lender, lambda fs: any(f.grants for f in fs))
+            [decision] = [d for f in frames for d in f.decisions]
+            [grant] = [g for f in frames for g in f.grants]
+            assert decision.placed.replica == grant.replica == "engine-a"
+            assert grant.base_url == decision.placed.base_url and list(grant.models) == [MODEL]
+            assert grant.slots == (capacity - 1) // 2 >= 1
+            replica = status(scheduler)["replicas"][0]
+            assert (replica["in_flight"], replica["leased_idle"]) == (1, grant.slots)
+
+            await lender.write(admit("t2", service_class=pb.BATCH, leased_replica="engine-a"))
+            assert await asyncio.to_thread(wait_until, lambda: status(scheduler)["in_flight"] == 2)
+            assert status(scheduler)["replicas"][0]["leased_idle"] == grant.slots - 1
+            await lender.write(pb.DataplaneFrame(items=[pb.DataplaneItem(event=pb.TurnEvent(
+                turn_id="t2", run_id="run-t2", finished=pb.TurnFinished(finish_reason="stop")))]))
+            assert await asyncio.to_thread(wait_until, lambda: status(scheduler)["in_flight"] == 1)
+            assert status(scheduler)["replicas"][0]["leased_idle"] == grant.slots  # the slot is the lender's again
+
+            # Another dataplane (protocol 2: lent nothing) fills the rest, then waits.
+            other = await connected(channel)
+            for i in range(capacity - 1 - grant.slots + 1):
+                await other.write(admit(f"o{i}", service_class=pb.BATCH))
+            assert await asyncio.to_thread(wait_until, lambda: held(scheduler) == 1)
+            revoked = await read_until(lender, lambda fs: any(f.revokes for f in fs))
+            assert [r.replica for f in revoked for r in f.revokes] == ["engine-a"]
+            await lender.write(pb.DataplaneFrame(items=[pb.DataplaneItem(
+                returned=pb.LeaseReturn(replica="engine-a", slots=grant.slots))]))
+            # Placed by the returned slot: the learned limit waits for two calm probes (4 s) to grow.
+            answered = capacity - grant.slots  # the ones placed at once, and the held one
+            placed = await read_until(other, lambda fs: len([d for f in fs for d in f.decisions]) == answered, timeout=2)
+            assert all(d.placed.replica == "engine-a" for f in placed for d in f.decisions)
+            assert status(scheduler)["replicas"][0]["leased_idle"] == 0
+            lender.cancel()
+            other.cancel()
+    finally:
+        engine.stop()

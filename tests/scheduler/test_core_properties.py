@@ -239,3 +239,124 @@ def test_the_limit_recovers_to_full_use_when_the_engine_stops_queueing(running, 
             replica = driver.state.replicas[name]
             driver.step(core.EngineProbed(name, True, replica.in_flight, 0, driver.now))
     assert not driver.state.held
+
+
+# ------------------------------------------------------------------------ leases
+
+LENDER = "dp"
+
+
+@dataclass
+class LeasingDriver(Driver):
+    """The same agents behind one dataplane that takes leases and behaves as the real one
+    does: it fills a lent slot itself when it holds one the turn may use (on the run's
+    replica while the run is pinned), returns called-back slots as they free, and asks
+    the scheduler otherwise. Messages arrive at once and in order."""
+
+    lent: dict = field(default_factory=dict)  # replica -> [slots, busy, returning]
+    on_slot: set = field(default_factory=set)  # turn ids that fill a lent slot
+
+    def __post_init__(self) -> None:
+        self.step(core.LeaseTaking(LENDER, True, self.now))
+
+    def event_for(self, op) -> core.Event | None:
+        event = super().event_for(op)
+        if isinstance(event, core.AdmitRequested):
+            run = self.state.runs.get(event.run_id)
+            pin = run.replica if run is not None and run.stage is not core.Stage.IDLE and run.replica else ""
+            free = [name for name, (slots, busy, returning) in sorted(self.lent.items())
+                    if not returning and busy < slots and (not pin or name == pin)]
+            if free:
+                self.lent[free[0]][1] += 1
+                self.on_slot.add(event.turn_id)
+                return core.AdmitRequested(event.turn_id, event.run_id, MODEL, event.service_class, event.caller,
+                                           event.now_ms, dataplane=LENDER, leased_replica=free[0])
+            return core.AdmitRequested(event.turn_id, event.run_id, MODEL, event.service_class, event.caller,
+                                       event.now_ms, dataplane=LENDER)
+        return event
+
+    def step(self, event: core.Event) -> list[core.Action]:
+        ended = [t for t in self.on_slot if t in self.state.turns]
+        replicas = {t: self.state.turns[t].replica for t in ended}
+        actions = super().step(event)
+        for turn_id in ended:
+            if turn_id not in self.state.turns:  # its slot is idle again
+                self.on_slot.discard(turn_id)
+                self.lent[replicas[turn_id]][1] -= 1
+                self.give_back(replicas[turn_id])
+        for action in actions:
+            if isinstance(action, core.Grant):
+                self.lent.setdefault(action.replica, [0, 0, 0])[0] += action.slots
+                self.give_back(action.replica)
+            elif isinstance(action, core.Revoke):
+                self.lent[action.replica][2] = self.lent[action.replica][0]
+                self.give_back(action.replica)
+        return actions
+
+    def give_back(self, replica: str) -> None:
+        lease = self.lent[replica]
+        back = min(lease[2], lease[0] - lease[1])
+        if back:
+            lease[0] -= back
+            lease[2] -= back
+            self.step(core.LeaseReturned(LENDER, replica, back, self.now))
+        if lease[0] == 0 and replica in self.lent:
+            del self.lent[replica]
+
+
+def lent_slots_add_up(before, event, after, actions):
+    """The core's lent-and-idle count is what its leases hold unused, and a lease's busy
+    slots are the turns filling it."""
+    for name, replica in after.replicas.items():
+        leases = [(key, lease) for key, lease in after.leases.items() if key[1] == name]
+        assert replica.leased_idle == sum(lease.slots - lease.busy for _, lease in leases), (event, replica)
+        for (dataplane, _), lease in leases:
+            filling = sum(1 for t in after.turns.values() if t.replica == name and t.leased_by == dataplane)
+            assert lease.busy == filling <= lease.slots, (event, lease)
+
+
+def never_lent_over_cap(before, event, after, actions):
+    """Placements and grants never take a replica's placed, leased and reserved turns past
+    its ceiling or its limit."""
+    for action in actions:
+        if isinstance(action, (core.Place, core.Grant)):
+            replica = after.replicas[action.replica]
+            taken = replica.in_flight + replica.leased_idle
+            if replica.ceiling:
+                assert taken <= replica.ceiling, (action, replica)
+            if replica.limit > 0 and isinstance(action, core.Grant):
+                assert taken + core.batch_reserve(replica) <= replica.limit, (action, replica)
+
+
+def nothing_lent_while_turns_wait(before, event, after, actions):
+    if after.held:
+        assert not any(isinstance(a, core.Grant) for a in actions), (event, actions)
+        assert all(lease.revoked for lease in after.leases.values()), (event, after.leases)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.integers(1, 6), st.one_of(st.none(), st.integers(0, 3)), operations)
+def test_leases_never_take_a_replica_past_its_cap_and_always_add_up(ceiling, running, ops):
+    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL}), max_batch=ceiling)
+                               for n in REPLICAS)
+    for name in REPLICAS:
+        state, _ = core.decide(state, core.EngineProbed(name, True, running, None if running is None else 1, 0))
+    driver = LeasingDriver(state=state, checks=[lent_slots_add_up, never_lent_over_cap, never_over_cap,
+                                                nothing_lent_while_turns_wait, pinned_runs_stay])
+    driver.play(ops)
+    assert {name: lease[0] for name, lease in driver.lent.items()} == {
+        key[1]: lease.slots for key, lease in driver.state.leases.items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations)
+def test_with_leases_every_held_turn_is_placed_once_capacity_frees(ops):
+    driver = LeasingDriver()
+    driver.play(ops)
+    for name in REPLICAS:
+        driver.step(core.EngineProbed(name, True, 1, 0, driver.now))
+    for _ in range(len(driver.state.turns) + len(driver.state.held) + 1):
+        if not driver.state.turns:
+            break
+        driver.step(core.TurnFinished(next(iter(driver.state.turns)), "stop", driver.now))
+    assert not driver.state.held

@@ -1,0 +1,74 @@
+"""The dataplane's side of leases: which lent slot a turn takes, and how a called-back
+lease is returned, driven with the scheduler's frames (the stream itself is not opened)."""
+
+from __future__ import annotations
+
+import structlog
+
+from luftpause.dataplane.link import SchedulerLink
+from luftpause.dataplane.runs import RunBook
+from luftpause.proto import scheduler_pb2 as pb
+
+MODEL = "m"
+
+
+def link_with(*grants: tuple[str, int]) -> SchedulerLink:
+    link = SchedulerLink("127.0.0.1:1", RunBook(), structlog.get_logger())
+    link._connected = True  # as if the stream were up
+    link._decided(pb.SchedulerFrame(grants=[
+        pb.LeaseGrant(replica=name, slots=slots, base_url=f"http://{name}", models=[MODEL]) for name, slots in grants]))
+    return link
+
+
+def sent(link: SchedulerLink) -> list[tuple[str, object]]:
+    """What the next frame carries: (kind, item) pairs."""
+    items = []
+    for item in link._out.items:
+        kind = item.WhichOneof("kind")
+        items.append((kind, getattr(item, kind)))
+    return items
+
+
+def place(link: SchedulerLink, turn: str, **where):
+    return link.place_on_lease(turn, f"run-{turn}", MODEL, "batch", "c", **where)
+
+
+async def test_a_turn_takes_its_pinned_replica_or_asks():
+    link = link_with(("a", 1), ("b", 2))
+    placement, token = place(link, "t1", pin="a")
+    assert placement.replica == "a" and placement.base_url == "http://a" and token[0] == "a"
+    assert place(link, "t2", pin="a") is None  # a's one slot is busy: ask the scheduler
+    [(kind, admit)] = sent(link)
+    assert kind == "admit" and admit.leased_replica == "a" and admit.turn_id == "t1"
+    assert link.place_on_lease("t3", "r", "other-model", "batch", "c") is None  # b does not serve it
+
+
+async def test_a_free_turn_prefers_its_last_replica_then_the_one_with_most_idle_slots():
+    link = link_with(("a", 1), ("b", 2))
+    assert place(link, "t1", prefer="a")[0].replica == "a"
+    assert place(link, "t2", prefer="a")[0].replica == "b"  # a is full
+    assert place(link, "t3", avoid="b") is None  # a full, b avoided (its engine just failed)
+    assert link.leased_slots == {"a": (1, 1), "b": (2, 1)}
+
+
+async def test_a_called_back_lease_returns_idle_slots_at_once_and_busy_ones_as_they_free():
+    link = link_with(("a", 3))
+    _, first = place(link, "t1")
+    _, second = place(link, "t2")
+    link._out.Clear()
+    link._decided(pb.SchedulerFrame(revokes=[pb.LeaseRevoke(replica="a")]))
+    assert [(k, (r.replica, r.slots)) for k, r in sent(link)] == [("returned", ("a", 1))]
+    assert place(link, "t3") is None  # a called-back lease lends nothing more
+    link.release(first)
+    link.release(second)
+    assert [(k, r.slots) for k, r in sent(link)][1:] == [("returned", 1), ("returned", 1)]
+    assert link.leased_slots == {}
+
+
+async def test_slots_of_a_stream_that_ended_are_not_given_back_on_the_next():
+    link = link_with(("a", 2))
+    _, token = place(link, "t1")
+    link.end_leases()
+    link._decided(pb.SchedulerFrame(grants=[pb.LeaseGrant(replica="a", slots=1, base_url="http://a", models=[MODEL])]))
+    link.release(token)  # the old lease's slot: nothing changes on the new one
+    assert link.leased_slots == {"a": (1, 0)}
