@@ -108,6 +108,8 @@ def pinned_runs_stay(before, event, after, actions):
         run = before.runs.get(run_id)
         if run is None or run.stage is core.Stage.IDLE or not run.replica:
             continue
+        if isinstance(event, core.RunEnded) and event.run_id == run_id:
+            continue  # the run was ended (forgotten) with its turn still held: nothing pins that turn now
         home = after.replicas[run.replica]
         if home.healthy:
             assert place.replica == run.replica, (place, run)
