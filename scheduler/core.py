@@ -93,6 +93,7 @@ class Replica(NamedTuple):
     calm_probes: int = 0  # probes in a row that showed no queue in the engine
     calm_needed: int = LIMIT_CALM_PROBES  # calm probes before the limit may grow
     since_growth: int = LIMIT_CALM_MAX  # probes since the limit last grew
+    slow_start: bool = False  # the limit started small and no queue has been seen since: it doubles
     paused_interactive: int = 0  # interactive runs paused on a tool, last served here
     paused_interactive_tokens: int = 0  # their contexts, in tokens, where known
     fast_batch: int = 0  # the largest decode batch the engine runs at full speed, as it reports it; 0 = unknown
@@ -771,9 +772,12 @@ def _usage(state: State, event: TurnUsage) -> State:
 #   capacity is not pushed into queueing every few seconds; twice that many calm
 #   probes in a row halve it again;
 # * slow start: an engine that reports load and no queue, and has no decode ceiling,
-#   starts at LIMIT_INITIAL turns (or ours already there) and grows by the rule above;
-#   a burst on a cold pool would otherwise reach the engine's FIFO before any probe
-#   could learn from its queue (an engine with a ceiling starts at the ceiling);
+#   starts at LIMIT_INITIAL turns (or ours already there); a burst on a cold pool
+#   would otherwise reach the engine's FIFO before any probe could learn from its
+#   queue (an engine with a ceiling starts at the ceiling). Until the engine first
+#   shows a queue the limit doubles on each calm probe at which turns wait (the engine
+#   has told nothing of its capacity yet, and +1 every two probes took a minute to
+#   reach 20); from the first queue on it grows by the rule above;
 # * forget: an unhealthy engine, or one that stops reporting load, is learned anew;
 # * the ceiling: above the engine's fast decode batch (SGLang captures CUDA graphs up
 #   to ``cuda_graph_max_bs`` and runs larger batches eagerly, paying the kernel
@@ -786,9 +790,10 @@ def _limit_after_probe(state: State, replica: Replica) -> Replica:
     """The replica with its limit (and how patient the next increase must be) updated
     from the probe just recorded on it."""
     if not replica.healthy or not replica.load_known:
-        return replica._replace(limit=0, calm_needed=LIMIT_CALM_PROBES)
+        return replica._replace(limit=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
     limit, needed = replica.limit, replica.calm_needed
     if replica.queued > 0:
+        replica = replica._replace(slow_start=False)
         # What the engine is serving of ours: it runs ``running`` and is prefilling
         # what is neither running nor queued (a burst shows a small ``running`` and a
         # long queue while chunked prefill works through it).
@@ -805,7 +810,11 @@ def _limit_after_probe(state: State, replica: Replica) -> Replica:
     if limit == 0 and replica.ceiling == 0:
         # Slow start: an engine with no queue says nothing yet about how much more it
         # takes; a burst sent all at once would wait in its FIFO. Start small and grow.
-        return replica._replace(limit=max(LIMIT_INITIAL, replica.in_flight), calm_needed=needed)
+        return replica._replace(limit=max(LIMIT_INITIAL, replica.in_flight), calm_needed=needed, slow_start=True)
+    if replica.slow_start:
+        if replica.in_flight + batch_reserve(replica) >= limit and _turns_wait_for(state, replica.name):
+            return replica._replace(limit=2 * limit, since_growth=0)
+        return replica
     if replica.calm_probes >= 2 * needed:  # long calm: the engine copes, be eager again
         needed = max(LIMIT_CALM_PROBES, needed // 2)
     # At the limit: our turns there, plus the room kept for paused interactive runs

@@ -94,6 +94,27 @@ def test_a_cold_engine_with_metrics_and_no_ceiling_starts_small_then_grows_while
     assert len(sent) > LIMIT_INITIAL and state.replicas["a"].limit > LIMIT_INITIAL
 
 
+def test_slow_start_doubles_the_limit_until_the_engine_first_queues_then_grows_gradually():
+    """An engine that reports no KV use (replies too fast to be seen running) tells
+    nothing of its capacity: the limit doubles per calm probe while turns wait, until
+    a queue appears; then it falls to what the engine serves and grows by one."""
+    state = pool("a")
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0))
+    for i in range(40):
+        state, _ = admit(state, f"t{i}", f"r{i}", cls="batch")
+    limits = [state.replicas["a"].limit]
+    for now in range(1, 4):
+        state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, now))
+        limits.append(state.replicas["a"].limit)
+    assert limits == [LIMIT_INITIAL, 2 * LIMIT_INITIAL, 4 * LIMIT_INITIAL, 8 * LIMIT_INITIAL]
+    assert len(state.turns) == 8 * LIMIT_INITIAL and len(state.held) == 40 - 8 * LIMIT_INITIAL
+    state, _ = core.decide(state, core.EngineProbed("a", True, 20, 12, 4))  # it queues 12 of our 32
+    assert state.replicas["a"].limit == 20 and not state.replicas["a"].slow_start
+    for now in range(5, 5 + 2 * LIMIT_CALM_PROBES + 1):
+        state, _ = core.decide(state, core.EngineProbed("a", True, len(state.turns), 0, now))
+    assert 20 < state.replicas["a"].limit <= 22  # additive from here
+
+
 def test_an_engine_with_a_ceiling_starts_at_the_ceiling():
     state = core.initial_state([core.Replica("a", "http://a", frozenset((MODEL,)), max_batch=6)])
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0))
