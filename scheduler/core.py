@@ -811,16 +811,17 @@ def _limit_after_probe(state: State, replica: Replica) -> Replica:
         # Slow start: an engine with no queue says nothing yet about how much more it
         # takes; a burst sent all at once would wait in its FIFO. Start small and grow.
         return replica._replace(limit=max(LIMIT_INITIAL, replica.in_flight), calm_needed=needed, slow_start=True)
+    # At the limit: our turns there, the slots lent to dataplanes, plus the room kept for
+    # paused interactive runs (batch turns wait behind that room as surely as behind
+    # running turns).
+    at_limit = replica.in_flight + replica.leased_idle + batch_reserve(replica) >= limit
     if replica.slow_start:
-        if replica.in_flight + batch_reserve(replica) >= limit and _turns_wait_for(state, replica.name):
+        if at_limit and _turns_wait_for(state, replica.name):
             return replica._replace(limit=2 * limit, since_growth=0)
         return replica
     if replica.calm_probes >= 2 * needed:  # long calm: the engine copes, be eager again
         needed = max(LIMIT_CALM_PROBES, needed // 2)
-    # At the limit: our turns there, plus the room kept for paused interactive runs
-    # (batch turns wait behind that room as surely as behind running turns).
-    if limit > 0 and replica.calm_probes >= needed and replica.in_flight + batch_reserve(replica) >= limit \
-            and _turns_wait_for(state, replica.name):
+    if limit > 0 and replica.calm_probes >= needed and at_limit and _turns_wait_for(state, replica.name):
         return replica._replace(limit=limit + _limit_step(replica), calm_needed=needed, since_growth=0)
     return replica._replace(calm_needed=needed)
 

@@ -151,3 +151,16 @@ def test_the_status_shows_what_is_lent():
     state, _ = ask(pool("a"), "t1", "r1")
     replica = core.status(state, 1)["replicas"][0]
     assert (replica["in_flight"], replica["leased_idle"], replica["capacity"]) == (1, 3, 8)
+
+
+def test_lent_slots_count_as_used_when_the_limit_decides_whether_to_grow():
+    state = pool("a", ceiling=0)
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 1))  # load known, no queue: slow start at 4
+    assert state.replicas["a"].limit == 4
+    state, _ = ask(state, "t1", "r1")  # 3 free: 1 lent
+    state, _ = ask(state, "t2", "r2", dataplane=OTHER)
+    state, _ = ask(state, "t3", "r3", dataplane=OTHER)
+    state, _ = ask(state, "t4", "r4", dataplane=OTHER)  # 3 in flight + 1 lent: held
+    assert "t4" in state.held and state.replicas["a"].in_flight == 3
+    state, _ = core.decide(state, core.EngineProbed("a", True, 3, 0, 2))  # calm, turns wait, all of it taken
+    assert state.replicas["a"].limit == 8
