@@ -309,7 +309,8 @@ async def _turn(request: web.Request, req: TurnRequest) -> web.StreamResponse:
     for attempt in range(1, ENGINE_RETRY_ATTEMPTS + 1):
         turn = Turn(request.app, req)
         deadline = None if first_failure is None else first_failure + ENGINE_RETRY_WINDOW_S
-        placement = _on_lease(turn, avoid=failure.replica if failure else "") or await _admit(turn, deadline)
+        # A retry asks the scheduler: the run's replica is the one that just failed.
+        placement = (_on_lease(turn) if failure is None else None) or await _admit(turn, deadline)
         if placement is None:  # still held when the retry window closed
             break
         turn.placed(placement)
@@ -334,18 +335,17 @@ async def _turn(request: web.Request, req: TurnRequest) -> web.StreamResponse:
     return error_response(502, failure.message, headers)
 
 
-def _on_lease(turn: Turn, avoid: str = "") -> Placement | None:
-    """A lent slot for the turn, if the dataplane holds one it may use: only for a run
-    this dataplane has seen (another may have pinned a run it has not), on the run's
-    replica while the run is pinned there (a turn in flight or paused on a tool), else
-    anywhere, its last replica first."""
+def _on_lease(turn: Turn) -> Placement | None:
+    """A lent slot for the turn on its run's last replica, if the dataplane holds one
+    idle there: only for a run this dataplane has seen (another may have pinned a run it
+    has not). Staying is what affinity asks of a pinned run and what keeps an idle run's
+    prefix cached; moving a run is the scheduler's decision, so such a turn asks."""
     req = turn.req
     record = turn.book.runs.get(req.run_id)
-    if record is None:
+    if record is None or not record.replica:
         return None
-    pinned = record.stage != IDLE and record.replica
     leased = turn.link.place_on_lease(turn.turn_id, req.run_id, req.model, req.service_class, req.caller,
-                                      pin=record.replica if pinned else "", prefer=record.replica, avoid=avoid)
+                                      record.replica)
     if leased is None:
         return None
     placement, turn.lease = leased

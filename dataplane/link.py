@@ -156,26 +156,14 @@ class SchedulerLink:
     # --------------------------------------------------------------- leases
 
     def place_on_lease(self, turn_id: str, run_id: str, model: str, service_class: str, caller: str,
-                       pin: str = "", prefer: str = "", avoid: str = "") -> tuple[Placement, tuple[str, int]] | None:
-        """Place a turn on a lent slot, and tell the scheduler (no answer comes): on
-        ``pin`` only when given, else ``prefer`` if it has an idle slot, else the replica
-        with the most; never on ``avoid``. Returns the placement and the slot's token for
-        :meth:`release`, or None (then ask with :meth:`admit`)."""
-        if not self._leases or not self._connected:
+                       replica: str) -> tuple[Placement, tuple[str, int]] | None:
+        """Place a turn on a lent slot of ``replica`` and tell the scheduler (no answer
+        comes). Returns the placement and the slot's token for :meth:`release`, or None
+        when no slot there is idle (then ask with :meth:`admit`)."""
+        lease = self._leases.get(replica)
+        if lease is None or lease.idle <= 0 or model not in lease.models or not self._connected:
             return None
-        if pin:
-            lease = self._leases.get(pin)
-            chosen = pin if lease is not None and lease.idle > 0 and model in lease.models and pin != avoid else None
-        else:
-            lease = self._leases.get(prefer) if prefer and prefer != avoid else None
-            if lease is not None and lease.idle > 0 and model in lease.models:
-                chosen = prefer
-            else:
-                usable = [(lease.idle, name) for name, lease in self._leases.items()
-                          if lease.idle > 0 and model in lease.models and name != avoid]
-                chosen = max(usable)[1] if usable else None
-        if chosen is None:
-            return None
+        chosen = replica
         lease = self._leases[chosen]
         lease.busy += 1
         admit = self._out.items.add().admit

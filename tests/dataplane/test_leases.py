@@ -29,26 +29,20 @@ def sent(link: SchedulerLink) -> list[tuple[str, object]]:
     return items
 
 
-def place(link: SchedulerLink, turn: str, **where):
-    return link.place_on_lease(turn, f"run-{turn}", MODEL, "batch", "c", **where)
+def place(link: SchedulerLink, turn: str, replica: str = "a"):
+    return link.place_on_lease(turn, f"run-{turn}", MODEL, "batch", "c", replica)
 
 
-async def test_a_turn_takes_its_pinned_replica_or_asks():
+async def test_a_turn_takes_an_idle_slot_of_its_replica_or_asks():
     link = link_with(("a", 1), ("b", 2))
-    placement, token = place(link, "t1", pin="a")
+    placement, token = place(link, "t1")
     assert placement.replica == "a" and placement.base_url == "http://a" and token[0] == "a"
-    assert place(link, "t2", pin="a") is None  # a's one slot is busy: ask the scheduler
+    assert place(link, "t2") is None  # a's one slot is busy: ask the scheduler, even with b idle
     [(kind, admit)] = sent(link)
     assert kind == "admit" and admit.leased_replica == "a" and admit.turn_id == "t1"
-    assert link.place_on_lease("t3", "r", "other-model", "batch", "c") is None  # b does not serve it
-
-
-async def test_a_free_turn_prefers_its_last_replica_then_the_one_with_most_idle_slots():
-    link = link_with(("a", 1), ("b", 2))
-    assert place(link, "t1", prefer="a")[0].replica == "a"
-    assert place(link, "t2", prefer="a")[0].replica == "b"  # a is full
-    assert place(link, "t3", avoid="b") is None  # a full, b avoided (its engine just failed)
-    assert link.leased_slots == {"a": (1, 1), "b": (2, 1)}
+    assert link.place_on_lease("t3", "r", "other-model", "batch", "c", "b") is None  # b does not serve it
+    assert place(link, "t4", "c") is None  # nothing lent there
+    assert link.leased_slots == {"a": (1, 1), "b": (2, 0)}
 
 
 async def test_a_called_back_lease_returns_idle_slots_at_once_and_busy_ones_as_they_free():
