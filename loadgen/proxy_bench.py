@@ -4,7 +4,8 @@ luftpause (one scheduler, 1 and 2 dataplanes), through ``sglang-router`` and thr
 
 For each, streaming and not: latency one request at a time (p50, and what the proxy adds
 over the engine's own), then a closed loop of C concurrent clients for ``--duration``
-seconds at each concurrency level (req/s, p50, p99, added p99), and the CPU each process
+seconds at each concurrency level, after ``--level-warmup`` seconds of the same clients
+unmeasured (req/s, p50, p99, added p99), and the CPU each process
 spent per completed turn, read from ``/proc/<pid>/stat`` (utime + stime of the process
 and its children) before and after the measured phase: luftpause's dataplanes and its
 scheduler separately (the scheduler's CPU per turn is its CPU per decision), the router,
@@ -19,7 +20,7 @@ goals (met/missed) closes the report; everything is written as JSON too.
 
 The routers come with the ``bench`` extra (``pip install 'luftpause[bench]'``); a router
 that is not installed is skipped, and the JSON says so. Everything runs on loopback and
-stops at the end; the defaults take about three and a half minutes on 2 cores.
+stops at the end; the defaults take about six minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -251,13 +252,16 @@ def engine_requests(engine: str | None) -> int | None:
     return peers.engine_stats([engine])[0]["requests"]
 
 
-async def measure(target: Target, sequential: int, levels: list[int], duration: float, stream: bool) -> dict:
+async def measure(target: Target, sequential: int, levels: list[int], duration: float, stream: bool,
+                  level_warmup: float = 0.0) -> dict:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
         for i in range(WARM_UP):
             await one_request(session, target.url(i), i, target.headers(f"warm-{i % 8}"), stream)
         out: dict = {"sequential": await one_at_a_time(session, target, sequential, stream), "levels": {}}
         for level in levels:
+            if level_warmup > 0:  # the same clients, unmeasured: luftpause's limit learns the engine's room
+                await closed_loop(session, target, level, level_warmup, stream)
             out["levels"][str(level)] = await closed_loop(session, target, level, duration, stream)
     # The first level stands where the single concurrent figure stood before (JSON shape).
     out["concurrent"] = out["levels"][str(levels[0])]
@@ -346,6 +350,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
         "uptime_before": uptime(),
         "options": {"concurrency": args.concurrency, "dataplanes": args.dataplanes, "duration_s": args.duration,
+                    "level_warmup_s": args.level_warmup,
                     "sequential": args.sequential, "streams": args.streams, "peers": args.peers},
         "peers": {}, "targets": {},
     }
@@ -363,7 +368,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
             for mode in ("streaming", "non-streaming"):
                 console.print(f"measuring {target.name}, {mode} …")
                 results["targets"].setdefault(mode, {})[target.name] = asyncio.run(measure(
-                    target, args.sequential, args.concurrency, args.duration, stream=mode == "streaming"))
+                    target, args.sequential, args.concurrency, args.duration, stream=mode == "streaming",
+                    level_warmup=args.level_warmup))
 
         engine, engine_url = start_engine("engine-instant", INSTANT, logs)
         try:
@@ -608,6 +614,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default 1,2)")
     parser.add_argument("--duration", type=float, default=5.0,
                         help="seconds of closed loop per concurrency level, target and mode (default 5)")
+    parser.add_argument("--level-warmup", type=float, default=8.0,
+                        help="seconds the clients of each concurrency level run unmeasured first (default 8): "
+                             "luftpause's admission limit starts at 4 turns on an engine that tells nothing of "
+                             "its room and doubles per 2 s probe, so without it a level measures that ramp "
+                             "(the peers have no limit); 0 measures from a cold start")
     parser.add_argument("--sequential", type=int, default=400, help="requests one at a time (default 400)")
     parser.add_argument("--streams", type=int, default=1000,
                         help="open streams for the memory figures, 0 to skip them (default 1000)")

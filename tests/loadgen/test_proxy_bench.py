@@ -85,9 +85,10 @@ def test_closed_loop_counts_every_turn_the_engine_served_and_its_cpu(tmp_path) -
 
 def test_a_tiny_run_through_one_and_two_dataplanes_reports_cpu_memory_and_goals(tmp_path) -> None:
     out = tmp_path / "b4.json"
-    assert pb.main(["--concurrency", "4", "--dataplanes", "1,2", "--duration", "0.6", "--sequential", "5",
-                    "--streams", "20", "--peers", "none", "--json", str(out)]) == 0
+    assert pb.main(["--concurrency", "4", "--dataplanes", "1,2", "--duration", "0.6", "--level-warmup", "0.3",
+                    "--sequential", "5", "--streams", "20", "--peers", "none", "--json", str(out)]) == 0
     results = json.loads(out.read_text())
+    assert results["options"]["level_warmup_s"] == 0.3
     one, two = pb.luftpause_name(1), pb.luftpause_name(2)
     for mode in ("streaming", "non-streaming"):
         targets = results["targets"][mode]
