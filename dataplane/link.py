@@ -1,6 +1,6 @@
-"""The dataplane's side of the gRPC contract (protocol 2): one Connect stream to the
-scheduler for the life of the process, reconnected (and resynced by its Hello) whenever
-it breaks.
+"""The dataplane's side of the gRPC contract (protocol 3, or 2 with an older
+scheduler): one Connect stream to the scheduler for the life of the process,
+reconnected (and resynced by its Hello) whenever it breaks.
 
 Admissions and turn events go out in the order they happen; what is ready in one
 event-loop tick travels in one frame. A turn waits for its Decision while the scheduler

@@ -207,7 +207,7 @@ class SchedulerHost:
         # started and first_token feed tracing; they change no state.
 
     def resync(self, request: pb.ResyncRequest) -> None:
-        """Apply one dataplane's snapshot (protocol 1's Resync, protocol 2's Hello)."""
+        """Apply one dataplane's snapshot (protocol 1's Resync, the Hello of protocols 2 and 3)."""
         runs = tuple(
             core.RunSnapshot(r.run_id, r.replica, STAGES.get(r.stage, core.Stage.IDLE), class_name(r.service_class), r.caller)
             for r in request.runs
