@@ -167,7 +167,10 @@ def test_no_batch_turn_is_released_while_an_interactive_turn_waits_for_that_repl
 @settings(max_examples=600, deadline=None)
 @given(operations)
 def test_every_held_turn_is_placed_once_capacity_frees(ops):
-    driver = Driver()
+    assert_held_turns_placed_once_capacity_frees(Driver(), ops)
+
+
+def assert_held_turns_placed_once_capacity_frees(driver: Driver, ops) -> None:
     driver.play(ops)
     for name in REPLICAS:  # every engine healthy and without a queue: no caps
         driver.step(core.EngineProbed(name, True, 1, 0, driver.now))
@@ -353,12 +356,4 @@ def test_leases_never_take_a_replica_past_its_cap_and_always_add_up(ceiling, run
 @settings(max_examples=300, deadline=None)
 @given(operations)
 def test_with_leases_every_held_turn_is_placed_once_capacity_frees(ops):
-    driver = LeasingDriver()
-    driver.play(ops)
-    for name in REPLICAS:
-        driver.step(core.EngineProbed(name, True, 1, 0, driver.now))
-    for _ in range(len(driver.state.turns) + len(driver.state.held) + 1):
-        if not driver.state.turns:
-            break
-        driver.step(core.TurnFinished(next(iter(driver.state.turns)), "stop", driver.now))
-    assert not driver.state.held
+    assert_held_turns_placed_once_capacity_frees(LeasingDriver(), ops)
