@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
 
+import httpx
 import pytest
 from mcp import Client
 from ops_load import drive
@@ -82,6 +84,20 @@ async def spawn(client: Client, **arguments) -> str:
     return json.loads(result.content[0].text)["handle"]
 
 
+async def settled(runtime_status: str, timeout: float = 40.0) -> None:
+    """Until one of the load's sub-agents has completed and one has exceeded its budget
+    (what the page must show), or ``timeout``: on a fast machine 5 s of load may not
+    see one finish."""
+    async with httpx.AsyncClient(timeout=5, trust_env=False) as http:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline:
+            runs = (await http.get(runtime_status)).json().get("runs", [])
+            if any(r.get("status") == "Completed" for r in runs) and \
+                    any((r.get("budget") or {}).get("exceeded") for r in runs):
+                return
+            await asyncio.sleep(0.5)
+
+
 async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first(ops_stack, tmp_path):
     chromium()
     p = ops_stack.ports
@@ -93,6 +109,7 @@ async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first
         load = asyncio.create_task(drive(ops_stack))
         try:
             await asyncio.sleep(5)
+            await settled(f"{url}runtime-status")
             page = await asyncio.to_thread(render, url, "--dump-dom")
             shot = tmp_path / "page.png"
             await asyncio.to_thread(render, url, "--window-size=1400,1100", f"--screenshot={shot}")
@@ -111,6 +128,7 @@ async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first
     for r in replicas:
         assert r["cells"][3] == "up" and r["cells"][4].endswith("s ago")
         assert r["cells"][8] == "no limit" or r["cells"][8].split()[0].isdigit()
+        assert re.fullmatch(r"\d+( \(\+\d+ lent\))?", r["cells"][7]), r["cells"][7]  # in flight (+ slots lent)
 
     assert dom.text.get("runtime-error", "") == ""
     tree = [r for r in dom.rows["runtime"] if r["cells"]]
