@@ -304,13 +304,12 @@ async def _turn(request: web.Request, req: TurnRequest) -> web.StreamResponse:
     client got a byte) admit it again as a new turn of the now idle run, so it may go to
     another replica: ENGINE_RETRY_ATTEMPTS within ENGINE_RETRY_WINDOW_S, then a 502."""
     first_failure: float | None = None
-    failure: EngineUnreachable | None = None
     delay = ENGINE_RETRY_DELAY_S
     for attempt in range(1, ENGINE_RETRY_ATTEMPTS + 1):
         turn = Turn(request.app, req)
         deadline = None if first_failure is None else first_failure + ENGINE_RETRY_WINDOW_S
         # A retry asks the scheduler: the run's replica is the one that just failed.
-        placement = (_on_lease(turn) if failure is None else None) or await _admit(turn, deadline)
+        placement = (_on_lease(turn) if first_failure is None else None) or await _admit(turn, deadline)
         if placement is None:  # still held when the retry window closed
             break
         turn.placed(placement)

@@ -163,14 +163,12 @@ class SchedulerLink:
         lease = self._leases.get(replica)
         if lease is None or lease.idle <= 0 or model not in lease.models or not self._connected:
             return None
-        chosen = replica
-        lease = self._leases[chosen]
         lease.busy += 1
         admit = self._out.items.add().admit
         admit.turn_id, admit.run_id, admit.model, admit.caller = turn_id, run_id, model, caller
-        admit.service_class, admit.leased_replica = CLASSES[service_class], chosen
+        admit.service_class, admit.leased_replica = CLASSES[service_class], replica
         self._soon()
-        return lease.placement, (chosen, self._lease_epoch)
+        return lease.placement, (replica, self._lease_epoch)
 
     def release(self, token: tuple[str, int]) -> None:
         """A leased slot's turn ended: the slot is idle again (or given back, when called back)."""
@@ -214,7 +212,7 @@ class SchedulerLink:
 
     @property
     def leased_slots(self) -> dict[str, tuple[int, int]]:
-        """Replica -> (slots lent, of them busy), for the status of this dataplane."""
+        """Replica -> (slots lent, of them busy): what this dataplane holds now."""
         return {name: (lease.slots, lease.busy) for name, lease in self._leases.items()}
 
     def _decided(self, frame: pb.SchedulerFrame) -> None:

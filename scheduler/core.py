@@ -941,23 +941,17 @@ def _dataplane_gone(state: State, event: DataplaneGone) -> State:
 # on the run's own replica while the run is pinned.
 
 
-def _lease_room(replica: Replica) -> int:
-    """Slots of the replica that could be lent now: its room for a batch turn."""
+def _batch_room(replica: Replica) -> int | None:
+    """Room for batch turns under the replica's ceiling and its limit less the batch
+    reserve, after its in-flight turns and lent slots (negative: more are out than fit);
+    None when neither bounds it."""
     taken = replica.in_flight + replica.leased_idle
     rooms = []
     if replica.ceiling:
         rooms.append(replica.ceiling - taken)
     if replica.limit > 0:
         rooms.append(replica.limit - taken - batch_reserve(replica))
-    return min(rooms) if rooms else LEASE_UNLIMITED_ROOM - taken
-
-
-def _over_lent(replica: Replica) -> bool:
-    """Whether the slots lent and used there no longer fit under its ceiling or limit."""
-    taken = replica.in_flight + replica.leased_idle
-    if replica.ceiling and taken > replica.ceiling:
-        return True
-    return replica.limit > 0 and taken + batch_reserve(replica) > replica.limit
+    return min(rooms) if rooms else None
 
 
 def _lease_slot(state: State, dataplane: str, replica_name: str, delta: int) -> State:
@@ -1042,7 +1036,9 @@ def _settle_leases(state: State, actions: list[Action], event: Event) -> tuple[S
         if lease.revoked:
             continue
         replica = state.replicas[key[1]]
-        if state.held or not replica.healthy or key[0] not in state.lease_takers or _over_lent(replica):
+        room = _batch_room(replica)
+        over_lent = room is not None and room < 0  # what is lent and used no longer fits
+        if state.held or not replica.healthy or key[0] not in state.lease_takers or over_lent:
             state = state._replace(leases=state.leases.set(key, lease._replace(revoked=True)))
             actions = [*actions, Revoke(key[0], key[1])]
     asker = event.dataplane if isinstance(event, AdmitRequested) and not event.leased_replica else None
@@ -1057,7 +1053,10 @@ def _settle_leases(state: State, actions: list[Action], event: Event) -> tuple[S
         if lease is not None and lease.revoked:
             continue
         held = lease.slots if lease is not None else 0
-        slots = min(_lease_room(replica) // LEASE_ROOM_DIVISOR, LEASE_MAX_SLOTS - held)
+        room = _batch_room(replica)
+        if room is None:
+            room = LEASE_UNLIMITED_ROOM - replica.in_flight - replica.leased_idle
+        slots = min(room // LEASE_ROOM_DIVISOR, LEASE_MAX_SLOTS - held)
         if slots <= 0:
             continue
         lease = Lease(held + slots, lease.busy if lease is not None else 0)

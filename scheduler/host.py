@@ -125,25 +125,26 @@ class SchedulerHost:
         """Ask for a turn's placement; ``decided`` is called once with the core's answer
         (at once, or when a held turn is released)."""
         self._waiters.setdefault(request.turn_id, []).append(decided)
-        self.apply(
-            core.AdmitRequested(
-                turn_id=request.turn_id,
-                run_id=request.run_id,
-                model=request.model,
-                service_class=class_name(request.service_class),
-                caller=request.caller,
-                now_ms=self.now_ms(),
-                one_pass=request.one_pass,
-                dataplane=dataplane,
-            )
+        self.apply(self._admit_event(request, dataplane, leased=False))
+
+    def _admit_event(self, request: pb.AdmitRequest, dataplane: str, leased: bool) -> core.AdmitRequested:
+        """The core's event for an admission; ``leased``: news of a turn placed on a lent
+        slot (a question, a unary Admit included, never is: it waits for its answer)."""
+        return core.AdmitRequested(
+            turn_id=request.turn_id,
+            run_id=request.run_id,
+            model=request.model,
+            service_class=class_name(request.service_class),
+            caller=request.caller,
+            now_ms=self.now_ms(),
+            one_pass=request.one_pass,
+            dataplane=dataplane,
+            leased_replica=request.leased_replica if leased else "",
         )
 
     def leased_admit(self, request: pb.AdmitRequest, dataplane: str) -> None:
-        """A turn the dataplane placed itself on a slot of its lease."""
-        self.apply(core.AdmitRequested(
-            turn_id=request.turn_id, run_id=request.run_id, model=request.model,
-            service_class=class_name(request.service_class), caller=request.caller, now_ms=self.now_ms(),
-            dataplane=dataplane, leased_replica=request.leased_replica))
+        """A turn the dataplane placed itself on a slot of its lease (no decision follows)."""
+        self.apply(self._admit_event(request, dataplane, leased=True))
 
     def lease_returned(self, dataplane: str, returned: pb.LeaseReturn) -> None:
         self.apply(core.LeaseReturned(dataplane, returned.replica, returned.slots, self.now_ms()))
@@ -165,11 +166,11 @@ class SchedulerHost:
             return
         if isinstance(action, core.Grant):
             stream.grant(self.endpoints[action.replica], action.slots)
+            self.log.debug("lease", action="grant", dataplane=action.dataplane, replica=action.replica,
+                           slots=action.slots)
         else:
             stream.revoke(action.replica)
-        self.log.debug("lease", action="grant" if isinstance(action, core.Grant) else "revoke",
-                       dataplane=action.dataplane, replica=action.replica,
-                       slots=action.slots if isinstance(action, core.Grant) else None)
+            self.log.debug("lease", action="revoke", dataplane=action.dataplane, replica=action.replica)
 
     def withdraw(self, turn_id: str, run_id: str, decided: Callable[[core.Action], None]) -> None:
         """``decided`` no longer waits (its caller left); once nobody waits for a held
