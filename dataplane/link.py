@@ -27,6 +27,7 @@ from luftpause import auth, tracing
 from luftpause.dataplane.constants import (
     EVENT_LINGER_S,
     HELLO_TIMEOUT_S,
+    LEASED_EVENT_LINGER_S,
     SCHEDULER_RECONNECT_MAX_S,
     SCHEDULER_RECONNECT_MIN_S,
     STREAM_RECONNECT_DELAY_S,
@@ -203,6 +204,8 @@ class SchedulerLink:
             if lease is not None:
                 lease.returning = lease.slots
                 self._give_back(revoke.replica, lease)
+        if frame.revokes:  # something is held now: the ends of turns it may wait for go at once
+            self._wake.set()
 
     def end_leases(self) -> None:
         """Leases end with the stream: the scheduler voids them when it sees the end, and
@@ -235,10 +238,10 @@ class SchedulerLink:
     # ---------------------------------------------------------- turn events
 
     def report(self, event: pb.TurnEvent, urgent: bool = False) -> None:
-        """Send a turn event within EVENT_LINGER_S, with the first frame that goes by
-        then (usually the next admission's); ``urgent`` ones (a cancellation) go this
-        tick. Events from before a reconnect are dropped: the next Hello's snapshot
-        already reflects them."""
+        """Send a turn event within EVENT_LINGER_S (LEASED_EVENT_LINGER_S while a lease
+        is held), with the first frame that goes by then (usually the next admission's);
+        ``urgent`` ones (a cancellation) go this tick. Events from before a reconnect are
+        dropped: the next Hello's snapshot already reflects them."""
         self._out.items.add().event.CopyFrom(event)
         if urgent:
             self._wake.set()
@@ -246,9 +249,16 @@ class SchedulerLink:
             self._soon()
 
     def _soon(self) -> None:
-        """Write within EVENT_LINGER_S (with the first frame that goes by then)."""
+        """Write within the linger (with the first frame that goes by then)."""
         if self._linger is None:
-            self._linger = asyncio.get_running_loop().call_later(EVENT_LINGER_S, self._lingered)
+            self._linger = asyncio.get_running_loop().call_later(self._linger_s(), self._lingered)
+
+    def _linger_s(self) -> float:
+        """Long while a lease not called back is held: then nothing waits for the
+        scheduler to learn that a turn ended."""
+        if any(not lease.returning for lease in self._leases.values()):
+            return LEASED_EVENT_LINGER_S
+        return EVENT_LINGER_S
 
     def _lingered(self) -> None:
         self._linger = None

@@ -3,8 +3,11 @@ lease is returned, driven with the scheduler's frames (the stream itself is not 
 
 from __future__ import annotations
 
+import asyncio
+
 import structlog
 
+from luftpause.dataplane.constants import EVENT_LINGER_S, LEASED_EVENT_LINGER_S
 from luftpause.dataplane.link import SchedulerLink
 from luftpause.dataplane.runs import RunBook
 from luftpause.proto import scheduler_pb2 as pb
@@ -66,3 +69,30 @@ async def test_slots_of_a_stream_that_ended_are_not_given_back_on_the_next():
     link._decided(pb.SchedulerFrame(grants=[pb.LeaseGrant(replica="a", slots=1, base_url="http://a", models=[MODEL])]))
     link.release(token)  # the old lease's slot: nothing changes on the new one
     assert link.leased_slots == {"a": (1, 0)}
+
+
+def finished(turn: str) -> pb.TurnEvent:
+    return pb.TurnEvent(turn_id=turn, run_id=f"run-{turn}", finished=pb.TurnFinished(finish_reason="stop"))
+
+
+async def test_turn_events_wait_longer_while_a_lease_is_held_and_go_at_once_when_it_is_called_back():
+    loop = asyncio.get_running_loop()
+    plain = link_with()
+    plain.report(finished("t0"))
+    assert plain._linger.when() - loop.time() <= EVENT_LINGER_S  # someone may be held: soon
+
+    link = link_with(("a", 1))
+    place(link, "t1")  # the one slot is busy: a call-back returns nothing at once
+    link._wake.clear()
+    link.report(finished("t0"))
+    assert link._linger.when() - loop.time() > EVENT_LINGER_S  # nothing is held anywhere: later
+    assert link._linger.when() - loop.time() <= LEASED_EVENT_LINGER_S
+    assert not link._wake.is_set()
+    link._decided(pb.SchedulerFrame(revokes=[pb.LeaseRevoke(replica="a")]))
+    assert link._wake.is_set()  # a turn is held now and may wait for this one's end
+    assert [k for k, _ in sent(link)] == ["admit", "event"]
+    link._wake.clear()
+    link._linger.cancel()
+    link._linger = None
+    link.report(finished("t1"))
+    assert link._linger.when() - loop.time() <= EVENT_LINGER_S  # the called-back lease counts no more
