@@ -226,6 +226,9 @@ class TurnFinished:
     turn_id: str
     finish_reason: str
     now_ms: int
+    # The turn's usage when it came with the finish (prompt + completion tokens): the
+    # same as a TurnUsage just before, in one step.
+    context_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,7 +387,7 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
             state = _usage(state, event)
         case TurnFinished():
             stage = Stage.PAUSED if event.finish_reason == "tool_calls" else Stage.IDLE
-            state = _end_turn(state, event.turn_id, stage, event.now_ms)
+            state = _end_turn(state, event.turn_id, stage, event.now_ms, event.context_tokens)
         case TurnFailed():
             state = _end_turn(state, event.turn_id, Stage.IDLE, event.now_ms)
         case RunEnded():
@@ -718,7 +721,7 @@ def _put_run(state: State, run: Run | None, run_id: str | None = None) -> State:
     return state
 
 
-def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int) -> State:
+def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int, context_tokens: int | None = None) -> State:
     turn = state.turns.get(turn_id)
     if turn is None:
         return state
@@ -728,6 +731,8 @@ def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int) -> State:
         state = _lease_slot(state, turn.leased_by, turn.replica, -1)
     run = state.runs.get(turn.run_id)
     if run is not None:
+        if context_tokens is not None:
+            run = run._replace(context_tokens=max(0, context_tokens))
         state = _put_run(state, run._replace(replica=turn.replica, stage=stage, last_seen_ms=now_ms))
     return state
 

@@ -186,7 +186,9 @@ class SchedulerHost:
             self.log.info("turn_abandoned", turn=turn_id, run=run_id)
             self.apply(core.AdmitCancelled(turn_id, self.now_ms()))
 
-    def report(self, event: pb.TurnEvent) -> None:
+    def report(self, event: pb.TurnEvent, usage: pb.Usage | None = None) -> None:
+        """Apply a turn event; ``usage``: the turn's Usage event, sent just before its
+        ``finished`` one, applied with it in one step."""
         now = self.now_ms()
         kind = event.WhichOneof("kind")
         if kind == "first_token":
@@ -194,7 +196,8 @@ class SchedulerHost:
         elif kind == "usage":
             self.apply(core.TurnUsage(event.turn_id, event.usage.prompt_tokens, event.usage.completion_tokens, now))
         elif kind == "finished":
-            self.apply(core.TurnFinished(event.turn_id, event.finished.finish_reason, now))
+            tokens = None if usage is None else usage.prompt_tokens + usage.completion_tokens
+            self.apply(core.TurnFinished(event.turn_id, event.finished.finish_reason, now, tokens))
         elif kind == "failed":
             self.log.info("turn_failed", turn=event.turn_id, run=event.run_id, error=event.failed.error)
             placed = self.state.turns.get(event.turn_id)

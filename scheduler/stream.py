@@ -43,7 +43,11 @@ class DataplaneStream:
     # ------------------------------------------------------------------ in
 
     def apply(self, frame: pb.DataplaneFrame) -> None:
-        for item in frame.items:
+        items = frame.items
+        last = len(items) - 1
+        i = 0
+        while i <= last:
+            item = items[i]
             kind = item.WhichOneof("kind")
             if kind == "admit":
                 if item.admit.leased_replica:
@@ -51,9 +55,16 @@ class DataplaneStream:
                 else:
                     self.admit(item.admit)
             elif kind == "event":
-                self.host.report(item.event)
+                event = item.event
+                if i < last and event.HasField("usage") and _finishes(items[i + 1], event.turn_id):
+                    # A turn's usage comes just before its finish: one step for both.
+                    i += 1
+                    self.host.report(items[i].event, usage=event.usage)
+                else:
+                    self.host.report(event)
             elif kind == "returned":
                 self.host.lease_returned(self.dataplane, item.returned)
+            i += 1
 
     def leased(self, request: pb.AdmitRequest) -> None:
         """A turn the dataplane placed on a lent slot: recorded, not answered (a malformed
@@ -128,6 +139,10 @@ class DataplaneStream:
                 span.end()
             self.host.withdraw(turn_id, run_id, self.decided)
         self._waiting.clear()
+
+
+def _finishes(item: pb.DataplaneItem, turn_id: str) -> bool:
+    return item.HasField("event") and item.event.turn_id == turn_id and item.event.HasField("finished")
 
 
 async def serve(host, context: grpc.aio.ServicerContext) -> None:

@@ -355,6 +355,16 @@ def test_batch_reserve_counts_paused_interactive_contexts_in_kv_tokens():
     assert state.replicas["a"].paused_interactive == 0 and state.replicas["a"].paused_interactive_tokens == 0
 
 
+def test_a_finish_carrying_its_usage_is_the_usage_then_the_finish():
+    state = pool("a")
+    state, _ = admit(state, "i1", "interactive-run")
+    two, _ = core.decide(state, core.TurnUsage("i1", 2900, 100, 1))
+    two, _ = core.decide(two, core.TurnFinished("i1", "tool_calls", 1))
+    one, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 1, context_tokens=3000))
+    assert one == two
+    assert one.replicas["a"].paused_interactive_tokens == 3000 and one.runs["interactive-run"].context_tokens == 3000
+
+
 def test_batch_reserve_is_one_turn_per_paused_run_without_token_usage():
     state = pool("a")
     state, _ = admit(state, "i1", "interactive-run")
