@@ -7,6 +7,8 @@ from collections.abc import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client import generate_latest
 
+from luftpause.promlabels import Children
+
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 # The dataplane's own share of a turn is a millisecond or two; buckets down to 0.1 ms.
 ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
@@ -17,7 +19,7 @@ class DataplaneMetrics:
 
     def __init__(self, scheduler_connected: Callable[[], bool]) -> None:
         self.registry = r = CollectorRegistry()
-        self._children: dict[tuple, object] = {}
+        self._child = Children()
         self.turns = Counter("luftpause_dataplane_turns", "Proxied turns by outcome (finished, failed).",
                              ["class", "replica", "outcome"], registry=r)
         self.ttft = Histogram("luftpause_dataplane_time_to_first_token_seconds", "From the request's arrival "
@@ -35,15 +37,6 @@ class DataplaneMetrics:
                           "scheduler is up.", registry=r)
         connected.set_function(lambda: 1.0 if scheduler_connected() else 0.0)
         ProcessCollector(registry=r)
-
-    def _child(self, metric, *labels: str):  # noqa: ANN001, ANN202 - a prometheus_client metric and its child
-        """``metric.labels(*labels)``, looked up once per label set (labels() locks and
-        validates on every call; this runs several times per turn)."""
-        key = (id(metric), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

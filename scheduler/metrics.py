@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 
+from luftpause.promlabels import Children
 from luftpause.scheduler import core
 
 # Seconds: a hold is 0 for most turns and minutes under heavy batch load.
@@ -73,6 +74,7 @@ class SchedulerMetrics:
         self._clock = clock
         self.recent = RecentTurns(clock)
         self._probed_at: dict[str, float] = {}
+        self._child = Children()
         r = self.registry
         self.admitted = Counter("luftpause_scheduler_turns_admitted", "Turns placed on a replica.",
                                 ["class", "replica"], registry=r)
@@ -117,34 +119,34 @@ class SchedulerMetrics:
             if isinstance(action, core.Place):
                 turn = after.turns.get(action.turn_id)
                 service_class = turn.service_class if turn is not None else core.INTERACTIVE
-                self.admitted.labels(service_class, action.replica).inc()
-                self.hold_seconds.labels(service_class).observe(action.held_ms / 1000)
+                self._child(self.admitted, service_class, action.replica).inc()
+                self._child(self.hold_seconds, service_class).observe(action.held_ms / 1000)
                 self.recent.placed(action.held_ms)
             elif isinstance(action, core.Reject):
-                self.rejected.labels(action.reason).inc()
+                self._child(self.rejected, action.reason).inc()
             elif isinstance(action, core.Grant):
-                self.lease_slots.labels(action.replica).inc(action.slots)
+                self._child(self.lease_slots, action.replica).inc(action.slots)
             elif isinstance(action, core.Revoke):
-                self.lease_revokes.labels(action.replica).inc()
+                self._child(self.lease_revokes, action.replica).inc()
         if isinstance(event, core.AdmitRequested) and event.leased_replica:
             turn = after.turns.get(event.turn_id)
             if turn is not None and event.turn_id not in before.turns:  # placed on a lent slot: never held
-                self.admitted.labels(turn.service_class, turn.replica).inc()
-                self.hold_seconds.labels(turn.service_class).observe(0)
+                self._child(self.admitted, turn.service_class, turn.replica).inc()
+                self._child(self.hold_seconds, turn.service_class).observe(0)
                 self.recent.placed(0)
         elif isinstance(event, core.AdmitRequested):
             held = after.held.get(event.turn_id)
             if held is not None and event.turn_id not in before.held:
-                self.held.labels(held.service_class, held.home or ANY_REPLICA).inc()
+                self._child(self.held, held.service_class, held.home or ANY_REPLICA).inc()
         elif isinstance(event, core.AdmitCancelled):
             held = before.held.get(event.turn_id)
             if held is not None and event.turn_id not in after.held:
-                self.abandoned.labels(held.service_class, held.home or ANY_REPLICA).inc()
+                self._child(self.abandoned, held.service_class, held.home or ANY_REPLICA).inc()
         elif isinstance(event, (core.TurnFailed, core.TurnFinished)):
             turn = before.turns.get(event.turn_id)
             if turn is not None:
                 counter = self.failed if isinstance(event, core.TurnFailed) else self.finished
-                counter.labels(turn.service_class, turn.replica).inc()
+                self._child(counter, turn.service_class, turn.replica).inc()
 
     def probed(self, replica: str, healthy: bool) -> None:
         self._probed_at[replica] = self._clock()
