@@ -32,6 +32,11 @@ def configure(service: str) -> trace.Tracer:
     return trace.get_tracer(f"luftpause.{service}")
 
 
+def exporting() -> bool:
+    """Spans are recorded and exported (an OTLP endpoint was configured)."""
+    return _provider is not None
+
+
 def shutdown() -> None:
     """Flush spans still batched (at process exit)."""
     if _provider is not None:
