@@ -221,8 +221,8 @@ class Turn:
                          self.req.service_class, self.req.caller),
             time.monotonic(),
         )
-        if self.lease is None:  # a leased turn's admission already said where it went
-            self.event(started=pb.TurnStarted(replica=placement.replica))
+        # No TurnStarted: the scheduler placed the turn (or was told where a leased one went)
+        # and changes nothing on one; it would be one more item per turn on both sides.
         self.app[METRICS].turn_placed("scheduler" if self.lease is None else "lease")
 
     def release(self) -> None:

@@ -208,7 +208,7 @@ class SchedulerHost:
             self.apply(core.AdmitCancelled(event.turn_id, now))
         elif kind == "run_ended":
             self.apply(core.RunEnded(event.run_id, now))
-        # started and first_token feed tracing; they change no state.
+        # started changes nothing (this dataplane no longer sends it); first_token is counted above.
 
     def resync(self, request: pb.ResyncRequest) -> None:
         """Apply one dataplane's snapshot (protocol 1's Resync, the Hello of protocols 2 and 3)."""
