@@ -210,7 +210,7 @@ class Turn:
 
     def event(self, urgent: bool = False, **kind) -> None:
         self.link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.req.run_id, trace_id=self.trace_id, **kind),
-                         urgent)
+                         urgent, self.lease[0] if self.lease is not None else "")
 
     def placed(self, placement: Placement) -> None:
         self.replica = placement.replica

@@ -26,10 +26,11 @@ STREAM_RECONNECT_DELAY_S = 0.1
 # go with the next admission): one gRPC message fewer per turn, against a slot freed
 # this much later on the scheduler.
 EVENT_LINGER_S = 0.002
-# While this dataplane holds a lease nothing is held anywhere (a hold calls every lease
-# back), so a turn's end that reaches the scheduler later delays nobody: events wait this
-# long instead, a few gRPC writes a second in place of hundreds. A call-back sends them
-# at once.
+# Events of a turn on a lent slot wait this long while the lease is not called back:
+# nothing is held anywhere then (a hold calls every lease back), and the slot stays lent
+# when the turn ends, so the scheduler's room does not change with the news. A few gRPC
+# writes a second in place of hundreds; a call-back sends what waits at once. Turns the
+# scheduler placed keep EVENT_LINGER_S: their end frees its room.
 LEASED_EVENT_LINGER_S = 0.02
 # A scheduler that does not answer the Hello within this long is treated as away.
 HELLO_TIMEOUT_S = 5.0

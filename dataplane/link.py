@@ -168,7 +168,7 @@ class SchedulerLink:
         admit = self._out.items.add().admit
         admit.turn_id, admit.run_id, admit.model, admit.caller = turn_id, run_id, model, caller
         admit.service_class, admit.leased_replica = CLASSES[service_class], replica
-        self._soon()
+        self._soon(LEASED_EVENT_LINGER_S)  # the slot was lent: the scheduler's room does not change
         return lease.placement, (replica, self._lease_epoch)
 
     def release(self, token: tuple[str, int]) -> None:
@@ -237,28 +237,33 @@ class SchedulerLink:
 
     # ---------------------------------------------------------- turn events
 
-    def report(self, event: pb.TurnEvent, urgent: bool = False) -> None:
-        """Send a turn event within EVENT_LINGER_S (LEASED_EVENT_LINGER_S while a lease
-        is held), with the first frame that goes by then (usually the next admission's);
-        ``urgent`` ones (a cancellation) go this tick. Events from before a reconnect are
-        dropped: the next Hello's snapshot already reflects them."""
+    def report(self, event: pb.TurnEvent, urgent: bool = False, lent: str = "") -> None:
+        """Send a turn event within EVENT_LINGER_S, with the first frame that goes by
+        then (usually the next admission's); ``urgent`` ones (a cancellation) go this
+        tick. ``lent``: the replica whose lent slot the turn fills; while that lease is
+        not called back its events may wait LEASED_EVENT_LINGER_S. Events from before a
+        reconnect are dropped: the next Hello's snapshot already reflects them."""
         self._out.items.add().event.CopyFrom(event)
         if urgent:
             self._wake.set()
         else:
-            self._soon()
+            self._soon(LEASED_EVENT_LINGER_S if lent and self._lease_held(lent) else EVENT_LINGER_S)
 
-    def _soon(self) -> None:
-        """Write within the linger (with the first frame that goes by then)."""
-        if self._linger is None:
-            self._linger = asyncio.get_running_loop().call_later(self._linger_s(), self._lingered)
+    def _lease_held(self, replica: str) -> bool:
+        """A lease on ``replica`` is held and not called back: nothing is held anywhere,
+        and a slot of it stays lent when its turn ends, so the scheduler's room does not
+        change with the news of a turn there."""
+        lease = self._leases.get(replica)
+        return lease is not None and not lease.returning
 
-    def _linger_s(self) -> float:
-        """Long while a lease not called back is held: then nothing waits for the
-        scheduler to learn that a turn ended."""
-        if any(not lease.returning for lease in self._leases.values()):
-            return LEASED_EVENT_LINGER_S
-        return EVENT_LINGER_S
+    def _soon(self, within: float) -> None:
+        """Write within ``within`` seconds (with the first frame that goes by then)."""
+        loop = asyncio.get_running_loop()
+        if self._linger is not None:
+            if self._linger.when() <= loop.time() + within:
+                return
+            self._linger.cancel()
+        self._linger = loop.call_later(within, self._lingered)
 
     def _lingered(self) -> None:
         self._linger = None

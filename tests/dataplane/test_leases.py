@@ -75,24 +75,32 @@ def finished(turn: str) -> pb.TurnEvent:
     return pb.TurnEvent(turn_id=turn, run_id=f"run-{turn}", finished=pb.TurnFinished(finish_reason="stop"))
 
 
-async def test_turn_events_wait_longer_while_a_lease_is_held_and_go_at_once_when_it_is_called_back():
+async def test_events_of_leased_turns_wait_longer_until_the_lease_is_called_back():
     loop = asyncio.get_running_loop()
-    plain = link_with()
-    plain.report(finished("t0"))
-    assert plain._linger.when() - loop.time() <= EVENT_LINGER_S  # someone may be held: soon
+
+    def due(link: SchedulerLink) -> float:
+        return link._linger.when() - loop.time()
+
+    link = link_with(("a", 1))
+    link.report(finished("t0"))  # a turn the scheduler placed: its end frees room there
+    assert due(link) <= EVENT_LINGER_S
 
     link = link_with(("a", 1))
     place(link, "t1")  # the one slot is busy: a call-back returns nothing at once
     link._wake.clear()
-    link.report(finished("t0"))
-    assert link._linger.when() - loop.time() > EVENT_LINGER_S  # nothing is held anywhere: later
-    assert link._linger.when() - loop.time() <= LEASED_EVENT_LINGER_S
-    assert not link._wake.is_set()
-    link._decided(pb.SchedulerFrame(revokes=[pb.LeaseRevoke(replica="a")]))
-    assert link._wake.is_set()  # a turn is held now and may wait for this one's end
-    assert [k for k, _ in sent(link)] == ["admit", "event"]
-    link._wake.clear()
+    link.report(finished("t1"), lent="a")
+    assert EVENT_LINGER_S < due(link) <= LEASED_EVENT_LINGER_S  # nothing is held anywhere: later
+    link.report(finished("t0"))  # a placed turn's end pulls the write in
+    assert due(link) <= EVENT_LINGER_S
     link._linger.cancel()
     link._linger = None
-    link.report(finished("t1"))
-    assert link._linger.when() - loop.time() <= EVENT_LINGER_S  # the called-back lease counts no more
+
+    link.report(finished("t2"), lent="a")
+    assert not link._wake.is_set()
+    link._decided(pb.SchedulerFrame(revokes=[pb.LeaseRevoke(replica="a")]))
+    assert link._wake.is_set()  # a turn is held now and may wait for these
+    assert [k for k, _ in sent(link)] == ["admit", "event", "event", "event"]
+    link._linger.cancel()
+    link._linger = None
+    link.report(finished("t3"), lent="a")
+    assert due(link) <= EVENT_LINGER_S  # the lease is called back: its turns' ends matter again
