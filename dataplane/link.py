@@ -204,7 +204,7 @@ class SchedulerLink:
             if lease is not None:
                 lease.returning = lease.slots
                 self._give_back(revoke.replica, lease)
-        if frame.revokes:  # something is held now: the ends of turns it may wait for go at once
+        if frame.revokes:  # a call-back (a turn may be held, waiting for room): what waits goes at once
             self._wake.set()
 
     def end_leases(self) -> None:
