@@ -9,7 +9,9 @@ unmeasured (req/s, p50, p99, added p99), and the CPU each process
 spent per completed turn, read from ``/proc/<pid>/stat`` (utime + stime of the process
 and its children) before and after the measured phase: luftpause's dataplanes and its
 scheduler separately (the scheduler's CPU per turn is its CPU per decision), the router,
-the engine, and this load generator. With N dataplanes client c sends to dataplane
+the engine, and this load generator. For luftpause also the scheduler's counters over
+the phase: turns held and leases called back (none: the turns went on lent slots; many:
+the scheduler placed them one by one). With N dataplanes client c sends to dataplane
 c mod N, as a TCP load balancer in front of them would. Then memory: the proxy's RSS
 with ``--streams`` streams open mid-reply (a second, slow fake engine) minus its RSS
 idle, per stream, for luftpause's dataplane and each router. A table of the issue's
@@ -36,10 +38,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -173,6 +177,7 @@ class Target:
     cpu: dict[str, list[int]] = field(default_factory=dict)
     proxy: tuple[str, ...] = ()  # the cpu groups that are the proxy's own cost
     engine: str | None = None  # the engine behind it, whose /stats counts the requests it served
+    scheduler: str | None = None  # luftpause's scheduler (HTTP), whose counters say how turns were admitted
 
     def url(self, i: int) -> str:
         return f"{self.urls[i % len(self.urls)]}/v1/chat/completions"
@@ -209,6 +214,7 @@ async def closed_loop(session: aiohttp.ClientSession, target: Target, concurrenc
     latencies: list[float] = []
     errors: list[str] = []
     served_before = engine_requests(target.engine)
+    admission_before = admission_counts(target.scheduler)
     machine = CpuMeter()
     before = account.read()
     started = time.perf_counter()
@@ -229,6 +235,7 @@ async def closed_loop(session: aiohttp.ClientSession, target: Target, concurrenc
     after = account.read()
     machine_busy = machine.read()["machine_busy"]
     served = engine_requests(target.engine)
+    admission_after = admission_counts(target.scheduler)
     turns = len(latencies)
     cpu = CpuAccount.per_turn(before, after, turns, elapsed)
     proxy_us = [cpu[name]["us_per_turn"] for name in target.proxy if name in cpu]
@@ -242,7 +249,30 @@ async def closed_loop(session: aiohttp.ClientSession, target: Target, concurrenc
             "p50_ms": statistics.median(latencies) if latencies else None,
             "p99_ms": percentile(latencies, 99), "requests_per_s": turns / elapsed,
             "cpu": cpu, "cores_busy_measured": round(ours, 2), "cores_busy_others": others,
+            "admission": ({name: admission_after[name] - admission_before[name] for name in ADMISSION_COUNTERS}
+                          if admission_before is not None and admission_after is not None else None),
             "proxy_cpu_us_per_turn": round(sum(proxy_us), 1) if proxy_us and turns else None}
+
+
+# The scheduler's counters read before and after a phase: turns that had to wait, and
+# leases granted and called back. They tell which regime a row measured: turns on lent
+# slots (no round trip) or turns the scheduler placed one by one.
+ADMISSION_COUNTERS = {"held": "luftpause_scheduler_turns_held_total",
+                      "lease_slots_granted": "luftpause_scheduler_lease_slots_granted_total",
+                      "lease_call_backs": "luftpause_scheduler_lease_revokes_total"}
+
+
+def admission_counts(scheduler: str | None) -> dict[str, int] | None:
+    """The scheduler's admission counters (summed over their labels), or None."""
+    if scheduler is None:
+        return None
+    with urllib.request.urlopen(f"{scheduler}/metrics", timeout=10) as response:  # noqa: S310 - loopback
+        text = response.read().decode()
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return {name: int(totals.get(metric, 0)) for name, metric in ADMISSION_COUNTERS.items()}
 
 
 def engine_requests(engine: str | None) -> int | None:
@@ -326,7 +356,8 @@ def stack_target(stack: Stack, dataplanes: int, engine: ManagedProcess, engine_u
     return Target(luftpause_name(dataplanes), [f"http://{peers.HOST}:{port}" for port in stack.ports.dataplanes],
                   True, {"dataplanes": [stack.process(n).process.pid for n in names],
                          "scheduler": [stack.process("scheduler").process.pid], "engine": [engine.process.pid]},
-                  proxy=("dataplanes", "scheduler"), engine=engine_url)
+                  proxy=("dataplanes", "scheduler"), engine=engine_url,
+                  scheduler=f"http://{peers.HOST}:{stack.ports.scheduler_http}")
 
 
 # Routers log at warning, as luftpause does here: no log line per request on either side.
@@ -564,8 +595,8 @@ def print_latency_table(console: Console, mode: str, targets: dict, levels: list
 def print_cpu_table(console: Console, results: dict, levels: list[str]) -> None:
     table = Table(title="B4 — CPU µs per completed turn (/proc utime+stime over the measured phase ÷ turns); "
                         "cores busy = CPU s ÷ wall s, of these processes and of all others on the machine")
-    for column in ("mode", "", "conc.", "turns", "dataplanes", "scheduler", "dp + sched", "router", "engine",
-                   "load gen.", "cores: these", "cores: others"):
+    for column in ("mode", "", "conc.", "turns", "dataplanes", "scheduler", "dp + sched", "held / call-backs",
+                   "router", "engine", "load gen.", "cores: these", "cores: others"):
         table.add_column(column, justify="right" if column not in ("mode", "") else "left")
     for mode, targets in results["targets"].items():
         for name, figures in targets.items():
@@ -581,8 +612,10 @@ def print_cpu_table(console: Console, results: dict, levels: list[str]) -> None:
                     dp += " (" + " + ".join(fmt(cpu[k]["us_per_turn"], "{:.0f}") for k in sorted(cpu)
                                             if k.startswith("dataplanes #")) + ")"
                 both = fmt(conc["proxy_cpu_us_per_turn"], "{:.0f}") if "scheduler" in cpu else ""
+                admission = conc.get("admission")
+                waited = f"{admission['held']} / {admission['lease_call_backs']}" if admission else ""
                 table.add_row(mode, name.removeprefix("through "), level, str(conc["requests"]), dp, us("scheduler"),
-                              both, us("router"), us("engine"), us("load generator"),
+                              both, waited, us("router"), us("engine"), us("load generator"),
                               f"{conc['cores_busy_measured']:.2f}", fmt(conc["cores_busy_others"]))
     console.print(table)
 

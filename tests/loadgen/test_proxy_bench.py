@@ -98,6 +98,11 @@ def test_a_tiny_run_through_one_and_two_dataplanes_reports_cpu_memory_and_goals(
             assert figures["concurrent"] == level  # where the single figure stood before
             assert level["errors"] == 0 and level["requests"] > 0
             assert level["engine_requests"] == level["requests"]
+            if name == pb.ENGINE:
+                assert level["admission"] is None  # no scheduler to ask
+            else:  # the scheduler's counters over the phase
+                assert set(level["admission"]) == set(pb.ADMISSION_COUNTERS)
+                assert all(isinstance(v, int) and v >= 0 for v in level["admission"].values())
         mine = targets[one]["levels"]["4"]
         assert mine["proxy_cpu_us_per_turn"] == pytest.approx(
             mine["cpu"]["dataplanes"]["us_per_turn"] + mine["cpu"]["scheduler"]["us_per_turn"], abs=0.2)
