@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -52,6 +51,7 @@ from luftpause import headers as h
 from luftpause.loadgen import peers
 from luftpause.loadgen.records import CpuMeter, percentile
 from luftpause.procs import ManagedProcess, free_port
+from luftpause.scheduler.probes import sample_totals
 from luftpause.stack import MODEL, Stack
 
 INSTANT = ["--latency-ms", "0", "--token-ms", "0", "--reply-tokens", "8"]
@@ -267,11 +267,7 @@ def admission_counts(scheduler: str | None) -> dict[str, int] | None:
     if scheduler is None:
         return None
     with urllib.request.urlopen(f"{scheduler}/metrics", timeout=10) as response:  # noqa: S310 - loopback
-        text = response.read().decode()
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+        totals, _ = sample_totals(response.read().decode())
     return {name: int(totals.get(metric, 0)) for name, metric in ADMISSION_COUNTERS.items()}
 
 

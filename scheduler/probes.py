@@ -38,7 +38,7 @@ class Load(NamedTuple):
     kv_total: int = 0  # KV pool in tokens; 0 when the engine does not say
 
 
-def _totals(metrics_text: str) -> tuple[dict[str, float], dict[str, dict[str, str]]]:
+def sample_totals(metrics_text: str) -> tuple[dict[str, float], dict[str, dict[str, str]]]:
     """Every sample summed by name, and the labels of the last sample of each name."""
     totals: dict[str, float] = {}
     labels: dict[str, dict[str, str]] = {}
@@ -84,7 +84,7 @@ def parse_load(metrics_text: str) -> Load | None:
     """Running and queued requests (and KV tokens where reported) from Prometheus text
     in SGLang, vLLM, llama.cpp or TGI names, or None when the engine reports no load.
     Raises BadMetrics on text that does not parse."""
-    return _known_load(*_totals(metrics_text))
+    return _known_load(*sample_totals(metrics_text))
 
 
 def unknown_load_problem(totals: dict[str, float]) -> str:
@@ -123,7 +123,7 @@ async def _load_of(
     if response.status_code != 200:
         return None
     try:
-        totals, labels = _totals(response.text)
+        totals, labels = sample_totals(response.text)
     except BadMetrics as exc:
         return (base_url + endpoint.metrics_path, f"not Prometheus text: {exc}")
     load = _known_load(totals, labels)
