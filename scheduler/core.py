@@ -731,9 +731,10 @@ def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int, context_tok
         state = _lease_slot(state, turn.leased_by, turn.replica, -1)
     run = state.runs.get(turn.run_id)
     if run is not None:
+        ended = {"replica": turn.replica, "stage": stage, "last_seen_ms": now_ms}
         if context_tokens is not None:
-            run = run._replace(context_tokens=max(0, context_tokens))
-        state = _put_run(state, run._replace(replica=turn.replica, stage=stage, last_seen_ms=now_ms))
+            ended["context_tokens"] = max(0, context_tokens)
+        state = _put_run(state, run._replace(**ended))
     return state
 
 
