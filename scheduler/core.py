@@ -72,8 +72,32 @@ class Stage(str, Enum):
 # (``_replace`` is one tuple build; ``dataclasses.replace`` introspects every call).
 
 
+def _quick_replace(cls):
+    """Give a NamedTuple a ``_replace`` that costs what is changed, not the width.
+
+    The standard one looks every field up in the keywords (twenty for ``State``); the
+    core changes one to three fields of a tuple many times per event, and those lookups
+    were an eighth of the scheduler's CPU. Same result, same error for a wrong name."""
+    index = {name: i for i, name in enumerate(cls._fields)}
+    build = tuple.__new__
+
+    def _replace(self, /, **changes):
+        values = list(self)
+        try:
+            for name, value in changes.items():
+                values[index[name]] = value
+        except KeyError:
+            raise ValueError(f"Got unexpected field names: {[n for n in changes if n not in index]!r}") from None
+        return build(cls, values)
+
+    cls._replace = _replace
+    return cls
 
 
+
+
+
+@_quick_replace
 class Replica(NamedTuple):
     name: str
     base_url: str
@@ -113,6 +137,7 @@ class Replica(NamedTuple):
         return min(caps) if caps else None
 
 
+@_quick_replace
 class Run(NamedTuple):
     run_id: str
     service_class: str
@@ -123,6 +148,7 @@ class Run(NamedTuple):
     context_tokens: int = 0  # prompt + reply of its last turn, 0 when not reported
 
 
+@_quick_replace
 class Turn(NamedTuple):
     """A turn placed on a replica and not yet reported ended."""
 
@@ -136,6 +162,7 @@ class Turn(NamedTuple):
     leased_by: str = ""  # the dataplane whose lease slot it fills (the slot goes back to it); "" = placed here
 
 
+@_quick_replace
 class Lease(NamedTuple):
     """Slots of one replica lent to one dataplane: ``busy`` of them fill turns it reported."""
 
@@ -144,6 +171,7 @@ class Lease(NamedTuple):
     revoked: bool = False  # called back: the dataplane returns every slot as it frees
 
 
+@_quick_replace
 class HeldTurn(NamedTuple):
     turn_id: str
     run_id: str
@@ -155,6 +183,7 @@ class HeldTurn(NamedTuple):
     home: str = ""  # the replica the run is pinned to when it was filed, "" when free
 
 
+@_quick_replace
 class State(NamedTuple):
     replicas: Map = Map()  # name -> Replica
     runs: Map = Map()  # run_id -> Run
