@@ -1,5 +1,7 @@
 """B4, the proxy's cost: one fake engine with instant replies, called directly, through
-luftpause (one scheduler, 1 and 2 dataplanes), through ``sglang-router`` and through
+a bare aiohttp proxy (``luftpause.loadgen.floor_proxy``: the dataplane's HTTP stack with
+none of its logic, the floor luftpause cannot go below with aiohttp), through luftpause
+(one scheduler, 1 and 2 dataplanes), through ``sglang-router`` and through
 ``vllm-router``, all in one run and in front of the same engine process.
 
 For each, streaming and not: latency one request at a time (p50, and what the proxy adds
@@ -18,7 +20,7 @@ idle, per stream, for luftpause's dataplane and each router. A table of the issu
 goals (met/missed) closes the report; everything is written as JSON too.
 
     python -m luftpause.loadgen.proxy_bench [--concurrency 20,100] [--dataplanes 1,2]
-        [--duration S] [--sequential N] [--streams N] [--peers sglang-router,vllm-router]
+        [--duration S] [--sequential N] [--streams N] [--peers sglang-router,vllm-router] [--no-floor]
 
 The routers come with the ``bench`` extra (``pip install 'luftpause[bench]'``); a router
 that is not installed is skipped, and the JSON says so. Everything runs on loopback and
@@ -60,6 +62,7 @@ SLOW = ["--latency-ms", "0", "--token-ms", "1000", "--reply-tokens", "20"]
 NOT_STARTED = frozenset({"runtime", "fake-mcp", "engine-a"})  # the engines are started once, outside the stacks
 WARM_UP = 50  # requests before each measured mode: connections, lazy imports
 ENGINE = "engine directly"
+FLOOR = "through a bare aiohttp proxy"  # luftpause.loadgen.floor_proxy: the dataplane's stack, none of its logic
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # The issue's goals (issue 15): (key, what, limit, higher is better).
@@ -339,6 +342,16 @@ def start_engine(name: str, args: list[str], logs: Path) -> tuple[ManagedProcess
     return engine, f"http://{peers.HOST}:{port}"
 
 
+def start_floor_proxy(engine_url: str, logs: Path) -> ManagedProcess:
+    port = free_port()
+    process = ManagedProcess("floor-proxy", "luftpause.loadgen.floor_proxy",
+                             ["--engine", engine_url, "--host", peers.HOST, "--port", str(port)],
+                             ready_url=f"http://{peers.HOST}:{port}/health", log_path=logs / "floor-proxy.log")
+    process.start()
+    process.wait_ready(30)
+    return process
+
+
 def luftpause_stack(directory: Path, engine_url: str, dataplanes: int) -> Stack:
     """Scheduler and ``dataplanes`` dataplanes in front of an engine already running."""
     pool = {"endpoints": [{"name": "engine-a", "base_url": engine_url, "models": [MODEL], "kind": "generative",
@@ -378,7 +391,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         "uptime_before": uptime(),
         "options": {"concurrency": args.concurrency, "dataplanes": args.dataplanes, "duration_s": args.duration,
                     "level_warmup_s": args.level_warmup,
-                    "sequential": args.sequential, "streams": args.streams, "peers": args.peers},
+                    "sequential": args.sequential, "streams": args.streams, "peers": args.peers,
+                    "floor": args.floor},
         "peers": {}, "targets": {},
     }
     for router in args.peers:
@@ -401,6 +415,14 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         engine, engine_url = start_engine("engine-instant", INSTANT, logs)
         try:
             measure_target(Target(ENGINE, [engine_url], False, {"engine": [engine.process.pid]}, engine=engine_url))
+            if args.floor:
+                floor = start_floor_proxy(engine_url, logs)
+                try:
+                    measure_target(Target(FLOOR, [floor.ready_url.removesuffix("/health")], False,
+                                          {"floor proxy": [floor.process.pid], "engine": [engine.process.pid]},
+                                          proxy=("floor proxy",), engine=engine_url))
+                finally:
+                    floor.stop()
             for n in args.dataplanes:
                 stack = luftpause_stack(Path(tmp) / f"stack-{n}", engine_url, n)
                 stack.start()
@@ -592,7 +614,7 @@ def print_cpu_table(console: Console, results: dict, levels: list[str]) -> None:
     table = Table(title="B4 — CPU µs per completed turn (/proc utime+stime over the measured phase ÷ turns); "
                         "cores busy = CPU s ÷ wall s, of these processes and of all others on the machine")
     for column in ("mode", "", "conc.", "turns", "dataplanes", "scheduler", "dp + sched", "held / call-backs",
-                   "router", "engine", "load gen.", "cores: these", "cores: others"):
+                   "router / floor", "engine", "load gen.", "cores: these", "cores: others"):
         table.add_column(column, justify="right" if column not in ("mode", "") else "left")
     for mode, targets in results["targets"].items():
         for name, figures in targets.items():
@@ -611,7 +633,7 @@ def print_cpu_table(console: Console, results: dict, levels: list[str]) -> None:
                 admission = conc.get("admission")
                 waited = f"{admission['held']} / {admission['lease_call_backs']}" if admission else ""
                 table.add_row(mode, name.removeprefix("through "), level, str(conc["requests"]), dp, us("scheduler"),
-                              both, waited, us("router"), us("engine"), us("load generator"),
+                              both, waited, us("router") or us("floor proxy"), us("engine"), us("load generator"),
                               f"{conc['cores_busy_measured']:.2f}", fmt(conc["cores_busy_others"]))
     console.print(table)
 
@@ -654,6 +676,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peers", type=csv_peers, default=list(peers.PEER_ROUTERS),
                         help="peer routers, comma-separated, or none (default sglang-router,vllm-router)")
     parser.add_argument("--no-router", action="store_true", help="no peer routers (same as --peers none)")
+    parser.add_argument("--no-floor", dest="floor", action="store_false",
+                        help="skip the bare aiohttp proxy (luftpause.loadgen.floor_proxy), the row that shows what "
+                             "the dataplane's HTTP stack costs with none of its logic")
     parser.add_argument("--json", default="bench-results/b4-proxy.json", help="where to write the results")
     return parser
 

@@ -24,7 +24,8 @@ DOCUMENTED = {
     "luftpause.fakes.engine": ["--max-running", "--tool-calls", "--metrics-format", "--fault", "--idle-close-s"],
     "luftpause.fakes.mcp": ["--delay-s"],
     "luftpause.loadgen": ["--agents", "--spawn"],
-    "luftpause.loadgen.proxy_bench": ["--streams"],
+    "luftpause.loadgen.proxy_bench": ["--streams", "--no-floor"],
+    "luftpause.loadgen.floor_proxy": ["--engine", "--port"],
     "luftpause.loadgen.scheduler_bench": ["--events"],
 }
 

@@ -92,13 +92,13 @@ def test_a_tiny_run_through_one_and_two_dataplanes_reports_cpu_memory_and_goals(
     one, two = pb.luftpause_name(1), pb.luftpause_name(2)
     for mode in ("streaming", "non-streaming"):
         targets = results["targets"][mode]
-        assert set(targets) == {pb.ENGINE, one, two}
+        assert set(targets) == {pb.ENGINE, pb.FLOOR, one, two}
         for name, figures in targets.items():
             level = figures["levels"]["4"]
             assert figures["concurrent"] == level  # where the single figure stood before
             assert level["errors"] == 0 and level["requests"] > 0
             assert level["engine_requests"] == level["requests"]
-            if name == pb.ENGINE:
+            if name in (pb.ENGINE, pb.FLOOR):
                 assert level["admission"] is None  # no scheduler to ask
             else:  # the scheduler's counters over the phase
                 assert set(level["admission"]) == set(pb.ADMISSION_COUNTERS)
@@ -106,6 +106,9 @@ def test_a_tiny_run_through_one_and_two_dataplanes_reports_cpu_memory_and_goals(
         mine = targets[one]["levels"]["4"]
         assert mine["proxy_cpu_us_per_turn"] == pytest.approx(
             mine["cpu"]["dataplanes"]["us_per_turn"] + mine["cpu"]["scheduler"]["us_per_turn"], abs=0.2)
+        # the floor proxy's CPU is its own row: the stack luftpause runs on, with none of its logic
+        floor = targets[pb.FLOOR]["levels"]["4"]
+        assert floor["proxy_cpu_us_per_turn"] == floor["cpu"]["floor proxy"]["us_per_turn"] > 0
         spread = targets[two]["levels"]["4"]["cpu"]
         # clients spread over both dataplanes: each spent CPU on its share of the turns
         assert spread["dataplanes #1"]["cpu_s"] > 0 and spread["dataplanes #2"]["cpu_s"] > 0

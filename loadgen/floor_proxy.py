@@ -1,0 +1,93 @@
+"""The floor of the dataplane's stack, for B4: an aiohttp server on uvloop that forwards
+each chat completion to one engine through one aiohttp ``ClientSession`` and passes the
+reply back, whole or chunk by chunk, and does nothing else. No run identity, admission,
+validation, observation, metrics, logs or gRPC: what luftpause's dataplane costs above
+this row is its own work; what this row costs, luftpause cannot go below with aiohttp.
+
+It uses aiohttp as the dataplane does (an ``Application``, keep-alive to the engine, a
+streamed reply's headers sent with its first chunk and its last chunk with the end
+marker), so the difference is the dataplane's logic and not a way of using the library.
+
+    python -m luftpause.loadgen.floor_proxy --engine http://127.0.0.1:8101 --port 8090
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+import aiohttp
+from aiohttp import web
+
+from luftpause.procs import run_event_loop
+
+ENGINE = web.AppKey("engine", str)
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+REQUEST_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+
+
+class _EventStream(web.StreamResponse):
+    _send_headers_immediately = False  # as the dataplane: headers leave with the first chunk
+
+
+async def forward(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    async with request.app[SESSION].post(request.app[ENGINE], data=body, headers=REQUEST_HEADERS) as upstream:
+        if upstream.content_type != "text/event-stream":
+            return web.Response(status=upstream.status, body=await upstream.read(),
+                                headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")})
+        response = _EventStream(status=upstream.status, headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        content = upstream.content
+        async for chunk in content.iter_any():
+            if content.at_eof():
+                await response.write_eof(chunk)
+                return response
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def create_app(engine_url: str) -> web.Application:
+    app = web.Application()
+    app[ENGINE] = engine_url.rstrip("/") + "/v1/chat/completions"
+
+    async def session(app: web.Application):
+        app[SESSION] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=False)
+        yield
+        await app[SESSION].close()
+
+    app.cleanup_ctx.append(session)
+    app.router.add_post("/v1/chat/completions", forward)
+    app.router.add_get("/health", health)
+    return app
+
+
+async def serve(engine_url: str, host: str, port: int) -> None:
+    runner = web.AppRunner(create_app(engine_url), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.floor_proxy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", required=True, help="the engine's base URL")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, required=True, help="port to listen on")
+    args = parser.parse_args(argv)
+    run_event_loop(serve(args.engine, args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
