@@ -401,7 +401,6 @@ async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.
             turn.failed(f"engine {placement.replica}: HTTP {upstream.status}")
             return web.Response(status=upstream.status, body=body, headers={**passed, **run_header})
         if upstream.content_type == "text/event-stream":
-            turn.streaming = True
             return await _stream(request, turn, upstream, {**passed, **run_header})
         body = await upstream.read()
         observer = TurnObserver()
@@ -428,13 +427,19 @@ class _EventStream(web.StreamResponse):
 
 async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResponse,
                   headers: dict[str, str]) -> web.StreamResponse:
-    response = _EventStream(status=200, headers=headers)
-    await response.prepare(request)
+    """Pass the engine's stream on from its first chunk. Until that chunk nothing has
+    reached the client, so an engine that fails first (it died while prefilling, after
+    its headers) leaves the turn to be sent again, as one it could not reach."""
+    response: web.StreamResponse | None = None
     observer = TurnObserver()
     error = "stream ended before [DONE]"
     content = upstream.content
     try:
         async for chunk in content.iter_any():
+            if response is None:
+                response = _EventStream(status=200, headers=headers)
+                await response.prepare(request)
+                turn.streaming = True  # from here on bytes may have reached the client
             if observer.feed_sse(chunk):
                 turn.first_token()
             if observer.done:
@@ -451,6 +456,8 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
         if observer.finish_reason:  # the client left after the finish: the reply was whole
             turn.finished(observer)
         raise
+    if response is None:
+        raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error} (before its first byte)")
     if observer.done:
         turn.finished(observer)
         await response.write_eof()

@@ -62,6 +62,25 @@ def test_turns_on_an_engine_killed_between_probes_move_to_the_healthy_one(make_s
     assert wait_until(lambda: status(stack)["in_flight"] == 0, 5)
 
 
+def test_a_stream_whose_engine_dies_while_prefilling_is_sent_again_to_the_healthy_one(make_stack):
+    # The engine answers a stream's headers at once, then takes 3 s to its first token:
+    # it is killed in between. Nothing had reached the client, so the turn is sent again.
+    stack = make_stack(without=NO_RUNTIME, engine_args=["--latency-ms", "3000"])
+    with httpx.Client(timeout=30) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(client.post, chat_url(stack), headers={h.RUN_ID: "prefilling"}, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "a long prompt"}], "stream": True})
+        assert wait_until(lambda: status(stack)["in_flight"] == 1, 10)
+        time.sleep(1.0)  # well past the engine's headers, well before its first token
+        busy = [r["name"] for r in status(stack)["replicas"] if r["in_flight"]]
+        assert len(busy) == 1
+        stack.process(busy[0]).kill()
+        response = future.result(timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.headers[h.REPLICA] != busy[0]
+    assert response.content.rstrip().endswith(b"data: [DONE]")
+    assert wait_until(lambda: status(stack)["in_flight"] == 0, 5)
+
+
 async def test_a_run_outlives_its_only_engine_restarting(make_stack):
     stack = make_stack(engines=1)
     engine = stack.process("engine-a")
