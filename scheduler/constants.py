@@ -34,7 +34,7 @@ LIMIT_MAX_STEP_DIVISOR = 2
 # dataplanes and for the turns the scheduler places), at most LEASE_MAX_SLOTS per
 # replica; a replica with neither a limit nor a ceiling counts LEASE_UNLIMITED_ROOM.
 LEASE_ROOM_DIVISOR = 2
-LEASE_MAX_SLOTS = 32
+LEASE_MAX_SLOTS = 128
 LEASE_UNLIMITED_ROOM = 16
 
 DEFAULT_GRPC_PORT = 5000
