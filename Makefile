@@ -79,7 +79,7 @@ release:
 # --- benchmarks (docs/benchmarks.md); they install the bench extra (sglang-router, vllm-router) -
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
-.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler bench-admission bench-real bench-startup
+.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler bench-admission bench-real bench-startup bench-grpc
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
@@ -108,6 +108,11 @@ bench-real: $(BENCH_STAMP)
 
 bench-scheduler: $(STAMP)
 	$(PY) -m luftpause.loadgen.scheduler_bench
+
+# CPU and time per message on a Connect-shaped gRPC stream, gRPC's default transport
+# against the one the scheduler and the dataplane choose (luftpause/grpc_env.py).
+bench-grpc: $(STAMP)
+	$(PY) -m luftpause.loadgen.grpc_transport_bench $(BENCH_ARGS)
 
 # The runtime's start with a journal of 20,000 finished runs: time until its MCP endpoint
 # answers, CPU, imports / compaction / replay; BENCH_ARGS="--repeats 10", "--python <venv>".

@@ -26,6 +26,7 @@ DOCUMENTED = {
     "luftpause.loadgen": ["--agents", "--spawn"],
     "luftpause.loadgen.proxy_bench": ["--streams", "--no-floor"],
     "luftpause.loadgen.floor_proxy": ["--engine", "--port"],
+    "luftpause.loadgen.grpc_transport_bench": ["--rounds", "GRPC_EXPERIMENTS"],
     "luftpause.loadgen.scheduler_bench": ["--events"],
 }
 
