@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from luftpause import grpc_env
+from luftpause.loadgen.records import write_json
 from luftpause.procs import free_port
 
 TRANSPORTS = {"gRPC's default (EventEngine)": "", "luftpause's choice": grpc_env.LEGACY_TRANSPORT}
@@ -147,10 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=160)
     results = run(args.rounds, args.messages)
     print_report(console, results)
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2))
-    console.print(f"JSON: {path}")
+    console.print(f"JSON: {write_json(args.json, results)}")
     return 0
 
 

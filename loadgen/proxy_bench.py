@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import resource
@@ -51,7 +50,7 @@ from rich.table import Table
 
 from luftpause import headers as h
 from luftpause.loadgen import peers
-from luftpause.loadgen.records import CpuMeter, percentile
+from luftpause.loadgen.records import CpuMeter, percentile, write_json
 from luftpause.procs import ManagedProcess, free_port
 from luftpause.scheduler.probes import sample_totals
 from luftpause.stack import MODEL, Stack
@@ -690,10 +689,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=200)
     results = run(args, console)
     print_report(console, results)
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2))
-    console.print(f"JSON: {path}")
+    console.print(f"JSON: {write_json(args.json, results)}")
     return 0
 
 

@@ -131,3 +131,11 @@ def write_results(out_dir: Path, name: str, payload: dict[str, Any]) -> Path:
     path = out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(payload, indent=2, default=str))
     return path
+
+
+def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
+    """A benchmark's results at exactly ``path`` (its folder made); the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2))
+    return path

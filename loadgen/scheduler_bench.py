@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import random
 import statistics
@@ -28,6 +27,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from luftpause.loadgen.records import write_json
 from luftpause.procs import ManagedProcess, free_port
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
@@ -202,10 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     admit = results["admit"]
     console.print(f"Admit round trip over gRPC on loopback, capacity free ({admit['admits']} calls): "
                   f"p50 {admit['p50_ms']} ms, p90 {admit['p90_ms']} ms, p99 {admit['p99_ms']} ms")
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2))
-    console.print(f"JSON: {path}")
+    console.print(f"JSON: {write_json(args.json, results)}")
     return 0
 
 
