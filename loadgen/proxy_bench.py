@@ -24,7 +24,7 @@ goals (met/missed) closes the report; everything is written as JSON too.
 
 The routers come with the ``bench`` extra (``pip install 'luftpause[bench]'``); a router
 that is not installed is skipped, and the JSON says so. Everything runs on loopback and
-stops at the end; the defaults take about six minutes on 2 cores.
+stops at the end; the defaults take about six and a half minutes on 2 cores.
 """
 
 from __future__ import annotations
