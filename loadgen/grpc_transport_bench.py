@@ -29,7 +29,7 @@ from rich.table import Table
 
 from luftpause import grpc_env
 from luftpause.loadgen.records import write_json
-from luftpause.procs import free_port
+from luftpause.procs import free_port, wait_until
 
 TRANSPORTS = {"gRPC's default (EventEngine)": "", "luftpause's choice": grpc_env.LEGACY_TRANSPORT}
 WARM_UP = 200
@@ -87,21 +87,18 @@ print(json.dumps(uvloop.run(coroutine)))
 '''
 
 
-def one_round(experiments: str, messages: int, tmp: Path) -> dict:
+def one_round(experiments: str, messages: int, script: Path) -> dict:
+    """One server and one client process (``script``, :data:`SIDE`) on one transport."""
     env = {k: v for k, v in os.environ.items() if k != grpc_env.GRPC_EXPERIMENTS}
     if experiments:
         env[grpc_env.GRPC_EXPERIMENTS] = experiments
-    script = tmp / "side.py"
-    script.write_text(f"WARM_UP = {WARM_UP}\nPAYLOAD = {PAYLOAD}\n" + SIDE)
-    port, ready = free_port(), tmp / f"ready-{time.monotonic_ns()}"
+    port, ready = free_port(), script.parent / f"ready-{time.monotonic_ns()}"
     server = subprocess.Popen([sys.executable, str(script), "server", str(port), str(messages), str(ready)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the echo server did not start")
-            time.sleep(0.05)
+        wait_until(lambda: ready.exists() or server.poll() is not None, 30)
+        if not ready.exists():
+            raise RuntimeError("the echo server did not start")
         client = subprocess.run([sys.executable, str(script), "client", str(port), str(messages)], env=env,
                                 capture_output=True, text=True, timeout=120, check=True)
         served, _ = server.communicate(timeout=60)
@@ -115,10 +112,12 @@ def one_round(experiments: str, messages: int, tmp: Path) -> dict:
 def run(rounds: int, messages: int) -> dict:
     results: dict = {"rounds": rounds, "messages": messages, "payload_bytes": PAYLOAD, "transports": {}}
     with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "side.py"
+        script.write_text(f"WARM_UP = {WARM_UP}\nPAYLOAD = {PAYLOAD}\n" + SIDE)
         for _ in range(rounds):
             for name, experiments in TRANSPORTS.items():
                 entry = results["transports"].setdefault(name, {"GRPC_EXPERIMENTS": experiments, "rounds": []})
-                entry["rounds"].append(one_round(experiments, messages, Path(tmp)))
+                entry["rounds"].append(one_round(experiments, messages, script))
     for entry in results["transports"].values():
         for key in ("client_cpu_us", "server_cpu_us", "wall_us"):
             entry[f"median_{key}"] = round(statistics.median(r[key] for r in entry["rounds"]), 1)

@@ -341,14 +341,14 @@ def start_engine(name: str, args: list[str], logs: Path) -> tuple[ManagedProcess
     return engine, f"http://{peers.HOST}:{port}"
 
 
-def start_floor_proxy(engine_url: str, logs: Path) -> ManagedProcess:
+def start_floor_proxy(engine_url: str, logs: Path) -> tuple[ManagedProcess, str]:
     port = free_port()
     process = ManagedProcess("floor-proxy", "luftpause.loadgen.floor_proxy",
                              ["--engine", engine_url, "--host", peers.HOST, "--port", str(port)],
                              ready_url=f"http://{peers.HOST}:{port}/health", log_path=logs / "floor-proxy.log")
     process.start()
     process.wait_ready(30)
-    return process
+    return process, f"http://{peers.HOST}:{port}"
 
 
 def luftpause_stack(directory: Path, engine_url: str, dataplanes: int) -> Stack:
@@ -415,9 +415,9 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         try:
             measure_target(Target(ENGINE, [engine_url], False, {"engine": [engine.process.pid]}, engine=engine_url))
             if args.floor:
-                floor = start_floor_proxy(engine_url, logs)
+                floor, floor_url = start_floor_proxy(engine_url, logs)
                 try:
-                    measure_target(Target(FLOOR, [floor.ready_url.removesuffix("/health")], False,
+                    measure_target(Target(FLOOR, [floor_url], False,
                                           {"floor proxy": [floor.process.pid], "engine": [engine.process.pid]},
                                           proxy=("floor proxy",), engine=engine_url))
                 finally:

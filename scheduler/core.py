@@ -94,9 +94,6 @@ def _quick_replace(cls):
     return cls
 
 
-
-
-
 @_quick_replace
 class Replica(NamedTuple):
     name: str
