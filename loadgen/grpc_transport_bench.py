@@ -47,14 +47,16 @@ async def server(port, messages, ready):
     finished, marks = asyncio.Event(), {}
     async def echo(requests, context):
         n = 0
-        async for message in requests:
-            n += 1
-            if n == WARM_UP + 1:
-                marks["start"] = cpu()
-            if n == WARM_UP + messages:
-                marks["end"] = cpu()
-            yield message
-        finished.set()
+        try:
+            async for message in requests:
+                n += 1
+                if n == WARM_UP + 1:
+                    marks["start"] = cpu()
+                if n == WARM_UP + messages:
+                    marks["end"] = cpu()
+                yield message
+        finally:  # the stream ended, or was cut off once the client had its answers
+            finished.set()
     handler = grpc.method_handlers_generic_handler("b.B", {"E": grpc.stream_stream_rpc_method_handler(echo)})
     s = grpc.aio.server()
     s.add_generic_rpc_handlers((handler,))
@@ -79,6 +81,7 @@ async def client(port, messages):
         out = {"client_cpu_us": (cpu() - started_cpu) * 1e6 / messages,
                "wall_us": (time.perf_counter() - started) * 1e6 / messages}
         await call.done_writing()
+        await call.code()  # the server's end of the stream, before the channel closes
         return out
 
 role, port, messages = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
