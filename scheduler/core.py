@@ -17,7 +17,10 @@ in the events. Read top to bottom it is the policy:
 * batch turns leave room under the limit for every interactive run paused on that
   replica, sized by the paused run's context in KV tokens where the engine reports
   token usage, one turn each otherwise; held turns are released interactive first,
-  then the caller with the fewest running turns, then in arrival order;
+  then the caller with the fewest running turns, then turns of runs already under
+  way before the first turns of new ones (a run's prefix is cached only while it
+  runs: finishing started runs keeps the engines' caches on fewer, warmer runs),
+  then in arrival order;
 * turns never reported finished expire after 10 min, idle runs after 30 min;
 * dataplanes are peers: each owns the runs and turns it admitted; a Resync replaces
   only what its sender owns, and a dataplane that is gone takes its in-flight turns
@@ -178,6 +181,7 @@ class HeldTurn(NamedTuple):
     arrived_ms: int
     seq: int
     home: str = ""  # the replica the run is pinned to when it was filed, "" when free
+    opens: bool = False  # the first turn of a run not seen before: it waits behind runs under way
 
 
 @_quick_replace
@@ -462,12 +466,14 @@ def _admit(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:
     if not _serves(state, event.model):
         return state, [Reject(event.turn_id, "unknown_model", f"no Generative replica serves model '{event.model}'")]
     run = state.runs.get(event.run_id)
+    opens = run is None
     if run is None:
         run = Run(event.run_id, event.service_class, event.caller)
     run = run._replace(service_class=event.service_class, caller=event.caller, last_seen_ms=event.now_ms)
     state = _put_run(state, run)
     held = HeldTurn(
-        event.turn_id, event.run_id, event.model, event.service_class, event.caller, event.now_ms, state.next_seq
+        event.turn_id, event.run_id, event.model, event.service_class, event.caller, event.now_ms, state.next_seq,
+        opens=opens,
     )
     state = _hold(state, held)._replace(next_seq=state.next_seq + 1)
     state = _own(state, event.dataplane, event.run_id, event.turn_id)
@@ -555,8 +561,9 @@ def _hold(state: State, turn: HeldTurn) -> State:
     turn = turn._replace(home=_pin(state, state.runs.get(turn.run_id)))
     by_class = state.held_queues.get(turn.home, Map())
     by_caller = by_class.get(turn.service_class, Map())
-    queue = by_caller.get(turn.caller, ()) + (turn.turn_id,)
-    by_class = by_class.set(turn.service_class, by_caller.set(turn.caller, queue))
+    key = (turn.caller, turn.opens)
+    queue = by_caller.get(key, ()) + (turn.turn_id,)
+    by_class = by_class.set(turn.service_class, by_caller.set(key, queue))
     return state._replace(
         held=state.held.set(turn.turn_id, turn),
         held_queues=state.held_queues.set(turn.home, by_class),
@@ -575,7 +582,8 @@ def _unhold(state: State, turn_id: str) -> State:
     turn = state.held[turn_id]
     by_class = state.held_queues[turn.home]
     by_caller = by_class[turn.service_class]
-    by_caller = _set_or_drop(by_caller, turn.caller, tuple(t for t in by_caller[turn.caller] if t != turn_id))
+    key = (turn.caller, turn.opens)
+    by_caller = _set_or_drop(by_caller, key, tuple(t for t in by_caller[key] if t != turn_id))
     by_class = _set_or_drop(by_class, turn.service_class, by_caller)
     run_turns = tuple(t for t in state.held_by_run[turn.run_id] if t != turn_id)
     return state._replace(
@@ -595,7 +603,15 @@ def _rehome(state: State, run_id: str) -> State:
 
 def _held_in_release_order(state: State, homes: dict[str, list[str]]) -> Iterator[HeldTurn]:
     """Held turns filed under ``homes[class]``: interactive first, then the caller with
-    the fewest running turns, then arrival (a k-way merge of the callers' FIFOs)."""
+    the fewest running turns, then runs under way before new ones, then arrival (a
+    k-way merge of the FIFOs filed per caller and per kind: opening or continuing).
+
+    Why runs under way first: an engine keeps a run's prefix cached only while it is
+    recent. Starting new runs while started ones wait spreads the cache over more runs,
+    and a waiting run's prefix is evicted and prefilled again when its turn comes.
+    Fairness between callers still comes first: a new run of a caller with fewer turns
+    running goes before another caller's runs under way. And a new run is not starved:
+    it waits only for turns already held of runs under way, and those runs end."""
     held = state.held
     for service_class in (INTERACTIVE, BATCH):
         heads = []
@@ -604,14 +620,14 @@ def _held_in_release_order(state: State, homes: dict[str, list[str]]) -> Iterato
             by_caller = by_class.get(service_class) if by_class is not None else None
             if not by_caller:
                 continue
-            for caller, turn_ids in by_caller.items():
-                heads.append((state.running_by_caller.get(caller, 0), held[turn_ids[0]].seq, turn_ids, 0))
+            for (caller, opens), turn_ids in by_caller.items():
+                heads.append((state.running_by_caller.get(caller, 0), opens, held[turn_ids[0]].seq, turn_ids, 0))
         heapq.heapify(heads)
         while heads:
-            running, _, turn_ids, index = heads[0]
+            running, opens, _, turn_ids, index = heads[0]
             yield held[turn_ids[index]]
             if index + 1 < len(turn_ids):
-                heapq.heapreplace(heads, (running, held[turn_ids[index + 1]].seq, turn_ids, index + 1))
+                heapq.heapreplace(heads, (running, opens, held[turn_ids[index + 1]].seq, turn_ids, index + 1))
             else:
                 heapq.heappop(heads)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from luftpause.scheduler import core
 from luftpause.scheduler.constants import LIMIT_CALM_PROBES, LIMIT_INITIAL, RUN_IDLE_TIMEOUT_MS, TURN_TIMEOUT_MS
 
@@ -180,6 +182,39 @@ def test_held_turns_released_interactive_first_then_fewest_running_caller_then_a
         state, actions = core.decide(state, core.TurnFinished(turn_id, "stop", 10))
         order.extend(placed(actions))
     assert order == ["i1", "q1", "g1"]
+
+
+@pytest.mark.parametrize("affinity", [True, False], ids=["strict", "roaming"])
+def test_a_later_turn_of_a_run_under_way_goes_before_the_first_turn_of_a_new_run(affinity):
+    """A run's prefix is cached only while it is recent: finishing started runs before
+    starting new ones keeps the cache on fewer runs. The new run waited longer, and
+    still goes second; it goes at the next free slot."""
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), max_batch=2)], affinity=affinity)
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0))
+    state, _ = admit(state, "a1", "ra", cls="batch")
+    state, _ = admit(state, "b1", "rb", cls="batch")
+    state, _ = core.decide(state, core.TurnFinished("a1", "tool_calls", 1))  # ra pauses on a tool
+    state, _ = admit(state, "x1", "rx", cls="batch", now=2)  # takes the free slot: nothing was held
+    state, new = admit(state, "n1", "rn", cls="batch", now=3)  # a new run: held
+    state, later = admit(state, "a2", "ra", cls="batch", now=4)  # ra is back from its tool: held
+    assert not placed(new) and not placed(later)
+    state, first = core.decide(state, core.TurnFinished("x1", "stop", 5))
+    assert placed(first) == {"a2": "a"}
+    state, second = core.decide(state, core.TurnFinished("b1", "stop", 6))
+    assert placed(second) == {"n1": "a"}
+
+
+def test_a_new_run_of_a_caller_with_fewer_turns_running_goes_before_another_callers_run_under_way():
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), max_batch=2)])
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0))
+    state, _ = admit(state, "g1", "rg", cls="batch", caller="greedy")
+    state, _ = admit(state, "g9", "rg9", cls="batch", caller="greedy")  # keeps running throughout
+    state, _ = core.decide(state, core.TurnFinished("g1", "tool_calls", 1))
+    state, _ = admit(state, "g5", "rg5", cls="batch", caller="greedy", now=2)  # fills the slot again
+    state, _ = admit(state, "g2", "rg", cls="batch", caller="greedy", now=3)  # greedy's run under way: held
+    state, _ = admit(state, "q1", "rq", cls="batch", caller="quiet", now=4)  # quiet's new run: held
+    state, actions = core.decide(state, core.TurnFinished("g5", "stop", 5))
+    assert placed(actions) == {"q1": "a"}
 
 
 def test_cancelled_held_turn_leaves_the_queue():
@@ -610,8 +645,6 @@ def test_under_the_ceiling_the_batch_reserve_keeps_no_slot_empty():
 def test_replace_changes_exactly_the_named_fields_of_every_state_type():
     """The core's own ``_replace`` (cheaper than namedtuple's) must still be namedtuple's:
     each field by its name, the rest untouched, the same type, a wrong name refused."""
-    import pytest
-
     for cls in (core.Replica, core.Run, core.Turn, core.Lease, core.HeldTurn, core.State):
         base = cls(*[object() for _ in cls._fields])
         for i, name in enumerate(cls._fields):

@@ -164,6 +164,26 @@ def test_no_batch_turn_is_released_while_an_interactive_turn_waits_for_that_repl
     driver.play(ops)
 
 
+def runs_under_way_before_new_runs(before, event, after, actions):
+    """A run's first turn is placed only where no held later turn of the same caller's
+    runs (same class) could have gone instead."""
+    for place in placements(actions):
+        opening = before.held.get(place.turn_id)
+        if opening is None or not opening.opens:
+            continue
+        for turn in after.held.values():
+            if turn.opens or turn.service_class != opening.service_class or turn.caller != opening.caller:
+                continue
+            assert place.replica not in {r.name for r in core._candidates(after, turn)}, (place, turn)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(0, 3), operations)
+def test_no_new_run_starts_where_a_run_under_way_of_its_caller_waits(running, ops):
+    driver = Driver(state=fresh_state(running), checks=[runs_under_way_before_new_runs])
+    driver.play(ops)
+
+
 @settings(max_examples=600, deadline=None)
 @given(operations)
 def test_every_held_turn_is_placed_once_capacity_frees(ops):
