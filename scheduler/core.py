@@ -16,7 +16,9 @@ in the events. Read top to bottom it is the policy:
   token of every run there gets slower, the interactive ones included;
 * batch turns leave room under the limit for every interactive run paused on that
   replica, sized by the paused run's context in KV tokens where the engine reports
-  token usage, one turn each otherwise; held turns are released interactive first,
+  token usage, one turn each otherwise; and with strict affinity a slot each under the
+  ceiling (at most half of it), since the run's next turn can go nowhere else;
+  held turns are released interactive first,
   then the caller with the fewest running turns, then turns of runs already under
   way before the first turns of new ones (a run's prefix is cached only while it
   runs: finishing started runs keeps the engines' caches on fewer, warmer runs),
@@ -514,11 +516,11 @@ def _candidates(state: State, turn: HeldTurn) -> list[Replica]:
     return serving
 
 
-def batch_reserve(replica: Replica) -> int:
-    """Turns of the limit batch may not take on this replica: room for the interactive
-    runs paused there on a tool. In KV tokens where the engine reports them (the paused
-    contexts over the tokens an average running request holds), never less than one
-    turn per paused run."""
+def _limit_reserve(replica: Replica) -> int:
+    """Turns of the learned limit batch may not take on this replica: KV room for the
+    interactive runs paused there on a tool. In KV tokens where the engine reports them
+    (the paused contexts over the tokens an average running request holds), never less
+    than one turn per paused run."""
     paused = replica.paused_interactive
     if paused == 0:
         return 0
@@ -535,19 +537,42 @@ def _tokens_per_turn(replica: Replica) -> float | None:
     return None
 
 
-def _has_room(replica: Replica, service_class: str) -> bool:
-    """Whether one more turn of this class may go here now. The batch reserve comes off
-    the learned limit (the KV room paused interactive prefixes need), not off the decode
-    ceiling: under the ceiling a slot kept empty would slow every run for nothing, and
-    a resuming interactive turn takes the next free slot before any batch turn. Slots
-    lent to dataplanes are taken."""
-    taken = replica.in_flight + replica.leased_idle
-    if replica.ceiling and taken >= replica.ceiling:
-        return False
-    if replica.limit <= 0:
-        return True
-    reserve = batch_reserve(replica) if service_class == BATCH else 0
-    return taken + reserve < replica.limit
+def _ceiling_reserve(replica: Replica, strict: bool) -> int:
+    """Slots under the decode ceiling batch turns may not take on this replica: one for
+    each interactive run paused there whose next turn must come back here (strict
+    affinity), at most half the ceiling. Without it the resuming turn waits for a batch
+    turn to end; under roaming it takes a free slot anywhere."""
+    if not strict or not replica.ceiling:
+        return 0
+    return min(replica.paused_interactive, replica.ceiling // 2)
+
+
+def _batch_capacity(replica: Replica, strict: bool) -> int | None:
+    """Turns in flight up to which batch turns may go here: the ceiling and the learned
+    limit, each less the room kept for paused interactive runs; None when neither
+    bounds it."""
+    caps = []
+    if replica.ceiling:
+        caps.append(replica.ceiling - _ceiling_reserve(replica, strict))
+    if replica.limit > 0:
+        caps.append(replica.limit - _limit_reserve(replica))
+    return min(caps) if caps else None
+
+
+def batch_reserve(replica: Replica, strict: bool) -> int:
+    """Turns of the replica's capacity batch turns may not take (the status page's
+    ``batch_reserve``): room kept for the interactive runs paused there."""
+    capacity = replica.capacity
+    batch = _batch_capacity(replica, strict)
+    return 0 if capacity is None or batch is None else max(0, capacity - batch)
+
+
+def _has_room(replica: Replica, service_class: str, strict: bool) -> bool:
+    """Whether one more turn of this class may go here now: under the ceiling and the
+    limit, and for batch under what is kept for paused interactive runs. Slots lent to
+    dataplanes are taken."""
+    capacity = _batch_capacity(replica, strict) if service_class == BATCH else replica.capacity
+    return capacity is None or replica.in_flight + replica.leased_idle < capacity
 
 
 def _pin(state: State, run: Run | None) -> str:
@@ -644,9 +669,9 @@ def _homes_with_room(state: State) -> dict[str, list[str]] | None:
         if not r.healthy:
             interactive.append(name)
             batch.append(name)
-        elif _has_room(r, INTERACTIVE):
+        elif _has_room(r, INTERACTIVE, state.affinity):
             interactive.append(name)
-            if _has_room(r, BATCH):
+            if _has_room(r, BATCH, state.affinity):
                 batch.append(name)
     if len(interactive) == 1:
         return None
@@ -660,7 +685,7 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
     blocked: set[str] = set()
     for turn in _held_in_release_order(state, homes):
         candidates = _candidates(state, turn)
-        roomy = [r for r in candidates if r.name not in blocked and _has_room(r, turn.service_class)]
+        roomy = [r for r in candidates if r.name not in blocked and _has_room(r, turn.service_class, state.affinity)]
         if roomy:
             return turn, _best_replica(state, roomy)
         blocked.update(r.name for r in candidates)
@@ -862,7 +887,7 @@ def _limit_after_probe(state: State, replica: Replica) -> Replica:
     # At the limit: our turns there, the slots lent to dataplanes, plus the room kept for
     # paused interactive runs (batch turns wait behind that room as surely as behind
     # running turns).
-    at_limit = replica.in_flight + replica.leased_idle + batch_reserve(replica) >= limit
+    at_limit = replica.in_flight + replica.leased_idle + _limit_reserve(replica) >= limit
     if replica.slow_start:
         if at_limit and _turns_wait_for(state, replica.name):
             return replica._replace(limit=2 * limit, since_growth=0)
@@ -989,17 +1014,12 @@ def _dataplane_gone(state: State, event: DataplaneGone) -> State:
 # on the run's own replica while the run is pinned.
 
 
-def _batch_room(replica: Replica) -> int | None:
-    """Room for batch turns under the replica's ceiling and its limit less the batch
-    reserve, after its in-flight turns and lent slots (negative: more are out than fit);
-    None when neither bounds it."""
-    taken = replica.in_flight + replica.leased_idle
-    rooms = []
-    if replica.ceiling:
-        rooms.append(replica.ceiling - taken)
-    if replica.limit > 0:
-        rooms.append(replica.limit - taken - batch_reserve(replica))
-    return min(rooms) if rooms else None
+def _batch_room(replica: Replica, strict: bool) -> int | None:
+    """Room for batch turns under the replica's ceiling and its limit, each less what is
+    kept for paused interactive runs, after its in-flight turns and lent slots
+    (negative: more are out than fit); None when neither bounds it."""
+    capacity = _batch_capacity(replica, strict)
+    return None if capacity is None else capacity - replica.in_flight - replica.leased_idle
 
 
 def _lease_slot(state: State, dataplane: str, replica_name: str, delta: int) -> State:
@@ -1084,7 +1104,7 @@ def _settle_leases(state: State, actions: list[Action], event: Event) -> tuple[S
         if lease.revoked:
             continue
         replica = state.replicas[key[1]]
-        room = _batch_room(replica)
+        room = _batch_room(replica, state.affinity)
         over_lent = room is not None and room < 0  # what is lent and used no longer fits
         if state.held or not replica.healthy or key[0] not in state.lease_takers or over_lent:
             state = state._replace(leases=state.leases.set(key, lease._replace(revoked=True)))
@@ -1101,7 +1121,7 @@ def _settle_leases(state: State, actions: list[Action], event: Event) -> tuple[S
         if lease is not None and lease.revoked:
             continue
         held = lease.slots if lease is not None else 0
-        room = _batch_room(replica)
+        room = _batch_room(replica, state.affinity)
         if room is None:
             room = LEASE_UNLIMITED_ROOM - replica.in_flight - replica.leased_idle
         slots = min(room // LEASE_ROOM_DIVISOR, LEASE_MAX_SLOTS - held)
@@ -1160,7 +1180,7 @@ def status(state: State, now_ms: int) -> dict:
             "leased_idle": r.leased_idle,
             "capacity": -1 if r.capacity is None else r.capacity,
             "decode_ceiling": r.ceiling,
-            "batch_reserve": batch_reserve(r),
+            "batch_reserve": batch_reserve(r, state.affinity),
             "kv_used_tokens": r.kv_used,
             "kv_total_tokens": r.kv_total,
         }

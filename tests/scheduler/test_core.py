@@ -381,7 +381,7 @@ def test_batch_reserve_counts_paused_interactive_contexts_in_kv_tokens():
     # 10 running requests hold 10,000 tokens: 1,000 on average; the paused 3,000-token
     # context keeps 3 turns of the limit of 10 free of batch.
     state, _ = probe(state, running=10, queued=1, kv_used=10_000, kv_total=20_000)
-    assert core.batch_reserve(state.replicas["a"]) == 3
+    assert core.batch_reserve(state.replicas["a"], True) == 3
     state, batch = fill(state, 10)
     assert len(batch) == 7
     state, back = admit(state, "i2", "interactive-run", now=2)
@@ -406,7 +406,7 @@ def test_batch_reserve_is_one_turn_per_paused_run_without_token_usage():
     state, _ = core.decide(state, core.TurnUsage("i1", 2900, 100, 1))
     state, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 1))
     state, _ = probe(state, running=10, queued=1)
-    assert core.batch_reserve(state.replicas["a"]) == 1
+    assert core.batch_reserve(state.replicas["a"], True) == 1
 
 
 def test_status_shows_the_learned_limit_as_capacity():
@@ -623,23 +623,51 @@ def test_the_fast_batch_is_forgotten_when_the_engine_goes_away():
     assert len(first) == 6 and state.replicas["a"].capacity is None
 
 
-def test_under_the_ceiling_the_batch_reserve_keeps_no_slot_empty():
-    # The reserve is KV room for paused prefixes, taken off the learned limit: with a
-    # limit of 20 and a reserve of 3, batch still fills the ceiling of 8, and the paused
-    # run's next turn goes before any batch turn when a slot frees.
-    state = pool("a")
-    state, _ = admit(state, "i1", "interactive-run")
-    state, _ = core.decide(state, core.TurnUsage("i1", 2900, 100, 1))
-    state, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 1))
-    state, _ = core.decide(state, core.EngineProbed("a", True, 10, 1, 2, 10_000, 40_000, 8))
-    state = state._replace(replicas=state.replicas.set("a", state.replicas["a"]._replace(limit=20)))
-    assert core.batch_reserve(state.replicas["a"]) == 3
+def paused_interactive_under_a_ceiling(affinity: bool, paused: int = 1, ceiling: int = 8, limit: int = 20):
+    """A replica with a decode ceiling, a learned limit well above it, and ``paused``
+    interactive runs paused there on a tool."""
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))], affinity=affinity)
+    state, _ = core.decide(state, core.EngineProbed("a", True, None, None, 0))
+    for i in range(paused):
+        state, _ = admit(state, f"i{i}", f"interactive-run{i}")
+        state, _ = core.decide(state, core.TurnUsage(f"i{i}", 2900, 100, 1))
+        state, _ = core.decide(state, core.TurnFinished(f"i{i}", "tool_calls", 1))
+    state, _ = core.decide(state, core.EngineProbed("a", True, 10, 1, 2, 10_000, 40_000, ceiling))
+    return state._replace(replicas=state.replicas.set("a", state.replicas["a"]._replace(limit=limit)))
+
+
+def test_under_the_ceiling_a_slot_is_kept_for_each_interactive_run_paused_there():
+    # With strict affinity the paused run's next turn must come back to this replica.
+    # Batch takes 7 of the ceiling's 8, so the run goes on at once instead of waiting
+    # for a batch turn to end. (Its KV reserve, 3 turns, is off the limit of 20.)
+    state = paused_interactive_under_a_ceiling(affinity=True)
+    assert core.batch_reserve(state.replicas["a"], True) == 1
+    state, batch = fill(state, 10)
+    assert len(batch) == 7
+    state, back = admit(state, "i9", "interactive-run0", now=3)
+    assert placed(back) == {"i9": "a"}
+    assert state.replicas["a"].in_flight == 8
+
+
+def test_roaming_runs_keep_no_slot_under_the_ceiling():
+    # A roaming run's next turn may take a free slot anywhere: nothing is kept empty.
+    state = paused_interactive_under_a_ceiling(affinity=False)
+    assert core.batch_reserve(state.replicas["a"], False) == 0
     state, batch = fill(state, 10)
     assert len(batch) == 8
-    state, back = admit(state, "i2", "interactive-run", now=3)
+    state, back = admit(state, "i9", "interactive-run0", now=3)
     assert not placed(back)
     state, freed = core.decide(state, core.TurnFinished("t0", "stop", 4))
-    assert placed(freed) == {"i2": "a"}
+    assert placed(freed) == {"i9": "a"}
+
+
+def test_at_most_half_the_ceiling_is_kept_for_paused_interactive_runs():
+    # Interactive runs paused for long (a human approving a tool) must not shut batch
+    # out of a replica. (Their KV reserve, 18 turns, is off a limit of 100 here.)
+    state = paused_interactive_under_a_ceiling(affinity=True, paused=6, limit=100)
+    assert core.batch_reserve(state.replicas["a"], True) == 4
+    state, batch = fill(state, 10)
+    assert len(batch) == 4
 
 
 def test_replace_changes_exactly_the_named_fields_of_every_state_type():
