@@ -42,6 +42,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--affinity", choices=("on", "off"), default=env("LUFTPAUSE_AFFINITY", "on"),
                         help="strict affinity of generating/paused runs to their replica (env LUFTPAUSE_AFFINITY, "
                              "default on; off lets runs roam, for benchmarks that measure what affinity is worth)")
+    parser.add_argument("--interactive-slots", choices=("on", "off"),
+                        default=env("LUFTPAUSE_INTERACTIVE_SLOTS", "off"),
+                        help="with strict affinity, keep a slot under each replica's decode ceiling for every "
+                             "interactive run paused there on a tool (at most half the ceiling): its next turn "
+                             "starts at once instead of waiting for a batch turn to end, and batch throughput "
+                             "pays for the empty slot (env LUFTPAUSE_INTERACTIVE_SLOTS, default off)")
     parser.add_argument("--probe-period", type=float, default=float(env("LUFTPAUSE_PROBE_PERIOD_S", PROBE_PERIOD_S)),
                         help=f"seconds between engine probes (env LUFTPAUSE_PROBE_PERIOD_S, default {PROBE_PERIOD_S:g}; "
                              "the probe timeout stays 2 s)")
@@ -55,7 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace, log) -> None:
     endpoints = load_pool(args.pool_file)
-    host = SchedulerHost(endpoints, log, affinity=args.affinity == "on", probe_period_s=args.probe_period)
+    host = SchedulerHost(endpoints, log, affinity=args.affinity == "on",
+                         interactive_slots=args.interactive_slots == "on", probe_period_s=args.probe_period)
     token = auth.token_from_env()
     if not token:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set; gRPC and HTTP accept everyone")
@@ -67,7 +74,8 @@ async def serve(args: argparse.Namespace, log) -> None:
     await runner.setup()
     await web.TCPSite(runner, args.host, args.http_port).start()
     log.info("scheduler_started", grpc=f"{args.host}:{args.grpc_port}", http=f"{args.host}:{args.http_port}",
-             replicas=[e.name for e in endpoints], affinity=args.affinity)
+             replicas=[e.name for e in endpoints], affinity=args.affinity,
+             interactive_slots=args.interactive_slots)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

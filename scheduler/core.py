@@ -16,9 +16,9 @@ in the events. Read top to bottom it is the policy:
   token of every run there gets slower, the interactive ones included;
 * batch turns leave room under the limit for every interactive run paused on that
   replica, sized by the paused run's context in KV tokens where the engine reports
-  token usage, one turn each otherwise; and with strict affinity a slot each under the
-  ceiling (at most half of it), since the run's next turn can go nowhere else;
-  held turns are released interactive first,
+  token usage, one turn each otherwise; and, where the operator asks for it, with
+  strict affinity a slot each under the ceiling too (at most half of it), since the
+  run's next turn can go nowhere else; held turns are released interactive first,
   then the caller with the fewest running turns, then turns of runs already under
   way before the first turns of new ones (a run's prefix is cached only while it
   runs: finishing started runs keeps the engines' caches on fewer, warmer runs),
@@ -213,18 +213,22 @@ class State(NamedTuple):
     # (dataplane, replica) -> Lease.
     lease_takers: frozenset = frozenset()
     leases: Map = Map()
+    # The operator's choice: with strict affinity, keep a slot under the decode ceiling
+    # for each interactive run paused on a replica (at most half the ceiling).
+    interactive_slots: bool = False
 
 
 def initial_state(
-    replicas: Iterable[Replica], affinity: bool = True, first_probe_deadline_ms: int | None = None
+    replicas: Iterable[Replica], affinity: bool = True, first_probe_deadline_ms: int | None = None,
+    interactive_slots: bool = False,
 ) -> State:
     """With ``first_probe_deadline_ms`` (a restarted scheduler), held turns wait until every
     replica has been probed once, or until that time."""
     replicas = Map({r.name: r for r in replicas})
     if first_probe_deadline_ms is None:
-        return State(replicas=replicas, affinity=affinity)
+        return State(replicas=replicas, affinity=affinity, interactive_slots=interactive_slots)
     return State(replicas=replicas, affinity=affinity, unprobed=frozenset(replicas.keys()),
-                 unprobed_until_ms=first_probe_deadline_ms)
+                 unprobed_until_ms=first_probe_deadline_ms, interactive_slots=interactive_slots)
 
 
 # -------------------------------------------------------------------------- events
@@ -537,41 +541,49 @@ def _tokens_per_turn(replica: Replica) -> float | None:
     return None
 
 
-def _ceiling_reserve(replica: Replica, strict: bool) -> int:
-    """Slots under the decode ceiling batch turns may not take on this replica: one for
-    each interactive run paused there whose next turn must come back here (strict
-    affinity), at most half the ceiling. Without it the resuming turn waits for a batch
-    turn to end; under roaming it takes a free slot anywhere."""
-    if not strict or not replica.ceiling:
+def _ceiling_reserve(replica: Replica, keep_slots: bool) -> int:
+    """Slots under the decode ceiling batch turns may not take on this replica, when
+    ``keep_slots`` (see :func:`_keeps_slots`): one for each interactive run paused
+    there, at most half the ceiling. Without it the resuming turn waits for a batch
+    turn to end."""
+    if not keep_slots or not replica.ceiling:
         return 0
     return min(replica.paused_interactive, replica.ceiling // 2)
 
 
-def _batch_capacity(replica: Replica, strict: bool) -> int | None:
+def _keeps_slots(state: State) -> bool:
+    """Whether slots under the ceiling are kept for paused interactive runs: when the
+    operator asked for it and affinity is strict (a roaming run's next turn takes a
+    free slot anywhere). A kept slot is empty while the tool runs: interactive runs go
+    on at once, at some cost in batch throughput (docs/admission.md)."""
+    return state.affinity and state.interactive_slots
+
+
+def _batch_capacity(replica: Replica, keep_slots: bool) -> int | None:
     """Turns in flight up to which batch turns may go here: the ceiling and the learned
     limit, each less the room kept for paused interactive runs; None when neither
     bounds it."""
     caps = []
     if replica.ceiling:
-        caps.append(replica.ceiling - _ceiling_reserve(replica, strict))
+        caps.append(replica.ceiling - _ceiling_reserve(replica, keep_slots))
     if replica.limit > 0:
         caps.append(replica.limit - _limit_reserve(replica))
     return min(caps) if caps else None
 
 
-def batch_reserve(replica: Replica, strict: bool) -> int:
+def batch_reserve(replica: Replica, keep_slots: bool) -> int:
     """Turns of the replica's capacity batch turns may not take (the status page's
     ``batch_reserve``): room kept for the interactive runs paused there."""
     capacity = replica.capacity
-    batch = _batch_capacity(replica, strict)
+    batch = _batch_capacity(replica, keep_slots)
     return 0 if capacity is None or batch is None else max(0, capacity - batch)
 
 
-def _has_room(replica: Replica, service_class: str, strict: bool) -> bool:
+def _has_room(replica: Replica, service_class: str, keep_slots: bool) -> bool:
     """Whether one more turn of this class may go here now: under the ceiling and the
     limit, and for batch under what is kept for paused interactive runs. Slots lent to
     dataplanes are taken."""
-    capacity = _batch_capacity(replica, strict) if service_class == BATCH else replica.capacity
+    capacity = _batch_capacity(replica, keep_slots) if service_class == BATCH else replica.capacity
     return capacity is None or replica.in_flight + replica.leased_idle < capacity
 
 
@@ -663,15 +675,16 @@ def _homes_with_room(state: State) -> dict[str, list[str]] | None:
     replica (which may move). None when no replica has room at all."""
     interactive: list[str] = [""]
     batch: list[str] = [""]
+    keep = _keeps_slots(state)
     for name, r in state.replicas.items():
         if r.kind != GENERATIVE:
             continue
         if not r.healthy:
             interactive.append(name)
             batch.append(name)
-        elif _has_room(r, INTERACTIVE, state.affinity):
+        elif _has_room(r, INTERACTIVE, keep):
             interactive.append(name)
-            if _has_room(r, BATCH, state.affinity):
+            if _has_room(r, BATCH, keep):
                 batch.append(name)
     if len(interactive) == 1:
         return None
@@ -683,9 +696,10 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
     every lower-ranked turn off the replicas it is waiting for."""
     open_replicas = {name for name in homes[INTERACTIVE] if name and state.replicas[name].healthy}
     blocked: set[str] = set()
+    keep = _keeps_slots(state)
     for turn in _held_in_release_order(state, homes):
         candidates = _candidates(state, turn)
-        roomy = [r for r in candidates if r.name not in blocked and _has_room(r, turn.service_class, state.affinity)]
+        roomy = [r for r in candidates if r.name not in blocked and _has_room(r, turn.service_class, keep)]
         if roomy:
             return turn, _best_replica(state, roomy)
         blocked.update(r.name for r in candidates)
@@ -1014,11 +1028,11 @@ def _dataplane_gone(state: State, event: DataplaneGone) -> State:
 # on the run's own replica while the run is pinned.
 
 
-def _batch_room(replica: Replica, strict: bool) -> int | None:
+def _batch_room(replica: Replica, keep_slots: bool) -> int | None:
     """Room for batch turns under the replica's ceiling and its limit, each less what is
     kept for paused interactive runs, after its in-flight turns and lent slots
     (negative: more are out than fit); None when neither bounds it."""
-    capacity = _batch_capacity(replica, strict)
+    capacity = _batch_capacity(replica, keep_slots)
     return None if capacity is None else capacity - replica.in_flight - replica.leased_idle
 
 
@@ -1104,7 +1118,7 @@ def _settle_leases(state: State, actions: list[Action], event: Event) -> tuple[S
         if lease.revoked:
             continue
         replica = state.replicas[key[1]]
-        room = _batch_room(replica, state.affinity)
+        room = _batch_room(replica, _keeps_slots(state))
         over_lent = room is not None and room < 0  # what is lent and used no longer fits
         if state.held or not replica.healthy or key[0] not in state.lease_takers or over_lent:
             state = state._replace(leases=state.leases.set(key, lease._replace(revoked=True)))
@@ -1121,7 +1135,7 @@ def _settle_leases(state: State, actions: list[Action], event: Event) -> tuple[S
         if lease is not None and lease.revoked:
             continue
         held = lease.slots if lease is not None else 0
-        room = _batch_room(replica, state.affinity)
+        room = _batch_room(replica, _keeps_slots(state))
         if room is None:
             room = LEASE_UNLIMITED_ROOM - replica.in_flight - replica.leased_idle
         slots = min(room // LEASE_ROOM_DIVISOR, LEASE_MAX_SLOTS - held)
@@ -1180,7 +1194,7 @@ def status(state: State, now_ms: int) -> dict:
             "leased_idle": r.leased_idle,
             "capacity": -1 if r.capacity is None else r.capacity,
             "decode_ceiling": r.ceiling,
-            "batch_reserve": batch_reserve(r, state.affinity),
+            "batch_reserve": batch_reserve(r, _keeps_slots(state)),
             "kv_used_tokens": r.kv_used,
             "kv_total_tokens": r.kv_total,
         }

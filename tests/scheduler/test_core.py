@@ -623,10 +623,13 @@ def test_the_fast_batch_is_forgotten_when_the_engine_goes_away():
     assert len(first) == 6 and state.replicas["a"].capacity is None
 
 
-def paused_interactive_under_a_ceiling(affinity: bool, paused: int = 1, ceiling: int = 8, limit: int = 20):
+def paused_interactive_under_a_ceiling(affinity: bool, paused: int = 1, ceiling: int = 8, limit: int = 20,
+                                       slots: bool = True):
     """A replica with a decode ceiling, a learned limit well above it, and ``paused``
-    interactive runs paused there on a tool."""
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))], affinity=affinity)
+    interactive runs paused there on a tool; ``slots``: the operator asked to keep a
+    slot for each."""
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))], affinity=affinity,
+                               interactive_slots=slots)
     state, _ = core.decide(state, core.EngineProbed("a", True, None, None, 0))
     for i in range(paused):
         state, _ = admit(state, f"i{i}", f"interactive-run{i}")
@@ -636,12 +639,13 @@ def paused_interactive_under_a_ceiling(affinity: bool, paused: int = 1, ceiling:
     return state._replace(replicas=state.replicas.set("a", state.replicas["a"]._replace(limit=limit)))
 
 
-def test_under_the_ceiling_a_slot_is_kept_for_each_interactive_run_paused_there():
+def test_asked_to_a_slot_is_kept_under_the_ceiling_for_each_interactive_run_paused_there():
     # With strict affinity the paused run's next turn must come back to this replica.
     # Batch takes 7 of the ceiling's 8, so the run goes on at once instead of waiting
     # for a batch turn to end. (Its KV reserve, 3 turns, is off the limit of 20.)
     state = paused_interactive_under_a_ceiling(affinity=True)
     assert core.batch_reserve(state.replicas["a"], True) == 1
+    assert core.status(state, 3)["replicas"][0]["batch_reserve"] == 1
     state, batch = fill(state, 10)
     assert len(batch) == 7
     state, back = admit(state, "i9", "interactive-run0", now=3)
@@ -649,10 +653,13 @@ def test_under_the_ceiling_a_slot_is_kept_for_each_interactive_run_paused_there(
     assert state.replicas["a"].in_flight == 8
 
 
-def test_roaming_runs_keep_no_slot_under_the_ceiling():
-    # A roaming run's next turn may take a free slot anywhere: nothing is kept empty.
-    state = paused_interactive_under_a_ceiling(affinity=False)
-    assert core.batch_reserve(state.replicas["a"], False) == 0
+@pytest.mark.parametrize("affinity, slots", [(True, False), (False, True)], ids=["not-asked", "roaming"])
+def test_no_slot_is_kept_under_the_ceiling_unasked_or_for_roaming_runs(affinity, slots):
+    # By default a paused run's next turn takes the next free slot before any batch
+    # turn, and nothing is kept empty; a roaming run's may take a free slot anywhere.
+    # The KV reserve (3 turns) is off the learned limit, far above the ceiling.
+    state = paused_interactive_under_a_ceiling(affinity=affinity, slots=slots)
+    assert core.status(state, 3)["replicas"][0]["batch_reserve"] == 0
     state, batch = fill(state, 10)
     assert len(batch) == 8
     state, back = admit(state, "i9", "interactive-run0", now=3)

@@ -350,7 +350,7 @@ def never_lent_over_cap(before, event, after, actions):
             if replica.ceiling:
                 assert taken <= replica.ceiling, (action, replica)
             if isinstance(action, core.Grant):  # lent slots are for batch as much as for interactive turns
-                batch_capacity = core._batch_capacity(replica, after.affinity)
+                batch_capacity = core._batch_capacity(replica, core._keeps_slots(after))
                 assert batch_capacity is None or taken <= batch_capacity, (action, replica)
 
 
@@ -361,10 +361,10 @@ def nothing_lent_while_turns_wait(before, event, after, actions):
 
 
 @settings(max_examples=600, deadline=None)
-@given(st.integers(1, 6), st.one_of(st.none(), st.integers(0, 3)), operations)
-def test_leases_never_take_a_replica_past_its_cap_and_always_add_up(ceiling, running, ops):
-    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL}), max_batch=ceiling)
-                               for n in REPLICAS)
+@given(st.integers(1, 6), st.one_of(st.none(), st.integers(0, 3)), st.booleans(), operations)
+def test_leases_never_take_a_replica_past_its_cap_and_always_add_up(ceiling, running, slots, ops):
+    state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL}), max_batch=ceiling)
+                                for n in REPLICAS), interactive_slots=slots)
     for name in REPLICAS:
         state, _ = core.decide(state, core.EngineProbed(name, True, running, None if running is None else 1, 0))
     driver = LeasingDriver(state=state, checks=[lent_slots_add_up, never_lent_over_cap, never_over_cap,
