@@ -648,7 +648,8 @@ def _held_in_release_order(state: State, homes: dict[str, list[str]]) -> Iterato
     and a waiting run's prefix is evicted and prefilled again when its turn comes.
     Fairness between callers still comes first: a new run of a caller with fewer turns
     running goes before another caller's runs under way. And a new run is not starved:
-    it waits only for turns already held of runs under way, and those runs end."""
+    it waits only for turns of runs already under way, and no later new run of its
+    caller goes ahead of it, so the runs it waits for can only end."""
     held = state.held
     for service_class in (INTERACTIVE, BATCH):
         heads = []
