@@ -7,6 +7,7 @@ import math
 import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,15 +128,13 @@ class CpuMeter:
 
 def write_results(out_dir: Path, name: str, payload: dict[str, Any]) -> Path:
     """A benchmark's raw results as ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>.json``; its path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(payload, indent=2, default=str))
-    return path
+    return write_json(out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json", payload, default=str)
 
 
-def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
-    """A benchmark's results at exactly ``path`` (its folder made); the path."""
+def write_json(path: str | Path, payload: dict[str, Any], default: Callable[[Any], Any] | None = None) -> Path:
+    """A benchmark's results at exactly ``path`` (its folder made); the path. ``default``
+    as ``json.dumps`` takes it, for values JSON has no form for."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2))
+    path.write_text(json.dumps(payload, indent=2, default=default))
     return path
