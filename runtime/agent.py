@@ -102,18 +102,19 @@ class AgentLoop:
         while True:
             self._check(run)
             offered = self._offered_tools(run)
+            answer_now = run.stats.tool_calls >= run.spec.max_tool_calls
             run.activity = "turn"
             with TRACER.start_as_current_span(f"chat {run.model}", kind=SpanKind.CLIENT, attributes={
                     "gen_ai.operation.name": "chat", "gen_ai.request.model": run.model,
                     "luftpause.run_id": run.handle}) as span:
-                reply = await self._dataplane.chat(self._turn_body(run, offered), identity)
+                reply = await self._dataplane.chat(self._turn_body(run, offered, answer_now), identity)
                 span.set_attributes({"gen_ai.usage.input_tokens": reply.prompt_tokens,
                                      "gen_ai.usage.output_tokens": reply.completion_tokens,
                                      "gen_ai.response.finish_reasons": [reply.finish_reason or "stop"]})
             run.activity = None
             self._count_turn(run, reply)
             self._check(run)
-            calls = self._tool_calls(reply, offered)
+            calls = [] if answer_now else self._tool_calls(reply, offered)
             if not calls:
                 return str(reply.message.get("content") or "")
             if not reply.message.get("tool_calls"):
@@ -131,15 +132,23 @@ class AgentLoop:
             self._guard.check(run, planned_tool_calls)
 
     def _offered_tools(self, run: Run) -> list[UpstreamTool]:
-        if run.stats.tool_calls >= run.spec.max_tool_calls:
-            return []  # budget spent: the model must answer now
+        """The tools listed in every turn of the run, the last one too: once the budget
+        is spent they stay listed with ``tool_choice: "none"`` (see :meth:`_turn_body`).
+        A run allowed no tool call is offered none."""
+        if run.spec.max_tool_calls == 0:
+            return []
         tools = self._toolbox.tools()
         if run.spec.tools is not None:
             allowed = set(run.spec.tools)
             tools = [tool for tool in tools if tool.name in allowed]
         return tools
 
-    def _turn_body(self, run: Run, offered: list[UpstreamTool]) -> dict[str, Any]:
+    def _turn_body(self, run: Run, offered: list[UpstreamTool], answer_now: bool) -> dict[str, Any]:
+        """One turn's request. With the budget spent (``answer_now``) the tools are still
+        listed, with ``tool_choice: "none"``: chat templates render the tool list at the
+        top of the prompt, so dropping it would make the last turn's prompt share nothing
+        with the earlier ones and miss the engine's prefix cache for the whole
+        conversation."""
         body: dict[str, Any] = {"model": run.model, "messages": run.messages}
         if run.spec.max_tokens:
             body["max_tokens"] = run.spec.max_tokens
@@ -147,7 +156,9 @@ class AgentLoop:
             body["temperature"] = run.spec.temperature
         if offered:
             body["tools"] = [tool.openai_function() for tool in offered]
-            if run.spec.parallel_tool_calls:
+            if answer_now:
+                body["tool_choice"] = "none"
+            elif run.spec.parallel_tool_calls:
                 body["parallel_tool_calls"] = True
         return body
 
@@ -161,7 +172,7 @@ class AgentLoop:
     @staticmethod
     def _tool_calls(reply: TurnReply, offered: list[UpstreamTool]) -> list[ToolCall]:
         if not offered:
-            # No tools were on offer (budget spent): whatever the model says is its answer.
+            # No tools were on offer: whatever the model says is its answer.
             return []
         raw_calls = reply.message.get("tool_calls") or recover_text_tool_calls(
             reply.message.get("content"), {tool.name for tool in offered}

@@ -25,8 +25,8 @@ MAX_RUNS_PER_CALLER = 1_000
 MAX_SESSIONS = 1_000
 SESSION_IDLE_S = 600.0
 
-# Tool calls per run. Once spent the model is offered no tools and must answer, which
-# also caps a run at DEFAULT_MAX_TOOL_CALLS + 1 turns.
+# Tool calls per run. Once spent the model must answer (the tools stay listed, with
+# tool_choice "none"), which also caps a run at DEFAULT_MAX_TOOL_CALLS + 1 turns.
 DEFAULT_MAX_TOOL_CALLS = 8
 
 # `await` waits at most this long by default: within MCP clients' own per-request

@@ -63,7 +63,7 @@ def bounds(minimum: float | None = None, maximum: float | None = None, exclusive
 
 MaxToolCalls = Annotated[
     int,
-    Field(description="Tool calls the sub-agent may make; then it is offered no tools and must answer.",
+    Field(description="Tool calls the sub-agent may make; then it must answer (tools stay listed, tool_choice none).",
           json_schema_extra=bounds(0, constants.MAX_TOOL_CALLS_LIMIT)),
 ]
 ToolAllowList = Annotated[

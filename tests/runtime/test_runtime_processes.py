@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -163,6 +164,22 @@ async def test_cancel_a_parent_cancels_its_running_child(runtime_server: Runtime
     assert awaited["timedOut"] is False
     parent_status, child_status = status["runs"]
     assert parent_status["children"] == [child] and child_status["parent"] == parent
+
+
+async def test_the_answer_after_the_last_tool_call_is_read_from_the_prefix_cache(
+    runtime_server: RuntimeProcess, fake_engine: str
+) -> None:
+    # A task of its own (~1,500 tokens), so only this run's earlier turn can be cached.
+    task = f"Summarise these notes {uuid.uuid4().hex}: " + " ".join(f"note {i} says little" for i in range(300))
+    before = httpx.get(f"{fake_engine}/stats").json()
+    async with Client(runtime_server.mcp_url) as client:
+        record = await call(client, "run", {"task": task, "maxToolCalls": 1, "tools": ["lookup"]})
+    after = httpx.get(f"{fake_engine}/stats").json()
+
+    assert record["status"] == "Completed" and record["toolCalls"] == 1 and record["result"]
+    # The answer's turn lists the same tools (tool_choice "none"), so its prompt begins
+    # with the whole first turn's and the engine serves that part from its cache.
+    assert after["cached_tokens"] - before["cached_tokens"] >= len(task) // 4
 
 
 async def test_run_blocks_until_the_sub_agent_finished(runtime_server: RuntimeProcess) -> None:

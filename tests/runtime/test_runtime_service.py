@@ -60,11 +60,11 @@ async def test_bearer_token_is_sent_to_the_dataplane(dataplane: ScriptedDataplan
     assert dataplane.chat_requests[0].headers["authorization"] == "Bearer secret"
 
 
-async def test_tools_are_withdrawn_once_the_tool_call_budget_is_spent(
+async def test_once_the_tool_call_budget_is_spent_the_model_must_answer(
     make_runtime: MakeRuntime, dataplane: ScriptedDataplane, upstream_calls: list[str]
 ) -> None:
     runtime = await make_runtime()
-    # The model keeps asking for tools; after one call it is offered none and its reply is the answer.
+    # The model keeps asking for tools; after one call it may call none and its reply is the answer.
     dataplane.script = [tool_call_reply(("lookup", {"query": "a"})),
                         tool_call_reply(("lookup", {"query": "b"}), content="best effort")]
 
@@ -72,8 +72,24 @@ async def test_tools_are_withdrawn_once_the_tool_call_budget_is_spent(
 
     assert run.status is RunStatus.COMPLETED and run.result == "best effort"
     assert run.stats.tool_calls == 1 and run.stats.turns == 2 and upstream_calls == ["lookup"]
-    assert "tools" in dataplane.chat_bodies[0] and "tools" not in dataplane.chat_bodies[1]
+    first, last = dataplane.chat_bodies
+    assert "tool_choice" not in first and last["tool_choice"] == "none"
+    # The same tool list in both: the engine renders it at the top of the prompt, so the
+    # last turn's prompt extends the first one's and hits its prefix cache.
+    assert first["tools"] and last["tools"] == first["tools"]
     assert all("max_tokens" not in body for body in dataplane.chat_bodies)  # maxTokens 0 = engine default
+
+
+async def test_a_run_allowed_no_tool_call_is_offered_no_tools(
+    make_runtime: MakeRuntime, dataplane: ScriptedDataplane, upstream_calls: list[str]
+) -> None:
+    runtime = await make_runtime()
+    dataplane.script = [tool_call_reply(("lookup", {"query": "a"}), content="from memory")]
+
+    run = await finish(runtime, RunSpec(task="t", max_tool_calls=0))
+
+    assert run.status is RunStatus.COMPLETED and run.result == "from memory" and upstream_calls == []
+    assert "tools" not in dataplane.chat_bodies[0] and "tool_choice" not in dataplane.chat_bodies[0]
 
 
 async def test_calls_beyond_the_budget_in_one_reply_are_answered_not_run(
