@@ -158,6 +158,8 @@ async def run_once(
             }
             if calls < plan.tool_calls:
                 body["tools"] = [LOOKUP_TOOL]
+            elif workload.answer_keeps_tools:
+                body["tools"], body["tool_choice"] = [LOOKUP_TOOL], "none"
             live.turns_in_flight += 1
             try:
                 message, turn = await stream_turn(session, target, body, headers, clock)

@@ -65,6 +65,7 @@ class BenchConfig:
     window_s: float = 120.0  # B2 measurement window, model seconds (B3 uses half)
     warmup_s: float = 30.0
     first_repeat: int = 0  # repeat k runs workload k: a later invocation from here adds new workloads
+    answer_keeps_tools: bool = False  # B2 own-loop agents list the tool in their answer turn too
 
     def repeat_numbers(self) -> range:
         return range(self.first_repeat, self.first_repeat + self.repeats)
@@ -344,11 +345,11 @@ async def _fan(runtime: str, sequential: bool, name: str, seed: str, config: Ben
 # --- B2: interactive under batch load --------------------------------------------------------
 
 
-def b2_groups(heavy: bool) -> list[Group]:
+def b2_groups(heavy: bool, answer_keeps_tools: bool = False) -> list[Group]:
     chars = 8000 if heavy else 2000
     batch = 48 if heavy else 24
     base = Workload(context_chars_min=chars // 4, context_chars_max=chars, tool_calls_min=1, tool_calls_max=3,
-                    tool_delay_s=2.0, max_tokens=256)
+                    tool_delay_s=2.0, max_tokens=256, answer_keeps_tools=answer_keeps_tools)
     return [Group(4, replace(base, service_class="interactive")), Group(batch, replace(base, service_class="batch"))]
 
 
@@ -394,9 +395,9 @@ async def _closed(rig: Rig, config: BenchConfig, part: str, variant: str, repeat
     sampling = asyncio.create_task(timeline.run())
     try:
         async with rig.engine_sampler(config.warmup_s) as samples:
-            result = await run_load(b2_groups(heavy), target=target, spawn_target=spawn_target,
-                                    warmup_s=config.warmup_s, duration_s=config.window_s,
-                                    time_scale=config.time_scale, name=name, seed=seed, console=console)
+            groups = b2_groups(heavy, config.answer_keeps_tools)
+            result = await run_load(groups, target=target, spawn_target=spawn_target,
+                                    warmup_s=config.warmup_s, duration_s=config.window_s, time_scale=config.time_scale, name=name, seed=seed, console=console)
     finally:
         sampling.cancel()
     out = {"summary": result.summary, "cpu": result.cpu, **rig.engine_figures(samples),
@@ -642,6 +643,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variants", choices=("all", "router"), default="all",
                    help="router: only the peers' rows (sequential, SGLang router, runtime straight to the router), "
                         "what the engine preset is calibrated on; no luftpause process")
+    p.add_argument("--answer-keeps-tools", action="store_true",
+                   help="B2 own-loop agents list the tool in their answer turn too (tool_choice none), as "
+                        "luftpause's runtime does, instead of dropping it; a workload sensitivity, not the "
+                        "calibrated workload")
     p.add_argument("--preset", default=BenchConfig.preset, help="fake engine preset (luftpause.fakes.engine)")
     p.add_argument("--separate-gpus", action="store_true",
                    help="one engine process per replica, each with its own GPU timeline (default: one shared GPU)")
@@ -658,11 +663,12 @@ def main(argv: list[str] | None = None) -> None:
     config = BenchConfig(time_scale=a.time_scale, repeats=a.repeats, first_repeat=a.first_repeat,
                          window_s=a.window_s, warmup_s=a.warmup_s,
                          preset=a.preset, shared_gpu=not a.separate_gpus, router_only=a.variants == "router",
-                         out_dir=a.out_dir, work_dir=a.out_dir / "work")
+                         out_dir=a.out_dir, work_dir=a.out_dir / "work", answer_keeps_tools=a.answer_keeps_tools)
     started = time.monotonic()
     console.print(f"engine model: preset {config.preset}, {'one shared GPU' if config.shared_gpu else 'a GPU each'}, "
                   f"time scale {config.time_scale} (1 model second = {config.time_scale} s wall), "
-                  f"stream interval {config.stream_interval}, variants {a.variants}")
+                  f"stream interval {config.stream_interval}, variants {a.variants}"
+                  f"{', own-loop answer turns keep the tool' if config.answer_keeps_tools else ''}")
     if a.which in ("b1", "all"):
         asyncio.run(bench_b1(config))
     if a.which in ("b2", "all"):

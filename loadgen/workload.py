@@ -50,6 +50,9 @@ class Workload:
     tool_delay_s: float = 2.0  # model seconds per tool call (own-loop agents wait locally)
     tool_result_chars: int = 600
     max_tokens: int = 256
+    # The answer turn (tool calls spent) lists the tool again with tool_choice "none", as
+    # luftpause's runtime does, instead of dropping it (a different prompt prefix).
+    answer_keeps_tools: bool = False
 
 
 @dataclass(frozen=True)

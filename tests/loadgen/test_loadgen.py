@@ -8,6 +8,7 @@ import asyncio
 import sys
 from pathlib import Path
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -94,6 +95,20 @@ async def test_run_once_calls_tools_then_answers_and_sends_headers_only_to_luftp
         assert tagged.ok
         assert all(h["x-luftpause-run-id"] == "run-2" and h["x-luftpause-class"] == "interactive"
                    and h["x-luftpause-caller"] == "me" for h in seen)
+
+
+async def test_an_answer_turn_that_keeps_the_tool_extends_the_cached_prefix(engine) -> None:
+    url, _ = engine
+    keeps = replace(QUICK, answer_keeps_tools=True)
+    async with aiohttp.ClientSession() as session:
+        dropped = await run_once(session, Target(url, MODEL), QUICK, "answer-drops", Clock(), Live())
+        kept = await run_once(session, Target(url, MODEL), keeps, "answer-keeps", Clock(), Live())
+    assert dropped.ok and kept.ok and kept.tool_calls == dropped.tool_calls == 2
+    assert kept.turns[-1].finish_reason == "stop"  # tool_choice "none": the model answers
+    # Without the tool list the answer's prompt starts differently and misses the
+    # conversation; with it the answer reads the whole previous turn from the cache.
+    assert dropped.turns[-1].cached_tokens < dropped.turns[1].prompt_tokens // 2
+    assert kept.turns[-1].cached_tokens >= kept.turns[1].prompt_tokens - 16
 
 
 async def test_failed_turns_are_errors(engine) -> None:
