@@ -40,13 +40,16 @@ def run_agent(task: str, base_url: str, model: str | None = None, max_tool_calls
     messages: list[dict] = [{"role": "user", "content": task}]
     calls = 0
     while True:
-        offer_tools = calls < max_tool_calls
+        # Once the calls are spent the tool stays listed and tool_choice forbids it: the
+        # tool list heads the prompt, so keeping it lets the engine reuse the cached
+        # conversation for the answer instead of prefilling all of it again.
+        answer_now = calls >= max_tool_calls
         reply = client.chat.completions.create(
-            model=model, messages=messages, max_tokens=256, extra_headers=headers,
-            **({"tools": TOOLS} if offer_tools else {}),
+            model=model, messages=messages, max_tokens=256, extra_headers=headers, tools=TOOLS,
+            **({"tool_choice": "none"} if answer_now else {}),
         )
         message = reply.choices[0].message
-        if not message.tool_calls:
+        if answer_now or not message.tool_calls:
             return message.content or "", calls
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
