@@ -99,9 +99,10 @@ class AgentLoop:
         """Take turns until the model answers without tool calls; returns that answer."""
         run.model = run.model or run.spec.model or await self._dataplane.default_model()
         identity = TurnIdentity(run.handle, run.spec.service_class, run.caller)
+        choice_ignored = False  # the engine called tools under tool_choice "none": ask without them
         while True:
             self._check(run)
-            offered = self._offered_tools(run)
+            offered = [] if choice_ignored else self._offered_tools(run)
             answer_now = run.stats.tool_calls >= run.spec.max_tool_calls
             run.activity = "turn"
             with TRACER.start_as_current_span(f"chat {run.model}", kind=SpanKind.CLIENT, attributes={
@@ -114,6 +115,12 @@ class AgentLoop:
             run.activity = None
             self._count_turn(run, reply)
             self._check(run)
+            if answer_now and offered and reply.message.get("tool_calls") and not reply.message.get("content"):
+                # Some engines ignore tool_choice "none" (or their chat template does); an
+                # empty answer would be lost work, so ask once more without the tools.
+                log.info("tool_choice_ignored", run=run.handle, effect="answer asked again without tools")
+                choice_ignored = True
+                continue
             calls = [] if answer_now else self._tool_calls(reply, offered)
             if not calls:
                 return str(reply.message.get("content") or "")

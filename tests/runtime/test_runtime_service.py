@@ -80,6 +80,24 @@ async def test_once_the_tool_call_budget_is_spent_the_model_must_answer(
     assert all("max_tokens" not in body for body in dataplane.chat_bodies)  # maxTokens 0 = engine default
 
 
+async def test_an_engine_that_ignores_tool_choice_none_is_asked_again_without_tools(
+    make_runtime: MakeRuntime, dataplane: ScriptedDataplane, upstream_calls: list[str]
+) -> None:
+    runtime = await make_runtime()
+    # After the one allowed call the engine still answers with a call and no text (it
+    # ignored tool_choice "none"); the runtime asks again, without tools, and gets text.
+    dataplane.script = [tool_call_reply(("lookup", {"query": "a"})), tool_call_reply(("lookup", {"query": "b"})),
+                        text_reply("the answer")]
+
+    run = await finish(runtime, RunSpec(task="t", max_tool_calls=1))
+
+    assert run.status is RunStatus.COMPLETED and run.result == "the answer"
+    assert run.stats.tool_calls == 1 and run.stats.turns == 3 and upstream_calls == ["lookup"]
+    ignored, asked_again = dataplane.chat_bodies[1:]
+    assert ignored["tool_choice"] == "none" and "tools" not in asked_again and "tool_choice" not in asked_again
+    assert asked_again["messages"] == ignored["messages"]  # the ignored reply is not in the conversation
+
+
 async def test_a_run_allowed_no_tool_call_is_offered_no_tools(
     make_runtime: MakeRuntime, dataplane: ScriptedDataplane, upstream_calls: list[str]
 ) -> None:
