@@ -395,9 +395,9 @@ async def _closed(rig: Rig, config: BenchConfig, part: str, variant: str, repeat
     sampling = asyncio.create_task(timeline.run())
     try:
         async with rig.engine_sampler(config.warmup_s) as samples:
-            groups = b2_groups(heavy, config.answer_keeps_tools)
-            result = await run_load(groups, target=target, spawn_target=spawn_target,
-                                    warmup_s=config.warmup_s, duration_s=config.window_s, time_scale=config.time_scale, name=name, seed=seed, console=console)
+            result = await run_load(b2_groups(heavy, config.answer_keeps_tools), target=target,
+                                    spawn_target=spawn_target, warmup_s=config.warmup_s, duration_s=config.window_s,
+                                    time_scale=config.time_scale, name=name, seed=seed, console=console)
     finally:
         sampling.cancel()
     out = {"summary": result.summary, "cpu": result.cpu, **rig.engine_figures(samples),
