@@ -601,6 +601,29 @@ def test_pod_monitor_scrapes_every_luftpause_service(name):
             assert endpoint["path"] in http_routes(command_module(container)), container["name"]
 
 
+def service_link_variables(service: dict) -> set[str]:
+    """The variables the kubelet puts in every pod of the namespace for a Service, unless
+    the pod sets enableServiceLinks: false (docker-links style, as in kubelet's envvars)."""
+    prefix = service["metadata"]["name"].upper().replace("-", "_")
+    names = {f"{prefix}_SERVICE_HOST", f"{prefix}_SERVICE_PORT", f"{prefix}_PORT"}
+    for port in service["spec"]["ports"]:
+        base = f"{prefix}_PORT_{port['port']}_{port.get('protocol', 'TCP')}"
+        names |= {base, f"{base}_PROTO", f"{base}_PORT", f"{base}_ADDR",
+                  f"{prefix}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"}
+    return names
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_service_links_cannot_shadow_settings(name):
+    """A Service named luftpause-dataplane would give every pod LUFTPAUSE_DATAPLANE_PORT=
+    tcp://<ip>:8080, a name the dataplane parses as its port: no pod takes service links."""
+    objects = render(name)
+    injected = set().union(*(service_link_variables(s) for s in by_kind(objects, "Service")))
+    assert {"LUFTPAUSE_DATAPLANE_PORT", "LUFTPAUSE_RUNTIME_PORT"} <= injected & variables_the_code_reads()
+    for workload in workloads(objects):
+        assert workload["spec"]["template"]["spec"]["enableServiceLinks"] is False, workload["metadata"]["name"]
+
+
 # --- security and images --------------------------------------------------------------------------
 
 
