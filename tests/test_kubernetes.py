@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import os
 import re
 import shutil
@@ -116,9 +117,29 @@ def service_port(service: dict, number: int) -> dict | None:
     return next((p for p in service["spec"]["ports"] if p["port"] == number), None)
 
 
-def containers(objects: list[dict]):
+def all_containers(objects: list[dict]):
     for workload in workloads(objects):
         for container in workload["spec"]["template"]["spec"]["containers"]:
+            yield workload, container
+
+
+# The endpoint picker (python -m luftpause.scheduler.picker) is built on another branch of
+# the same issue; where its module is not here yet, the checks that read a service's code
+# pass over its container (test_only_the_picker_may_be_missing keeps it to that one).
+PICKER = "luftpause.scheduler.picker"
+
+
+def code_present(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def containers(objects: list[dict]):
+    """(workload, container) for every container whose service's code is in this checkout."""
+    for workload, container in all_containers(objects):
+        if code_present(command_module(container)):
             yield workload, container
 
 
@@ -161,6 +182,8 @@ def parsed_settings(workload: dict, container: dict, monkeypatch):
     if module == "luftpause.scheduler":
         from luftpause.scheduler.__main__ import parse_args
         return parse_args(args)
+    if module == PICKER:
+        return importlib.import_module(PICKER).parse_args(args)
     if module == "luftpause.dataplane":
         from luftpause.dataplane.__main__ import parse_args
         return parse_args(args)
@@ -176,19 +199,12 @@ def parsed_settings(workload: dict, container: dict, monkeypatch):
     raise AssertionError(f"no parser known for {module}")
 
 
-def picker_port(settings) -> int | None:
-    """The endpoint picker's ext_proc port, once the scheduler has a setting for it."""
-    return next((value for field, value in vars(settings).items()
-                 if re.fullmatch(r"(ext_proc|picker)\w*_port", field)), None)
-
-
-def listening_ports(settings) -> dict[str, int]:
-    """The ports a service's settings make it listen on, by the role of each."""
+def listening_ports(module: str, settings) -> dict[str, int]:
+    """The ports a service's settings make it listen on, by the name of the container port."""
+    if module == PICKER:  # its gRPC port is Envoy's ext_proc
+        return {"ext-proc": settings.grpc_port, "http": settings.http_port}
     if hasattr(settings, "grpc_port"):
-        ports = {"grpc": settings.grpc_port, "http": settings.http_port}
-        if picker_port(settings) is not None:
-            ports["ext-proc"] = picker_port(settings)
-        return ports
+        return {"grpc": settings.grpc_port, "http": settings.http_port}
     return {"http": settings.port}
 
 
@@ -415,13 +431,14 @@ def test_services_select_pods_on_ports_they_listen_on(name, monkeypatch):
         assert len(backends) == 1, f"Service {service['metadata']['name']} selects {len(backends)} workloads"
         (workload,) = backends
         (container,) = workload["spec"]["template"]["spec"]["containers"]
-        settings = parsed_settings(workload, container, monkeypatch)
-        listening = set(listening_ports(settings).values())
+        module = command_module(container)
+        listening = set(listening_ports(module, parsed_settings(workload, container, monkeypatch)).values()) \
+            if code_present(module) else None
         for port in service["spec"]["ports"]:
             target = resolve_port(workload, port["targetPort"])
             assert target is not None, f"{service['metadata']['name']}: no container port {port['targetPort']}"
-            if port["name"] != "ext-proc" or "ext-proc" in listening_ports(settings):
-                assert target in listening, f"{service['metadata']['name']}:{port['port']} -> {target}, not served"
+            assert listening is None or target in listening, \
+                f"{service['metadata']['name']}:{port['port']} -> {target}, not served"
         if workload["kind"] == "StatefulSet":
             assert workload["spec"]["serviceName"] == service["metadata"]["name"]
             assert service["spec"]["clusterIP"] == "None"
@@ -433,7 +450,7 @@ def test_container_ports_are_the_ones_the_service_listens_on(name, monkeypatch):
         settings = parsed_settings(workload, container, monkeypatch)
         assert settings.host == "0.0.0.0", f"{container['name']} would listen on loopback only"
         declared = {p["name"]: p["containerPort"] for p in container["ports"]}
-        for role, port in listening_ports(settings).items():
+        for role, port in listening_ports(command_module(container), settings).items():
             assert declared.get(role) == port, (container["name"], role, port, declared)
 
 
@@ -442,7 +459,7 @@ def test_probes_reach_routes_the_service_serves(name, monkeypatch):
     for workload, container in containers(render(name)):
         module = command_module(container)
         routes = http_routes(module)
-        http_port = listening_ports(parsed_settings(workload, container, monkeypatch))["http"]
+        http_port = listening_ports(module, parsed_settings(workload, container, monkeypatch))["http"]
         probes = {kind: container.get(kind) for kind in ("startupProbe", "readinessProbe", "livenessProbe")}
         assert probes["readinessProbe"] and probes["livenessProbe"], container["name"]
         for kind, probe in probes.items():
@@ -469,7 +486,7 @@ def test_probes_and_scrapes_by_pod_ip_pass_the_host_check(name, monkeypatch):
     for service in by_kind(objects, "Service"):
         (workload,) = service_backends(objects, service)
         (container,) = workload["spec"]["template"]["spec"]["containers"]
-        if command_module(container) not in ("luftpause.dataplane", "luftpause.runtime"):
+        if command_module(container) not in ("luftpause.dataplane", "luftpause.runtime"):  # the Host-checking ones
             continue
         allowed = AllowedHosts.from_env(expanded_env(workload, container))
         service_name = service["metadata"]["name"]
@@ -580,8 +597,8 @@ def test_scheduler_is_one_replica_replaced_not_rolled():
 
 
 def test_picker_contract(monkeypatch):
-    """The InferencePool names the scheduler Service's ext-proc port, 9002, the port the
-    picker serves Envoy's ext_proc gRPC on (docs/kubernetes.md)."""
+    """The InferencePool names the picker Service's ext-proc port, 9002, which the picker
+    pods serve Envoy's ext_proc gRPC on (docs/kubernetes.md)."""
     objects = render("overlays/with-gateway")
     (pool,) = by_kind(objects, "InferencePool")
     ref = pool["spec"]["endpointPickerRef"]
@@ -592,15 +609,24 @@ def test_picker_contract(monkeypatch):
     assert port["appProtocol"] == "kubernetes.io/h2c"  # gRPC without TLS
     (picker,) = service_backends(objects, service)
     (container,) = picker["spec"]["template"]["spec"]["containers"]
-    assert command_module(container) == "luftpause.scheduler"
+    assert command_module(container) == PICKER
     assert resolve_port(picker, port["targetPort"]) == 9002
     assert ref["failureMode"] == "FailClose"
-    # Until the scheduler has the picker's port setting, 9002 is the contract; once it has,
-    # the manifest and the setting must agree (test_container_ports_are_the_ones_...).
-    settings = parsed_settings(picker, container, monkeypatch)
-    assert picker_port(settings) in (None, 9002)
     docs = (ROOT / "docs/kubernetes.md").read_text()
     assert "`ext-proc`" in docs and "9002" in docs
+    if not code_present(PICKER):
+        pytest.skip(f"{PICKER} is not in this checkout: the manifest's side is checked, the picker's is not")
+    settings = parsed_settings(picker, container, monkeypatch)
+    assert (settings.host, settings.grpc_port) == ("0.0.0.0", 9002)
+    scheduler = one(objects, "Service", "luftpause-scheduler")
+    host, _, scheduler_port = settings.scheduler.rpartition(":")
+    assert host == "luftpause-scheduler" and service_port(scheduler, int(scheduler_port))["name"] == "grpc"
+
+
+def test_only_the_picker_may_be_missing():
+    missing = {command_module(c) for name in OVERLAYS for _w, c in all_containers(render(name))
+               if not code_present(command_module(c))}
+    assert missing <= {PICKER}
 
 
 def test_inference_pool_selects_the_engines_the_scheduler_knows(monkeypatch, tmp_path):
@@ -718,8 +744,8 @@ def test_pods_run_unprivileged(name):
         context = pod["securityContext"]
         assert context["runAsNonRoot"] is True and context["runAsUser"] == image_uid(), what
         assert context["seccompProfile"] == {"type": "RuntimeDefault"}, what
-        if pod["serviceAccountName"] != "luftpause-scheduler":
-            assert pod["automountServiceAccountToken"] is False, what
+        bound = {s["name"] for b in by_kind(render(name), "RoleBinding") for s in b["subjects"]}
+        assert pod["automountServiceAccountToken"] is (pod["serviceAccountName"] in bound), what
         for container in pod["containers"]:
             own = container["securityContext"]
             assert own["allowPrivilegeEscalation"] is False, what
@@ -729,21 +755,19 @@ def test_pods_run_unprivileged(name):
             assert {"cpu", "memory"} <= set(resources["requests"]) and "memory" in resources["limits"], what
 
 
-def test_scheduler_role_grants_what_a_picker_reads_and_nothing_to_write_but_leases():
+def test_only_the_picker_has_rights_and_they_are_read_only():
     objects = render("overlays/with-gateway")
-    scheduler = one(objects, "Deployment", "luftpause-scheduler")
-    account = scheduler["spec"]["template"]["spec"]["serviceAccountName"]
-    (binding,) = [b for b in by_kind(objects, "RoleBinding")
-                  if {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE} in b["subjects"]]
+    picker = one(objects, "Deployment", "luftpause-picker")
+    account = picker["spec"]["template"]["spec"]["serviceAccountName"]
+    (binding,) = by_kind(objects, "RoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
     role = one(objects, "Role", binding["roleRef"]["name"])
     grants = {(group, resource): set(rule["verbs"]) for rule in role["rules"]
               for group in rule["apiGroups"] for resource in rule["resources"]}
-    read = {"get", "list", "watch"}
-    assert grants[("", "pods")] == read
-    assert grants[("inference.networking.k8s.io", "inferencepools")] == read
-    assert grants[("coordination.k8s.io", "leases")] == read | {"create", "update", "patch"}
-    assert len(grants) == 3
+    assert grants == {("", "pods"): {"get", "list", "watch"},
+                      ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch"}}
     assert one(objects, "ServiceAccount", account)
+    assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
@@ -755,9 +779,11 @@ def test_images_are_the_released_ones_running_their_modules(name):
         assert repository.startswith("luftpause-") and repository.removeprefix("luftpause-") in RELEASE_IMAGES
         dockerfile = (ROOT / f"docker/Dockerfile.{repository.removeprefix('luftpause-')}").read_text()
         module = command_module(container)
-        # Each image runs its own service (its CMD); the fakes image the fake engine or MCP server.
-        assert f'"python", "-m", "{module}"' in dockerfile or f"python -m {module} " in dockerfile, container["image"]
-        assert module_file(module).exists()
+        # Each image runs its own service (its CMD) or a module of that package (the picker in
+        # the scheduler's image); the fakes image the fake engine or MCP server.
+        image_module = re.search(r'CMD \["python", "-m", "([\w.]+)"', dockerfile).group(1)
+        assert module == image_module or module.startswith(f"{image_module}.") or \
+            f"python -m {module} " in dockerfile, (container["image"], module)
 
 
 # --- docs -------------------------------------------------------------------------------------------
