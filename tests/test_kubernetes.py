@@ -772,7 +772,9 @@ def test_only_the_picker_has_rights_and_they_are_read_only():
 
 @pytest.mark.parametrize("name", OVERLAYS)
 def test_images_are_the_released_ones_running_their_modules(name):
-    for _workload, container in containers(render(name)):
+    tags = {container["image"].rpartition(":")[2] for _w, container in all_containers(render(name))}
+    assert len(tags) == 1, f"one release, one tag: {tags}"
+    for _workload, container in all_containers(render(name)):
         image, _, tag = container["image"].rpartition(":")
         registry, _, repository = image.rpartition("/")
         assert registry == REGISTRY and tag, container["image"]
