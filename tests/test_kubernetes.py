@@ -593,6 +593,21 @@ def test_scheduler_is_one_replica_replaced_not_rolled():
         assert scheduler["spec"]["strategy"]["type"] == "Recreate"
 
 
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_replicated_workloads_keep_one_up_through_drains_and_updates(name):
+    objects = render(name)
+    budgets = by_kind(objects, "PodDisruptionBudget")
+    for workload in by_kind(objects, "Deployment"):
+        if workload["spec"]["replicas"] < 2:
+            continue
+        what = workload["metadata"]["name"]
+        assert workload["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0, what
+        (budget,) = [b for b in budgets if matches(b["spec"]["selector"]["matchLabels"], pod_labels(workload))]
+        assert budget["spec"]["maxUnavailable"] < workload["spec"]["replicas"], what
+    picker = one(render("overlays/with-gateway"), "Deployment", "luftpause-picker")
+    assert picker["spec"]["replicas"] == 2  # peers on one scheduler: losing one moves no run
+
+
 # --- the inference gateway -----------------------------------------------------------------------
 
 
