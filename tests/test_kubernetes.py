@@ -65,15 +65,16 @@ def kubectl() -> str:
 
 
 @functools.cache
-def _rendered(name: str) -> str:
+def _rendered(name: str) -> tuple[dict, ...]:
     result = subprocess.run([kubectl(), "kustomize", str(KUBE / name)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    return result.stdout
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return tuple(doc for doc in yaml.load_all(result.stdout, Loader=loader) if doc)
 
 
 def render(name: str) -> list[dict]:
     """The objects `kubectl apply -k` would send, as fresh copies."""
-    return [doc for doc in yaml.safe_load_all(_rendered(name)) if doc]
+    return copy.deepcopy(list(_rendered(name)))
 
 
 def by_kind(objects: list[dict], kind: str) -> list[dict]:
@@ -753,13 +754,14 @@ def image_uid() -> int:
 
 @pytest.mark.parametrize("name", OVERLAYS)
 def test_pods_run_unprivileged(name):
-    for workload in workloads(render(name)):
+    objects = render(name)
+    bound = {s["name"] for b in by_kind(objects, "RoleBinding") for s in b["subjects"]}
+    for workload in workloads(objects):
         pod = workload["spec"]["template"]["spec"]
         what = workload["metadata"]["name"]
         context = pod["securityContext"]
         assert context["runAsNonRoot"] is True and context["runAsUser"] == image_uid(), what
         assert context["seccompProfile"] == {"type": "RuntimeDefault"}, what
-        bound = {s["name"] for b in by_kind(render(name), "RoleBinding") for s in b["subjects"]}
         assert pod["automountServiceAccountToken"] is (pod["serviceAccountName"] in bound), what
         for container in pod["containers"]:
             own = container["securityContext"]
