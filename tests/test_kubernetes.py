@@ -367,7 +367,7 @@ def validate(obj: dict) -> None:
 def test_kustomizations_found():
     assert "base" in KUSTOMIZATIONS
     assert {"overlays/standalone", "overlays/with-gateway"} <= set(OVERLAYS)
-    assert {"components/dataplane", "components/fake-engines"} <= set(COMPONENTS)
+    assert {"components/picker", "components/dataplane", "components/fake-engines"} <= set(COMPONENTS)
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
