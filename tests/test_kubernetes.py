@@ -592,6 +592,8 @@ def test_scheduler_is_one_replica_replaced_not_rolled():
         scheduler = one(render(name), "Deployment", "luftpause-scheduler")
         assert scheduler["spec"]["replicas"] == 1
         assert scheduler["spec"]["strategy"]["type"] == "Recreate"
+        # Not ready (no engine healthy) must not cut the dataplanes' and pickers' way back in.
+        assert one(render(name), "Service", "luftpause-scheduler")["spec"]["publishNotReadyAddresses"] is True
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
