@@ -39,7 +39,7 @@ from luftpause.fakes import faults as fault_directives
 from luftpause.fakes import replies
 from luftpause.fakes.faults import FaultError, Faults, StatusCounter
 from luftpause.fakes.replies import Envelope, Reply, ReplyRules, RequestError
-from luftpause.fakes.sim import EngineModel, ModelParams, SimRequest
+from luftpause.fakes.sim import CHARS_PER_TOKEN, EngineModel, ModelParams, SimRequest
 
 log = structlog.get_logger(service="fake-engine")
 
@@ -796,6 +796,51 @@ async def get_load(request: web.Request) -> web.Response:
     }])
 
 
+def token_ids(text: str) -> list[int]:
+    """The prompt "tokenised" as the engine model counts it (one token per
+    ``CHARS_PER_TOKEN`` characters), each token's id a hash of its characters: the same
+    text gives the same ids, and a shared prefix a shared run of ids."""
+    return [int.from_bytes(hashlib.blake2b(text[i:i + CHARS_PER_TOKEN].encode(), digest_size=4).digest()) % 128_000
+            for i in range(0, len(text), CHARS_PER_TOKEN)]
+
+
+def _text_to_tokenize(body: Any) -> str:
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    if isinstance(body.get("messages"), list):
+        return replies.render_prompt(body)
+    if isinstance(body.get("prompt"), str):
+        return body["prompt"]
+    raise RequestError("give messages (a list) or prompt (a string)")
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """vLLM's ``POST /tokenize`` ({prompt} or {messages}): the prompt's token ids, which
+    vllm-router's cache_aware and kv_aware policies ask workers for. A read-out: it
+    touches no engine state."""
+    try:
+        ids = token_ids(_text_to_tokenize(await _read_json(request)))
+    except RequestError as err:
+        return _error(err)
+    config = request.app[STATE_KEY].config
+    return web.json_response({"count": len(ids), "max_model_len": config.context_tokens or 8192, "tokens": ids,
+                              "token_strs": None})
+
+
+async def render_chat(request: web.Request) -> web.Response:
+    """vLLM's ``POST /v1/chat/completions/render``: the token ids the chat request's prompt
+    renders to (the same as ``/tokenize``), without generating. A read-out."""
+    try:
+        body = await _read_json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            raise RequestError("messages (a list) is required")
+        ids = token_ids(_text_to_tokenize(body))
+    except RequestError as err:
+        return _error(err)
+    return web.json_response({"request_id": f"render-{uuid.uuid4().hex}", "model": body.get("model"),
+                              "token_ids": ids, "features": None})
+
+
 async def stats(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATE_KEY].stats())
 
@@ -848,6 +893,8 @@ def create_app(config: EngineConfig, gpu: Gpu | None = None) -> web.Application:
         app.router.add_get(path, model_info)
     app.router.add_get("/get_load", get_load)
     app.router.add_get("/stats", stats)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/v1/chat/completions/render", render_chat)
     app.router.add_post("/reset", reset)
     app.router.add_get("/metrics", metrics)
     return app

@@ -66,3 +66,34 @@ def test_option_parses_and_rejects_unknown_names() -> None:
     assert parse_args([]).also_metrics_formats == ()
     with pytest.raises(SystemExit):
         parse_args(["--also-metrics-format", "nonsense"])
+
+
+async def test_tokenize_and_render_read_out_the_prompts_tokens_without_touching_the_engine() -> None:
+    """vLLM's /tokenize and /v1/chat/completions/render, which vllm-router's cache_aware and
+    kv_aware policies call on workers: the engine model's token count, ids shared by a
+    shared prefix, and no request, cache or counter of the engine changed."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from luftpause.fakes import replies
+    from luftpause.fakes.sim import tokens_for_chars
+
+    async with TestClient(TestServer(create_app(EngineConfig(also_metrics_formats=("vllm",))))) as client:
+        first = {"model": "fake-llama-1b", "messages": [{"role": "system", "content": "rules " * 40},
+                                                         {"role": "user", "content": "task one " * 30}]}
+        later = {**first, "messages": [*first["messages"], {"role": "assistant", "content": "a reply"},
+                                       {"role": "user", "content": "and then?"}]}
+        before = await (await client.get("/stats")).json()
+        rendered = await (await client.post("/v1/chat/completions/render", json=first)).json()
+        tokenized = await (await client.post("/tokenize", json=first)).json()
+        grown = await (await client.post("/tokenize", json=later)).json()
+        plain = await (await client.post("/tokenize", json={"model": "fake-llama-1b", "prompt": "hello there"})).json()
+        bad = await client.post("/tokenize", json={"model": "fake-llama-1b"})
+        bad_body = await bad.json()
+        after = await (await client.get("/stats")).json()
+    assert rendered["token_ids"] == tokenized["tokens"]
+    assert tokenized["count"] == tokens_for_chars(len(replies.render_prompt(first)))  # as the model counts them
+    shared = len(replies.render_prompt(first)) // 4
+    assert grown["tokens"][:shared] == tokenized["tokens"][:shared] and grown["count"] > tokenized["count"]
+    assert plain["count"] == 3
+    assert bad.status == 400 and "messages" in bad_body["error"]["message"]
+    assert after == before
