@@ -380,7 +380,7 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
         if not results[key]:
             continue
         times = [r["all_done_s"] for r in results[key]]
-        table.add_row(label + (" [best peer]" if key == best["best_row"] else ""), fmt(times, unit=" s"),
+        table.add_row(label + (" (best peer)" if key == best["best_row"] else ""), fmt(times, unit=" s"),
                       "—" if key == "sequential" else ratio(seq, mean(times)),
                       ratio(mean(times), best["best_value"]) if key == "luftpause" else "—")
     console.print(table)
@@ -608,9 +608,9 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
         cached = [100 * r["engine_cached_share"] for r in rs]
         errors = sum((_cls(r, "interactive", "errors") or 0) + (_cls(r, "batch", "errors") or 0) for r in rs)
         blind = comparison["batch_vs_class_blind"]["ratios"].get(key)
-        mark = " [best " + ", ".join(short for m, short in zip((m for m, _ in B2_METRICS), ("interactive", "p50", "batch"))
-                                     if comparison[m]["best_row"] == key) + "]" if key in best_rows else ""
-        table.add_row(label + mark + (f" [{errors} errors]" if errors else ""), fmt(inter), fmt(p50, unit=" s"),
+        mark = " (best " + ", ".join(short for m, short in zip((m for m, _ in B2_METRICS), ("interactive", "p50", "batch"))
+                                     if comparison[m]["best_row"] == key) + ")" if key in best_rows else ""
+        table.add_row(label + mark + (f" ({errors} errors)" if errors else ""), fmt(inter), fmt(p50, unit=" s"),
                       fmt(batch), fmt(cached, 0, " %"), fmt([r.get("engine_queue_mean") for r in rs]),
                       fmt([r.get("engine_retractions") for r in rs], 0),
                       rel("interactive_runs_per_min", key), rel("interactive_p50_s", key),
@@ -724,7 +724,7 @@ async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
         rates = [r["runs_per_min"] for r in rs]
         spread = statistics.pstdev(rates) if len(rates) > 1 else 0.0
         marks = [m for m, c in (("runs/min", best_rate), ("cached", best_cache)) if c["best_row"] == key]
-        table.add_row(label + (f" [best {', '.join(marks)}]" if marks else ""), f"{mean(rates):.1f} ± {spread:.1f}",
+        table.add_row(label + (f" (best {', '.join(marks)})" if marks else ""), f"{mean(rates):.1f} ± {spread:.1f}",
                       f"{100 * mean([r['engine_cached_share'] for r in rs]):.1f} %",
                       fmt([r.get("engine_queue_mean") for r in rs]), fmt([r.get("engine_retractions") for r in rs], 0),
                       ratio(mean(rates), best_rate["best_value"]) if key == "luftpause" else "—",
