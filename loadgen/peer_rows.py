@@ -54,6 +54,7 @@ class PeerRow:
     identity: str = "none"  # what each turn carries: luftpause.peer_identity.STYLES
     class_blind: bool = True  # routes without any run or class identity
     program_scheduling: bool = False
+    binding: str = "reasoning_token_balance"  # program scheduling's initial placement of a program
     session_ttl_model_s: float | None = None  # kv_aware's session-affinity TTL
 
     def args(self, engine: EngineFacts) -> list[str]:
@@ -62,23 +63,24 @@ class PeerRow:
             out += ["--kv-aware-session-affinity-ttl-secs", str(max(1, round(engine.wall_s(self.session_ttl_model_s))))]
         if self.program_scheduling:
             out += ["--enable-program-scheduling",
-                    "--program-scheduling-config-json", json.dumps(program_config(engine), separators=(",", ":"))]
+                    "--program-scheduling-config-json",
+                    json.dumps(program_config(engine, self.binding), separators=(",", ":"))]
         return out
 
     def process(self, workers: list[str], log_path: Path, engine: EngineFacts) -> RouterProcess:
         return RouterProcess(self.policy, workers, log_path, binary=self.binary, extra_args=self.args(engine))
 
 
-def program_config(engine: EngineFacts) -> dict[str, Any]:
+def program_config(engine: EngineFacts, binding: str = "reasoning_token_balance") -> dict[str, Any]:
     """vllm-router's program scheduling tuned to the engines, as its docs ask an operator
     to: each replica's KV pool as its token capacity (token-based admission instead of the
     program-count guard), the prefill and decode cost models fitted to the engine's own
-    constants, its balance-by-reasoning-tokens binding (which needs the capacity), and its
-    wall-clock periods and TTLs at the benchmark's time scale."""
+    constants, a binding strategy (by default balance by reasoning tokens, which needs the
+    capacity), and its wall-clock periods and TTLs at the benchmark's time scale."""
     s = engine.time_scale
     return {
         "token_capacity_per_dp_rank": engine.kv_tokens,
-        "binding_strategy": "reasoning_token_balance",
+        "binding_strategy": binding,
         "metrics_interval_seconds": round(1.0 * s, 4),
         "max_acting_ttl_seconds": round(10.0 * s, 4),
         "paused_retention_ttl_seconds": round(1800.0 * s, 4),
@@ -107,6 +109,13 @@ PEER_ROWS: dict[str, PeerRow] = {row.key: row for row in (
             identity="session", class_blind=False, session_ttl_model_s=30.0),
     PeerRow("vllm-program", "vllm-router program scheduling + cache_aware", VLLM_ROUTER, "cache_aware",
             identity="program", class_blind=False, program_scheduling=True),
+    # the other program bindings of 0.1.17, to check which pairs best (not run by default)
+    PeerRow("vllm-program-least", "vllm-router program scheduling, least_program_count binding", VLLM_ROUTER,
+            "cache_aware", identity="program", class_blind=False, program_scheduling=True,
+            binding="least_program_count"),
+    PeerRow("vllm-program-hash", "vllm-router program scheduling, consistent_hash binding", VLLM_ROUTER,
+            "consistent_hash", identity="program", class_blind=False, program_scheduling=True,
+            binding="consistent_hash"),
 )}
 # What B1, B2 and B3 run unless told otherwise: every row but round robin (B3 adds it).
 DEFAULT_PEERS = ("router", "vllm-cache_aware", "vllm-sticky", "vllm-kv_aware", "vllm-program")
