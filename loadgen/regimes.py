@@ -39,6 +39,7 @@ from luftpause import logs
 from luftpause.loadgen.bench import BenchConfig, bench_b2
 from luftpause.loadgen.peer_rows import DEFAULT_PEERS, PEER_ROWS, parse_peers
 from luftpause.loadgen.records import write_json
+from luftpause.loadgen.timeline import save_figure
 
 console = Console(width=200)
 
@@ -219,11 +220,7 @@ def plot_map(result_path: Path, png_path: Path | None = None) -> Path:
             axis.text(j, i, "—" if value is None else f"{value:.2f}", ha="center", va="center", fontsize=8)
     axis.set_title("B2 proxy regime map: luftpause strict vs the best peer row", fontsize=10)
     figure.colorbar(image, ax=axis, shrink=0.8, label="ratio (1.0 = equal)")
-    figure.tight_layout()
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(png_path, dpi=110)
-    plt.close(figure)
-    return png_path
+    return save_figure(figure, png_path)
 
 
 def main(argv: list[str] | None = None) -> None:
