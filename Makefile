@@ -80,6 +80,7 @@ release:
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
 .PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler bench-admission bench-real bench-startup bench-grpc
+.PHONY: bench-regimes
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
@@ -93,6 +94,11 @@ bench-b2: $(BENCH_STAMP)
 
 bench-b3: $(BENCH_STAMP)
 	$(PY) -m luftpause.loadgen.bench b3 $(BENCH_ARGS)
+
+# The regime map (B2 proxy, luftpause vs the best peer row, cell by cell around the frozen
+# preset); one cell: BENCH_ARGS="--cell eager=0" (see --help).
+bench-regimes: $(BENCH_STAMP)
+	$(PY) -m luftpause.loadgen.regimes $(BENCH_ARGS)
 
 # B4_ARGS, e.g. B4_ARGS="--concurrency 20,100 --dataplanes 1,2 --duration 5" (see --help).
 B4_ARGS ?=

@@ -39,7 +39,7 @@ from luftpause.fakes import faults as fault_directives
 from luftpause.fakes import replies
 from luftpause.fakes.faults import FaultError, Faults, StatusCounter
 from luftpause.fakes.replies import Envelope, Reply, ReplyRules, RequestError
-from luftpause.fakes.sim import EngineModel, ModelParams, SimRequest
+from luftpause.fakes.sim import CHARS_PER_TOKEN, EngineModel, ModelParams, SimRequest
 
 log = structlog.get_logger(service="fake-engine")
 
@@ -80,6 +80,9 @@ class EngineConfig:
     seed: int = 0
     labels: tuple[str, ...] = ("negative", "positive")  # /classify labels
     metrics_format: str = "sglang"
+    # More name sets for the same gauges, e.g. ("vllm",) beside SGLang's names, for a peer
+    # router that reads only vLLM's (vllm-router's program scheduling): read-outs only
+    also_metrics_formats: tuple[str, ...] = ()
     faults: tuple[str, ...] = ()  # engine-wide fault directives, e.g. ("status=503",)
     hang_limit_s: float = 3600.0  # a [[fake:hang]] request is dropped after this long
     idle_close_s: float = 0.0  # drop requests on connections idle longer than this (0 = never)
@@ -360,6 +363,7 @@ class EngineCollector(Collector):
             for key, family in families.items():
                 family.add_metric([name], values[key])
         yield from families.values()
+        yield from self._also(gauges)
         if self.state.config.metrics_format not in ("sglang", "vllm"):
             return  # llama.cpp, TGI and "none" report no KV pool here
         yield from self._kv_pool(model)
@@ -369,6 +373,21 @@ class EngineCollector(Collector):
         retracted.add_metric([self.state.config.models[0]], model.counters.retractions)
         yield retracted
 
+
+    def _also(self, gauges: Any) -> Iterator[GaugeMetricFamily]:
+        """The same running, queue and token-usage gauges again under each of
+        ``also_metrics_formats``' names (nothing else: no second KV pool, no counters)."""
+        primary = {name for name, _ in _METRIC_NAMES[self.state.config.metrics_format].values()}
+        for fmt in self.state.config.also_metrics_formats:
+            for key, (metric, doc) in _METRIC_NAMES[fmt].items():
+                if metric in primary or key == "cache_hit_rate":
+                    continue
+                family = GaugeMetricFamily(metric, doc, labels=["model_name"])
+                for name in self.state.config.models:
+                    family.add_metric([name], {"running": gauges.running.get(name, 0),
+                                               "queued": gauges.queued.get(name, 0),
+                                               "token_usage": gauges.token_usage}[key])
+                yield family
 
     def _kv_pool(self, model: Any) -> Iterator[GaugeMetricFamily]:
         """The KV pool's size and the tokens held (as stale as ``token_usage``), in the
@@ -777,6 +796,51 @@ async def get_load(request: web.Request) -> web.Response:
     }])
 
 
+def token_ids(text: str) -> list[int]:
+    """The prompt "tokenised" as the engine model counts it (one token per
+    ``CHARS_PER_TOKEN`` characters), each token's id a hash of its characters: the same
+    text gives the same ids, and a shared prefix a shared run of ids."""
+    return [int.from_bytes(hashlib.blake2b(text[i:i + CHARS_PER_TOKEN].encode(), digest_size=4).digest()) % 128_000
+            for i in range(0, len(text), CHARS_PER_TOKEN)]
+
+
+def _text_to_tokenize(body: Any) -> str:
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    if isinstance(body.get("messages"), list):
+        return replies.render_prompt(body)
+    if isinstance(body.get("prompt"), str):
+        return body["prompt"]
+    raise RequestError("give messages (a list) or prompt (a string)")
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """vLLM's ``POST /tokenize`` ({prompt} or {messages}): the prompt's token ids, which
+    vllm-router's cache_aware and kv_aware policies ask workers for. A read-out: it
+    touches no engine state."""
+    try:
+        ids = token_ids(_text_to_tokenize(await _read_json(request)))
+    except RequestError as err:
+        return _error(err)
+    config = request.app[STATE_KEY].config
+    return web.json_response({"count": len(ids), "max_model_len": config.context_tokens or 8192, "tokens": ids,
+                              "token_strs": None})
+
+
+async def render_chat(request: web.Request) -> web.Response:
+    """vLLM's ``POST /v1/chat/completions/render``: the token ids the chat request's prompt
+    renders to (the same as ``/tokenize``), without generating. A read-out."""
+    try:
+        body = await _read_json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            raise RequestError("messages (a list) is required")
+        ids = token_ids(_text_to_tokenize(body))
+    except RequestError as err:
+        return _error(err)
+    return web.json_response({"request_id": f"render-{uuid.uuid4().hex}", "model": body.get("model"),
+                              "token_ids": ids, "features": None})
+
+
 async def stats(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATE_KEY].stats())
 
@@ -803,6 +867,8 @@ def create_app(config: EngineConfig, gpu: Gpu | None = None) -> web.Application:
     given the same ``gpu`` share its timeline (one process, one GPU)."""
     if config.metrics_format not in _METRIC_NAMES:
         raise ValueError(f"metrics_format must be one of {sorted(_METRIC_NAMES)}")
+    if any(f not in _METRIC_NAMES for f in config.also_metrics_formats):
+        raise ValueError(f"also_metrics_formats must be among {sorted(_METRIC_NAMES)}")
     state = EngineState(config=config, sim=Simulator(config.params(), config.time_scale, gpu),
                         faults=config.engine_faults())
     registry = CollectorRegistry(auto_describe=True)
@@ -827,6 +893,8 @@ def create_app(config: EngineConfig, gpu: Gpu | None = None) -> web.Application:
         app.router.add_get(path, model_info)
     app.router.add_get("/get_load", get_load)
     app.router.add_get("/stats", stats)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/v1/chat/completions/render", render_chat)
     app.router.add_post("/reset", reset)
     app.router.add_get("/metrics", metrics)
     return app
@@ -915,6 +983,12 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
         default=_env("METRICS_FORMAT", d.metrics_format),
         help=f"Prometheus metric names to expose [env {ENV_PREFIX}METRICS_FORMAT]",
     )
+    p.add_argument(
+        "--also-metrics-format",
+        default=_env("ALSO_METRICS_FORMAT", ",".join(d.also_metrics_formats)),
+        help="comma-separated further name sets for the running, queue and token-usage gauges (e.g. vllm, "
+             f"for a router that reads only vLLM's names); read-outs only [env {ENV_PREFIX}ALSO_METRICS_FORMAT]",
+    )
     p.add_argument("--fault", action="append", default=[], metavar="DIRECTIVE",
                    help="engine-wide fault directive, repeatable: status=503, status-times=429:2, "
                         "retry-after=3, die-after=4, linger-after-done=500, hang, tool-call-as-text, "
@@ -937,7 +1011,11 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
         extra_ports = tuple(int(x) for x in a.extra_ports.split(",") if x.strip())
     except ValueError:
         p.error("--extra-ports must be comma-separated port numbers")
-    values.update(models=model_names, labels=labels, faults=tuple(a.fault), extra_ports=extra_ports)
+    also = tuple(x.strip() for x in a.also_metrics_format.split(",") if x.strip())
+    if any(f not in _METRIC_NAMES for f in also):
+        p.error(f"--also-metrics-format takes names among {sorted(_METRIC_NAMES)}")
+    values.update(models=model_names, labels=labels, faults=tuple(a.fault), extra_ports=extra_ports,
+                  also_metrics_formats=also)
     return EngineConfig(**values)
 
 

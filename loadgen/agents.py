@@ -20,6 +20,7 @@ import structlog
 
 from luftpause.loadgen.records import RunRecord, TurnRecord
 from luftpause.loadgen.workload import LOOKUP_TOOL, SYSTEM_PROMPT, Workload, plan_run, tool_result
+from luftpause.peer_identity import add_identity, finish_path
 
 log = structlog.get_logger(service="loadgen")
 
@@ -32,6 +33,7 @@ class Target:
     model: str
     luftpause: bool = False  # send x-luftpause-* headers
     caller: str = "loadgen"
+    peer_identity: str = "none"  # a peer router's identity fields on each turn (luftpause.peer_identity)
 
 
 @dataclass
@@ -160,9 +162,13 @@ async def run_once(
                 body["tools"] = [LOOKUP_TOOL]
             elif workload.answer_keeps_tools:
                 body["tools"], body["tool_choice"] = [LOOKUP_TOOL], "none"
+            turn_headers = headers
+            if target.peer_identity != "none":
+                body, extra = add_identity(body, target.peer_identity, run_id, workload.service_class)
+                turn_headers = {**headers, **extra}
             live.turns_in_flight += 1
             try:
-                message, turn = await stream_turn(session, target, body, headers, clock)
+                message, turn = await stream_turn(session, target, body, turn_headers, clock)
             finally:
                 live.turns_in_flight -= 1
             record.turns.append(turn)
@@ -184,6 +190,13 @@ async def run_once(
     if target.luftpause:
         try:  # the run is over: let the scheduler forget it now, as the runtime does
             async with session.delete(f"{target.base_url}/runs/{run_id}", headers=headers):
+                pass
+        except aiohttp.ClientError:
+            pass
+    finish = finish_path(target.peer_identity, run_id)
+    if finish is not None:
+        try:  # the run is over: end its session at the peer router
+            async with session.post(target.base_url.removesuffix("/v1") + finish):
                 pass
         except aiohttp.ClientError:
             pass

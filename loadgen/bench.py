@@ -26,6 +26,7 @@ import contextlib
 import json
 import statistics
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -40,15 +41,16 @@ from luftpause import logs
 from luftpause.loadgen import peers
 from luftpause.loadgen.agents import Clock, Live, Target
 from luftpause.loadgen.driver import Group, run_load
+from luftpause.loadgen.peer_rows import CLASS_BLIND_BASELINE, DEFAULT_PEERS, PEER_ROWS, EngineFacts, compare, parse_peers
 from luftpause.loadgen.records import CpuMeter, RunRecord, write_results
 from luftpause.loadgen.spawn import SpawnTarget, fan_out
 from luftpause.loadgen.timeline import Timeline, plot_b2
 from luftpause.loadgen.workload import Workload
 from luftpause.procs import free_port
-from luftpause.stack import MODEL, Ports, Stack, write_configs
+from luftpause.stack import MODEL, Ports, Stack, engine_name, write_configs
 
 log = structlog.get_logger(service="bench")
-console = Console(width=200)
+console = Console(width=240)
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,37 @@ class BenchConfig:
     warmup_s: float = 30.0
     first_repeat: int = 0  # repeat k runs workload k: a later invocation from here adds new workloads
     answer_keeps_tools: bool = False  # B2 own-loop agents list the tool in their answer turn too
+    replicas: int = 2
+    peers: tuple[str, ...] = DEFAULT_PEERS  # peer rows (luftpause.loadgen.peer_rows), all in this invocation
+    # engine options over the preset, e.g. (("decode_eager_ms", 0.0),): the regime map's cells
+    engine_overrides: tuple[tuple[str, float], ...] = ()
 
     def repeat_numbers(self) -> range:
         return range(self.first_repeat, self.first_repeat + self.repeats)
 
     def engine_args(self) -> list[str]:
+        overrides = [arg for name, value in self.engine_overrides
+                     for arg in (f"--{name.replace('_', '-')}", str(_option_value(name, value)))]
+        # vLLM's names for the load gauges beside SGLang's, for vllm-router (read-outs only)
         return ["--preset", self.preset, "--time-scale", str(self.time_scale),
-                "--stream-interval", str(self.stream_interval), "--seed", str(self.seed), "--models", MODEL]
+                "--stream-interval", str(self.stream_interval), "--seed", str(self.seed), "--models", MODEL,
+                "--also-metrics-format", "vllm", *overrides]
+
+    def engine_values(self) -> dict[str, Any]:
+        """The engine model the benchmark runs: the preset with the overrides applied."""
+        from luftpause.fakes.engine import PRESETS, EngineConfig
+        values = {**asdict(EngineConfig()), **PRESETS[self.preset]}
+        for name, value in self.engine_overrides:
+            if name not in values:
+                raise ValueError(f"no engine option {name!r}")
+            values[name] = _option_value(name, value)
+        return values
+
+
+def _option_value(name: str, value: float) -> float | int:
+    """Integer engine options (KV tokens, batch sizes) as integers."""
+    from luftpause.fakes.engine import EngineConfig
+    return int(round(value)) if isinstance(getattr(EngineConfig(), name, 0.0), int) else value
 
 
 # --- the rig: engines, fake MCP, routers, luftpause ---------------------------------------
@@ -86,12 +112,13 @@ class Rig:
         self.dir = config.work_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.logs = self.dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.engine_ports = (free_port(), free_port())
+        self.engine_ports = tuple(free_port() for _ in range(config.replicas))
         self.mcp_port = free_port()
         self.engine_urls = [f"http://{peers.HOST}:{p}" for p in self.engine_ports]
+        facts = EngineFacts.of(config.engine_values(), config.time_scale)
+        self.rows = {key: PEER_ROWS[key] for key in routers}  # peer rows, by key
         self.routers: dict[str, peers.RouterProcess] = {
-            policy: peers.RouterProcess(policy, self.engine_urls, self.logs / f"router-{policy}.log")
-            for policy in routers
+            key: row.process(self.engine_urls, self.logs / f"router-{key}.log", facts) for key, row in self.rows.items()
         }
         self._stack = ExitStack()
 
@@ -105,7 +132,7 @@ class Rig:
                     peers.wait_healthy(f"{url}/health")
             else:
                 for i, port in enumerate(self.engine_ports):
-                    engine = peers.engine_process(f"engine-{'ab'[i]}", port, self.config.engine_args(), self.logs)
+                    engine = peers.engine_process(engine_name(i), port, self.config.engine_args(), self.logs)
                     self._start(engine)
             fake_mcp = peers.ManagedProcess(
                 "fake-mcp", "luftpause.fakes.mcp",
@@ -147,7 +174,7 @@ class Rig:
                       env={"LUFTPAUSE_AFFINITY": "on" if affinity else "off", "LUFTPAUSE_LOG_LEVEL": "warning",
                            # the 2 s probe period is 2 s of *engine* time: scale it with the engines
                            "LUFTPAUSE_PROBE_PERIOD_S": str(2.0 * self.config.time_scale)},
-                      without=frozenset({"engine-a", "engine-b", "fake-mcp"}))
+                      without=frozenset({*(engine_name(i) for i in range(self.config.replicas)), "fake-mcp"}))
         stack.start()
         try:
             yield stack
@@ -155,13 +182,15 @@ class Rig:
             stack.stop()
 
     @contextmanager
-    def direct_runtime(self, policy: str) -> Iterator[str]:
-        """A runtime whose turns go straight to the ``policy`` router; yields its MCP URL."""
+    def direct_runtime(self, key: str) -> Iterator[str]:
+        """A runtime whose turns go straight to peer row ``key``'s router, with the identity
+        that router reads; yields its MCP URL."""
         port = free_port()
-        state = self.dir / f"runtime-{policy}-{time.monotonic_ns()}"
-        process = peers.runtime_process(f"runtime-direct-{policy}", port, self.routers[policy].url,
+        state = self.dir / f"runtime-{key}-{time.monotonic_ns()}"
+        process = peers.runtime_process(f"runtime-direct-{key}", port, self.routers[key].url,
                                         self.tools_file, state, self.logs)
         process.env["LUFTPAUSE_LOG_LEVEL"] = "warning"
+        process.env["LUFTPAUSE_RUNTIME_PEER_IDENTITY"] = self.rows[key].identity
         process.start()
         try:
             process.wait_ready(30)
@@ -171,6 +200,34 @@ class Rig:
 
     def reset_engines(self) -> None:
         peers.reset_engines(self.engine_urls)
+
+    def peer_diagnostics(self, key: str) -> dict[str, Any] | None:
+        """What a vllm-router row saw of the runs' identity by the end of a window: its
+        routing decisions by outcome (``sticky_hit`` for kv_aware's session affinity, ...)
+        from its metrics, and with program scheduling its ``/scheduling/diagnostics`` (each
+        rank's capacity, the engines' load as it read it, the programs it tracks)."""
+        row = self.rows.get(key)
+        if row is None or row.binary != peers.VLLM_ROUTER:
+            return None
+        router = self.routers[key]
+        out: dict[str, Any] = {}
+        try:
+            with urllib.request.urlopen(f"http://{peers.HOST}:{router.metrics_port}/metrics", timeout=5) as response:
+                metrics = response.read().decode()
+            out["routing_decisions"] = [line for line in metrics.splitlines()
+                                        if line.startswith("vllm_router_prefix_routing_decisions_total")]
+            if row.program_scheduling:
+                with urllib.request.urlopen(f"{router.url}/scheduling/diagnostics", timeout=5) as response:
+                    diagnostics = json.loads(response.read())
+                ranks = diagnostics.pop("ranks", [])
+                out["program_scheduling"] = {
+                    **diagnostics,
+                    "programs": sum(len(r.get("programs") or []) for r in ranks),
+                    "program_sample": next((r["programs"][0] for r in ranks if r.get("programs")), None),
+                    "ranks": [{k: v for k, v in r.items() if k != "programs"} for r in ranks]}
+        except (OSError, ValueError) as exc:
+            out["error"] = repr(exc)
+        return out
 
     def requests_per_engine(self) -> list[int]:
         return [s["requests"] for s in peers.engine_stats(self.engine_urls)]
@@ -235,8 +292,8 @@ class Rig:
                 "engine_samples": samples}
 
 
-def router_target(rig: Rig, policy: str) -> Target:
-    return Target(f"{rig.routers[policy].url}/v1", MODEL, luftpause=False)
+def router_target(rig: Rig, key: str) -> Target:
+    return Target(f"{rig.routers[key].url}/v1", MODEL, luftpause=False, peer_identity=rig.rows[key].identity)
 
 
 def luftpause_target(stack: Stack, caller: str = "loadgen") -> Target:
@@ -265,7 +322,9 @@ def ratio(a: float | None, b: float | None) -> str:
 def describe(config: BenchConfig) -> dict[str, Any]:
     from luftpause.fakes.engine import PRESETS
     return {"bench_config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
-            "engine_preset": PRESETS[config.preset], "engines": 2, "shared_gpu": config.shared_gpu}
+            "engine_preset": PRESETS[config.preset], "engine_overrides": dict(config.engine_overrides),
+            "engines": config.replicas, "shared_gpu": config.shared_gpu,
+            "peer_rows": {key: asdict(PEER_ROWS[key]) for key in config.peers}}
 
 
 def cpu_note(cpus: list[dict[str, Any]]) -> str:
@@ -285,8 +344,8 @@ B1_WORKLOAD = Workload(service_class="interactive", context_chars_min=10000, con
 
 
 async def bench_b1(config: BenchConfig) -> dict[str, Any]:
-    results: dict[str, list[dict[str, Any]]] = {"sequential": [], "luftpause": [], "router": []}
-    with Rig(config, "b1", ("cache_aware",)) as rig:
+    results: dict[str, list[dict[str, Any]]] = {"sequential": [], "luftpause": [], **{k: [] for k in config.peers}}
+    with Rig(config, "b1", config.peers) as rig:
         if not config.router_only:
             with rig.luftpause() as stack:
                 runtime = stack.urls["runtime_mcp"]
@@ -296,32 +355,38 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
                         rig.reset_engines()
                         results[variant].append(
                             await _fan(runtime, sequential, f"b1-{variant}-{repeat}", f"b1-{repeat}", config))
-        with rig.direct_runtime("cache_aware") as runtime:
-            await _warm_up(runtime, config)
-            for repeat in config.repeat_numbers():
-                if config.router_only:  # sequential too, one sub-agent at a time through the router
+        for key in config.peers:
+            with rig.direct_runtime(key) as runtime:
+                await _warm_up(runtime, config)
+                for repeat in config.repeat_numbers():
+                    if config.router_only and key == config.peers[0]:  # sequential too, through the first peer
+                        rig.reset_engines()
+                        results["sequential"].append(
+                            await _fan(runtime, True, f"b1-sequential-{repeat}", f"b1-{repeat}", config))
                     rig.reset_engines()
-                    results["sequential"].append(
-                        await _fan(runtime, True, f"b1-sequential-{repeat}", f"b1-{repeat}", config))
-                rig.reset_engines()
-                results["router"].append(await _fan(runtime, False, f"b1-router-{repeat}", f"b1-{repeat}", config))
+                    results[key].append(await _fan(runtime, False, f"b1-{key}-{repeat}", f"b1-{repeat}", config))
     seq = mean([r["all_done_s"] for r in results["sequential"]])
+    means = {k: {"all_done_s": mean([r["all_done_s"] for r in rs])} for k, rs in results.items()}
+    comparison = compare({"luftpause": means["luftpause"]}, {k: means[k] for k in config.peers},
+                         (("all_done_s", False),))
+    best = comparison["all_done_s"]
     table = Table(title=f"B1 fan-out: 16 sub-agents, ~2.8k-token tasks, lookup 2 s, ≤ 3 tool calls "
                         f"({config.repeats} repeats, model seconds)")
-    for column in ("", "all 16 done", "vs sequential", "speed ×router"):
+    for column in ("", "all 16 done", "vs sequential", "time ×best peer"):
         table.add_column(column)
-    router = mean([r["all_done_s"] for r in results["router"]])
-    for label, key in (("sequential (spawn, await, next)", "sequential"), ("parallel through luftpause", "luftpause"),
-                       ("parallel direct to the SGLang router", "router")):
+    rows = [("sequential (spawn, await, next)", "sequential"), ("parallel through luftpause", "luftpause"),
+            *((f"parallel, runtime direct to {PEER_ROWS[k].label}", k) for k in config.peers)]
+    for label, key in rows:
         if not results[key]:
             continue
         times = [r["all_done_s"] for r in results[key]]
-        table.add_row(label, fmt(times, unit=" s"), "—" if key == "sequential" else ratio(seq, mean(times)),
-                      ratio(router, mean(times)) if key == "luftpause" else "—")
+        table.add_row(label + (" (best peer)" if key == best["best_row"] else ""), fmt(times, unit=" s"),
+                      "—" if key == "sequential" else ratio(seq, mean(times)),
+                      ratio(mean(times), best["best_value"]) if key == "luftpause" else "—")
     console.print(table)
     cpus = [r["cpu"] for rs in results.values() for r in rs]
     console.print(cpu_note(cpus))
-    payload = {"benchmark": "B1", **describe(config), "results": results}
+    payload = {"benchmark": "B1", **describe(config), "results": results, "comparison": comparison}
     console.print(f"raw results: {write_results(config.out_dir, 'b1', payload)}")
     return payload
 
@@ -398,9 +463,10 @@ async def _closed(rig: Rig, config: BenchConfig, part: str, variant: str, repeat
             result = await run_load(b2_groups(heavy, config.answer_keeps_tools), target=target,
                                     spawn_target=spawn_target, warmup_s=config.warmup_s, duration_s=config.window_s,
                                     time_scale=config.time_scale, name=name, seed=seed, console=console)
+        diagnostics = await asyncio.to_thread(rig.peer_diagnostics, variant)
     finally:
         sampling.cancel()
-    out = {"summary": result.summary, "cpu": result.cpu, **rig.engine_figures(samples),
+    out = {"summary": result.summary, "peer_diagnostics": diagnostics, "cpu": result.cpu, **rig.engine_figures(samples),
            "engines_over_window": timeline.summary(result.window_s),
            "same_run": same_run_hits(result.records, result.window_s), "timeline": timeline.as_json(),
            "interactive_time": interactive_time(result.records, result.window_s),
@@ -412,67 +478,75 @@ async def _closed(rig: Rig, config: BenchConfig, part: str, variant: str, repeat
     return out
 
 
-B2_VARIANTS = {
-    "proxy": [("router", "direct to SGLang router, class-blind"),
-              ("roam", "luftpause, load admission, runs may roam"),
+# luftpause's rows per B2 part; the peers' rows come first, one per peer row of the invocation
+LUFTPAUSE_VARIANTS = {
+    "proxy": [("roam", "luftpause, load admission, runs may roam"),
               ("strict", "luftpause, load admission + strict affinity")],
-    "mcp": [("router", "runtime direct to SGLang router"),
-            ("strict", "luftpause, load admission + strict affinity")],
-    "light": [("router", "direct to SGLang router (light load)"),
-              ("strict", "luftpause, strict affinity (light load)")],
+    "mcp": [("strict", "luftpause, load admission + strict affinity")],
+    "light": [("strict", "luftpause, strict affinity (light load)")],
 }
+B2_METRICS = (("interactive_runs_per_min", True), ("interactive_p50_s", False), ("batch_runs_per_min", True))
 
 
-async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp", "light")) -> dict[str, Any]:
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {p: {v: [] for v, _ in B2_VARIANTS[p]} for p in parts}
-    with Rig(config, "b2", ("cache_aware",)) as rig:
+def b2_variants(part: str, peer_keys: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
+    """(key, label) of every row of a B2 part: the peers, then luftpause."""
+    where = "runtime direct to" if part == "mcp" else "direct to"
+    light = " (light load)" if part == "light" else ""
+    return [*((k, f"{where} {PEER_ROWS[k].label}{light}") for k in peer_keys), *LUFTPAUSE_VARIANTS[part]]
+
+
+B2_VARIANTS = {part: b2_variants(part, DEFAULT_PEERS) for part in LUFTPAUSE_VARIANTS}
+
+
+async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp", "light"),
+                   proxy_variants: tuple[str, ...] = ("roam", "strict")) -> dict[str, Any]:
+    """B2's parts, every peer row and luftpause's rows (``proxy_variants`` of the proxy's)."""
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {
+        p: {v: [] for v, _ in b2_variants(p, config.peers)} for p in parts}
+    with Rig(config, "b2", config.peers) as rig:
         for repeat in config.repeat_numbers():
-            if "proxy" in results or "light" in results:
-                for part in ("proxy", "light"):
-                    if part in results:
-                        results[part]["router"].append(await _closed(
-                            rig, config, part, "router", repeat,
-                            target=router_target(rig, "cache_aware")))
-            if config.router_only:
-                if "mcp" in results:
-                    with rig.direct_runtime("cache_aware") as runtime:
-                        results["mcp"]["router"].append(await _closed(
-                            rig, config, "mcp", "router", repeat,
-                            spawn_target=SpawnTarget(runtime, MODEL)))
-                continue
-            if "proxy" in results:
-                with rig.luftpause(affinity=False) as stack:
-                    results["proxy"]["roam"].append(await _closed(
-                        rig, config, "proxy", "roam", repeat,
-                        target=luftpause_target(stack),
-                        status_url=stack.urls["scheduler_status"]))
-            with rig.luftpause(affinity=True) as stack:
-                if "proxy" in results:
-                    results["proxy"]["strict"].append(await _closed(
-                        rig, config, "proxy", "strict", repeat,
-                        target=luftpause_target(stack),
-                        status_url=stack.urls["scheduler_status"]))
-                if "mcp" in results:
-                    results["mcp"]["strict"].append(await _closed(
-                        rig, config, "mcp", "strict", repeat,
-                        spawn_target=SpawnTarget(stack.urls["runtime_mcp"], MODEL),
-                        status_url=stack.urls["scheduler_status"]))
-                if "light" in results:
-                    results["light"]["strict"].append(await _closed(
-                        rig, config, "light", "strict", repeat,
-                        target=luftpause_target(stack),
-                        status_url=stack.urls["scheduler_status"]))
+            for part in ("proxy", "light"):
+                if part in results:
+                    for key in config.peers:
+                        results[part][key].append(await _closed(
+                            rig, config, part, key, repeat, target=router_target(rig, key)))
+            if not config.router_only:
+                if "proxy" in results and "roam" in proxy_variants:
+                    with rig.luftpause(affinity=False) as stack:
+                        results["proxy"]["roam"].append(await _closed(
+                            rig, config, "proxy", "roam", repeat,
+                            target=luftpause_target(stack),
+                            status_url=stack.urls["scheduler_status"]))
+                with rig.luftpause(affinity=True) as stack:
+                    if "proxy" in results and "strict" in proxy_variants:
+                        results["proxy"]["strict"].append(await _closed(
+                            rig, config, "proxy", "strict", repeat,
+                            target=luftpause_target(stack),
+                            status_url=stack.urls["scheduler_status"]))
+                    if "mcp" in results:
+                        results["mcp"]["strict"].append(await _closed(
+                            rig, config, "mcp", "strict", repeat,
+                            spawn_target=SpawnTarget(stack.urls["runtime_mcp"], MODEL),
+                            status_url=stack.urls["scheduler_status"]))
+                    if "light" in results:
+                        results["light"]["strict"].append(await _closed(
+                            rig, config, "light", "strict", repeat,
+                            target=luftpause_target(stack),
+                            status_url=stack.urls["scheduler_status"]))
             if "mcp" in results:
-                with rig.direct_runtime("cache_aware") as runtime:
-                    results["mcp"]["router"].append(await _closed(
-                        rig, config, "mcp", "router", repeat,
-                        spawn_target=SpawnTarget(runtime, MODEL)))
+                for key in config.peers:
+                    with rig.direct_runtime(key) as runtime:
+                        results["mcp"][key].append(await _closed(
+                            rig, config, "mcp", key, repeat,
+                            spawn_target=SpawnTarget(runtime, MODEL)))
     for part in parts:
         print_b2_table(part, results[part], config)
     cpus = [r["cpu"] for p in results.values() for rs in p.values() for r in rs]
     console.print(cpu_note(cpus))
-    payload = {"benchmark": "B2", **describe(config), "results": results}
+    payload = {"benchmark": "B2", **describe(config), "results": results,
+               "comparison": {part: b2_comparison(results[part]) for part in parts}}
     path = write_results(config.out_dir, "b2", payload)
+    payload["result_path"] = path
     console.print(f"raw results: {path}")
     for part in parts:
         console.print(f"plot: {plot_b2(path, path.with_name(f'{path.stem}-{part}.png'), part)}")
@@ -483,6 +557,28 @@ def _cls(r: dict[str, Any], cls: str, key: str) -> float | None:
     return (r["summary"].get(cls) or {}).get(key)
 
 
+def b2_means(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """A B2 row's means over its repeats, by metric name (B2_METRICS)."""
+    return {"interactive_runs_per_min": mean([_cls(r, "interactive", "runs_per_min") for r in runs]),
+            "interactive_p50_s": mean([_cls(r, "interactive", "latency_p50_s") for r in runs]),
+            "batch_runs_per_min": mean([_cls(r, "batch", "runs_per_min") for r in runs])}
+
+
+def b2_comparison(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each luftpause row against the best peer row per metric, and its batch against the
+    class-blind SGLang router's (the batch target's reference) where that row ran."""
+    peer_keys = [k for k, rs in results.items() if k in PEER_ROWS and rs]
+    mine = [k for k, rs in results.items() if k not in PEER_ROWS and rs]
+    means = {k: b2_means(results[k]) for k in (*peer_keys, *mine)}
+    out = compare({k: means[k] for k in mine}, {k: means[k] for k in peer_keys}, B2_METRICS)
+    blind = means.get(CLASS_BLIND_BASELINE, {}).get("batch_runs_per_min")
+    out["batch_vs_class_blind"] = {
+        "row": CLASS_BLIND_BASELINE if blind else None,
+        "ratios": {k: (means[k]["batch_runs_per_min"] / blind
+                       if blind and means[k]["batch_runs_per_min"] is not None else None) for k in mine}}
+    return out
+
+
 def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: BenchConfig) -> None:
     heavy = part != "light"
     title = {"proxy": "B2 own-loop agents through the proxy", "mcp": "B2 MCP sub-agents",
@@ -490,14 +586,19 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
     table = Table(title=f"{title}: 4 interactive + {48 if heavy else 24} batch, closed loop, "
                         f"{config.window_s:.0f} s window, {config.repeats} repeats (model seconds)")
     for column in ("", "interactive runs/min", "interactive p50", "batch runs/min", "cached", "engine queue",
-                   "retractions", "interactive ×router", "p50 ×router", "batch ×router", "luftpause held",
-                   "same-run hits"):
+                   "retractions", "interactive ×best peer", "p50 ×best peer", "batch ×best peer",
+                   "batch ×class-blind", "luftpause held", "same-run hits"):
         table.add_column(column)
-    base = results["router"]
-    base_i = mean([_cls(r, "interactive", "runs_per_min") for r in base])
-    base_p = mean([_cls(r, "interactive", "latency_p50_s") for r in base])
-    base_b = mean([_cls(r, "batch", "runs_per_min") for r in base])
-    for key, label in B2_VARIANTS[part]:
+    comparison = b2_comparison(results)
+    best_rows = {comparison[m]["best_row"] for m, _ in B2_METRICS}
+    peer_keys = [k for k in results if k in PEER_ROWS]
+    labels = dict(b2_variants(part, peer_keys))
+
+    def rel(metric: str, key: str) -> str:
+        value = comparison[metric]["ratios"].get(key)
+        return "—" if value is None else f"{value:.2f}×"
+
+    for key, label in labels.items():
         rs = results[key]
         if not rs:
             continue
@@ -506,14 +607,16 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
         batch = [_cls(r, "batch", "runs_per_min") for r in rs]
         cached = [100 * r["engine_cached_share"] for r in rs]
         errors = sum((_cls(r, "interactive", "errors") or 0) + (_cls(r, "batch", "errors") or 0) for r in rs)
-        table.add_row(label + (f" [{errors} errors]" if errors else ""), fmt(inter), fmt(p50, unit=" s"), fmt(batch),
-                      fmt(cached, 0, " %"), fmt([r.get("engine_queue_mean") for r in rs]),
+        blind = comparison["batch_vs_class_blind"]["ratios"].get(key)
+        mark = " (best " + ", ".join(short for m, short in zip((m for m, _ in B2_METRICS), ("interactive", "p50", "batch"))
+                                     if comparison[m]["best_row"] == key) + ")" if key in best_rows else ""
+        table.add_row(label + mark + (f" ({errors} errors)" if errors else ""), fmt(inter), fmt(p50, unit=" s"),
+                      fmt(batch), fmt(cached, 0, " %"), fmt([r.get("engine_queue_mean") for r in rs]),
                       fmt([r.get("engine_retractions") for r in rs], 0),
-                      "—" if key == "router" else ratio(mean(inter), base_i),
-                      "—" if key == "router" else ratio(mean(p50), base_p),
-                      "—" if key == "router" else ratio(mean(batch), base_b),
-                      fmt([r["engines_over_window"]["held_mean"] for r in rs]),
-                      fmt([_percent(r["same_run"]["same_run_hit_share"]) for r in rs], 0, " %"))
+                      rel("interactive_runs_per_min", key), rel("interactive_p50_s", key),
+                      rel("batch_runs_per_min", key), "—" if blind is None else f"{blind:.2f}×",
+                      fmt([(r.get("engines_over_window") or {}).get("held_mean") for r in rs]),
+                      fmt([_percent((r.get("same_run") or {}).get("same_run_hit_share")) for r in rs], 0, " %"))
     console.print(table)
     print_interactive_time(part, results)
 
@@ -521,7 +624,7 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
 def print_interactive_time(part: str, results: dict[str, list[dict[str, Any]]]) -> None:
     """Per variant, where an interactive run's time goes (means over the repeats)."""
     rows = [(label, [r["interactive_time"] for r in results[key] if r.get("interactive_time")])
-            for key, label in B2_VARIANTS[part]]
+            for key, label in b2_variants(part, [k for k in results if k in PEER_ROWS])]
     rows = [(label, times) for label, times in rows if times]
     if not rows:
         return
@@ -556,7 +659,7 @@ def print_b2_tables_from(paths: list[Path]) -> None:
                     if "interactive_time" not in r:  # written before the bench kept it
                         records = [RunRecord.from_json(x) for x in r.get("interactive_records", ())]
                         r["interactive_time"] = interactive_time(records, window)
-                merged.setdefault(part, {v: [] for v, _ in B2_VARIANTS[part]})[key].extend(runs)
+                merged.setdefault(part, {v: [] for v, _ in LUFTPAUSE_VARIANTS[part]}).setdefault(key, []).extend(runs)
     if len(windows) > 1:
         raise SystemExit(f"these runs have different windows ({sorted(windows)}): their rates do not pool")
     for part, results in merged.items():
@@ -577,7 +680,8 @@ B3_WORKLOAD = Workload(service_class="batch", context_chars_min=2000, context_ch
 
 async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
     window, warmup = config.window_s / 2, config.warmup_s / 2
-    results: dict[str, list[dict[str, Any]]] = {"luftpause": [], "cache_aware": [], "round_robin": []}
+    keys = (*config.peers, *(() if "round_robin" in config.peers else ("round_robin",)))
+    results: dict[str, list[dict[str, Any]]] = {"luftpause": [], **{k: [] for k in keys}}
 
     async def one(name: str, seed: str, runtime: str, rig: Rig) -> dict[str, Any]:
         rig.reset_engines()
@@ -592,40 +696,57 @@ async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
                     cached=round(out["engine_cached_share"], 3))
         return out
 
-    with Rig(config, "b3", ("cache_aware", "round_robin")) as rig:
+    with Rig(config, "b3", keys) as rig:
         if not config.router_only:
             with rig.luftpause() as stack:
                 for repeat in config.repeat_numbers():
                     results["luftpause"].append(await one(f"b3-luftpause-{repeat}", f"b3-{repeat}",
                                                              stack.urls["runtime_mcp"], rig))
-        for policy in ("cache_aware", "round_robin"):
-            with rig.direct_runtime(policy) as runtime:
+        for key in keys:
+            with rig.direct_runtime(key) as runtime:
                 for repeat in config.repeat_numbers():
-                    results[policy].append(await one(f"b3-{policy}-{repeat}", f"b3-{repeat}", runtime, rig))
+                    results[key].append(await one(f"b3-{key}-{repeat}", f"b3-{repeat}", runtime, rig))
+    means = {k: {"runs_per_min": mean([r["runs_per_min"] for r in rs]),
+                 "cached_share": mean([r["engine_cached_share"] for r in rs])} for k, rs in results.items() if rs}
+    comparison = compare({k: means[k] for k in ("luftpause",) if k in means},
+                         {k: means[k] for k in keys if k in means}, (("runs_per_min", True), ("cached_share", True)))
     table = Table(title=f"B3 routing: N = {concurrency} concurrent sub-agents, {config.repeats} repeats "
                         f"(model seconds)")
-    for column in ("", "runs/min", "prompt tokens from cache", "engine queue", "retractions", "runs/min ×cache_aware"):
+    for column in ("", "runs/min", "prompt tokens from cache", "engine queue", "retractions", "runs/min ×best peer",
+                   "cached − best peer"):
         table.add_column(column)
-    base = mean([r["runs_per_min"] for r in results["cache_aware"]])
-    for key, label in (("luftpause", "luftpause affinity"), ("cache_aware", "SGLang router cache_aware"),
-                       ("round_robin", "SGLang router round_robin")):
+    best_rate, best_cache = comparison["runs_per_min"], comparison["cached_share"]
+    for key, label in (("luftpause", "luftpause affinity"),
+                       *((k, f"runtime direct to {PEER_ROWS[k].label}") for k in keys)):
         rs = results[key]
         if not rs:
             continue
         rates = [r["runs_per_min"] for r in rs]
         spread = statistics.pstdev(rates) if len(rates) > 1 else 0.0
-        table.add_row(label, f"{mean(rates):.1f} ± {spread:.1f}",
+        marks = [m for m, c in (("runs/min", best_rate), ("cached", best_cache)) if c["best_row"] == key]
+        table.add_row(label + (f" (best {', '.join(marks)})" if marks else ""), f"{mean(rates):.1f} ± {spread:.1f}",
                       f"{100 * mean([r['engine_cached_share'] for r in rs]):.1f} %",
                       fmt([r.get("engine_queue_mean") for r in rs]), fmt([r.get("engine_retractions") for r in rs], 0),
-                      "—" if key == "cache_aware" else ratio(mean(rates), base))
+                      ratio(mean(rates), best_rate["best_value"]) if key == "luftpause" else "—",
+                      f"{100 * (means[key]['cached_share'] - best_cache['best_value']):+.1f} pt"
+                      if key == "luftpause" and best_cache["best_value"] is not None else "—")
     console.print(table)
     console.print(cpu_note([r["cpu"] for rs in results.values() for r in rs]))
-    payload = {"benchmark": "B3", **describe(config), "results": results}
+    payload = {"benchmark": "B3", **describe(config), "results": results, "comparison": comparison}
     console.print(f"raw results: {write_results(config.out_dir, 'b3', payload)}")
     return payload
 
 
 # --- command line ----------------------------------------------------------------------------
+
+
+def parse_override(text: str) -> tuple[str, float]:
+    """``decode_eager_ms=0`` → ("decode_eager_ms", 0.0)."""
+    name, _, value = text.partition("=")
+    try:
+        return name.strip().replace("-", "_"), float(value)
+    except ValueError:
+        raise ValueError(f"--engine takes OPTION=NUMBER, not {text!r}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -650,10 +771,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", default=BenchConfig.preset, help="fake engine preset (luftpause.fakes.engine)")
     p.add_argument("--separate-gpus", action="store_true",
                    help="one engine process per replica, each with its own GPU timeline (default: one shared GPU)")
+    p.add_argument("--replicas", type=int, default=2, help="engine replicas behind every row")
+    p.add_argument("--peers", default=",".join(DEFAULT_PEERS),
+                   help=f"peer rows run beside luftpause, comma-separated, among: {', '.join(PEER_ROWS)} (B3 adds "
+                        "round_robin); the tables compare luftpause with the best of them per metric")
+    p.add_argument("--engine", action="append", default=[], metavar="OPTION=VALUE",
+                   help="an engine option over the preset, e.g. decode_eager_ms=0 or kv_tokens=25200 (repeatable)")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"))
     p.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
                    help="with b2: run nothing; print the tables of earlier runs' raw JSON, their repeats pooled")
     a = p.parse_args(argv)
+    try:
+        peer_keys = parse_peers(a.peers)
+        overrides = tuple(parse_override(x) for x in a.engine)
+    except ValueError as exc:
+        p.error(str(exc))
+    if a.replicas < 1:
+        p.error("--replicas must be at least 1")
     logs.configure("bench", level="warning")
     if a.from_json:
         if a.which != "b2":
@@ -663,9 +797,16 @@ def main(argv: list[str] | None = None) -> None:
     config = BenchConfig(time_scale=a.time_scale, repeats=a.repeats, first_repeat=a.first_repeat,
                          window_s=a.window_s, warmup_s=a.warmup_s,
                          preset=a.preset, shared_gpu=not a.separate_gpus, router_only=a.variants == "router",
-                         out_dir=a.out_dir, work_dir=a.out_dir / "work", answer_keeps_tools=a.answer_keeps_tools)
+                         out_dir=a.out_dir, work_dir=a.out_dir / "work", answer_keeps_tools=a.answer_keeps_tools,
+                         replicas=a.replicas, peers=peer_keys, engine_overrides=overrides)
+    try:
+        config.engine_values()
+    except ValueError as exc:
+        p.error(str(exc))
     started = time.monotonic()
-    console.print(f"engine model: preset {config.preset}, {'one shared GPU' if config.shared_gpu else 'a GPU each'}, "
+    console.print(f"engine model: preset {config.preset}"
+                  f"{''.join(f', {k}={v}' for k, v in config.engine_overrides)}, {config.replicas} replicas on "
+                  f"{'one shared GPU' if config.shared_gpu else 'a GPU each'}, peers {', '.join(config.peers)}, "
                   f"time scale {config.time_scale} (1 model second = {config.time_scale} s wall), "
                   f"stream interval {config.stream_interval}, variants {a.variants}"
                   f"{', own-loop answer turns keep the tool' if config.answer_keeps_tools else ''}")

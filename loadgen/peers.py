@@ -55,6 +55,7 @@ class RouterProcess:
     process: subprocess.Popen[bytes] | None = None
     binary: str = SGLANG_ROUTER
     extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
 
     @property
     def url(self) -> str:
@@ -71,7 +72,7 @@ class RouterProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+                                            start_new_session=True, env={**os.environ, **self.env} if self.env else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -116,6 +116,13 @@ def plot_b2(result_path: Path, png_path: Path, part: str = "proxy") -> Path:
         axis.legend(loc="upper right", fontsize=8)
         axis.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("model seconds since the variant started (warm-up included)")
+    return save_figure(figure, png_path)
+
+
+def save_figure(figure: Any, png_path: Path) -> Path:
+    """A finished matplotlib figure as a PNG at ``png_path`` (its folder made), closed."""
+    import matplotlib.pyplot as plt
+
     figure.tight_layout()
     png_path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(png_path, dpi=110)

@@ -63,7 +63,8 @@ class BearerTokenGuard:
 
 
 def build_runtime(settings: RuntimeSettings, forked_compaction: ForkedCompaction | None = None) -> Runtime:
-    dataplane = DataplaneClient(settings.dataplane_url, token=settings.token, default_model=settings.default_model)
+    dataplane = DataplaneClient(settings.dataplane_url, token=settings.token, default_model=settings.default_model,
+                                peer_identity=settings.peer_identity)
     servers = load_tools_file(settings.tools_file)
     if servers is None:
         log.warning("tools_file_missing", path=str(settings.tools_file), effect="sub-agents get no tools")

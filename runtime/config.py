@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from luftpause.logs import LOG_SETTINGS_HELP
+from luftpause.peer_identity import STYLES
 from luftpause.runtime import constants
 
 
@@ -59,6 +60,7 @@ class RuntimeSettings:
     max_runs_per_caller: int = constants.MAX_RUNS_PER_CALLER
     max_sessions: int = constants.MAX_SESSIONS
     session_idle_s: float = constants.SESSION_IDLE_S
+    peer_identity: str = "none"  # run identity for an agent-aware router in place of the dataplane
 
 
 def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> RuntimeSettings:
@@ -121,6 +123,13 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         "--session-idle", type=float, default=float(env.get("LUFTPAUSE_SESSION_IDLE_S", constants.SESSION_IDLE_S)),
         help="seconds after which an idle MCP session is closed (env LUFTPAUSE_SESSION_IDLE_S, default %(default)s)",
     )
+    parser.add_argument(
+        "--peer-identity", choices=STYLES, default=env.get("LUFTPAUSE_RUNTIME_PEER_IDENTITY", "none"),
+        help="when --dataplane-url is an agent-aware router instead of luftpause's dataplane, also put each "
+        "turn's run identity where that router reads it: session (session_params.session_id: vllm-router "
+        "sticky_least_loaded, kv_aware) or program (vllm_xargs.agentic_context: vllm-router program "
+        "scheduling) (env LUFTPAUSE_RUNTIME_PEER_IDENTITY, default %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.max_runs_per_caller < 1 or args.max_sessions < 1 or not 0 < args.session_idle < float("inf"):
         parser.error("--max-runs-per-caller and --max-sessions must be >= 1, --session-idle > 0")
@@ -136,6 +145,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         max_runs_per_caller=args.max_runs_per_caller,
         max_sessions=args.max_sessions,
         session_idle_s=args.session_idle,
+        peer_identity=args.peer_identity,
     )
 
 

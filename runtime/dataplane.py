@@ -17,6 +17,7 @@ import httpx
 import structlog
 
 from luftpause import headers, tracing
+from luftpause.peer_identity import add_identity, finish_path
 from luftpause.runtime import constants
 
 log = structlog.get_logger(component="dataplane-client")
@@ -106,6 +107,7 @@ class DataplaneClient:
         token: str | None = None,
         default_model: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        peer_identity: str = "none",
     ) -> None:
         auth_headers = {"Authorization": f"Bearer {token}"} if token else {}
         if transport is None and base_url.startswith("http://"):
@@ -120,6 +122,7 @@ class DataplaneClient:
             transport=transport,
         )
         self._default_model = default_model
+        self._peer_identity = peer_identity  # luftpause.peer_identity style: turns go to a peer router
         self._model_lock = asyncio.Lock()
 
     async def aclose(self) -> None:
@@ -128,17 +131,22 @@ class DataplaneClient:
     async def chat(self, body: dict[str, Any], identity: TurnIdentity) -> TurnReply:
         """One non-streaming turn; waits out 429s (until cancelled) and short outages."""
         started = time.monotonic()
-        response = await self._post_until_admitted(body, identity)
+        extra: dict[str, str] = {}
+        if self._peer_identity != "none":
+            body, extra = add_identity(body, self._peer_identity, identity.run_handle, identity.service_class)
+        response = await self._post_until_admitted(body, identity, extra)
         return _parse_reply(response, time.monotonic() - started)
 
-    async def _post_until_admitted(self, body: dict[str, Any], identity: TurnIdentity) -> httpx.Response:
+    async def _post_until_admitted(self, body: dict[str, Any], identity: TurnIdentity,
+                                   extra_headers: dict[str, str] | None = None) -> httpx.Response:
         unreachable_since: float | None = None
         retry = _TurnRetry()
         while True:
             try:
                 async with asyncio.timeout(constants.TURN_TIMEOUT_S):
                     response = await self._http.post("/v1/chat/completions", json=body,
-                                                     headers=tracing.inject(identity.as_headers()))
+                                                     headers=tracing.inject({**identity.as_headers(),
+                                                                             **(extra_headers or {})}))
             except TimeoutError as exc:
                 raise TurnError(f"turn timed out after {constants.TURN_TIMEOUT_S:g} s (queueing included)") from exc
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -181,9 +189,14 @@ class DataplaneClient:
             return response
 
     async def end_run(self, handle: str) -> None:
-        """Tell the dataplane the run ended so the scheduler forgets it now. Best effort."""
+        """Tell the dataplane the run ended so the scheduler forgets it now (or a peer router,
+        in place of the dataplane, that the run's session is over). Best effort."""
+        finish = finish_path(self._peer_identity, handle)
         try:
-            response = await self._http.delete(f"/v1/runs/{handle}", timeout=constants.RUN_END_NOTICE_TIMEOUT_S)
+            if finish is not None:
+                response = await self._http.post(finish, timeout=constants.RUN_END_NOTICE_TIMEOUT_S)
+            else:
+                response = await self._http.delete(f"/v1/runs/{handle}", timeout=constants.RUN_END_NOTICE_TIMEOUT_S)
         except httpx.HTTPError as exc:
             log.warning("run_end_notice_failed", run=handle, error=repr(exc))
             return
