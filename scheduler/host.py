@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from luftpause import auth, tracing
+from luftpause import auth, origins, tracing
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler import core, stream
@@ -427,7 +427,10 @@ def http_app(host: SchedulerHost, token: str | None = None, runtime_url: str | N
 
     # Open like on the other services: probes and scrapers come without credentials, and
     # these routes carry counts by replica and class only (no runs, tasks or callers).
-    app = web.Application(middlewares=[auth.aiohttp_middleware(token, open_paths={"/", "/health", "/ready", "/metrics"})])
+    # Host and Origin first, token or not: a rebinding page must not read the run list of a
+    # laptop set-up without a token (luftpause.origins, as on the runtime and the dataplane).
+    app = web.Application(middlewares=[origins.aiohttp_middleware(origins.AllowedHosts.from_env()),
+                                       auth.aiohttp_middleware(token, open_paths={"/", "/health", "/ready", "/metrics"})])
     app.router.add_get("/", get_page)
     app.router.add_get("/status", get_status)
     app.router.add_get("/runtime-status", get_runtime_status)
