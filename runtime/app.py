@@ -28,6 +28,7 @@ from luftpause.runtime.journal import Journal
 from luftpause.runtime.jsonrpc import MCP_PATH, JsonRpcGate
 from luftpause.runtime.mcp_server import build_mcp_server
 from luftpause.runtime.metrics import build_registry, exposition
+from luftpause.runtime.runs import InvalidPage, page_of
 from luftpause.runtime.service import Runtime
 from luftpause.runtime.sessions import evict_idle_at_cap
 from luftpause.runtime.tasks import TASKS_FILE, TaskStore
@@ -37,6 +38,10 @@ log = structlog.get_logger(component="app")
 
 PROTECTED_PREFIXES = ("/mcp", "/status")
 JSONRPC_PATHS = (MCP_PATH,)  # refusals there are JSON-RPC error bodies
+
+
+def http_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
 def build_runtime(settings: RuntimeSettings, forked_compaction: ForkedCompaction | None = None) -> Runtime:
@@ -102,7 +107,28 @@ def build_app(
         return Response(body, headers={"Content-Type": content_type})
 
     async def status(request: Request) -> JSONResponse:
-        report: dict[str, Any] = runtime.tree_report()
+        """A page of runs as the MCP `status` tool pages them (``limit``, ``cursor``), each
+        task cut to a preview; ``handle=<run>`` (repeatable) gives those runs whole."""
+        query = request.query_params
+        handles = list(dict.fromkeys(query.getlist("handle")))
+        if handles:
+            if len(handles) > constants.MAX_HANDLES:
+                return http_error(400, f"handle may name at most {constants.MAX_HANDLES} runs")
+            unknown = [handle for handle in handles if handle not in runtime.runs]
+            if unknown:
+                return http_error(404, f"unknown run handle(s): {', '.join(unknown[:10])}")
+            report: dict[str, Any] = runtime.page_report([runtime.runs.get(handle) for handle in handles])
+        else:
+            listed = runtime.listed()
+            limit = query.get("limit", str(constants.STATUS_PAGE_DEFAULT))
+            try:
+                if not (limit.isascii() and limit.isdigit()):
+                    raise InvalidPage(f"limit must be a whole number, got {limit!r}")
+                page, next_cursor = page_of(listed, int(limit), query.get("cursor"), constants.STATUS_PAGE_MAX)
+            except InvalidPage as exc:
+                return http_error(400, str(exc))
+            report = runtime.page_report(page, task_preview=constants.STATUS_TASK_PREVIEW_CHARS)
+            report.update(total=len(listed), nextCursor=next_cursor)
         report["tools"] = [tool.name for tool in runtime.toolbox.tools()]
         return JSONResponse(report)
 

@@ -104,6 +104,9 @@ COMPACT_AT_BYTES = 64 * 1024 * 1024
 # `status` without handles pages: live runs first, then finished ones, newest first.
 STATUS_PAGE_DEFAULT = 100
 STATUS_PAGE_MAX = 1000
+# `GET /status` pages the same way and cuts each run's task to this many characters
+# (`GET /status?handle=<run>` gives the whole text).
+STATUS_TASK_PREVIEW_CHARS = 200
 
 # Defaults of the command line, each overridable by the environment variable beside it.
 DEFAULT_HOST = "127.0.0.1"

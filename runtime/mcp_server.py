@@ -35,7 +35,7 @@ from luftpause.runtime.arguments import (
     tighten_arguments,
 )
 from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS, DecideError, checked_labels, decide
-from luftpause.runtime.runs import RunSpec, RunStatus, UnknownRunError
+from luftpause.runtime.runs import InvalidPage, RunSpec, RunStatus, UnknownRunError, page_of
 from luftpause.runtime.service import InvalidRequest, JournalUnavailable, Runtime
 from luftpause.runtime.tasks import TASK_START, TaskStore, TasksExtension
 
@@ -420,18 +420,12 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
     ) -> StatusResult:
         if handles:
             return {"runs": [runtime.status_record(run) for run in runtime.runs.require(checked_handles(handles))]}
-        if not 1 <= limit <= constants.STATUS_PAGE_MAX:
-            raise argument_error(f"limit must be between 1 and {constants.STATUS_PAGE_MAX}, got {limit}")
-        if cursor is not None and not cursor.isdigit():
-            raise argument_error(f"cursor must be a nextCursor from status, got {cursor!r}")
         listed = runtime.listed()
-        start = int(cursor or 0)
-        end = start + limit
-        return {
-            "runs": [runtime.status_record(run) for run in listed[start:end]],
-            "total": len(listed),
-            "nextCursor": str(end) if end < len(listed) else None,
-        }
+        try:
+            page, next_cursor = page_of(listed, limit, cursor, constants.STATUS_PAGE_MAX)
+        except InvalidPage as exc:
+            raise argument_error(str(exc)) from exc
+        return {"runs": [runtime.status_record(run) for run in page], "total": len(listed), "nextCursor": next_cursor}
 
     @server.tool(
         description="Cancel runs; cancelling a parent cancels all its running descendants.",

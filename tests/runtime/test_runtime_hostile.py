@@ -331,3 +331,42 @@ async def test_a_flood_of_initializes_leaves_a_session_in_use_working(runtime_pr
     assert len(statuses) == 2000 and set(statuses) <= {200, 503}, sorted(set(statuses))
     assert statuses.count(200) <= FLOOD_CAP and statuses.count(503) >= 2000 - FLOOD_CAP
     assert retry_after and all(value.isdigit() and int(value) >= 1 for value in retry_after), retry_after
+
+
+async def test_http_status_pages_like_the_status_tool_with_task_previews(make_runtime: MakeRuntime) -> None:
+    # /status once carried every kept run (up to 10,000) with its whole task: 1.25 MB for 238.
+    runtime = await make_runtime()
+    long_task = "summarise this: " + "x" * 20_000
+    runs = [await runtime.spawn(RunSpec(task=long_task if i % 2 else f"short {i}"), "c") for i in range(7)]
+    for run in runs:
+        await asyncio.wait_for(run.finished.wait(), 5)
+    app = build_app(RuntimeSettings(), runtime)
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://127.0.0.1") as http:
+        pages, cursor = [], None
+        for _ in range(10):  # bounded: 7 runs, 3 a page
+            response = await http.get("/status", params={"limit": 3, **({"cursor": cursor} if cursor else {})})
+            assert response.status_code == 200, response.text
+            pages.append(response.json())
+            cursor = pages[-1]["nextCursor"]
+            if cursor is None:
+                break
+        default = (await http.get("/status")).json()
+        whole = (await http.get("/status", params=[("handle", runs[1].handle), ("handle", runs[0].handle)])).json()
+        refusals = {query: await http.get("/status?" + query)
+                    for query in ("limit=0", "limit=1001", "limit=x", "limit=-1", "cursor=-1", "cursor=x",
+                                  "handle=run-nope")}
+
+    assert [len(page["runs"]) for page in pages] == [3, 3, 1] and all(page["total"] == 7 for page in pages)
+    listed = [run["handle"] for page in pages for run in page["runs"]]
+    assert listed == [run.handle for run in runtime.listed()]  # the order of the `status` tool
+    for record in (run for page in pages for run in page["runs"]):
+        assert len(record["task"]) <= 200 and record["taskChars"] == len(runtime.runs.get(record["handle"]).spec.task)
+        if record["taskChars"] > 200:
+            assert record["task"].endswith("…") and long_task.startswith(record["task"][:-1])
+    assert len(json.dumps(pages[0])) < 10_000  # a page stays small however long the tasks
+    assert default["total"] == 7 and len(default["runs"]) == 7 and default["counts"] == {"Completed": 7}
+    assert [run["task"] for run in whole["runs"]] == [long_task, "short 0"] and "nextCursor" not in whole
+    for query, response in refusals.items():
+        assert response.status_code == (404 if query.startswith("handle") else 400), (query, response.text)
+        assert response.json()["error"]["message"], query
