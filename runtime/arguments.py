@@ -10,9 +10,10 @@ numbers, no unknown keys) and its input schema says ``additionalProperties: fals
 Every argument error — a wrong type, a value out of range, a handle that names no run, a
 cap reached — is a tool execution error (a result with ``isError: true`` and a one-line
 text naming the argument), as MCP 2025-11-25 prefers (SEP-1303): the client hands it to
-its model, which can correct the call; a JSON-RPC error would stop at the client. What is
-not about a tool's arguments stays a JSON-RPC error: an unknown tool or prompt (-32602),
-a server that cannot keep its promises (-32603).
+its model, which can correct the call; a JSON-RPC error would stop at the client. So is a
+tool name the server does not have (the SDK's "Unknown tool", which MCP's conformance
+suite expects as a result). What is not about a tool call stays a JSON-RPC error: an
+unknown prompt (-32602), a server that cannot keep its promises (-32603).
 """
 
 from __future__ import annotations
@@ -57,13 +58,10 @@ def validation_text(error: ValidationError) -> str:
 
 
 def answer_argument_errors_as_tool_errors(server: MCPServer) -> None:
-    """Type errors the SDK finds read like the tools' own argument errors; a tool the
-    server does not have is the client's mistake (-32602), not the model's."""
+    """Type errors the SDK finds read like the tools' own argument errors."""
     call_tool = server.call_tool
 
     async def checked_call_tool(name: str, arguments: dict[str, Any], context: Any = None) -> Any:
-        if server._tool_manager.get_tool(name) is None:  # noqa: SLF001
-            raise MCPError(code=INVALID_PARAMS, message=f"unknown tool: {name}")
         try:
             return await call_tool(name, arguments, context)
         except ToolError as exc:

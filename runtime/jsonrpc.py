@@ -111,8 +111,11 @@ class JsonRpcGate:
             await error_response(400, UNSUPPORTED_PROTOCOL_VERSION, message, data=data)(scope, receive, send)
             return
         session_id = headers.get(MCP_SESSION_ID_HEADER)
+        # Only a handshake-era request without a session id may open one (sessionless
+        # 2026-07-28 requests never do), so only its 503 can mean the cap is full.
+        opens_session = session_id is None and (version is None or version in HANDSHAKE_PROTOCOL_VERSIONS)
         if scope["method"] != "POST":
-            await self._app(scope, receive, self._refusing_without_room(send) if session_id is None else send)
+            await self._app(scope, receive, self._refusing_without_room(send) if opens_session else send)
             return
         body = await self._read_body(headers, receive)
         if body is None:
@@ -139,7 +142,7 @@ class JsonRpcGate:
         replay = _replaying(body, receive)
         if parsed.get("method") == "initialize":
             send = self._recording_version(send)
-        await self._app(scope, replay, self._refusing_without_room(send) if session_id is None else send)
+        await self._app(scope, replay, self._refusing_without_room(send) if opens_session else send)
 
     # ------------------------------------------------------------------ reading
 

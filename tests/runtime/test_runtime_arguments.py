@@ -76,11 +76,10 @@ async def test_values_out_of_the_documented_range_are_tool_errors_like_type_erro
     assert message in result.content[0].text
 
 
-async def test_an_unknown_tool_is_invalid_params(server: MCPServer) -> None:
+async def test_an_unknown_tool_is_a_tool_error_too(server: MCPServer) -> None:
     async with Client(server) as client:
-        with pytest.raises(MCPError) as error:
-            await client.call_tool("nope", {})
-    assert error.value.error.code == INVALID_PARAMS and "nope" in error.value.error.message
+        result = await client.call_tool("nope", {})
+    assert result.is_error and "Unknown tool: nope" in result.content[0].text
 
 
 @pytest.mark.parametrize("value", ["Infinity", "-Infinity", "NaN", "1e999"])
