@@ -7,7 +7,8 @@ JSON-RPC 2.0 and MCP's transport say (docs/security.md lists every refusal):
   with the id when one can be read, HTTP 400 — never a silent 202;
 - an array (a batch) where the session's negotiated protocol version has batches
   (2025-03-26 only): each message is served on its own and the answers come back as one
-  JSON array; in any other version a batch is refused with ``-32600`` naming the version;
+  JSON array (at most MAX_BATCH messages, ids not reused within the batch); in any other
+  version a batch is refused with ``-32600`` naming the version;
 - ``initialize`` on a session that is already open: ``-32600``;
 - an ``MCP-Protocol-Version`` this server does not speak: 400 naming the versions it does;
 - a body over the limit: 413; no room for a new session: 503 with ``Retry-After``.
@@ -43,6 +44,7 @@ log = structlog.get_logger(service="runtime")
 
 MCP_PATH = "/mcp"
 BATCH_VERSIONS = frozenset({"2025-03-26"})  # the one revision whose transport takes JSON-RPC batches
+MAX_BATCH = 100  # messages in one batch (each is served as a request of its own, all at once)
 KNOWN_VERSIONS = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
 PROTOCOL_VERSION_HEADER = "mcp-protocol-version"
 
@@ -237,11 +239,25 @@ class JsonRpcGate:
         if not batch:
             await answer(400, "Invalid Request: an empty batch")
             return
+        if len(batch) > MAX_BATCH:
+            await answer(400, f"Invalid Request: a batch holds at most {MAX_BATCH} messages, got {len(batch)}")
+            return
         replies: list[dict[str, Any] | None] = [None] * len(batch)
+        seen_ids: set[tuple[type, Any]] = set()
+        reused: set[int] = set()  # requests whose id an earlier request of the batch has (their answers would mix)
+        for index, message in enumerate(batch):
+            if isinstance(message, dict) and "method" in message and valid_id(message.get("id")):
+                key = (type(message["id"]), message["id"])
+                if key in seen_ids:
+                    reused.add(index)
+                seen_ids.add(key)
 
         async def serve(index: int, message: Any) -> None:
             if (problem := message_problem(message)) is not None:
                 replies[index] = error_body(INVALID_REQUEST, f"Invalid Request: {problem[0]}", problem[1])
+            elif index in reused:
+                replies[index] = error_body(INVALID_REQUEST, "Invalid Request: this id is taken by an earlier "
+                                                             "request of the batch", message["id"])
             elif message.get("method") == "initialize":
                 replies[index] = error_body(INVALID_REQUEST, "Invalid Request: initialize must not be part of a batch",
                                             message.get("id"))

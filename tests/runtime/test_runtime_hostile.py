@@ -259,10 +259,12 @@ def test_batches_are_served_where_the_negotiated_version_has_them(runtime_proces
             {"jsonrpc": "2.0", "id": 1.5, "method": "ping"},
             {"jsonrpc": "2.0", "id": 4, "method": "initialize", "params": initialize()["params"]},
             {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "status", "arguments": {"limit": 0}}},
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},  # an id taken: answers would mix
         ]
         response = old.post_text(json.dumps(batch))
         only_notifications = old.post_text(json.dumps([batch[1]]))
         empty = old.post_text("[]")
+        too_many = old.post_text(json.dumps([{"jsonrpc": "2.0", "method": "notifications/x"}] * 101))
         new = RawSession(http, runtime_process.mcp_url).open("2025-06-18")
         refused = new.post_text(json.dumps(batch[:1]))
         old.close()
@@ -270,14 +272,16 @@ def test_batches_are_served_where_the_negotiated_version_has_them(runtime_proces
 
     assert response.status_code == 200 and response.headers["content-type"] == "application/json", response.text
     answers = response.json()
-    assert [answer["id"] for answer in answers] == [1, "two", 3, None, 4, 5]
+    assert [answer["id"] for answer in answers] == [1, "two", 3, None, 4, 5, 1]
     assert answers[0]["result"] == {}
     assert answers[1]["result"]["structuredContent"] == {"tools": []}
     assert answers[2]["error"]["code"] == -32601
     assert answers[3]["error"]["code"] == -32600 and answers[4]["error"]["code"] == -32600
     assert answers[5]["result"]["isError"] is True
+    assert answers[6]["error"]["code"] == -32600 and "taken" in answers[6]["error"]["message"]
     assert only_notifications.status_code == 202 and not only_notifications.content
     assert refusal(empty, 400, -32600)["id"] is None
+    assert "at most 100" in refusal(too_many, 400, -32600)["error"]["message"]
     assert "2025-06-18 has no JSON-RPC batches" in refusal(refused, 400, -32600)["error"]["message"]
 
 
