@@ -58,6 +58,7 @@ def error_body(code: int, message: str, request_id: Any = None, data: Any = None
 
 def error_response(status: int, code: int, message: str, request_id: Any = None, *, data: Any = None,
                    headers: dict[str, str] | None = None) -> Response:
+    log.debug("mcp_request_refused", status=status, code=code, message=message[:200])
     return JSONResponse(error_body(code, message, request_id, data), status_code=status, headers=headers)
 
 
