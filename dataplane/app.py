@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 import os
 import time
@@ -18,7 +17,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from luftpause import headers as h
-from luftpause import origins, tracing
+from luftpause import auth, origins, tracing
 from luftpause.dataplane.constants import (
     ENGINE_CONNECT_TIMEOUT_S,
     ENGINE_RETRY_ATTEMPTS,
@@ -103,10 +102,8 @@ async def json_errors(request: web.Request, handler):
 async def bearer_auth(request: web.Request, handler):
     token = request.app[TOKEN]
     if token and request.path.startswith("/v1"):
-        sent = request.headers.get("Authorization", "")
-        expected = f"Bearer {token}"
-        if not hmac.compare_digest(sent.encode(), expected.encode()):
-            raise ApiError(401, "missing or invalid bearer token")
+        if not auth.presented_matches(request.headers.get("Authorization"), token):
+            raise ApiError(401, auth.REFUSAL)
     return await handler(request)
 
 

@@ -164,6 +164,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def all_runs(status_url: str) -> list[dict[str, Any]]:
+    """Every run the runtime keeps, page by page (its /status pages like the `status` tool)."""
+    runs: list[dict[str, Any]] = []
+    cursor = None
+    for _ in range(100):  # 100 pages of 1,000: more than the runtime keeps
+        params = {"limit": 1000, **({"cursor": cursor} if cursor else {})}
+        page = httpx.get(status_url, params=params, timeout=30).json()
+        runs.extend(page["runs"])
+        cursor = page.get("nextCursor")
+        if not cursor:
+            break
+    return runs
+
+
 async def overhead_batch(mcp_url: str, status_url: str, pid: int, runs: int, rounds: int,
                          parallel: bool) -> dict[str, Any]:
     arguments = {"task": "overhead probe", "tools": ["lookup"], "maxToolCalls": rounds, "maxTokens": 16}
@@ -182,9 +196,8 @@ async def overhead_batch(mcp_url: str, status_url: str, pid: int, runs: int, rou
     failed = [r for r in records if r["status"] != "Completed" or r["toolCalls"] != rounds]
     if failed:
         raise RuntimeError(f"overhead runs did not complete as planned: {failed[:2]}")
-    report = httpx.get(status_url, timeout=30).json()
     mine = {r["handle"] for r in records}
-    statuses = [r for r in report["runs"] if r["handle"] in mine]
+    statuses = [r for r in all_runs(status_url) if r["handle"] in mine]
     own = [own_seconds_per_round(r) for r in statuses]
     per_round_wall = [(r["finishedAt"] - r["createdAt"]) / rounds for r in statuses]
     turn = [r["stats"]["turnSeconds"] / r["stats"]["turns"] for r in statuses]
@@ -289,8 +302,7 @@ def part_memory(config: Config) -> dict[str, Any]:
         spawn_seconds = time.monotonic() - started
 
         def idle_in_tools() -> bool:
-            report = httpx.get(f"{runtime_url}/status", timeout=30).json()
-            return sum(1 for r in report["runs"] if r["activity"] == "tools") >= config.idle_runs
+            return sum(1 for r in all_runs(f"{runtime_url}/status") if r["activity"] == "tools") >= config.idle_runs
 
         def open_upstream() -> int:
             upstream = httpx.get(f"{never}/stats", timeout=10).json()

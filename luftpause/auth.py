@@ -8,37 +8,27 @@ Unset, everything is open (loopback development), and each service logs a warnin
 
 from __future__ import annotations
 
-import hmac
-import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
 from aiohttp import web
 
-ENV = "LUFTPAUSE_TOKEN"
+# The one check of a presented token, shared with the runtime (which imports luftpause.tokens
+# directly, to start without grpc and aiohttp).
+from luftpause.tokens import (  # noqa: F401 - re-exported: this module is the seam for access
+    CHALLENGE,
+    ENV,
+    OPEN_HTTP_PATHS,
+    REFUSAL,
+    BearerGuard,
+    bearer,
+    presented_matches,
+    token_from_env,
+)
+
 # gRPC methods anyone may call: standard health checking (SERVING or not).
 OPEN_GRPC_PREFIXES = ("/grpc.health.v1.Health/",)
-# HTTP paths anyone may GET: liveness, which shows no runs, callers or replicas.
-OPEN_HTTP_PATHS = frozenset({"/health"})
-REFUSAL = "missing or invalid bearer token"
-
-
-def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
-    return (os.environ if environ is None else environ).get(ENV) or None
-
-
-def bearer(token: str) -> str:
-    return f"Bearer {token}"
-
-
-def presented_matches(presented: str | bytes | None, token: str) -> bool:
-    """Constant-time comparison of a presented ``Authorization`` value with the token."""
-    if presented is None:
-        return False
-    if isinstance(presented, str):
-        presented = presented.encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(presented, bearer(token).encode())
 
 
 # ------------------------------------------------------------------------------ gRPC
@@ -132,7 +122,7 @@ def aiohttp_middleware(token: str | None, open_paths: Iterable[str] = OPEN_HTTP_
     @web.middleware
     async def require_token(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
         if token and request.path not in open_set and not presented_matches(request.headers.get("Authorization"), token):
-            return web.json_response({"error": {"message": REFUSAL}}, status=401, headers={"WWW-Authenticate": "Bearer"})
+            return web.json_response({"error": {"message": REFUSAL}}, status=401, headers=CHALLENGE)
         return await handler(request)
 
     return require_token

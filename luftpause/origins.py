@@ -1,10 +1,15 @@
-"""Host and Origin checks against DNS rebinding, for every HTTP route of the runtime and
-the dataplane, whatever address they are bound to (see docs/security.md).
+"""Host and Origin checks against DNS rebinding, for every HTTP route of the runtime, the
+dataplane and the scheduler, whatever address they are bound to and whether a token is set
+(see docs/security.md). One allow-list and one check; an ASGI and an aiohttp adapter.
 
 A browser page from ``evil.example`` whose name resolves to 127.0.0.1 reaches a local
 service with ``Host: evil.example`` (and ``Origin: http://evil.example``). Requests whose
 Host is not an allowed name are answered 421; requests with an Origin that is not an
 allowed name 403. ``/health`` is exempt: it shows nothing, and orchestrators probe it by IP.
+
+Host values are parsed strictly as RFC 9110 ``host[:port]``: a name, an IPv4 address or a
+bracketed IPv6 address, then at most a port of digits. Anything else (``localhost:1@evil``,
+a path, a second colon, spaces) is refused, whatever its first characters name.
 
 LUFTPAUSE_ALLOWED_HOSTS is a comma-separated list of names a client may use, each
 ``host`` (any port) or ``host:port``; ``*`` turns the check off. Unset: loopback names only
@@ -14,7 +19,9 @@ container reached by its service name, which must list that name.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -28,14 +35,40 @@ if TYPE_CHECKING:
 ENV = "LUFTPAUSE_ALLOWED_HOSTS"
 LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
 EXEMPT_PATHS = frozenset({"/health"})
+INVALID_REQUEST = -32600  # JSON-RPC's code for a request the server will not take
+
+
+# RFC 3986 reg-name (unreserved, percent-encoded, sub-delims) or an IPv4 address, or an
+# IP-literal in brackets; then an optional port of ASCII digits.
+_HOST = re.compile(r"(?P<name>\[[0-9A-Fa-f:.]+\]|(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})+)(?::(?P<port>[0-9]{0,5}))?")
+
+
+def split_host(value: str | None) -> tuple[str, str | None] | None:
+    """``(name, port)`` of a Host value (lower-case; port None when absent), or None when
+    it is not ``host[:port]``."""
+    if value is None:
+        return None
+    match = _HOST.fullmatch(value.strip(" \t"))
+    if match is None:
+        return None
+    name = match["name"].lower()
+    if name.startswith("["):
+        try:
+            ipaddress.IPv6Address(name[1:-1])
+        except ValueError:
+            return None
+    return name, match["port"] or None
 
 
 class AllowedHosts:
     def __init__(self, entries: Iterable[str]) -> None:
         cleaned = [entry.strip().lower() for entry in entries if entry.strip()]
         self.any = "*" in cleaned
-        self._names = {entry for entry in cleaned if not _has_port(entry)}
-        self._pairs = {entry for entry in cleaned if _has_port(entry)}
+        parsed = [split_host(entry) for entry in cleaned if entry != "*"]
+        if None in parsed:
+            raise ValueError(f"{ENV}: every entry must be host or host:port, got {cleaned!r}")
+        self._names = {name for name, port in parsed if port is None}  # type: ignore[misc]
+        self._pairs = {(name, port) for name, port in parsed if port is not None}  # type: ignore[misc]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AllowedHosts:
@@ -43,20 +76,24 @@ class AllowedHosts:
         return cls(value.split(",") if value.strip() else LOOPBACK)
 
     def allows_host(self, host: str | None) -> bool:
-        """``host`` as in a Host header: ``name``, ``name:port``, ``[v6]:port``."""
+        """``host`` as in a Host header: ``name``, ``name:port``, ``[v6]:port``, nothing else."""
         if self.any:
             return True
-        if not host:
+        parsed = split_host(host)
+        if parsed is None:
             return False
-        host = host.strip().lower()
-        return host in self._pairs or _name(host) in self._names
+        return parsed[0] in self._names or parsed in self._pairs
 
     def allows_origin(self, origin: str | None) -> bool:
-        """No Origin (not a browser, or a same-origin GET) is fine; else its host must be allowed."""
+        """No Origin (not a browser, or a same-origin GET) is fine; else it must be
+        ``scheme://host[:port]`` (as browsers send it) with an allowed host."""
         if origin is None or self.any:
             return True
-        parsed = urllib.parse.urlsplit(origin.strip())
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        try:
+            parsed = urllib.parse.urlsplit(origin.strip())
+        except ValueError:
+            return False
+        if parsed.scheme not in ("http", "https") or parsed.path or parsed.query or parsed.fragment:
             return False  # "null" (sandboxed pages, file://) and anything odd
         return self.allows_host(parsed.netloc)
 
@@ -71,29 +108,29 @@ class AllowedHosts:
         return None
 
 
-def _has_port(entry: str) -> bool:
-    return entry.rsplit("]", 1)[-1].count(":") == 1
-
-
-def _name(host: str) -> str:
-    if host.startswith("["):
-        return host.split("]", 1)[0] + "]"
-    return host.split(":", 1)[0]
+def refusal(path: str, status: int, message: str, jsonrpc_paths: Iterable[str] = (),
+            headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """A refusal as JSON: on a JSON-RPC endpoint (the runtime's ``/mcp``) a JSON-RPC error
+    without id, elsewhere ``{"error": {"message": ...}}``. Both carry ``error.message``."""
+    if path in jsonrpc_paths:
+        body: dict[str, Any] = {"jsonrpc": "2.0", "id": None, "error": {"code": INVALID_REQUEST, "message": message}}
+    else:
+        body = {"error": {"message": message}}
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
 
 
 class HostOriginGuard:
     """Pure ASGI (MCP's SSE responses stream untouched), in front of everything else."""
 
-    def __init__(self, app: ASGIApp, allowed: AllowedHosts) -> None:
-        self._app, self._allowed = app, allowed
+    def __init__(self, app: ASGIApp, allowed: AllowedHosts, jsonrpc_paths: Iterable[str] = ()) -> None:
+        self._app, self._allowed, self._jsonrpc_paths = app, allowed, frozenset(jsonrpc_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
             problem = self._allowed.problem(scope["path"], headers.get("host"), headers.get("origin"))
             if problem is not None:
-                status, message = problem
-                await JSONResponse({"error": {"message": message}}, status_code=status)(scope, receive, send)
+                await refusal(scope["path"], *problem, self._jsonrpc_paths)(scope, receive, send)
                 return
         await self._app(scope, receive, send)
 

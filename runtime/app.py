@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import os
 import time
 from collections.abc import AsyncIterator
@@ -16,16 +15,20 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
+from starlette.types import ASGIApp
 
 from luftpause.origins import AllowedHosts, HostOriginGuard
+from luftpause.tokens import BearerGuard
 from luftpause.runtime import constants
 from luftpause.runtime.compaction import ForkedCompaction
 from luftpause.runtime.config import RuntimeSettings, load_tools_file
 from luftpause.runtime.dataplane import DataplaneClient
 from luftpause.runtime.journal import Journal
+from luftpause.runtime.jsonrpc import MCP_PATH, JsonRpcGate
 from luftpause.runtime.mcp_server import build_mcp_server
 from luftpause.runtime.metrics import build_registry, exposition
+from luftpause.runtime.runs import InvalidPage, page_of
 from luftpause.runtime.service import Runtime
 from luftpause.runtime.sessions import evict_idle_at_cap
 from luftpause.runtime.tasks import TASKS_FILE, TaskStore
@@ -34,32 +37,11 @@ from luftpause.runtime.upstream import Toolbox
 log = structlog.get_logger(component="app")
 
 PROTECTED_PREFIXES = ("/mcp", "/status")
+JSONRPC_PATHS = (MCP_PATH,)  # refusals there are JSON-RPC error bodies
 
 
-class BearerTokenGuard:
-    """Requires `Authorization: Bearer <token>` on /mcp and /status.
-
-    Pure ASGI rather than BaseHTTPMiddleware, so MCP's SSE responses stream untouched.
-    """
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self._app = app
-        self._expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES) and not self._authorized(scope):
-            response = JSONResponse(
-                {"error": {"message": "missing or invalid bearer token"}},
-                status_code=401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-            await response(scope, receive, send)
-            return
-        await self._app(scope, receive, send)
-
-    def _authorized(self, scope: Scope) -> bool:
-        presented = dict(scope["headers"]).get(b"authorization", b"")
-        return hmac.compare_digest(presented, self._expected)
+def http_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
 def build_runtime(settings: RuntimeSettings, forked_compaction: ForkedCompaction | None = None) -> Runtime:
@@ -91,7 +73,7 @@ def build_app(
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         max_sessions=settings.max_sessions, session_idle_timeout=settings.session_idle_s,
     )
-    evict_idle_at_cap(mcp_server.session_manager)
+    evict_idle_at_cap(mcp_server.session_manager, settings.session_evict_idle_s)
     started_at = time.time()
     registry = build_registry(runtime)
     journal_path = settings.state_dir / constants.JOURNAL_FILE
@@ -126,7 +108,28 @@ def build_app(
         return Response(body, headers={"Content-Type": content_type})
 
     async def status(request: Request) -> JSONResponse:
-        report: dict[str, Any] = runtime.tree_report()
+        """A page of runs as the MCP `status` tool pages them (``limit``, ``cursor``), each
+        task cut to a preview; ``handle=<run>`` (repeatable) gives those runs whole."""
+        query = request.query_params
+        handles = list(dict.fromkeys(query.getlist("handle")))
+        if handles:
+            if len(handles) > constants.MAX_HANDLES:
+                return http_error(400, f"handle may name at most {constants.MAX_HANDLES} runs")
+            unknown = [handle for handle in handles if handle not in runtime.runs]
+            if unknown:
+                return http_error(404, f"unknown run handle(s): {', '.join(unknown[:10])}")
+            report: dict[str, Any] = runtime.page_report([runtime.runs.get(handle) for handle in handles])
+        else:
+            listed = runtime.listed()
+            limit = query.get("limit", str(constants.STATUS_PAGE_DEFAULT))
+            try:
+                if not (limit.isascii() and limit.isdigit()):
+                    raise InvalidPage(f"limit must be a whole number, got {limit!r}")
+                page, next_cursor = page_of(listed, int(limit), query.get("cursor"), constants.STATUS_PAGE_MAX)
+            except InvalidPage as exc:
+                return http_error(400, str(exc))
+            report = runtime.page_report(page, task_preview=constants.STATUS_TASK_PREVIEW_CHARS)
+            report.update(total=len(listed), nextCursor=next_cursor)
         report["tools"] = [tool.name for tool in runtime.toolbox.tools()]
         return JSONResponse(report)
 
@@ -161,8 +164,10 @@ def build_app(
         ],
         lifespan=lifespan,
     )
+    app = JsonRpcGate(app, mcp_server.session_manager, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE,
+                      evict_idle_s=settings.session_evict_idle_s)
     if settings.token:
-        app = BearerTokenGuard(app, settings.token)
+        app = BearerGuard(app, settings.token, PROTECTED_PREFIXES, JSONRPC_PATHS)
     else:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set; /mcp and /status accept everyone")
-    return HostOriginGuard(app, AllowedHosts.from_env())
+    return HostOriginGuard(app, AllowedHosts.from_env(), JSONRPC_PATHS)

@@ -61,6 +61,7 @@ class RuntimeSettings:
     max_sessions: int = constants.MAX_SESSIONS
     session_idle_s: float = constants.SESSION_IDLE_S
     peer_identity: str = "none"  # run identity for an agent-aware router in place of the dataplane
+    session_evict_idle_s: float = constants.SESSION_EVICT_IDLE_S
 
 
 def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> RuntimeSettings:
@@ -117,7 +118,15 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
     )
     parser.add_argument(
         "--max-sessions", type=int, default=int(env.get("LUFTPAUSE_MAX_SESSIONS", constants.MAX_SESSIONS)),
-        help="open MCP sessions; at the cap the longest-idle session is closed for a new one, which gets 503 only while every session has a request in flight (env LUFTPAUSE_MAX_SESSIONS, default %(default)s)",
+        help="open MCP sessions; at the cap the longest-idle session is closed for a new one if it has been idle "
+        "--session-evict-idle seconds, else the new one gets 503 with Retry-After (env LUFTPAUSE_MAX_SESSIONS, "
+        "default %(default)s)",
+    )
+    parser.add_argument(
+        "--session-evict-idle", type=float,
+        default=float(env.get("LUFTPAUSE_SESSION_EVICT_IDLE_S", constants.SESSION_EVICT_IDLE_S)),
+        help="at the session cap, only a session idle this many seconds may be closed for a new one, so opening "
+        "sessions cannot end one in use (env LUFTPAUSE_SESSION_EVICT_IDLE_S, default %(default)s)",
     )
     parser.add_argument(
         "--session-idle", type=float, default=float(env.get("LUFTPAUSE_SESSION_IDLE_S", constants.SESSION_IDLE_S)),
@@ -133,6 +142,8 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
     args = parser.parse_args(argv)
     if args.max_runs_per_caller < 1 or args.max_sessions < 1 or not 0 < args.session_idle < float("inf"):
         parser.error("--max-runs-per-caller and --max-sessions must be >= 1, --session-idle > 0")
+    if not 0 <= args.session_evict_idle < float("inf"):
+        parser.error("--session-evict-idle must be a finite number of seconds >= 0")
     return RuntimeSettings(
         host=args.host,
         port=args.port,
@@ -146,6 +157,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         max_sessions=args.max_sessions,
         session_idle_s=args.session_idle,
         peer_identity=args.peer_identity,
+        session_evict_idle_s=args.session_evict_idle,
     )
 
 

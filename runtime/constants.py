@@ -19,11 +19,13 @@ MAX_HANDLES = 1_000
 
 # Per-client limits. Runs not yet finished per caller (MCP session, x-luftpause-caller or
 # client name): far above a real fan-out, low enough that one client cannot fill the
-# runtime's memory and the pool's queue. Open MCP sessions: the SDK refuses new ones
-# beyond the limit (503) and closes a session idle this long, so abandoned ones free up.
+# runtime's memory and the pool's queue. Open MCP sessions: at the limit a session idle
+# for SESSION_EVICT_IDLE_S or more makes room for a new one, else the newcomer gets 503
+# (runtime/sessions.py); a session idle SESSION_IDLE_S is closed, so abandoned ones free up.
 MAX_RUNS_PER_CALLER = 1_000
 MAX_SESSIONS = 1_000
 SESSION_IDLE_S = 600.0
+SESSION_EVICT_IDLE_S = 60.0
 
 # Tool calls per run. Once spent the model must answer (the tools stay listed, with
 # tool_choice "none"), which also caps a run at DEFAULT_MAX_TOOL_CALLS + 1 turns.
@@ -102,6 +104,9 @@ COMPACT_AT_BYTES = 64 * 1024 * 1024
 # `status` without handles pages: live runs first, then finished ones, newest first.
 STATUS_PAGE_DEFAULT = 100
 STATUS_PAGE_MAX = 1000
+# `GET /status` pages the same way and cuts each run's task to this many characters
+# (`GET /status?handle=<run>` gives the whole text).
+STATUS_TASK_PREVIEW_CHARS = 200
 
 # Defaults of the command line, each overridable by the environment variable beside it.
 DEFAULT_HOST = "127.0.0.1"

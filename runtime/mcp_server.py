@@ -1,8 +1,10 @@
 """The MCP face of the runtime: tool signatures, argument checks, errors.
 
 Arguments are camelCase because that is the wire interface MCP clients and their
-models see. Requests that name unknown runs, or values out of range, are answered
-with an MCP error (-32602 invalid params); a run's own failure is data in its record.
+models see. Arguments that are wrong — a type, a value out of range, a handle that names
+no run — are answered as tool execution errors (``isError``, see runtime/arguments.py),
+so the client's model reads them and can correct its call; a run's own failure is data
+in its record.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Annotated, Any, Literal, ParamSpec, TypeVar
 
 from mcp import MCPError
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, InputRequiredResult, ToolAnnotations
+from mcp_types import INTERNAL_ERROR, InputRequiredResult, ToolAnnotations
 from pydantic import ConfigDict, Field, with_config
 from typing_extensions import TypedDict
 
@@ -26,9 +28,14 @@ from luftpause.runtime import constants
 from luftpause.runtime.approvals import AlreadyAnswered
 from luftpause.runtime.asking import asks_by_input_required, read_state, wait_asking, wait_or_ask
 from luftpause.runtime.dataplane import TurnError
-from luftpause.runtime.arguments import answer_unknown_prompts_with_invalid_params, tighten_arguments
+from luftpause.runtime.arguments import (
+    ArgumentError,
+    answer_argument_errors_as_tool_errors,
+    answer_unknown_prompts_with_invalid_params,
+    tighten_arguments,
+)
 from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS, DecideError, checked_labels, decide
-from luftpause.runtime.runs import RunSpec, RunStatus, UnknownRunError
+from luftpause.runtime.runs import InvalidPage, RunSpec, RunStatus, UnknownRunError, page_of
 from luftpause.runtime.service import InvalidRequest, JournalUnavailable, Runtime
 from luftpause.runtime.tasks import TASK_START, TaskStore, TasksExtension
 
@@ -55,7 +62,7 @@ System = Annotated[str | None, Field(description="System prompt for the sub-agen
 
 def bounds(minimum: float | None = None, maximum: float | None = None, exclusive_minimum: float | None = None,
            min_items: int | None = None, max_items: int | None = None) -> dict[str, Any]:
-    """JSON-schema bounds for an argument; the tools check them (and answer -32602)."""
+    """JSON-schema bounds for an argument; the tools check them (an isError result)."""
     named = {"minimum": minimum, "maximum": maximum, "exclusiveMinimum": exclusive_minimum,
              "minItems": min_items, "maxItems": max_items}
     return {key: value for key, value in named.items() if value is not None}
@@ -191,19 +198,21 @@ class DecideResult(TypedDict):
     unscored: list[str]
 
 
-def invalid_params(message: str) -> MCPError:
-    return MCPError(code=INVALID_PARAMS, message=message)
+def argument_error(message: str) -> ArgumentError:
+    """An argument the caller got wrong (a tool execution error, see runtime/arguments.py)."""
+    return ArgumentError(message)
 
 
-def answers_bad_requests_with_mcp_errors(tool: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Turn the runtime's request errors into MCP errors the client can show."""
+def answers_bad_requests_as_tool_errors(tool: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """The runtime's request errors as argument errors the client's model can read; a
+    journal that cannot be written as an MCP error (the server's failure, not the call's)."""
 
     @functools.wraps(tool)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await tool(*args, **kwargs)
         except (UnknownRunError, InvalidRequest) as exc:
-            raise invalid_params(str(exc)) from exc
+            raise argument_error(str(exc)) from exc
         except JournalUnavailable as exc:
             raise MCPError(code=INTERNAL_ERROR, message=str(exc)) from exc
 
@@ -240,11 +249,11 @@ def header_text(value: str) -> str:
 def checked_spec(spec: RunSpec) -> RunSpec:
     """The spec, if its values are in range (messages use the wire names)."""
     if not spec.task.strip():
-        raise invalid_params("task must not be empty")
+        raise argument_error("task must not be empty")
     if spec.max_tool_calls < 0:
-        raise invalid_params("maxToolCalls must be >= 0")
+        raise argument_error("maxToolCalls must be >= 0")
     if spec.max_tokens < 0:
-        raise invalid_params("maxTokens must be >= 0 (0 = engine default)")
+        raise argument_error("maxTokens must be >= 0 (0 = engine default)")
     maxima = {
         "maxToolCalls": (spec.max_tool_calls, constants.MAX_TOOL_CALLS_LIMIT),
         "maxTokens": (spec.max_tokens, constants.MAX_TOKENS_LIMIT),
@@ -256,26 +265,26 @@ def checked_spec(spec: RunSpec) -> RunSpec:
         if value is None:
             continue
         if not math.isfinite(value):
-            raise invalid_params(f"{name} must be a finite number")
+            raise argument_error(f"{name} must be a finite number")
         if name.startswith("budget") and value <= 0:
-            raise invalid_params(f"{name} must be > 0")
+            raise argument_error(f"{name} must be > 0")
         if value > maximum:
-            raise invalid_params(f"{name} must be at most {maximum:g}")
+            raise argument_error(f"{name} must be at most {maximum:g}")
     return spec
 
 
 def checked_timeout(timeout: float) -> float:
     if not (math.isfinite(timeout) and 0 <= timeout <= constants.MAX_AWAIT_TIMEOUT_S):
         limit = constants.MAX_AWAIT_TIMEOUT_S
-        raise invalid_params(f"timeout must be between 0 and {limit:.0f} seconds, got {timeout}")
+        raise argument_error(f"timeout must be between 0 and {limit:.0f} seconds, got {timeout}")
     return timeout
 
 
 def checked_handles(handles: list[str]) -> list[str]:
     if not handles:
-        raise invalid_params("handles must name at least one run")
+        raise argument_error("handles must name at least one run")
     if len(handles) > constants.MAX_HANDLES:
-        raise invalid_params(f"handles may name at most {constants.MAX_HANDLES} runs")
+        raise argument_error(f"handles may name at most {constants.MAX_HANDLES} runs")
     return list(dict.fromkeys(handles))  # a handle named twice is reported once
 
 
@@ -292,7 +301,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
                                   open_world_hint=True)
 
     @server.tool(description="Start a sub-agent; returns its handle at once.", annotations=starts_runs)
-    @answers_bad_requests_with_mcp_errors
+    @answers_bad_requests_as_tool_errors
     async def spawn(  # noqa: N803 - camelCase is the MCP wire interface
         task: Task,
         ctx: Context,
@@ -339,7 +348,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         ),
         annotations=read_only,
     )
-    @answers_bad_requests_with_mcp_errors
+    @answers_bad_requests_as_tool_errors
     async def await_runs(
         handles: Handles,
         ctx: Context,
@@ -398,7 +407,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         ),
         annotations=read_only,
     )
-    @answers_bad_requests_with_mcp_errors
+    @answers_bad_requests_as_tool_errors
     async def status(
         handles: Annotated[
             list[str] | None,
@@ -411,25 +420,19 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
     ) -> StatusResult:
         if handles:
             return {"runs": [runtime.status_record(run) for run in runtime.runs.require(checked_handles(handles))]}
-        if not 1 <= limit <= constants.STATUS_PAGE_MAX:
-            raise invalid_params(f"limit must be between 1 and {constants.STATUS_PAGE_MAX}, got {limit}")
-        if cursor is not None and not cursor.isdigit():
-            raise invalid_params(f"cursor must be a nextCursor from status, got {cursor!r}")
         listed = runtime.listed()
-        start = int(cursor or 0)
-        end = start + limit
-        return {
-            "runs": [runtime.status_record(run) for run in listed[start:end]],
-            "total": len(listed),
-            "nextCursor": str(end) if end < len(listed) else None,
-        }
+        try:
+            page, next_cursor = page_of(listed, limit, cursor, constants.STATUS_PAGE_MAX)
+        except InvalidPage as exc:
+            raise argument_error(str(exc)) from exc
+        return {"runs": [runtime.status_record(run) for run in page], "total": len(listed), "nextCursor": next_cursor}
 
     @server.tool(
         description="Cancel runs; cancelling a parent cancels all its running descendants.",
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
                                     open_world_hint=False),
     )
-    @answers_bad_requests_with_mcp_errors
+    @answers_bad_requests_as_tool_errors
     async def cancel(handles: Handles) -> CancelResult:
         requested = runtime.runs.require(checked_handles(handles))
         cancelled = await runtime.cancel(run.handle for run in requested)
@@ -447,7 +450,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
                                     open_world_hint=True),
     )
-    @answers_bad_requests_with_mcp_errors
+    @answers_bad_requests_as_tool_errors
     async def approve(
         handle: Annotated[str, Field(description="Handle of the run awaiting approval.")],
         allow: Annotated[bool, Field(description="true: run the tool call; false: decline it.")],
@@ -456,7 +459,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         try:
             pending = await runtime.approvals.answer(run, allow, by="approve")
         except AlreadyAnswered as exc:
-            raise invalid_params(str(exc)) from exc
+            raise argument_error(str(exc)) from exc
         await asyncio.sleep(0)  # let the run take the answer, so the status below is current
         return {"handle": run.handle, "approval": pending.record(), "allow": allow, "status": run.status.value}
 
@@ -480,14 +483,15 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         model: Annotated[str | None, Field(description="Model to use; default: the pool's first of the kind.")] = None,
     ) -> DecideResult:
         if not input.strip():
-            raise invalid_params("input must not be empty")
+            raise argument_error("input must not be empty")
         try:
             return await decide(runtime.dataplane, input, checked_labels(labels), model or None, caller_of(ctx))
         except DecideError as exc:
-            raise invalid_params(str(exc)) from exc
+            raise argument_error(str(exc)) from exc
         except TurnError as exc:
             raise MCPError(code=INTERNAL_ERROR, message=f"decide failed: {exc}") from exc
 
     tighten_arguments(server)
+    answer_argument_errors_as_tool_errors(server)
     answer_unknown_prompts_with_invalid_params(server)
     return server

@@ -265,6 +265,26 @@ def no_budget(run: Run) -> None:
     return None
 
 
+def preview(text: str, chars: int) -> str:
+    """``text`` cut to at most ``chars`` characters, an ellipsis marking the cut."""
+    return text if len(text) <= chars else text[: max(chars - 1, 0)] + "…"
+
+
+class InvalidPage(ValueError):
+    """A `status` page asked for with a limit or cursor out of range (the message says which)."""
+
+
+def page_of(listed: list[Run], limit: int, cursor: str | None, maximum: int) -> tuple[list[Run], str | None]:
+    """The runs of one `status` page and the cursor of the next (None on the last page)."""
+    if not 1 <= limit <= maximum:
+        raise InvalidPage(f"limit must be between 1 and {maximum}, got {limit}")
+    if cursor is not None and not (cursor.isascii() and cursor.isdigit()):
+        raise InvalidPage(f"cursor must be a nextCursor from status, got {cursor!r}")
+    start = int(cursor or 0)
+    end = start + limit
+    return listed[start:end], (str(end) if end < len(listed) else None)
+
+
 class RunRegistry:
     """All runs of this runtime, by handle, with the parent/child tree."""
 
@@ -331,6 +351,32 @@ class RunRegistry:
 
     def roots(self) -> list[Run]:
         return [run for run in self._runs.values() if run.parent is None or run.parent not in self._runs]
+
+    def page_report(
+        self, page: list[Run], budget_of: BudgetReporter = no_budget, approval_of: BudgetReporter = no_budget,
+        task_preview: int | None = None,
+    ) -> dict[str, Any]:
+        """`GET /status` for some runs: their records with their subtree totals, the page's
+        roots (runs without a parent), and counts and totals over every kept run.
+        ``task_preview``: cut each task to at most that many characters (``taskChars``
+        tells the whole length; `GET /status?handle=` gives the whole text)."""
+        subtree = self.subtree_stats()
+        records = []
+        for run in page:
+            record = {**run.status_record(budget_of(run), approval_of(run)), "subtree": subtree[run.handle].to_json()}
+            if task_preview is not None:
+                record["taskChars"] = len(run.spec.task)
+                record["task"] = preview(run.spec.task, task_preview)
+            records.append(record)
+        total = RunStats()
+        for root in self.roots():
+            total = total.plus(subtree[root.handle])
+        return {
+            "roots": [run.handle for run in page if run.parent is None],
+            "runs": records,
+            "counts": dict(Counter(run.status.value for run in self._runs.values())),
+            "totals": total.to_json(),
+        }
 
     def tree_report(
         self, budget_of: BudgetReporter = no_budget, approval_of: BudgetReporter = no_budget

@@ -55,7 +55,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the runtime whose run tree the status page shows, e.g. http://127.0.0.1:7000 "
                              "(env LUFTPAUSE_RUNTIME_URL; unset = no run tree). LUFTPAUSE_TOKEN (env only), when "
                              "set, is required on gRPC (metadata) and HTTP (Authorization: Bearer) but health "
-                             "checks and the static page, and is presented to the runtime")
+                             "checks and the static page, and is presented to the runtime. "
+                             "LUFTPAUSE_ALLOWED_HOSTS: comma-separated Host names HTTP clients may use (host or "
+                             "host:port, * = any; unset = localhost, 127.0.0.1, [::1]); other Host headers get 421, "
+                             "other Origins 403, token or not")
     return parser.parse_args(argv)
 
 

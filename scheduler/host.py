@@ -4,6 +4,7 @@ events for the decision core, and performs the actions it returns."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from luftpause import auth, tracing
+from luftpause import auth, origins, tracing
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler import core, stream
@@ -373,6 +374,10 @@ async def mark_serving(servicer: health.aio.HealthServicer) -> None:
 
 
 PAGE = Path(__file__).with_name("page.html")
+# What /runtime-status passes on to the runtime's /status: a page of runs, or runs by handle.
+RUNTIME_STATUS_PARAMS = frozenset({"limit", "cursor", "handle"})
+RUNTIME_STATUS_VALUE = re.compile(r"[A-Za-z0-9._:-]{1,256}")
+RUNTIME_STATUS_MAX_PARAMS = 100
 
 
 def runtime_status_url(runtime: str) -> str:
@@ -395,16 +400,24 @@ def http_app(host: SchedulerHost, token: str | None = None, runtime_url: str | N
         return web.Response(text=PAGE.read_text(), content_type="text/html")
 
     async def get_runtime_status(request: web.Request) -> web.Response:
-        """The configured runtime's run tree for the page (fetched here: no CORS needed).
-        The scheduler presents its own token; nothing of the caller's request is passed on."""
+        """A page of the configured runtime's runs for the page (fetched here: no CORS
+        needed). The scheduler presents its own token; of the caller's request only the
+        page (``limit``, ``cursor``) and ``handle`` pass on, checked, as query parameters."""
         if runtime_status is None:
             return web.json_response(
                 {"error": {"message": "no runtime configured (--runtime-url, LUFTPAUSE_RUNTIME_URL)"}}, status=404
             )
+        params = [(name, value) for name, value in request.query.items() if name in RUNTIME_STATUS_PARAMS]
+        bad = [name for name, value in params if not RUNTIME_STATUS_VALUE.fullmatch(value)]
+        if bad or len(params) > RUNTIME_STATUS_MAX_PARAMS:
+            return web.json_response({"error": {"message": f"malformed {', '.join(bad) or 'query'}: limit and "
+                                                           "cursor are numbers, handle a run handle"}}, status=400)
         headers = {"Authorization": auth.bearer(token)} if token else {}
         try:
             async with httpx.AsyncClient(timeout=2.0, trust_env=False, follow_redirects=False) as client:
-                response = await client.get(runtime_status, headers=headers)
+                response = await client.get(runtime_status, headers=headers, params=params)
+            if response.status_code in (400, 404):  # the runtime's word on a page or handle: the caller's
+                return web.json_response(response.json(), status=response.status_code)
             if response.status_code != 200:
                 raise ValueError(f"answered {response.status_code}")
             return web.json_response(response.json())
@@ -427,7 +440,10 @@ def http_app(host: SchedulerHost, token: str | None = None, runtime_url: str | N
 
     # Open like on the other services: probes and scrapers come without credentials, and
     # these routes carry counts by replica and class only (no runs, tasks or callers).
-    app = web.Application(middlewares=[auth.aiohttp_middleware(token, open_paths={"/", "/health", "/ready", "/metrics"})])
+    # Host and Origin first, token or not: a rebinding page must not read the run list of a
+    # laptop set-up without a token (luftpause.origins, as on the runtime and the dataplane).
+    app = web.Application(middlewares=[origins.aiohttp_middleware(origins.AllowedHosts.from_env()),
+                                       auth.aiohttp_middleware(token, open_paths={"/", "/health", "/ready", "/metrics"})])
     app.router.add_get("/", get_page)
     app.router.add_get("/status", get_status)
     app.router.add_get("/runtime-status", get_runtime_status)

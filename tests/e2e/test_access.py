@@ -94,3 +94,14 @@ async def test_scheduler_grpc_refuses_calls_without_the_token(stack) -> None:
             with pytest.raises(grpc.aio.AioRpcError) as error:
                 await call
             assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_every_service_takes_the_bearer_scheme_in_any_case(stack) -> None:
+    routes = {stack.ports.runtime: "/status", stack.ports.dataplane: "/v1/models",
+              stack.ports.scheduler_http: "/status"}
+    for port, path in routes.items():
+        for scheme in ("bearer", "BEARER", "Bearer"):
+            response = httpx.get(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"{scheme} {TOKEN}"})
+            assert response.status_code == 200, (port, path, scheme, response.text)
+        wrong = httpx.get(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"bearer {TOKEN}x"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["message"], (port, path)

@@ -1,6 +1,7 @@
 """Hostile input, generated: arbitrary JSON as MCP tool arguments and arbitrary headers and
 bodies on the proxy. Whatever comes in: no 5xx, every run final after `cancel`, and the
-runtime's /status always valid JSON."""
+runtime's /status always valid JSON. And DNS rebinding against the laptop set-up (no
+token): a page on a foreign name reads nothing from any service."""
 
 from __future__ import annotations
 
@@ -117,3 +118,33 @@ def test_the_proxy_answers_arbitrary_headers_and_bodies_without_a_server_error(
     assert response.status_code < 500, (response.status_code, response.text[:500])
     if response.status_code >= 400:
         assert response.json()["error"]["message"], response.text[:500]
+
+
+REBINDING_ROUTES = {
+    "runtime": ["GET /status", "POST /mcp", "GET /metrics"],
+    "dataplane": ["GET /v1/models", "POST /v1/chat/completions", "GET /metrics"],
+    "scheduler": ["GET /runtime-status", "GET /status", "GET /", "GET /metrics"],
+}
+
+
+@pytest.mark.parametrize("service", sorted(REBINDING_ROUTES))
+def test_a_rebinding_page_reads_nothing_from_any_service_without_a_token(full_stack, service: str) -> None:
+    ports = full_stack.ports
+    port = {"runtime": ports.runtime, "dataplane": ports.dataplane, "scheduler": ports.scheduler_http}[service]
+    base = f"http://127.0.0.1:{port}"
+    with httpx.Client(timeout=30) as http:
+        for route in REBINDING_ROUTES[service]:
+            method, path = route.split()
+            # What a browser sends once evil.example resolves to 127.0.0.1.
+            rebound = http.request(method, base + path, json={}, headers={
+                "Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"})
+            assert rebound.status_code == 421, (service, route, rebound.text[:200])
+            assert "not allowed" in rebound.json()["error"]["message"] and "run-" not in rebound.text
+            userinfo = http.request(method, base + path, json={}, headers={"Host": "localhost:1@evil.example"})
+            assert userinfo.status_code == 421, (service, route)
+            cross_site = http.request(method, base + path, json={}, headers={"Origin": f"http://evil.example:{port}"})
+            assert cross_site.status_code == 403, (service, route)
+        assert http.get(base + "/health", headers={"Host": "evil.example"}).status_code == 200
+        # The service's own name still answers.
+        first_get = REBINDING_ROUTES[service][0].split()[1]
+        assert http.get(base + first_get, headers={"Host": f"localhost:{port}"}).status_code == 200

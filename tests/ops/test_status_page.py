@@ -42,11 +42,14 @@ class Dom(HTMLParser):
         self.text: dict[str, str] = {}
         self.rows: dict[str, list[dict]] = {}
         self.classes: dict[str, list[str]] = {}
+        self.attrs: dict[str, dict] = {}  # attributes by element id
         self._open: list[tuple[str, str | None]] = []  # (tag, id)
         self._table: str | None = None
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
+        if a.get("id"):
+            self.attrs[a["id"]] = a
         if tag == "table":
             self._table = a.get("id")
         if tag == "tr" and self._table:
@@ -98,6 +101,20 @@ async def settled(runtime_status: str, timeout: float = 40.0) -> None:
             await asyncio.sleep(0.5)
 
 
+async def awaiting_approval(runtime_status: str, handle: str, timeout: float = 30.0) -> None:
+    async with httpx.AsyncClient(timeout=5, trust_env=False) as http:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline:
+            (run,) = (await http.get(runtime_status, params={"handle": handle})).json()["runs"]
+            if run["status"] == "AwaitingApproval":
+                return
+            await asyncio.sleep(0.2)
+    pytest.fail(f"{handle} never waited for approval")
+
+
+LONG_TASK = "wait too [[fake:hang]] " + "y" * 500
+
+
 async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first(ops_stack, tmp_path):
     chromium()
     p = ops_stack.ports
@@ -105,17 +122,22 @@ async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first
     async with Client(f"http://127.0.0.1:{p.runtime}/mcp") as client:
         # A run that stays live (its engine request hangs) with a child, created before the load.
         parent = await spawn(client, task="wait [[fake:hang]]", maxToolCalls=0)
-        child = await spawn(client, task="wait too [[fake:hang]]", maxToolCalls=0, parent=parent)
+        child = await spawn(client, task=LONG_TASK, maxToolCalls=0, parent=parent)
+        # A run whose destructive tool call waits for a person's approval.
+        waiting = await spawn(client, task="delete a note", tools=["delete_note"], maxToolCalls=1)
         load = asyncio.create_task(drive(ops_stack))
         try:
             await asyncio.sleep(5)
             await settled(f"{url}runtime-status")
+            await awaiting_approval(f"{url}runtime-status", waiting)
             page = await asyncio.to_thread(render, url, "--dump-dom")
             shot = tmp_path / "page.png"
             await asyncio.to_thread(render, url, "--window-size=1400,1100", f"--screenshot={shot}")
+            first_page = await asyncio.to_thread(render, url + "?runs=2", "--dump-dom")
+            second_page = await asyncio.to_thread(render, url + "?runs=2&cursor=2", "--dump-dom")
         finally:
             await load
-            await client.call_tool("cancel", {"handles": [parent]})
+            await client.call_tool("cancel", {"handles": [parent, waiting]})
     assert page.returncode == 0, page.stderr[-2000:]
     dom = parse(page.stdout)
 
@@ -136,16 +158,34 @@ async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first
     assert tree[at]["data-status"] == "Running" and tree[at]["data-depth"] == "0"
     below = tree[at + 1]  # the child sits under its parent, indented
     assert below["data-handle"] == child and below["data-depth"] == "1" and "└" in below["cells"][0]
+    # Each run's task, cut to a preview that says how long the whole is.
+    assert tree[at]["cells"][3] == "wait [[fake:hang]]"
+    assert below["cells"][3].startswith(LONG_TASK[:150]) and f"… ({len(LONG_TASK)} characters)" in below["cells"][3]
+    # What a run awaiting approval waits on: the tool call and its arguments.
+    pending = next(r for r in tree if r["data-handle"] == waiting)
+    assert pending["data-status"] == "AwaitingApproval"
+    assert pending["cells"][2].startswith("approval: delete_note {") and "note_id" in pending["cells"][2]
     statuses = [r["data-status"] for r in tree if r["data-depth"] == "0"]
     live = [s in ("Running", "AwaitingApproval") for s in statuses]
     assert live == sorted(live, reverse=True), statuses  # live roots first
     assert "Completed" in statuses
     completed = next(r for r in tree if r["data-status"] == "Completed")
     cells = completed["cells"]  # class, caller, model, elapsed, turns, tool calls, turn/tool time
-    assert cells[3] == "batch" and cells[4] and cells[5] == "fake-llama-1b" and cells[6].endswith(" s")
-    assert int(cells[7]) >= 1 and cells[9].endswith(" s") and cells[10].endswith(" s")
-    assert any("budget exceeded" in r["cells"][12] for r in tree)
+    assert cells[4] == "batch" and cells[5] and cells[6] == "fake-llama-1b" and cells[7].endswith(" s")
+    assert int(cells[8]) >= 1 and cells[10].endswith(" s") and cells[11].endswith(" s")
+    assert any("budget exceeded" in r["cells"][13] for r in tree)
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # Pages: two runs each, linked to each other.
+    first, second = parse(first_page.stdout), parse(second_page.stdout)
+    total = int(dom.text["runtime-range"].split(" of ")[1])
+    assert total > 4 and first.text["runtime-range"] == f"runs 1–2 of {total}"
+    assert second.text["runtime-range"] == f"runs 3–4 of {total}"
+    assert first.attrs["runtime-older"]["href"] == "?runs=2&cursor=2" and "hidden" in first.attrs["runtime-newer"]
+    assert second.attrs["runtime-newer"]["href"] == "?runs=2" and second.attrs["runtime-older"]["href"] == "?runs=2&cursor=4"
+    on_first = {r["data-handle"] for r in first.rows["runtime"] if r["cells"]}
+    on_second = {r["data-handle"] for r in second.rows["runtime"] if r["cells"]}
+    assert len(on_first) == len(on_second) == 2 and not on_first & on_second
 
 
 def test_page_shows_an_error_when_the_runtime_cannot_be_read(make_stack):

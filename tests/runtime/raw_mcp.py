@@ -23,19 +23,26 @@ def messages(response: httpx.Response) -> list[dict[str, Any]]:
     return [response.json()] if response.content else []
 
 
+def initialize(version: str = PROTOCOL_VERSION) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+
+
+INITIALIZE = initialize()
+
+
 class RawSession:
     def __init__(self, http: httpx.Client, url: str, headers: dict[str, str] | None = None) -> None:
         self.http, self.url = http, url
         self.headers = {"Accept": ACCEPT, "Content-Type": "application/json", **(headers or {})}
         self.next_id = 1
 
-    def open(self) -> RawSession:
-        response = self.post_json({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": PROTOCOL_VERSION, "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "0"}}})
+    def open(self, version: str = PROTOCOL_VERSION) -> RawSession:
+        response = self.post_json(initialize(version))
         response.raise_for_status()
         self.headers["mcp-session-id"] = response.headers["mcp-session-id"]
-        self.headers["mcp-protocol-version"] = PROTOCOL_VERSION
+        if version != "2025-03-26":  # that version's clients send no MCP-Protocol-Version
+            self.headers["mcp-protocol-version"] = version
         self.post_json({"jsonrpc": "2.0", "method": "notifications/initialized"})
         return self
 

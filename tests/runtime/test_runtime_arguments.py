@@ -13,7 +13,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp.server.mcpserver import MCPServer
 from mcp_types import INVALID_PARAMS
-from raw_mcp import RawSession
+from raw_mcp import INITIALIZE, RawSession
 from runtime_doubles import RuntimeProcess, ScriptedDataplane
 
 from luftpause.runtime import constants
@@ -45,7 +45,9 @@ async def test_loose_argument_types_are_refused_naming_the_argument(
 ) -> None:
     async with Client(server) as client:
         result = await client.call_tool("spawn", arguments)
-        assert result.is_error and field in result.content[0].text
+        text = result.content[0].text
+        assert result.is_error and field in text and "invalid arguments" in text
+        assert "pydantic" not in text and "http" not in text and "spawnArguments" not in text  # no library dump
         assert dataplane.chat_requests == []  # nothing was started
 
 
@@ -59,15 +61,25 @@ async def test_loose_argument_types_are_refused_naming_the_argument(
         ("spawn", {"task": "t", "budgetToolCalls": 10**7}, "budgetToolCalls must be at most"),
         ("await", {"handles": ["run-x"] * (constants.MAX_HANDLES + 1)}, "at most"),
         ("cancel", {"handles": []}, "at least one"),
+        ("await", {"handles": ["run-nope"]}, "run-nope"),
+        ("status", {"limit": 0}, "limit must be between"),
     ],
 )
-async def test_values_out_of_the_documented_range_are_invalid_params(
+async def test_values_out_of_the_documented_range_are_tool_errors_like_type_errors(
     server: MCPServer, tool: str, arguments: dict[str, Any], message: str
 ) -> None:
+    # One place for argument errors, as MCP 2025-11-25 prefers: an isError result the
+    # client's model reads (and can correct), not a JSON-RPC error that stops at the client.
     async with Client(server) as client:
-        with pytest.raises(MCPError) as error:
-            await client.call_tool(tool, arguments)
-        assert error.value.error.code == INVALID_PARAMS and message in error.value.error.message
+        result = await client.call_tool(tool, arguments)
+    assert result.is_error and result.content[0].text.startswith(f"Error executing tool {tool}: ")
+    assert message in result.content[0].text
+
+
+async def test_an_unknown_tool_is_a_tool_error_too(server: MCPServer) -> None:
+    async with Client(server) as client:
+        result = await client.call_tool("nope", {})
+    assert result.is_error and "Unknown tool: nope" in result.content[0].text
 
 
 @pytest.mark.parametrize("value", ["Infinity", "-Infinity", "NaN", "1e999"])
@@ -145,18 +157,25 @@ async def test_an_unknown_prompt_is_invalid_params(server: MCPServer) -> None:
         assert error.value.error.code == INVALID_PARAMS
 
 
-def test_a_flood_of_abandoned_sessions_locks_no_client_out(
+def test_abandoned_sessions_lock_no_client_out_longer_than_the_eviction_floor(
     start_runtime: Callable[..., RuntimeProcess], fake_engine: str, tools_file, tmp_path
 ) -> None:
     # One process opening sessions and never closing them used to lock every other
-    # client out (503) until its sessions went idle for 30 minutes.
-    runtime = start_runtime(fake_engine, tools_file, tmp_path / "state", env={"LUFTPAUSE_MAX_SESSIONS": "3"})
+    # client out (503) until its sessions went idle for 30 minutes. Now a session idle
+    # for the floor makes room; until then the newcomer hears when to come back.
+    runtime = start_runtime(fake_engine, tools_file, tmp_path / "state",
+                            env={"LUFTPAUSE_MAX_SESSIONS": "3", "LUFTPAUSE_SESSION_EVICT_IDLE_S": "1.5"})
     with httpx.Client(timeout=10) as http:
-        flood = [RawSession(http, runtime.mcp_url).open() for _ in range(20)]  # and never closed
+        flood = [RawSession(http, runtime.mcp_url).open() for _ in range(3)]  # and never closed
+        refused = RawSession(http, runtime.mcp_url).post_json(INITIALIZE)
+        assert refused.status_code == 503 and refused.json()["error"]["message"].startswith("too many open sessions")
+        wait = int(refused.headers["Retry-After"])
+        assert 1 <= wait <= 2
+        time.sleep(wait + 0.2)
         newcomer = RawSession(http, runtime.mcp_url).open()
         response, reply = newcomer.call("tools", {})
         assert response.status_code == 200 and reply is not None and "result" in reply
-        # The longest-idle sessions made room: the first of the flood is gone (404, on
-        # which a client starts a new session), the newest two are still open.
+        # The longest-idle session made room: the first of the flood is gone (404, on
+        # which a client starts a new session), the newest is still open.
         assert flood[0].call("tools", {})[0].status_code == 404
         assert flood[-1].call("tools", {})[0].status_code == 200

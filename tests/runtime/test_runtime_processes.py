@@ -16,10 +16,9 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
-from mcp import Client, MCPError
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp_types import INVALID_PARAMS
 from runtime_doubles import RuntimeProcess, journal_records
 
 from luftpause.procs import free_port
@@ -89,23 +88,20 @@ async def test_tools_lists_the_upstream_tools(runtime_server: RuntimeProcess) ->
         ("await", {"handles": []}, "at least one"),
     ],
 )
-async def test_bad_requests_are_mcp_errors(
+async def test_bad_requests_are_tool_errors_the_model_reads(
     runtime_server: RuntimeProcess, tool: str, arguments: dict[str, Any], message: str
 ) -> None:
     async with Client(runtime_server.mcp_url) as client:
-        with pytest.raises(MCPError) as error:
-            await client.call_tool(tool, arguments)
-    assert error.value.error.code == INVALID_PARAMS
-    assert message in error.value.error.message
+        refused = await client.call_tool(tool, arguments)
+    assert refused.is_error and message in refused.content[0].text
 
 
 @pytest.mark.parametrize("timeout", [601, -1])
-async def test_await_timeout_out_of_range_is_an_mcp_error(runtime_server: RuntimeProcess, timeout: float) -> None:
+async def test_await_timeout_out_of_range_is_a_tool_error(runtime_server: RuntimeProcess, timeout: float) -> None:
     async with Client(runtime_server.mcp_url) as client:
         handle = (await call(client, "spawn", {"task": "t"}))["handle"]
-        with pytest.raises(MCPError) as error:
-            await client.call_tool("await", {"handles": [handle], "timeout": timeout})
-    assert error.value.error.code == INVALID_PARAMS and "timeout" in error.value.error.message
+        refused = await client.call_tool("await", {"handles": [handle], "timeout": timeout})
+    assert refused.is_error and "timeout" in refused.content[0].text
 
 
 @pytest.mark.parametrize(

@@ -101,4 +101,4 @@ async def test_the_typescript_sdk_drives_the_runtime(
     assert [run["handle"] for run in runs] == [spawned["handle"] for spawned in report["spawned"]]
     for run in runs:
         assert run["status"] == "Completed" and run["toolCalls"] == 1 and run["result"], run
-    assert report["badRequest"]["code"] == -32602 and "run-does-not-exist" in report["badRequest"]["message"]
+    assert report["badRequest"]["isError"] is True and "run-does-not-exist" in report["badRequest"]["text"]

@@ -22,11 +22,14 @@ WITH_TOKEN = (("authorization", f"Bearer {TOKEN}"),)
 
 @pytest.fixture
 async def runtime_stand_in():
-    """Stands in for the runtime's GET /status (records what the scheduler sends)."""
+    """Stands in for the runtime's GET /status (records what the scheduler sends: headers,
+    and the query under the key "?")."""
     seen: list[dict[str, str]] = []
 
     async def status(request: web.Request) -> web.Response:
-        seen.append(dict(request.headers))
+        seen.append({**request.headers, "?": request.query_string})
+        if request.query.get("cursor") == "404":
+            return web.json_response({"error": {"message": "unknown run handle(s): x"}}, status=404)
         return web.json_response({"roots": ["run-1"], "runs": [{"handle": "run-1", "status": "Running"}]})
 
     app = web.Application()
@@ -144,3 +147,18 @@ async def test_resync_with_empty_or_oversize_ids_is_invalid_argument_and_changes
             assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     status = httpx.get(scheduler["http"] + "/status", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert sum(group["count"] for group in status["runs"]) == 1  # the good Resync's run is still there
+
+
+async def test_runtime_status_passes_on_only_a_checked_page_or_handles(scheduler, runtime_stand_in):
+    _, seen = runtime_stand_in
+    async with httpx.AsyncClient(base_url=scheduler["http"], headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        paged = await http.get("/runtime-status", params=[("limit", "2"), ("cursor", "4"), ("runtime", "x"),
+                                                          ("handle", "run-1")])
+        malformed = [await http.get("/runtime-status", params={name: value}) for name, value in
+                     (("limit", "2&x=1"), ("cursor", "../../etc"), ("handle", "a b"), ("handle", ""))]
+        passed_on = await http.get("/runtime-status", params={"cursor": "404"})
+
+    assert paged.status_code == 200 and seen[0]["?"] == "limit=2&cursor=4&handle=run-1"
+    assert all(r.status_code == 400 and r.json()["error"]["message"] for r in malformed)
+    assert len(seen) == 2  # nothing malformed reached the runtime
+    assert passed_on.status_code == 404 and "unknown run" in passed_on.json()["error"]["message"]

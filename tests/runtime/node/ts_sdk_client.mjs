@@ -22,12 +22,9 @@ for (const task of ["first question from TypeScript", "second question from Type
   spawned.push(await call("spawn", { task, serviceClass: "batch", maxToolCalls: 1 }));
 }
 const awaited = await call("await", { handles: spawned.map((s) => s.handle), mode: "all", timeout: 30 });
-let badRequest = null;
-try {
-  await call("await", { handles: ["run-does-not-exist"] });
-} catch (error) {
-  badRequest = { code: error.code ?? null, message: String(error.message) };
-}
+// A wrong argument is a tool execution error (isError), which the model reads.
+const refused = await client.callTool({ name: "await", arguments: { handles: ["run-does-not-exist"] } });
+const badRequest = { isError: refused.isError ?? false, text: refused.content?.[0]?.text ?? "" };
 console.log(JSON.stringify({
   server: client.getServerVersion(),
   protocolVersion: transport.protocolVersion ?? null,

@@ -1,0 +1,60 @@
+"""The bearer-token check every HTTP surface shares (re-exported by luftpause.auth, which
+adds gRPC and aiohttp; this module imports neither, so the runtime starts without them).
+
+``Authorization: <scheme> <token>``: the scheme is case-insensitive (RFC 9110 §11.1),
+the token is compared in constant time, whitespace between the two is tolerated.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Iterable, Mapping
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from luftpause.origins import refusal
+
+ENV = "LUFTPAUSE_TOKEN"
+# HTTP paths anyone may GET: liveness, which shows no runs, callers or replicas.
+OPEN_HTTP_PATHS = frozenset({"/health"})
+REFUSAL = "missing or invalid bearer token"
+CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    return (os.environ if environ is None else environ).get(ENV) or None
+
+
+def bearer(token: str) -> str:
+    return f"Bearer {token}"
+
+
+def presented_matches(presented: str | bytes | None, token: str) -> bool:
+    """Whether an ``Authorization`` value presents ``token`` with the Bearer scheme."""
+    if presented is None:
+        return False
+    if isinstance(presented, str):
+        presented = presented.encode("utf-8", "surrogateescape")
+    scheme, _, credentials = presented.strip(b" \t").partition(b" ")
+    # Compare the token whatever the scheme, so timing does not tell schemes apart.
+    token_matches = hmac.compare_digest(credentials.lstrip(b" \t"), token.encode("utf-8", "surrogateescape"))
+    return token_matches and scheme.lower() == b"bearer"
+
+
+class BearerGuard:
+    """Pure ASGI (MCP's SSE responses stream untouched): requires the token on every path
+    starting with one of ``protected``; 401 with a JSON message (JSON-RPC on ``jsonrpc_paths``)."""
+
+    def __init__(self, app: ASGIApp, token: str, protected: tuple[str, ...],
+                 jsonrpc_paths: Iterable[str] = ()) -> None:
+        self._app, self._token, self._protected = app, token, protected
+        self._jsonrpc_paths = frozenset(jsonrpc_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(self._protected):
+            presented = next((value for name, value in scope["headers"] if name.lower() == b"authorization"), None)
+            if not presented_matches(presented, self._token):
+                await refusal(scope["path"], 401, REFUSAL, self._jsonrpc_paths, CHALLENGE)(scope, receive, send)
+                return
+        await self._app(scope, receive, send)
