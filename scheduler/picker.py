@@ -57,10 +57,9 @@ from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement,
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
 from luftpause.proto import scheduler_pb2 as pb
-from luftpause.scheduler.envoy import DESTINATION, LB_NAMESPACE, SUBSET_NAMESPACE, endpoint_key
+from luftpause.scheduler.envoy import DESTINATION, EXT_PROC_SERVICE, LB_NAMESPACE, SUBSET_NAMESPACE, endpoint_key
 
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
-SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 READINESS_POLL_S = 0.2
 STATUS_REFRESH_S = 1.0  # how fresh the picker's view of replica health (for fallbacks) is
 CHAT = "/v1/chat/completions"
@@ -507,7 +506,7 @@ async def track_readiness(picker: Picker, servicer: health.aio.HealthServicer) -
         if picker.link.synced != ready:
             ready = picker.link.synced
             status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
-            for name in ("readiness", SERVICE):
+            for name in ("readiness", EXT_PROC_SERVICE):
                 await servicer.set(name, status)
             picker.log.info("picker_readiness", ready=ready)
         await asyncio.sleep(READINESS_POLL_S)
@@ -563,7 +562,8 @@ async def serve(args: argparse.Namespace, log) -> None:
     runner = web.AppRunner(http_app(picker), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.http_port).start()
-    tasks = [asyncio.create_task(picker.refresh_forever()), asyncio.create_task(track_readiness(picker, health_servicer)),
+    tasks = [asyncio.create_task(picker.refresh_forever()),
+             asyncio.create_task(track_readiness(picker, health_servicer)),
              asyncio.create_task(_sweep_forever(book))]
     log.info("picker_started", grpc=f"{args.host}:{args.grpc_port}", http=f"{args.host}:{args.http_port}",
              scheduler=args.scheduler, picker=link.dataplane_id)

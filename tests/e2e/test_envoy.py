@@ -203,3 +203,55 @@ def test_picker_loss_fails_open_when_configured(make_stack):
     response = chat(stack, headers={h.RUN_ID: "open"})
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"]
+
+
+async def test_the_mcp_runtime_works_through_envoy_unchanged(make_stack):
+    from mcp import Client
+
+    stack = make_stack(gateway="envoy")
+    async with Client(f"http://127.0.0.1:{stack.ports.runtime}/mcp") as client:
+        handles = []
+        for i in range(2):
+            result = await client.call_tool("spawn", {"task": f"research topic {i}"})
+            handles.append(json.loads(result.content[0].text)["handle"])
+        result = await client.call_tool("await", {"handles": handles, "mode": "all", "timeout": 60})
+    answer = json.loads(result.content[0].text)
+    assert [run["status"] for run in answer["runs"]] == ["Completed", "Completed"], answer
+    assert all(run["toolCalls"] >= 1 for run in answer["runs"])
+    # Every turn was admitted by the scheduler through the picker, and ended there.
+    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), 5)
+    served = [httpx.get(f"http://127.0.0.1:{port}/stats").json()["requests"] for port in stack.ports.engines]
+    assert sum(served) >= sum(run["toolCalls"] + 1 for run in answer["runs"])
+
+
+async def test_two_pickers_keep_every_run_on_its_replica_when_one_is_killed(make_stack):
+    """Two picker processes on one scheduler (each a peer of the scheduler's, as dataplanes
+    are), Envoy spreading streams over both: one is SIGKILLed between turns; every run's
+    later turns go through the other, and 0 runs move off their replica."""
+    stack = make_stack(gateway="envoy", without=WITHOUT, pickers=2, engine_args=["--token-ms", "20"])
+    replicas: dict[str, list[str]] = {}
+    conversations = {f"run-{i}": [{"role": "user", "content": f"research {i}"}] for i in range(8)}
+
+    async def turn(client: httpx.AsyncClient, run_id: str) -> None:
+        messages = conversations[run_id]
+        response = await client.post(url(stack) + "/v1/chat/completions", headers={h.RUN_ID: run_id},
+                                     json={"model": MODEL, "messages": messages, "tools": TOOLS})
+        assert response.status_code == 200, response.text
+        replicas.setdefault(run_id, []).append(response.headers[h.REPLICA])
+        message = response.json()["choices"][0]["message"]
+        messages.append(message)
+        for call in message.get("tool_calls") or []:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "found"})
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        await asyncio.gather(*(turn(client, run) for run in conversations))
+        served_by = [httpx.get(f"http://127.0.0.1:{port}/health").status_code for port in stack.ports.picker_http]
+        assert served_by == [200, 200]
+        stack.process("picker").kill()
+        # No wait for Envoy to see it gone: a stream the dead picker refuses opens on the other.
+        for _ in range(2):
+            await asyncio.gather(*(turn(client, run) for run in conversations))
+    moved = {run: served for run, served in replicas.items() if len(set(served)) != 1}
+    assert moved == {}, moved
+    assert set().union(*map(set, replicas.values())) == {"engine-a", "engine-b"}
+    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), 10)
