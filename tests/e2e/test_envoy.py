@@ -255,3 +255,60 @@ async def test_two_pickers_keep_every_run_on_its_replica_when_one_is_killed(make
     assert moved == {}, moved
     assert set().union(*map(set, replicas.values())) == {"engine-a", "engine-b"}
     assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), 10)
+
+
+# ------------------------------------------- the protocol, spoken to the picker as Envoy does
+
+
+def _exchange(stack, subset: list[str] | None, run_id: str) -> list:
+    """Request headers (with the gateway's subset hint) and body sent to the stack's picker
+    over a real ext_proc stream; the picker's answers."""
+    import grpc
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+    headers = ep.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+        base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in
+        {":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json",
+         h.RUN_ID: run_id}.items()]))
+    first = ep.ProcessingRequest(request_headers=headers)
+    if subset is not None:
+        hint = first.metadata_context.filter_metadata["envoy.lb.subset_hint"]
+        hint.fields["x-gateway-destination-endpoint-subset"].list_value.extend(subset)
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    second = ep.ProcessingRequest(request_body=ep.HttpBody(body=body, end_of_stream=True))
+    with grpc.insecure_channel(f"127.0.0.1:{stack.ports.picker_grpc[0]}") as channel:
+        return list(ep_grpc.ExternalProcessorStub(channel).Process(iter([first, second]), timeout=10))
+
+
+def test_the_subset_hint_bounds_the_pick(envoy_stack):
+    """The hint is a bound on the scheduler's choice: a run pinned inside it goes to its
+    replica with no fallback outside it; a run pinned outside it is refused (503), never
+    sent to a replica the gateway excluded."""
+    first = chat(envoy_stack, "use a tool", {h.RUN_ID: "subset-run"}, tools=TOOLS)  # paused: pinned
+    home = first.headers[h.REPLICA]
+    keys = {name: f"127.0.0.1:{port}" for name, port in zip(("engine-a", "engine-b"), envoy_stack.ports.engines)}
+    other = keys["engine-b" if home == "engine-a" else "engine-a"]
+    answers = _exchange(envoy_stack, [keys[home], "10.0.0.9:8000"], "subset-run")
+    destination = {o.header.key: o.header.raw_value.decode()
+                   for o in answers[1].request_body.response.header_mutation.set_headers}
+    assert destination["x-gateway-destination-endpoint"] == keys[home]
+    metadata = answers[1].dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    assert metadata["x-gateway-destination-endpoint"].string_value == keys[home]
+    assert wait_until(lambda: nothing_left(envoy_stack), 5)
+    outside = _exchange(envoy_stack, [other], "subset-run")
+    assert outside[-1].immediate_response.status.code == 503
+    assert "subset" in json.loads(outside[-1].immediate_response.body)["error"]["message"]
+    # No endpoint of the subset serves the model at all: 503 before anything is admitted.
+    refused = _exchange(envoy_stack, ["10.0.0.9:8000"], "subset-none")
+    assert refused[-1].immediate_response.status.code == 503
+    assert wait_until(lambda: nothing_left(envoy_stack), 5)
+
+
+def test_without_a_hint_the_answer_lists_the_fallbacks_after_the_runs_replica(envoy_stack):
+    answers = _exchange(envoy_stack, None, "fallback-run")
+    listed = next(o.header.raw_value.decode() for o in answers[1].request_body.response.header_mutation.set_headers
+                  if o.header.key == "x-gateway-destination-endpoint").split(",")
+    assert sorted(listed) == sorted(f"127.0.0.1:{port}" for port in envoy_stack.ports.engines)
+    assert wait_until(lambda: nothing_left(envoy_stack), 5)
