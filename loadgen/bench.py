@@ -66,6 +66,7 @@ class BenchConfig:
     warmup_s: float = 30.0
     first_repeat: int = 0  # repeat k runs workload k: a later invocation from here adds new workloads
     answer_keeps_tools: bool = False  # B2 own-loop agents list the tool in their answer turn too
+    envoy: bool = True  # B2 proxy: also luftpause's endpoint picker behind Envoy (docs/envoy.md)
 
     def repeat_numbers(self) -> range:
         return range(self.first_repeat, self.first_repeat + self.repeats)
@@ -135,8 +136,9 @@ class Rig:
         return path
 
     @contextmanager
-    def luftpause(self, affinity: bool = True) -> Iterator[Stack]:
-        """Scheduler, dataplane and runtime in front of the rig's engines and fake MCP."""
+    def luftpause(self, affinity: bool = True, gateway: str = "dataplane") -> Iterator[Stack]:
+        """Scheduler, dataplane and runtime in front of the rig's engines and fake MCP
+        (``gateway`` "envoy": the endpoint picker and Envoy in the dataplane's place)."""
         ports = replace(Ports.free(engines=0), engines=self.engine_ports, fake_mcp=self.mcp_port)
         directory = self.dir / f"luftpause-{'strict' if affinity else 'roam'}-{time.monotonic_ns()}"
         # Replicas on one simulated GPU are declared so in the pool, as a user of that
@@ -147,7 +149,7 @@ class Rig:
                       env={"LUFTPAUSE_AFFINITY": "on" if affinity else "off", "LUFTPAUSE_LOG_LEVEL": "warning",
                            # the 2 s probe period is 2 s of *engine* time: scale it with the engines
                            "LUFTPAUSE_PROBE_PERIOD_S": str(2.0 * self.config.time_scale)},
-                      without=frozenset({"engine-a", "engine-b", "fake-mcp"}))
+                      without=frozenset({"engine-a", "engine-b", "fake-mcp"}), gateway=gateway)
         stack.start()
         try:
             yield stack
@@ -415,7 +417,8 @@ async def _closed(rig: Rig, config: BenchConfig, part: str, variant: str, repeat
 B2_VARIANTS = {
     "proxy": [("router", "direct to SGLang router, class-blind"),
               ("roam", "luftpause, load admission, runs may roam"),
-              ("strict", "luftpause, load admission + strict affinity")],
+              ("strict", "luftpause, load admission + strict affinity"),
+              ("envoy", "luftpause picker behind Envoy, strict affinity")],
     "mcp": [("router", "runtime direct to SGLang router"),
             ("strict", "luftpause, load admission + strict affinity")],
     "light": [("router", "direct to SGLang router (light load)"),
@@ -462,6 +465,12 @@ async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp"
                         rig, config, "light", "strict", repeat,
                         target=luftpause_target(stack),
                         status_url=stack.urls["scheduler_status"]))
+            if "proxy" in results and config.envoy:
+                with rig.luftpause(affinity=True, gateway="envoy") as stack:
+                    results["proxy"]["envoy"].append(await _closed(
+                        rig, config, "proxy", "envoy", repeat,
+                        target=luftpause_target(stack),
+                        status_url=stack.urls["scheduler_status"]))
             if "mcp" in results:
                 with rig.direct_runtime("cache_aware") as runtime:
                     results["mcp"]["router"].append(await _closed(
@@ -498,7 +507,7 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
     base_p = mean([_cls(r, "interactive", "latency_p50_s") for r in base])
     base_b = mean([_cls(r, "batch", "runs_per_min") for r in base])
     for key, label in B2_VARIANTS[part]:
-        rs = results[key]
+        rs = results.get(key) or []
         if not rs:
             continue
         inter = [_cls(r, "interactive", "runs_per_min") for r in rs]
@@ -609,7 +618,7 @@ async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
     base = mean([r["runs_per_min"] for r in results["cache_aware"]])
     for key, label in (("luftpause", "luftpause affinity"), ("cache_aware", "SGLang router cache_aware"),
                        ("round_robin", "SGLang router round_robin")):
-        rs = results[key]
+        rs = results.get(key) or []
         if not rs:
             continue
         rates = [r["runs_per_min"] for r in rs]
@@ -647,6 +656,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="B2 own-loop agents list the tool in their answer turn too (tool_choice none), as "
                         "luftpause's runtime does, instead of dropping it; a workload sensitivity, not the "
                         "calibrated workload")
+    p.add_argument("--no-envoy", dest="envoy", action="store_false",
+                   help="B2 proxy: skip the row through luftpause's endpoint picker behind Envoy")
     p.add_argument("--preset", default=BenchConfig.preset, help="fake engine preset (luftpause.fakes.engine)")
     p.add_argument("--separate-gpus", action="store_true",
                    help="one engine process per replica, each with its own GPU timeline (default: one shared GPU)")
@@ -663,7 +674,8 @@ def main(argv: list[str] | None = None) -> None:
     config = BenchConfig(time_scale=a.time_scale, repeats=a.repeats, first_repeat=a.first_repeat,
                          window_s=a.window_s, warmup_s=a.warmup_s,
                          preset=a.preset, shared_gpu=not a.separate_gpus, router_only=a.variants == "router",
-                         out_dir=a.out_dir, work_dir=a.out_dir / "work", answer_keeps_tools=a.answer_keeps_tools)
+                         out_dir=a.out_dir, work_dir=a.out_dir / "work", answer_keeps_tools=a.answer_keeps_tools,
+                         envoy=a.envoy)
     started = time.monotonic()
     console.print(f"engine model: preset {config.preset}, {'one shared GPU' if config.shared_gpu else 'a GPU each'}, "
                   f"time scale {config.time_scale} (1 model second = {config.time_scale} s wall), "
