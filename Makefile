@@ -83,7 +83,7 @@ release:
 # --- benchmarks (docs/benchmarks.md); they install the bench extra (sglang-router, vllm-router) -
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
-.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler bench-admission bench-real bench-startup bench-grpc
+.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-picker bench-scheduler bench-admission bench-real bench-startup bench-grpc
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
@@ -102,6 +102,10 @@ bench-b3: $(BENCH_STAMP)
 B4_ARGS ?=
 bench-b4: $(BENCH_STAMP)
 	$(PY) -m luftpause.loadgen.proxy_bench $(B4_ARGS)
+
+# The endpoint picker behind Envoy: CPU per turn, with the response phase and without it.
+bench-picker: $(STAMP)
+	$(PY) -m luftpause.loadgen.picker_bench $(BENCH_ARGS)
 
 bench-admission: $(STAMP)
 	$(PY) -m luftpause.loadgen.admission $(BENCH_ARGS)

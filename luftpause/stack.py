@@ -100,6 +100,7 @@ class Stack:
     # "envoy": Envoy on the dataplane's port with luftpause's endpoint picker(s) instead of the dataplane
     gateway: str = "dataplane"
     fail_open: bool = False  # gateway "envoy": requests go on to an engine when no picker answers
+    envoy_observes_response: bool = True  # False only to measure the response phase's cost (loadgen.picker_bench)
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @classmethod
@@ -197,7 +198,7 @@ class Stack:
         p = self.ports
         config = envoy.write_config(self.state_dir / "envoy.yaml", self.pool_file, port=p.dataplane,
                                     admin_port=p.envoy_admin, pickers=[(HOST, port) for port in p.picker_grpc],
-                                    fail_open=self.fail_open)
+                                    fail_open=self.fail_open, observe_response=self.envoy_observes_response)
         process = self._process("envoy", "envoy", [], f"http://{HOST}:{p.envoy_admin}/ready")
         process.command = [str(envoy.ensure()), "-c", str(config), "--disable-hot-restart", "--log-level", "warn"]
         return process

@@ -101,11 +101,14 @@ def _lb_policy(name: str, type_url: str, **config) -> dict:
 
 def config(endpoints: list[Endpoint], *, port: int, admin_port: int, pickers: list[tuple[str, int]],
            host: str = "127.0.0.1", fail_open: bool = False,
-           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> dict:
+           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, observe_response: bool = True) -> dict:
     """Envoy's bootstrap for ``endpoints`` behind ``pickers`` (host, gRPC port).
 
     ``fail_open``: when no picker answers, requests go on to an engine chosen by Envoy
-    (least request) instead of a 500."""
+    (least request) instead of a 500. ``observe_response`` False is for measuring what
+    the response phase costs (``luftpause.loadgen.picker_bench``) and nothing else: the
+    picker then takes every turn's stream ending after the request as a failed turn (no
+    finish reason, no usage, no pause on tool calls reach the scheduler)."""
     pool_hosts = [{"endpoint": {"address": _address(*socket_address(e.base_url))}} for e in endpoints]
     ext_proc = {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
@@ -121,8 +124,8 @@ def config(endpoints: list[Endpoint], *, port: int, admin_port: int, pickers: li
         "processing_mode": {
             "request_header_mode": "SEND",
             "request_body_mode": "BUFFERED",
-            "response_header_mode": "SEND",
-            "response_body_mode": "STREAMED",
+            "response_header_mode": "SEND" if observe_response else "SKIP",
+            "response_body_mode": "STREAMED" if observe_response else "NONE",
             "request_trailer_mode": "SKIP",
             "response_trailer_mode": "SKIP",
         },

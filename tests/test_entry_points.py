@@ -28,6 +28,7 @@ DOCUMENTED = {
     "luftpause.fakes.mcp": ["--delay-s"],
     "luftpause.loadgen": ["--agents", "--spawn"],
     "luftpause.loadgen.proxy_bench": ["--streams", "--no-floor", "--no-envoy"],
+    "luftpause.loadgen.picker_bench": ["--requests", "--concurrency", "--json"],
     "luftpause.loadgen.floor_proxy": ["--engine", "--port"],
     "luftpause.loadgen.grpc_transport_bench": ["--rounds", "GRPC_EXPERIMENTS"],
     "luftpause.loadgen.scheduler_bench": ["--events"],
