@@ -63,8 +63,8 @@ SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 READINESS_POLL_S = 0.2
 STATUS_REFRESH_S = 1.0  # how fresh the picker's view of replica health (for fallbacks) is
 CHAT = "/v1/chat/completions"
-# Request headers the engine never sees: the client's credentials and the picker's answer
-# to a previous hop (Envoy sets the destination from this picker's answer only).
+# Request headers the engine never sees: the client's credentials (a replica's own key,
+# when the pool names one, replaces them).
 STRIPPED = ("authorization",)
 
 
@@ -121,7 +121,6 @@ class Picker:
     def __init__(self, link: SchedulerLink, book: RunBook, log, token: str = "") -> None:
         self.link, self.book, self.log, self.token = link, book, log, token
         self.replicas = Replicas()
-        self.turns = 0  # requests that reached an engine (for the bench's CPU per turn)
 
     async def refresh_forever(self) -> None:
         while True:
@@ -376,7 +375,6 @@ class Exchange:
         self.placement, self.ended = placement, False
         self.picker.book.turn_placed(InFlightTurn(self.turn_id, self.run_id, placement.replica, self.model,
                                                   self.service_class, self.caller), time.monotonic())
-        self.picker.turns += 1
 
     # ---------------------------------------------------------- response
 

@@ -13,7 +13,7 @@ import pytest
 
 from luftpause import headers as h
 from luftpause.procs import wait_until
-from luftpause.stack import MODEL
+from luftpause.stack import CLASSIFIER_MODEL, MODEL, Stack, write_configs
 
 WITHOUT = frozenset({"runtime", "fake-mcp"})
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "look up",
@@ -41,9 +41,11 @@ def chat(stack, content: str = "hi", headers: dict | None = None, **body) -> htt
 
 @pytest.fixture(scope="module")
 def envoy_stack(tmp_path_factory):
-    from tests.conftest import start_stack
-
-    stack = start_stack(tmp_path_factory.mktemp("envoy"), gateway="envoy", without=WITHOUT)
+    """Two fake engines and the fake classifier behind Envoy and one picker."""
+    directory = tmp_path_factory.mktemp("envoy")
+    stack = Stack.on_free_ports(directory, gateway="envoy", without=WITHOUT, classifier=True)
+    write_configs(directory / "config", stack.ports, classifier=True)
+    stack.start()
     try:
         yield stack
     finally:
@@ -149,6 +151,15 @@ def test_models_health_and_run_end_are_answered_by_the_picker(envoy_stack):
     ended = httpx.delete(url(envoy_stack) + "/v1/runs/ending")
     assert ended.json() == {"id": "ending", "deleted": True}
     assert httpx.get(url(envoy_stack) + "/nowhere").status_code == 404
+
+
+def test_a_one_pass_call_goes_to_the_classifier(envoy_stack):
+    response = httpx.post(url(envoy_stack) + "/v1/decide", json={"model": CLASSIFIER_MODEL, "input": ["great"]},
+                          timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.headers[h.REPLICA] == "classifier"
+    assert response.json()["data"][0]["label"] in ("positive", "negative")
+    assert httpx.post(url(envoy_stack) + "/v1/decide", json={"model": CLASSIFIER_MODEL}).status_code == 400
 
 
 async def test_interactive_turns_go_before_batch_under_saturation(make_stack):
