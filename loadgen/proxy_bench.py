@@ -538,32 +538,29 @@ def goals(results: dict) -> list[dict]:
         mine, direct = figures(mode, lp), figures(mode, ENGINE)
         added = mine["sequential"]["p50_ms"] - direct["sequential"]["p50_ms"] if mine and direct else None
         goal(f"added p50 one at a time, {mode} ({lp})", added, ADDED_P50_MS, False, "ms")
-    for mode in ("streaming", "non-streaming"):
-        mine, direct = figures(mode, lp), figures(mode, ENGINE)
-        added = (mine["levels"][level]["p99_ms"] - direct["levels"][level]["p99_ms"]
-                 if mine and direct and mine["levels"][level]["p99_ms"] is not None else None)
-        goal(f"added p99 at {level} concurrent, {mode} ({lp})", added, ADDED_P99_MS, False, "ms")
-    for mode, limit in (("non-streaming", NON_STREAMING_VS_SGLANG), ("streaming", STREAMING_VS_SGLANG)):
-        mine, router = figures(mode, lp), figures(mode, sglang)
-        ratio = (mine["levels"][level]["requests_per_s"] / router["levels"][level]["requests_per_s"]
-                 if mine and router else None)
-        goal(f"req/s at {level} concurrent ÷ sglang-router's, {mode} ({lp})", ratio, limit, True, "×")
-    envoy_level = figures("non-streaming", ENVOY) or figures("streaming", ENVOY)
-    if envoy_level is not None:
+    def added_p99(name: str, limit: float) -> None:
+        for mode in ("streaming", "non-streaming"):
+            mine, direct = figures(mode, name), figures(mode, ENGINE)
+            added = (mine["levels"][level]["p99_ms"] - direct["levels"][level]["p99_ms"]
+                     if mine and direct and mine["levels"][level]["p99_ms"] is not None else None)
+            goal(f"added p99 at {level} concurrent, {mode} ({name})", added, limit, False, "ms")
+
+    def vs_sglang(name: str, non_streaming: float, streaming: float) -> None:
+        for mode, limit in (("non-streaming", non_streaming), ("streaming", streaming)):
+            mine, router = figures(mode, name), figures(mode, sglang)
+            ratio = (mine["levels"][level]["requests_per_s"] / router["levels"][level]["requests_per_s"]
+                     if mine and router else None)
+            goal(f"req/s at {level} concurrent ÷ sglang-router's, {mode} ({name})", ratio, limit, True, "×")
+
+    added_p99(lp, ADDED_P99_MS)
+    vs_sglang(lp, NON_STREAMING_VS_SGLANG, STREAMING_VS_SGLANG)
+    if figures("non-streaming", ENVOY) or figures("streaming", ENVOY):
         for mode in ("streaming", "non-streaming"):
             mine = figures(mode, ENVOY)
             cpu = mine["levels"][level]["cpu"]["picker"]["us_per_turn"] if mine else None
             goal(f"picker CPU per turn, {mode}, {level} concurrent ({ENVOY})", cpu, PICKER_CPU_PER_TURN_US, False, "µs")
-        for mode in ("streaming", "non-streaming"):
-            mine, direct = figures(mode, ENVOY), figures(mode, ENGINE)
-            added = (mine["levels"][level]["p99_ms"] - direct["levels"][level]["p99_ms"]
-                     if mine and direct and mine["levels"][level]["p99_ms"] is not None else None)
-            goal(f"added p99 at {level} concurrent, {mode} ({ENVOY})", added, ENVOY_ADDED_P99_MS, False, "ms")
-        for mode, limit in (("non-streaming", ENVOY_NON_STREAMING_VS_SGLANG), ("streaming", ENVOY_STREAMING_VS_SGLANG)):
-            mine, router = figures(mode, ENVOY), figures(mode, sglang)
-            ratio = (mine["levels"][level]["requests_per_s"] / router["levels"][level]["requests_per_s"]
-                     if mine and router else None)
-            goal(f"req/s at {level} concurrent ÷ sglang-router's, {mode} ({ENVOY})", ratio, limit, True, "×")
+        added_p99(ENVOY, ENVOY_ADDED_P99_MS)
+        vs_sglang(ENVOY, ENVOY_NON_STREAMING_VS_SGLANG, ENVOY_STREAMING_VS_SGLANG)
     for mode in ("streaming", "non-streaming"):
         per_decision = [t["levels"][str(c)]["cpu"]["scheduler"]["us_per_turn"]
                         for n in ns if (t := figures(mode, luftpause_name(n)))
