@@ -209,7 +209,9 @@ def config(endpoints: list[Endpoint], *, port: int, admin_port: int, pickers: li
                  "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [
                      {"endpoint": {"address": _address(h, p)}} for h, p in pickers]}]},
                  # A picker that stops answering its health check gets no new streams.
-                 "health_checks": [{"timeout": "1s", "interval": "0.5s", "unhealthy_threshold": 1,
+                 # A dead picker refuses the connection and fails at once; one slow answer
+                 # on a busy host does not take a live one out.
+                 "health_checks": [{"timeout": "2s", "interval": "0.5s", "unhealthy_threshold": 2,
                                     "healthy_threshold": 1, "no_traffic_interval": "0.5s",
                                     "grpc_health_check": {"service_name": EXT_PROC_SERVICE}}]},
             ],

@@ -235,10 +235,24 @@ async def test_the_mcp_runtime_works_through_envoy_unchanged(make_stack):
     assert sum(served) >= sum(run["toolCalls"] + 1 for run in answer["runs"])
 
 
+def picker_streams_served(stack) -> list[int]:
+    """ext_proc streams Envoy opened to each picker so far, in the stack's picker order."""
+    clusters = httpx.get(f"http://127.0.0.1:{stack.ports.envoy_admin}/clusters").text
+    return [int(next((line.rsplit("::", 1)[1] for line in clusters.splitlines()
+                      if line.startswith(f"picker::127.0.0.1:{port}::rq_total::")), "0"))
+            for port in stack.ports.picker_grpc]
+
+
+def picker_down(stack, port: int) -> bool:
+    clusters = httpx.get(f"http://127.0.0.1:{stack.ports.envoy_admin}/clusters").text
+    return f"picker::127.0.0.1:{port}::health_flags::/failed_active_hc" in clusters
+
+
 async def test_two_pickers_keep_every_run_on_its_replica_when_one_is_killed(make_stack):
     """Two picker processes on one scheduler (each a peer of the scheduler's, as dataplanes
-    are), Envoy spreading streams over both: one is SIGKILLed between turns; every run's
-    later turns go through the other, and 0 runs move off their replica."""
+    are), Envoy spreading streams over both: one is SIGKILLed between turns; once Envoy
+    has taken it out, every run's later turns go through the other, and 0 runs move off
+    their replica."""
     stack = make_stack(gateway="envoy", without=WITHOUT, pickers=2, engine_args=["--token-ms", "20"])
     replicas: dict[str, list[str]] = {}
     conversations = {f"run-{i}": [{"role": "user", "content": f"research {i}"}] for i in range(8)}
@@ -256,12 +270,17 @@ async def test_two_pickers_keep_every_run_on_its_replica_when_one_is_killed(make
 
     async with httpx.AsyncClient(timeout=60) as client:
         await asyncio.gather(*(turn(client, run) for run in conversations))
-        served_by = [httpx.get(f"http://127.0.0.1:{port}/health").status_code for port in stack.ports.picker_http]
-        assert served_by == [200, 200]
+        # Right after the start Envoy's balancer may still know only the picker that
+        # turned healthy first; a few seconds later it spreads streams over both.
+        await asyncio.sleep(3)
+        await asyncio.gather(*(turn(client, run) for run in conversations))
+        streams = picker_streams_served(stack)
+        assert all(count >= 1 for count in streams), streams  # both pickers served turns
         stack.process("picker").kill()
-        # No wait for Envoy to see it gone: a stream the dead picker refuses opens on the other.
-        for _ in range(2):
-            await asyncio.gather(*(turn(client, run) for run in conversations))
+        # Until Envoy's health check takes the dead picker out (about a second), requests
+        # Envoy sends it fail closed (500): clients send them again. Then all go to the other.
+        assert await asyncio.to_thread(wait_until, lambda: picker_down(stack, stack.ports.picker_grpc[0]), 10)
+        await asyncio.gather(*(turn(client, run) for run in conversations))
     moved = {run: served for run, served in replicas.items() if len(set(served)) != 1}
     assert moved == {}, moved
     assert set().union(*map(set, replicas.values())) == {"engine-a", "engine-b"}
@@ -323,3 +342,96 @@ def test_without_a_hint_the_answer_lists_the_fallbacks_after_the_runs_replica(en
                   if o.header.key == "x-gateway-destination-endpoint").split(",")
     assert sorted(listed) == sorted(f"127.0.0.1:{port}" for port in envoy_stack.ports.engines)
     assert wait_until(lambda: nothing_left(envoy_stack), 5)
+
+
+# ------------------------------------------- the protocol, spoken to the picker as Envoy does
+
+
+def _exchange(stack, subset: list[str] | None, run_id: str) -> list:
+    """Request headers (with the gateway's subset hint) and body sent to the stack's picker
+    over a real ext_proc stream; the picker's answers."""
+    import grpc
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+    headers = ep.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+        base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in
+        {":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json",
+         h.RUN_ID: run_id}.items()]))
+    first = ep.ProcessingRequest(request_headers=headers)
+    if subset is not None:
+        hint = first.metadata_context.filter_metadata["envoy.lb.subset_hint"]
+        hint.fields["x-gateway-destination-endpoint-subset"].list_value.extend(subset)
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    second = ep.ProcessingRequest(request_body=ep.HttpBody(body=body, end_of_stream=True))
+    with grpc.insecure_channel(f"127.0.0.1:{stack.ports.picker_grpc[0]}") as channel:
+        return list(ep_grpc.ExternalProcessorStub(channel).Process(iter([first, second]), timeout=10))
+
+
+def test_the_subset_hint_bounds_the_pick(envoy_stack):
+    """The hint is a bound on the scheduler's choice: a run pinned inside it goes to its
+    replica with no fallback outside it; a run pinned outside it is refused (503), never
+    sent to a replica the gateway excluded."""
+    first = chat(envoy_stack, "use a tool", {h.RUN_ID: "subset-run"}, tools=TOOLS)  # paused: pinned
+    home = first.headers[h.REPLICA]
+    keys = {name: f"127.0.0.1:{port}" for name, port in zip(("engine-a", "engine-b"), envoy_stack.ports.engines)}
+    other = keys["engine-b" if home == "engine-a" else "engine-a"]
+    answers = _exchange(envoy_stack, [keys[home], "10.0.0.9:8000"], "subset-run")
+    destination = {o.header.key: o.header.raw_value.decode()
+                   for o in answers[1].request_body.response.header_mutation.set_headers}
+    assert destination["x-gateway-destination-endpoint"] == keys[home]
+    metadata = answers[1].dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    assert metadata["x-gateway-destination-endpoint"].string_value == keys[home]
+    assert wait_until(lambda: nothing_left(envoy_stack), 5)
+    outside = _exchange(envoy_stack, [other], "subset-run")
+    assert outside[-1].immediate_response.status.code == 503
+    assert "subset" in json.loads(outside[-1].immediate_response.body)["error"]["message"]
+    # No endpoint of the subset serves the model at all: 503 before anything is admitted.
+    refused = _exchange(envoy_stack, ["10.0.0.9:8000"], "subset-none")
+    assert refused[-1].immediate_response.status.code == 503
+    assert wait_until(lambda: nothing_left(envoy_stack), 5)
+
+
+def test_without_a_hint_the_answer_lists_the_fallbacks_after_the_runs_replica(envoy_stack):
+    answers = _exchange(envoy_stack, None, "fallback-run")
+    listed = next(o.header.raw_value.decode() for o in answers[1].request_body.response.header_mutation.set_headers
+                  if o.header.key == "x-gateway-destination-endpoint").split(",")
+    assert sorted(listed) == sorted(f"127.0.0.1:{port}" for port in envoy_stack.ports.engines)
+    assert wait_until(lambda: nothing_left(envoy_stack), 5)
+
+
+async def test_turns_held_by_the_surviving_picker_are_placed_when_the_other_is_killed(make_stack):
+    """One turn at a time per engine, slow replies: turns wait, held, in both pickers'
+    streams. The first picker is SIGKILLed: the turns it held end for their clients (500,
+    fail-closed) and the scheduler drops them; those the other picker holds stay held and
+    are placed as the engines free up. Nothing stays held or in flight."""
+    pool = {"endpoints": [{"name": name, "base_url": "{" + name + "}", "models": [MODEL], "max_batch": 1}
+                          for name in ("engine-a", "engine-b")]}
+    stack = make_stack(gateway="envoy", without=WITHOUT, pool=pool, pickers=2,
+                       engine_args=["--reply-tokens", "10", "--token-ms", "100"])
+
+    async def turn(client: httpx.AsyncClient, i: int) -> int:
+        """The status, or 0 when the connection broke (a stream cut mid-response)."""
+        try:
+            response = await client.post(url(stack) + "/v1/chat/completions", headers={h.RUN_ID: f"held-{i}"},
+                                         json={"model": MODEL, "messages": [{"role": "user", "content": str(i)}]})
+        except httpx.HTTPError:
+            return 0
+        return response.status_code
+
+    def both_healthy() -> bool:
+        clusters = httpx.get(f"http://127.0.0.1:{stack.ports.envoy_admin}/clusters").text
+        return all(f"picker::127.0.0.1:{port}::health_flags::healthy" in clusters for port in stack.ports.picker_grpc)
+
+    assert wait_until(both_healthy, 10)
+    async with httpx.AsyncClient(timeout=120) as client:
+        turns = [asyncio.create_task(turn(client, i)) for i in range(10)]
+        assert await asyncio.to_thread(wait_until, lambda: status(stack)["held"] >= 6, 15)
+        streams = await asyncio.to_thread(picker_streams, stack)
+        assert all(count >= 1 for count in streams), streams  # Envoy spread them over both pickers
+        stack.process("picker").kill()
+        codes = await asyncio.gather(*turns)
+    assert set(codes) <= {200, 500, 0}, codes
+    assert codes.count(200) >= streams[1], (codes, streams)  # every turn the surviving picker had
+    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), 15)
