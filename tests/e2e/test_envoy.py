@@ -342,3 +342,42 @@ def test_without_a_hint_the_answer_lists_the_fallbacks_after_the_runs_replica(en
                   if o.header.key == "x-gateway-destination-endpoint").split(",")
     assert sorted(listed) == sorted(f"127.0.0.1:{port}" for port in envoy_stack.ports.engines)
     assert wait_until(lambda: nothing_left(envoy_stack), 5)
+
+
+async def test_turns_held_by_the_surviving_picker_are_placed_when_the_other_is_killed(make_stack):
+    """One turn at a time per engine, slow replies: turns wait, held, in both pickers'
+    streams. The first picker is SIGKILLed: what it held fails for its clients (closed),
+    and every turn the other picker held is placed and answered. Nothing stays held or
+    in flight."""
+    pool = {"endpoints": [{"name": name, "base_url": "{" + name + "}", "models": [MODEL], "max_batch": 1}
+                          for name in ("engine-a", "engine-b")]}
+    stack = make_stack(gateway="envoy", without=WITHOUT, pool=pool, pickers=2,
+                       engine_args=["--reply-tokens", "10", "--token-ms", "100"])
+
+    async def turn(client: httpx.AsyncClient, i: int) -> int:
+        """The status, or 0 when the connection broke (a stream cut mid-response)."""
+        try:
+            response = await client.post(url(stack) + "/v1/chat/completions", headers={h.RUN_ID: f"held-{i}"},
+                                         json={"model": MODEL, "messages": [{"role": "user", "content": str(i)}]})
+        except httpx.HTTPError:
+            return 0
+        return response.status_code
+
+    def open_streams() -> list[int]:
+        clusters = httpx.get(f"http://127.0.0.1:{stack.ports.envoy_admin}/clusters").text
+        return [int(next((line.rsplit("::", 1)[1] for line in clusters.splitlines()
+                          if line.startswith(f"picker::127.0.0.1:{port}::rq_active::")), "0"))
+                for port in stack.ports.picker_grpc]
+
+    await asyncio.sleep(3)  # Envoy's balancer knows both pickers (see the test above)
+    async with httpx.AsyncClient(timeout=120) as client:
+        turns = [asyncio.create_task(turn(client, i)) for i in range(10)]
+        assert await asyncio.to_thread(wait_until, lambda: status(stack)["held"] >= 6, 15)
+        streams = open_streams()
+        assert all(count >= 1 for count in streams), streams
+        stack.process("picker").kill()
+        codes = await asyncio.gather(*turns)
+    assert set(codes) <= {200, 500, 0}, codes
+    assert codes.count(200) >= streams[1], (codes, streams)  # every turn the surviving picker had
+    assert codes.count(200) < len(codes), codes  # the killed picker's did not get through
+    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), 15)
