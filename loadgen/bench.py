@@ -72,6 +72,7 @@ class BenchConfig:
     peers: tuple[str, ...] = DEFAULT_PEERS  # peer rows (luftpause.loadgen.peer_rows), all in this invocation
     # engine options over the preset, e.g. (("decode_eager_ms", 0.0),): the regime map's cells
     engine_overrides: tuple[tuple[str, float], ...] = ()
+    envoy: bool = True  # B2 proxy: also luftpause's endpoint picker behind Envoy (docs/envoy.md)
 
     def repeat_numbers(self) -> range:
         return range(self.first_repeat, self.first_repeat + self.repeats)
@@ -162,8 +163,9 @@ class Rig:
         return path
 
     @contextmanager
-    def luftpause(self, affinity: bool = True) -> Iterator[Stack]:
-        """Scheduler, dataplane and runtime in front of the rig's engines and fake MCP."""
+    def luftpause(self, affinity: bool = True, gateway: str = "dataplane") -> Iterator[Stack]:
+        """Scheduler, dataplane and runtime in front of the rig's engines and fake MCP
+        (``gateway`` "envoy": the endpoint picker and Envoy in the dataplane's place)."""
         ports = replace(Ports.free(engines=0), engines=self.engine_ports, fake_mcp=self.mcp_port)
         directory = self.dir / f"luftpause-{'strict' if affinity else 'roam'}-{time.monotonic_ns()}"
         # Replicas on one simulated GPU are declared so in the pool, as a user of that
@@ -174,7 +176,7 @@ class Rig:
                       env={"LUFTPAUSE_AFFINITY": "on" if affinity else "off", "LUFTPAUSE_LOG_LEVEL": "warning",
                            # the 2 s probe period is 2 s of *engine* time: scale it with the engines
                            "LUFTPAUSE_PROBE_PERIOD_S": str(2.0 * self.config.time_scale)},
-                      without=frozenset({*(engine_name(i) for i in range(self.config.replicas)), "fake-mcp"}))
+                      without=frozenset({*(engine_name(i) for i in range(self.config.replicas)), "fake-mcp"}), gateway=gateway)
         stack.start()
         try:
             yield stack
@@ -481,7 +483,8 @@ async def _closed(rig: Rig, config: BenchConfig, part: str, variant: str, repeat
 # luftpause's rows per B2 part; the peers' rows come first, one per peer row of the invocation
 LUFTPAUSE_VARIANTS = {
     "proxy": [("roam", "luftpause, load admission, runs may roam"),
-              ("strict", "luftpause, load admission + strict affinity")],
+              ("strict", "luftpause, load admission + strict affinity"),
+              ("envoy", "luftpause picker behind Envoy, strict affinity")],
     "mcp": [("strict", "luftpause, load admission + strict affinity")],
     "light": [("strict", "luftpause, strict affinity (light load)")],
 }
@@ -499,7 +502,7 @@ B2_VARIANTS = {part: b2_variants(part, DEFAULT_PEERS) for part in LUFTPAUSE_VARI
 
 
 async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp", "light"),
-                   proxy_variants: tuple[str, ...] = ("roam", "strict")) -> dict[str, Any]:
+                   proxy_variants: tuple[str, ...] = ("roam", "strict", "envoy")) -> dict[str, Any]:
     """B2's parts, every peer row and luftpause's rows (``proxy_variants`` of the proxy's)."""
     results: dict[str, dict[str, list[dict[str, Any]]]] = {
         p: {v: [] for v, _ in b2_variants(p, config.peers)} for p in parts}
@@ -531,6 +534,12 @@ async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp"
                     if "light" in results:
                         results["light"]["strict"].append(await _closed(
                             rig, config, "light", "strict", repeat,
+                            target=luftpause_target(stack),
+                            status_url=stack.urls["scheduler_status"]))
+                if "proxy" in results and config.envoy and "envoy" in proxy_variants:
+                    with rig.luftpause(affinity=True, gateway="envoy") as stack:
+                        results["proxy"]["envoy"].append(await _closed(
+                            rig, config, "proxy", "envoy", repeat,
                             target=luftpause_target(stack),
                             status_url=stack.urls["scheduler_status"]))
             if "mcp" in results:
@@ -768,6 +777,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="B2 own-loop agents list the tool in their answer turn too (tool_choice none), as "
                         "luftpause's runtime does, instead of dropping it; a workload sensitivity, not the "
                         "calibrated workload")
+    p.add_argument("--no-envoy", dest="envoy", action="store_false",
+                   help="B2 proxy: skip the row through luftpause's endpoint picker behind Envoy")
     p.add_argument("--preset", default=BenchConfig.preset, help="fake engine preset (luftpause.fakes.engine)")
     p.add_argument("--separate-gpus", action="store_true",
                    help="one engine process per replica, each with its own GPU timeline (default: one shared GPU)")
@@ -798,7 +809,8 @@ def main(argv: list[str] | None = None) -> None:
                          window_s=a.window_s, warmup_s=a.warmup_s,
                          preset=a.preset, shared_gpu=not a.separate_gpus, router_only=a.variants == "router",
                          out_dir=a.out_dir, work_dir=a.out_dir / "work", answer_keeps_tools=a.answer_keeps_tools,
-                         replicas=a.replicas, peers=peer_keys, engine_overrides=overrides)
+                         replicas=a.replicas, peers=peer_keys, engine_overrides=overrides,
+                         envoy=a.envoy)
     try:
         config.engine_values()
     except ValueError as exc:

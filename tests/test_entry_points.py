@@ -9,8 +9,11 @@ import pytest
 
 DOCUMENTED = {
     "luftpause": ["--free-ports", "--pool-file", "--tools-file", "--state-dir", "LUFTPAUSE_LOG_FORMAT", "--engine",
-                  "LUFTPAUSE_LLAMA_CACHE"],
+                  "LUFTPAUSE_LLAMA_CACHE", "--gateway", "--fail-open"],
     "luftpause.llama": ["build", "LUFTPAUSE_LLAMA_CACHE"],
+    "luftpause.scheduler.picker": ["LUFTPAUSE_PICKER_GRPC_PORT", "LUFTPAUSE_PICKER_HTTP_PORT", "LUFTPAUSE_SCHEDULER_ADDR",
+                                   "LUFTPAUSE_TOKEN"],
+    "luftpause.scheduler.envoy": ["install", "config", "LUFTPAUSE_ENVOY_CACHE"],
     "luftpause.scheduler": ["LUFTPAUSE_SCHEDULER_HOST", "LUFTPAUSE_SCHEDULER_GRPC_PORT",
                             "LUFTPAUSE_SCHEDULER_HTTP_PORT", "LUFTPAUSE_POOL_FILE", "LUFTPAUSE_AFFINITY",
                             "LUFTPAUSE_PROBE_PERIOD_S", "LUFTPAUSE_LOG_FORMAT", "LUFTPAUSE_LOG_LEVEL",
@@ -25,7 +28,8 @@ DOCUMENTED = {
     "luftpause.fakes.engine": ["--max-running", "--tool-calls", "--metrics-format", "--fault", "--idle-close-s"],
     "luftpause.fakes.mcp": ["--delay-s"],
     "luftpause.loadgen": ["--agents", "--spawn"],
-    "luftpause.loadgen.proxy_bench": ["--streams", "--no-floor"],
+    "luftpause.loadgen.proxy_bench": ["--streams", "--no-floor", "--no-envoy"],
+    "luftpause.loadgen.picker_bench": ["--requests", "--concurrency", "--json"],
     "luftpause.loadgen.floor_proxy": ["--engine", "--port"],
     "luftpause.loadgen.grpc_transport_bench": ["--rounds", "GRPC_EXPERIMENTS"],
     "luftpause.loadgen.scheduler_bench": ["--events"],

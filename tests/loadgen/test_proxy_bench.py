@@ -92,7 +92,7 @@ def test_a_tiny_run_through_one_and_two_dataplanes_reports_cpu_memory_and_goals(
     one, two = pb.luftpause_name(1), pb.luftpause_name(2)
     for mode in ("streaming", "non-streaming"):
         targets = results["targets"][mode]
-        assert set(targets) == {pb.ENGINE, pb.FLOOR, one, two}
+        assert set(targets) == {pb.ENGINE, pb.FLOOR, one, two, pb.ENVOY}
         for name, figures in targets.items():
             level = figures["levels"]["4"]
             assert figures["concurrent"] == level  # where the single figure stood before
@@ -109,6 +109,11 @@ def test_a_tiny_run_through_one_and_two_dataplanes_reports_cpu_memory_and_goals(
         # the floor proxy's CPU is its own row: the stack luftpause runs on, with none of its logic
         floor = targets[pb.FLOOR]["levels"]["4"]
         assert floor["proxy_cpu_us_per_turn"] == floor["cpu"]["floor proxy"]["us_per_turn"] > 0
+        # through Envoy: the picker, Envoy and the scheduler are the proxy's cost, each measured
+        envoy = targets[pb.ENVOY]["levels"]["4"]
+        assert envoy["cpu"]["picker"]["cpu_s"] > 0 and envoy["cpu"]["envoy"]["cpu_s"] > 0
+        assert envoy["proxy_cpu_us_per_turn"] == pytest.approx(
+            sum(envoy["cpu"][g]["us_per_turn"] for g in ("picker", "envoy", "scheduler")), abs=0.3)
         spread = targets[two]["levels"]["4"]["cpu"]
         # clients spread over both dataplanes: each spent CPU on its share of the turns
         assert spread["dataplanes #1"]["cpu_s"] > 0 and spread["dataplanes #2"]["cpu_s"] > 0
@@ -127,6 +132,9 @@ def test_a_tiny_run_through_one_and_two_dataplanes_reports_cpu_memory_and_goals(
     assert added["value"] == pytest.approx(through - direct, abs=1e-3)
     # no sglang-router in this run: its ratios are not measured, not met or missed
     ratios = [g for g in results["goals"] if "sglang-router" in g["goal"]]
-    assert len(ratios) == 2 and all(g["met"] is None and g["value"] is None for g in ratios)
+    assert len(ratios) == 4 and all(g["met"] is None and g["value"] is None for g in ratios)
+    picker = goals[f"picker CPU per turn, non-streaming, 4 concurrent ({pb.ENVOY})"]
+    assert picker["value"] == pytest.approx(results["targets"]["non-streaming"][pb.ENVOY]["levels"]["4"]["cpu"]
+                                            ["picker"]["us_per_turn"], abs=1e-3)
     flat = [g for g in results["goals"] if g["goal"].startswith("scheduler CPU per decision")]
     assert len(flat) == 2 and all(g["value"] >= 1.0 for g in flat)

@@ -1,0 +1,117 @@
+"""What the endpoint picker costs per turn behind Envoy, and how much of it is observing
+the response (the phase that tells the scheduler a turn ended, how, and with which new
+tool_call ids).
+
+Two stacks in turn, each the scheduler, one picker and Envoy in front of one instant fake
+engine: one configured as luftpause runs it (request and response phases), one with the
+response phase skipped (for this measurement only: every turn then ends as a failed one
+when its stream closes). For each, streaming and non-streaming: ``--warmup`` requests,
+then ``--requests`` from ``--concurrency`` clients; the picker's CPU (/proc utime+stime)
+over those requests ÷ requests.
+
+    python -m luftpause.loadgen.picker_bench [--requests N] [--concurrency C] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+from rich.console import Console
+from rich.table import Table
+
+from luftpause import headers as h
+from luftpause.loadgen import proxy_bench as pb
+from luftpause.stack import Stack
+
+
+async def load(url: str, stream: bool, requests: int, concurrency: int) -> int:
+    """``requests`` chat completions from ``concurrency`` clients over 50 runs; errors counted."""
+    todo = iter(range(requests))
+    errors = 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async def client() -> None:
+            nonlocal errors
+            for i in todo:
+                try:
+                    await pb.one_request(session, url, i, {h.RUN_ID: f"run-{i % 50}"}, stream)
+                except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError):
+                    errors += 1
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+    return errors
+
+
+def measure(observe_response: bool, args: argparse.Namespace, directory: Path) -> dict:
+    engine, engine_url = pb.start_engine("engine-instant", pb.INSTANT, directory)
+    pool = {"endpoints": [{"name": "engine-a", "base_url": engine_url, "models": [pb.MODEL]}]}
+    stack = Stack.on_free_ports(directory / ("observed" if observe_response else "skipped"), engines=1, pool=pool,
+                                without=pb.NOT_STARTED, env={"LUFTPAUSE_LOG_LEVEL": "warning"}, gateway="envoy",
+                                envoy_observes_response=observe_response)
+    stack.start()
+    try:
+        url = f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
+        pids = {name: stack.process(name).process.pid for name in ("picker", "envoy", "scheduler")}
+        out = {}
+        for stream in (False, True):
+            asyncio.run(load(url, stream, args.warmup, args.concurrency))
+            before = {name: pb.tree_cpu_seconds(pid) for name, pid in pids.items()}
+            started = time.perf_counter()
+            errors = asyncio.run(load(url, stream, args.requests, args.concurrency))
+            elapsed = time.perf_counter() - started
+            after = {name: pb.tree_cpu_seconds(pid) for name, pid in pids.items()}
+            out["streaming" if stream else "non-streaming"] = {
+                "requests": args.requests, "errors": errors, "requests_per_s": round(args.requests / elapsed, 1),
+                **{f"{name}_us_per_turn": round((after[name] - before[name]) * 1e6 / args.requests)
+                   for name in pids}}
+        return out
+    finally:
+        stack.stop()
+        engine.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.picker_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=2000, help="measured requests per mode (default 2000)")
+    parser.add_argument("--warmup", type=int, default=200, help="unmeasured requests first (default 200)")
+    parser.add_argument("--concurrency", type=int, default=20, help="clients at once (default 20)")
+    parser.add_argument("--json", default="bench-results/picker.json", help="where to write the results")
+    args = parser.parse_args(argv)
+    console = Console()
+    results: dict = {"cpus": os.cpu_count(), "load_average_before": [round(x, 2) for x in os.getloadavg()],
+                     "options": vars(args), "rows": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for observe in (True, False):
+            name = "response observed (as luftpause runs)" if observe else "response phase skipped (measurement only)"
+            console.print(f"measuring: {name} …")
+            results["rows"][name] = measure(observe, args, Path(tmp))
+    results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    table = Table(title=f"Endpoint picker behind Envoy: CPU µs per turn, {args.requests} requests from "
+                        f"{args.concurrency} clients per mode, one instant fake engine")
+    for column in ("", "mode", "picker", "envoy", "scheduler", "req/s", "errors"):
+        table.add_column(column, justify="left" if column in ("", "mode") else "right")
+    for name, modes in results["rows"].items():
+        for mode, row in modes.items():
+            table.add_row(name, mode, str(row["picker_us_per_turn"]), str(row["envoy_us_per_turn"]),
+                          str(row["scheduler_us_per_turn"]), f"{row['requests_per_s']:.0f}", str(row["errors"]))
+    console.print(table)
+    console.print(f"load average before {results['load_average_before']}, after {results['load_average_after']} "
+                  f"on {results['cpus']} cores")
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
+    console.print(f"JSON: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
