@@ -1,0 +1,686 @@
+"""The OpenAI Responses API (``POST /v1/responses``) as chat completions: pure translation.
+
+A Responses request becomes a chat-completions request (:func:`to_chat`); the engine's
+chat reply becomes a Response object (:meth:`ResponseShell.response_body`) or, streamed,
+the Responses event stream (:class:`EventTranslator`). No I/O and no clocks beyond the
+``created_at`` stamp, so every rule is tested with plain values.
+
+Nothing is stored: a request must carry its whole history (as Codex sends it, with
+``store: false``); ``previous_response_id``, ``conversation``, item references and
+``background`` are refused with a 400. Tools an engine behind chat completions cannot
+run (``web_search`` and the other hosted tools) are left out of the engine's request and
+logged by the caller (see :attr:`ChatRequest.ignored_tools`); forcing one with
+``tool_choice`` is a 400. Namespaced tools (``{"type": "namespace", "tools": [...]}``)
+are flattened to ``<namespace>__<name>`` functions and their calls mapped back to
+``name`` + ``namespace``. ``reasoning`` items in the history are dropped: their
+(encrypted) content means nothing to another engine.
+
+The shapes follow the ``openai`` package's typed models (``openai.types.responses``);
+the tests validate every emitted object and event with them. They are written as plain
+dicts here because the stream translation runs per token on the proxy's hot path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+NAMESPACE_SEPARATOR = "__"
+
+# Hosted tools: the Responses API runs them server-side, an engine behind chat
+# completions cannot. Left out of the engine's request (the model never sees them).
+HOSTED_TOOLS = frozenset({
+    "web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11",
+    "file_search", "code_interpreter", "image_generation", "computer_use_preview", "computer",
+    "mcp", "local_shell", "shell", "apply_patch", "tool_search",
+})
+
+# Request fields that change nothing an engine behind chat completions does, accepted
+# as they come (echoed in the Response where the API echoes them).
+_ACCEPTED = frozenset({
+    "model", "input", "instructions", "stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls",
+    "max_output_tokens", "temperature", "top_p", "text", "reasoning", "include", "store", "metadata", "user",
+    "prompt_cache_key", "prompt_cache_retention", "client_metadata", "safety_identifier", "service_tier",
+    "truncation", "top_logprobs", "max_tool_calls",
+})
+# Fields that need state this proxy does not keep: a clear 400 rather than a wrong answer.
+_REFUSED = {
+    "previous_response_id": "previous_response_id is not supported: nothing is stored, send the whole history "
+                            "in 'input' (with store: false)",
+    "conversation": "conversation is not supported: nothing is stored, send the whole history in 'input'",
+    "prompt": "prompt templates are not supported: send 'instructions' and 'input'",
+}
+
+_SYSTEM_ROLES = frozenset({"system", "developer"})
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
+
+
+class ResponsesError(ValueError):
+    """A request this translation cannot serve: status and OpenAI's error body."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.code, self.kind = message, param, status, code, kind
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.kind, self.param, self.code)
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object, which the ``openai`` SDK and Codex read."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_kind(status: int) -> str:
+    """OpenAI's error ``type`` for an HTTP status."""
+    if status == 401:
+        return "authentication_error"
+    if status == 404:
+        return "not_found_error"
+    if status == 429:
+        return "rate_limit_error"
+    return "invalid_request_error" if status < 500 else "server_error"
+
+
+def new_item_id(prefix: str) -> str:
+    return f"{prefix}_{os.urandom(12).hex()}"
+
+
+# ------------------------------------------------------------------ request → chat
+
+
+@dataclass
+class ChatRequest:
+    """The engine's chat-completions request and what the reply's translation needs."""
+
+    body: dict[str, Any]
+    shell: ResponseShell
+    ignored_tools: list[str] = field(default_factory=list)  # hosted tools left out (the caller logs them)
+    ignored_fields: list[str] = field(default_factory=list)  # asked for, no effect here
+
+
+def to_chat(document: dict[str, Any]) -> ChatRequest:
+    """A Responses request (parsed JSON) as a chat-completions request; a
+    :class:`ResponsesError` when it cannot be served."""
+    for key, message in _REFUSED.items():
+        if document.get(key) is not None:
+            raise ResponsesError(message, param=key)
+    if document.get("background"):
+        raise ResponsesError("background responses are not supported: nothing is stored", param="background")
+    model = document.get("model")
+    if not isinstance(model, str) or not model:
+        raise ResponsesError("'model' is required and must be a non-empty string", param="model")
+    stream = document.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ResponsesError("'stream' must be a boolean", param="stream")
+    tools, names, ignored = _tools(document.get("tools"))
+    messages = _instructions(document.get("instructions")) + _messages(document.get("input"), names)
+    if not messages:
+        raise ResponsesError("'input' must hold at least one message", param="input")
+    body: dict[str, Any] = {"model": model, "messages": messages, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}  # the completed event carries usage
+    if tools:
+        body["tools"] = tools
+        choice = _tool_choice(document.get("tool_choice"), names)
+        if choice is not None:
+            body["tool_choice"] = choice
+        if isinstance(document.get("parallel_tool_calls"), bool):
+            body["parallel_tool_calls"] = document["parallel_tool_calls"]
+    elif isinstance(document.get("tool_choice"), dict):
+        _tool_choice(document["tool_choice"], names)  # a forced tool that is not offered: 400
+    _sampling(document, body)
+    ignored_fields = _reasoning(document.get("reasoning"), body)
+    _text_format(document.get("text"), body)
+    if isinstance(document.get("user"), str):
+        body["user"] = document["user"]
+    return ChatRequest(body, ResponseShell.for_request(document, names), ignored, ignored_fields)
+
+
+def _instructions(instructions: Any) -> list[dict[str, Any]]:
+    if instructions is None or instructions == "":
+        return []
+    if isinstance(instructions, str):
+        return [{"role": "system", "content": instructions}]
+    raise ResponsesError("'instructions' must be a string", param="instructions")
+
+
+def _text(content: Any, param: str) -> str:
+    """The text of a message's content: a string or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ResponsesError("message content must be a string or a list of content parts", param=param)
+    texts = []
+    for part in content:
+        if not isinstance(part, dict):
+            raise ResponsesError("content parts must be objects", param=param)
+        kind = part.get("type")
+        if kind in _TEXT_PARTS:
+            texts.append(str(part.get("text", "")))
+        elif kind == "refusal":
+            texts.append(str(part.get("refusal", "")))
+        else:
+            raise ResponsesError(f"content part type {kind!r} is not supported here", param=param)
+    return "".join(texts)
+
+
+def _user_content(content: Any, param: str) -> str | list[dict[str, Any]]:
+    """A user message's content; images become chat ``image_url`` parts."""
+    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "input_image" for p in content):
+        parts: list[dict[str, Any]] = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "input_image":
+                url = part.get("image_url")
+                if not isinstance(url, str) or not url:
+                    raise ResponsesError("input_image needs an 'image_url' (file_id is not supported: nothing is "
+                                         "stored)", param=param)
+                image: dict[str, Any] = {"url": url}
+                if part.get("detail") in ("low", "high", "auto"):
+                    image["detail"] = part["detail"]
+                parts.append({"type": "image_url", "image_url": image})
+            else:
+                parts.append({"type": "text", "text": _text([part], param)})
+        return parts
+    return _text(content, param)
+
+
+def _messages(items: Any, names: ToolNames) -> list[dict[str, Any]]:
+    """Input items as chat messages. Consecutive function calls (and the assistant
+    text before them) form one assistant message, as chat completions lays them out."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise ResponsesError("'input' is required: a string or a list of input items", param="input")
+    messages: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        param = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise ResponsesError("input items must be objects", param=param)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            _message(item, param, messages)
+        elif kind == "function_call":
+            call = {"id": _string(item, "call_id", param), "type": "function",
+                    "function": {"name": names.flat(_string(item, "name", param), item.get("namespace")),
+                                 "arguments": item.get("arguments") if isinstance(item.get("arguments"), str) else ""}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":  # parallel calls, or text then calls
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text(output, param)
+            messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", param), "content": text})
+        elif kind == "reasoning":
+            continue  # an earlier turn's reasoning: nothing another engine can use
+        elif kind == "item_reference":
+            raise ResponsesError("item_reference is not supported: nothing is stored, send the item itself",
+                                 param=param)
+        else:
+            raise ResponsesError(f"input item type {kind!r} is not supported", param=param)
+    return messages
+
+
+def _message(item: dict[str, Any], param: str, messages: list[dict[str, Any]]) -> None:
+    role = item.get("role")
+    content = item.get("content")
+    if role in _SYSTEM_ROLES:
+        text = _text(content, param)
+        if messages and messages[-1]["role"] == "system":  # many templates take one system message
+            messages[-1]["content"] += "\n\n" + text
+        else:
+            messages.append({"role": "system", "content": text})
+    elif role == "user":
+        messages.append({"role": "user", "content": _user_content(content, param)})
+    elif role == "assistant":
+        messages.append({"role": "assistant", "content": _text(content, param)})
+    else:
+        raise ResponsesError(f"message role {role!r} is not supported: user, assistant, system or developer",
+                             param=param)
+
+
+def _string(item: dict[str, Any], key: str, param: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        raise ResponsesError(f"'{key}' is required and must be a non-empty string", param=f"{param}.{key}")
+    return value
+
+
+@dataclass
+class ToolNames:
+    """Chat function names for Responses tools: namespaced tools are flattened to
+    ``<namespace>__<name>``; the mapping back gives a call its name and namespace."""
+
+    namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)  # flat -> (namespace, name)
+    plain: set[str] = field(default_factory=set)
+
+    def add(self, name: str, namespace: str | None = None) -> str:
+        flat = f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
+        if flat in self.plain or flat in self.namespaced:
+            raise ResponsesError(f"tool name {flat!r} is given twice (namespaced tools are named "
+                                 f"<namespace>{NAMESPACE_SEPARATOR}<name> for the engine)", param="tools")
+        if namespace:
+            self.namespaced[flat] = (namespace, name)
+        else:
+            self.plain.add(flat)
+        return flat
+
+    def flat(self, name: str, namespace: Any = None) -> str:
+        return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if isinstance(namespace, str) and namespace else name
+
+    def original(self, flat: str) -> tuple[str, str | None]:
+        """(name, namespace) of a chat function name."""
+        if flat in self.namespaced:
+            namespace, name = self.namespaced[flat]
+            return name, namespace
+        return flat, None
+
+
+def _function(tool: dict[str, Any], names: ToolNames, namespace: str | None, param: str) -> dict[str, Any]:
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise ResponsesError("a function tool needs a 'name'", param=param)
+    function: dict[str, Any] = {"name": names.add(name, namespace)}
+    description = tool.get("description")
+    if isinstance(description, str) and description:
+        function["description"] = description
+    parameters = tool.get("parameters")
+    function["parameters"] = parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}}
+    if tool.get("strict") is True:
+        function["strict"] = True
+    return {"type": "function", "function": function}
+
+
+def _tools(tools: Any) -> tuple[list[dict[str, Any]], ToolNames, list[str]]:
+    names = ToolNames()
+    if tools is None:
+        return [], names, []
+    if not isinstance(tools, list):
+        raise ResponsesError("'tools' must be a list", param="tools")
+    out: list[dict[str, Any]] = []
+    ignored: list[str] = []
+    for index, tool in enumerate(tools):
+        param = f"tools[{index}]"
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "function":
+            out.append(_function(tool, names, None, param))
+        elif kind == "namespace":
+            namespace = tool.get("name")
+            inner = tool.get("tools")
+            if not isinstance(namespace, str) or not namespace or not isinstance(inner, list):
+                raise ResponsesError("a namespace tool needs a 'name' and a list of 'tools'", param=param)
+            for position, member in enumerate(inner):
+                if not isinstance(member, dict) or member.get("type") != "function":
+                    raise ResponsesError("a namespace may hold function tools only", param=f"{param}.tools[{position}]")
+                out.append(_function(member, names, namespace, f"{param}.tools[{position}]"))
+        elif kind in HOSTED_TOOLS:
+            ignored.append(kind)
+        elif kind == "custom":
+            raise ResponsesError("custom (freeform) tools are not supported here: declare a function tool",
+                                 param=param)
+        else:
+            raise ResponsesError(f"tool type {kind!r} is not supported", param=param)
+    return out, names, ignored
+
+
+def _tool_choice(choice: Any, names: ToolNames) -> Any:
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict):
+        kind = choice.get("type")
+        if kind == "function":
+            name = choice.get("name")
+            flat = names.flat(name, choice.get("namespace")) if isinstance(name, str) else None
+            if flat is None or (flat not in names.plain and flat not in names.namespaced):
+                raise ResponsesError(f"tool_choice names function {name!r}, which is not in 'tools'",
+                                     param="tool_choice")
+            return {"type": "function", "function": {"name": flat}}
+        if kind == "allowed_tools":
+            mode = choice.get("mode")
+            return "required" if mode == "required" else "auto"
+        if kind in HOSTED_TOOLS:
+            raise ResponsesError(f"tool_choice asks for the hosted tool {kind!r}, which this proxy cannot run",
+                                 param="tool_choice")
+    raise ResponsesError("tool_choice must be auto, none, required or a function tool", param="tool_choice")
+
+
+def _sampling(document: dict[str, Any], body: dict[str, Any]) -> None:
+    for key in ("temperature", "top_p"):
+        value = document.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ResponsesError(f"'{key}' must be a number", param=key)
+            body[key] = value
+    cap = document.get("max_output_tokens")
+    if cap is not None:
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ResponsesError("'max_output_tokens' must be a positive integer", param="max_output_tokens")
+        body["max_completion_tokens"] = cap
+
+
+def _reasoning(reasoning: Any, body: dict[str, Any]) -> list[str]:
+    """``reasoning.effort`` becomes chat's ``reasoning_effort``; summaries cannot be
+    asked of a chat engine (its reasoning text, when it sends one, is passed on)."""
+    if reasoning is None:
+        return []
+    if not isinstance(reasoning, dict):
+        raise ResponsesError("'reasoning' must be an object", param="reasoning")
+    effort = reasoning.get("effort")
+    if isinstance(effort, str) and effort != "none":
+        body["reasoning_effort"] = effort
+    return ["reasoning.summary"] if reasoning.get("summary") not in (None, "none") else []
+
+
+def _text_format(text: Any, body: dict[str, Any]) -> None:
+    if text is None:
+        return
+    if not isinstance(text, dict):
+        raise ResponsesError("'text' must be an object", param="text")
+    fmt = text.get("format")
+    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        return
+    if isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        body["response_format"] = {"type": "json_object"}
+        return
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
+        schema = {"name": fmt.get("name") or "response", "schema": fmt["schema"]}
+        if isinstance(fmt.get("strict"), bool):
+            schema["strict"] = fmt["strict"]
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
+        return
+    raise ResponsesError("text.format must be text, json_object or json_schema (with a 'schema')",
+                         param="text.format")
+
+
+# ------------------------------------------------------------- reply → Response
+
+
+_ECHOED = ("instructions", "metadata", "parallel_tool_calls", "temperature", "top_p", "tool_choice", "tools",
+           "max_output_tokens", "reasoning", "text", "store", "user", "prompt_cache_key", "service_tier",
+           "truncation")
+_ECHO_DEFAULTS: dict[str, Any] = {"parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+                                  "metadata": {}, "text": {"format": {"type": "text"}}, "store": False}
+
+
+@dataclass
+class ResponseShell:
+    """The parts of a Response that do not change while it is produced, serialized once:
+    the request's settings echoed back (Codex's tool list alone is tens of kilobytes)."""
+
+    id: str
+    model: str
+    created_at: int
+    names: ToolNames
+    echo_json: str  # '"key": value, ...' of the echoed request settings
+
+    @classmethod
+    def for_request(cls, document: dict[str, Any], names: ToolNames) -> ResponseShell:
+        echo = {key: document.get(key, _ECHO_DEFAULTS.get(key)) for key in _ECHOED}
+        if echo["store"] is None:
+            echo["store"] = False
+        for key, default in _ECHO_DEFAULTS.items():
+            if echo[key] is None:
+                echo[key] = default
+        echo["store"] = False  # nothing is kept, whatever was asked
+        return cls(new_item_id("resp"), str(document.get("model", "")), int(time.time()), names,
+                   json.dumps(echo, separators=(",", ":"))[1:-1])
+
+    def response_json(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
+                      incomplete: str | None = None, error: dict[str, Any] | None = None) -> str:
+        head = {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
+                "model": self.model, "output": output, "usage": usage, "error": error,
+                "incomplete_details": {"reason": incomplete} if incomplete else None}
+        return json.dumps(head, separators=(",", ":"))[:-1] + "," + self.echo_json + "}"
+
+    def response_body(self, completion: dict[str, Any]) -> bytes:
+        """A whole (non-streaming) chat.completion as a Response object."""
+        choices = completion.get("choices") or [{}]
+        choice = choices[0] if isinstance(choices[0], dict) else {}
+        message = choice.get("message") or {}
+        output: list[dict[str, Any]] = []
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            output.append(reasoning_item(new_item_id("rs"), reasoning))
+        if message.get("content"):
+            output.append(message_item(new_item_id("msg"), str(message["content"]), "completed"))
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            output.append(self.function_call_item(new_item_id("fc"), str(call.get("id") or new_item_id("call")),
+                                                  str(function.get("name", "")), str(function.get("arguments") or ""),
+                                                  "completed"))
+        status, incomplete = finish_status(choice.get("finish_reason"))
+        return self.response_json(status, output, usage(completion.get("usage")), incomplete).encode()
+
+    def function_call_item(self, item_id: str, call_id: str, flat: str, arguments: str, status: str
+                           ) -> dict[str, Any]:
+        name, namespace = self.names.original(flat)
+        item = {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
+                "status": status}
+        if namespace:
+            item["namespace"] = namespace
+        return item
+
+
+def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": content}
+
+
+def reasoning_item(item_id: str, text: str | None) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content}
+
+
+def finish_status(finish_reason: Any) -> tuple[str, str | None]:
+    """The Response status (and incomplete reason) for a chat finish reason."""
+    if finish_reason == "length":
+        return "incomplete", "max_output_tokens"
+    if finish_reason == "content_filter":
+        return "incomplete", "content_filter"
+    return "completed", None
+
+
+def usage(chat_usage: Any) -> dict[str, Any] | None:
+    """Chat ``usage`` as Responses ``usage``."""
+    if not isinstance(chat_usage, dict):
+        return None
+    prompt = int(chat_usage.get("prompt_tokens") or 0)
+    completion = int(chat_usage.get("completion_tokens") or 0)
+    cached = int((chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    reasoning = int((chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": int(chat_usage.get("total_tokens") or prompt + completion)}
+
+
+# ------------------------------------------------------------- stream → events
+
+
+@dataclass
+class _OpenItem:
+    index: int  # output_index
+    item: dict[str, Any]
+    text: list[str] = field(default_factory=list)
+    closed: bool = False
+
+
+class EventTranslator:
+    """A chat-completions SSE stream in, the Responses event stream out.
+
+    Feed it the engine's bytes as they come (:meth:`feed`); it returns the SSE bytes to
+    send on (possibly empty). :meth:`start` gives the opening events, :meth:`failed`
+    the events that end a stream the engine broke off.
+    """
+
+    def __init__(self, shell: ResponseShell) -> None:
+        self.shell = shell
+        self.sequence = 0
+        self.output: list[dict[str, Any]] = []  # finished items, in order
+        self.open: _OpenItem | None = None  # the item being streamed (one at a time)
+        self.calls: dict[int, _OpenItem] = {}  # chat tool-call index -> its item
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        self._partial = b""
+        self._out: list[str] = []
+
+    # -- events
+    def _emit(self, kind: str, **fields: Any) -> None:
+        fields["type"] = kind
+        fields["sequence_number"] = self.sequence
+        self.sequence += 1
+        self._out.append(f"event: {kind}\ndata: {json.dumps(fields, separators=(',', ':'))}\n\n")
+
+    def _emit_response(self, kind: str, status: str, incomplete: str | None = None,
+                       error: dict[str, Any] | None = None) -> None:
+        response = self.shell.response_json(status, self.output, self.usage, incomplete, error)
+        self._out.append(f'event: {kind}\ndata: {{"type":"{kind}","sequence_number":{self.sequence},'
+                         f'"response":{response}}}\n\n')
+        self.sequence += 1
+
+    def _flush(self) -> bytes:
+        out, self._out = "".join(self._out).encode(), []
+        return out
+
+    def start(self) -> bytes:
+        self._emit_response("response.created", "in_progress")
+        self._emit_response("response.in_progress", "in_progress")
+        return self._flush()
+
+    # -- input
+    def feed(self, data: bytes) -> bytes:
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self._finish()
+                continue
+            try:
+                chunk = json.loads(payload)
+            except ValueError:
+                continue
+            if isinstance(chunk, dict):
+                self.chunk(chunk)
+        return self._flush()
+
+    def chunk(self, chunk: dict[str, Any]) -> None:
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = usage(chunk["usage"])
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                self._reasoning_delta(reasoning)
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                self._text_delta(content)
+            for call in delta.get("tool_calls") or []:
+                if isinstance(call, dict):
+                    self._call_delta(call)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def _reasoning_delta(self, text: str) -> None:
+        if self.open is None or self.open.item["type"] != "reasoning":
+            self._close()
+            self.open = self._add(reasoning_item(new_item_id("rs"), None))
+            self._emit("response.content_part.added", item_id=self.open.item["id"], output_index=self.open.index,
+                       content_index=0, part={"type": "reasoning_text", "text": ""})
+        self.open.text.append(text)
+        self._emit("response.reasoning_text.delta", item_id=self.open.item["id"], output_index=self.open.index,
+                   content_index=0, delta=text)
+
+    def _text_delta(self, text: str) -> None:
+        if self.open is None or self.open.item["type"] != "message":
+            self._close()
+            self.open = self._add(message_item(new_item_id("msg"), None, "in_progress"))
+            self._emit("response.content_part.added", item_id=self.open.item["id"], output_index=self.open.index,
+                       content_index=0, part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+        self.open.text.append(text)
+        self._emit("response.output_text.delta", item_id=self.open.item["id"], output_index=self.open.index,
+                   content_index=0, delta=text, logprobs=[])
+
+    def _call_delta(self, call: dict[str, Any]) -> None:
+        index = call.get("index", 0)
+        function = call.get("function") or {}
+        current = self.calls.get(index)
+        if current is None or (call.get("id") and call.get("id") != current.item["call_id"]):
+            self._close()
+            item = self.shell.function_call_item(new_item_id("fc"), str(call.get("id") or new_item_id("call")),
+                                                 str(function.get("name") or ""), "", "in_progress")
+            current = self.calls[index] = self.open = self._add(item)
+        elif current.closed:
+            return  # engines stream parallel calls one after another; a late piece has nowhere to go
+        arguments = function.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            current.text.append(arguments)
+            self._emit("response.function_call_arguments.delta", item_id=current.item["id"],
+                       output_index=current.index, delta=arguments)
+
+    def _add(self, item: dict[str, Any]) -> _OpenItem:
+        opened = _OpenItem(len(self.output), item)  # the item before it, if any, is closed
+        self._emit("response.output_item.added", output_index=opened.index, item=item)
+        return opened
+
+    def _close(self) -> None:
+        """Finish the item being streamed: its done events, then it joins the output."""
+        opened, self.open = self.open, None
+        if opened is None or opened.closed:
+            return
+        opened.closed = True
+        item, text = opened.item, "".join(opened.text)
+        kind = item["type"]
+        if kind == "message":
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            self._emit("response.output_text.done", item_id=item["id"], output_index=opened.index, content_index=0,
+                       text=text, logprobs=[])
+            self._emit("response.content_part.done", item_id=item["id"], output_index=opened.index, content_index=0,
+                       part=part)
+            item = {**item, "status": "completed", "content": [part]}
+        elif kind == "reasoning":
+            part = {"type": "reasoning_text", "text": text}
+            self._emit("response.reasoning_text.done", item_id=item["id"], output_index=opened.index,
+                       content_index=0, text=text)
+            self._emit("response.content_part.done", item_id=item["id"], output_index=opened.index, content_index=0,
+                       part=part)
+            item = {**item, "content": [part]}
+        else:
+            self._emit("response.function_call_arguments.done", item_id=item["id"], output_index=opened.index,
+                       arguments=text, name=item["name"])
+            item = {**item, "arguments": text, "status": "completed"}
+        opened.item = item
+        self.output.append(item)
+        self._emit("response.output_item.done", output_index=opened.index, item=item)
+
+    # -- the end
+    def finish(self) -> bytes:
+        """The closing events after the engine's ``[DONE]`` (once)."""
+        self._finish()
+        return self._flush()
+
+    def _finish(self) -> None:
+        if not self.done:
+            self.done = True
+            self._close()
+            status, incomplete = finish_status(self.finish_reason)
+            self._emit_response("response.completed" if status == "completed" else "response.incomplete", status,
+                                incomplete)
+
+    def failed(self, message: str, code: str = "server_error") -> bytes:
+        """The events that end a stream the engine broke off: the response failed."""
+        if not self.done:
+            self.done = True
+            self._emit_response("response.failed", "failed", error={"code": code, "message": message})
+        return self._flush()
