@@ -34,6 +34,7 @@ from luftpause.dataplane.harness import KeyIdentity, api_key
 from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
+from luftpause.dataplane.responses_api import ResponsesDialect
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
 from luftpause.proto import scheduler_pb2 as pb
 
@@ -563,11 +564,15 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
         await response.write_eof()
         return response
     # The engine died mid-stream: the client keeps what it got, then the connection
-    # closes without a final chunk, so it cannot mistake this for a whole answer.
+    # closes without a final chunk, so it cannot mistake this for a whole answer. A
+    # client API with its own word for it (an error event) gets that, and the stream ends
+    # cleanly after it: the event says the answer is not whole, and an SDK reading the
+    # stream hands its events over instead of a connection error.
     turn.failed(f"engine {turn.replica}: {error}")
     if translator is not None and (tail := translator.fail(f"engine {turn.replica}: {error}")):
         try:
-            await response.write(tail)  # the client API's own word for it, where it has one
+            await response.write_eof(tail)
+            return response
         except ConnectionResetError:
             pass
     if request.transport is not None:
@@ -694,6 +699,7 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/responses", functools.partial(dialect_turn, dialect=ResponsesDialect(log)))
     app.router.add_post("/v1/decide", decide)
     app.router.add_delete("/v1/runs/{run_id}", delete_run)
     app.router.add_get("/v1/models", list_models)
