@@ -31,6 +31,7 @@ from typing import Any
 from luftpause.dataplane.dialects import ApiError, Translated
 
 NAMESPACE_SEPARATOR = "__"
+_JSON = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps with options builds one per call
 
 # Hosted tools: the Responses API runs them server-side, an engine behind chat
 # completions cannot. Left out of the engine's request (the model never sees them).
@@ -404,17 +405,18 @@ def _text_format(text: Any, body: dict[str, Any]) -> None:
 # ------------------------------------------------------------- reply → Response
 
 
-_ECHOED = ("instructions", "metadata", "parallel_tool_calls", "temperature", "top_p", "tool_choice", "tools",
-           "max_output_tokens", "reasoning", "text", "store", "user", "prompt_cache_key", "service_tier",
-           "truncation")
-_ECHO_DEFAULTS: dict[str, Any] = {"parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
-                                  "metadata": {}, "text": {"format": {"type": "text"}}, "store": False}
+# The request's settings a Response repeats. Not its ``tools``: Codex's list alone is
+# some 30 kB, which serialized into every Response would cost more than the rest of the
+# translation together (measured with loadgen/responses_bench.py); ``tools`` comes back [].
+_ECHOED = ("instructions", "metadata", "parallel_tool_calls", "temperature", "top_p", "tool_choice",
+           "max_output_tokens", "reasoning", "text", "user", "prompt_cache_key", "service_tier", "truncation")
+_ECHO_DEFAULTS: dict[str, Any] = {"parallel_tool_calls": True, "tool_choice": "auto", "metadata": {},
+                                  "text": {"format": {"type": "text"}}}
 
 
 @dataclass
 class ResponseShell:
-    """The parts of a Response that do not change while it is produced, serialized once:
-    the request's settings echoed back (Codex's tool list alone is tens of kilobytes)."""
+    """The parts of a Response that do not change while it is produced, serialized once."""
 
     id: str
     model: str
@@ -424,22 +426,21 @@ class ResponseShell:
 
     @classmethod
     def for_request(cls, document: dict[str, Any], names: ToolNames) -> ResponseShell:
-        echo = {key: document.get(key, _ECHO_DEFAULTS.get(key)) for key in _ECHOED}
-        if echo["store"] is None:
-            echo["store"] = False
+        echo = {key: document.get(key) for key in _ECHOED}
         for key, default in _ECHO_DEFAULTS.items():
             if echo[key] is None:
                 echo[key] = default
+        echo["tools"] = []
         echo["store"] = False  # nothing is kept, whatever was asked
         return cls(new_item_id("resp"), str(document.get("model", "")), int(time.time()), names,
-                   json.dumps(echo, separators=(",", ":"))[1:-1])
+                   _JSON(echo)[1:-1])
 
     def response_json(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
                       incomplete: str | None = None, error: dict[str, Any] | None = None) -> str:
         head = {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
                 "model": self.model, "output": output, "usage": usage, "error": error,
                 "incomplete_details": {"reason": incomplete} if incomplete else None}
-        return json.dumps(head, separators=(",", ":"))[:-1] + "," + self.echo_json + "}"
+        return _JSON(head)[:-1] + "," + self.echo_json + "}"
 
     def response_body(self, completion: dict[str, Any]) -> bytes:
         """A whole (non-streaming) chat.completion as a Response object."""
@@ -538,7 +539,7 @@ class EventTranslator:
         fields["type"] = kind
         fields["sequence_number"] = self.sequence
         self.sequence += 1
-        self._out.append(f"event: {kind}\ndata: {json.dumps(fields, separators=(',', ':'))}\n\n")
+        self._out.append(f"event: {kind}\ndata: {_JSON(fields)}\n\n")
 
     def _emit_response(self, kind: str, status: str, incomplete: str | None = None,
                        error: dict[str, Any] | None = None) -> None:
@@ -611,8 +612,11 @@ class EventTranslator:
             self._emit("response.content_part.added", item_id=self.open.item["id"], output_index=self.open.index,
                        content_index=0, part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
         self.open.text.append(text)
-        self._emit("response.output_text.delta", item_id=self.open.item["id"], output_index=self.open.index,
-                   content_index=0, delta=text, logprobs=[])
+        # Most of a stream: written from a template of the event's shape, not encoded whole.
+        self._out.append(f'event: response.output_text.delta\ndata: {{"item_id":"{self.open.item["id"]}",'
+                         f'"output_index":{self.open.index},"content_index":0,"delta":{_JSON(text)},"logprobs":[],'
+                         f'"type":"response.output_text.delta","sequence_number":{self.sequence}}}\n\n')
+        self.sequence += 1
 
     def _call_delta(self, call: dict[str, Any]) -> None:
         index = call.get("index", 0)

@@ -138,7 +138,7 @@ def test_a_chat_completion_becomes_a_response():
     assert response.usage.input_tokens == 10 and response.usage.output_tokens == 4
     assert response.usage.input_tokens_details.cached_tokens == 6 and response.usage.total_tokens == 14
     assert response.model == "m" and response.id.startswith("resp_") and response.store is False
-    assert [t.type for t in response.tools] == ["function", "namespace", "web_search"]  # echoed as sent
+    assert response.tools == [] and response.tool_choice == "auto"  # tools are not repeated (see _ECHOED)
 
 
 def test_a_reply_cut_at_the_cap_is_incomplete():
