@@ -10,7 +10,14 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from luftpause.dataplane.responses_api import EventTranslator, ResponsesError, to_chat
+from luftpause.dataplane.dialects import ApiError
+from luftpause.dataplane.responses_api import (
+    EventTranslator,
+    ResponsesDialect,
+    ResponsesError,
+    ResponsesObserver,
+    to_chat,
+)
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
 
@@ -242,3 +249,62 @@ def test_a_broken_stream_ends_with_response_failed():
     assert events[-1].type == "response.failed"
     assert events[-1].response.error.message == "engine r1: connection lost"
     assert translator.finish() == b""  # ended once
+
+
+# --- the dataplane's dialect: errors, replies, and an engine that serves the API itself
+
+
+def test_the_dialect_names_the_bad_field_in_a_400():
+    with pytest.raises(ApiError) as caught:
+        ResponsesDialect().translate({"model": "m", "input": "hi", "previous_response_id": "resp_1"})
+    assert caught.value.status == 400 and caught.value.kind == "invalid_request_error"
+    assert caught.value.message.startswith("previous_response_id: ")
+
+
+def test_engine_errors_keep_their_message_in_openais_shape():
+    dialect = ResponsesDialect()
+    sent = json.dumps({"error": {"message": "The model `x` does not exist.", "type": "model_not_found",
+                                 "param": None, "code": 404}}).encode()
+    assert dialect.engine_error(404, sent) == {"error": {"message": "The model `x` does not exist.",
+                                                         "type": "model_not_found", "param": None, "code": "404"}}
+    assert dialect.engine_error(503, b"<html>busy</html>") == {"error": {
+        "message": "engine answered HTTP 503", "type": "server_error", "param": None, "code": None}}
+    assert dialect.error_body(502, "engine r1: refused", "api_error")["error"]["type"] == "api_error"
+
+
+def test_a_streamed_reply_opens_with_the_first_engine_bytes():
+    dialect = ResponsesDialect()
+    stream = dialect.stream(dialect.translate({"model": "m", "input": "hi", "stream": True}))
+    events = parse_events(stream.feed(sse(chunk({"content": "hi"}), chunk({}, "stop"))))
+    assert [e.type for e in events][:2] == ["response.created", "response.in_progress"]
+    assert events[-1].type == "response.completed"
+
+
+def native_response(output: list, status: str = "completed", incomplete: str | None = None) -> dict:
+    return {"id": "resp_n", "object": "response", "created_at": 1, "model": "m", "status": status,
+            "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "incomplete_details": {"reason": incomplete} if incomplete else None,
+            "usage": {"input_tokens": 30, "output_tokens": 5, "total_tokens": 35,
+                      "input_tokens_details": {"cached_tokens": 20, "cache_write_tokens": 0},
+                      "output_tokens_details": {"reasoning_tokens": 0}}}
+
+
+def test_the_native_observer_reads_an_engines_own_responses_stream():
+    call = {"type": "function_call", "id": "fc_1", "call_id": "call_7", "name": "exec_command",
+            "arguments": "{}", "status": "completed"}
+    events = [{"type": "response.created", "sequence_number": 0, "response": native_response([], "in_progress")},
+              {"type": "response.function_call_arguments.delta", "sequence_number": 1, "item_id": "fc_1",
+               "output_index": 0, "delta": "{}"},
+              {"type": "response.completed", "sequence_number": 2, "response": native_response([call])}]
+    data = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+    observer = ResponsesObserver()
+    firsts = [observer.feed_sse(data[i:i + 50]) for i in range(0, len(data), 50)]
+    assert firsts.count(True) == 1
+    assert observer.done and observer.finish_reason == "tool_calls" and observer.tool_call_ids == ["call_7"]
+    assert (observer.prompt_tokens, observer.completion_tokens, observer.cached_tokens) == (30, 5, 20)
+
+
+def test_the_native_observer_reads_a_whole_response():
+    observer = ResponsesObserver()
+    observer.observe_body(json.dumps(native_response([], "incomplete", "max_output_tokens")).encode())
+    assert observer.done and observer.finish_reason == "length" and observer.usage_seen
