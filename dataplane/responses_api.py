@@ -506,6 +506,19 @@ def usage(chat_usage: Any) -> dict[str, Any] | None:
 # ------------------------------------------------------------- stream → events
 
 
+class SseData:
+    """The ``data:`` payloads of an SSE stream that arrives in arbitrary pieces."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        return [line[5:].strip() for line in lines if line.startswith(b"data:")]
+
+
+
 @dataclass
 class _OpenItem:
     index: int  # output_index
@@ -531,7 +544,7 @@ class EventTranslator:
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         self.done = False
-        self._partial = b""
+        self._sse = SseData()
         self._out: list[str] = []
 
     # -- events
@@ -559,12 +572,7 @@ class EventTranslator:
 
     # -- input
     def feed(self, data: bytes) -> bytes:
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
+        for payload in self._sse.feed(data):
             if payload == b"[DONE]":
                 self._finish()
                 continue
@@ -706,16 +714,11 @@ class ResponsesObserver:
         self.usage_seen = False
         self.done = False
         self.tool_call_ids: list[str] = []
-        self._partial = b""
+        self._sse = SseData()
 
     def feed_sse(self, chunk: bytes) -> bool:
         had_token = self.first_token
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
+        for payload in self._sse.feed(chunk):
             if not self.first_token and b"delta" in payload:
                 self.first_token = True
             if b'"response.completed"' in payload or b'"response.incomplete"' in payload or \
