@@ -2,14 +2,15 @@
 of the same conversation, in one run.
 
 One fake engine with instant replies behind a luftpause stack (scheduler and one
-dataplane). The same conversation is sent as ``POST /v1/responses`` and as the
-chat completion it translates to (so the engine does the same work), streaming and not,
-one request at a time, the two APIs interleaved request by request so drift on a busy
-machine falls on both alike. Two sizes: a short question, and a Codex-sized turn (about
-20 kB of developer instructions, 18 tools, a namespace and ``web_search``, like what
-Codex 0.171.0 sends). Reported: p50 and p90 latency and time to the first body byte
-per API, and the added p50 (Responses minus chat). Then the translation alone, in
-process: ``to_chat`` plus the reply's events per turn, its p50 over many repetitions.
+dataplane). The same conversation is sent as ``POST /v1/responses`` and as the chat
+completion it translates to (so the engine does the same work), streaming and not, one
+request at a time, the two APIs taking turns in blocks of ten requests so drift on a
+busy machine falls on both alike. Two sizes: a short question, and a Codex-sized turn
+(about 20 kB of developer instructions, 18 tools, a namespace and ``web_search``, like
+what Codex 0.171.0 sends). Reported per API: p50 and p90 latency, p50 time to the first
+body byte, and the dataplane's CPU per turn (from /proc, read around each block); and
+what the Responses API adds to each. Then the translation alone, in process:
+``to_chat`` plus the events of a 12-token streamed reply, its p50 over 2000 repetitions.
 
     python -m luftpause.loadgen.responses_bench [--requests N] [--json PATH]
 
@@ -31,11 +32,13 @@ from rich.console import Console
 from rich.table import Table
 
 from luftpause.dataplane.responses_api import EventTranslator, to_chat
+from luftpause.loadgen.proxy_bench import tree_cpu_seconds
 from luftpause.loadgen.records import percentile, write_json
 from luftpause.stack import MODEL, Stack
 
 INSTANT = ["--latency-ms", "0", "--token-ms", "0", "--reply-tokens", "12"]
 WARM_UP = 30
+BLOCK = 10  # requests in a row to one API between readings of the dataplane's CPU
 WORDS = "the agent reads the repository and runs commands in a sandbox before it answers".split()
 
 
@@ -86,22 +89,34 @@ async def timed(session: aiohttp.ClientSession, url: str, payload: dict, headers
     return (end - started) * 1000, ((first or end) - started) * 1000
 
 
-async def measure(base: str, requests: int) -> dict:
+async def measure(base: str, requests: int, dataplane_pid: int) -> dict:
+    """Blocks of BLOCK requests, the two APIs taking turns block by block: each
+    request's latency, and the dataplane's CPU over each block, per API."""
     results: dict = {}
     async with aiohttp.ClientSession() as session:
         for size, make in SIZES.items():
             for stream in (True, False):
                 samples: dict[str, list[tuple[float, float]]] = {"chat": [], "responses": []}
-                for i in range(WARM_UP + requests):
-                    document = {**make(i), "stream": stream}
-                    chat = to_chat(document).body
-                    # a run per request, as a new conversation: no lease/affinity difference between the two
-                    pair = [("responses", "/v1/responses", document), ("chat", "/v1/chat/completions", chat)]
-                    for api, path, payload in (pair if i % 2 else pair[::-1]):
-                        sample = await timed(session, base + path, payload, {})
-                        if i >= WARM_UP:
-                            samples[api].append(sample)
-                results[f"{size}, {'streaming' if stream else 'not streaming'}"] = summary(samples)
+                cpu = {"chat": 0.0, "responses": 0.0}
+                for block in range((WARM_UP + requests) // BLOCK):
+                    apis = ("responses", "chat") if block % 2 else ("chat", "responses")
+                    for api in apis:
+                        before = tree_cpu_seconds(dataplane_pid)
+                        for i in range(block * BLOCK, (block + 1) * BLOCK):
+                            document = {**make(i), "stream": stream}
+                            payload, path = (document, "/v1/responses") if api == "responses" else (
+                                to_chat(document).body, "/v1/chat/completions")
+                            sample = await timed(session, base + path, payload, {})
+                            if i >= WARM_UP:
+                                samples[api].append(sample)
+                        if block * BLOCK >= WARM_UP:
+                            cpu[api] += tree_cpu_seconds(dataplane_pid) - before
+                row = summary(samples)
+                for api in cpu:
+                    row[api]["dataplane_cpu_ms_per_turn"] = cpu[api] * 1000 / max(1, len(samples[api]))
+                row["added_cpu_ms_per_turn"] = (row["responses"]["dataplane_cpu_ms_per_turn"]
+                                                - row["chat"]["dataplane_cpu_ms_per_turn"])
+                results[f"{size}, {'streaming' if stream else 'not streaming'}"] = row
     return results
 
 
@@ -149,14 +164,16 @@ def in_process(repetitions: int) -> dict:
 
 
 def report(console: Console, results: dict) -> None:
-    table = Table(title="Responses API through luftpause vs the same turn as a chat completion (one at a time)")
+    table = Table(title="Responses API through luftpause vs the same turn as a chat completion (one at a time, ms)")
     for column in ("turn", "chat p50", "responses p50", "added p50", "chat 1st byte", "responses 1st byte",
-                   "added 1st byte", "n"):
+                   "added 1st byte", "dataplane CPU/turn chat", "responses", "added", "n"):
         table.add_column(column, justify="right" if column != "turn" else "left")
     for name, row in results["through_the_proxy"].items():
         table.add_row(name, f"{row['chat']['p50_ms']:.2f}", f"{row['responses']['p50_ms']:.2f}",
                       f"{row['added_p50_ms']:+.2f}", f"{row['chat']['first_byte_p50_ms']:.2f}",
                       f"{row['responses']['first_byte_p50_ms']:.2f}", f"{row['added_first_byte_p50_ms']:+.2f}",
+                      f"{row['chat']['dataplane_cpu_ms_per_turn']:.2f}",
+                      f"{row['responses']['dataplane_cpu_ms_per_turn']:.2f}", f"{row['added_cpu_ms_per_turn']:+.2f}",
                       str(row["chat"]["n"]))
     console.print(table)
     alone = Table(title="The translation alone, in process (request + a 12-token streamed reply)")
@@ -179,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                                     engine_args=INSTANT)
         stack.start()
         try:
-            through = asyncio.run(measure(f"http://127.0.0.1:{stack.ports.dataplane}", args.requests))
+            pid = stack.process("dataplane").process.pid
+            through = asyncio.run(measure(f"http://127.0.0.1:{stack.ports.dataplane}", args.requests, pid))
         finally:
             stack.stop()
     results = {"through_the_proxy": through, "translation_alone": in_process(2000)}

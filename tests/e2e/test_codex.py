@@ -59,6 +59,7 @@ wire_api = "responses"
 env_key = "LUFTPAUSE_API_KEY"
 request_max_retries = 1
 stream_max_retries = 1
+http_headers = {{ "x-luftpause-caller" = "codex-e2e" }}
 """
     if mcp:
         config += f"""
@@ -87,10 +88,10 @@ def run_codex(codex: Path, home: Path, workdir: Path, prompt: str) -> list[dict]
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-def session_turns(stack, session: str) -> list[str]:
-    """The replica of each turn of the run named by Codex's session id (dataplane log)."""
+def session_turns(stack, session: str) -> list[tuple[str, str]]:
+    """(caller, replica) of each turn of the run named by Codex's session id (dataplane log)."""
     log = (stack.state_dir / "logs" / "dataplane.log").read_text()
-    return re.findall(rf"\bturn\b.*\breplica=(\S+) run={re.escape(session)}\b.*status=finished", log)
+    return re.findall(rf"\bturn\b.*caller=(\S+) .*\breplica=(\S+) run={re.escape(session)}\b.*status=finished", log)
 
 
 def runs_known(stack) -> int:
@@ -118,6 +119,7 @@ def test_codex_runs_a_shell_tool_through_the_proxy(codex, full_stack, tmp_path):
     assert answer["text"].startswith("echo luftpause-through-codex")
     turns = session_turns(full_stack, session)
     assert len(turns) == 3 and len(set(turns)) == 1  # one run per session, pinned to one replica
+    assert turns[0][0] == "codex-e2e"  # the caller from the provider's http_headers
     assert runs_known(full_stack) - before == 1
 
 

@@ -120,3 +120,32 @@ def test_bad_json_is_a_400_in_openais_shape(proxy_stack):
                           headers={"Content-Type": "application/json"})
     assert response.status_code == 400
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+# --- an engine that serves the Responses API itself: the request passes through unchanged
+
+
+NATIVE_POOL = {"endpoints": [{"name": "engine-a", "base_url": "{engine-a}", "models": [MODEL], "kind": "generative",
+                              "health_path": "/health", "native_apis": ["responses"]}]}
+
+
+def test_an_engine_declared_native_gets_the_request_unchanged(make_stack):
+    stack = make_stack(engines=1, pool=NATIVE_POOL, without=frozenset({"runtime", "fake-mcp"}))
+    engine_stats = f"http://127.0.0.1:{stack.ports.engines[0]}/stats"
+    session = {"session-id": "responses-native"}
+    openai_client = client(stack)
+    history: list = [{"role": "user", "content": "look it up"}]
+    with openai_client.responses.stream(model=MODEL, input=history, tools=[SHELL], extra_headers=session) as stream:
+        first = stream.get_final_response()
+    (call,) = first.output
+    assert call.type == "function_call" and call.name == "exec_command"
+    history += [call.model_dump(exclude_none=True, exclude={"status"}),
+                {"type": "function_call_output", "call_id": call.call_id, "output": "found"}]
+    second = openai_client.responses.create(model=MODEL, input=history, tools=[SHELL], tool_choice="none",
+                                            extra_headers=session)
+    assert second.output_text.strip()
+    assert httpx.get(engine_stats).json()["responses_requests"] == 2  # both went to the engine's /v1/responses
+    log = (stack.state_dir / "logs" / "dataplane.log").read_text()
+    turns = re.findall(r"\bturn\b.*completion_tokens=(\d+) .*prompt_tokens=(\d+) .*run=responses-native\b.*"
+                       r"status=finished", log)
+    assert len(turns) == 2 and all(int(c) > 0 and int(p) > 0 for c, p in turns)  # usage read from its events
