@@ -10,9 +10,10 @@ busy machine falls on both alike. Two sizes: a short question, and a Codex-sized
 what Codex 0.171.0 sends). Reported per API: p50 and p90 latency, p50 time to the first
 body byte, and the dataplane's CPU per turn (from /proc, read around each block); and
 what the Responses API adds to each. Then the translation alone, in process:
-``to_chat`` plus the events of a 12-token streamed reply, its p50 over 2000 repetitions.
+``to_chat``, the chat body's JSON and the events of a 12-token streamed reply, its p50
+over 2000 repetitions.
 
-    python -m luftpause.loadgen.responses_bench [--requests N] [--json PATH]
+    python -m luftpause.loadgen.responses_bench [--requests N] [--repetitions N] [--json PATH]
 
 Everything runs on loopback and stops at the end (about a minute on 2 cores).
 """
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--requests", type=int, default=200, help="measured requests per API, size and mode")
+    parser.add_argument("--repetitions", type=int, default=2000, help="repetitions of the in-process translation")
     parser.add_argument("--json", default="state/bench/responses.json", help="where the results go")
     args = parser.parse_args(argv)
     console = Console()
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             through = asyncio.run(measure(f"http://127.0.0.1:{stack.ports.dataplane}", args.requests, pid))
         finally:
             stack.stop()
-    results = {"through_the_proxy": through, "translation_alone": in_process(2000)}
+    results = {"through_the_proxy": through, "translation_alone": in_process(args.repetitions)}
     report(console, results)
     console.print(f"written to {write_json(args.json, results)}")
     return 0
