@@ -32,6 +32,8 @@ from luftpause.dataplane.dialects import ApiError, Dialect, StreamTranslator, Tr
 from luftpause.dataplane.engines import Engines
 from luftpause.dataplane.harness import KeyIdentity, api_key
 from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
+from luftpause.dataplane.messages import MESSAGES
+from luftpause.dataplane.messages import count_tokens as count_message_tokens
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
@@ -582,6 +584,26 @@ def _describe(exc: BaseException) -> str:
     return text
 
 
+# ------------------------------------------------------------ the Messages API
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """Anthropic's ``POST /v1/messages`` (Claude Code adds ``?beta=true``): a turn."""
+    return await dialect_turn(request, MESSAGES)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """Anthropic's ``POST /v1/messages/count_tokens``: an estimate, no turn."""
+    request[DIALECT] = MESSAGES
+    _, document, _ = await _json_request(request)
+    return web.json_response(count_message_tokens(document).model_dump())
+
+
+async def hello(request: web.Request) -> web.Response:
+    """``HEAD /api/hello``, which Claude Code asks first to see the API is there."""
+    return web.Response()
+
+
 # ------------------------------------------------------------------ one-pass calls
 
 
@@ -694,6 +716,9 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app.router.add_get("/api/hello", hello)
     app.router.add_post("/v1/decide", decide)
     app.router.add_delete("/v1/runs/{run_id}", delete_run)
     app.router.add_get("/v1/models", list_models)
