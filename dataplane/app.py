@@ -48,6 +48,8 @@ LOG = web.AppKey("log", object)
 METRICS = web.AppKey("metrics", DataplaneMetrics)
 KEY_IDENTITIES = web.AppKey("key_identities", dict)
 DIALECT = "dialect"  # request key: the client API of a dialect route, for its error shape
+# Paths whose errors (auth and body-size ones too) come in a dialect's shape.
+DIALECT_PATHS: dict[str, Dialect] = {"/v1/messages": MESSAGES, "/v1/messages/count_tokens": MESSAGES}
 
 # Engine response headers a client may rely on; hop-by-hop and length headers are ours.
 PASSED_HEADERS = ("Content-Type", "Retry-After", "Cache-Control")
@@ -97,12 +99,12 @@ async def json_errors(request: web.Request, handler):
         if run_id is None and request.path == "/v1/chat/completions":
             run_id = request.headers.get(h.RUN_ID, "").strip() or new_id()
         return error_response(exc.status, exc.message, {h.RUN_ID: run_id} if run_id else None,
-                              request.get(DIALECT), exc.kind)
+                              request.get(DIALECT) or DIALECT_PATHS.get(request.path), exc.kind)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         message = exc.reason if exc.status != 413 else f"request body is over {request.client_max_size} bytes"
-        return error_response(exc.status, message, dialect=request.get(DIALECT))
+        return error_response(exc.status, message, dialect=request.get(DIALECT) or DIALECT_PATHS.get(request.path))
 
 
 @web.middleware
