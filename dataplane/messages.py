@@ -219,7 +219,10 @@ def _tools(tools: Any) -> tuple[list[dict[str, Any]], set[str]]:
             if not isinstance(name, str) or not name or not isinstance(tool["input_schema"], dict):
                 raise bad(f"tools[{i}]: a tool needs a name and an input_schema object")
             if tool.get("defer_loading"):
-                warn_once("defer_loading", "deferred tools are offered up front: no tool search on the engine")
+                # Loaded only when a tool search finds it, which no engine does: the
+                # model never sees it, as Anthropic's would not before a search.
+                warn_once("defer_loading", "deferred tools are left out: no tool search on the engine")
+                continue
             if "cache_control" in tool:
                 warn_once("cache_control", "engines cache prefixes by themselves")
             function: dict[str, Any] = {"name": name, "parameters": tool["input_schema"]}

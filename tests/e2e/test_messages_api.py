@@ -117,11 +117,13 @@ def test_what_claude_code_sends_is_served(client):
                   {"role": "system", "content": "The user is in a hurry."},
                   {"role": "user", "content": [{"type": "text", "text": "what now",
                                                 "cache_control": {"type": "ephemeral"}}]}],
-        tools=[web_search, deferred], thinking={"type": "enabled", "budget_tokens": 1024},
+        tools=[web_search, deferred, {**LOOKUP, "cache_control": {"type": "ephemeral"}}], thinking={"type": "enabled", "budget_tokens": 1024},
         extra_body={"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
                     "output_config": {"effort": "high"}})
-    assert message.stop_reason == "tool_use"  # the custom tool was offered; web_search was left out
-    assert [b.type for b in message.content] == ["tool_use"] and message.content[0].name == "later"
+    # The fake engine calls the first tool it is offered: web_search and the deferred
+    # tool (which a model sees only after a tool search) were left out.
+    assert message.stop_reason == "tool_use"
+    assert [b.type for b in message.content] == ["tool_use"] and message.content[0].name == "lookup"
 
 
 @pytest.mark.parametrize(("request_body", "status", "kind", "words"), [
