@@ -145,7 +145,9 @@ def run_count(stack) -> int:
 def test_claude_code_runs_its_session_through_luftpause_with_bash_calls(stack, claude_code, tmp_path):
     home = new_home(tmp_path)
     runs_before = run_count(stack)
-    completed = run_claude(claude_env(home, claude_code, stack.ports.dataplane), home, [
+    env = {**claude_env(home, claude_code, stack.ports.dataplane),
+           "ANTHROPIC_CUSTOM_HEADERS": "x-luftpause-caller: claude-test\nx-luftpause-class: batch"}
+    completed = run_claude(env, home, [
         "-p", "echo hello from luftpause", "--tools", "Bash", "--allowedTools", "Bash",
         "--output-format", "stream-json", "--verbose"])
     messages = transcript(completed)
@@ -161,6 +163,7 @@ def test_claude_code_runs_its_session_through_luftpause_with_bash_calls(stack, c
     session = messages[0]["session_id"]
     turns = turns_by_run(stack)[session]  # the session header named the run
     assert len(turns) == 3 and {t["status"] for t in turns} == {"finished"}
+    assert {(t["caller"], t["service_class"]) for t in turns} == {("claude-test", "batch")}
     assert len({t["replica"] for t in turns}) == 1  # pinned: every turn on one replica
     assert run_count(stack) == runs_before + 1  # one run for the whole session
     # What Claude Code sends that a chat-completions engine has no use for was seen and logged.
