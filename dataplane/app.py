@@ -32,6 +32,8 @@ from luftpause.dataplane.dialects import ApiError, Dialect, StreamTranslator, Tr
 from luftpause.dataplane.engines import Engines
 from luftpause.dataplane.harness import KeyIdentity, api_key
 from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
+from luftpause.dataplane.messages import MESSAGES
+from luftpause.dataplane.messages import count_tokens as count_message_tokens
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.responses_api import ResponsesDialect
@@ -47,6 +49,8 @@ LOG = web.AppKey("log", object)
 METRICS = web.AppKey("metrics", DataplaneMetrics)
 KEY_IDENTITIES = web.AppKey("key_identities", dict)
 DIALECT = "dialect"  # request key: the client API of a dialect route, for its error shape
+# Paths whose errors (auth and body-size ones too) come in a dialect's shape.
+DIALECT_PATHS: dict[str, Dialect] = {"/v1/messages": MESSAGES, "/v1/messages/count_tokens": MESSAGES}
 
 # Engine response headers a client may rely on; hop-by-hop and length headers are ours.
 PASSED_HEADERS = ("Content-Type", "Retry-After", "Cache-Control")
@@ -96,12 +100,12 @@ async def json_errors(request: web.Request, handler):
         if run_id is None and request.path == "/v1/chat/completions":
             run_id = request.headers.get(h.RUN_ID, "").strip() or new_id()
         return error_response(exc.status, exc.message, {h.RUN_ID: run_id} if run_id else None,
-                              request.get(DIALECT), exc.kind)
+                              request.get(DIALECT) or DIALECT_PATHS.get(request.path), exc.kind)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         message = exc.reason if exc.status != 413 else f"request body is over {request.client_max_size} bytes"
-        return error_response(exc.status, message, dialect=request.get(DIALECT))
+        return error_response(exc.status, message, dialect=request.get(DIALECT) or DIALECT_PATHS.get(request.path))
 
 
 @web.middleware
@@ -587,6 +591,26 @@ def _describe(exc: BaseException) -> str:
     return text
 
 
+# ------------------------------------------------------------ the Messages API
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """Anthropic's ``POST /v1/messages`` (Claude Code adds ``?beta=true``): a turn."""
+    return await dialect_turn(request, MESSAGES)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """Anthropic's ``POST /v1/messages/count_tokens``: an estimate, no turn."""
+    request[DIALECT] = MESSAGES
+    _, document, _ = await _json_request(request)
+    return web.json_response(count_message_tokens(document).model_dump())
+
+
+async def hello(request: web.Request) -> web.Response:
+    """``HEAD /api/hello``, which Claude Code asks first to see the API is there."""
+    return web.Response()
+
+
 # ------------------------------------------------------------------ one-pass calls
 
 
@@ -699,6 +723,9 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app.router.add_get("/api/hello", hello)
     app.router.add_post("/v1/responses", functools.partial(dialect_turn, dialect=ResponsesDialect(log)))
     app.router.add_post("/v1/decide", decide)
     app.router.add_delete("/v1/runs/{run_id}", delete_run)
