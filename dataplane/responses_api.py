@@ -41,13 +41,13 @@ HOSTED_TOOLS = frozenset({
     "mcp", "local_shell", "shell", "apply_patch", "tool_search",
 })
 
-# Request fields that change nothing an engine behind chat completions does, accepted
-# as they come (echoed in the Response where the API echoes them).
+# Request fields this translation knows (used, echoed, or of no effect on an engine
+# behind chat completions); others are accepted too, and named in the log.
 _ACCEPTED = frozenset({
     "model", "input", "instructions", "stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls",
     "max_output_tokens", "temperature", "top_p", "text", "reasoning", "include", "store", "metadata", "user",
     "prompt_cache_key", "prompt_cache_retention", "client_metadata", "safety_identifier", "service_tier",
-    "truncation", "top_logprobs", "max_tool_calls",
+    "truncation",
 })
 # Fields that need state this proxy does not keep: a clear 400 rather than a wrong answer.
 _REFUSED = {
@@ -139,6 +139,7 @@ def to_chat(document: dict[str, Any]) -> ChatRequest:
         _tool_choice(document["tool_choice"], names)  # a forced tool that is not offered: 400
     _sampling(document, body)
     ignored_fields = _reasoning(document.get("reasoning"), body)
+    ignored_fields += [key for key in document if key not in _ACCEPTED and key not in _REFUSED and key != "background"]
     _text_format(document.get("text"), body)
     if isinstance(document.get("user"), str):
         body["user"] = document["user"]

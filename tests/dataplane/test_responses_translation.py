@@ -68,6 +68,7 @@ def test_codex_request_becomes_a_chat_request():
     assert "reasoning_effort" not in body  # Codex asks for a summary only
     assert chat.ignored_tools == ["web_search"]
     assert chat.ignored_fields == ["reasoning.summary"]
+    assert to_chat({"model": "m", "input": "hi", "seed": 3}).ignored_fields == ["seed"]
 
 
 def test_instructions_string_input_and_settings():

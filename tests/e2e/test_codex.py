@@ -71,12 +71,12 @@ tool_timeout_sec = 60
     return home
 
 
-def run_codex(codex: Path, home: Path, workdir: Path, prompt: str) -> list[dict]:
-    """``codex exec --json`` to its end (bounded, always killed); its JSONL events."""
+def run_codex(codex: Path, home: Path, workdir: Path, prompt: str, *command: str) -> list[dict]:
+    """``codex exec --json [command...] prompt`` to its end (bounded, always killed); its JSONL events."""
     workdir.mkdir(parents=True, exist_ok=True)
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home.parent), "CODEX_HOME": str(home),
            "LUFTPAUSE_API_KEY": "unused", "NO_PROXY": "127.0.0.1,localhost", "RUST_LOG": "error"}
-    process = subprocess.Popen([str(codex), "exec", "--json", "--skip-git-repo-check", prompt], cwd=workdir, env=env,
+    process = subprocess.Popen([str(codex), "exec", "--json", "--skip-git-repo-check", *command, prompt], cwd=workdir, env=env,
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = process.communicate(timeout=CODEX_TIMEOUT_S)
@@ -106,8 +106,8 @@ def completed_items(events: list[dict], kind: str) -> list[dict]:
 @pytest.mark.timeout(300)
 def test_codex_runs_a_shell_tool_through_the_proxy(codex, full_stack, tmp_path):
     before = runs_known(full_stack)
-    events = run_codex(codex, codex_home(tmp_path, full_stack, mcp=False), tmp_path / "work",
-                       "echo luftpause-through-codex")
+    home = codex_home(tmp_path, full_stack, mcp=False)
+    events = run_codex(codex, home, tmp_path / "work", "echo luftpause-through-codex")
     (session,) = [e["thread_id"] for e in events if e.get("type") == "thread.started"]
     commands = completed_items(events, "command_execution")
     # The fake engine calls Codex's first tool (exec_command) twice with the prompt as
@@ -120,6 +120,14 @@ def test_codex_runs_a_shell_tool_through_the_proxy(codex, full_stack, tmp_path):
     turns = session_turns(full_stack, session)
     assert len(turns) == 3 and len(set(turns)) == 1  # one run per session, pinned to one replica
     assert turns[0][0] == "codex-e2e"  # the caller from the provider's http_headers
+    assert runs_known(full_stack) - before == 1
+
+    # The session resumed is the same run, on the same replica (the history holds the two
+    # calls, so the fake engine answers at once).
+    resumed = run_codex(codex, home, tmp_path / "work", "and once more", "resume", "--last")
+    assert [e["thread_id"] for e in resumed if e.get("type") == "thread.started"] == [session]
+    assert completed_items(resumed, "agent_message")
+    assert session_turns(full_stack, session) == turns + turns[:1]
     assert runs_known(full_stack) - before == 1
 
 
