@@ -9,6 +9,7 @@ ignored with a warning logged once per process (docs/harness-apis.md has the tab
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import structlog
@@ -42,7 +43,7 @@ from anthropic.types.shared import (
 )
 
 from luftpause.dataplane.dialects import ApiError, Translated
-from luftpause.dataplane.observe import TurnObserver
+from luftpause.dataplane.observe import TurnObserver, may_matter
 
 log = structlog.get_logger("luftpause.dataplane.messages")
 
@@ -88,6 +89,11 @@ def bad(message: str) -> ApiError:
 # ------------------------------------------------------------------ request
 
 
+def _cache_control(part: dict[str, Any]) -> None:
+    if "cache_control" in part:
+        warn_once("cache_control", "engines cache prefixes by themselves")
+
+
 def _text_of(blocks: Any, where: str) -> str:
     """The text of a string or a list of text blocks (cache_control ignored)."""
     if isinstance(blocks, str):
@@ -98,8 +104,7 @@ def _text_of(blocks: Any, where: str) -> str:
     for block in blocks:
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
             raise bad(f"{where} must hold only text blocks")
-        if "cache_control" in block:
-            warn_once("cache_control", "engines cache prefixes by themselves")
+        _cache_control(block)
         parts.append(block["text"])
     return "\n\n".join(parts)
 
@@ -150,8 +155,8 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
     for i, block in enumerate(content):
         at = f"{where}.content[{i}]"
         kind = block.get("type") if isinstance(block, dict) else None
-        if isinstance(block, dict) and "cache_control" in block:
-            warn_once("cache_control", "engines cache prefixes by themselves")
+        if isinstance(block, dict):
+            _cache_control(block)
         if kind == "text":
             parts.append({"type": "text", "text": str(block.get("text", ""))})
         elif kind == "image":
@@ -199,7 +204,7 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
             warn_once("server tool blocks in history", "left out: no server tools behind a chat-completions engine")
         else:
             raise bad(f"{at}: content block type {kind!r} cannot be served")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or (None if calls else "")}
     if calls:
         message["tool_calls"] = calls
     return message
@@ -223,8 +228,7 @@ def _tools(tools: Any) -> tuple[list[dict[str, Any]], set[str]]:
                 # model never sees it, as Anthropic's would not before a search.
                 warn_once("defer_loading", "deferred tools are left out: no tool search on the engine")
                 continue
-            if "cache_control" in tool:
-                warn_once("cache_control", "engines cache prefixes by themselves")
+            _cache_control(tool)
             function: dict[str, Any] = {"name": name, "parameters": tool["input_schema"]}
             if isinstance(tool.get("description"), str):
                 function["description"] = tool["description"]
@@ -397,6 +401,10 @@ _THINKING_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_del
 _JSON_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"input_json_delta","partial_json":%s}}\n\n'  # noqa: E501
 
 
+# A chunk whose delta is only text: its JSON string goes into the text_delta as it is.
+_PLAIN_TEXT = re.compile(rb'"delta"\s*:\s*\{\s*"content"\s*:\s*("(?:[^"\\]|\\.)*")\s*\}')
+
+
 def _quoted(text: str) -> bytes:
     return json.dumps(text, ensure_ascii=False).encode()
 
@@ -487,6 +495,9 @@ class MessageStream:
                 if not self.ended:
                     out += self._end()
                 continue
+            if self.open_kind == "text" and not may_matter(payload) and (text := _PLAIN_TEXT.search(payload)):
+                out += _TEXT_DELTA % (self.index, text.group(1))  # most chunks: no JSON decoded
+                continue
             try:
                 data = json.loads(payload)
             except ValueError:
@@ -541,9 +552,7 @@ class NativeObserver(TurnObserver):
 
     def feed_sse(self, chunk: bytes) -> bool:
         had_token = self.first_token
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
+        for line in self.whole_lines(chunk):
             if not line.startswith(b"data:"):
                 continue
             try:
