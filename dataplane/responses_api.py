@@ -12,7 +12,7 @@ run (``web_search`` and the other hosted tools) are left out of the engine's req
 logged by the caller (see :attr:`ChatRequest.ignored_tools`); forcing one with
 ``tool_choice`` is a 400. Namespaced tools (``{"type": "namespace", "tools": [...]}``)
 are flattened to ``<namespace>__<name>`` functions and their calls mapped back to
-``name`` + ``namespace``. ``reasoning`` items in the history are dropped: their
+``name`` + ``namespace``; freeform (``custom``) tools become functions of one string. ``reasoning`` items in the history are dropped: their
 (encrypted) content means nothing to another engine.
 
 The shapes follow the ``openai`` package's typed models (``openai.types.responses``);
@@ -58,6 +58,9 @@ _REFUSED = {
 }
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
+# A freeform (``custom``) tool is offered to the engine as a function of one string.
+CUSTOM_INPUT = "input"
+TOOL_RESULT_PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]"}
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
 
 
@@ -154,8 +157,10 @@ def _instructions(instructions: Any) -> list[dict[str, Any]]:
     raise ResponsesError("'instructions' must be a string", param="instructions")
 
 
-def _text(content: Any, param: str) -> str:
-    """The text of a message's content: a string or a list of text parts."""
+def _text(content: Any, param: str, in_tool_result: bool = False) -> str:
+    """The text of a message's content: a string or a list of text parts. In a tool's
+    result an image or file becomes a placeholder: chat ``tool`` messages carry text only
+    (Codex's ``view_image`` answers with an image)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -169,6 +174,8 @@ def _text(content: Any, param: str) -> str:
             texts.append(str(part.get("text", "")))
         elif kind == "refusal":
             texts.append(str(part.get("refusal", "")))
+        elif in_tool_result and kind in TOOL_RESULT_PLACEHOLDERS:
+            texts.append(TOOL_RESULT_PLACEHOLDERS[kind])
         else:
             raise ResponsesError(f"content part type {kind!r} is not supported here", param=param)
     return "".join(texts)
@@ -209,18 +216,22 @@ def _messages(items: Any, names: ToolNames) -> list[dict[str, Any]]:
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             _message(item, param, messages)
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
+            if kind == "function_call":
+                arguments = item.get("arguments") if isinstance(item.get("arguments"), str) else ""
+            else:  # a freeform tool's input, as the one argument of its function
+                arguments = _JSON({CUSTOM_INPUT: item.get("input") if isinstance(item.get("input"), str) else ""})
             call = {"id": _string(item, "call_id", param), "type": "function",
                     "function": {"name": names.flat(_string(item, "name", param), item.get("namespace")),
-                                 "arguments": item.get("arguments") if isinstance(item.get("arguments"), str) else ""}}
+                                 "arguments": arguments}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":  # parallel calls, or text then calls
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
-            text = output if isinstance(output, str) else _text(output, param)
+            text = output if isinstance(output, str) else _text(output, param, in_tool_result=True)
             messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", param), "content": text})
         elif kind == "reasoning":
             continue  # an earlier turn's reasoning: nothing another engine can use
@@ -264,6 +275,7 @@ class ToolNames:
 
     namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)  # flat -> (namespace, name)
     plain: set[str] = field(default_factory=set)
+    custom: set[str] = field(default_factory=set)  # flat names of freeform tools
 
     def add(self, name: str, namespace: str | None = None) -> str:
         flat = f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
@@ -302,6 +314,25 @@ def _function(tool: dict[str, Any], names: ToolNames, namespace: str | None, par
     return {"type": "function", "function": function}
 
 
+def _custom(tool: dict[str, Any], names: ToolNames, param: str) -> dict[str, Any]:
+    """A freeform tool as a function taking its whole input as one string; a grammar in
+    its ``format`` is described to the model, not enforced (chat engines take none)."""
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise ResponsesError("a custom tool needs a 'name'", param=param)
+    flat = names.add(name)
+    names.custom.add(flat)
+    description = str(tool.get("description") or "")
+    fmt = tool.get("format")
+    if isinstance(fmt, dict) and isinstance(fmt.get("definition"), str):
+        description += f"\n\nThe input follows this {fmt.get('syntax', '')} grammar:\n{fmt['definition']}"
+    function = {"name": flat, "parameters": {"type": "object", "required": [CUSTOM_INPUT], "properties": {
+        CUSTOM_INPUT: {"type": "string", "description": "the tool's whole input, as free text"}}}}
+    if description:
+        function["description"] = description.strip()
+    return {"type": "function", "function": function}
+
+
 def _tools(tools: Any) -> tuple[list[dict[str, Any]], ToolNames, list[str]]:
     names = ToolNames()
     if tools is None:
@@ -327,8 +358,7 @@ def _tools(tools: Any) -> tuple[list[dict[str, Any]], ToolNames, list[str]]:
         elif kind in HOSTED_TOOLS:
             ignored.append(kind)
         elif kind == "custom":
-            raise ResponsesError("custom (freeform) tools are not supported here: declare a function tool",
-                                 param=param)
+            out.append(_custom(tool, names, param))
         else:
             raise ResponsesError(f"tool type {kind!r} is not supported", param=param)
     return out, names, ignored
@@ -346,6 +376,8 @@ def _tool_choice(choice: Any, names: ToolNames) -> Any:
                 raise ResponsesError(f"tool_choice names function {name!r}, which is not in 'tools'",
                                      param="tool_choice")
             return {"type": "function", "function": {"name": flat}}
+        if kind == "custom" and isinstance(choice.get("name"), str) and choice["name"] in names.custom:
+            return {"type": "function", "function": {"name": choice["name"]}}
         if kind == "allowed_tools":
             mode = choice.get("mode")
             return "required" if mode == "required" else "auto"
@@ -465,11 +497,26 @@ class ResponseShell:
     def function_call_item(self, item_id: str, call_id: str, flat: str, arguments: str, status: str
                            ) -> dict[str, Any]:
         name, namespace = self.names.original(flat)
+        if flat in self.names.custom:
+            return {"type": "custom_tool_call", "id": item_id, "call_id": call_id, "name": name,
+                    "input": custom_input(arguments), "status": status}
         item = {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
                 "status": status}
         if namespace:
             item["namespace"] = namespace
         return item
+
+
+def custom_input(arguments: str) -> str:
+    """A freeform tool's input from its function's JSON arguments (the text as it came
+    when the model did not write the one-string object)."""
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get(CUSTOM_INPUT), str):
+        return value[CUSTOM_INPUT]
+    return arguments
 
 
 def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
@@ -641,8 +688,9 @@ class EventTranslator:
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:
             current.text.append(arguments)
-            self._emit("response.function_call_arguments.delta", item_id=current.item["id"],
-                       output_index=current.index, delta=arguments)
+            if current.item["type"] == "function_call":  # a custom call's input is whole only at its end
+                self._emit("response.function_call_arguments.delta", item_id=current.item["id"],
+                           output_index=current.index, delta=arguments)
 
     def _add(self, item: dict[str, Any]) -> _OpenItem:
         opened = _OpenItem(len(self.output), item)  # the item before it, if any, is closed
@@ -671,6 +719,13 @@ class EventTranslator:
             self._emit("response.content_part.done", item_id=item["id"], output_index=opened.index, content_index=0,
                        part=part)
             item = {**item, "content": [part]}
+        elif kind == "custom_tool_call":
+            whole = custom_input(text)
+            self._emit("response.custom_tool_call_input.delta", item_id=item["id"], output_index=opened.index,
+                       delta=whole)
+            self._emit("response.custom_tool_call_input.done", item_id=item["id"], output_index=opened.index,
+                       input=whole)
+            item = {**item, "input": whole, "status": "completed"}
         else:
             self._emit("response.function_call_arguments.done", item_id=item["id"], output_index=opened.index,
                        arguments=text, name=item["name"])
@@ -745,9 +800,11 @@ class ResponsesObserver:
         self.done = True
         output = response.get("output") if isinstance(response.get("output"), list) else []
         for item in output:
-            if isinstance(item, dict) and item.get("type") == "function_call" and item.get("call_id"):
+            if isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call") and \
+                    item.get("call_id"):
                 self.tool_call_ids.append(str(item["call_id"]))
-            if isinstance(item, dict) and item.get("type") in ("message", "function_call", "reasoning"):
+            if isinstance(item, dict) and item.get("type") in ("message", "function_call", "custom_tool_call",
+                                                               "reasoning"):
                 self.first_token = True
         details = response.get("incomplete_details") or {}
         if response.get("status") == "incomplete" and details.get("reason") == "max_output_tokens":

@@ -105,7 +105,8 @@ def test_forced_function_choice_is_flattened():
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0]"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
-    ({"tools": [{"type": "custom", "name": "apply_patch"}]}, "tools[0]"),
+    ({"tools": [{"type": "custom"}]}, "tools[0]"),
+    ({"tools": [{"type": "computer_use"}]}, "tools[0]"),
     ({"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "tool_choice"),
     ({"tools": [SHELL_TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ({"tools": [SHELL_TOOL, SHELL_TOOL]}, "tools"),
@@ -309,3 +310,41 @@ def test_the_native_observer_reads_a_whole_response():
     observer = ResponsesObserver()
     observer.observe_body(json.dumps(native_response([], "incomplete", "max_output_tokens")).encode())
     assert observer.done and observer.finish_reason == "length" and observer.usage_seen
+
+
+PATCH_TOOL = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+              "format": {"type": "grammar", "syntax": "lark", "definition": "start: patch"}}
+
+
+def test_freeform_tools_become_functions_of_one_string_and_back():
+    chat = to_chat({"model": "m", "tools": [PATCH_TOOL], "tool_choice": {"type": "custom", "name": "apply_patch"},
+                    "input": [
+                        {"role": "user", "content": "fix it"},
+                        {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin"},
+                        {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"},
+                        {"type": "function_call_output", "call_id": "c0", "output": [
+                            {"type": "input_text", "text": "see"}, {"type": "input_image", "image_url": "data:x"}]},
+                    ]})
+    (tool,) = chat.body["tools"]
+    assert tool["function"]["name"] == "apply_patch" and "start: patch" in tool["function"]["description"]
+    assert tool["function"]["parameters"]["required"] == ["input"]
+    assert chat.body["tool_choice"] == {"type": "function", "function": {"name": "apply_patch"}}
+    messages = chat.body["messages"]
+    assert messages[1]["tool_calls"][0]["function"] == {"name": "apply_patch", "arguments": '{"input":"*** Begin"}'}
+    assert messages[2] == {"role": "tool", "tool_call_id": "c1", "content": "done"}
+    assert messages[3]["content"] == "see[image]"  # a tool result carries text only
+
+    body = chat.shell.response_body(completion({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_2", "type": "function", "function": {"name": "apply_patch", "arguments": '{"input": "*** End"}'}}]},
+        "tool_calls"))
+    (call,) = Response.model_validate_json(body).output
+    assert call.type == "custom_tool_call" and call.input == "*** End" and call.call_id == "call_2"
+
+    events = translate(sse(chunk({"tool_calls": [{"index": 0, "id": "call_3", "type": "function", "function": {
+        "name": "apply_patch", "arguments": '{"input": '}}]}), chunk({"tool_calls": [{"index": 0, "function": {
+            "arguments": '"*** Add"}'}}]}), chunk({}, "tool_calls")), {"model": "m", "input": "x", "tools": [PATCH_TOOL]})
+    kinds = [e.type for e in events]
+    assert "response.function_call_arguments.delta" not in kinds
+    done = next(e for e in events if e.type == "response.custom_tool_call_input.done")
+    assert done.input == "*** Add"
+    assert events[-1].response.output[0].type == "custom_tool_call" and events[-1].response.output[0].input == "*** Add"

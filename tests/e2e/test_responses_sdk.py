@@ -94,7 +94,7 @@ def test_a_reply_cut_at_max_output_tokens_is_incomplete(proxy_stack):
 
 @pytest.mark.parametrize("request_fields, error_type, status, words", [
     ({"previous_response_id": "resp_1"}, openai.BadRequestError, 400, "nothing is stored"),
-    ({"tools": [{"type": "custom", "name": "apply_patch"}]}, openai.BadRequestError, 400, "custom"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, openai.BadRequestError, 400, "input[0]: "),
     ({"model": "no-such-model"}, openai.NotFoundError, 404, "no-such-model"),
     ({"input": "fail [[fake:status=400]]"}, openai.BadRequestError, 400, "fake status 400"),
 ])
