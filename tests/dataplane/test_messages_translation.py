@@ -81,6 +81,19 @@ def test_tools_choice_limits_and_streaming_options():
     assert chat["response_format"]["json_schema"]["schema"] == {"type": "object"}
 
 
+def test_a_deferred_tool_is_offered_once_a_tool_search_found_it():
+    tools = [{"name": "ToolSearch", "input_schema": {"type": "object"}},
+             {"name": "Later", "input_schema": {"type": "object"}, "defer_loading": True}]
+    first = to_chat({"model": "m", "max_tokens": 10, "tools": tools, "messages": [{"role": "user", "content": "x"}]})
+    assert [t["function"]["name"] for t in first["tools"]] == ["ToolSearch"]
+    found = to_chat({"model": "m", "max_tokens": 10, "tools": tools, "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "s1", "name": "ToolSearch", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "s1", "content": [
+            {"type": "tool_reference", "tool_name": "Later"}]}]}]})
+    assert [t["function"]["name"] for t in found["tools"]] == ["ToolSearch", "Later"]
+
+
 @pytest.mark.parametrize("change", [
     {"max_tokens": 0}, {"max_tokens": True}, {"messages": [{"role": "tool", "content": "x"}]},
     {"system": [{"type": "image"}]}, {"tools": [{"type": "computer_20250124", "name": "computer"}]},
