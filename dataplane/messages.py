@@ -401,9 +401,10 @@ def event(name: str, model: Any) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + model.model_dump_json(exclude_unset=True).encode() + b"\n\n"
 
 
-_TEXT_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":%s}}\n\n'  # noqa: E501
-_THINKING_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"thinking_delta","thinking":%s}}\n\n'  # noqa: E501
-_JSON_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"input_json_delta","partial_json":%s}}\n\n'  # noqa: E501
+_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":'
+_TEXT_DELTA = _DELTA + b'{"type":"text_delta","text":%s}}\n\n'
+_THINKING_DELTA = _DELTA + b'{"type":"thinking_delta","thinking":%s}}\n\n'
+_JSON_DELTA = _DELTA + b'{"type":"input_json_delta","partial_json":%s}}\n\n'
 
 
 # A chunk whose delta is only text: its JSON string goes into the text_delta as it is.
@@ -592,7 +593,8 @@ class NativeObserver(TurnObserver):
         self.usage_seen = True
         cached = int(usage.get("cache_read_input_tokens") or 0)
         if usage.get("input_tokens") is not None:
-            self.prompt_tokens = int(usage["input_tokens"]) + cached + int(usage.get("cache_creation_input_tokens") or 0)
+            created = int(usage.get("cache_creation_input_tokens") or 0)
+            self.prompt_tokens = int(usage["input_tokens"]) + cached + created
             self.cached_tokens = cached
         if usage.get("output_tokens") is not None:
             self.completion_tokens = int(usage["output_tokens"])

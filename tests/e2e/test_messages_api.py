@@ -117,7 +117,8 @@ def test_what_claude_code_sends_is_served(client):
                   {"role": "system", "content": "The user is in a hurry."},
                   {"role": "user", "content": [{"type": "text", "text": "what now",
                                                 "cache_control": {"type": "ephemeral"}}]}],
-        tools=[web_search, deferred, {**LOOKUP, "cache_control": {"type": "ephemeral"}}], thinking={"type": "enabled", "budget_tokens": 1024},
+        tools=[web_search, deferred, {**LOOKUP, "cache_control": {"type": "ephemeral"}}],
+        thinking={"type": "enabled", "budget_tokens": 1024},
         extra_body={"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
                     "output_config": {"effort": "high"}})
     # The fake engine calls the first tool it is offered: web_search and the deferred
@@ -152,7 +153,8 @@ def test_errors_come_in_the_messages_api_shape(client, request_body, status, kin
 
 
 def test_bad_json_and_wrong_content_type_are_refused_in_the_messages_api_shape(proxy_stack):
-    bad = httpx.post(dataplane(proxy_stack) + "/v1/messages", content=b"{", headers={"Content-Type": "application/json"})
+    bad = httpx.post(dataplane(proxy_stack) + "/v1/messages", content=b"{",
+                     headers={"Content-Type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     text = httpx.post(dataplane(proxy_stack) + "/v1/messages", content=b"{}", headers={"Content-Type": "text/plain"})
     assert text.status_code == 415 and text.json()["type"] == "error"
