@@ -14,7 +14,8 @@ from luftpause import logs, tracing
 from luftpause.procs import run_event_loop
 from luftpause.dataplane.app import create_app
 from luftpause.dataplane.constants import DEFAULT_PORT, DEFAULT_SCHEDULER_ADDR, MAX_BODY_BYTES
-from luftpause.dataplane.harness import KEY_IDENTITIES_ENV, KEY_IDENTITIES_HELP, KeyIdentitiesError, parse_key_identities
+from luftpause.dataplane.harness import (KEY_IDENTITIES_ENV, KEY_IDENTITIES_HELP, KeyIdentitiesError,
+                                        parse_key_identities)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

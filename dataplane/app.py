@@ -48,7 +48,7 @@ TOKEN = web.AppKey("token", str)
 LOG = web.AppKey("log", object)
 METRICS = web.AppKey("metrics", DataplaneMetrics)
 KEY_IDENTITIES = web.AppKey("key_identities", dict)
-DIALECT = "dialect"  # request key: the client API of a dialect route, for its error shape
+DIALECT = web.RequestKey("dialect", Dialect)  # the client API of a dialect route, for its error shape
 # Paths whose errors (auth and body-size ones too) come in a dialect's shape.
 DIALECT_PATHS: dict[str, Dialect] = {"/v1/messages": MESSAGES, "/v1/messages/count_tokens": MESSAGES}
 

@@ -121,7 +121,7 @@ def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
     raise bad(f"{where}: image source type {source.get('type')!r} cannot be served (base64 and url can)")
 
 
-def _tool_result_text(content: Any, where: str) -> str:
+def _tool_result_text(content: Any, where: str, loaded: set[str]) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -136,14 +136,17 @@ def _tool_result_text(content: Any, where: str) -> str:
         elif kind == "image":
             warn_once("tool_result image", "left out: a chat-completions tool message holds text only")
             parts.append("[image]")
-        elif kind in ("search_result", "document", "tool_reference"):
+        elif kind == "tool_reference":  # a client's tool search found a deferred tool: offer it
+            loaded.add(str(block.get("tool_name", "")))
+            parts.append(json.dumps(block, ensure_ascii=False))
+        elif kind in ("search_result", "document"):
             parts.append(json.dumps(block, ensure_ascii=False))
         else:
             raise bad(f"{where}: tool_result block type {kind!r} cannot be served")
     return "\n".join(parts)
 
 
-def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
+def _user_messages(content: Any, where: str, loaded: set[str]) -> list[dict[str, Any]]:
     """A user turn as chat messages: its tool results first (one tool message each),
     then the rest as one user message."""
     if isinstance(content, str):
@@ -165,7 +168,7 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str) or not call_id:
                 raise bad(f"{at}: tool_result needs a tool_use_id")
-            text = _tool_result_text(block.get("content"), at)
+            text = _tool_result_text(block.get("content"), at, loaded)
             if block.get("is_error"):
                 text = f"Error: {text}"
             out.append({"role": "tool", "tool_call_id": call_id, "content": text})
@@ -210,8 +213,9 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
     return message
 
 
-def _tools(tools: Any) -> tuple[list[dict[str, Any]], set[str]]:
-    """The custom tools as functions; server tools are left out (their names returned)."""
+def _tools(tools: Any, loaded: set[str]) -> tuple[list[dict[str, Any]], set[str]]:
+    """The custom tools as functions; server tools are left out (their names returned), and
+    deferred ones unless a tool search in the history found them (``loaded``)."""
     if not isinstance(tools, list):
         raise bad("tools must be a list")
     functions, server = [], set()
@@ -223,7 +227,7 @@ def _tools(tools: Any) -> tuple[list[dict[str, Any]], set[str]]:
         if kind == "custom" and "input_schema" in tool:
             if not isinstance(name, str) or not name or not isinstance(tool["input_schema"], dict):
                 raise bad(f"tools[{i}]: a tool needs a name and an input_schema object")
-            if tool.get("defer_loading"):
+            if tool.get("defer_loading") and name not in loaded:
                 # Loaded only when a tool search finds it, which no engine does: the
                 # model never sees it, as Anthropic's would not before a search.
                 warn_once("defer_loading", "deferred tools are left out: no tool search on the engine")
@@ -279,6 +283,7 @@ def to_chat(document: dict[str, Any]) -> dict[str, Any]:
     for name in document.keys() - HANDLED:
         warn_once(f"request field {name}", "ignored")
     messages: list[dict[str, Any]] = []
+    loaded: set[str] = set()  # deferred tools a tool search found
     if document.get("system") is not None:
         messages.append({"role": "system", "content": _text_of(document["system"], "system")})
     turns = document.get("messages")
@@ -288,7 +293,7 @@ def to_chat(document: dict[str, Any]) -> dict[str, Any]:
         where = f"messages[{i}]"
         role = turn.get("role") if isinstance(turn, dict) else None
         if role == "user":
-            messages.extend(_user_messages(turn.get("content"), where))
+            messages.extend(_user_messages(turn.get("content"), where, loaded))
         elif role == "assistant":
             messages.append(_assistant_message(turn.get("content"), where))
         elif role == "system":  # Claude Code sends some instructions this way: kept where they stand
@@ -309,7 +314,7 @@ def to_chat(document: dict[str, Any]) -> dict[str, Any]:
         chat["stream_options"] = {"include_usage": True}
     server: set[str] = set()
     if document.get("tools"):
-        functions, server = _tools(document["tools"])
+        functions, server = _tools(document["tools"], loaded)
         if functions:
             chat["tools"] = functions
     if document.get("tool_choice") is not None:
@@ -396,9 +401,10 @@ def event(name: str, model: Any) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + model.model_dump_json(exclude_unset=True).encode() + b"\n\n"
 
 
-_TEXT_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":%s}}\n\n'  # noqa: E501
-_THINKING_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"thinking_delta","thinking":%s}}\n\n'  # noqa: E501
-_JSON_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"input_json_delta","partial_json":%s}}\n\n'  # noqa: E501
+_DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":'
+_TEXT_DELTA = _DELTA + b'{"type":"text_delta","text":%s}}\n\n'
+_THINKING_DELTA = _DELTA + b'{"type":"thinking_delta","thinking":%s}}\n\n'
+_JSON_DELTA = _DELTA + b'{"type":"input_json_delta","partial_json":%s}}\n\n'
 
 
 # A chunk whose delta is only text: its JSON string goes into the text_delta as it is.
@@ -587,7 +593,8 @@ class NativeObserver(TurnObserver):
         self.usage_seen = True
         cached = int(usage.get("cache_read_input_tokens") or 0)
         if usage.get("input_tokens") is not None:
-            self.prompt_tokens = int(usage["input_tokens"]) + cached + int(usage.get("cache_creation_input_tokens") or 0)
+            created = int(usage.get("cache_creation_input_tokens") or 0)
+            self.prompt_tokens = int(usage["input_tokens"]) + cached + created
             self.cached_tokens = cached
         if usage.get("output_tokens") is not None:
             self.completion_tokens = int(usage["output_tokens"])

@@ -34,7 +34,8 @@ def test_a_session_with_a_turn_in_flight_is_not_over():
 
 
 def test_key_identities_map_api_keys_to_caller_and_class():
-    identities = parse_key_identities('{"sk-alice": {"caller": "alice", "class": "batch"}, "sk-bob": {"caller": "bob"}}')
+    identities = parse_key_identities(
+        '{"sk-alice": {"caller": "alice", "class": "batch"}, "sk-bob": {"caller": "bob"}}')
     assert identities == {"sk-alice": KeyIdentity("alice", "batch"), "sk-bob": KeyIdentity("bob", "")}
     assert parse_key_identities("") == {}
 

@@ -39,7 +39,8 @@ def test_history_translates_in_order_with_tool_results_before_the_turns_text():
     chat = to_chat({"model": "m", "max_tokens": 100, "system": "be brief", "messages": [
         {"role": "user", "content": "list files"},
         {"role": "assistant", "content": [{"type": "text", "text": "Running ls."},
-                                          {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}]},
+                                          {"type": "tool_use", "id": "t1", "name": "Bash",
+                                           "input": {"command": "ls"}}]},
         {"role": "system", "content": [{"type": "text", "text": "env: linux", "cache_control": {"type": "ephemeral"}}]},
         {"role": "user", "content": [{"type": "text", "text": "and now?"},
                                      {"type": "tool_result", "tool_use_id": "t1", "is_error": True,
@@ -81,6 +82,19 @@ def test_tools_choice_limits_and_streaming_options():
     assert chat["response_format"]["json_schema"]["schema"] == {"type": "object"}
 
 
+def test_a_deferred_tool_is_offered_once_a_tool_search_found_it():
+    tools = [{"name": "ToolSearch", "input_schema": {"type": "object"}},
+             {"name": "Later", "input_schema": {"type": "object"}, "defer_loading": True}]
+    first = to_chat({"model": "m", "max_tokens": 10, "tools": tools, "messages": [{"role": "user", "content": "x"}]})
+    assert [t["function"]["name"] for t in first["tools"]] == ["ToolSearch"]
+    found = to_chat({"model": "m", "max_tokens": 10, "tools": tools, "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "s1", "name": "ToolSearch", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "s1", "content": [
+            {"type": "tool_reference", "tool_name": "Later"}]}]}]})
+    assert [t["function"]["name"] for t in found["tools"]] == ["ToolSearch", "Later"]
+
+
 @pytest.mark.parametrize("change", [
     {"max_tokens": 0}, {"max_tokens": True}, {"messages": [{"role": "tool", "content": "x"}]},
     {"system": [{"type": "image"}]}, {"tools": [{"type": "computer_20250124", "name": "computer"}]},
@@ -100,7 +114,8 @@ def test_a_stream_of_reasoning_text_and_tool_calls_split_anywhere_translates_who
         chunk({"reasoning_content": "think"}),
         chunk({"content": 'say "hi"\\n'}),
         chunk({"content": " \u00e9"}),
-        chunk({"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}]}),
+        chunk({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                               "function": {"name": "f", "arguments": ""}}]}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"a":'}}]}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": " 1}"}}]}),
         chunk({}, "tool_calls"),

@@ -117,7 +117,8 @@ def test_what_claude_code_sends_is_served(client):
                   {"role": "system", "content": "The user is in a hurry."},
                   {"role": "user", "content": [{"type": "text", "text": "what now",
                                                 "cache_control": {"type": "ephemeral"}}]}],
-        tools=[web_search, deferred, {**LOOKUP, "cache_control": {"type": "ephemeral"}}], thinking={"type": "enabled", "budget_tokens": 1024},
+        tools=[web_search, deferred, {**LOOKUP, "cache_control": {"type": "ephemeral"}}],
+        thinking={"type": "enabled", "budget_tokens": 1024},
         extra_body={"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
                     "output_config": {"effort": "high"}})
     # The fake engine calls the first tool it is offered: web_search and the deferred
@@ -152,7 +153,8 @@ def test_errors_come_in_the_messages_api_shape(client, request_body, status, kin
 
 
 def test_bad_json_and_wrong_content_type_are_refused_in_the_messages_api_shape(proxy_stack):
-    bad = httpx.post(dataplane(proxy_stack) + "/v1/messages", content=b"{", headers={"Content-Type": "application/json"})
+    bad = httpx.post(dataplane(proxy_stack) + "/v1/messages", content=b"{",
+                     headers={"Content-Type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     text = httpx.post(dataplane(proxy_stack) + "/v1/messages", content=b"{}", headers={"Content-Type": "text/plain"})
     assert text.status_code == 415 and text.json()["type"] == "error"
@@ -266,5 +268,42 @@ async def test_an_engine_serving_the_messages_api_gets_the_request_unchanged(mak
                                               "content": "found"}]}]}
             again = await http.post(dataplane(stack) + "/v1/messages", json=follow)
             assert again.headers[h.RUN_ID] == run_id
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_claude_code_session_idle_past_the_run_timeout_ends_its_run_on_the_scheduler(make_stack):
+    """The dataplane runs in this process (to move its sweep's clock), against the
+    stack's real scheduler and engines."""
+    import structlog
+
+    from luftpause.dataplane import app as dataplane_app
+    from luftpause.dataplane.constants import RUN_IDLE_TIMEOUT_S
+    from luftpause.procs import wait_until
+
+    stack = await asyncio.to_thread(make_stack, without=NO_RUNTIME | {"dataplane"})
+    app = dataplane_app.create_app(f"127.0.0.1:{stack.ports.scheduler_grpc}", "", structlog.get_logger())
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        assert await asyncio.to_thread(wait_until, lambda: app[dataplane_app.LINK].synced, 10)
+        async with httpx.AsyncClient(timeout=30) as http:
+            for session in ("session-idle", "session-busy"):
+                reply = await http.post(f"http://127.0.0.1:{port}/v1/messages", headers={
+                    "X-Claude-Code-Session-Id": session}, json={"model": MODEL, "max_tokens": 16, "messages": [
+                        {"role": "user", "content": "hello"}]})
+                assert reply.status_code == 200 and reply.headers[h.RUN_ID] == session
+
+        def runs() -> int:
+            return sum(g["count"] for g in status(stack)["runs"])
+
+        assert await asyncio.to_thread(wait_until, lambda: runs() == 2, 5)
+        book = app[dataplane_app.BOOK]
+        book.runs["session-busy"].last_seen += 60  # seen a minute later: not idle long enough yet
+        dataplane_app.sweep(app, book.runs["session-idle"].last_seen + RUN_IDLE_TIMEOUT_S)
+        assert await asyncio.to_thread(wait_until, lambda: runs() == 1, 5)  # told at once, not after its own timeout
+        assert set(book.runs) == {"session-busy"}
     finally:
         await runner.cleanup()
