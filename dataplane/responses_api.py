@@ -12,8 +12,9 @@ run (``web_search`` and the other hosted tools) are left out of the engine's req
 logged by the caller (see :attr:`ChatRequest.ignored_tools`); forcing one with
 ``tool_choice`` is a 400. Namespaced tools (``{"type": "namespace", "tools": [...]}``)
 are flattened to ``<namespace>__<name>`` functions and their calls mapped back to
-``name`` + ``namespace``; freeform (``custom``) tools become functions of one string. ``reasoning`` items in the history are dropped: their
-(encrypted) content means nothing to another engine.
+``name`` + ``namespace``; freeform (``custom``) tools become functions of one string.
+``reasoning`` items in the history are dropped: their (encrypted) content means nothing
+to another engine.
 
 The shapes follow the ``openai`` package's typed models (``openai.types.responses``);
 the tests validate every emitted object and event with them. They are written as plain

@@ -6,8 +6,8 @@ answers comes from :mod:`luftpause.fakes.sim`, a continuous-batching model with 
 bounded batch, a FIFO queue, a KV budget and a prefix cache, driven here by one loop
 per engine in (scaled) real time. Around that: Prometheus ``/metrics`` in SGLang's or
 vLLM's names (or llama.cpp's, TGI's, or none that tell load), the endpoints the SGLang router probes, vLLM's ``/classify``,
-a native ``/v1/responses`` (OpenAI's Responses API over the same chat machinery, as vLLM serves it), fault
-directives (:mod:`luftpause.fakes.faults`) and counters at ``/stats`` that tests use to
+a native ``/v1/responses`` (OpenAI's Responses API over the same chat machinery, as vLLM
+serves it), fault directives (:mod:`luftpause.fakes.faults`) and counters at ``/stats`` that tests use to
 see what really reached the engine. It knows nothing about luftpause's headers.
 
 Run it with ``python -m luftpause.fakes.engine --help``.

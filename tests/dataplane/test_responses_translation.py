@@ -33,7 +33,8 @@ CODEX_REQUEST = {
     "client_metadata": {"session_id": "s1"},
     "tools": [SHELL_TOOL, AGENTS, {"type": "web_search", "external_web_access": False}],
     "input": [
-        {"type": "message", "id": "msg_1", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+        {"type": "message", "id": "msg_1", "role": "developer",
+         "content": [{"type": "input_text", "text": "Be brief."}]},
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Skills."}]},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
         {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
@@ -335,14 +336,16 @@ def test_freeform_tools_become_functions_of_one_string_and_back():
     assert messages[3]["content"] == "see[image]"  # a tool result carries text only
 
     body = chat.shell.response_body(completion({"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_2", "type": "function", "function": {"name": "apply_patch", "arguments": '{"input": "*** End"}'}}]},
+        {"id": "call_2", "type": "function",
+         "function": {"name": "apply_patch", "arguments": '{"input": "*** End"}'}}]},
         "tool_calls"))
     (call,) = Response.model_validate_json(body).output
     assert call.type == "custom_tool_call" and call.input == "*** End" and call.call_id == "call_2"
 
     events = translate(sse(chunk({"tool_calls": [{"index": 0, "id": "call_3", "type": "function", "function": {
         "name": "apply_patch", "arguments": '{"input": '}}]}), chunk({"tool_calls": [{"index": 0, "function": {
-            "arguments": '"*** Add"}'}}]}), chunk({}, "tool_calls")), {"model": "m", "input": "x", "tools": [PATCH_TOOL]})
+            "arguments": '"*** Add"}'}}]}), chunk({}, "tool_calls")),
+        {"model": "m", "input": "x", "tools": [PATCH_TOOL]})
     kinds = [e.type for e in events]
     assert "response.function_call_arguments.delta" not in kinds
     done = next(e for e in events if e.type == "response.custom_tool_call_input.done")

@@ -76,7 +76,8 @@ def run_codex(codex: Path, home: Path, workdir: Path, prompt: str, *command: str
     workdir.mkdir(parents=True, exist_ok=True)
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home.parent), "CODEX_HOME": str(home),
            "LUFTPAUSE_API_KEY": "unused", "NO_PROXY": "127.0.0.1,localhost", "RUST_LOG": "error"}
-    process = subprocess.Popen([str(codex), "exec", "--json", "--skip-git-repo-check", *command, prompt], cwd=workdir, env=env,
+    process = subprocess.Popen([str(codex), "exec", "--json", "--skip-git-repo-check", *command, prompt],
+                               cwd=workdir, env=env,
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = process.communicate(timeout=CODEX_TIMEOUT_S)
