@@ -83,8 +83,8 @@ release:
 # --- benchmarks (docs/benchmarks.md); they install the bench extra (sglang-router, vllm-router) -
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
-.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-picker bench-scheduler bench-admission bench-real bench-startup bench-grpc
-.PHONY: bench-regimes
+.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-picker bench-responses bench-scheduler bench-admission
+.PHONY: bench-real bench-startup bench-grpc bench-regimes
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
@@ -119,6 +119,9 @@ bench-admission: $(STAMP)
 # B2's shape on two real llama.cpp replicas (SmolLM2-135M): luftpause vs sglang-router.
 bench-real: $(BENCH_STAMP)
 	$(PY) -m luftpause.loadgen.real_bench b2 $(BENCH_ARGS)
+
+bench-responses: $(STAMP)
+	$(PY) -m luftpause.loadgen.responses_bench
 
 bench-scheduler: $(STAMP)
 	$(PY) -m luftpause.loadgen.scheduler_bench

@@ -14,6 +14,8 @@ from luftpause import logs, tracing
 from luftpause.procs import run_event_loop
 from luftpause.dataplane.app import create_app
 from luftpause.dataplane.constants import DEFAULT_PORT, DEFAULT_SCHEDULER_ADDR, MAX_BODY_BYTES
+from luftpause.dataplane.harness import (KEY_IDENTITIES_ENV, KEY_IDENTITIES_HELP, KeyIdentitiesError,
+                                        parse_key_identities)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -24,6 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                             "LUFTPAUSE_ALLOWED_HOSTS: comma-separated Host names clients may use "
                                             "(host or host:port, * = any; unset = localhost, 127.0.0.1, [::1]); "
                                             "other Host headers get 421, other Origins 403. "
+                                            + KEY_IDENTITIES_HELP + " "
                                             + logs.LOG_SETTINGS_HELP)
     parser.add_argument("--host", default=env("LUFTPAUSE_DATAPLANE_HOST", "127.0.0.1"),
                         help="bind address (env LUFTPAUSE_DATAPLANE_HOST, default 127.0.0.1)")
@@ -40,7 +43,7 @@ async def serve(args: argparse.Namespace, log) -> None:
     token = os.environ.get("LUFTPAUSE_TOKEN", "")
     if not token:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set: every client is accepted")
-    app = create_app(args.scheduler, token, log, args.max_body_bytes)
+    app = create_app(args.scheduler, token, log, args.max_body_bytes, args.key_identities)
     # handler_cancellation: a client that disconnects cancels its handler, which
     # abandons a held turn or closes the engine request.
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
@@ -60,6 +63,11 @@ async def serve(args: argparse.Namespace, log) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        args.key_identities = parse_key_identities(os.environ.get(KEY_IDENTITIES_ENV, ""))
+    except KeyIdentitiesError as exc:
+        print(f"python -m luftpause.dataplane: error: {exc}", file=sys.stderr)
+        return 2
     log = logs.configure("dataplane")
     tracing.configure("dataplane")
     run_event_loop(serve(args, log))

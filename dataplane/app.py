@@ -1,5 +1,6 @@
 """The OpenAI-compatible proxy: identify the run, admit the turn, stream the engine's bytes
-through unchanged while observing them, Report what happened."""
+through unchanged while observing them, Report what happened. Turns of other client APIs
+(dialects) run the same way, translated to and from chat completions."""
 
 from __future__ import annotations
 
@@ -26,10 +27,15 @@ from luftpause.dataplane.constants import (
     MAX_BODY_BYTES,
     TOOL_CALL_SWEEP_S,
 )
+from luftpause.dataplane.dialects import ApiError, Dialect, StreamTranslator, Translated
 from luftpause.dataplane.engines import Engines
+from luftpause.dataplane.harness import KeyIdentity, api_key
 from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
+from luftpause.dataplane.messages import MESSAGES
+from luftpause.dataplane.messages import count_tokens as count_message_tokens
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
+from luftpause.dataplane.responses_api import ResponsesDialect
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
 from luftpause.proto import scheduler_pb2 as pb
 
@@ -40,6 +46,10 @@ ENGINES = web.AppKey("engines", Engines)
 TOKEN = web.AppKey("token", str)
 LOG = web.AppKey("log", object)
 METRICS = web.AppKey("metrics", DataplaneMetrics)
+KEY_IDENTITIES = web.AppKey("key_identities", dict)
+DIALECT = web.RequestKey("dialect", Dialect)  # the client API of a dialect route, for its error shape
+# Paths whose errors (auth and body-size ones too) come in a dialect's shape.
+DIALECT_PATHS: dict[str, Dialect] = {"/v1/messages": MESSAGES, "/v1/messages/count_tokens": MESSAGES}
 
 # Engine response headers a client may rely on; hop-by-hop and length headers are ours.
 PASSED_HEADERS = ("Content-Type", "Retry-After", "Cache-Control")
@@ -49,13 +59,6 @@ def new_id() -> str:
     """A new run or turn id: 128 random bits as 32 hex digits, the form of a uuid4's hex
     (a fifth of its cost, which is the UUID object's)."""
     return os.urandom(16).hex()
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class EngineUnreachable(Exception):
@@ -77,33 +80,42 @@ def engine_error(replica: str, exc: BaseException) -> str:
     return f"engine {replica}: {_describe(exc)}"
 
 
-def error_response(status: int, message: str, extra: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status, headers=extra)
+def error_response(status: int, message: str, extra: dict[str, str] | None = None,
+                   dialect: Dialect | None = None, kind: str = "") -> web.Response:
+    """An error as the client's API shapes it: ``{"error": {"message": ...}}`` for chat
+    completions, the dialect's own shape for a dialect's route."""
+    body = {"error": {"message": message}} if dialect is None else dialect.error_body(status, message, kind)
+    return web.json_response(body, status=status, headers=extra)
 
 
 @web.middleware
 async def json_errors(request: web.Request, handler):
-    """Every error a client sees is ``{"error": {"message": ...}}``, never a traceback."""
+    """Every error a client sees is ``{"error": {"message": ...}}`` (or its dialect's
+    error shape), never a traceback."""
     try:
         return await handler(request)
     except ApiError as exc:
         run_id = request.get("run_id")
         if run_id is None and request.path == "/v1/chat/completions":
             run_id = request.headers.get(h.RUN_ID, "").strip() or new_id()
-        return error_response(exc.status, exc.message, {h.RUN_ID: run_id} if run_id else None)
+        return error_response(exc.status, exc.message, {h.RUN_ID: run_id} if run_id else None,
+                              request.get(DIALECT) or DIALECT_PATHS.get(request.path), exc.kind)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         message = exc.reason if exc.status != 413 else f"request body is over {request.client_max_size} bytes"
-        return error_response(exc.status, message)
+        return error_response(exc.status, message, dialect=request.get(DIALECT) or DIALECT_PATHS.get(request.path))
 
 
 @web.middleware
 async def bearer_auth(request: web.Request, handler):
     token = request.app[TOKEN]
     if token and request.path.startswith("/v1"):
-        if not auth.presented_matches(request.headers.get("Authorization"), token):
-            raise ApiError(401, auth.REFUSAL)
+        key = request.headers.get("x-api-key")
+        # Anthropic clients send their key as x-api-key: the token there counts too.
+        if not auth.presented_matches(request.headers.get("Authorization"), token) and not (
+                key is not None and auth.presented_matches(auth.bearer(key), token)):
+            raise ApiError(401, auth.REFUSAL, "authentication_error")
     return await handler(request)
 
 
@@ -118,6 +130,12 @@ class TurnRequest:
     run_id: str
     service_class: str
     caller: str
+    # A dialect's turn: ``body`` is its chat-completions translation, ``native`` the
+    # client's own request (for a replica that serves the dialect's API itself).
+    dialect: Dialect | None = None
+    translated: Translated | None = None
+    native: bytes = b""
+    session: bool = False  # the run is a harness's session (it ends when the session idles)
 
 
 def _identity_header(request: web.Request, name: str, limit: int) -> str:
@@ -189,6 +207,62 @@ async def parse_turn(request: web.Request) -> TurnRequest:
     return TurnRequest(body, model, stream, request["run_id"], service_class, caller)
 
 
+def _session_id(request: web.Request) -> str:
+    """The harness's session id (the first of h.SESSION_HEADERS sent), or ""."""
+    for name in h.SESSION_HEADERS:
+        if name in request.headers:
+            return _identity_header(request, name, h.MAX_ID_BYTES)
+    return ""
+
+
+def _harness_identity(request: web.Request) -> tuple[str, str]:
+    """Class and caller: the luftpause headers, else what the API key maps to, else the defaults."""
+    service_class, caller = _identity_headers(request)
+    identities: dict[str, KeyIdentity] = request.app[KEY_IDENTITIES]
+    if identities and (h.SERVICE_CLASS not in request.headers or h.CALLER not in request.headers):
+        known = identities.get(api_key(request.headers))
+        if known is not None:
+            if h.SERVICE_CLASS not in request.headers and known.service_class:
+                service_class = known.service_class
+            if h.CALLER not in request.headers and known.caller:
+                caller = known.caller
+    return service_class, caller
+
+
+async def parse_dialect_turn(request: web.Request, dialect: Dialect) -> TurnRequest:
+    """Validate a dialect's request and translate it to a chat-completions turn; name
+    its run: x-luftpause-run-id, else the harness's session header (the run then ends
+    when the session goes idle), else returned tool_call ids, else a new run."""
+    request[DIALECT] = dialect
+    request["run_id"] = new_id()
+    header_run_id = _identity_header(request, h.RUN_ID, h.MAX_ID_BYTES)
+    session = "" if header_run_id else _session_id(request)
+    request["run_id"] = header_run_id or session or request["run_id"]
+    native, document, model = await _json_request(request)
+    translated = dialect.translate(document)
+    chat = translated.chat
+    service_class, caller = _harness_identity(request)
+    if not header_run_id and not session:
+        known = request.app[BOOK].run_for_tool_calls(_returned_tool_call_ids(chat), time.monotonic())
+        if known:
+            request["run_id"] = known
+    body = json.dumps(chat, separators=(",", ":")).encode()  # ASCII: the faster encoder
+    return TurnRequest(body, model, translated.stream, request["run_id"], service_class, caller, dialect,
+                       translated, native, bool(session))
+
+
+async def dialect_turn(request: web.Request, dialect: Dialect) -> web.StreamResponse:
+    """A dialect's turn, run exactly like a chat completion's."""
+    req = await parse_dialect_turn(request, dialect)
+    if not tracing.exporting() and "traceparent" not in request.headers:
+        return await _turn(request, req)
+    attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": req.model, "luftpause.api": dialect.name,
+                  "luftpause.run_id": req.run_id, "luftpause.class": req.service_class}
+    with TRACER.start_as_current_span(f"chat {req.model}", context=tracing.extract(request.headers),
+                                      kind=SpanKind.SERVER, attributes=attributes):
+        return await _turn(request, req)
+
+
 # ------------------------------------------------------------------------ the turn
 
 
@@ -223,6 +297,8 @@ class Turn:
                          self.req.service_class, self.req.caller),
             time.monotonic(),
         )
+        if self.req.session:
+            self.book.mark_session(self.req.run_id)
         # No TurnStarted: the scheduler placed the turn (or was told where a leased one went)
         # and changes nothing on one; it would be one more item per turn on both sides.
         self.app[METRICS].turn_placed("scheduler" if self.lease is None else "lease")
@@ -284,9 +360,12 @@ def _engine_base_headers(api_key_env: str) -> dict[str, str]:
     return base
 
 
-def _engine_headers(placement: Placement, request: web.Request) -> dict[str, str]:
-    """The engine gets its own key, never the client's Authorization."""
+def _engine_headers(placement: Placement, request: web.Request, passed: tuple[str, ...] = ()) -> dict[str, str]:
+    """The engine gets its own key, never the client's Authorization (nor x-api-key)."""
     out = {**_engine_base_headers(placement.api_key_env), "Accept": request.headers.get("Accept", "*/*")}
+    for name in passed:
+        if name in request.headers:
+            out[name] = request.headers[name]
     if traceparent := tracing.traceparent():  # the engine's work is a child of this turn's span
         out["traceparent"] = traceparent
     return out
@@ -337,7 +416,7 @@ async def _turn(request: web.Request, req: TurnRequest) -> web.StreamResponse:
         await asyncio.sleep(delay)
         delay *= 2
     headers = {h.RUN_ID: req.run_id, h.REPLICA: failure.replica, h.ENGINE_FAILURE: "unreachable"}
-    return error_response(502, failure.message, headers)
+    return error_response(502, failure.message, headers, req.dialect, "api_error")
 
 
 def _on_lease(turn: Turn) -> Placement | None:
@@ -385,10 +464,16 @@ async def _admit(turn: Turn, deadline: float | None) -> Placement | None:
 async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.StreamResponse:
     run_header = {h.RUN_ID: turn.req.run_id, h.REPLICA: placement.replica}
     engines = request.app[ENGINES]
+    dialect = turn.req.dialect
+    translated = dialect is not None and dialect.name not in placement.native_apis
     request.app[METRICS].added.observe(max(0.0, time.monotonic() - turn.started - placement.held_ms / 1000))
     try:
-        upstream = await engines.post(placement.base_url, "/v1/chat/completions", turn.req.body,
-                                      _engine_headers(placement, request))
+        if dialect is None or translated:
+            upstream = await engines.post(placement.base_url, "/v1/chat/completions", turn.req.body,
+                                          _engine_headers(placement, request))
+        else:  # the engine serves the client's API itself: its request goes as it came
+            upstream = await engines.post(placement.base_url, dialect.path, turn.req.native,
+                                          _engine_headers(placement, request, dialect.native_headers))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise EngineUnreachable(placement.replica, engine_error(placement.replica, exc)) from None
     try:
@@ -396,22 +481,37 @@ async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.
         if upstream.status != 200:
             body = await upstream.read()
             turn.failed(f"engine {placement.replica}: HTTP {upstream.status}")
+            if translated:
+                return web.json_response(dialect.engine_error(upstream.status, body), status=upstream.status,
+                                         headers={**run_header, **_retry_after(upstream)})
             return web.Response(status=upstream.status, body=body, headers={**passed, **run_header})
         if upstream.content_type == "text/event-stream":
-            return await _stream(request, turn, upstream, {**passed, **run_header})
+            if translated:
+                return await _stream(request, turn, upstream, {**passed, **run_header},
+                                     dialect.stream(turn.req.translated))
+            return await _stream(request, turn, upstream, {**passed, **run_header},
+                                 observer=None if dialect is None else dialect.native_observer())
         body = await upstream.read()
-        observer = TurnObserver()
+        observer = TurnObserver() if dialect is None or translated else dialect.native_observer()
         observer.observe_body(body)
         turn.finished(observer)
+        if translated:
+            return web.Response(status=200, body=dialect.reply(body, turn.req.translated),
+                                content_type="application/json", headers=run_header)
         return web.Response(status=200, body=body, headers={**passed, **run_header})
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         message = engine_error(placement.replica, exc)
         if not turn.streaming:  # nothing reached the client yet
             raise EngineUnreachable(placement.replica, message) from None
         turn.failed(message)
-        return error_response(502, message, run_header)
+        return error_response(502, message, run_header, dialect, "api_error")
     finally:
         upstream.close()  # closing early stops the engine's generation
+
+
+def _retry_after(upstream: aiohttp.ClientResponse) -> dict[str, str]:
+    value = upstream.headers.get("Retry-After")
+    return {"Retry-After": value} if value else {}
 
 
 class _EventStream(web.StreamResponse):
@@ -423,12 +523,15 @@ class _EventStream(web.StreamResponse):
 
 
 async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResponse,
-                  headers: dict[str, str]) -> web.StreamResponse:
-    """Pass the engine's stream on from its first chunk. Until that chunk nothing has
-    reached the client, so an engine that fails first (it died while prefilling, after
-    its headers) leaves the turn to be sent again, as one it could not reach."""
+                  headers: dict[str, str], translator: StreamTranslator | None = None,
+                  observer=None) -> web.StreamResponse:
+    """Pass the engine's stream on from its first chunk (through ``translator`` for a
+    dialect's turn: the observer still watches the engine's own chunks). Until that chunk
+    nothing has reached the client, so an engine that fails first (it died while
+    prefilling, after its headers) leaves the turn to be sent again, as one it could not
+    reach."""
     response: web.StreamResponse | None = None
-    observer = TurnObserver()
+    observer = observer or TurnObserver()
     error = "stream ended before [DONE]"
     content = upstream.content
     try:
@@ -439,6 +542,8 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
                 turn.streaming = True  # from here on bytes may have reached the client
             if observer.feed_sse(chunk):
                 turn.first_token()
+            if translator is not None:
+                chunk = translator.feed(chunk)
             if observer.done:
                 # The turn is complete at [DONE]: a client that closes right after it (the
                 # openai one does) must not turn it into a failure with its usage lost.
@@ -446,7 +551,8 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
                 if content.at_eof():  # the engine's reply ended with this chunk
                     await response.write_eof(chunk)  # the chunk and the end marker in one write
                     return response
-            await response.write(chunk)
+            if chunk:
+                await response.write(chunk)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
         error = _describe(exc)
     except (asyncio.CancelledError, ConnectionResetError):
@@ -460,8 +566,17 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
         await response.write_eof()
         return response
     # The engine died mid-stream: the client keeps what it got, then the connection
-    # closes without a final chunk, so it cannot mistake this for a whole answer.
+    # closes without a final chunk, so it cannot mistake this for a whole answer. A
+    # client API with its own word for it (an error event) gets that, and the stream ends
+    # cleanly after it: the event says the answer is not whole, and an SDK reading the
+    # stream hands its events over instead of a connection error.
     turn.failed(f"engine {turn.replica}: {error}")
+    if translator is not None and (tail := translator.fail(f"engine {turn.replica}: {error}")):
+        try:
+            await response.write_eof(tail)
+            return response
+        except ConnectionResetError:
+            pass
     if request.transport is not None:
         request.transport.close()
     return response
@@ -472,6 +587,26 @@ def _describe(exc: BaseException) -> str:
         return f"connect timeout after {ENGINE_CONNECT_TIMEOUT_S:g}s"
     text = str(exc) or type(exc).__name__
     return text
+
+
+# ------------------------------------------------------------ the Messages API
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """Anthropic's ``POST /v1/messages`` (Claude Code adds ``?beta=true``): a turn."""
+    return await dialect_turn(request, MESSAGES)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """Anthropic's ``POST /v1/messages/count_tokens``: an estimate, no turn."""
+    request[DIALECT] = MESSAGES
+    _, document, _ = await _json_request(request)
+    return web.json_response(count_message_tokens(document).model_dump())
+
+
+async def hello(request: web.Request) -> web.Response:
+    """``HEAD /api/hello``, which Claude Code asks first to see the API is there."""
+    return web.Response()
 
 
 # ------------------------------------------------------------------ one-pass calls
@@ -550,18 +685,28 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
+def sweep(app: web.Application, now: float) -> None:
+    """Forget idle runs and stale tool_call ids; a harness session idle past the run
+    timeout is over: the scheduler is told at once, as by DELETE /v1/runs/{id}."""
+    for run_id in app[BOOK].sweep(now):
+        app[LINK].report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
+        app[LOG].info("session_run_ended", run=run_id, reason="idle")
+
+
 async def _sweep_forever(app: web.Application) -> None:
     while True:
         await asyncio.sleep(TOOL_CALL_SWEEP_S)
-        app[BOOK].sweep(time.monotonic())
+        sweep(app, time.monotonic())
 
 
-def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MAX_BODY_BYTES,
+               key_identities: dict[str, KeyIdentity] | None = None) -> web.Application:
     app = web.Application(middlewares=[origins.aiohttp_middleware(origins.AllowedHosts.from_env()), json_errors,
                                        bearer_auth], client_max_size=max_body_bytes)
     app[BOOK] = RunBook()
     app[TOKEN] = token
     app[LOG] = log
+    app[KEY_IDENTITIES] = key_identities or {}
     app[METRICS] = DataplaneMetrics(lambda: LINK in app and app[LINK].synced)
 
     async def lifecycle(app: web.Application):
@@ -576,6 +721,10 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app.router.add_get("/api/hello", hello)
+    app.router.add_post("/v1/responses", functools.partial(dialect_turn, dialect=ResponsesDialect(log)))
     app.router.add_post("/v1/decide", decide)
     app.router.add_delete("/v1/runs/{run_id}", delete_run)
     app.router.add_get("/v1/models", list_models)

@@ -71,6 +71,7 @@ class Placement:
     base_url: str
     api_key_env: str
     held_ms: int
+    native_apis: tuple[str, ...] = ()  # client APIs the replica serves itself (the pool's native_apis)
 
 
 class Lease:
@@ -195,7 +196,7 @@ class SchedulerLink:
         for grant in frame.grants:
             lease = self._leases.get(grant.replica)
             if lease is None:
-                placement = Placement(grant.replica, grant.base_url, grant.api_key_env, 0)
+                placement = Placement(grant.replica, grant.base_url, grant.api_key_env, 0, tuple(grant.native_apis))
                 lease = self._leases[grant.replica] = Lease(placement, frozenset(grant.models))
             lease.slots += grant.slots
             self._give_back(grant.replica, lease)
@@ -227,7 +228,8 @@ class SchedulerLink:
                 continue  # given up meanwhile: its abandoned event frees what was placed
             if decision.HasField("placed"):
                 placed = decision.placed
-                entry[1].set_result(Placement(placed.replica, placed.base_url, placed.api_key_env, placed.held_ms))
+                entry[1].set_result(Placement(placed.replica, placed.base_url, placed.api_key_env, placed.held_ms,
+                                                 tuple(placed.native_apis)))
             else:
                 refused = decision.refused
                 entry[1].set_exception(REFUSALS.get(refused.reason, AdmitRejected)(refused.message))

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 
-def _may_matter(payload: bytes) -> bool:
+def may_matter(payload: bytes) -> bool:
     """After the first token, only chunks with tool calls, usage or a finish reason
     change what is reported; most chunks carry none, and skipping their JSON parse
     keeps the hot path cheap."""
@@ -36,19 +36,23 @@ class TurnObserver:
     tool_call_ids: list[str] = field(default_factory=list)
     _partial: bytes = b""
 
+    def whole_lines(self, chunk: bytes) -> list[bytes]:
+        """The lines a piece of a stream completes; the rest waits for the next piece."""
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        return lines
+
     def feed_sse(self, chunk: bytes) -> bool:
         """Observe a piece of an SSE stream; True when it held the first token."""
         had_token = self.first_token
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
+        for line in self.whole_lines(chunk):
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 self.done = True
                 continue
-            if self.first_token and not _may_matter(payload):
+            if self.first_token and not may_matter(payload):
                 continue  # a plain content delta: nothing left to learn from it
             try:
                 self._observe_chunk(json.loads(payload))

@@ -37,6 +37,7 @@ class RunBook:
         self.runs: dict[str, RunRecord] = {}
         self.turns: dict[str, InFlightTurn] = {}
         self._tool_calls: dict[str, tuple[str, float]] = {}  # tool_call id -> (run id, seen at)
+        self.sessions: set[str] = set()  # runs named by a harness's session header
 
     def run_for_tool_calls(self, tool_call_ids: list[str], now: float) -> str | None:
         for call_id in tool_call_ids:
@@ -69,13 +70,24 @@ class RunBook:
         if record is not None:
             record.stage, record.last_seen = stage, now
 
+    def mark_session(self, run_id: str) -> None:
+        """The run is a harness's session: it ends when the session goes idle."""
+        self.sessions.add(run_id)
+
     def forget_run(self, run_id: str) -> None:
         self.runs.pop(run_id, None)
+        self.sessions.discard(run_id)
 
-    def sweep(self, now: float) -> None:
-        """Drop idle runs and stale tool_call ids."""
+    def sweep(self, now: float) -> list[str]:
+        """Drop idle runs and stale tool_call ids; the harness sessions among the dropped
+        runs, which are over."""
         busy = {t.run_id for t in self.turns.values()}
+        ended = []
         for run_id in [r for r, rec in self.runs.items() if r not in busy and now - rec.last_seen >= RUN_IDLE_TIMEOUT_S]:
             del self.runs[run_id]
+            if run_id in self.sessions:
+                self.sessions.discard(run_id)
+                ended.append(run_id)
         for call_id in [c for c, (_, seen) in self._tool_calls.items() if now - seen >= TOOL_CALL_MEMORY_S]:
             del self._tool_calls[call_id]
+        return ended

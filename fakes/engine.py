@@ -5,8 +5,9 @@ It stands in for SGLang/vLLM on machines without a GPU. What it answers comes fr
 answers comes from :mod:`luftpause.fakes.sim`, a continuous-batching model with a
 bounded batch, a FIFO queue, a KV budget and a prefix cache, driven here by one loop
 per engine in (scaled) real time. Around that: Prometheus ``/metrics`` in SGLang's or
-vLLM's names (or llama.cpp's, TGI's, or none that tell load), the endpoints the SGLang router probes, vLLM's ``/classify``, fault
-directives (:mod:`luftpause.fakes.faults`) and counters at ``/stats`` that tests use to
+vLLM's names (or llama.cpp's, TGI's, or none that tell load), the endpoints the SGLang router probes, vLLM's ``/classify``,
+a native ``/v1/responses`` (OpenAI's Responses API over the same chat machinery, as vLLM
+serves it), fault directives (:mod:`luftpause.fakes.faults`) and counters at ``/stats`` that tests use to
 see what really reached the engine. It knows nothing about luftpause's headers.
 
 Run it with ``python -m luftpause.fakes.engine --help``.
@@ -28,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+import aiohttp
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -35,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from luftpause import logs
+from luftpause.dataplane.responses_api import EventTranslator, ResponsesError, to_chat
 from luftpause.fakes import faults as fault_directives
 from luftpause.fakes import replies
 from luftpause.fakes.faults import FaultError, Faults, StatusCounter
@@ -307,6 +310,7 @@ class EngineState:
     config: EngineConfig
     sim: Simulator
     requests: int = 0
+    responses_requests: int = 0  # POST /v1/responses (each also counts as its chat request)
     closed_early: int = 0
     stale_dropped: int = 0
     faults: Faults = field(default_factory=Faults)
@@ -318,6 +322,7 @@ class EngineState:
         model = self.sim.model
         return {
             "requests": self.requests,
+            "responses_requests": self.responses_requests,
             "running": len(model.running),
             "queued": len(model.waiting),
             "closed_early": self.closed_early,
@@ -589,6 +594,37 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         duration_s=round(time.monotonic() - started, 3),
     )
     return response
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/responses``, served natively as vLLM serves it: over the engine's own chat
+    machinery. The request goes as a chat completion to this same engine (the same queue,
+    cache and pace) and its reply comes back as a Response or its event stream."""
+    state = request.app[STATE_KEY]
+    state.responses_requests += 1
+    try:
+        document = await _read_json(request)
+        chat = to_chat(document if isinstance(document, dict) else {})
+    except RequestError as err:
+        return _error(err)
+    except ResponsesError as err:
+        return web.json_response(err.body(), status=err.status)
+    own = f"http://{request.host}/v1/chat/completions"
+    async with aiohttp.ClientSession() as session, session.post(own, json=chat.body) as upstream:
+        if upstream.status != 200 or not chat.body["stream"]:
+            body = await upstream.read()
+            if upstream.status == 200:
+                body = chat.shell.response_body(json.loads(body))
+            return web.Response(status=upstream.status, body=body, content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        events = EventTranslator(chat.shell)
+        await response.write(events.start())
+        async for piece in upstream.content.iter_any():
+            if out := events.feed(piece):
+                await response.write(out)
+        await response.write_eof()
+        return response
 
 
 class _Aborted(Exception):
@@ -882,6 +918,7 @@ def create_app(config: EngineConfig, gpu: Gpu | None = None) -> web.Application:
 
     app.on_cleanup.append(stop_sim)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/responses", responses)
     app.router.add_post("/classify", classify)
     app.router.add_post("/v1/classify", classify)
     app.router.add_get("/v1/models", models)

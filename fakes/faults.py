@@ -19,6 +19,9 @@ Directives (``[[fake:NAME]]`` or ``[[fake:NAME=VALUE]]``):
 - ``tool-call-as-text``: a tool call is written as JSON text in ``content``.
 - ``schema-as-arguments``: a tool call's arguments are the tool's parameter schema.
 - ``string-scalars``: integer, number and boolean arguments are rendered as strings.
+- ``tool=NAME``: when the reply is a tool call, call the offered tool named NAME rather
+  than the first one (a harness such as Codex offers its own tools first). Not a fault,
+  but read the same way, from the prompt.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ DIRECTIVE = re.compile(r"\[\[fake:([a-z][a-z-]*)(?:=([^\]]*))?\]\]")
 RETRY_AFTER_STATUSES = frozenset({429, 503})
 DEFAULT_RETRY_AFTER = "1"
 _FLAGS = ("hang", "tool-call-as-text", "schema-as-arguments", "string-scalars")
-_VALUED = ("status", "status-times", "retry-after", "die-after", "linger-after-done")
+_VALUED = ("status", "status-times", "retry-after", "die-after", "linger-after-done", "tool")
 KNOWN = frozenset(_FLAGS + _VALUED)
 
 
@@ -53,6 +56,7 @@ class Faults:
     tool_call_as_text: bool = False
     schema_as_arguments: bool = False
     string_scalars: bool = False
+    tool: str | None = None  # the offered tool to call, by name
 
     def merged(self, other: Faults) -> Faults:
         """``other``'s directives on top of ours (a request's over the engine's)."""
@@ -108,6 +112,8 @@ def parse(directives: Iterable[tuple[str, str | None]]) -> Faults:
             fields["die_after"] = _positive_int(name, value)
         elif name == "linger-after-done":
             fields["linger_after_done_ms"] = _positive_int(name, value)
+        elif name == "tool":
+            fields["tool"] = value
     return Faults(**fields)
 
 

@@ -190,8 +190,9 @@ def _function_of(tool: Any) -> dict[str, Any] | None:
     return None
 
 
-def chosen_tool(body: dict[str, Any]) -> dict[str, Any] | None:
-    """The tool to call: the one ``tool_choice`` names, else the first offered.
+def chosen_tool(body: dict[str, Any], preferred: str | None = None) -> dict[str, Any] | None:
+    """The tool to call: the one ``tool_choice`` names, else the ``preferred`` one (the
+    prompt's ``[[fake:tool=NAME]]``) when offered, else the first offered.
 
     ``tool_choice: "none"`` means the client wants text, like a real engine honours it.
     """
@@ -199,11 +200,10 @@ def chosen_tool(body: dict[str, Any]) -> dict[str, Any] | None:
     choice = body.get("tool_choice")
     if not functions or choice == "none":
         return None
-    if isinstance(choice, dict):
-        wanted = (choice.get("function") or {}).get("name")
-        for function in functions:
-            if function["name"] == wanted:
-                return function
+    wanted = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else preferred
+    for function in functions:
+        if function["name"] == wanted:
+            return function
     return functions[0]
 
 
@@ -267,7 +267,7 @@ def plan_reply(body: dict[str, Any], rules: ReplyRules, faults: Faults | None = 
     prompt = prompt_tokens(messages)
     cap = completion_cap(body)
     phrase = topic_phrase(messages)
-    tool = chosen_tool(body)
+    tool = chosen_tool(body, faults.tool)
     if tool is not None and earlier_tool_calls(messages) < rules.tool_calls:
         arguments = json.dumps(tool_arguments(tool, phrase, faults))
         tokens = tokens_for_chars(len(tool["name"]) + len(arguments))

@@ -15,3 +15,11 @@ REPLICA = "x-luftpause-replica"  # which replica served the turn (responses only
 # On a dataplane's own 502: the engine could not be reached or died before answering;
 # the turn had no effect and may be sent again (responses only).
 ENGINE_FAILURE = "x-luftpause-engine-failure"
+
+# Headers an agent harness sends with every request of one session, the same across its
+# turns (and when the session is resumed): each names the run of a Messages or Responses
+# turn that has no x-luftpause-run-id. Checked in this order; the first one present counts.
+SESSION_HEADERS = (
+    "x-claude-code-session-id",  # Claude Code
+    "session-id",                # Codex CLI (its thread-id header carries the same value)
+)

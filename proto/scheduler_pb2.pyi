@@ -72,16 +72,18 @@ class AdmitRequest(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., one_pass: _Optional[bool] = ..., dataplane_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., leased_replica: _Optional[str] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
-    __slots__ = ("replica", "base_url", "api_key_env", "held_ms")
+    __slots__ = ("replica", "base_url", "api_key_env", "held_ms", "native_apis")
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     BASE_URL_FIELD_NUMBER: _ClassVar[int]
     API_KEY_ENV_FIELD_NUMBER: _ClassVar[int]
     HELD_MS_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_APIS_FIELD_NUMBER: _ClassVar[int]
     replica: str
     base_url: str
     api_key_env: str
     held_ms: int
-    def __init__(self, replica: _Optional[str] = ..., base_url: _Optional[str] = ..., api_key_env: _Optional[str] = ..., held_ms: _Optional[int] = ...) -> None: ...
+    native_apis: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica: _Optional[str] = ..., base_url: _Optional[str] = ..., api_key_env: _Optional[str] = ..., held_ms: _Optional[int] = ..., native_apis: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TurnStarted(_message.Message):
     __slots__ = ("replica",)
@@ -272,18 +274,20 @@ class Decision(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., placed: _Optional[_Union[AdmitReply, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
 
 class LeaseGrant(_message.Message):
-    __slots__ = ("replica", "slots", "base_url", "api_key_env", "models")
+    __slots__ = ("replica", "slots", "base_url", "api_key_env", "models", "native_apis")
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     BASE_URL_FIELD_NUMBER: _ClassVar[int]
     API_KEY_ENV_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_APIS_FIELD_NUMBER: _ClassVar[int]
     replica: str
     slots: int
     base_url: str
     api_key_env: str
     models: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, replica: _Optional[str] = ..., slots: _Optional[int] = ..., base_url: _Optional[str] = ..., api_key_env: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
+    native_apis: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica: _Optional[str] = ..., slots: _Optional[int] = ..., base_url: _Optional[str] = ..., api_key_env: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., native_apis: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LeaseRevoke(_message.Message):
     __slots__ = ("replica",)

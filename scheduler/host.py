@@ -329,7 +329,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             span.set_attributes({"luftpause.replica": action.replica, "luftpause.held_ms": action.held_ms})
         endpoint = self.host.endpoints[action.replica]
         return pb.AdmitReply(
-            replica=endpoint.name, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env, held_ms=action.held_ms
+            replica=endpoint.name, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env, held_ms=action.held_ms,
+            native_apis=endpoint.native_apis,
         )
 
     async def Report(self, request_iterator: AsyncIterator[pb.TurnEventBatch], context) -> pb.ReportAck:

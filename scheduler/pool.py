@@ -17,6 +17,11 @@ YAML, one entry per endpoint::
         max_batch: 16                  # optional: at most this many turns in flight here, the
                                        # largest batch the engine decodes at full speed (read
                                        # from SGLang's /get_server_info when absent)
+        native_apis: []                # client APIs besides chat completions the engine serves
+                                       # itself: "messages" (Anthropic /v1/messages),
+                                       # "responses" (OpenAI /v1/responses). Turns of those
+                                       # APIs pass through unchanged; others are translated
+                                       # to and from /v1/chat/completions
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ from pathlib import Path
 import yaml
 
 from luftpause.scheduler.core import GENERATIVE, ONE_PASS, Replica
+
+
+# The client APIs the dataplane serves besides chat completions (a pool entry's native_apis).
+NATIVE_APIS = ("messages", "responses")
 
 
 class PoolError(ValueError):
@@ -47,6 +56,7 @@ class Endpoint:
     load_from: tuple[str, ...] = ()
     device: str = ""
     max_batch: int = 0  # 0 = not set
+    native_apis: tuple[str, ...] = ()
 
     def replica(self) -> Replica:
         return Replica(self.name, self.base_url, frozenset(self.models), self.kind, self.api_key_env,
@@ -83,6 +93,14 @@ def _max_batch(entry: dict, where: str) -> int:
     return value
 
 
+def _native_apis(entry: dict, where: str) -> tuple[str, ...]:
+    apis = _strings(entry, "native_apis", where)
+    unknown = sorted(set(apis) - set(NATIVE_APIS))
+    if unknown:
+        raise PoolError(f"{where}: native_apis may name only {', '.join(NATIVE_APIS)}, not {', '.join(unknown)}")
+    return tuple(dict.fromkeys(apis))
+
+
 def parse_pool(document: object) -> list[Endpoint]:
     if not isinstance(document, dict) or not isinstance(document.get("endpoints"), list):
         raise PoolError("pool file must be a mapping with an 'endpoints' list")
@@ -111,6 +129,7 @@ def parse_pool(document: object) -> list[Endpoint]:
             load_from=tuple(_expand(u, where).rstrip("/") for u in _strings(entry, "load_from", where)),
             device=_text(entry, "device", where, ""),
             max_batch=_max_batch(entry, where),
+            native_apis=_native_apis(entry, where),
         )
         if not endpoint.base_url.startswith(("http://", "https://")):
             raise PoolError(f"{where}: base_url must start with http:// or https://")

@@ -219,3 +219,16 @@ async def test_engine_wide_fault_option(start_engine: Callable[..., str], http: 
     assert status == 503 and headers["Retry-After"] == "2"
     status, _, _ = await post(http, url, chat("a request may override [[fake:status=429]]"))
     assert status == 429
+
+
+async def test_tool_directive_picks_the_named_offered_tool(engine: str, http: aiohttp.ClientSession) -> None:
+    """A harness offers its own tools first; the prompt's [[fake:tool=NAME]] makes the
+    engine call the one a test is about (the first offered when NAME is not there)."""
+    other = {"type": "function", "function": {"name": "exec_command", "parameters": {
+        "type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}
+    _, _, body = await post(http, engine, chat("find cats [[fake:tool=lookup]]", tools=[other, TOOL]))
+    (call,) = body["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "lookup"
+    assert json.loads(call["function"]["arguments"])["query"] == "find cats"
+    _, _, body = await post(http, engine, chat("find cats [[fake:tool=absent]]", tools=[other, TOOL]))
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "exec_command"

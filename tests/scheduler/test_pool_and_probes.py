@@ -46,6 +46,8 @@ GOOD = {"name": "a", "base_url": "http://127.0.0.1:1", "models": ["m"]}
         ({**GOOD, "max_batch": 0}, "'max_batch'"),
         ({**GOOD, "max_batch": "8"}, "'max_batch'"),
         ({**GOOD, "max_batch": True}, "'max_batch'"),
+        ({**GOOD, "native_apis": "messages"}, "'native_apis'"),
+        ({**GOOD, "native_apis": ["messages", "completions"]}, "completions"),
     ],
 )
 def test_bad_pool_entry_is_rejected_naming_the_field(entry, names):
@@ -60,6 +62,11 @@ def test_pool_expands_environment_in_urls(monkeypatch):
                                             "api_key_env": "POD_KEY"}]})
     assert endpoint.base_url == "https://abc123-8000.proxy.example"
     assert endpoint.api_key_env == "POD_KEY"
+
+
+def test_pool_declares_the_client_apis_an_engine_serves_itself():
+    [plain, native] = parse_pool({"endpoints": [GOOD, {**GOOD, "name": "b", "native_apis": ["messages", "messages"]}]})
+    assert plain.native_apis == () and native.native_apis == ("messages",)
 
 
 def test_scheduler_refuses_to_start_with_a_bad_pool_file(tmp_path):
