@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -31,8 +32,6 @@ from luftpause.dataplane.dialects import ApiError, Dialect, StreamTranslator, Tr
 from luftpause.dataplane.engines import Engines
 from luftpause.dataplane.harness import KeyIdentity, api_key
 from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
-from luftpause.dataplane.messages import MESSAGES
-from luftpause.dataplane.messages import count_tokens as count_message_tokens
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.responses_api import ResponsesDialect
@@ -48,8 +47,34 @@ LOG = web.AppKey("log", object)
 METRICS = web.AppKey("metrics", DataplaneMetrics)
 KEY_IDENTITIES = web.AppKey("key_identities", dict)
 DIALECT = web.RequestKey("dialect", Dialect)  # the client API of a dialect route, for its error shape
-# Paths whose errors (auth and body-size ones too) come in a dialect's shape.
-DIALECT_PATHS: dict[str, Dialect] = {"/v1/messages": MESSAGES, "/v1/messages/count_tokens": MESSAGES}
+
+
+@functools.cache
+def messages_api():
+    """The Messages API's module, imported on first use or by the start-up warm-up: the
+    anthropic SDK takes seconds to import, which the dataplane's start need not wait for."""
+    from luftpause.dataplane import messages
+    return messages
+
+
+async def messages_api_loaded():
+    """The Messages API's module, its import (if still under way) awaited in a thread,
+    not on the event loop."""
+    if messages_api.cache_info().currsize:
+        return messages_api()
+    return await asyncio.to_thread(messages_api)
+
+
+# Paths whose errors (auth and body-size ones too) come in a dialect's shape: path -> the dialect.
+DIALECT_PATHS: dict[str, Callable[[], Dialect]] = {"/v1/messages": lambda: messages_api().MESSAGES,
+                                                   "/v1/messages/count_tokens": lambda: messages_api().MESSAGES}
+
+
+def _path_dialect(request: web.Request) -> Dialect | None:
+    dialect = request.get(DIALECT)
+    if dialect is None and request.path in DIALECT_PATHS:
+        dialect = DIALECT_PATHS[request.path]()
+    return dialect
 
 # Engine response headers a client may rely on; hop-by-hop and length headers are ours.
 PASSED_HEADERS = ("Content-Type", "Retry-After", "Cache-Control")
@@ -99,12 +124,12 @@ async def json_errors(request: web.Request, handler):
         if run_id is None and request.path == "/v1/chat/completions":
             run_id = request.headers.get(h.RUN_ID, "").strip() or new_id()
         return error_response(exc.status, exc.message, {h.RUN_ID: run_id} if run_id else None,
-                              request.get(DIALECT) or DIALECT_PATHS.get(request.path), exc.kind)
+                              _path_dialect(request), exc.kind)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         message = exc.reason if exc.status != 413 else f"request body is over {request.client_max_size} bytes"
-        return error_response(exc.status, message, dialect=request.get(DIALECT) or DIALECT_PATHS.get(request.path))
+        return error_response(exc.status, message, dialect=_path_dialect(request))
 
 
 @web.middleware
@@ -594,14 +619,15 @@ def _describe(exc: BaseException) -> str:
 
 async def messages(request: web.Request) -> web.StreamResponse:
     """Anthropic's ``POST /v1/messages`` (Claude Code adds ``?beta=true``): a turn."""
-    return await dialect_turn(request, MESSAGES)
+    return await dialect_turn(request, (await messages_api_loaded()).MESSAGES)
 
 
 async def count_tokens(request: web.Request) -> web.Response:
     """Anthropic's ``POST /v1/messages/count_tokens``: an estimate, no turn."""
-    request[DIALECT] = MESSAGES
+    api = await messages_api_loaded()
+    request[DIALECT] = api.MESSAGES
     _, document, _ = await _json_request(request)
-    return web.json_response(count_message_tokens(document).model_dump())
+    return web.json_response(api.count_tokens(document).model_dump())
 
 
 async def hello(request: web.Request) -> web.Response:
@@ -714,8 +740,11 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
         app[LINK].start()
         app[ENGINES] = Engines()
         sweeper = asyncio.create_task(_sweep_forever(app))
+        # The dialects' SDKs import in a thread meanwhile: the first Messages turn need not wait.
+        warm_up = asyncio.create_task(asyncio.to_thread(messages_api))
         yield
         sweeper.cancel()
+        warm_up.cancel()
         await app[ENGINES].close()
         await app[LINK].close()
 

@@ -154,9 +154,10 @@ def test_errors_come_in_the_messages_api_shape(client, request_body, status, kin
 
 def test_bad_json_and_wrong_content_type_are_refused_in_the_messages_api_shape(proxy_stack):
     bad = httpx.post(dataplane(proxy_stack) + "/v1/messages", content=b"{",
-                     headers={"Content-Type": "application/json"})
+                     headers={"Content-Type": "application/json"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
-    text = httpx.post(dataplane(proxy_stack) + "/v1/messages", content=b"{}", headers={"Content-Type": "text/plain"})
+    text = httpx.post(dataplane(proxy_stack) + "/v1/messages", content=b"{}", headers={"Content-Type": "text/plain"},
+                      timeout=30)
     assert text.status_code == 415 and text.json()["type"] == "error"
 
 
@@ -183,13 +184,14 @@ def test_api_keys_name_caller_and_class_and_the_token_is_taken_as_x_api_key(make
                                                 "LUFTPAUSE_KEY_IDENTITIES": json.dumps(identities)})
     url = dataplane(stack) + "/v1/messages"
     body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-    refused = httpx.post(url, json=body, headers={"x-api-key": "wrong"})
-    assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
-    # The token as x-api-key (ANTHROPIC_API_KEY) or as a bearer token (ANTHROPIC_AUTH_TOKEN).
-    assert httpx.post(url, json=body, headers={"x-api-key": "secret-token"}).status_code == 200
-    ok = httpx.post(url, json=body, headers={"Authorization": "Bearer secret-token", "x-api-key": "sk-batch-key",
-                                             "X-Claude-Code-Session-Id": "nightly-session"})
-    assert ok.status_code == 200
+    with httpx.Client(timeout=30) as http:  # the first Messages turn may wait for the SDK's import
+        refused = http.post(url, json=body, headers={"x-api-key": "wrong"})
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+        # The token as x-api-key (ANTHROPIC_API_KEY) or as a bearer token (ANTHROPIC_AUTH_TOKEN).
+        assert http.post(url, json=body, headers={"x-api-key": "secret-token"}).status_code == 200
+        ok = http.post(url, json=body, headers={"Authorization": "Bearer secret-token", "x-api-key": "sk-batch-key",
+                                                 "X-Claude-Code-Session-Id": "nightly-session"})
+        assert ok.status_code == 200
     metrics = httpx.get(dataplane(stack) + "/metrics").text
     assert 'luftpause_dataplane_turns_total{class="batch"' in metrics
 
