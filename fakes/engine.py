@@ -543,7 +543,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     log.info("chat_request", id=turn.envelope.id, model=turn.envelope.model, stream=bool(body.get("stream")))
     try:
-        if faults.hang:
+        if faults.hang or (faults.stall_after is not None and not body.get("stream")):
             response = await _hang(request, state)
         elif body.get("stream"):
             response = await _stream(turn, prompt_text, replies.wants_usage_chunk(body))
@@ -640,6 +640,8 @@ async def _stream(turn: Turn, prompt_text: str, include_usage: bool) -> web.Stre
         due = len(pieces) if finished else min(len(pieces), math.floor(request.generated * len(pieces) / total))
         if die_after is not None:
             due = min(due, die_after)
+        if turn.faults.stall_after is not None:
+            due = min(due, turn.faults.stall_after)
         for start in range(sent_pieces, due, interval):  # one chunk per interval's worth of pieces
             batch = pieces[start : min(due, start + interval)]
             await _send(response, turn.envelope.chunk(replies.merge_deltas(batch),
@@ -647,6 +649,8 @@ async def _stream(turn: Turn, prompt_text: str, include_usage: bool) -> web.Stre
         sent_pieces, sent_tokens = max(sent_pieces, due), request.generated
         if die_after is not None and (sent_pieces >= die_after or finished):
             _abort(turn.request)
+        if turn.faults.stall_after is not None and (sent_pieces >= turn.faults.stall_after or finished):
+            await _hang(turn.request, turn.state)
         if finished:
             break
     for chunk in replies.closing_chunks(turn.accounted_reply(), turn.envelope, include_usage):
@@ -791,6 +795,9 @@ async def reset(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    if state.faults.metrics_hang:  # --fault metrics-hang: load cannot be read
+        await asyncio.sleep(state.config.hang_limit_s)
     registry = request.app[REGISTRY_KEY]
     return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -917,7 +924,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
     )
     p.add_argument("--fault", action="append", default=[], metavar="DIRECTIVE",
                    help="engine-wide fault directive, repeatable: status=503, status-times=429:2, "
-                        "retry-after=3, die-after=4, linger-after-done=500, hang, tool-call-as-text, "
+                        "retry-after=3, die-after=4, stall-after=4, linger-after-done=500, hang, metrics-hang, tool-call-as-text, "
                         "schema-as-arguments, string-scalars (the same as [[fake:...]] in a message)")
     a = p.parse_args(argv)
     try:

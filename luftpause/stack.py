@@ -85,6 +85,7 @@ class Stack:
     state_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     engine_args: list[str] = field(default_factory=list)
+    engine_args_by_name: dict[str, list[str]] = field(default_factory=dict)  # more args for one engine
     fake_mcp_args: list[str] = field(default_factory=list)
     without: frozenset[str] = frozenset()  # process names not to start (e.g. {"runtime"})
     classifier: bool = False  # also start the fake one-pass classifier (`make run`)
@@ -138,7 +139,7 @@ class Stack:
         engines = [self._llama_process(i, port) for i, port in enumerate(p.engines)] if self.llama else [
             self._process(engine_name(i), "luftpause.fakes.engine",
                           ["--host", HOST, "--port", str(port), "--name", engine_name(i), "--models", MODEL,
-                           *self.engine_args],
+                           *self.engine_args, *self.engine_args_by_name.get(engine_name(i), [])],
                           f"http://{HOST}:{port}/health")
             for i, port in enumerate(p.engines)
         ]
