@@ -785,6 +785,23 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATE_KEY].stats())
 
 
+async def set_faults(request: web.Request) -> web.Response:
+    """``PUT /faults`` ``{"faults": ["hang"]}``: the engine-wide fault directives from now
+    on, as ``--fault`` sets them at start (``[]`` heals it); requests already waiting
+    keep theirs. For injecting a fault into a running engine (``make chaos`` load mode)."""
+    state = request.app[STATE_KEY]
+    try:
+        body = await request.json()
+        options = body["faults"]
+        if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+            raise ValueError("'faults' must be a list of strings")
+        state.faults = fault_directives.parse(fault_directives.parse_option(o) for o in options)
+    except (ValueError, KeyError, TypeError, FaultError) as err:
+        return web.json_response({"error": {"message": f"bad faults: {err}"}}, status=400)
+    log.info("engine_faults_set", faults=options)
+    return web.json_response({"faults": options})
+
+
 async def reset(request: web.Request) -> web.Response:
     """``POST /reset``: an empty cache and zero counters, as after a restart (409 while busy)."""
     state = request.app[STATE_KEY]
@@ -835,6 +852,7 @@ def create_app(config: EngineConfig, gpu: Gpu | None = None) -> web.Application:
     app.router.add_get("/get_load", get_load)
     app.router.add_get("/stats", stats)
     app.router.add_post("/reset", reset)
+    app.router.add_put("/faults", set_faults)
     app.router.add_get("/metrics", metrics)
     return app
 

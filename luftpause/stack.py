@@ -86,6 +86,7 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     engine_args: list[str] = field(default_factory=list)
     engine_args_by_name: dict[str, list[str]] = field(default_factory=dict)  # more args for one engine
+    dataplane_scheduler: str = ""  # host:port dataplanes dial for the scheduler (a fault proxy); "" = its own
     fake_mcp_args: list[str] = field(default_factory=list)
     without: frozenset[str] = frozenset()  # process names not to start (e.g. {"runtime"})
     classifier: bool = False  # also start the fake one-pass classifier (`make run`)
@@ -153,7 +154,8 @@ class Stack:
                                   f"http://{HOST}:{p.scheduler_http}/health")
         dataplanes = [
             self._process("dataplane" if i == 1 else f"dataplane-{i}", "luftpause.dataplane",
-                          ["--host", HOST, "--port", str(port), "--scheduler", f"{HOST}:{p.scheduler_grpc}"],
+                          ["--host", HOST, "--port", str(port),
+                           "--scheduler", self.dataplane_scheduler or f"{HOST}:{p.scheduler_grpc}"],
                           f"http://{HOST}:{port}/health")
             for i, port in enumerate(p.dataplanes, start=1)
         ]
