@@ -19,7 +19,8 @@ turns the dataplane re-sent (no byte had reached the client), completed rounds
 repeated (turns the dataplane finished beyond those the agents received, per run: an
 agent runs its tool calls once per answer it gets, so a round runs twice only if one
 turn were answered twice), interactive turn p99 time to first token and batch runs per minute, each
-against the reference. JSON to ``bench-results/chaos-load-<time>.json``.
+against the reference, and the requests each engine received (an engine 10x slower
+than its peer should get about a tenth). JSON to ``bench-results/chaos-load-<time>.json``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class FaultRow:
     batch_runs_per_min: float = 0.0
     interactive_p99_x: float | None = None  # against the reference
     batch_throughput_x: float | None = None
+    engine_requests: dict[str, int] = field(default_factory=dict)  # requests each engine received
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -134,6 +136,9 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
         row.interactive_turns = len(turns)
         row.interactive_ttft_p99_s = percentile([t.first_token for t in turns], 99)
         row.batch_runs_per_min = result.summary.get("batch", {}).get("runs_per_min", 0.0)
+        for i, port in enumerate(stack.ports.engines):
+            stats = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=5).json()
+            row.engine_requests[f"engine-{'ab'[i]}"] = stats["requests"]
         log = _log(stack, "dataplane")
         row.resent_turns = sum(1 for record in log if record.get("event") == "turn_retried")
         # agents name run k of agent i "<name>-<class>-<group>-i-k" and seed it "<seed>-<same>"
@@ -159,14 +164,14 @@ def compare(rows: list[FaultRow]) -> None:
 
 def table(rows: list[FaultRow]) -> str:
     header = ("fault", "runs", "lost", "turns re-sent", "rounds repeated", "interactive p99 TTFT s", "× ref",
-              "batch runs/min", "× ref")
+              "batch runs/min", "× ref", "requests a/b")
 
     def fmt(value: float | None, digits: int = 2) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
     body = [(r.fault, str(r.runs), str(r.lost), str(r.resent_turns), str(r.rounds_repeated),
              fmt(r.interactive_ttft_p99_s), fmt(r.interactive_p99_x), fmt(r.batch_runs_per_min, 1),
-             fmt(r.batch_throughput_x)) for r in rows]
+             fmt(r.batch_throughput_x), "/".join(str(n) for n in r.engine_requests.values())) for r in rows]
     widths = [max(len(x[i]) for x in (header, *body)) for i in range(len(header))]
     lines = [" | ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)) for x in (header, *body)]
     lines.insert(1, "-+-".join("-" * w for w in widths))
