@@ -23,6 +23,9 @@ in the events. Read top to bottom it is the policy:
   way before the first turns of new ones (a run's prefix is cached only while it
   runs: finishing started runs keeps the engines' caches on fewer, warmer runs),
   then in arrival order;
+* a turn free to go anywhere goes where the turns in flight would end soonest at each
+  replica's recent turn time (fewest in flight while any has none finished): an engine
+  ten times slower than its peer takes about a tenth of new runs;
 * a replica where a turn got no first byte within its bound, or whose stream stalled,
   leaves rotation at once, whatever its health endpoint says (a wedged engine still
   answers that), and comes back only when it answers a probe generation (see "Stalled
@@ -66,6 +69,7 @@ from luftpause.scheduler.constants import (
 
 INTERACTIVE = "interactive"
 BATCH = "batch"
+TURN_TIME_WEIGHT = 8  # a replica's turn time: moving average over about this many turns
 GENERATIVE = "generative"
 ONE_PASS = "one-pass"
 
@@ -129,6 +133,7 @@ class Replica(NamedTuple):
     fast_batch: int = 0  # the largest decode batch the engine runs at full speed, as it reports it; 0 = unknown
     leased_idle: int = 0  # slots lent to dataplanes and not in use: taken, as far as room goes
     stalled: bool = False  # a turn stalled here: out of rotation until it answers a probe generation
+    turn_ms: int = 0  # recent placed-to-finished time of turns here (moving average); 0 = none finished yet
 
     @property
     def ceiling(self) -> int:
@@ -431,6 +436,7 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
         case TurnUsage():
             state = _usage(state, event)
         case TurnFinished():
+            state = _timed(state, event.turn_id, event.now_ms)
             stage = Stage.PAUSED if event.finish_reason == "tool_calls" else Stage.IDLE
             state = _end_turn(state, event.turn_id, stage, event.now_ms, event.context_tokens)
         case TurnFailed():
@@ -722,13 +728,18 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
 
 def _best_replica(state: State, roomy: list[Replica]) -> Replica:
     """Spread across devices, fill within one: the device with the fewest turns in
-    flight, and on a device several replicas share, the busiest of them that has room.
+    flight (on replicas of their own, once each has finished turns: the one whose turns
+    in flight would end soonest at its recent turn time), and on a device several replicas share, the busiest of them that has room.
     Replicas on one accelerator take turns at it, each pass reading all the weights, so
     one replica with the whole batch decodes faster than two with half each; the next
     one there takes turns once the first is at its limit."""
     if len(roomy) == 1:
         return roomy[0]
     if not any(r.device for r in roomy):
+        if all(r.turn_ms for r in roomy):
+            # Where the turns it has would end soonest: a replica whose turns take ten
+            # times as long takes about a tenth of them (equal ones alternate as before).
+            return min(roomy, key=lambda r: ((r.in_flight + 1) * r.turn_ms, r.in_flight, r.name))
         return min(roomy, key=lambda r: (r.in_flight, r.name))
     on_device: dict[str, int] = {}
     for r in state.replicas.values():
@@ -970,6 +981,18 @@ def _probed(state: State, event: EngineProbed) -> State:
     else:
         updated = _limit_after_probe(state, updated)
     return state._replace(replicas=state.replicas.set(replica.name, updated))
+
+
+def _timed(state: State, turn_id: str, now_ms: int) -> State:
+    """Fold a finished turn's placed-to-finished time into its replica's moving average
+    (weight 1/TURN_TIME_WEIGHT)."""
+    turn = state.turns.get(turn_id)
+    replica = state.replicas.get(turn.replica) if turn is not None else None
+    if replica is None:
+        return state
+    took = max(1, now_ms - turn.placed_ms)
+    average = took if not replica.turn_ms else (replica.turn_ms * (TURN_TIME_WEIGHT - 1) + took) // TURN_TIME_WEIGHT
+    return state._replace(replicas=state.replicas.set(replica.name, replica._replace(turn_ms=max(1, average))))
 
 
 # ---------------------------------------------------------------- stalled replicas

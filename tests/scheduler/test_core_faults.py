@@ -116,3 +116,32 @@ def test_status_shows_the_stalled_replica():
     replicas = {r["name"]: r for r in core.status(state, 10)["replicas"]}
     assert replicas["a"]["stalled"] and not replicas["a"]["healthy"] and not replicas["b"]["stalled"]
     assert MODEL in replicas["a"]["models"]
+
+
+def timed_pool(a_ms: int, b_ms: int) -> core.State:
+    """Two replicas, each with one turn finished after the given time."""
+    state = pool("a", "b")
+    state, actions = admit(state, "ta", "ra", now=0)
+    state, actions = admit(state, "tb", "rb", now=0)
+    state, _ = core.decide(state, core.TurnFinished("ta", "stop", a_ms))
+    state, _ = core.decide(state, core.TurnFinished("tb", "stop", b_ms))
+    return state
+
+
+def test_a_replica_ten_times_slower_gets_about_a_tenth_of_new_turns():
+    state = timed_pool(100, 1000)
+    assert (state.replicas["a"].turn_ms, state.replicas["b"].turn_ms) == (100, 1000)
+    sent = []
+    for i in range(22):
+        state, actions = admit(state, f"t{i}", f"r{i}", now=2000)
+        sent.extend(placed(actions).values())
+    assert sent.count("b") == 2 and sent.count("a") == 20  # in flight: what drains at the same time
+
+
+def test_replicas_of_equal_speed_alternate():
+    state = timed_pool(500, 500)
+    sent = []
+    for i in range(8):
+        state, actions = admit(state, f"t{i}", f"r{i}", now=2000)
+        sent.extend(placed(actions).values())
+    assert sent.count("a") == sent.count("b") == 4
