@@ -183,9 +183,9 @@ async def fast_batch(client: httpx.AsyncClient, endpoint: Endpoint) -> int:
 
 
 async def answers(client: httpx.AsyncClient, endpoint: Endpoint) -> bool:
-    """Whether the engine streams the first chunk of a one-token generation within the
-    probe timeout: the probe that brings a stalled replica back (its health route may
-    answer while generation is wedged)."""
+    """Whether the engine streams a one-token generation to its end within the probe
+    timeout: the probe that brings a stalled replica back (its health route may answer
+    while generation is wedged, and an engine that stalls mid-stream sends a first chunk)."""
     body = {"model": endpoint.models[0], "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1,
             "stream": True}
     try:
@@ -194,12 +194,12 @@ async def answers(client: httpx.AsyncClient, endpoint: Endpoint) -> bool:
                                      headers=auth_headers(endpoint)) as response:
                 if response.status_code != 200:
                     return False
+                received = b""
                 async for chunk in response.aiter_bytes():
-                    if chunk:
-                        return True
+                    received += chunk
+                return b"data:" in received  # the stream ended, with an answer in it
     except (httpx.HTTPError, TimeoutError):
         return False
-    return False
 
 
 def probe_client() -> httpx.AsyncClient:

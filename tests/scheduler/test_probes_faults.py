@@ -46,3 +46,12 @@ async def test_a_probe_generation_is_answered_by_a_working_engine_and_not_by_a_w
     finally:
         await working.cleanup()
         await wedged.cleanup()
+
+
+async def test_an_engine_that_stalls_mid_stream_does_not_pass_the_probe_generation():
+    stalling, url = await serve_app(create_engine_app(EngineConfig(faults=("stall-after=1",), hang_limit_s=3)))
+    try:
+        async with probe_client() as client:
+            assert not await answers(client, Endpoint("s", url, (MODEL,)))
+    finally:
+        await stalling.cleanup()
