@@ -729,7 +729,8 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
 def _best_replica(state: State, roomy: list[Replica]) -> Replica:
     """Spread across devices, fill within one: the device with the fewest turns in
     flight (on replicas of their own, once each has finished turns: the one whose turns
-    in flight would end soonest at its recent turn time), and on a device several replicas share, the busiest of them that has room.
+    in flight would end soonest at its recent turn time), and on a device several
+    replicas share, the busiest of them that has room.
     Replicas on one accelerator take turns at it, each pass reading all the weights, so
     one replica with the whole batch decodes faster than two with half each; the next
     one there takes turns once the first is at its limit."""
