@@ -19,10 +19,10 @@ async def test_a_wedged_engine_and_a_partition_under_load_lose_no_run_and_repeat
     for row in rows:
         assert row.runs > 0 and row.lost == 0, (shown, row.errors)
         assert row.rounds_repeated == 0, shown
-    # The wedged engine cost at most one first-byte bound per turn that met it, and it
-    # was out of rotation soon: most turns never waited on it.
-    assert by_fault["hang"].interactive_ttft_p99_s < 10
-    assert by_fault["hang"].batch_throughput_x > 0.3
+    # The wedged engine cost at most one first-byte bound (about 2 s next to a quick
+    # peer) and a retry per turn that met it; no turn waited for the client to give up.
+    assert by_fault["hang"].interactive_ttft_p99_s < 10, shown
+    assert by_fault["hang"].engine_requests["engine-a"] > 0 and by_fault["hang"].runs > 0
 
 
 def test_unknown_fault_classes_are_refused_naming_the_known_ones():
