@@ -32,6 +32,9 @@ FIRST_BYTE_HISTORY = 32
 FIRST_BYTE_COLD_S_PER_TOKEN = 0.01
 FIRST_BYTE_OVERHEAD_TOKENS = 256
 FIRST_BYTE_FLOOR_S_PER_TOKEN = 0.0005
+# Until its first byte a waiting turn's bound is recomputed this often (the first
+# answers of a cold pool tighten it); afterwards only when it could have passed.
+FIRST_BYTE_RECHECK_S = 0.5
 # A request body's bytes per prompt token, for the estimate above (JSON of English text).
 BYTES_PER_TOKEN = 4
 # The Connect stream to the scheduler reconnects (and resyncs) after this delay; together

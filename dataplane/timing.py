@@ -35,6 +35,7 @@ from luftpause.dataplane.constants import (
     FIRST_BYTE_MARGIN,
     FIRST_BYTE_MIN_S,
     FIRST_BYTE_OVERHEAD_TOKENS,
+    FIRST_BYTE_RECHECK_S,
 )
 
 
@@ -112,7 +113,8 @@ class Watchdog:
     """Ends the wait of a turn whose engine overran its bound: expires the timeout the
     turn's engine I/O runs under (:meth:`guard`), so the awaiting code sees a
     TimeoutError and finds ``watch.stalled`` set. Checks only when a bound could have
-    passed: one timer per turn, not one per chunk."""
+    passed (and every FIRST_BYTE_RECHECK_S until the first byte, as the bound may
+    tighten): one timer per turn, not one per chunk."""
 
     __slots__ = ("_loop", "_bounds", "_watch", "_timeout", "_handle")
 
@@ -120,7 +122,7 @@ class Watchdog:
         self._loop = asyncio.get_running_loop()
         self._bounds, self._watch = bounds, watch
         self._timeout: asyncio.Timeout | None = None
-        self._handle = self._loop.call_at(watch.started + watch.bound, self._check)
+        self._handle = self._loop.call_at(watch.started + min(watch.bound, FIRST_BYTE_RECHECK_S), self._check)
 
     def guard(self) -> asyncio.Timeout:
         """The timeout (``async with``) the engine I/O runs under; the watchdog expires it."""
@@ -139,7 +141,10 @@ class Watchdog:
             else:
                 watch.stalled = True
                 return
-        self._handle = self._loop.call_at((since if since is not None else now) + watch.bound, self._check)
+        due = (since if since is not None else now) + watch.bound
+        if not watch.answered:  # the first answers anywhere may tighten its bound: look again soon
+            due = min(due, now + FIRST_BYTE_RECHECK_S)
+        self._handle = self._loop.call_at(due, self._check)
 
     def cancel(self) -> None:
         self._handle.cancel()

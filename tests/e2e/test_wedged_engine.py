@@ -51,7 +51,7 @@ async def test_eight_turns_with_one_engine_wedged_are_all_answered_by_the_other(
         took = time.monotonic() - started
     assert [r.status_code for r in responses] == [200] * 8, [r.text for r in responses]
     assert {r.headers[h.REPLICA] for r in responses} == {"engine-a"}
-    assert took < 30, took  # bounded by the first-byte bound, not the client's patience
+    assert took < 12, took  # about one first-byte bound (2 s next to a quick peer), not the client's patience
     # Out of rotation, and kept out: its health says ok but it answers no generation.
     wedged_b = replica(wedged, "engine-b")
     assert wedged_b["stalled"] and not wedged_b["healthy"]
