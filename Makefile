@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test proto proto-check clean help release lock chaos
+.PHONY: run test proto proto-check clean help release lock chaos chaos-load
 
 help:
 	@echo "make run    start the whole stack as local processes on loopback (Ctrl-C stops it);"
@@ -14,6 +14,7 @@ help:
 	@echo "make test   install what the tests need and run every test"
 	@echo "make proto  regenerate the gRPC modules from proto/scheduler.proto"
 	@echo "make chaos  seeded chaos run: every process SIGKILLed under load, a table per seed"
+	@echo "make chaos-load  B2-shaped load while each fault (hang, stall, slow, metrics, partitions) is injected"
 
 # The virtualenv is (re)built when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -48,6 +49,11 @@ proto: $(STAMP)
 CHAOS_ARGS ?=
 chaos: $(STAMP)
 	$(PY) -m luftpause.loadgen.chaos $(CHAOS_ARGS)
+
+# The load mode: B2-shaped load while each fault class (hung, stalled, slow engine,
+# hanging metrics, partitions of 2/10/30 s) is injected in turn; a row per fault.
+chaos-load: $(STAMP)
+	$(PY) -m luftpause.loadgen.chaos --load $(CHAOS_ARGS)
 
 proto-check: $(STAMP)
 	$(PY) -m luftpause.proto.generate --check

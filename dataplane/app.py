@@ -36,6 +36,7 @@ from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.responses_api import ResponsesDialect
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
+from luftpause.dataplane.timing import Watch, Watchdog, prompt_tokens
 from luftpause.proto import scheduler_pb2 as pb
 
 TRACER = trace.get_tracer("luftpause.dataplane")
@@ -308,6 +309,8 @@ class Turn:
         self.span = trace.get_current_span()
         self.trace_id = tracing.trace_id()
         self.lease: tuple[str, int] | None = None  # the lent slot it fills, if it took one
+        self.watch: Watch | None = None  # its wait on the engine, bounded (dataplane/timing.py)
+        self.watchdog: Watchdog | None = None
 
     def event(self, urgent: bool = False, **kind) -> None:
         self.link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.req.run_id, trace_id=self.trace_id, **kind),
@@ -363,13 +366,15 @@ class Turn:
         self.release()
         self._access_log("finished", observer)
 
-    def failed(self, error: str) -> None:
+    def failed(self, error: str, stalled: bool = False) -> None:
+        """``stalled``: the engine overran the turn's first-byte bound or stalled mid-stream
+        (the scheduler takes the replica out of rotation)."""
         if self.ended:
             return
         self.ended = True
         self.book.turn_ended(self.turn_id, IDLE, time.monotonic())
         self.span.set_status(Status(StatusCode.ERROR, error))
-        self.event(failed=pb.TurnFailed(error=error))
+        self.event(failed=pb.TurnFailed(error=error, stalled=stalled))
         self.release()
         self._access_log("failed", error=error)
 
@@ -487,20 +492,39 @@ async def _admit(turn: Turn, deadline: float | None) -> Placement | None:
 
 
 async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.StreamResponse:
+    """Send the turn to its engine, the wait for each byte bounded by what the engine is
+    doing (dataplane/timing.py): a turn past its bound before any byte reached the
+    client is re-sent like one whose engine could not be reached, and the replica is
+    reported stalled."""
+    engines = request.app[ENGINES]
+    request.app[METRICS].added.observe(max(0.0, time.monotonic() - turn.started - placement.held_ms / 1000))
+    loop = asyncio.get_running_loop()
+    turn.watch = watch = engines.bounds.start(placement.replica, turn.req.stream, prompt_tokens(turn.req.body),
+                                              loop.time())
+    turn.watchdog = Watchdog(engines.bounds, watch)
+    try:
+        return await _exchange(request, turn, placement, watch, loop)
+    finally:
+        turn.watchdog.cancel()
+        engines.bounds.ended(watch)
+
+
+async def _exchange(request: web.Request, turn: Turn, placement: Placement, watch: Watch,
+                    loop: asyncio.AbstractEventLoop) -> web.StreamResponse:
     run_header = {h.RUN_ID: turn.req.run_id, h.REPLICA: placement.replica}
     engines = request.app[ENGINES]
     dialect = turn.req.dialect
     translated = dialect is not None and dialect.name not in placement.native_apis
-    request.app[METRICS].added.observe(max(0.0, time.monotonic() - turn.started - placement.held_ms / 1000))
     try:
-        if dialect is None or translated:
-            upstream = await engines.post(placement.base_url, "/v1/chat/completions", turn.req.body,
-                                          _engine_headers(placement, request))
-        else:  # the engine serves the client's API itself: its request goes as it came
-            upstream = await engines.post(placement.base_url, dialect.path, turn.req.native,
-                                          _engine_headers(placement, request, dialect.native_headers))
+        async with turn.watchdog.guard():
+            if dialect is None or translated:
+                upstream = await engines.post(placement.base_url, "/v1/chat/completions", turn.req.body,
+                                              _engine_headers(placement, request))
+            else:  # the engine serves the client's API itself: its request goes as it came
+                upstream = await engines.post(placement.base_url, dialect.path, turn.req.native,
+                                              _engine_headers(placement, request, dialect.native_headers))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        raise EngineUnreachable(placement.replica, engine_error(placement.replica, exc)) from None
+        raise _unreachable(turn, placement.replica, exc) from None
     try:
         passed = passed_headers(upstream)
         if upstream.status != 200:
@@ -516,7 +540,11 @@ async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.
                                      dialect.stream(turn.req.translated))
             return await _stream(request, turn, upstream, {**passed, **run_header},
                                  observer=None if dialect is None else dialect.native_observer())
-        body = await upstream.read()
+        engines.bounds.first_byte(watch, loop.time())  # a whole reply: its headers came with it
+        watch.waiting = loop.time()
+        async with turn.watchdog.guard():
+            body = await upstream.read()
+        watch.waiting = None
         observer = TurnObserver() if dialect is None or translated else dialect.native_observer()
         observer.observe_body(body)
         turn.finished(observer)
@@ -525,10 +553,10 @@ async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.
                                 content_type="application/json", headers=run_header)
         return web.Response(status=200, body=body, headers={**passed, **run_header})
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        message = engine_error(placement.replica, exc)
         if not turn.streaming:  # nothing reached the client yet
-            raise EngineUnreachable(placement.replica, message) from None
-        turn.failed(message)
+            raise _unreachable(turn, placement.replica, exc) from None
+        message = _engine_problem(turn, placement.replica, exc)
+        turn.failed(message, stalled=watch.stalled)
         return error_response(502, message, run_header, dialect, "api_error")
     finally:
         upstream.close()  # closing early stops the engine's generation
@@ -537,6 +565,24 @@ async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.
 def _retry_after(upstream: aiohttp.ClientResponse) -> dict[str, str]:
     value = upstream.headers.get("Retry-After")
     return {"Retry-After": value} if value else {}
+
+
+def _engine_problem(turn: Turn, replica: str, exc: BaseException) -> str:
+    watch = turn.watch
+    if watch is None or not watch.stalled:
+        return engine_error(replica, exc)
+    if not watch.answered:
+        return f"engine {replica}: no first byte within {watch.bound:.1f}s (its bound from recent first bytes there)"
+    return f"engine {replica}: stream stalled, nothing for {watch.bound:.1f}s"
+
+
+def _unreachable(turn: Turn, replica: str, exc: BaseException) -> EngineUnreachable:
+    """The turn failed before any byte reached the client: it may be sent again. A stall
+    is reported as one here (the retry's own report would not say so)."""
+    message = _engine_problem(turn, replica, exc)
+    if turn.watch is not None and turn.watch.stalled:
+        turn.failed(message, stalled=True)
+    return EngineUnreachable(replica, message)
 
 
 class _EventStream(web.StreamResponse):
@@ -559,43 +605,56 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
     observer = observer or TurnObserver()
     error = "stream ended before [DONE]"
     content = upstream.content
+    watch, bounds = turn.watch, request.app[ENGINES].bounds
+    loop = asyncio.get_running_loop()
     try:
-        async for chunk in content.iter_any():
-            if response is None:
-                response = _EventStream(status=200, headers=headers)
-                await response.prepare(request)
-                turn.streaming = True  # from here on bytes may have reached the client
-            if observer.feed_sse(chunk):
-                turn.first_token()
-            if translator is not None:
-                chunk = translator.feed(chunk)
-            if observer.done:
-                # The turn is complete at [DONE]: a client that closes right after it (the
-                # openai one does) must not turn it into a failure with its usage lost.
-                turn.finished(observer)
-                if content.at_eof():  # the engine's reply ended with this chunk
-                    await response.write_eof(chunk)  # the chunk and the end marker in one write
-                    return response
-            if chunk:
-                await response.write(chunk)
+        async with turn.watchdog.guard():  # every wait on the engine is bounded, none on the client
+            while True:
+                if response is not None:  # until the first chunk, the wait counts from the request
+                    watch.waiting = loop.time()
+                chunk = await content.readany()
+                watch.waiting = None
+                if not chunk:
+                    break
+                if response is None:
+                    bounds.first_byte(watch, loop.time())
+                    response = _EventStream(status=200, headers=headers)
+                    await response.prepare(request)
+                    turn.streaming = True  # from here on bytes may have reached the client
+                if observer.feed_sse(chunk):
+                    turn.first_token()
+                if translator is not None:
+                    chunk = translator.feed(chunk)
+                if observer.done:
+                    # The turn is complete at [DONE]: a client that closes right after it (the
+                    # openai one does) must not turn it into a failure with its usage lost.
+                    turn.finished(observer)
+                    if content.at_eof():  # the engine's reply ended with this chunk
+                        await response.write_eof(chunk)  # the chunk and the end marker in one write
+                        return response
+                if chunk:
+                    await response.write(chunk)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-        error = _describe(exc)
+        error = _engine_problem(turn, turn.replica, exc).removeprefix(f"engine {turn.replica}: ")
     except (asyncio.CancelledError, ConnectionResetError):
         if observer.finish_reason:  # the client left after the finish: the reply was whole
             turn.finished(observer)
         raise
     if response is None:
+        if watch.stalled:
+            turn.failed(f"engine {turn.replica}: {error}", stalled=True)
+            raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error}")
         raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error} (before its first byte)")
     if observer.done:
         turn.finished(observer)
         await response.write_eof()
         return response
-    # The engine died mid-stream: the client keeps what it got, then the connection
-    # closes without a final chunk, so it cannot mistake this for a whole answer. A
-    # client API with its own word for it (an error event) gets that, and the stream ends
-    # cleanly after it: the event says the answer is not whole, and an SDK reading the
-    # stream hands its events over instead of a connection error.
-    turn.failed(f"engine {turn.replica}: {error}")
+    # The engine died or stalled mid-stream: the client keeps what it got, then the
+    # connection closes without a final chunk, so it cannot mistake this for a whole answer.
+    # A client API with its own word for it (an error event) gets that, and the stream
+    # ends cleanly after it: the event says the answer is not whole, and an SDK reading
+    # the stream hands its events over instead of a connection error.
+    turn.failed(f"engine {turn.replica}: {error}", stalled=watch.stalled)
     if translator is not None and (tail := translator.fail(f"engine {turn.replica}: {error}")):
         try:
             await response.write_eof(tail)

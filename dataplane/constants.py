@@ -17,6 +17,26 @@ STALE_CONNECTION_RETRIES = 2
 ENGINE_RETRY_ATTEMPTS = 3
 ENGINE_RETRY_DELAY_S = 0.1
 ENGINE_RETRY_WINDOW_S = 1.0
+# How long a turn waits for its engine's first byte, and in any pause of its stream
+# (dataplane/timing.py): FIRST_BYTE_MARGIN times the slowest seconds per pending token
+# of the replica's last FIRST_BYTE_HISTORY first bytes (its peers' while it has none;
+# FIRST_BYTE_COLD_S_PER_TOKEN with none anywhere, as slow as a CPU engine's prefill),
+# over the turn's own prompt, the prompts waiting there ahead of it and
+# FIRST_BYTE_OVERHEAD_TOKENS; never below FIRST_BYTE_MIN_S nor below its prompt at
+# FIRST_BYTE_FLOOR_S_PER_TOKEN (2000 tokens/s: a prompt whose prefix was cached may
+# arrive uncached). A turn past it is re-sent elsewhere if no byte reached the client,
+# and the replica is reported stalled (the scheduler takes it out of rotation).
+FIRST_BYTE_MARGIN = 4.0
+FIRST_BYTE_MIN_S = 2.0
+FIRST_BYTE_HISTORY = 32
+FIRST_BYTE_COLD_S_PER_TOKEN = 0.01
+FIRST_BYTE_OVERHEAD_TOKENS = 256
+FIRST_BYTE_FLOOR_S_PER_TOKEN = 0.0005
+# Until its first byte a waiting turn's bound is recomputed this often (the first
+# answers of a cold pool tighten it); afterwards only when it could have passed.
+FIRST_BYTE_RECHECK_S = 0.5
+# A request body's bytes per prompt token, for the estimate above (JSON of English text).
+BYTES_PER_TOKEN = 4
 # The Connect stream to the scheduler reconnects (and resyncs) after this delay; together
 # with the gRPC channel's reconnect backoff (capped at SCHEDULER_RECONNECT_MAX_S, not
 # gRPC's default 120 s) turns waiting through a scheduler outage are placed within 1 s

@@ -20,6 +20,7 @@ import structlog
 from yarl import URL
 
 from luftpause.dataplane.constants import ENGINE_CONNECT_TIMEOUT_S, ENGINE_KEEPALIVE_S, STALE_CONNECTION_RETRIES
+from luftpause.dataplane.timing import FirstByteBounds
 
 log = structlog.get_logger(component="engines")
 
@@ -51,9 +52,11 @@ class EngineConnector(aiohttp.TCPConnector):
 
 class Engines:
     """One session, connector and keep-alive pool per replica (by base URL), made on its
-    first turn, and the URLs of its routes parsed once."""
+    first turn, and the URLs of its routes parsed once; and how long each replica's first
+    bytes take (the bound on a turn's wait there)."""
 
     def __init__(self) -> None:
+        self.bounds = FirstByteBounds()
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._urls: dict[tuple[str, str], URL] = {}
         self._timeout = aiohttp.ClientTimeout(total=None, connect=ENGINE_CONNECT_TIMEOUT_S,

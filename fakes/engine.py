@@ -567,7 +567,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     log.info("chat_request", id=turn.envelope.id, model=turn.envelope.model, stream=bool(body.get("stream")))
     try:
-        if faults.hang:
+        if faults.hang or (faults.stall_after is not None and not body.get("stream")):
             response = await _hang(request, state)
         elif body.get("stream"):
             response = await _stream(turn, prompt_text, replies.wants_usage_chunk(body))
@@ -695,6 +695,8 @@ async def _stream(turn: Turn, prompt_text: str, include_usage: bool) -> web.Stre
         due = len(pieces) if finished else min(len(pieces), math.floor(request.generated * len(pieces) / total))
         if die_after is not None:
             due = min(due, die_after)
+        if turn.faults.stall_after is not None:
+            due = min(due, turn.faults.stall_after)
         for start in range(sent_pieces, due, interval):  # one chunk per interval's worth of pieces
             batch = pieces[start : min(due, start + interval)]
             await _send(response, turn.envelope.chunk(replies.merge_deltas(batch),
@@ -702,6 +704,8 @@ async def _stream(turn: Turn, prompt_text: str, include_usage: bool) -> web.Stre
         sent_pieces, sent_tokens = max(sent_pieces, due), request.generated
         if die_after is not None and (sent_pieces >= die_after or finished):
             _abort(turn.request)
+        if turn.faults.stall_after is not None and (sent_pieces >= turn.faults.stall_after or finished):
+            await _hang(turn.request, turn.state)
         if finished:
             break
     for chunk in replies.closing_chunks(turn.accounted_reply(), turn.envelope, include_usage):
@@ -881,6 +885,23 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATE_KEY].stats())
 
 
+async def set_faults(request: web.Request) -> web.Response:
+    """``PUT /faults`` ``{"faults": ["hang"]}``: the engine-wide fault directives from now
+    on, as ``--fault`` sets them at start (``[]`` heals it); requests already waiting
+    keep theirs. For injecting a fault into a running engine (``make chaos`` load mode)."""
+    state = request.app[STATE_KEY]
+    try:
+        body = await request.json()
+        options = body["faults"]
+        if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+            raise ValueError("'faults' must be a list of strings")
+        state.faults = fault_directives.parse(fault_directives.parse_option(o) for o in options)
+    except (ValueError, KeyError, TypeError, FaultError) as err:
+        return web.json_response({"error": {"message": f"bad faults: {err}"}}, status=400)
+    log.info("engine_faults_set", faults=options)
+    return web.json_response({"faults": options})
+
+
 async def reset(request: web.Request) -> web.Response:
     """``POST /reset``: an empty cache and zero counters, as after a restart (409 while busy)."""
     state = request.app[STATE_KEY]
@@ -891,6 +912,9 @@ async def reset(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    if state.faults.metrics_hang:  # --fault metrics-hang: load cannot be read
+        await asyncio.sleep(state.config.hang_limit_s)
     registry = request.app[REGISTRY_KEY]
     return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -933,6 +957,7 @@ def create_app(config: EngineConfig, gpu: Gpu | None = None) -> web.Application:
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/v1/chat/completions/render", render_chat)
     app.router.add_post("/reset", reset)
+    app.router.add_put("/faults", set_faults)
     app.router.add_get("/metrics", metrics)
     return app
 
@@ -1028,8 +1053,9 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
     )
     p.add_argument("--fault", action="append", default=[], metavar="DIRECTIVE",
                    help="engine-wide fault directive, repeatable: status=503, status-times=429:2, "
-                        "retry-after=3, die-after=4, linger-after-done=500, hang, tool-call-as-text, "
-                        "schema-as-arguments, string-scalars (the same as [[fake:...]] in a message)")
+                        "retry-after=3, die-after=4, stall-after=4, linger-after-done=500, hang, metrics-hang, "
+                        "tool-call-as-text, schema-as-arguments, string-scalars (the same as [[fake:...]] in a "
+                        "message); PUT /faults {\"faults\": [...]} replaces them while it runs")
     a = p.parse_args(argv)
     try:
         fault_directives.parse(fault_directives.parse_option(f) for f in a.fault)

@@ -14,6 +14,9 @@ Directives (``[[fake:NAME]]`` or ``[[fake:NAME=VALUE]]``):
 - ``die-after=N``: stream N chunks after the role chunk, then abort the connection;
   non-streaming requests are aborted without a response.
 - ``hang``: accept the request and never answer.
+- ``stall-after=N``: stream N chunks after the role chunk, then send nothing more while
+  keeping the connection open (a wedged engine mid-stream); non-streaming requests hang.
+- ``metrics-hang`` (engine-wide with ``--fault``): ``/metrics`` accepts and never answers.
 - ``linger-after-done=MS``: a stream keeps its response open MS milliseconds after
   ``data: [DONE]`` before ending it (a client may close first, as the openai one does).
 - ``tool-call-as-text``: a tool call is written as JSON text in ``content``.
@@ -34,8 +37,8 @@ from typing import Any
 DIRECTIVE = re.compile(r"\[\[fake:([a-z][a-z-]*)(?:=([^\]]*))?\]\]")
 RETRY_AFTER_STATUSES = frozenset({429, 503})
 DEFAULT_RETRY_AFTER = "1"
-_FLAGS = ("hang", "tool-call-as-text", "schema-as-arguments", "string-scalars")
-_VALUED = ("status", "status-times", "retry-after", "die-after", "linger-after-done", "tool")
+_FLAGS = ("hang", "metrics-hang", "tool-call-as-text", "schema-as-arguments", "string-scalars")
+_VALUED = ("status", "status-times", "retry-after", "die-after", "stall-after", "linger-after-done", "tool")
 KNOWN = frozenset(_FLAGS + _VALUED)
 
 
@@ -51,8 +54,10 @@ class Faults:
     status_times: tuple[int, int] | None = None  # (code, first N requests)
     retry_after: str = DEFAULT_RETRY_AFTER
     die_after: int | None = None
+    stall_after: int | None = None
     linger_after_done_ms: int = 0
     hang: bool = False
+    metrics_hang: bool = False
     tool_call_as_text: bool = False
     schema_as_arguments: bool = False
     string_scalars: bool = False
@@ -110,6 +115,8 @@ def parse(directives: Iterable[tuple[str, str | None]]) -> Faults:
             fields["retry_after"] = str(_positive_int(name, value))
         elif name == "die-after":
             fields["die_after"] = _positive_int(name, value)
+        elif name == "stall-after":
+            fields["stall_after"] = _positive_int(name, value)
         elif name == "linger-after-done":
             fields["linger_after_done_ms"] = _positive_int(name, value)
         elif name == "tool":

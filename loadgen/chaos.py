@@ -15,6 +15,9 @@ per seed:
   tool calls that no runtime kill explains (must be 0);
 - restart → usable seconds per process (healthy, and for a dataplane connected again).
 
+``--load`` runs the load mode instead (``loadgen/chaos_load.py``: hung, stalled, slow
+engines, hanging metrics and partitions under B2-shaped load).
+
 JSON goes to ``bench-results/chaos-<seed>.json``. Exit status 1 unless every run completed
 and no completed round ran twice. ``python -m luftpause.loadgen.chaos --help``.
 """
@@ -268,6 +271,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--load" in argv:  # the load mode: B2-shaped load while each fault class is injected in turn
+        from luftpause.loadgen import chaos_load
+
+        return chaos_load.main([a for a in argv if a != "--load"])
     args = parse_args(argv)
     outcomes = []
     out = Path(args.out)

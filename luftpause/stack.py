@@ -93,6 +93,8 @@ class Stack:
     state_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     engine_args: list[str] = field(default_factory=list)
+    engine_args_by_name: dict[str, list[str]] = field(default_factory=dict)  # more args for one engine
+    dataplane_scheduler: str = ""  # host:port dataplanes dial for the scheduler (a fault proxy); "" = its own
     fake_mcp_args: list[str] = field(default_factory=list)
     without: frozenset[str] = frozenset()  # process names not to start (e.g. {"runtime"})
     classifier: bool = False  # also start the fake one-pass classifier (`make run`)
@@ -152,7 +154,7 @@ class Stack:
         engines = [self._llama_process(i, port) for i, port in enumerate(p.engines)] if self.llama else [
             self._process(engine_name(i), "luftpause.fakes.engine",
                           ["--host", HOST, "--port", str(port), "--name", engine_name(i), "--models", MODEL,
-                           *self.engine_args],
+                           *self.engine_args, *self.engine_args_by_name.get(engine_name(i), [])],
                           f"http://{HOST}:{port}/health")
             for i, port in enumerate(p.engines)
         ]
@@ -166,7 +168,8 @@ class Stack:
                                   f"http://{HOST}:{p.scheduler_http}/health")
         dataplanes = [
             self._process("dataplane" if i == 1 else f"dataplane-{i}", "luftpause.dataplane",
-                          ["--host", HOST, "--port", str(port), "--scheduler", f"{HOST}:{p.scheduler_grpc}"],
+                          ["--host", HOST, "--port", str(port),
+                           "--scheduler", self.dataplane_scheduler or f"{HOST}:{p.scheduler_grpc}"],
                           f"http://{HOST}:{port}/health")
             for i, port in enumerate(p.dataplanes, start=1)
         ]

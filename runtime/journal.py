@@ -12,7 +12,10 @@ Record kinds, each fsync'd before the effect it records is acknowledged:
 A round or ``finished`` record that cannot be written (disk full, directory not
 writable) is retried until it is, and the run waits meanwhile: the journal is what a
 restart will believe, so no outcome is told to a client before it is on disk.
-``problem`` names the journal and the error while writes fail (``/health`` shows it).
+``problem`` names the journal and the error while writes fail (``/health`` shows it);
+on a full disk it names the filesystem and its free space. A batch that fails part-way
+(the disk filled during it) is cut off again before the error is reported, so the
+journal never holds half a batch: a record retried later is written once, whole.
 
 Replay ignores record kinds it does not know, so later features (approval decisions)
 can add kinds without breaking older journals.
@@ -24,6 +27,7 @@ from their last complete round (a turn in flight at the crash is simply sent aga
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import json
 import os
@@ -98,7 +102,7 @@ class Journal:
             except OSError as exc:
                 if self.problem is None:
                     log.error("journal_unwritable", path=str(self.path), error=str(exc))
-                self.problem = f"cannot write the run journal {self.path}: {exc}"
+                self.problem = unwritable(self.path, exc)
                 for _, written in batch:
                     if not written.done():
                         written.set_exception(exc)
@@ -124,12 +128,17 @@ class Journal:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                if _ends_torn(fd):
-                    # Start on a fresh line so a torn tail cannot swallow this record.
-                    os.write(fd, b"\n")
-                with JOURNAL_FSYNC.time():
-                    _write_all(fd, lines)
-                    os.fsync(fd)
+                start = os.fstat(fd).st_size
+                try:
+                    if _ends_torn(fd):
+                        # Start on a fresh line so a torn tail cannot swallow this record.
+                        os.write(fd, b"\n")
+                    with JOURNAL_FSYNC.time():
+                        _write_all(fd, lines)
+                        os.fsync(fd)
+                except OSError:
+                    _cut_back(fd, start, self.path)
+                    raise
             finally:
                 os.close(fd)
 
@@ -189,6 +198,30 @@ def _decode_whole(data: bytes) -> list[dict[str, Any]] | None:
     if all(isinstance(record, dict) and isinstance(record.get("handle"), str) for record in records):
         return records
     return None
+
+
+def unwritable(path: Path, exc: OSError) -> str:
+    """Why the journal cannot be written, for clients and ``/health``: on a full disk,
+    which filesystem and how much room it has."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            fs = os.statvfs(path.parent)
+            room = f"{fs.f_bavail * fs.f_frsize} of {fs.f_blocks * fs.f_frsize} bytes free"
+        except OSError:
+            room = "free space unknown"
+        return (f"cannot write the run journal {path}: the disk holding {path.parent} is full ({room}); "
+                "runs wait and resume once there is room")
+    return f"cannot write the run journal {path}: {exc}"
+
+
+def _cut_back(fd: int, size: int, path: Path) -> None:
+    """Drop whatever part of a failed batch reached the file (shrinking needs no room)."""
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    except OSError as exc:
+        log.error("journal_cut_back_failed", path=str(path), size=size, error=str(exc),
+                  effect="a torn tail is skipped at replay")
 
 
 def _consume_outcome(future: asyncio.Future[None]) -> None:

@@ -22,7 +22,7 @@ from luftpause.runtime.approvals import Approvals
 from luftpause.runtime.budgets import BudgetExceeded, Budgets
 from luftpause.runtime.compaction import CompactionTrigger, ForkedCompaction, compact
 from luftpause.runtime.dataplane import DataplaneClient, TurnError
-from luftpause.runtime.journal import Journal, restore_runs
+from luftpause.runtime.journal import Journal, restore_runs, unwritable
 from luftpause.runtime.runs import BudgetExcess, Run, RunRegistry, RunSpec, RunStatus, new_handle
 from luftpause.runtime.upstream import Toolbox
 
@@ -210,7 +210,7 @@ class Runtime:
             try:
                 await self._journal.created(run)  # durable before the handle is handed out
             except OSError as exc:
-                raise JournalUnavailable(f"cannot write the run journal {self._journal.path}: {exc}") from exc
+                raise JournalUnavailable(unwritable(self._journal.path, exc)) from exc
         self.runs.add(run)
         run.trace_parent = self._trace_parent(run)
         if run.has_budget:

@@ -23,6 +23,13 @@ in the events. Read top to bottom it is the policy:
   way before the first turns of new ones (a run's prefix is cached only while it
   runs: finishing started runs keeps the engines' caches on fewer, warmer runs),
   then in arrival order;
+* a turn free to go anywhere goes where the turns in flight would end soonest at each
+  replica's recent turn time (fewest in flight while any has none finished): an engine
+  ten times slower than its peer takes about a tenth of new runs;
+* a replica where a turn got no first byte within its bound, or whose stream stalled,
+  leaves rotation at once, whatever its health endpoint says (a wedged engine still
+  answers that), and comes back only when it answers a probe generation (see "Stalled
+  replicas" below);
 * turns never reported finished expire after 10 min, idle runs after 30 min;
 * dataplanes are peers: each owns the runs and turns it admitted; a Resync replaces
   only what its sender owns, and a dataplane that is gone takes its in-flight turns
@@ -62,6 +69,7 @@ from luftpause.scheduler.constants import (
 
 INTERACTIVE = "interactive"
 BATCH = "batch"
+TURN_TIME_WEIGHT = 8  # a replica's turn time: moving average over about this many turns
 GENERATIVE = "generative"
 ONE_PASS = "one-pass"
 
@@ -124,6 +132,8 @@ class Replica(NamedTuple):
     paused_interactive_tokens: int = 0  # their contexts, in tokens, where known
     fast_batch: int = 0  # the largest decode batch the engine runs at full speed, as it reports it; 0 = unknown
     leased_idle: int = 0  # slots lent to dataplanes and not in use: taken, as far as room goes
+    stalled: bool = False  # a turn stalled here: out of rotation until it answers a probe generation
+    turn_ms: int = 0  # recent placed-to-finished time of turns here (moving average); 0 = none finished yet
 
     @property
     def ceiling(self) -> int:
@@ -271,6 +281,8 @@ class TurnFinished:
 class TurnFailed:
     turn_id: str
     now_ms: int
+    # The engine sent no byte within the turn's first-byte bound, or its stream stalled.
+    stalled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +311,8 @@ class EngineProbed:
     kv_used: int | None = None  # KV tokens held, None when not reported
     kv_total: int | None = None  # KV pool size in tokens, None when not reported
     fast_batch: int | None = None  # the engine's fast decode batch (0: none), None when not read this time
+    answers: bool | None = None  # a probe generation was answered in time; None when none was sent
+    load_stale: bool = False  # the engine's metrics did not answer in time: its load is unknown, not zero
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,9 +436,12 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
         case TurnUsage():
             state = _usage(state, event)
         case TurnFinished():
+            state = _timed(state, event.turn_id, event.now_ms)
             stage = Stage.PAUSED if event.finish_reason == "tool_calls" else Stage.IDLE
             state = _end_turn(state, event.turn_id, stage, event.now_ms, event.context_tokens)
         case TurnFailed():
+            if event.stalled:
+                state = _stalled(state, event.turn_id)
             state = _end_turn(state, event.turn_id, Stage.IDLE, event.now_ms)
         case RunEnded():
             state = _put_run(state, None, run_id=event.run_id)
@@ -711,13 +728,19 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
 
 def _best_replica(state: State, roomy: list[Replica]) -> Replica:
     """Spread across devices, fill within one: the device with the fewest turns in
-    flight, and on a device several replicas share, the busiest of them that has room.
+    flight (on replicas of their own, once each has finished turns: the one whose turns
+    in flight would end soonest at its recent turn time), and on a device several
+    replicas share, the busiest of them that has room.
     Replicas on one accelerator take turns at it, each pass reading all the weights, so
     one replica with the whole batch decodes faster than two with half each; the next
     one there takes turns once the first is at its limit."""
     if len(roomy) == 1:
         return roomy[0]
     if not any(r.device for r in roomy):
+        if all(r.turn_ms for r in roomy):
+            # Where the turns it has would end soonest: a replica whose turns take ten
+            # times as long takes about a tenth of them (equal ones alternate as before).
+            return min(roomy, key=lambda r: ((r.in_flight + 1) * r.turn_ms, r.in_flight, r.name))
         return min(roomy, key=lambda r: (r.in_flight, r.name))
     on_device: dict[str, int] = {}
     for r in state.replicas.values():
@@ -866,7 +889,9 @@ def _usage(state: State, event: TurnUsage) -> State:
 #   shows a queue the limit doubles on each calm probe at which turns wait (the engine
 #   has told nothing of its capacity yet, and +1 every two probes took a minute to
 #   reach 20); from the first queue on it grows by the rule above;
-# * forget: an unhealthy engine, or one that stops reporting load, is learned anew;
+# * forget: an unhealthy engine, or one that stops reporting load, is learned anew; one
+#   whose metrics stop answering (timed out) keeps its limit and does not grow it: its
+#   load is unknown, not zero (one never read is held to the slow start's limit);
 # * the ceiling: above the engine's fast decode batch (SGLang captures CUDA graphs up
 #   to ``cuda_graph_max_bs`` and runs larger batches eagerly, paying the kernel
 #   launches every step) a step costs more for every request in it, so a larger batch
@@ -933,8 +958,10 @@ def _probed(state: State, event: EngineProbed) -> State:
     if replica is None:
         return state
     load_known = event.running is not None and event.queued is not None
+    stalled = replica.stalled and event.answers is not True
     updated = replica._replace(
-        healthy=event.healthy,
+        healthy=event.healthy and not stalled,
+        stalled=stalled,
         load_known=load_known,
         running=event.running or 0,
         queued=event.queued or 0,
@@ -945,8 +972,54 @@ def _probed(state: State, event: EngineProbed) -> State:
         calm_probes=0 if (event.queued or not event.healthy) else replica.calm_probes + 1,
         since_growth=min(LIMIT_CALM_MAX, replica.since_growth + 1),
     )
-    updated = _limit_after_probe(state, updated)
+    if event.load_stale and updated.healthy:
+        # The metrics did not answer: the load is unknown, not zero. Keep the last figures
+        # and the limit, grow nothing (no calm probe); with no limit learned yet, the
+        # slow start's (an engine whose load cannot be read is not idle).
+        limit = updated.limit or (0 if updated.ceiling else max(LIMIT_INITIAL, updated.in_flight))
+        updated = updated._replace(load_known=replica.load_known, running=replica.running, queued=replica.queued,
+                                   kv_used=replica.kv_used, kv_total=replica.kv_total, calm_probes=0, limit=limit)
+    else:
+        updated = _limit_after_probe(state, updated)
     return state._replace(replicas=state.replicas.set(replica.name, updated))
+
+
+def _timed(state: State, turn_id: str, now_ms: int) -> State:
+    """Fold a finished turn's placed-to-finished time into its replica's moving average
+    (weight 1/TURN_TIME_WEIGHT)."""
+    turn = state.turns.get(turn_id)
+    replica = state.replicas.get(turn.replica) if turn is not None else None
+    if replica is None:
+        return state
+    took = max(1, now_ms - turn.placed_ms)
+    average = took if not replica.turn_ms else (replica.turn_ms * (TURN_TIME_WEIGHT - 1) + took) // TURN_TIME_WEIGHT
+    return state._replace(replicas=state.replicas.set(replica.name, replica._replace(turn_ms=max(1, average))))
+
+
+# ---------------------------------------------------------------- stalled replicas
+#
+# A wedged engine accepts requests and never answers, while its health endpoint (a
+# separate, trivial route) still says ok; a probe of health alone keeps it in rotation
+# and every turn placed there waits for nothing. The dataplane bounds the wait for a
+# turn's first byte by what the engine is doing (its recent time to first token and
+# the prompts ahead of the turn there) and a stream's pauses alike, and reports a turn
+# that overran as failed *stalled*:
+#
+# * the replica leaves rotation at once: it counts as unhealthy (held turns pinned to
+#   it may move, its leases are called back, its learned limit is forgotten);
+# * a health probe no longer brings it back: the host sends it a one-token probe
+#   generation each probe period, and only an answer within the probe timeout clears
+#   the mark (a merely overloaded engine answers once the turns it has drain; nothing
+#   new is placed there meanwhile).
+
+
+def _stalled(state: State, turn_id: str) -> State:
+    turn = state.turns.get(turn_id)
+    replica = state.replicas.get(turn.replica) if turn is not None else None
+    if replica is None:
+        return state
+    replica = _limit_after_probe(state, replica._replace(healthy=False, stalled=True, calm_probes=0))
+    return state._replace(replicas=state.replicas.set(replica.name, replica))
 
 
 def _expire(state: State, now_ms: int) -> State:
@@ -1188,6 +1261,7 @@ def status(state: State, now_ms: int) -> dict:
             "kind": r.kind,
             "models": sorted(r.models),
             "healthy": r.healthy,
+            "stalled": r.stalled,
             "load_known": r.load_known,
             "running": r.running,
             "queued": r.queued,

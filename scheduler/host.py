@@ -26,7 +26,7 @@ from luftpause.scheduler import core, stream
 from luftpause.scheduler.constants import CLOCK_TICK_S, DATAPLANE_GONE_S, FIRST_PROBE_WAIT_S, PROBE_PERIOD_S
 from luftpause.scheduler.metrics import SchedulerMetrics, exposition, status_view
 from luftpause.scheduler.pool import Endpoint
-from luftpause.scheduler.probes import ProbeResult, fast_batch, probe, probe_client
+from luftpause.scheduler.probes import ProbeResult, answers, fast_batch, probe, probe_client
 from luftpause.scheduler.validation import admit_problem, resync_problem
 
 TRACER = trace.get_tracer("luftpause.scheduler")
@@ -76,6 +76,7 @@ class SchedulerHost:
         # turn id -> who waits for its decision (a unary Admit call or a Connect stream)
         self._waiters: dict[str, list[Callable[[core.Action], None]]] = {}
         self._logged_problems: set[str] = set()  # metrics URLs already logged as unreadable
+        self._stale_logged: set[str] = set()  # replicas whose metrics time out, logged once per spell
         self.metrics = SchedulerMetrics(self.status, clock)
         self.metrics.init_series(self.endpoints)
         self.serving = False  # set once the gRPC server is up (readiness)
@@ -202,9 +203,13 @@ class SchedulerHost:
             tokens = None if usage is None else usage.prompt_tokens + usage.completion_tokens
             self.apply(core.TurnFinished(event.turn_id, event.finished.finish_reason, now, tokens))
         elif kind == "failed":
-            self.log.info("turn_failed", turn=event.turn_id, run=event.run_id, error=event.failed.error)
+            self.log.info("turn_failed", turn=event.turn_id, run=event.run_id, error=event.failed.error,
+                          stalled=event.failed.stalled)
             placed = self.state.turns.get(event.turn_id)
-            self.apply(core.TurnFailed(event.turn_id, now))
+            if placed is not None and event.failed.stalled and not self.state.replicas[placed.replica].stalled:
+                self.log.warning("replica_stalled", replica=placed.replica, turn=event.turn_id,
+                                 error=event.failed.error, effect="out of rotation until it answers a probe generation")
+            self.apply(core.TurnFailed(event.turn_id, now, stalled=event.failed.stalled))
             if placed is not None:
                 self.reprobe(placed.replica)
         elif kind == "abandoned":
@@ -255,23 +260,35 @@ class SchedulerHost:
             self._probe_client = client
             while True:
                 started = time.monotonic()
-                results = await asyncio.gather(*(probe(client, e) for e in self.endpoints.values()))
+                results = await asyncio.gather(*(self._probe(client, e) for e in self.endpoints.values()))
                 # The fast batch is read on the first healthy probe of each healthy spell.
-                unread = [e for e, r in zip(self.endpoints.values(), results, strict=True)
+                unread = [e for e, (r, _) in zip(self.endpoints.values(), results, strict=True)
                           if r.healthy and not self.state.replicas[e.name].healthy]
                 sizes = await asyncio.gather(*(fast_batch(client, e) for e in unread))
                 read = {e.name: size for e, size in zip(unread, sizes, strict=True)}
-                for endpoint, result in zip(self.endpoints.values(), results, strict=True):
-                    self._probe_result(endpoint.name, result, read.get(endpoint.name))
+                for endpoint, (result, answered) in zip(self.endpoints.values(), results, strict=True):
+                    self._probe_result(endpoint.name, result, read.get(endpoint.name), answered)
                 await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
 
-    def _probe_result(self, replica: str, result: ProbeResult, fast: int | None = None) -> None:
+    async def _probe(self, client: httpx.AsyncClient, endpoint: Endpoint) -> tuple[ProbeResult, bool | None]:
+        """Health and load; for a stalled replica that says it is healthy, also whether it
+        answers a probe generation (None: none sent)."""
+        result = await probe(client, endpoint)
+        if not (result.healthy and self.state.replicas[endpoint.name].stalled):
+            return result, None
+        return result, await answers(client, endpoint)
+
+    def _probe_result(self, replica: str, result: ProbeResult, fast: int | None = None,
+                      answered: bool | None = None) -> None:
         self._log_probe(replica, result)
         self.metrics.probed(replica, result.healthy)
         if fast:
             self.log.info("engine_fast_batch", replica=replica, fast_batch=fast)
+        if answered and self.state.replicas[replica].stalled:
+            self.log.info("replica_answers", replica=replica, effect="back in rotation")
         self.apply(core.EngineProbed(replica, result.healthy, result.running, result.queued, self.now_ms(),
-                                     result.kv_used, result.kv_total, fast))
+                                     result.kv_used, result.kv_total, fast, answers=answered,
+                                     load_stale=result.load_stale))
 
     def reprobe(self, replica: str) -> None:
         """Probe one replica now, out of turn: a turn failed there, and a dead engine
@@ -296,6 +313,12 @@ class SchedulerHost:
     def _log_probe(self, replica: str, result: ProbeResult) -> None:
         if result.healthy != self.state.replicas[replica].healthy:
             self.log.info("replica_health", replica=replica, healthy=result.healthy)
+        if result.load_stale and replica not in self._stale_logged:
+            self._stale_logged.add(replica)
+            self.log.warning("engine_metrics_unanswered", replica=replica,
+                             effect="load unknown: its limit is kept and does not grow")
+        elif not result.load_stale:
+            self._stale_logged.discard(replica)
         for url, problem in result.problems:
             if url not in self._logged_problems:
                 self._logged_problems.add(url)

@@ -109,15 +109,24 @@ class ProbeResult:
     kv_used: int | None = None  # None: no KV tokens reported
     kv_total: int | None = None
     problems: tuple[tuple[str, str], ...] = field(default=())  # (metrics URL, what is wrong with it)
+    load_stale: bool = False  # a metrics source did not answer in time: load unknown, not zero
+
+
+class _Unanswered(NamedTuple):
+    """A metrics source that accepted the request and did not answer within the probe's
+    timeout (a wedged /metrics): its load is unknown, not absent."""
 
 
 async def _load_of(
     client: httpx.AsyncClient, base_url: str, endpoint: Endpoint
-) -> Load | tuple[str, str] | None:
-    """(running, queued) at one metrics source, None when not reported, or (url, problem):
-    text that does not parse, or metrics that answer with no known load metric."""
+) -> Load | tuple[str, str] | _Unanswered | None:
+    """(running, queued) at one metrics source, None when not reported, _Unanswered when
+    it timed out, or (url, problem): text that does not parse, or metrics that answer
+    with no known load metric."""
     try:
         response = await client.get(base_url + endpoint.metrics_path, headers=auth_headers(endpoint))
+    except httpx.TimeoutException:
+        return _Unanswered()
     except httpx.HTTPError:
         return None
     if response.status_code != 200:
@@ -142,6 +151,8 @@ async def probe(client: httpx.AsyncClient, endpoint: Endpoint) -> ProbeResult:
         return ProbeResult(False)
     sources = endpoint.load_from or (endpoint.base_url,)
     loads = await asyncio.gather(*(_load_of(client, url, endpoint) for url in sources))
+    if any(isinstance(load, _Unanswered) for load in loads):
+        return ProbeResult(True, load_stale=True)
     problems = tuple(load for load in loads if load is not None and not isinstance(load, Load))
     numbers = [load for load in loads if isinstance(load, Load)]
     if len(numbers) != len(loads):
@@ -169,6 +180,26 @@ async def fast_batch(client: httpx.AsyncClient, endpoint: Endpoint) -> int:
         return 0
     size = info.get("cuda_graph_max_bs")
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+
+
+async def answers(client: httpx.AsyncClient, endpoint: Endpoint) -> bool:
+    """Whether the engine streams a one-token generation to its end within the probe
+    timeout: the probe that brings a stalled replica back (its health route may answer
+    while generation is wedged, and an engine that stalls mid-stream sends a first chunk)."""
+    body = {"model": endpoint.models[0], "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1,
+            "stream": True}
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            async with client.stream("POST", endpoint.base_url + "/v1/chat/completions", json=body,
+                                     headers=auth_headers(endpoint)) as response:
+                if response.status_code != 200:
+                    return False
+                received = b""
+                async for chunk in response.aiter_bytes():
+                    received += chunk
+                return b"data:" in received  # the stream ended, with an answer in it
+    except (httpx.HTTPError, TimeoutError):
+        return False
 
 
 def probe_client() -> httpx.AsyncClient:

@@ -1,0 +1,150 @@
+"""How long a turn may wait for its engine: a bound on the first byte (and on any pause
+of a stream) derived from what the engine is doing, and the watchdog that enforces it.
+
+A wedged engine accepts the request and never answers while its health route says ok;
+an engine that stalls mid-stream keeps the connection open and sends nothing more.
+Neither is an error a socket reports, so the dataplane bounds the wait.
+
+The bound is not one fixed number. Per replica (and per reply kind: a stream's first
+byte is its first token, a non-streamed reply's is the whole reply) the dataplane
+keeps the seconds per token its recent first bytes took, counting the tokens the
+engine had to prefill first: the turn's own prompt and the prompts of this dataplane's
+turns that were still waiting there when it was sent, plus a fixed overhead. The bound
+of a new turn is FIRST_BYTE_MARGIN times the slowest of those recent rates applied to
+its own pending tokens, never below FIRST_BYTE_MIN_S, and never below what prefilling
+its prompt uncached would take at FIRST_BYTE_FLOOR_S_PER_TOKEN (a cached prefix makes
+a long prompt quick; the same prompt uncached must not look like a stall). A replica
+with no history borrows its peers' (the pool's); with none anywhere the cold rate
+applies. The bound is recomputed while a turn waits, so the first answers anywhere
+tighten the bound of turns sent before them.
+
+A stream that pauses longer than its (recomputed) bound while the dataplane waits on
+the engine is stalled too; time spent writing to a slow client does not count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from luftpause.dataplane.constants import (
+    BYTES_PER_TOKEN,
+    FIRST_BYTE_COLD_S_PER_TOKEN,
+    FIRST_BYTE_FLOOR_S_PER_TOKEN,
+    FIRST_BYTE_HISTORY,
+    FIRST_BYTE_MARGIN,
+    FIRST_BYTE_MIN_S,
+    FIRST_BYTE_OVERHEAD_TOKENS,
+    FIRST_BYTE_RECHECK_S,
+)
+
+
+def prompt_tokens(body: bytes) -> int:
+    """A turn's prompt in tokens, estimated from its request body's size."""
+    return len(body) // BYTES_PER_TOKEN
+
+
+class Watch:
+    """One turn's wait on its engine."""
+
+    __slots__ = ("replica", "stream", "tokens", "pending", "started", "waiting", "answered", "stalled", "bound")
+
+    def __init__(self, replica: str, stream: bool, tokens: int, ahead: int, started: float) -> None:
+        self.replica, self.stream, self.tokens = replica, stream, tokens
+        self.pending = tokens + ahead  # tokens the engine prefills before this turn's first byte
+        self.started = started
+        self.waiting: float | None = started  # since when the dataplane waits on the engine; None: it does not
+        self.answered = False  # the first byte came
+        self.stalled = False  # the watchdog gave up on it
+        self.bound = 0.0  # the bound it was last held to, seconds
+
+
+class FirstByteBounds:
+    """Per replica: recent seconds per pending token to the first byte, and the prompt
+    tokens of this dataplane's turns still waiting there for theirs."""
+
+    def __init__(self) -> None:
+        self._rates: dict[tuple[str, bool], deque[float]] = {}
+        self._pooled: dict[bool, deque[float]] = {}
+        self._waiting: dict[str, int] = {}
+
+    def start(self, replica: str, stream: bool, tokens: int, now: float) -> Watch:
+        ahead = self._waiting.get(replica, 0)
+        self._waiting[replica] = ahead + tokens
+        watch = Watch(replica, stream, tokens, ahead, now)
+        watch.bound = self.bound(watch)
+        return watch
+
+    def bound(self, watch: Watch) -> float:
+        """Seconds the turn may wait for its first byte (or in a pause of its stream)."""
+        rates = self._rates.get((watch.replica, watch.stream)) or self._pooled.get(watch.stream)
+        rate = max(rates) if rates else FIRST_BYTE_COLD_S_PER_TOKEN
+        expected = FIRST_BYTE_MARGIN * rate * (watch.pending + FIRST_BYTE_OVERHEAD_TOKENS)
+        return max(FIRST_BYTE_MIN_S, expected, watch.tokens * FIRST_BYTE_FLOOR_S_PER_TOKEN)
+
+    def first_byte(self, watch: Watch, now: float) -> None:
+        """The turn's first byte came: learn from how long it took."""
+        if watch.answered:
+            return
+        self._done_waiting(watch)
+        watch.answered = True
+        rate = max(0.0, now - watch.started) / (watch.pending + FIRST_BYTE_OVERHEAD_TOKENS)
+        for key, table in (((watch.replica, watch.stream), self._rates), (watch.stream, self._pooled)):
+            history = table.get(key)
+            if history is None:
+                history = table[key] = deque(maxlen=FIRST_BYTE_HISTORY)
+            history.append(rate)
+
+    def ended(self, watch: Watch) -> None:
+        """The turn's wait is over, answered or not."""
+        if not watch.answered:
+            self._done_waiting(watch)
+            watch.answered = True  # counted once
+
+    def _done_waiting(self, watch: Watch) -> None:
+        left = self._waiting.get(watch.replica, 0) - watch.tokens
+        if left > 0:
+            self._waiting[watch.replica] = left
+        else:
+            self._waiting.pop(watch.replica, None)
+
+
+class Watchdog:
+    """Ends the wait of a turn whose engine overran its bound: expires the timeout the
+    turn's engine I/O runs under (:meth:`guard`), so the awaiting code sees a
+    TimeoutError and finds ``watch.stalled`` set. Checks only when a bound could have
+    passed (and every FIRST_BYTE_RECHECK_S until the first byte, as the bound may
+    tighten): one timer per turn, not one per chunk."""
+
+    __slots__ = ("_loop", "_bounds", "_watch", "_timeout", "_handle")
+
+    def __init__(self, bounds: FirstByteBounds, watch: Watch) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._bounds, self._watch = bounds, watch
+        self._timeout: asyncio.Timeout | None = None
+        self._handle = self._loop.call_at(watch.started + min(watch.bound, FIRST_BYTE_RECHECK_S), self._check)
+
+    def guard(self) -> asyncio.Timeout:
+        """The timeout (``async with``) the engine I/O runs under; the watchdog expires it."""
+        self._timeout = asyncio.timeout(None)
+        return self._timeout
+
+    def _check(self) -> None:
+        watch, now = self._watch, self._loop.time()
+        watch.bound = self._bounds.bound(watch)
+        since = watch.waiting
+        if since is not None and now - since >= watch.bound and self._timeout is not None:
+            try:
+                self._timeout.reschedule(now)
+            except RuntimeError:  # its block was left meanwhile: nothing waits on the engine
+                pass
+            else:
+                watch.stalled = True
+                return
+        due = (since if since is not None else now) + watch.bound
+        if not watch.answered:  # the first answers anywhere may tighten its bound: look again soon
+            due = min(due, now + FIRST_BYTE_RECHECK_S)
+        self._handle = self._loop.call_at(due, self._check)
+
+    def cancel(self) -> None:
+        self._handle.cancel()

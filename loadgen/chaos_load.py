@@ -1,0 +1,237 @@
+"""``make chaos-load`` (``python -m luftpause.loadgen.chaos --load``): B2-shaped load
+(interactive and batch agent runs with tool calls, through the dataplane) while one
+fault class at a time is injected into a stack of two fake engines; the same load with
+no fault first, as the reference of the same run.
+
+Fault classes (``--faults``):
+
+- ``none``: the reference;
+- ``hang``: engine-b accepts requests and answers none (its /health still ok), from
+  ``--fault-at`` to the end;
+- ``stall``: engine-b stops every stream after two chunks (connection kept open);
+- ``slow``: engine-b runs 10x slower than engine-a for the whole run;
+- ``metrics-hang``: engine-b's /metrics never answers;
+- ``partition-N``: the dataplane is cut off from the scheduler for N seconds at
+  ``--fault-at`` (a real TCP proxy that drops everything while cut).
+
+Per fault a row: runs finished and runs lost (failed: the client got no answer),
+turns the dataplane re-sent (no byte had reached the client), completed rounds
+repeated (turns the dataplane finished beyond those the agents received, per run: an
+agent runs its tool calls once per answer it gets, so a round runs twice only if one
+turn were answered twice), interactive turn p99 time to first token and batch runs per minute, each
+against the reference, and the requests each engine received (an engine 10x slower
+than its peer should get about a tenth). JSON to ``bench-results/chaos-load-<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from luftpause.faultproxy import FaultProxy
+from luftpause.loadgen.agents import Target
+from luftpause.loadgen.driver import Group, run_load
+from luftpause.loadgen.records import percentile
+from luftpause.loadgen.workload import Workload
+from luftpause.stack import MODEL, Stack
+
+FAULTS = ("none", "hang", "stall", "slow", "metrics-hang", "partition-2", "partition-10", "partition-30")
+DEFAULT_FAULTS = ",".join(FAULTS)
+SLOWER = 10.0
+
+
+@dataclass
+class FaultRow:
+    fault: str
+    runs: int = 0
+    lost: int = 0
+    resent_turns: int = 0
+    rounds_repeated: int = 0
+    interactive_turns: int = 0
+    interactive_ttft_p99_s: float | None = None
+    batch_runs_per_min: float = 0.0
+    interactive_p99_x: float | None = None  # against the reference
+    batch_throughput_x: float | None = None
+    engine_requests: dict[str, int] = field(default_factory=dict)  # requests each engine received
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def workload_groups(interactive: int, batch: int) -> list[Group]:
+    """B2's shape, small: interactive runs among batch runs, 1-3 tool calls each."""
+    base = Workload(context_chars_min=500, context_chars_max=2000, tool_calls_min=1, tool_calls_max=3,
+                    tool_delay_s=0.5, max_tokens=128, answer_keeps_tools=True)
+    return [Group(interactive, replace(base, service_class="interactive")),
+            Group(batch, replace(base, service_class="batch"))]
+
+
+def _set_faults(stack: Stack, engine: str, faults: list[str]) -> None:
+    port = stack.ports.engines["ab".index(engine[-1])]
+    httpx.put(f"http://127.0.0.1:{port}/faults", json={"faults": faults}, timeout=5).raise_for_status()
+
+
+async def _inject(fault: str, stack: Stack, proxy: FaultProxy, at_s: float) -> None:
+    await asyncio.sleep(at_s)
+    if fault in ("hang", "stall", "metrics-hang"):
+        directive = {"hang": "hang", "stall": "stall-after=2", "metrics-hang": "metrics-hang"}[fault]
+        await asyncio.to_thread(_set_faults, stack, "engine-b", [directive])
+    elif fault.startswith("partition-"):
+        proxy.cut()
+        await asyncio.sleep(float(fault.split("-")[1]))
+        proxy.heal()
+
+
+def _log(stack: Stack, process: str) -> list[dict[str, Any]]:
+    records = []
+    for line in (stack.state_dir / "logs" / f"{process}.log").read_text(errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
+def _repeated(log: list[dict[str, Any]], received: dict[str, int]) -> int:
+    """Turns the dataplane finished beyond those the agents received, summed over runs."""
+    finished: dict[str, int] = {}
+    for record in log:
+        if record.get("event") == "turn" and record.get("outcome") == "finished":
+            finished[record.get("run", "")] = finished.get(record.get("run", ""), 0) + 1
+    return sum(max(0, count - received.get(run, 0)) for run, count in finished.items() if run in received)
+
+
+async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: float, window_s: float,
+                    fault_at_s: float) -> FaultRow:
+    row = FaultRow(fault)
+    began = time.monotonic()
+    by_name = {"engine-b": ["--time-scale", str(SLOWER)]} if fault == "slow" else {}
+    stack = Stack.on_free_ports(directory / fault, without=frozenset({"runtime", "fake-mcp"}),
+                                engine_args_by_name=by_name, env={"LUFTPAUSE_LOG_FORMAT": "json"})
+    proxy = FaultProxy(stack.ports.scheduler_grpc).start()
+    stack.dataplane_scheduler = proxy.address
+    try:
+        stack.start()
+        injector = asyncio.create_task(_inject(fault, stack, proxy, warmup_s + fault_at_s))
+        target = Target(f"http://127.0.0.1:{stack.ports.dataplane}/v1", MODEL, luftpause=True, caller="chaos")
+        result = await run_load(groups, target=target, warmup_s=warmup_s, duration_s=window_s, time_scale=1.0,
+                                name=f"chaos-{fault}", seed="chaos-load")
+        injector.cancel()
+        proxy.heal()
+        start, end = result.window_s
+        measured = [r for r in result.records if start <= r.ended <= end]
+        row.runs = sum(r.ok for r in measured)
+        row.lost = sum(not r.ok for r in measured)
+        row.errors = sorted({r.error for r in measured if r.error})[:5]
+        turns = [t for r in result.records if r.service_class == "interactive" for t in r.turns
+                 if start <= t.started <= end]
+        row.interactive_turns = len(turns)
+        row.interactive_ttft_p99_s = percentile([t.first_token for t in turns], 99)
+        row.batch_runs_per_min = result.summary.get("batch", {}).get("runs_per_min", 0.0)
+        for i, port in enumerate(stack.ports.engines):
+            stats = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=5).json()
+            row.engine_requests[f"engine-{'ab'[i]}"] = stats["requests"]
+        log = _log(stack, "dataplane")
+        row.resent_turns = sum(1 for record in log if record.get("event") == "turn_retried")
+        # agents name run k of agent i "<name>-<class>-<group>-i-k" and seed it "<seed>-<same>"
+        received = {f"chaos-{fault}" + r.seed.removeprefix("chaos-load"): len(r.turns) for r in result.records if r.ok}
+        row.rounds_repeated = _repeated(log, received)
+    finally:
+        stack.stop()
+        proxy.close()
+    row.seconds = round(time.monotonic() - began, 1)
+    return row
+
+
+def compare(rows: list[FaultRow]) -> None:
+    reference = next((r for r in rows if r.fault == "none"), None)
+    if reference is None:
+        return
+    for row in rows:
+        if reference.interactive_ttft_p99_s and row.interactive_ttft_p99_s is not None:
+            row.interactive_p99_x = round(row.interactive_ttft_p99_s / reference.interactive_ttft_p99_s, 2)
+        if reference.batch_runs_per_min:
+            row.batch_throughput_x = round(row.batch_runs_per_min / reference.batch_runs_per_min, 2)
+
+
+def table(rows: list[FaultRow]) -> str:
+    header = ("fault", "runs", "lost", "turns re-sent", "rounds repeated", "interactive p99 TTFT s", "× ref",
+              "batch runs/min", "× ref", "requests a/b")
+
+    def fmt(value: float | None, digits: int = 2) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    body = [(r.fault, str(r.runs), str(r.lost), str(r.resent_turns), str(r.rounds_repeated),
+             fmt(r.interactive_ttft_p99_s), fmt(r.interactive_p99_x), fmt(r.batch_runs_per_min, 1),
+             fmt(r.batch_throughput_x), "/".join(str(n) for n in r.engine_requests.values())) for r in rows]
+    widths = [max(len(x[i]) for x in (header, *body)) for i in range(len(header))]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)) for x in (header, *body)]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def parse_faults(text: str) -> list[str]:
+    faults = [f.strip() for f in text.split(",") if f.strip()]
+    for fault in faults:
+        if fault not in FAULTS and not (fault.startswith("partition-") and fault[10:].replace(".", "", 1).isdigit()):
+            raise ValueError(f"unknown fault {fault!r}: use {', '.join(FAULTS)} (partition-N: N seconds)")
+    return faults
+
+
+async def chaos_load(faults: list[str], directory: Path, interactive: int, batch: int, warmup_s: float,
+                     window_s: float, fault_at_s: float) -> list[FaultRow]:
+    rows = []
+    for fault in faults:
+        rows.append(await fault_run(fault, directory, workload_groups(interactive, batch), warmup_s, window_s,
+                                    fault_at_s))
+    compare(rows)
+    return rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.chaos --load", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--faults", default=DEFAULT_FAULTS, help=f"fault classes in turn (default {DEFAULT_FAULTS})")
+    parser.add_argument("--interactive", type=int, default=4, help="interactive agents (4)")
+    parser.add_argument("--batch", type=int, default=16, help="batch agents (16)")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds before the window (10)")
+    parser.add_argument("--window", type=float, default=60.0, help="measured seconds (60)")
+    parser.add_argument("--fault-at", type=float, default=5.0, help="fault injected this long into the window (5)")
+    parser.add_argument("--out", default="bench-results", help="directory for chaos-load-<time>.json")
+    args = parser.parse_args(argv)
+    try:
+        args.faults = parse_faults(args.faults)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="luftpause-chaos-load-") as directory:
+        rows = asyncio.run(chaos_load(args.faults, Path(directory), args.interactive, args.batch, args.warmup,
+                                      args.window, args.fault_at))
+    payload: dict[str, Any] = {"benchmark": "chaos-load", "config": {k: v for k, v in vars(args).items()},
+                               "rows": [asdict(r) for r in rows]}
+    path = out / f"chaos-load-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(payload, indent=2))
+    sys.stdout.write(table(rows) + "\n")
+    for row in rows:
+        for error in row.errors:
+            sys.stdout.write(f"{row.fault}: {error}\n")
+    sys.stdout.write(f"JSON: {path}\n")
+    return 0 if all(r.lost == 0 and r.rounds_repeated == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

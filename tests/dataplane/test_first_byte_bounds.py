@@ -1,0 +1,65 @@
+"""The first-byte bound follows what the engine is doing: its recent first bytes, the
+prompt and the prompts waiting there ahead of the turn; never one fixed number."""
+
+from __future__ import annotations
+
+from luftpause.dataplane.constants import FIRST_BYTE_FLOOR_S_PER_TOKEN, FIRST_BYTE_MIN_S
+from luftpause.dataplane.timing import FirstByteBounds, Watch, prompt_tokens
+
+
+def answered(bounds: FirstByteBounds, replica: str, tokens: int, seconds: float, stream: bool = True) -> None:
+    watch = bounds.start(replica, stream, tokens, 0.0)
+    bounds.first_byte(watch, seconds)
+    bounds.ended(watch)
+
+
+def test_a_cold_pool_gets_a_generous_bound_that_tightens_with_the_first_answers():
+    bounds = FirstByteBounds()
+    waiting = bounds.start("b", True, 500, 0.0)
+    cold = bounds.bound(waiting)
+    assert cold > 10  # nothing known: as slow as a CPU engine's prefill
+    answered(bounds, "a", 500, 0.05)  # a peer answers quickly: the pool's history applies to b
+    assert bounds.bound(waiting) == FIRST_BYTE_MIN_S
+
+
+def test_a_slow_replica_gets_a_proportionally_longer_bound_than_a_fast_one():
+    bounds = FirstByteBounds()
+    for _ in range(5):
+        answered(bounds, "fast", 2000, 1.0)
+        answered(bounds, "slow", 2000, 10.0)
+    fast = bounds.bound(bounds.start("fast", True, 2000, 0.0))
+    slow = bounds.bound(bounds.start("slow", True, 2000, 0.0))
+    assert fast > FIRST_BYTE_MIN_S and abs(slow / fast - 10) < 0.01
+
+
+def test_prompts_waiting_ahead_and_a_longer_prompt_lengthen_the_bound():
+    bounds = FirstByteBounds()
+    answered(bounds, "a", 1000, 1.0)
+    alone = bounds.bound(Watch("a", True, 1000, 0, 0.0))  # with nothing ahead of it
+    first = bounds.start("a", True, 1000, 0.0)
+    second = bounds.start("a", True, 1000, 0.0)  # waits behind the first one's prefill
+    assert bounds.bound(first) == alone and bounds.bound(second) > alone
+    longer = bounds.start("a", True, 8000, 0.0)
+    assert bounds.bound(longer) > bounds.bound(second)
+    for watch in (first, second, longer):
+        bounds.ended(watch)
+    assert bounds.bound(bounds.start("a", True, 1000, 0.0)) == alone  # nothing waits any more
+
+
+def test_a_long_prompt_is_never_bounded_below_its_uncached_prefill():
+    bounds = FirstByteBounds()
+    answered(bounds, "a", 100_000, 0.1)  # a cached prefix: quick however long
+    watch = bounds.start("a", True, 100_000, 0.0)
+    assert bounds.bound(watch) >= 100_000 * FIRST_BYTE_FLOOR_S_PER_TOKEN
+
+
+def test_streams_and_whole_replies_learn_apart():
+    bounds = FirstByteBounds()
+    answered(bounds, "a", 500, 0.05, stream=True)
+    answered(bounds, "a", 500, 8.0, stream=False)  # a whole reply's first byte comes with its end
+    assert bounds.bound(bounds.start("a", True, 500, 0.0)) == FIRST_BYTE_MIN_S
+    assert bounds.bound(bounds.start("a", False, 500, 0.0)) >= 4 * 8.0
+
+
+def test_prompt_tokens_are_estimated_from_the_body():
+    assert prompt_tokens(b"x" * 4000) == 1000

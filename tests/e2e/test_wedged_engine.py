@@ -1,0 +1,103 @@
+"""A wedged engine (it accepts requests and never answers, while its /health says ok)
+and a stream that stalls mid-way: the turns are re-sent to the healthy replica within
+the first-byte bound, the wedged replica leaves rotation until it answers a probe
+generation again. Real processes on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from luftpause import headers as h
+from luftpause.procs import wait_until
+from luftpause.stack import MODEL
+
+NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
+
+
+def status(stack) -> dict:
+    return httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()
+
+
+def replica(stack, name: str) -> dict:
+    return next(r for r in status(stack)["replicas"] if r["name"] == name)
+
+
+async def chat(client: httpx.AsyncClient, stack, run_id: str, stream: bool, content: str = "") -> httpx.Response:
+    return await client.post(
+        f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions", headers={h.RUN_ID: run_id},
+        json={"model": MODEL, "stream": stream, "messages": [{"role": "user", "content": content or run_id}]})
+
+
+@pytest.fixture(scope="module")
+def wedged(tmp_path_factory):
+    from tests.conftest import start_stack
+    stack = start_stack(tmp_path_factory.mktemp("wedged"), without=NO_RUNTIME,
+                        engine_args_by_name={"engine-b": ["--fault", "hang"]})
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+async def test_eight_turns_with_one_engine_wedged_are_all_answered_by_the_other(wedged):
+    async with httpx.AsyncClient(timeout=45) as client:
+        started = time.monotonic()
+        responses = await asyncio.gather(*(chat(client, wedged, f"wedge-{i}", stream=i % 2 == 0)
+                                           for i in range(8)))
+        took = time.monotonic() - started
+    assert [r.status_code for r in responses] == [200] * 8, [r.text for r in responses]
+    assert {r.headers[h.REPLICA] for r in responses} == {"engine-a"}
+    assert took < 12, took  # about one first-byte bound (2 s next to a quick peer), not the client's patience
+    # Out of rotation, and kept out: its health says ok but it answers no generation.
+    wedged_b = replica(wedged, "engine-b")
+    assert wedged_b["stalled"] and not wedged_b["healthy"]
+    time.sleep(2 * 2.0 + 0.5)  # two probe periods: the probe generation is still unanswered
+    assert replica(wedged, "engine-b")["stalled"]
+    async with httpx.AsyncClient(timeout=45) as client:
+        again = await asyncio.gather(*(chat(client, wedged, f"after-{i}", stream=True) for i in range(4)))
+    assert {r.headers[h.REPLICA] for r in again} == {"engine-a"}
+    assert wait_until(lambda: status(wedged)["in_flight"] == 0, 5)
+
+
+async def test_a_stream_that_stalls_mid_way_ends_without_done_and_its_replica_is_probed_back_in(wedged):
+    async with httpx.AsyncClient(timeout=45) as client:
+        warm = await chat(client, wedged, "warm", stream=True)  # a recent first byte on engine-a
+        assert warm.status_code == 200
+        started = time.monotonic()
+        received, broken = b"", False
+        async with client.stream(
+                "POST", f"http://127.0.0.1:{wedged.ports.dataplane}/v1/chat/completions", headers={h.RUN_ID: "stalls"},
+                json={"model": MODEL, "stream": True,
+                      "messages": [{"role": "user", "content": "tell me [[fake:stall-after=2]]"}]}) as stalled:
+            try:
+                async for piece in stalled.aiter_bytes():
+                    received += piece
+            except httpx.RemoteProtocolError:  # the connection closes without the final chunk
+                broken = True
+        took = time.monotonic() - started
+    # Bytes had reached the client: not sent again; the stream breaks off without [DONE].
+    assert stalled.status_code == 200 and stalled.headers[h.REPLICA] == "engine-a"
+    assert broken and b"data: {" in received and b"[DONE]" not in received
+    assert took < 20, took
+    # engine-a answers its probe generation (the stall was that one request's): back in
+    # rotation within a probe period or two; engine-b (wedged) stays out.
+    assert wait_until(lambda: not replica(wedged, "engine-a")["stalled"], 2 * 2.0 + 3)
+    assert replica(wedged, "engine-a")["healthy"] and replica(wedged, "engine-b")["stalled"]
+    async with httpx.AsyncClient(timeout=45) as client:
+        after = await chat(client, wedged, "after-stall", stream=True)
+    assert after.status_code == 200 and after.content.rstrip().endswith(b"data: [DONE]")
+
+
+async def test_a_turn_no_replica_answers_gets_a_clear_502(wedged):
+    async with httpx.AsyncClient(timeout=45) as client:
+        response = await chat(client, wedged, "nobody", stream=False, content="hi [[fake:hang]]")
+    assert response.status_code == 502
+    message = response.json()["error"]["message"]
+    assert "no first byte within" in message and "engine-a" in message, message
+    assert response.headers[h.ENGINE_FAILURE] == "unreachable"
+    assert wait_until(lambda: not replica(wedged, "engine-a")["stalled"], 2 * 2.0 + 3)  # it answers probes
+    assert wait_until(lambda: status(wedged)["in_flight"] == 0, 5)

@@ -1,0 +1,57 @@
+"""Probes of engines that misbehave without dying, against the fake engine's fault
+modes: a /metrics that never answers reads as load unknown (not as no load), and the
+probe generation that brings a stalled replica back tells a wedged engine from one
+that answers."""
+
+from __future__ import annotations
+
+import time
+
+from luftpause.fakes.engine import EngineConfig
+from luftpause.fakes.engine import create_app as create_engine_app
+from luftpause.scheduler.constants import PROBE_TIMEOUT_S
+from luftpause.scheduler.pool import Endpoint
+from luftpause.scheduler.probes import answers, probe, probe_client
+
+from tests.scheduler.test_pool_and_probes import serve_app
+
+MODEL = "fake-llama-1b"
+
+
+async def test_metrics_that_never_answer_read_as_load_unknown_within_the_probe_timeout():
+    runner, url = await serve_app(create_engine_app(EngineConfig(faults=("metrics-hang",), hang_limit_s=3)))
+    try:
+        async with probe_client() as client:
+            started = time.monotonic()
+            result = await probe(client, Endpoint("e", url, (MODEL,)))
+            took = time.monotonic() - started
+    finally:
+        await runner.cleanup()
+    assert result.healthy and result.load_stale
+    assert result.running is None and result.queued is None  # not "0 running, 0 queued": unknown
+    assert took < PROBE_TIMEOUT_S + 1.5
+
+
+async def test_a_probe_generation_is_answered_by_a_working_engine_and_not_by_a_wedged_one():
+    working, working_url = await serve_app(create_engine_app(EngineConfig()))
+    wedged, wedged_url = await serve_app(create_engine_app(EngineConfig(faults=("hang",), hang_limit_s=3)))
+    try:
+        async with probe_client() as client:
+            healthy = await probe(client, Endpoint("w", wedged_url, (MODEL,)))
+            assert healthy.healthy and not healthy.load_stale  # its health and metrics say all is well
+            assert await answers(client, Endpoint("a", working_url, (MODEL,)))
+            started = time.monotonic()
+            assert not await answers(client, Endpoint("w", wedged_url, (MODEL,)))
+            assert time.monotonic() - started < PROBE_TIMEOUT_S + 1.5
+    finally:
+        await working.cleanup()
+        await wedged.cleanup()
+
+
+async def test_an_engine_that_stalls_mid_stream_does_not_pass_the_probe_generation():
+    stalling, url = await serve_app(create_engine_app(EngineConfig(faults=("stall-after=1",), hang_limit_s=3)))
+    try:
+        async with probe_client() as client:
+            assert not await answers(client, Endpoint("s", url, (MODEL,)))
+    finally:
+        await stalling.cleanup()
