@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from luftpause.stack import MODEL
+from luftpause.stack import MODEL, Stack
 
 CLI_TIMEOUT_S = 120
 # Pinned, so a run today and one in a year exercise the same CLI; Node 22 comes from npm.
@@ -56,10 +56,9 @@ def claude_code() -> Path:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """The whole stack (runtime and fake MCP too), its dataplane logging JSON lines."""
-    from conftest import start_stack
-
-    started = start_stack(tmp_path_factory.mktemp("claude-code"), env={"LUFTPAUSE_LOG_FORMAT": "json"},
-                          fake_mcp_args=["--delay-s", "0.05"])
+    started = Stack.on_free_ports(tmp_path_factory.mktemp("claude-code"), env={"LUFTPAUSE_LOG_FORMAT": "json"},
+                                   fake_mcp_args=["--delay-s", "0.05"])
+    started.start()
     try:
         yield started
     finally:

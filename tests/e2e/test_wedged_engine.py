@@ -13,7 +13,7 @@ import pytest
 
 from luftpause import headers as h
 from luftpause.procs import wait_until
-from luftpause.stack import MODEL
+from luftpause.stack import MODEL, Stack
 
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
 
@@ -34,9 +34,9 @@ async def chat(client: httpx.AsyncClient, stack, run_id: str, stream: bool, cont
 
 @pytest.fixture(scope="module")
 def wedged(tmp_path_factory):
-    from tests.conftest import start_stack
-    stack = start_stack(tmp_path_factory.mktemp("wedged"), without=NO_RUNTIME,
-                        engine_args_by_name={"engine-b": ["--fault", "hang"]})
+    stack = Stack.on_free_ports(tmp_path_factory.mktemp("wedged"), without=NO_RUNTIME,
+                                engine_args_by_name={"engine-b": ["--fault", "hang"]})
+    stack.start()
     try:
         yield stack
     finally:
