@@ -36,7 +36,7 @@ from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.responses_api import ResponsesDialect
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
-from luftpause.dataplane.timing import Watch, Watchdog, prompt_tokens
+from luftpause.dataplane.timing import Watch, Watchdog, prompt_tokens, reply_tokens
 from luftpause.proto import scheduler_pb2 as pb
 
 TRACER = trace.get_tracer("luftpause.dataplane")
@@ -499,8 +499,9 @@ async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.
     engines = request.app[ENGINES]
     request.app[METRICS].added.observe(max(0.0, time.monotonic() - turn.started - placement.held_ms / 1000))
     loop = asyncio.get_running_loop()
-    turn.watch = watch = engines.bounds.start(placement.replica, turn.req.stream, prompt_tokens(turn.req.body),
-                                              loop.time())
+    body = turn.req.body
+    turn.watch = watch = engines.bounds.start(placement.replica, turn.req.stream, prompt_tokens(body), loop.time(),
+                                              0 if turn.req.stream else reply_tokens(body))
     turn.watchdog = Watchdog(engines.bounds, watch)
     try:
         return await _exchange(request, turn, placement, watch, loop)

@@ -35,6 +35,9 @@ FIRST_BYTE_FLOOR_S_PER_TOKEN = 0.0005
 # Until its first byte a waiting turn's bound is recomputed this often (the first
 # answers of a cold pool tighten it); afterwards only when it could have passed.
 FIRST_BYTE_RECHECK_S = 0.5
+# A non-streamed reply whose request names no max_tokens is counted as this many tokens
+# of work before its first byte (the whole reply comes at once).
+REPLY_TOKENS_WITHOUT_MAX = 256
 # A request body's bytes per prompt token, for the estimate above (JSON of English text).
 BYTES_PER_TOKEN = 4
 # The Connect stream to the scheduler reconnects (and resyncs) after this delay; together

@@ -18,6 +18,12 @@ with no history borrows its peers' (the pool's); with none anywhere the cold rat
 applies. The bound is recomputed while a turn waits, so the first answers anywhere
 tighten the bound of turns sent before them.
 
+A non-streamed reply's first byte comes once the whole reply is generated, so its
+pending work counts the reply too: its ``max_tokens`` (or ``max_completion_tokens``),
+REPLY_TOKENS_WITHOUT_MAX when it names none. Counting only prompts, a long reply after
+short ones (or a request an engine defers until a running generation ends) looked like
+a wedged engine.
+
 A stream that pauses longer than its (recomputed) bound while the dataplane waits on
 the engine is stalled too; time spent writing to a slow client does not count.
 """
@@ -25,6 +31,7 @@ the engine is stalled too; time spent writing to a slow client does not count.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 
 from luftpause.dataplane.constants import (
@@ -36,7 +43,10 @@ from luftpause.dataplane.constants import (
     FIRST_BYTE_MIN_S,
     FIRST_BYTE_OVERHEAD_TOKENS,
     FIRST_BYTE_RECHECK_S,
+    REPLY_TOKENS_WITHOUT_MAX,
 )
+
+_MAX_TOKENS = re.compile(rb'"max_(?:completion_)?tokens"\s*:\s*(\d+)')
 
 
 def prompt_tokens(body: bytes) -> int:
@@ -44,14 +54,22 @@ def prompt_tokens(body: bytes) -> int:
     return len(body) // BYTES_PER_TOKEN
 
 
+def reply_tokens(body: bytes) -> int:
+    """The most tokens a turn's reply may take: its max_tokens, else a typical reply."""
+    found = _MAX_TOKENS.search(body)
+    return int(found.group(1)) if found else REPLY_TOKENS_WITHOUT_MAX
+
+
 class Watch:
     """One turn's wait on its engine."""
 
-    __slots__ = ("replica", "stream", "tokens", "pending", "started", "waiting", "answered", "stalled", "bound")
+    __slots__ = ("replica", "stream", "tokens", "work", "pending", "started", "waiting", "answered", "stalled",
+                 "bound")
 
-    def __init__(self, replica: str, stream: bool, tokens: int, ahead: int, started: float) -> None:
+    def __init__(self, replica: str, stream: bool, tokens: int, ahead: int, started: float, reply: int = 0) -> None:
         self.replica, self.stream, self.tokens = replica, stream, tokens
-        self.pending = tokens + ahead  # tokens the engine prefills before this turn's first byte
+        self.work = tokens + reply  # what the engine does before this turn's first byte: a whole reply's too
+        self.pending = self.work + ahead  # and the work of this dataplane's turns waiting there before it
         self.started = started
         self.waiting: float | None = started  # since when the dataplane waits on the engine; None: it does not
         self.answered = False  # the first byte came
@@ -68,10 +86,11 @@ class FirstByteBounds:
         self._pooled: dict[bool, deque[float]] = {}
         self._waiting: dict[str, int] = {}
 
-    def start(self, replica: str, stream: bool, tokens: int, now: float) -> Watch:
+    def start(self, replica: str, stream: bool, tokens: int, now: float, reply: int = 0) -> Watch:
+        """A turn's wait; ``reply``: the reply tokens a non-streamed turn's first byte waits for."""
         ahead = self._waiting.get(replica, 0)
-        self._waiting[replica] = ahead + tokens
-        watch = Watch(replica, stream, tokens, ahead, now)
+        watch = Watch(replica, stream, tokens, ahead, now, 0 if stream else reply)
+        self._waiting[replica] = ahead + watch.work
         watch.bound = self.bound(watch)
         return watch
 
@@ -102,7 +121,7 @@ class FirstByteBounds:
             watch.answered = True  # counted once
 
     def _done_waiting(self, watch: Watch) -> None:
-        left = self._waiting.get(watch.replica, 0) - watch.tokens
+        left = self._waiting.get(watch.replica, 0) - watch.work
         if left > 0:
             self._waiting[watch.replica] = left
         else:

@@ -3,7 +3,7 @@ prompt and the prompts waiting there ahead of the turn; never one fixed number."
 
 from __future__ import annotations
 
-from luftpause.dataplane.constants import FIRST_BYTE_FLOOR_S_PER_TOKEN, FIRST_BYTE_MIN_S
+from luftpause.dataplane.constants import FIRST_BYTE_FLOOR_S_PER_TOKEN, FIRST_BYTE_MIN_S, REPLY_TOKENS_WITHOUT_MAX
 from luftpause.dataplane.timing import FirstByteBounds, Watch, prompt_tokens
 
 
@@ -63,3 +63,24 @@ def test_streams_and_whole_replies_learn_apart():
 
 def test_prompt_tokens_are_estimated_from_the_body():
     assert prompt_tokens(b"x" * 4000) == 1000
+
+
+def test_a_whole_reply_counts_its_reply_tokens_so_a_long_reply_after_short_ones_is_no_stall():
+    """A non-streamed reply's first byte is its whole reply: after quick one-token
+    answers, a 2,000-token reply on the same prompt may take far longer than they did."""
+    from luftpause.dataplane.timing import reply_tokens
+
+    bounds = FirstByteBounds()
+    for _ in range(5):  # one-token answers (a label's score, say) on a 1,000-token prompt: 1 s each (a CPU engine)
+        watch = bounds.start("a", False, 1000, 0.0, reply=reply_tokens(b'{"max_tokens": 1}'))
+        bounds.first_byte(watch, 1.0)
+        bounds.ended(watch)
+    short = bounds.bound(bounds.start("a", False, 1000, 0.0, reply=1))
+    long = bounds.bound(bounds.start("a", False, 1000, 0.0, reply=reply_tokens(b'{"max_completion_tokens":2000}')))
+    assert long > 2.5 * short
+    # a turn queued behind a whole reply waits for that reply too
+    queued = bounds.start("a", False, 1000, 0.0, reply=1)
+    assert bounds.bound(queued) > long
+    # a stream's first byte is its first token: no reply counted
+    assert bounds.start("b", True, 1000, 0.0, reply=2000).work == 1000
+    assert reply_tokens(b'{"messages": []}') == REPLY_TOKENS_WITHOUT_MAX
