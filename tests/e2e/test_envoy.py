@@ -294,6 +294,10 @@ def _exchange(stack, subset: list[str] | None, run_id: str) -> list:
     """Request headers (with the gateway's subset hint) and body sent to the stack's picker
     over a real ext_proc stream; the picker's answers."""
     import grpc
+
+    from luftpause.scheduler.envoy import load_stubs
+
+    load_stubs()
     from envoy.config.core.v3 import base_pb2
     from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
