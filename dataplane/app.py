@@ -165,22 +165,17 @@ class TurnRequest:
 
 
 def _identity_header(request: web.Request, name: str, limit: int) -> str:
-    """A run-identity header as text: UTF-8 (aiohttp keeps other bytes as surrogates,
-    which no gRPC string can carry) and at most ``limit`` bytes."""
-    value = request.headers.get(name, "").strip()
     try:
-        size = len(value.encode())
-    except UnicodeEncodeError:
-        raise ApiError(400, f"{name} must be UTF-8 text") from None
-    if size > limit:
-        raise ApiError(400, f"{name} must be at most {limit} bytes")
-    return value
+        return h.identity_text(request.headers.get(name), name, limit)
+    except h.BadIdentity as exc:
+        raise ApiError(400, str(exc)) from None
 
 
 def _identity_headers(request: web.Request) -> tuple[str, str]:
-    service_class = request.headers.get(h.SERVICE_CLASS, h.DEFAULT_SERVICE_CLASS).strip().lower()
-    if service_class not in h.SERVICE_CLASSES:
-        raise ApiError(400, f"{h.SERVICE_CLASS} must be one of: {', '.join(h.SERVICE_CLASSES)}")
+    try:
+        service_class = h.service_class(request.headers.get(h.SERVICE_CLASS))
+    except h.BadIdentity as exc:
+        raise ApiError(400, str(exc)) from None
     caller = _identity_header(request, h.CALLER, h.MAX_CALLER_BYTES) or h.ANONYMOUS_CALLER
     return service_class, caller
 

@@ -23,3 +23,28 @@ SESSION_HEADERS = (
     "x-claude-code-session-id",  # Claude Code
     "session-id",                # Codex CLI (its thread-id header carries the same value)
 )
+
+
+class BadIdentity(ValueError):
+    """A run-identity header to refuse with a 400; the message names the header and why."""
+
+
+def identity_text(value: str | None, name: str, limit: int) -> str:
+    """A run-identity header's value as text: UTF-8 (aiohttp keeps other bytes as
+    surrogates, which no gRPC string can carry) and at most ``limit`` bytes."""
+    value = (value or "").strip()
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise BadIdentity(f"{name} must be UTF-8 text") from None
+    if size > limit:
+        raise BadIdentity(f"{name} must be at most {limit} bytes")
+    return value
+
+
+def service_class(value: str | None) -> str:
+    """The x-luftpause-class value, lower-cased; the default when the header is absent."""
+    chosen = (DEFAULT_SERVICE_CLASS if value is None else value).strip().lower()
+    if chosen not in SERVICE_CLASSES:
+        raise BadIdentity(f"{SERVICE_CLASS} must be one of: {', '.join(SERVICE_CLASSES)}")
+    return chosen

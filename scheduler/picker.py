@@ -165,14 +165,10 @@ def _headers(message: ep.HttpHeaders) -> dict[str, str]:
 
 
 def _text_header(headers: dict[str, str], name: str, limit: int) -> str:
-    value = headers.get(name, "").strip()
     try:
-        size = len(value.encode())
-    except UnicodeEncodeError:
-        raise Refused(400, f"{name} must be UTF-8 text") from None
-    if size > limit:
-        raise Refused(400, f"{name} must be at most {limit} bytes")
-    return value
+        return h.identity_text(headers.get(name), name, limit)
+    except h.BadIdentity as exc:
+        raise Refused(400, str(exc)) from None
 
 
 # ------------------------------------------------------------------ one request
@@ -244,10 +240,10 @@ class Exchange:
         self.route = path
         if path == CHAT:
             self.run_id = _text_header(headers, h.RUN_ID, h.MAX_ID_BYTES)
-        service_class = headers.get(h.SERVICE_CLASS, h.DEFAULT_SERVICE_CLASS).strip().lower()
-        if service_class not in h.SERVICE_CLASSES:
-            raise Refused(400, f"{h.SERVICE_CLASS} must be one of: {', '.join(h.SERVICE_CLASSES)}", self._run_id())
-        self.service_class = service_class
+        try:
+            self.service_class = h.service_class(headers.get(h.SERVICE_CLASS))
+        except h.BadIdentity as exc:
+            raise Refused(400, str(exc), self._run_id()) from None
         self.caller = _text_header(headers, h.CALLER, h.MAX_CALLER_BYTES) or h.ANONYMOUS_CALLER
         if headers.get("content-type", "").split(";", 1)[0].strip().lower() != "application/json":
             raise Refused(415, "Content-Type must be application/json", self._run_id())
