@@ -495,8 +495,9 @@ async def _proxy(request: web.Request, turn: Turn, placement: Placement) -> web.
     request.app[METRICS].added.observe(max(0.0, time.monotonic() - turn.started - placement.held_ms / 1000))
     loop = asyncio.get_running_loop()
     body = turn.req.body
+    reply, stated = (0, False) if turn.req.stream else reply_tokens(body)
     turn.watch = watch = engines.bounds.start(placement.replica, turn.req.stream, prompt_tokens(body), loop.time(),
-                                              0 if turn.req.stream else reply_tokens(body))
+                                              reply, stated)
     turn.watchdog = Watchdog(engines.bounds, watch)
     try:
         return await _exchange(request, turn, placement, watch, loop)

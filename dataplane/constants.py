@@ -38,6 +38,13 @@ FIRST_BYTE_RECHECK_S = 0.5
 # A non-streamed reply whose request names no max_tokens is counted as this many tokens
 # of work before its first byte (the whole reply comes at once).
 REPLY_TOKENS_WITHOUT_MAX = 256
+# A reply token is generated one decode step at a time, prompt tokens many to a step:
+# a reply token counts as this many prompt tokens of work.
+FIRST_BYTE_REPLY_WEIGHT = 10
+# A reply whose request names its max_tokens is not cut off before max_tokens at this
+# rate (5 tokens/s: a CPU engine decoding a full batch). A request naming none keeps the
+# plain bound, so a wedged engine is still left within seconds.
+FIRST_BYTE_REPLY_FLOOR_S_PER_TOKEN = 0.2
 # A request body's bytes per prompt token, for the estimate above (JSON of English text).
 BYTES_PER_TOKEN = 4
 # The Connect stream to the scheduler reconnects (and resyncs) after this delay; together

@@ -20,9 +20,11 @@ tighten the bound of turns sent before them.
 
 A non-streamed reply's first byte comes once the whole reply is generated, so its
 pending work counts the reply too: its ``max_tokens`` (or ``max_completion_tokens``),
-REPLY_TOKENS_WITHOUT_MAX when it names none. Counting only prompts, a long reply after
-short ones (or a request an engine defers until a running generation ends) looked like
-a wedged engine.
+REPLY_TOKENS_WITHOUT_MAX when it names none, each reply token weighing
+FIRST_BYTE_REPLY_WEIGHT prompt tokens; and a reply with a stated ``max_tokens`` is not cut
+off before FIRST_BYTE_REPLY_FLOOR_S_PER_TOKEN per token. Counting only prompts, a long
+reply after short ones (or a request an engine defers until a running generation ends)
+looked like a wedged engine.
 
 A stream that pauses longer than its (recomputed) bound while the dataplane waits on
 the engine is stalled too; time spent writing to a slow client does not count.
@@ -43,6 +45,8 @@ from luftpause.dataplane.constants import (
     FIRST_BYTE_MIN_S,
     FIRST_BYTE_OVERHEAD_TOKENS,
     FIRST_BYTE_RECHECK_S,
+    FIRST_BYTE_REPLY_FLOOR_S_PER_TOKEN,
+    FIRST_BYTE_REPLY_WEIGHT,
     REPLY_TOKENS_WITHOUT_MAX,
 )
 
@@ -54,21 +58,25 @@ def prompt_tokens(body: bytes) -> int:
     return len(body) // BYTES_PER_TOKEN
 
 
-def reply_tokens(body: bytes) -> int:
-    """The most tokens a turn's reply may take: its max_tokens, else a typical reply."""
+def reply_tokens(body: bytes) -> tuple[int, bool]:
+    """The most tokens a turn's reply may take (its max_tokens, else a typical reply), and
+    whether the request stated it."""
     found = _MAX_TOKENS.search(body)
-    return int(found.group(1)) if found else REPLY_TOKENS_WITHOUT_MAX
+    return (int(found.group(1)), True) if found else (REPLY_TOKENS_WITHOUT_MAX, False)
 
 
 class Watch:
     """One turn's wait on its engine."""
 
     __slots__ = ("replica", "stream", "tokens", "work", "pending", "started", "waiting", "answered", "stalled",
-                 "bound")
+                 "bound", "floor")
 
-    def __init__(self, replica: str, stream: bool, tokens: int, ahead: int, started: float, reply: int = 0) -> None:
+    def __init__(self, replica: str, stream: bool, tokens: int, ahead: int, started: float, reply: int = 0,
+                 stated: bool = False) -> None:
         self.replica, self.stream, self.tokens = replica, stream, tokens
-        self.work = tokens + reply  # what the engine does before this turn's first byte: a whole reply's too
+        # what the engine does before this turn's first byte: a whole reply's decode steps too
+        self.work = tokens + FIRST_BYTE_REPLY_WEIGHT * reply
+        self.floor = reply * FIRST_BYTE_REPLY_FLOOR_S_PER_TOKEN if stated else 0.0
         self.pending = self.work + ahead  # and the work of this dataplane's turns waiting there before it
         self.started = started
         self.waiting: float | None = started  # since when the dataplane waits on the engine; None: it does not
@@ -86,10 +94,12 @@ class FirstByteBounds:
         self._pooled: dict[bool, deque[float]] = {}
         self._waiting: dict[str, int] = {}
 
-    def start(self, replica: str, stream: bool, tokens: int, now: float, reply: int = 0) -> Watch:
-        """A turn's wait; ``reply``: the reply tokens a non-streamed turn's first byte waits for."""
+    def start(self, replica: str, stream: bool, tokens: int, now: float, reply: int = 0,
+              stated: bool = False) -> Watch:
+        """A turn's wait; ``reply``: the reply tokens a non-streamed turn's first byte waits
+        for (``stated``: the request's own max_tokens)."""
         ahead = self._waiting.get(replica, 0)
-        watch = Watch(replica, stream, tokens, ahead, now, 0 if stream else reply)
+        watch = Watch(replica, stream, tokens, ahead, now, 0 if stream else reply, stated and not stream)
         self._waiting[replica] = ahead + watch.work
         watch.bound = self.bound(watch)
         return watch
@@ -99,7 +109,7 @@ class FirstByteBounds:
         rates = self._rates.get((watch.replica, watch.stream)) or self._pooled.get(watch.stream)
         rate = max(rates) if rates else FIRST_BYTE_COLD_S_PER_TOKEN
         expected = FIRST_BYTE_MARGIN * rate * (watch.pending + FIRST_BYTE_OVERHEAD_TOKENS)
-        return max(FIRST_BYTE_MIN_S, expected, watch.tokens * FIRST_BYTE_FLOOR_S_PER_TOKEN)
+        return max(FIRST_BYTE_MIN_S, expected, watch.tokens * FIRST_BYTE_FLOOR_S_PER_TOKEN, watch.floor)
 
     def first_byte(self, watch: Watch, now: float) -> None:
         """The turn's first byte came: learn from how long it took."""

@@ -68,19 +68,22 @@ def test_prompt_tokens_are_estimated_from_the_body():
 def test_a_whole_reply_counts_its_reply_tokens_so_a_long_reply_after_short_ones_is_no_stall():
     """A non-streamed reply's first byte is its whole reply: after quick one-token
     answers, a 2,000-token reply on the same prompt may take far longer than they did."""
+    from luftpause.dataplane.constants import FIRST_BYTE_REPLY_FLOOR_S_PER_TOKEN
     from luftpause.dataplane.timing import reply_tokens
 
     bounds = FirstByteBounds()
-    for _ in range(5):  # one-token answers (a label's score, say) on a 1,000-token prompt: 1 s each (a CPU engine)
-        watch = bounds.start("a", False, 1000, 0.0, reply=reply_tokens(b'{"max_tokens": 1}'))
-        bounds.first_byte(watch, 1.0)
+    for _ in range(5):  # one-token answers (a label's score, say) on a 1,000-token prompt: 0.1 s each
+        watch = bounds.start("a", False, 1000, 0.0, *reply_tokens(b'{"max_tokens": 1}'))
+        bounds.first_byte(watch, 0.1)
         bounds.ended(watch)
-    short = bounds.bound(bounds.start("a", False, 1000, 0.0, reply=1))
-    long = bounds.bound(bounds.start("a", False, 1000, 0.0, reply=reply_tokens(b'{"max_completion_tokens":2000}')))
-    assert long > 2.5 * short
-    # a turn queued behind a whole reply waits for that reply too
-    queued = bounds.start("a", False, 1000, 0.0, reply=1)
-    assert bounds.bound(queued) > long
+    short = bounds.bound(bounds.start("a", False, 1000, 0.0, 1, True))
+    long = bounds.bound(bounds.start("a", False, 1000, 0.0, *reply_tokens(b'{"max_completion_tokens":2000}')))
+    assert long >= 2000 * FIRST_BYTE_REPLY_FLOOR_S_PER_TOKEN > 10 * short
+    # a turn queued behind two whole replies waits for them too
+    queued = bounds.start("a", False, 1000, 0.0, 1, True)
+    assert queued.pending > bounds.start("b", False, 1000, 0.0, 1, True).pending + 20000
     # a stream's first byte is its first token: no reply counted
-    assert bounds.start("b", True, 1000, 0.0, reply=2000).work == 1000
-    assert reply_tokens(b'{"messages": []}') == REPLY_TOKENS_WITHOUT_MAX
+    assert bounds.start("c", True, 1000, 0.0, 2000, True).work == 1000
+    # no stated max_tokens: counted as a typical reply, with no floor (a wedge is still left quickly)
+    assert reply_tokens(b'{"messages": []}') == (REPLY_TOKENS_WITHOUT_MAX, False)
+    assert bounds.start("d", False, 10, 0.0, *reply_tokens(b'{"messages": []}')).floor == 0.0
