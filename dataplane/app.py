@@ -91,10 +91,11 @@ class EngineUnreachable(Exception):
     """The engine could not be reached, or failed before any byte reached the client:
     the turn had no effect and may be sent again."""
 
-    def __init__(self, replica: str, message: str) -> None:
+    def __init__(self, replica: str, message: str, stalled: bool = False) -> None:
         super().__init__(message)
         self.replica = replica
         self.message = message
+        self.stalled = stalled  # the replica overran its bound: the scheduler took it out of rotation
 
 
 def passed_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
@@ -412,12 +413,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def _turn(request: web.Request, req: TurnRequest) -> web.StreamResponse:
     """Admit and proxy the turn; if its engine cannot be reached (or fails before the
     client got a byte) admit it again as a new turn of the now idle run, so it may go to
-    another replica: ENGINE_RETRY_ATTEMPTS within ENGINE_RETRY_WINDOW_S, then a 502."""
+    another replica: ENGINE_RETRY_ATTEMPTS within ENGINE_RETRY_WINDOW_S, then a 502 (a
+    turn re-sent after a stall waits for its admission as long as a new one would)."""
     first_failure: float | None = None
+    failure: EngineUnreachable | None = None
     delay = ENGINE_RETRY_DELAY_S
     for attempt in range(1, ENGINE_RETRY_ATTEMPTS + 1):
         turn = Turn(request.app, req)
-        deadline = None if first_failure is None else first_failure + ENGINE_RETRY_WINDOW_S
+        # A turn re-sent after a stall waits to be admitted like any turn: the stalled
+        # replica is out of rotation, so a hold is the healthy ones' queue (busier now),
+        # not the failed engine. After an unreachable engine the scheduler cannot know
+        # yet, so the hold is bounded by the retry window.
+        stalled = failure is not None and failure.stalled
+        deadline = None if first_failure is None or stalled else first_failure + ENGINE_RETRY_WINDOW_S
         # A retry asks the scheduler: the run's replica is the one that just failed.
         placement = (_on_lease(turn) if first_failure is None else None) or await _admit(turn, deadline)
         if placement is None:  # still held when the retry window closed
@@ -577,9 +585,10 @@ def _unreachable(turn: Turn, replica: str, exc: BaseException) -> EngineUnreacha
     """The turn failed before any byte reached the client: it may be sent again. A stall
     is reported as one here (the retry's own report would not say so)."""
     message = _engine_problem(turn, replica, exc)
-    if turn.watch is not None and turn.watch.stalled:
+    stalled = turn.watch is not None and turn.watch.stalled
+    if stalled:
         turn.failed(message, stalled=True)
-    return EngineUnreachable(replica, message)
+    return EngineUnreachable(replica, message, stalled)
 
 
 class _EventStream(web.StreamResponse):
@@ -640,7 +649,7 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
     if response is None:
         if watch.stalled:
             turn.failed(f"engine {turn.replica}: {error}", stalled=True)
-            raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error}")
+            raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error}", stalled=True)
         raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error} (before its first byte)")
     if observer.done:
         turn.finished(observer)

@@ -12,8 +12,10 @@ STALE_CONNECTION_RETRIES = 2
 # A turn whose engine could not be reached, or died before any byte reached the client,
 # is admitted again (its run idle, so it may move to another replica): at most this many
 # attempts in all, the first retry after ENGINE_RETRY_DELAY_S (doubling), none started
-# later than ENGINE_RETRY_WINDOW_S after the first failure. Longer outages are the
-# client's to retry (the runtime does, marked by the ENGINE_FAILURE header on the 502).
+# later than ENGINE_RETRY_WINDOW_S after the first failure (a turn re-sent after its
+# replica stalled waits for admission like a new turn: the scheduler already took that
+# replica out of rotation). Longer outages are the client's to retry (the runtime does,
+# marked by the ENGINE_FAILURE header on the 502).
 ENGINE_RETRY_ATTEMPTS = 3
 ENGINE_RETRY_DELAY_S = 0.1
 ENGINE_RETRY_WINDOW_S = 1.0
