@@ -39,7 +39,7 @@ run: $(STAMP)
 # The real-engine tests need llama-server: built once into ~/.cache/luftpause/llama
 # (5-8 minutes on 2 cores), reused afterwards. LUFTPAUSE_SKIP_REAL_ENGINE=1 skips both.
 test: $(STAMP)
-	$(if $(filter 1,$(LUFTPAUSE_SKIP_REAL_ENGINE)),,$(PY) -m luftpause.llama build)
+	$(if $(filter 1,$(LUFTPAUSE_SKIP_REAL_ENGINE)),,$(PY) -m luftpause.dev.llama build)
 	$(PY) -m pytest
 
 proto: $(STAMP)

@@ -11,7 +11,7 @@ import sys
 from aiohttp import web
 
 from luftpause import logs, tracing
-from luftpause.procs import run_event_loop
+from luftpause.eventloop import run_event_loop
 from luftpause.dataplane.app import create_app
 from luftpause.dataplane.constants import DEFAULT_PORT, DEFAULT_SCHEDULER_ADDR, MAX_BODY_BYTES
 from luftpause.dataplane.harness import (KEY_IDENTITIES_ENV, KEY_IDENTITIES_HELP, KeyIdentitiesError,

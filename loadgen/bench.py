@@ -46,8 +46,8 @@ from luftpause.loadgen.records import CpuMeter, RunRecord, write_results
 from luftpause.loadgen.spawn import SpawnTarget, fan_out
 from luftpause.loadgen.timeline import Timeline, plot_b2
 from luftpause.loadgen.workload import Workload
-from luftpause.procs import free_port
-from luftpause.stack import MODEL, Ports, Stack, engine_name, write_configs
+from luftpause.dev.procs import free_port
+from luftpause.dev.stack import MODEL, Ports, Stack, engine_name, write_configs
 
 log = structlog.get_logger(service="bench")
 console = Console(width=240)

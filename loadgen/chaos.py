@@ -39,8 +39,8 @@ from pathlib import Path
 import httpx
 from mcp import Client
 
-from luftpause.procs import wait_until
-from luftpause.stack import Stack
+from luftpause.dev.procs import wait_until
+from luftpause.dev.stack import Stack
 
 PROCESSES = ("runtime", "scheduler", "dataplane", "engine")
 DEFAULT_KILLS = "runtime=3,scheduler=2,dataplane=2,engine=1"

@@ -37,12 +37,12 @@ from typing import Any
 
 import httpx
 
-from luftpause.faultproxy import FaultProxy
+from luftpause.dev.faultproxy import FaultProxy
 from luftpause.loadgen.agents import Target
 from luftpause.loadgen.driver import Group, run_load
 from luftpause.loadgen.records import percentile
 from luftpause.loadgen.workload import Workload
-from luftpause.stack import MODEL, Stack
+from luftpause.dev.stack import MODEL, Stack
 
 FAULTS = ("none", "hang", "stall", "slow", "metrics-hang", "partition-2", "partition-10", "partition-30")
 DEFAULT_FAULTS = ",".join(FAULTS)

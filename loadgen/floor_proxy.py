@@ -20,7 +20,7 @@ import sys
 import aiohttp
 from aiohttp import web
 
-from luftpause.procs import run_event_loop
+from luftpause.eventloop import run_event_loop
 
 ENGINE = web.AppKey("engine", str)
 SESSION = web.AppKey("session", aiohttp.ClientSession)

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from luftpause import grpc_env
 from luftpause.loadgen.records import write_json
-from luftpause.procs import free_port, wait_until
+from luftpause.dev.procs import free_port, wait_until
 
 TRANSPORTS = {"gRPC's default (EventEngine)": "", "luftpause's choice": grpc_env.LEGACY_TRANSPORT}
 WARM_UP = 200

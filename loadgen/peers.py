@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from luftpause.procs import ManagedProcess, free_port, http_ok, wait_until
+from luftpause.dev.procs import ManagedProcess, free_port, http_ok, wait_until
 
 HOST = "127.0.0.1"
 

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from luftpause import headers as h
 from luftpause.loadgen import proxy_bench as pb
-from luftpause.stack import Stack
+from luftpause.dev.stack import Stack
 
 
 async def load(url: str, stream: bool, requests: int, concurrency: int) -> int:

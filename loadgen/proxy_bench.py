@@ -51,9 +51,9 @@ from rich.table import Table
 from luftpause import headers as h
 from luftpause.loadgen import peers
 from luftpause.loadgen.records import CpuMeter, percentile, write_json
-from luftpause.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, free_port
 from luftpause.scheduler.probes import sample_totals
-from luftpause.stack import MODEL, Stack
+from luftpause.dev.stack import MODEL, Stack
 
 INSTANT = ["--latency-ms", "0", "--token-ms", "0", "--reply-tokens", "8"]
 # Open streams for the memory figures: each reply lasts ~16 s (one token a second).

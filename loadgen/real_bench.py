@@ -1,5 +1,5 @@
 """Measurements on real engines: two llama.cpp replicas of SmolLM2-135M-Instruct on this
-machine's CPUs (``llama-server`` built from PyPI on first use, see ``luftpause.llama``).
+machine's CPUs (``llama-server`` built from PyPI on first use, see ``luftpause.dev.llama``).
 
 ``python -m luftpause.loadgen.real_bench mixed [--runs 5] [--duration-s 40]``
     12 batch + 1 interactive own-loop agents through luftpause, closed loop, for 40 s,
@@ -28,15 +28,16 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from luftpause import llama, logs
+from luftpause import logs
+from luftpause.dev import llama
 from luftpause.loadgen import peers
 from luftpause.loadgen.agents import Target
 from luftpause.loadgen.bench import fmt, mean, ratio
 from luftpause.loadgen.driver import Group, run_load
 from luftpause.loadgen.records import write_results
 from luftpause.loadgen.workload import Workload
-from luftpause.procs import ManagedProcess, free_port
-from luftpause.stack import Ports, Stack, write_configs
+from luftpause.dev.procs import ManagedProcess, free_port
+from luftpause.dev.stack import Ports, Stack, write_configs
 
 console = Console(width=200)
 # Short contexts and replies: a 135M model on 2 shared cores does ~150 tokens/s in all.

@@ -35,7 +35,7 @@ from rich.table import Table
 from luftpause.dataplane.responses_api import EventTranslator, to_chat
 from luftpause.loadgen.proxy_bench import tree_cpu_seconds
 from luftpause.loadgen.records import percentile, write_json
-from luftpause.stack import MODEL, Stack
+from luftpause.dev.stack import MODEL, Stack
 
 INSTANT = ["--latency-ms", "0", "--token-ms", "0", "--reply-tokens", "12"]
 WARM_UP = 30

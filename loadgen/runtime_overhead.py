@@ -46,10 +46,10 @@ from rich.table import Table
 
 from luftpause import logs
 from luftpause.loadgen.records import percentile, write_results
-from luftpause.procs import ManagedProcess, free_port, rss_bytes, wait_until
+from luftpause.dev.procs import ManagedProcess, free_port, rss_bytes, wait_until
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.runs import Run, RunSpec
-from luftpause.stack import MODEL, Ports, Stack, write_configs
+from luftpause.dev.stack import MODEL, Ports, Stack, write_configs
 
 log = structlog.get_logger(service="runtime-overhead")
 console = Console(width=150)

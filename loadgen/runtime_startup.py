@@ -45,7 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from luftpause.loadgen.records import write_results
-from luftpause.procs import free_port
+from luftpause.dev.procs import free_port
 from luftpause.runtime import constants
 from luftpause.runtime.compaction import read_records
 from luftpause.runtime.journal import created_record, finished_record, round_record

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from luftpause.loadgen.records import write_json
-from luftpause.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, free_port
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler import core

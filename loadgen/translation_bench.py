@@ -35,7 +35,7 @@ from rich.table import Table
 
 from luftpause.dataplane.messages import MessageStream, reply, to_chat
 from luftpause.loadgen.records import percentile, write_results
-from luftpause.stack import MODEL, Stack
+from luftpause.dev.stack import MODEL, Stack
 
 console = Console(width=140)
 TARGET_ADDED_P50_MS = 1.0

@@ -13,7 +13,7 @@ import sys
 from aiohttp import web
 
 from luftpause import auth, logs, tracing
-from luftpause.procs import run_event_loop
+from luftpause.eventloop import run_event_loop
 from luftpause.scheduler.constants import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, PROBE_PERIOD_S
 from luftpause.scheduler.host import SchedulerHost, grpc_server, http_app, mark_serving, runtime_status_url
 from luftpause.scheduler.pool import PoolError, load_pool

@@ -55,7 +55,7 @@ from envoy.type.v3 import http_status_pb2  # noqa: E402
 from luftpause import headers as h
 from luftpause import logs
 from luftpause.dataplane.constants import TOOL_CALL_SWEEP_S
-from luftpause.procs import run_event_loop
+from luftpause.eventloop import run_event_loop
 from luftpause.dataplane.app import new_id
 from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
 from luftpause.dataplane.observe import TurnObserver

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from luftpause.stack import Stack
+from luftpause.dev.stack import Stack
 
 
 def start_stack(directory: Path, **options) -> Stack:

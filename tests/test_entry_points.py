@@ -10,7 +10,7 @@ import pytest
 DOCUMENTED = {
     "luftpause": ["--free-ports", "--pool-file", "--tools-file", "--state-dir", "LUFTPAUSE_LOG_FORMAT", "--engine",
                   "LUFTPAUSE_LLAMA_CACHE", "--gateway", "--fail-open"],
-    "luftpause.llama": ["build", "LUFTPAUSE_LLAMA_CACHE"],
+    "luftpause.dev.llama": ["build", "LUFTPAUSE_LLAMA_CACHE"],
     "luftpause.scheduler.picker": ["LUFTPAUSE_PICKER_GRPC_PORT", "LUFTPAUSE_PICKER_HTTP_PORT", "LUFTPAUSE_SCHEDULER_ADDR",
                                    "LUFTPAUSE_TOKEN"],
     "luftpause.scheduler.envoy": ["install", "config", "LUFTPAUSE_ENVOY_CACHE"],

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from luftpause import headers as h
-from luftpause.procs import free_port, wait_until
-from luftpause.stack import MODEL
+from luftpause.dev.procs import free_port, wait_until
+from luftpause.dev.stack import MODEL
 
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
 LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "look something up", "parameters": {

@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from luftpause import headers as h
-from luftpause.procs import wait_until
-from luftpause.stack import MODEL, Stack
+from luftpause.dev.procs import wait_until
+from luftpause.dev.stack import MODEL, Stack
 
 IDLE_CLOSE_S = 0.3
 TOOLS = [{"type": "function", "function": {

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from luftpause import headers as h
-from luftpause.procs import wait_until
-from luftpause.stack import MODEL
+from luftpause.dev.procs import wait_until
+from luftpause.dev.stack import MODEL
 
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
 

@@ -13,7 +13,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from luftpause.proto import scheduler_pb2 as pb
-from luftpause.stack import Stack
+from luftpause.dev.stack import Stack
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 
 TOKEN = "e2e-s3cret"

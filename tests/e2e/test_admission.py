@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from luftpause import headers as h
-from luftpause.procs import wait_until
-from luftpause.stack import MODEL
+from luftpause.dev.procs import wait_until
+from luftpause.dev.stack import MODEL
 
 
 def status(stack) -> dict:

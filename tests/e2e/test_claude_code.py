@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from luftpause.stack import MODEL, Stack
+from luftpause.dev.stack import MODEL, Stack
 
 CLI_TIMEOUT_S = 120
 # Pinned, so a run today and one in a year exercise the same CLI; Node 22 comes from npm.

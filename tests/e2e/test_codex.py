@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from luftpause.stack import MODEL
+from luftpause.dev.stack import MODEL
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from npm_packages import NpmUnavailable, install_npm_packages  # noqa: E402

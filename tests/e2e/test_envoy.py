@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from luftpause import headers as h
-from luftpause.procs import wait_until
-from luftpause.stack import CLASSIFIER_MODEL, MODEL, Stack, write_configs
+from luftpause.dev.procs import wait_until
+from luftpause.dev.stack import CLASSIFIER_MODEL, MODEL, Stack, write_configs
 
 WITHOUT = frozenset({"runtime", "fake-mcp"})
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "look up",

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from mcp import Client
 
-from luftpause.procs import ManagedProcess, free_port, port_is_listening, wait_until
+from luftpause.dev.procs import ManagedProcess, free_port, port_is_listening, wait_until
 
 
 

@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from luftpause import headers as h
-from luftpause.procs import free_port
-from luftpause.stack import MODEL
+from luftpause.dev.procs import free_port
+from luftpause.dev.stack import MODEL
 
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
 LOOKUP = {"name": "lookup", "description": "look something up",
@@ -281,7 +281,7 @@ async def test_a_claude_code_session_idle_past_the_run_timeout_ends_its_run_on_t
 
     from luftpause.dataplane import app as dataplane_app
     from luftpause.dataplane.constants import RUN_IDLE_TIMEOUT_S
-    from luftpause.procs import wait_until
+    from luftpause.dev.procs import wait_until
 
     stack = await asyncio.to_thread(make_stack, without=NO_RUNTIME | {"dataplane"})
     app = dataplane_app.create_app(f"127.0.0.1:{stack.ports.scheduler_grpc}", "", structlog.get_logger())

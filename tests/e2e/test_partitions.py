@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from luftpause import headers as h
-from luftpause.faultproxy import FaultProxy
-from luftpause.procs import wait_until
-from luftpause.stack import MODEL, Stack
+from luftpause.dev.faultproxy import FaultProxy
+from luftpause.dev.procs import wait_until
+from luftpause.dev.stack import MODEL, Stack
 
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
 TOOL = {"type": "function", "function": {"name": "lookup", "description": "look up",

@@ -9,8 +9,8 @@ import openai
 import pytest
 
 from luftpause import headers as h
-from luftpause.procs import wait_until
-from luftpause.stack import MODEL
+from luftpause.dev.procs import wait_until
+from luftpause.dev.stack import MODEL
 
 
 def base_url(stack) -> str:

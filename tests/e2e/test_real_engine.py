@@ -19,9 +19,9 @@ import pytest
 from mcp import Client
 
 from luftpause import headers as h
-from luftpause import llama
-from luftpause.procs import wait_until
-from luftpause.stack import Ports, Stack, write_configs
+from luftpause.dev import llama
+from luftpause.dev.procs import wait_until
+from luftpause.dev.stack import Ports, Stack, write_configs
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("LUFTPAUSE_SKIP_REAL_ENGINE") == "1", reason="LUFTPAUSE_SKIP_REAL_ENGINE=1"),

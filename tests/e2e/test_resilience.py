@@ -14,8 +14,8 @@ import pytest
 from mcp import Client
 
 from luftpause import headers as h
-from luftpause.procs import wait_until
-from luftpause.stack import MODEL
+from luftpause.dev.procs import wait_until
+from luftpause.dev.stack import MODEL
 
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
 TOOL = {"type": "function", "function": {"name": "lookup", "description": "look up",

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from luftpause import headers as h
-from luftpause.stack import MODEL
+from luftpause.dev.stack import MODEL
 
 SHELL = {"type": "function", "name": "exec_command", "description": "Runs a command",
          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}

@@ -7,8 +7,8 @@ import json
 import httpx
 
 from luftpause import headers as h
-from luftpause.procs import wait_until
-from luftpause.stack import MODEL
+from luftpause.dev.procs import wait_until
+from luftpause.dev.stack import MODEL
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"

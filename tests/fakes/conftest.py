@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from luftpause.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, free_port
 
 
 @pytest.fixture(scope="module")

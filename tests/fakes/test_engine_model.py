@@ -13,7 +13,7 @@ from collections.abc import Callable
 from aiohttp.test_utils import TestClient, TestServer
 
 from luftpause.fakes.engine import EngineConfig, Gpu, create_app, parse_args
-from luftpause.procs import free_port
+from luftpause.dev.procs import free_port
 from luftpause.fakes.sim import EngineModel, ModelParams, PrefixCache, block_hashes
 
 BLOCK = 16  # tokens per block = 64 characters

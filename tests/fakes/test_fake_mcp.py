@@ -10,7 +10,7 @@ import httpx
 import pytest
 from mcp import Client
 
-from luftpause.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, free_port
 
 DELAY_S = 0.2
 

@@ -19,7 +19,7 @@ from luftpause.loadgen.agents import Clock, Live, Target, run_once
 from luftpause.loadgen.peer_rows import PEER_ROWS, EngineFacts, best_row, compare, parse_peers, program_config
 from luftpause.loadgen.workload import Workload
 from luftpause.peer_identity import add_identity, finish_path
-from luftpause.procs import free_port
+from luftpause.dev.procs import free_port
 
 FACTS = EngineFacts.of({**asdict(EngineConfig()), **PRESETS["laptop-1b-sglang"]}, time_scale=0.25)
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from ops_load import ENGINE_ARGS
 
-from luftpause.stack import Stack
+from luftpause.dev.stack import Stack
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import json
 import httpx
 from mcp import Client
 
-from luftpause.stack import MODEL, Stack
+from luftpause.dev.stack import MODEL, Stack
 
 # Fake engines that queue beyond two requests, so the scheduler caps and holds turns.
 ENGINE_ARGS = ["--max-running", "2", "--reply-tokens", "30", "--token-ms", "15"]

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from ops_load import drive
 
-from luftpause.procs import free_port
+from luftpause.dev.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "config" / "monitoring" / "grafana" / "dashboards" / "luftpause.json"

@@ -12,7 +12,7 @@ from mcp import Client
 from npm_packages import NpmUnavailable, install_npm_packages
 from runtime_doubles import MODEL, RuntimeProcess, ScriptedDataplane, build_upstream_server
 
-from luftpause.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, free_port
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.service import Runtime
 from luftpause.runtime.upstream import Toolbox, UpstreamConnection

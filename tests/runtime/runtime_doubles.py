@@ -13,7 +13,7 @@ import httpx
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from luftpause.procs import ManagedProcess
+from luftpause.dev.procs import ManagedProcess
 from luftpause.runtime.dataplane import DataplaneClient
 
 MODEL = "fake-llama-1b"

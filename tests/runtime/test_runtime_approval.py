@@ -23,7 +23,7 @@ from runtime_doubles import RuntimeProcess, journal_records, tool_messages
 from tasks_client import TasksClient, get_task
 from test_runtime_processes import call, upstream_calls
 
-from luftpause.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,7 +21,7 @@ from mcp import Client
 from runtime_doubles import MODEL, RuntimeProcess, ScriptedDataplane, tool_call_reply
 from test_runtime_processes import call
 
-from luftpause.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, free_port
 from luftpause.runtime import constants
 from luftpause.runtime.agent import initial_messages
 from luftpause.runtime.compaction import SUFFIX, compact, read_records, retained

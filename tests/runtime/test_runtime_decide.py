@@ -11,7 +11,7 @@ import pytest
 from mcp import Client
 
 from luftpause.runtime.decide import DecideError, checked_labels, score_labels
-from luftpause.stack import MODEL
+from luftpause.dev.stack import MODEL
 
 
 def test_labels_are_scored_by_their_first_tokens_log_probability():

@@ -21,7 +21,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from runtime_doubles import RuntimeProcess, journal_records
 
-from luftpause.procs import free_port
+from luftpause.dev.procs import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from luftpause.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, free_port
 
 MODEL = "fake-llama-1b"
 

@@ -10,7 +10,7 @@ import grpc
 import httpx
 import pytest
 
-from luftpause.procs import ManagedProcess, wait_until
+from luftpause.dev.procs import ManagedProcess, wait_until
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from luftpause.procs import ManagedProcess, wait_until
+from luftpause.dev.procs import ManagedProcess, wait_until
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 

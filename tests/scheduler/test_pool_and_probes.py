@@ -13,7 +13,7 @@ from aiohttp import web
 
 from luftpause.fakes.engine import EngineConfig
 from luftpause.fakes.engine import create_app as create_engine_app
-from luftpause.procs import ManagedProcess, free_port, wait_until
+from luftpause.dev.procs import ManagedProcess, free_port, wait_until
 from luftpause.scheduler.pool import Endpoint, PoolError, parse_pool
 from luftpause.scheduler.probes import fast_batch, parse_load, probe, probe_client
 

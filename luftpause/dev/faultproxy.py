@@ -16,7 +16,7 @@ import threading
 
 import structlog
 
-from luftpause.procs import free_port
+from luftpause.dev.procs import free_port
 
 log = structlog.get_logger(component="faultproxy")
 

@@ -7,7 +7,7 @@ installed: installing it would compile ``llama-cpp-python``). Everything lands i
 outside the repository (``$LUFTPAUSE_LLAMA_CACHE``, default ``~/.cache/luftpause/llama``)
 and is reused by every later run; the first build takes about 5-8 minutes on 2 cores.
 
-``python -m luftpause.llama build`` builds (or finds) the binary and the model and prints
+``python -m luftpause.dev.llama build`` builds (or finds) the binary and the model and prints
 their paths; ``python -m luftpause --engine llama`` starts two replicas with them.
 """
 
@@ -154,7 +154,7 @@ def cached() -> Engine | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m luftpause.llama", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m luftpause.dev.llama", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["build", "path"],
                         help="build: build or reuse llama-server and the model; path: print them if cached")

@@ -1,8 +1,8 @@
-"""Start, watch and stop luftpause's own processes (the local stack and tests)."""
+"""Start, watch and stop luftpause's own processes (the local stack, the tests and the
+benchmarks); no service imports it (a service's event loop is ``luftpause.eventloop``)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
@@ -11,22 +11,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-
-def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run a service's main coroutine on uvloop where it is installed (gRPC's asyncio
-    stack costs about half the CPU per message on it), else on the standard loop (e.g.
-    on Windows, where uvloop is not a dependency)."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-    else:
-        uvloop.run(main)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 
 from luftpause import auth
-from luftpause.llama import Engine
-from luftpause.procs import ManagedProcess, free_port, wait_until
+from luftpause.dev.llama import Engine
+from luftpause.dev.procs import ManagedProcess, free_port, wait_until
 from luftpause.scheduler import envoy
 
 HOST = "127.0.0.1"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from luftpause.procs import ManagedProcess
+from luftpause.dev.procs import ManagedProcess
 
 FIRST_DELAY_S = 1.0
 MAX_DELAY_S = 30.0
