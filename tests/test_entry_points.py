@@ -1,11 +1,17 @@
-"""Every `python -m` entry point starts and documents the environment it reads."""
+"""Every `python -m` entry point starts and documents the environment it reads; a service's
+entry point imports no development tooling, and the shared package holds only what the
+services import."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+import luftpause
 
 DOCUMENTED = {
     "luftpause": ["--free-ports", "--pool-file", "--tools-file", "--state-dir", "LUFTPAUSE_LOG_FORMAT", "--engine",
@@ -43,3 +49,54 @@ def test_help_names_what_the_entry_point_reads(module):
     help_text = " ".join(result.stdout.split())  # argparse wraps long names across lines
     missing = [name for name in DOCUMENTED[module] if name not in help_text.replace("- ", "-")]
     assert not missing, f"{module} --help does not mention {missing}"
+
+
+# Each service's entry point, and its package: every module of it is imported too, so that
+# the imports a service makes late (the runtime's app, after its fork) are counted.
+SERVICE_ENTRY_POINTS = {
+    "luftpause.scheduler.__main__": "luftpause.scheduler",
+    "luftpause.scheduler.picker": None,
+    "luftpause.dataplane.__main__": "luftpause.dataplane",
+    "luftpause.runtime.__main__": "luftpause.runtime",
+}
+NOT_FOR_SERVICES = ("luftpause.dev", "luftpause.loadgen", "luftpause.fakes")
+IMPORTED = """
+import importlib, json, pkgutil, sys
+entry, package = sys.argv[1], sys.argv[2]
+importlib.import_module(entry)
+if package:
+    for found in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
+        importlib.import_module(found.name)
+print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] == "luftpause")))
+"""
+
+
+@pytest.fixture(scope="module")
+def imported_by_service() -> dict[str, list[str]]:
+    """The luftpause modules each service entry point has loaded, each in a fresh interpreter
+    that imports it without starting it."""
+    children = {entry: subprocess.Popen([sys.executable, "-c", IMPORTED, entry, package or ""],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for entry, package in SERVICE_ENTRY_POINTS.items()}
+    imported = {}
+    for entry, child in children.items():
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0, f"importing {entry} failed:\n{err}"
+        imported[entry] = json.loads(out)
+    return imported
+
+
+@pytest.mark.parametrize("entry", sorted(SERVICE_ENTRY_POINTS))
+def test_a_service_imports_no_development_tooling(imported_by_service, entry):
+    modules = imported_by_service[entry]
+    assert entry in modules
+    tooling = [name for name in modules if name.startswith(NOT_FOR_SERVICES)]
+    assert not tooling, f"{entry} imports development or benchmark tooling: {tooling}"
+
+
+def test_the_shared_package_holds_only_what_the_services_import(imported_by_service):
+    shared = {f"luftpause.{path.stem}" for path in Path(luftpause.__file__).parent.glob("*.py")
+              if path.stem not in ("__init__", "__main__")}
+    used = {name for modules in imported_by_service.values() for name in modules if name in shared}
+    assert shared - used == set(), f"luftpause/ holds modules no service imports: {sorted(shared - used)} " \
+                                   "(development tooling belongs in luftpause/dev/)"
