@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause.procs import free_port, wait_until
 from luftpause.stack import MODEL
 

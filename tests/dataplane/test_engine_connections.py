@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause.procs import wait_until
 from luftpause.stack import MODEL, Stack
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 from mcp import Client
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause import llama
 from luftpause.procs import wait_until
 from luftpause.stack import Ports, Stack, write_configs

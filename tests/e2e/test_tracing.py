@@ -6,7 +6,7 @@ import json
 
 import httpx
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause.procs import wait_until
 from luftpause.stack import MODEL
 
