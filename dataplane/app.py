@@ -18,7 +18,7 @@ from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause import auth, origins, tracing
 from luftpause.dataplane.constants import (
     ENGINE_CONNECT_TIMEOUT_S,
@@ -31,7 +31,7 @@ from luftpause.dataplane.constants import (
 from luftpause.dataplane.dialects import ApiError, Dialect, StreamTranslator, Translated
 from luftpause.dataplane.engines import Engines
 from luftpause.dataplane.harness import KeyIdentity, api_key
-from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
+from luftpause.dataplane.link import AdmitRefused, Placement, SchedulerLink
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.responses_api import ResponsesDialect
@@ -481,10 +481,8 @@ async def _admit(turn: Turn, deadline: float | None) -> Placement | None:
         if deadline is None:
             return await admit
         return await asyncio.wait_for(admit, max(0.0, deadline - time.monotonic()))
-    except UnknownModel as exc:
-        raise ApiError(404, str(exc)) from None
-    except AdmitRejected as exc:
-        raise ApiError(400, str(exc)) from None
+    except AdmitRefused as exc:
+        raise ApiError(exc.status, str(exc)) from None
     except TimeoutError:
         turn.event(True, abandoned=pb.TurnAbandoned())
         return None
@@ -716,12 +714,8 @@ async def decide(request: web.Request) -> web.Response:
     try:
         placement = await request.app[LINK].admit(new_id(), "", model, h.DEFAULT_SERVICE_CLASS, caller,
                                                   one_pass=True)
-    except UnknownModel as exc:
-        raise ApiError(404, str(exc)) from None
-    except AdmitRejected as exc:
-        raise ApiError(400, str(exc)) from None
-    except NoHealthyReplica as exc:
-        raise ApiError(503, str(exc)) from None
+    except AdmitRefused as exc:
+        raise ApiError(exc.status, str(exc)) from None
     headers = _engine_headers(placement, request)
     try:
         async with await request.app[ENGINES].post(placement.base_url, "/classify", body, headers) as upstream:

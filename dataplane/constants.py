@@ -71,8 +71,6 @@ SCHEDULER_RECONNECT_MAX_S = 0.5
 # tool_call ids an engine produced identify their run when an agent sends them back.
 TOOL_CALL_MEMORY_S = 30 * 60
 TOOL_CALL_SWEEP_S = 60
-# Idle runs are dropped from the dataplane's run book (and from Resync) after this.
-RUN_IDLE_TIMEOUT_S = 30 * 60
 # Largest request body accepted (413 above it). Agent contexts are large; 32 MiB is ample.
 MAX_BODY_BYTES = 32 * 1024 * 1024
 

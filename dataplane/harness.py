@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 
 KEY_IDENTITIES_ENV = "LUFTPAUSE_KEY_IDENTITIES"
 KEY_IDENTITIES_HELP = (

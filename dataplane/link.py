@@ -35,10 +35,10 @@ from luftpause.dataplane.constants import (
 from luftpause.dataplane.runs import GENERATING, IDLE, PAUSED, RunBook
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
+from luftpause.vocabulary import BATCH, DATAPLANE_METADATA, INTERACTIVE, REJECT_CODES, RejectReason
 
-CLASSES = {"interactive": pb.INTERACTIVE, "batch": pb.BATCH}
+CLASSES = {INTERACTIVE: pb.INTERACTIVE, BATCH: pb.BATCH}
 STAGES = {IDLE: pb.IDLE, GENERATING: pb.GENERATING, PAUSED: pb.PAUSED}
-DATAPLANE_METADATA = "x-luftpause-dataplane"
 PROTOCOL = pb.PROTOCOL_LEASES
 SPOKEN = (pb.PROTOCOL_STREAM, pb.PROTOCOL_LEASES)  # what a scheduler may answer (older ones lend nothing)
 # Reconnect soon after the scheduler is back, however long it was away.
@@ -53,16 +53,16 @@ class SchedulerTooOld(Exception):
     """The scheduler does not speak the Connect stream (upgrade schedulers first)."""
 
 
-class UnknownModel(Exception):
-    """No generative replica serves the model (scheduler NOT_FOUND)."""
+class AdmitRefused(Exception):
+    """The scheduler refused the turn; ``status`` is the HTTP status its client gets."""
 
+    def __init__(self, reason: RejectReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
-class AdmitRejected(Exception):
-    """The scheduler found the turn malformed (INVALID_ARGUMENT)."""
-
-
-class NoHealthyReplica(Exception):
-    """Replicas serve the model but none is healthy, for a call that never waits."""
+    @property
+    def status(self) -> int:
+        return REJECT_CODES[self.reason].http
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,8 @@ class Lease:
         return 0 if self.returning else self.slots - self.busy
 
 
-REFUSALS = {pb.UNKNOWN_MODEL: UnknownModel, pb.MALFORMED: AdmitRejected, pb.NO_HEALTHY_REPLICA: NoHealthyReplica}
+# A refusal reason this dataplane does not know counts as a malformed turn.
+REASONS = {pb.RefusalReason.Value(codes.refusal): reason for reason, codes in REJECT_CODES.items()}
 
 
 class SchedulerLink:
@@ -232,7 +233,7 @@ class SchedulerLink:
                                                  tuple(placed.native_apis)))
             else:
                 refused = decision.refused
-                entry[1].set_exception(REFUSALS.get(refused.reason, AdmitRejected)(refused.message))
+                entry[1].set_exception(AdmitRefused(REASONS.get(refused.reason, RejectReason.INVALID), refused.message))
 
     async def status(self, timeout: float = 2.0) -> pb.StatusReply:
         return await self._stub.Status(pb.StatusRequest(), timeout=timeout, metadata=self._metadata)

@@ -14,11 +14,9 @@ from typing import Any
 
 import structlog
 from anthropic.types import (
-    InputJSONDelta,
     Message,
     MessageDeltaUsage,
     MessageTokensCount,
-    RawContentBlockDeltaEvent,
     RawContentBlockStartEvent,
     RawContentBlockStopEvent,
     RawMessageDeltaEvent,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from luftpause.dataplane.constants import RUN_IDLE_TIMEOUT_S, TOOL_CALL_MEMORY_S
+from luftpause.dataplane.constants import TOOL_CALL_MEMORY_S
+from luftpause.vocabulary import RUN_IDLE_TIMEOUT_S
 
 IDLE, GENERATING, PAUSED = "idle", "generating", "paused"
 

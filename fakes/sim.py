@@ -201,10 +201,6 @@ class SimRequest:
     retractions: int = 0
 
     @property
-    def uncached_tokens(self) -> int:
-        return self.prompt_tokens - self.cached_tokens
-
-    @property
     def fill_tokens(self) -> int:
         """Tokens that must be in KV before it can decode: the prompt and its output so far."""
         return self.prompt_tokens + self.generated
@@ -221,7 +217,6 @@ class Counters:
     finished: int = 0
     aborted: int = 0
     evicted_blocks: int = 0
-    prefill_passes: int = 0
     decode_steps: int = 0
     retractions: int = 0
 
@@ -446,7 +441,6 @@ class EngineModel:
     def finish_prefill(self, admitted: Iterable[SimRequest]) -> list[SimRequest]:
         """The prefill pass is over: complete prompts get their next token (the first, or
         the next after a retraction) and join the decode batch; returns those finished."""
-        self.counters.prefill_passes += 1
         done = []
         for request in admitted:
             if request.state != "running":

@@ -33,10 +33,10 @@ from rich.console import Console
 from rich.table import Table
 
 from luftpause import logs
-from luftpause.headers import CALLER, RUN_ID, SERVICE_CLASS
 from luftpause.loadgen.records import percentile, write_results
 from luftpause.scheduler.probes import parse_load
 from luftpause.dev.stack import MODEL, Stack
+from luftpause.vocabulary import CALLER, RUN_ID, SERVICE_CLASS
 
 log = structlog.get_logger(service="admission-bench")
 SAMPLE_S = 0.2

@@ -27,7 +27,7 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause.loadgen import proxy_bench as pb
 from luftpause.dev.stack import Stack
 

@@ -48,7 +48,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause.loadgen import peers
 from luftpause.loadgen.records import CpuMeter, percentile, write_json
 from luftpause.dev.procs import ManagedProcess, free_port

@@ -73,45 +73,6 @@ def server_interceptors(token: str | None) -> list[grpc.aio.ServerInterceptor]:
     return [RequireToken(token)] if token else []
 
 
-class _SendToken:
-    """Adds ``authorization`` metadata to a call. grpc.aio files each interceptor under
-    one call kind only, hence one subclass per kind below."""
-
-    def __init__(self, token: str) -> None:
-        self._pair = ("authorization", bearer(token))
-
-    def _with_token(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = [pair for pair in (details.metadata or ()) if pair[0] != "authorization"]
-        return details._replace(metadata=grpc.aio.Metadata(*metadata, self._pair))
-
-
-class _UnaryUnary(_SendToken, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
-        return await continuation(self._with_token(details), request)
-
-
-class _UnaryStream(_SendToken, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
-        return await continuation(self._with_token(details), request)
-
-
-class _StreamUnary(_SendToken, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
-        return await continuation(self._with_token(details), request_iterator)
-
-
-class _StreamStream(_SendToken, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
-        return await continuation(self._with_token(details), request_iterator)
-
-
-def client_interceptors(token: str | None) -> list[Any]:
-    """For ``grpc.aio.insecure_channel(address, interceptors=...)``: sends the token on every call."""
-    if not token:
-        return []
-    return [kind(token) for kind in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)]
-
-
 # ------------------------------------------------------------------------------ aiohttp
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
+from luftpause.vocabulary import INTERACTIVE
+
 STYLES = ("none", "session", "program")
 INTERACTIVE_PRIORITY = 10  # vllm-router resumes larger priorities first; batch runs stay at 0
 
@@ -44,7 +46,7 @@ def add_identity(body: dict[str, Any], style: str, run_id: str, service_class: s
     if style == "program":
         context = {"program_id": run_id, "task_id": run_id, "session_id": run_id, "agent_id": "lead",
                    "agent_role": "lead", "expected_resume": expects_resume(body),
-                   "priority": INTERACTIVE_PRIORITY if service_class == "interactive" else 0}
+                   "priority": INTERACTIVE_PRIORITY if service_class == INTERACTIVE else 0}
         xargs = dict(body.get("vllm_xargs") or {})
         xargs["agentic_context"] = context
         return {**body, "vllm_xargs": xargs}, {}

@@ -16,9 +16,10 @@ from typing import Any
 import httpx
 import structlog
 
-from luftpause import headers, tracing
+from luftpause import tracing, vocabulary
 from luftpause.peer_identity import add_identity, finish_path
 from luftpause.runtime import constants
+from luftpause.tokens import bearer
 
 log = structlog.get_logger(component="dataplane-client")
 
@@ -35,9 +36,9 @@ class TurnIdentity:
 
     def as_headers(self) -> dict[str, str | bytes]:
         return {
-            headers.RUN_ID: self.run_handle,
-            headers.SERVICE_CLASS: self.service_class,
-            headers.CALLER: caller_header(self.caller),
+            vocabulary.RUN_ID: self.run_handle,
+            vocabulary.SERVICE_CLASS: self.service_class,
+            vocabulary.CALLER: caller_header(self.caller),
         }
 
 
@@ -54,9 +55,9 @@ class TurnReply:
 def truncate_caller(caller: str) -> str:
     """Callers longer than the header limit are cut at a character boundary."""
     encoded = caller.encode()
-    if len(encoded) <= headers.MAX_CALLER_BYTES:
+    if len(encoded) <= vocabulary.MAX_CALLER_BYTES:
         return caller
-    return encoded[: headers.MAX_CALLER_BYTES].decode(errors="ignore")
+    return encoded[: vocabulary.MAX_CALLER_BYTES].decode(errors="ignore")
 
 
 def caller_header(caller: str) -> bytes:
@@ -64,7 +65,7 @@ def caller_header(caller: str) -> bytes:
     refuse it as a str, failing every turn of the run), control characters dropped (they
     would end the header), at most the header limit."""
     printable = "".join(char for char in caller if char.isprintable() or char == " ").strip()
-    return truncate_caller(printable or headers.ANONYMOUS_CALLER).encode()
+    return truncate_caller(printable or vocabulary.ANONYMOUS_CALLER).encode()
 
 
 def retry_after_seconds(value: str | None) -> float:
@@ -109,7 +110,7 @@ class DataplaneClient:
         transport: httpx.AsyncBaseTransport | None = None,
         peer_identity: str = "none",
     ) -> None:
-        auth_headers = {"Authorization": f"Bearer {token}"} if token else {}
+        auth_headers = {"Authorization": bearer(token)} if token else {}
         if transport is None and base_url.startswith("http://"):
             # Plain HTTP needs no CA bundle, whose loading is some 50 ms of the runtime's
             # start: this TLS context trusts nothing (it is never used; if it were, it
@@ -174,7 +175,7 @@ class DataplaneClient:
                 log.info("turn_rate_limited", run=identity.run_handle, retry_after_s=delay)
                 await asyncio.sleep(delay)
                 continue
-            if response.status_code == 502 and response.headers.get(headers.ENGINE_FAILURE):
+            if response.status_code == 502 and response.headers.get(vocabulary.ENGINE_FAILURE):
                 # The engine could not be reached or died before answering; engine errors
                 # proper (4xx, 5xx passed through) are final.
                 delay = retry.next_delay()

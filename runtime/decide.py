@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 from luftpause.runtime.dataplane import DataplaneClient, TurnError, TurnIdentity
+from luftpause.vocabulary import INTERACTIVE
 
 MIN_LABELS, MAX_LABELS = 2, 20
 TOP_LOGPROBS = 20  # the most OpenAI-compatible engines return
@@ -86,7 +87,7 @@ async def decide(dataplane: DataplaneClient, text: str, labels: list[str] | None
     body = {"model": model, "messages": decision_messages(text, labels), "max_tokens": 1,
             "logprobs": True, "top_logprobs": TOP_LOGPROBS}
     try:
-        reply = await dataplane.chat(body, TurnIdentity(handle, "interactive", caller))
+        reply = await dataplane.chat(body, TurnIdentity(handle, INTERACTIVE, caller))
     finally:
         await dataplane.end_run(handle)
     content = (reply.logprobs or {}).get("content") or []

@@ -22,8 +22,7 @@ from mcp_types import INTERNAL_ERROR, InputRequiredResult, ToolAnnotations
 from pydantic import ConfigDict, Field, with_config
 from typing_extensions import TypedDict
 
-from luftpause import __version__, headers
-from luftpause.headers import DEFAULT_SERVICE_CLASS
+from luftpause import __version__, vocabulary
 from luftpause.runtime import constants
 from luftpause.runtime.approvals import AlreadyAnswered
 from luftpause.runtime.asking import asks_by_input_required, read_state, wait_asking, wait_or_ask
@@ -54,7 +53,7 @@ INSTRUCTIONS = (
 Task = Annotated[str, Field(description="What the sub-agent should do (its user message).")]
 Model = Annotated[str | None, Field(description="Model id; default: the runtime's default model.")]
 ServiceClass = Annotated[
-    Literal["interactive", "batch"],
+    Literal[vocabulary.SERVICE_CLASSES],  # type: ignore[valid-type]
     Field(description="interactive: someone waits for it (served first); batch: background work."),
 ]
 System = Annotated[str | None, Field(description="System prompt for the sub-agent.")]
@@ -228,7 +227,7 @@ def caller_of(ctx: Context) -> str:
     self-reported name, which at least keeps different client programs apart.
     """
     request_headers = ctx.headers or {}
-    named = request_headers.get(headers.CALLER) or request_headers.get("mcp-session-id")
+    named = request_headers.get(vocabulary.CALLER) or request_headers.get("mcp-session-id")
     if named:
         return header_text(named)
     client_params = getattr(ctx.session, "client_params", None)
@@ -306,7 +305,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         task: Task,
         ctx: Context,
         model: Model = None,
-        serviceClass: ServiceClass = DEFAULT_SERVICE_CLASS,  # noqa: N803
+        serviceClass: ServiceClass = vocabulary.DEFAULT_SERVICE_CLASS,  # noqa: N803
         system: System = None,
         maxToolCalls: MaxToolCalls = constants.DEFAULT_MAX_TOOL_CALLS,  # noqa: N803
         tools: ToolAllowList = None,

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
-from luftpause.headers import DEFAULT_SERVICE_CLASS
 from luftpause.runtime import constants
+from luftpause.vocabulary import DEFAULT_SERVICE_CLASS
 
 
 class RunStatus(StrEnum):

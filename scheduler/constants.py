@@ -1,5 +1,7 @@
 """The scheduler's constants, each with where it matters."""
 
+from luftpause.vocabulary import RUN_IDLE_TIMEOUT_S
+
 # Health + load probe period of every engine; also the probe's own timeout.
 PROBE_PERIOD_S = 2.0
 PROBE_TIMEOUT_S = 2.0
@@ -14,7 +16,7 @@ CLOCK_TICK_S = 1.0
 # A turn whose end was never reported is dropped and its slot freed.
 TURN_TIMEOUT_MS = 10 * 60 * 1000
 # A run with no turn for this long is forgotten; its next turn starts without affinity.
-RUN_IDLE_TIMEOUT_MS = 30 * 60 * 1000
+RUN_IDLE_TIMEOUT_MS = RUN_IDLE_TIMEOUT_S * 1000
 
 # The admission limit's increase per probe (core.py, "The admission limit"): the
 # requests that fit in this share of the engine's free KV, at most limit / divisor.

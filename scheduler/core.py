@@ -53,7 +53,6 @@ from typing import NamedTuple
 
 from immutables import Map
 
-from luftpause.headers import MAX_CALLER_BYTES, SERVICE_CLASSES
 from luftpause.scheduler.constants import (
     LIMIT_CALM_MAX,
     LIMIT_CALM_PROBES,
@@ -66,9 +65,8 @@ from luftpause.scheduler.constants import (
     RUN_IDLE_TIMEOUT_MS,
     TURN_TIMEOUT_MS,
 )
+from luftpause.vocabulary import BATCH, INTERACTIVE, MAX_CALLER_BYTES, SERVICE_CLASSES, RejectReason
 
-INTERACTIVE = "interactive"
-BATCH = "batch"
 TURN_TIME_WEIGHT = 8  # a replica's turn time: moving average over about this many turns
 GENERATIVE = "generative"
 ONE_PASS = "one-pass"
@@ -395,7 +393,7 @@ class Place:
 @dataclass(frozen=True, slots=True)
 class Reject:
     turn_id: str
-    reason: str  # "unknown_model" | "invalid" | "no_healthy_replica"
+    reason: RejectReason
     message: str
 
 
@@ -478,7 +476,7 @@ def validation_error(model: str, service_class: str, caller: str) -> str | None:
 def _admit(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:
     problem = validation_error(event.model, event.service_class, event.caller)
     if problem:
-        return state, [Reject(event.turn_id, "invalid", problem)]
+        return state, [Reject(event.turn_id, RejectReason.INVALID, problem)]
     if event.one_pass:
         return _admit_one_pass(state, event)
     placed = state.turns.get(event.turn_id)
@@ -487,7 +485,7 @@ def _admit(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:
     if event.turn_id in state.held:  # a retried Admit for a turn still held
         return state, []
     if not _serves(state, event.model):
-        return state, [Reject(event.turn_id, "unknown_model", f"no Generative replica serves model '{event.model}'")]
+        return state, [Reject(event.turn_id, RejectReason.UNKNOWN_MODEL, f"no Generative replica serves model '{event.model}'")]
     run = state.runs.get(event.run_id)
     opens = run is None
     if run is None:
@@ -514,11 +512,11 @@ def _admit_one_pass(state: State, event: AdmitRequested) -> tuple[State, list[Ac
         (r for r in state.replicas.values() if r.kind == ONE_PASS and event.model in r.models), key=lambda r: r.name
     )
     if not serving:
-        return state, [Reject(event.turn_id, "unknown_model", f"no one-pass replica serves model '{event.model}'")]
+        return state, [Reject(event.turn_id, RejectReason.UNKNOWN_MODEL, f"no one-pass replica serves model '{event.model}'")]
     healthy = [r for r in serving if r.healthy]
     if not healthy:
         message = f"no healthy one-pass replica serves model '{event.model}'"
-        return state, [Reject(event.turn_id, "no_healthy_replica", message)]
+        return state, [Reject(event.turn_id, RejectReason.NO_HEALTHY_REPLICA, message)]
     replica = healthy[state.next_seq % len(healthy)]
     return state._replace(next_seq=state.next_seq + 1), [Place(event.turn_id, replica.name, 0)]
 

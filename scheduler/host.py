@@ -28,24 +28,19 @@ from luftpause.scheduler.metrics import SchedulerMetrics, exposition, status_vie
 from luftpause.scheduler.pool import Endpoint
 from luftpause.scheduler.probes import ProbeResult, answers, fast_batch, probe, probe_client
 from luftpause.scheduler.validation import admit_problem, resync_problem
+from luftpause.vocabulary import BATCH, DATAPLANE_METADATA, INTERACTIVE, REJECT_CODES
 
 TRACER = trace.get_tracer("luftpause.scheduler")
-CLASS_NAMES = {pb.INTERACTIVE: core.INTERACTIVE, pb.BATCH: core.BATCH}
+CLASS_NAMES = {pb.INTERACTIVE: INTERACTIVE, pb.BATCH: BATCH}
 STAGES = {pb.IDLE: core.Stage.IDLE, pb.GENERATING: core.Stage.GENERATING, pb.PAUSED: core.Stage.PAUSED}
-DATAPLANE_METADATA = "x-luftpause-dataplane"  # the Report stream's sender (ResyncRequest.dataplane_id)
-REJECT_CODES = {
-    "unknown_model": grpc.StatusCode.NOT_FOUND,
-    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
-    # Not UNAVAILABLE: that code means "the scheduler is away" and callers retry it.
-    "no_healthy_replica": grpc.StatusCode.FAILED_PRECONDITION,
-}
+GRPC_CODES = {reason: grpc.StatusCode[codes.grpc] for reason, codes in REJECT_CODES.items()}
 
 
 def class_name(value: int) -> str:
     """Unspecified means interactive (the dataplane's default); unknown values stay
     unknown so the core rejects them."""
     if value == pb.SERVICE_CLASS_UNSPECIFIED:
-        return core.INTERACTIVE
+        return INTERACTIVE
     return CLASS_NAMES.get(value, f"class-{value}")
 
 
@@ -348,7 +343,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             action = await self.host.admit(request)
             if isinstance(action, core.Reject):
                 span.set_status(Status(StatusCode.ERROR, action.message))
-                await context.abort(REJECT_CODES[action.reason], action.message)
+                await context.abort(GRPC_CODES[action.reason], action.message)
             span.set_attributes({"luftpause.replica": action.replica, "luftpause.held_ms": action.held_ms})
         endpoint = self.host.endpoints[action.replica]
         return pb.AdmitReply(

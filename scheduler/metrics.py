@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from luftpause.promlabels import Children
 from luftpause.scheduler import core
+from luftpause.vocabulary import INTERACTIVE, SERVICE_CLASSES
 
 # Seconds: a hold is 0 for most turns and minutes under heavy batch load.
 HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -102,7 +103,7 @@ class SchedulerMetrics:
     def init_series(self, replicas: Iterable[str]) -> None:
         """Every class × replica series at 0 from the start, so rates and dashboards
         show zero rather than nothing before the first event."""
-        for service_class in core.SERVICE_CLASSES:
+        for service_class in SERVICE_CLASSES:
             self.hold_seconds.labels(service_class)
             for replica in (*replicas, ANY_REPLICA):
                 for counter in (self.held, self.abandoned):
@@ -118,7 +119,7 @@ class SchedulerMetrics:
         for action in actions:
             if isinstance(action, core.Place):
                 turn = after.turns.get(action.turn_id)
-                service_class = turn.service_class if turn is not None else core.INTERACTIVE
+                service_class = turn.service_class if turn is not None else INTERACTIVE
                 self._child(self.admitted, service_class, action.replica).inc()
                 self._child(self.hold_seconds, service_class).observe(action.held_ms / 1000)
                 self.recent.placed(action.held_ms)
@@ -199,7 +200,7 @@ class _StatusCollector:
         held = GaugeMetricFamily("luftpause_scheduler_turns_waiting", "Turns held now, by class.", labels=["class"])
         for group in status["held_by_class"]:
             held.add_metric([group["key"]], group["count"])
-        for service_class in core.SERVICE_CLASSES:
+        for service_class in SERVICE_CLASSES:
             if not any(g["key"] == service_class for g in status["held_by_class"]):
                 held.add_metric([service_class], 0)
         runs = GaugeMetricFamily("luftpause_scheduler_runs", "Runs the scheduler tracks, by stage and class.",

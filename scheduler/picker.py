@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import json
 import os
 import signal
@@ -52,12 +51,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep  # noqa: E402
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc  # noqa: E402
 from envoy.type.v3 import http_status_pb2  # noqa: E402
 
-from luftpause import headers as h
-from luftpause import logs
+from luftpause import vocabulary as h
+from luftpause import auth, logs
 from luftpause.dataplane.constants import TOOL_CALL_SWEEP_S
 from luftpause.eventloop import run_event_loop
 from luftpause.dataplane.app import new_id
-from luftpause.dataplane.link import AdmitRejected, NoHealthyReplica, Placement, SchedulerLink, UnknownModel
+from luftpause.dataplane.link import AdmitRefused, Placement, SchedulerLink
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
 from luftpause.proto import scheduler_pb2 as pb
@@ -225,9 +224,8 @@ class Exchange:
             return immediate(200 if synced else 503, {"status": "ready" if synced else "not ready",
                                                       "problems": [] if synced else ["scheduler stream down"]})
         if picker.token and path.startswith("/v1"):
-            expected = f"Bearer {picker.token}".encode()
-            if not hmac.compare_digest(headers.get("authorization", "").encode(), expected):
-                raise Refused(401, "missing or invalid bearer token")
+            if not auth.presented_matches(headers.get("authorization"), picker.token):
+                raise Refused(401, auth.REFUSAL)
         if method == "GET" and path == "/v1/models":
             return await self.models(headers.get(":path", ""))
         if method == "DELETE" and path.startswith("/v1/runs/") and path.count("/") == 3:
@@ -322,12 +320,8 @@ class Exchange:
         try:
             placement = await self.picker.link.admit(new_id(), "", self.model, h.DEFAULT_SERVICE_CLASS, self.caller,
                                                      one_pass=True)
-        except UnknownModel as exc:
-            raise Refused(404, str(exc)) from None
-        except AdmitRejected as exc:
-            raise Refused(400, str(exc)) from None
-        except NoHealthyReplica as exc:
-            raise Refused(503, str(exc)) from None
+        except AdmitRefused as exc:
+            raise Refused(exc.status, str(exc)) from None
         self.placement = placement
         return self._route(placement, self.picker.replicas.key(placement), path="/classify")
 
@@ -362,10 +356,8 @@ class Exchange:
         link = self.picker.link
         try:
             return await link.admit(self.turn_id, self.run_id, self.model, self.service_class, self.caller)
-        except UnknownModel as exc:
-            raise Refused(404, str(exc), self.run_id) from None
-        except AdmitRejected as exc:
-            raise Refused(400, str(exc), self.run_id) from None
+        except AdmitRefused as exc:
+            raise Refused(exc.status, str(exc), self.run_id) from None
         except asyncio.CancelledError:
             # Envoy ended the stream (the client left, or the picker stops) while the turn was held.
             link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.run_id, abandoned=pb.TurnAbandoned()), True)

@@ -23,11 +23,12 @@ from luftpause import tracing
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.scheduler import core
 from luftpause.scheduler.validation import admit_problem, resync_problem
+from luftpause.vocabulary import REJECT_CODES, RejectReason
 
 TRACER = trace.get_tracer("luftpause.scheduler")
 # The newest protocol this scheduler speaks on Connect (PROTOCOL_STREAM is the oldest).
 PROTOCOL = pb.PROTOCOL_LEASES
-REFUSALS = {"unknown_model": pb.UNKNOWN_MODEL, "invalid": pb.MALFORMED, "no_healthy_replica": pb.NO_HEALTHY_REPLICA}
+REFUSALS = {reason: pb.RefusalReason.Value(codes.refusal) for reason, codes in REJECT_CODES.items()}
 
 
 class DataplaneStream:
@@ -75,7 +76,7 @@ class DataplaneStream:
 
     def admit(self, request: pb.AdmitRequest) -> None:
         if problem := admit_problem(request):
-            self._refuse(request.turn_id, pb.MALFORMED, problem)
+            self._refuse(request.turn_id, REFUSALS[RejectReason.INVALID], problem)
             return
         span = None
         if request.traceparent:

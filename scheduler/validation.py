@@ -8,8 +8,8 @@ header limit; ids are bounded so one request cannot grow the state without limit
 
 from __future__ import annotations
 
-from luftpause.headers import MAX_CALLER_BYTES, MAX_ID_BYTES
 from luftpause.proto import scheduler_pb2 as pb
+from luftpause.vocabulary import MAX_CALLER_BYTES, MAX_ID_BYTES
 
 
 def _id_problem(name: str, value: str, *, required: bool = True, limit: int = MAX_ID_BYTES) -> str | None:

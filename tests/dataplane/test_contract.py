@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause.dev.procs import free_port, wait_until
 from luftpause.dev.stack import MODEL
 
@@ -84,6 +84,17 @@ def test_decide_goes_to_one_pass_replicas_outside_run_state(make_stack):
     for bad in ({"model": "fake-classifier"}, {"model": "fake-classifier", "input": []},
                 {"model": "fake-classifier", "input": [1, 2]}):
         assert httpx.post(base(stack) + "/v1/decide", json=bad).status_code == 400
+
+    # The one-pass replica dies: once probed down, a one-pass call is refused at once
+    # (it never waits) with 503 and the scheduler's reason, not held or sent to it.
+    stack.process("engine-b").kill()
+
+    def refused():
+        return httpx.post(base(stack) + "/v1/decide", json={"model": "fake-classifier", "input": "x"}, timeout=10)
+
+    assert wait_until(lambda: refused().status_code == 503, 15, interval=0.5)
+    down = refused()
+    assert down.json() == {"error": {"message": "no healthy one-pass replica serves model 'fake-classifier'"}}
 
 
 class HostedApi(BaseHTTPRequestHandler):

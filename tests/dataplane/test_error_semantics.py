@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause.dev.procs import wait_until
 from luftpause.dev.stack import MODEL
 

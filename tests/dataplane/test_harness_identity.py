@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from luftpause.dataplane.constants import RUN_IDLE_TIMEOUT_S
 from luftpause.dataplane.harness import KeyIdentitiesError, KeyIdentity, api_key, parse_key_identities
 from luftpause.dataplane.runs import PAUSED, InFlightTurn, RunBook
+from luftpause.vocabulary import RUN_IDLE_TIMEOUT_S
 
 
 def _turn(book: RunBook, turn_id: str, run_id: str, now: float) -> None:

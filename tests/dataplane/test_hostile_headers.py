@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from luftpause import headers as h
-from luftpause.headers import MAX_ID_BYTES
+from luftpause import vocabulary as h
+from luftpause.vocabulary import MAX_ID_BYTES
 
 BODY = {"model": "fake-llama-1b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 
 
 def _raw_mcp():

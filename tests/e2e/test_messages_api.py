@@ -12,7 +12,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause.dev.procs import free_port
 from luftpause.dev.stack import MODEL
 
@@ -280,7 +280,7 @@ async def test_a_claude_code_session_idle_past_the_run_timeout_ends_its_run_on_t
     import structlog
 
     from luftpause.dataplane import app as dataplane_app
-    from luftpause.dataplane.constants import RUN_IDLE_TIMEOUT_S
+    from luftpause.vocabulary import RUN_IDLE_TIMEOUT_S
     from luftpause.dev.procs import wait_until
 
     stack = await asyncio.to_thread(make_stack, without=NO_RUNTIME | {"dataplane"})

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause.dev.procs import wait_until
 from luftpause.dev.stack import MODEL
 

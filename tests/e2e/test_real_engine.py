@@ -18,7 +18,7 @@ import openai
 import pytest
 from mcp import Client
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause.dev import llama
 from luftpause.dev.procs import wait_until
 from luftpause.dev.stack import Ports, Stack, write_configs

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from mcp import Client
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause.dev.procs import wait_until
 from luftpause.dev.stack import MODEL
 

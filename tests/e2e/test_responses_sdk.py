@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause.dev.stack import MODEL
 
 SHELL = {"type": "function", "name": "exec_command", "description": "Runs a command",

@@ -6,7 +6,7 @@ import json
 
 import httpx
 
-from luftpause import headers as h
+from luftpause import vocabulary as h
 from luftpause.dev.procs import wait_until
 from luftpause.dev.stack import MODEL
 

@@ -20,7 +20,7 @@ from mcp import Client
 from raw_mcp import ACCEPT, RawSession, initialize, messages
 from runtime_doubles import RuntimeProcess, ScriptedDataplane
 
-from luftpause import headers
+from luftpause import vocabulary
 from luftpause.runtime.app import build_app
 from luftpause.runtime.config import RuntimeSettings
 from luftpause.runtime.journal import Journal
@@ -107,7 +107,7 @@ async def test_non_ascii_callers_reach_the_dataplane_as_utf8(
 
     assert run.status is RunStatus.COMPLETED, run.error
     sent = dataplane.chat_requests[0].headers.raw
-    value = next(value for name, value in sent if name.lower() == headers.CALLER.encode())
+    value = next(value for name, value in sent if name.lower() == vocabulary.CALLER.encode())
     assert value.decode() == "".join(ch for ch in caller if ch.isprintable())
 
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from runtime_doubles import MODEL, ScriptedDataplane, text_reply, tool_call_reply
 
-from luftpause import headers
+from luftpause import vocabulary
 from luftpause.runtime import constants
 from luftpause.runtime.dataplane import TurnIdentity
 from luftpause.runtime.journal import Journal
@@ -46,9 +46,9 @@ async def test_run_calls_tools_then_answers(make_runtime: MakeRuntime, dataplane
     assert [m["role"] for m in last["messages"]] == ["system", "user", "assistant", "tool", "assistant", "tool"]
     assert last["messages"][3] == {"role": "tool", "tool_call_id": "call_0", "name": "lookup", "content": "found a"}
     request = dataplane.chat_requests[0]
-    assert request.headers[headers.RUN_ID] == run.handle
-    assert request.headers[headers.SERVICE_CLASS] == "batch"
-    assert request.headers[headers.CALLER] == "session-1"
+    assert request.headers[vocabulary.RUN_ID] == run.handle
+    assert request.headers[vocabulary.SERVICE_CLASS] == "batch"
+    assert request.headers[vocabulary.CALLER] == "session-1"
     assert "authorization" not in request.headers
     assert dataplane.deleted == [run.handle]
 
@@ -285,7 +285,7 @@ async def test_unfinished_run_resumes_from_its_last_round(
     assert resumed.stats.turns == 2 and resumed.stats.tool_calls == 1
     resumed_body = dataplane.chat_bodies[-1]
     assert [m["role"] for m in resumed_body["messages"]] == ["user", "assistant", "tool"]
-    assert dataplane.chat_requests[-1].headers[headers.RUN_ID] == run.handle
+    assert dataplane.chat_requests[-1].headers[vocabulary.RUN_ID] == run.handle
 
     third = await make_runtime(journal)  # a finished run answers again after another restart
     assert third.runs.get(run.handle).await_record() == resumed.await_record()
@@ -395,7 +395,7 @@ async def test_a_turn_whose_engine_could_not_be_reached_is_sent_again_but_engine
     monkeypatch.setattr(constants, "TURN_RETRY_BACKOFF_S", 0.01)
 
     async def unreachable(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(502, headers={headers.ENGINE_FAILURE: "unreachable"},
+        return httpx.Response(502, headers={vocabulary.ENGINE_FAILURE: "unreachable"},
                               json={"error": {"message": "engine engine-b: Server disconnected"}})
 
     async def engine_502(request: httpx.Request) -> httpx.Response:

@@ -10,7 +10,7 @@ import yaml
 from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from luftpause.headers import MAX_ID_BYTES
+from luftpause.vocabulary import MAX_ID_BYTES
 from luftpause.dev.procs import ManagedProcess, free_port
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
