@@ -19,6 +19,7 @@ from luftpause import auth, origins, tracing
 from luftpause.dataplane.constants import MAX_BODY_BYTES, TOOL_CALL_SWEEP_S
 from luftpause.dataplane.context import (BOOK, DIALECT, ENGINES, KEY_IDENTITIES, LINK, LOG, METRICS, TOKEN, TRACER,
                                          error_response, new_id)
+from luftpause.dataplane.answers import MODEL_KINDS, model_list, probe_routes
 from luftpause.dataplane.dialects import ApiError, Dialect
 from luftpause.dataplane.engines import Engines
 from luftpause.dataplane.harness import KeyIdentity
@@ -29,6 +30,7 @@ from luftpause.dataplane.requests import TurnRequest, json_request, parse_dialec
 from luftpause.dataplane.responses_api import ResponsesDialect
 from luftpause.dataplane.runs import RunBook
 from luftpause.dataplane.turn import run_turn
+from luftpause.prom import metrics_response
 from luftpause.proto import scheduler_pb2 as pb
 
 
@@ -146,9 +148,6 @@ async def delete_run(request: web.Request) -> web.Response:
     return web.json_response({"id": run_id, "deleted": True}, headers={h.RUN_ID: run_id})
 
 
-MODEL_KINDS = {"generative": ("generative",), "one-pass": ("one-pass",), "all": ("generative", "one-pass")}
-
-
 async def list_models(request: web.Request) -> web.Response:
     """The pool's generative models; ``?kind=one-pass`` (or ``all``) lists classifiers."""
     kinds = MODEL_KINDS.get(request.query.get("kind", "generative"))
@@ -158,26 +157,11 @@ async def list_models(request: web.Request) -> web.Response:
         status = await request.app[LINK].status()
     except Exception as exc:  # noqa: BLE001 - any failure means the scheduler is away
         raise ApiError(503, f"scheduler unavailable: {exc.__class__.__name__}") from None
-    models = sorted({m for r in status.replicas if r.kind in kinds for m in r.models})
-    return web.json_response(
-        {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "luftpause"} for m in models]}
-    )
-
-
-async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "scheduler": "connected" if request.app[LINK].synced else "away"})
-
-
-async def ready(request: web.Request) -> web.Response:
-    """Ready once the Connect stream to the scheduler is up (turns can be admitted)."""
-    synced = request.app[LINK].synced
-    return web.json_response({"status": "ready" if synced else "not ready",
-                              "problems": [] if synced else ["scheduler stream down"]}, status=200 if synced else 503)
+    return web.json_response(model_list(status, kinds))
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body, content_type = request.app[METRICS].exposition()
-    return web.Response(body=body, headers={"Content-Type": content_type})
+    return metrics_response(request.app[METRICS].registry)
 
 
 def sweep(app: web.Application, now: float) -> None:
@@ -218,15 +202,17 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
         await app[LINK].close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/messages", messages)
-    app.router.add_post("/v1/messages/count_tokens", count_tokens)
-    app.router.add_get("/api/hello", hello)
-    app.router.add_post("/v1/responses", functools.partial(dialect_turn, dialect=ResponsesDialect(log)))
-    app.router.add_post("/v1/decide", decide)
-    app.router.add_delete("/v1/runs/{run_id}", delete_run)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/ready", ready)
-    app.router.add_get("/metrics", metrics)
+    app.add_routes([
+        web.post("/v1/chat/completions", chat_completions),
+        web.post("/v1/messages", messages),
+        web.post("/v1/messages/count_tokens", count_tokens),
+        web.get("/api/hello", hello),
+        web.post("/v1/responses", functools.partial(dialect_turn, dialect=ResponsesDialect(log))),
+        web.post("/v1/decide", decide),
+        web.delete("/v1/runs/{run_id}", delete_run),
+        web.get("/v1/models", list_models),
+        # Ready once the Connect stream to the scheduler is up (turns can be admitted).
+        *probe_routes(lambda: app[LINK].synced),
+        web.get("/metrics", metrics),
+    ])
     return app

@@ -1,11 +1,13 @@
 """Prometheus pieces every service's ``/metrics`` uses: labelled series looked up once
 per label set (:class:`Children`), gauges computed from a service's state at scrape time
-(:class:`ScrapeCollector`), and the text exposition (:func:`exposition`)."""
+(:class:`ScrapeCollector`), and the text exposition (:func:`exposition`, as an aiohttp
+response :func:`metrics_response`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 
@@ -45,3 +47,9 @@ class ScrapeCollector:
 def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
     """The registry in Prometheus text format, and its content type."""
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def metrics_response(registry: CollectorRegistry) -> web.Response:
+    """``GET /metrics``'s answer: the registry's exposition."""
+    body, content_type = exposition(registry)
+    return web.Response(body=body, headers={"Content-Type": content_type})
