@@ -29,6 +29,15 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         uvloop.run(main)
 
 
+async def stop_signalled() -> None:
+    """Return at the service's first SIGTERM or SIGINT, for its serve() to shut down in order."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on ``host`` a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
