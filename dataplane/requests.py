@@ -48,7 +48,8 @@ def identity_headers(request: web.Request) -> tuple[str, str]:
     return service_class, caller
 
 
-def _returned_tool_call_ids(document: dict) -> list[str]:
+def returned_tool_call_ids(document: dict) -> list[str]:
+    """The ids of the tool results the request returns (its ``tool`` messages)."""
     messages = document.get("messages")
     if not isinstance(messages, list):
         return []
@@ -64,6 +65,13 @@ async def json_request(request: web.Request) -> tuple[bytes, dict, str]:
     if request.content_type != "application/json":
         raise ApiError(415, "Content-Type must be application/json")
     body = await request.read()
+    document, model = json_document(body)
+    return body, document, model
+
+
+def json_document(body: bytes) -> tuple[dict, str]:
+    """The body's JSON object and its model, or a 400 (the endpoint picker checks its
+    requests with this too)."""
     try:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -73,7 +81,15 @@ async def json_request(request: web.Request) -> tuple[bytes, dict, str]:
     model = document.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required and must be a non-empty string")
-    return body, document, model
+    return document, model
+
+
+def check_chat(document: dict) -> None:
+    """A 400 unless a chat completion's ``messages`` is a list and ``stream`` a boolean."""
+    if not isinstance(document.get("messages"), list):
+        raise ApiError(400, "'messages' is required and must be a list")
+    if not isinstance(document.get("stream", False), bool):
+        raise ApiError(400, "'stream' must be a boolean")
 
 
 async def parse_turn(request: web.Request) -> TurnRequest:
@@ -83,14 +99,11 @@ async def parse_turn(request: web.Request) -> TurnRequest:
     header_run_id = _identity_header(request, h.RUN_ID, h.MAX_ID_BYTES)
     request["run_id"] = header_run_id or request["run_id"]
     body, document, model = await json_request(request)
-    if not isinstance(document.get("messages"), list):
-        raise ApiError(400, "'messages' is required and must be a list")
+    check_chat(document)
     stream = document.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "'stream' must be a boolean")
     service_class, caller = identity_headers(request)
     if not header_run_id:
-        known = request.app[BOOK].run_for_tool_calls(_returned_tool_call_ids(document), time.monotonic())
+        known = request.app[BOOK].run_for_tool_calls(returned_tool_call_ids(document), time.monotonic())
         if known:
             request["run_id"] = known
     return TurnRequest(body, model, stream, request["run_id"], service_class, caller)
@@ -132,7 +145,7 @@ async def parse_dialect_turn(request: web.Request, dialect: Dialect) -> TurnRequ
     chat = translated.chat
     service_class, caller = _harness_identity(request)
     if not header_run_id and not session:
-        known = request.app[BOOK].run_for_tool_calls(_returned_tool_call_ids(chat), time.monotonic())
+        known = request.app[BOOK].run_for_tool_calls(returned_tool_call_ids(chat), time.monotonic())
         if known:
             request["run_id"] = known
     body = json.dumps(chat, separators=(",", ":")).encode()  # ASCII: the faster encoder

@@ -48,6 +48,7 @@ from luftpause.dataplane.dialects import ApiError
 from luftpause.dataplane.link import AdmitRejected, Placement, UnknownModel
 from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.onepass import admit_one_pass, check_inputs
+from luftpause.dataplane.requests import check_chat, json_document, returned_tool_call_ids
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.scheduler.envoy import DESTINATION, LB_NAMESPACE, SUBSET_NAMESPACE
@@ -203,27 +204,18 @@ class Exchange:
         return immediate(200, model_list(status, MODEL_KINDS[kind]))
 
     async def request_body(self, message: ep.ProcessingRequest) -> ep.ProcessingResponse:
-        body = message.request_body.body
-        try:
-            document = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Refused(400, f"request body is not valid JSON: {exc}", self._run_id()) from None
-        if not isinstance(document, dict):
-            raise Refused(400, "request body must be a JSON object", self._run_id())
-        model = document.get("model")
-        if not isinstance(model, str) or not model:
-            raise Refused(400, "'model' is required and must be a non-empty string", self._run_id())
-        self.model = model
+        try:  # checked as the dataplane checks it
+            document, self.model = json_document(message.request_body.body)
+            if self.route == CHAT:
+                check_chat(document)
+        except ApiError as exc:
+            raise Refused(exc.status, exc.message, self._run_id()) from None
+        model = self.model
         if self.route != CHAT:
             return await self.decide(document)
-        if not isinstance(document.get("messages"), list):
-            raise Refused(400, "'messages' is required and must be a list", self._run_id())
-        if not isinstance(document.get("stream", False), bool):
-            raise Refused(400, "'stream' must be a boolean", self._run_id())
         picker = self.picker
         if not self.run_id:
-            returned = [m["tool_call_id"] for m in document["messages"]
-                        if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str)]
+            returned = returned_tool_call_ids(document)
             self.run_id = picker.book.run_for_tool_calls(returned, time.monotonic()) or new_id()
         if self.subset is not None and not (self.subset & picker.replicas.serving(model)):
             raise Refused(503, "no replica of the gateway's endpoint subset serves the model", self.run_id)
