@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 import sys
 
 from aiohttp import web
 
 from luftpause import logs, tracing
-from luftpause.eventloop import run_event_loop
+from luftpause.options import env_option
+from luftpause.eventloop import run_event_loop, stop_signalled
 from luftpause.dataplane.app import create_app
 from luftpause.dataplane.constants import DEFAULT_PORT, DEFAULT_SCHEDULER_ADDR, MAX_BODY_BYTES
 from luftpause.dataplane.harness import (KEY_IDENTITIES_ENV, KEY_IDENTITIES_HELP, KeyIdentitiesError,
@@ -19,7 +18,6 @@ from luftpause.dataplane.harness import (KEY_IDENTITIES_ENV, KEY_IDENTITIES_HELP
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    env = os.environ.get
     parser = argparse.ArgumentParser(prog="python -m luftpause.dataplane", description=__doc__,
                                      epilog="LUFTPAUSE_TOKEN, when set, is the bearer token every /v1 route requires; "
                                             "the dataplane also presents it to the scheduler. "
@@ -28,14 +26,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                             "other Host headers get 421, other Origins 403. "
                                             + KEY_IDENTITIES_HELP + " "
                                             + logs.LOG_SETTINGS_HELP)
-    parser.add_argument("--host", default=env("LUFTPAUSE_DATAPLANE_HOST", "127.0.0.1"),
-                        help="bind address (env LUFTPAUSE_DATAPLANE_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=int(env("LUFTPAUSE_DATAPLANE_PORT", DEFAULT_PORT)),
-                        help=f"HTTP port (env LUFTPAUSE_DATAPLANE_PORT, default {DEFAULT_PORT})")
-    parser.add_argument("--scheduler", default=env("LUFTPAUSE_SCHEDULER_ADDR", DEFAULT_SCHEDULER_ADDR),
-                        help=f"scheduler gRPC address (env LUFTPAUSE_SCHEDULER_ADDR, default {DEFAULT_SCHEDULER_ADDR})")
-    parser.add_argument("--max-body-bytes", type=int, default=int(env("LUFTPAUSE_MAX_BODY_BYTES", MAX_BODY_BYTES)),
-                        help=f"largest request body, else 413 (env LUFTPAUSE_MAX_BODY_BYTES, default {MAX_BODY_BYTES})")
+    env_option(parser, "--host", "LUFTPAUSE_DATAPLANE_HOST", "127.0.0.1", "bind address")
+    env_option(parser, "--port", "LUFTPAUSE_DATAPLANE_PORT", DEFAULT_PORT, "HTTP port", kind=int)
+    env_option(parser, "--scheduler", "LUFTPAUSE_SCHEDULER_ADDR", DEFAULT_SCHEDULER_ADDR, "scheduler gRPC address")
+    env_option(parser, "--max-body-bytes", "LUFTPAUSE_MAX_BODY_BYTES", MAX_BODY_BYTES, "largest request body, else 413",
+               kind=int)
     return parser.parse_args(argv)
 
 
@@ -50,12 +45,8 @@ async def serve(args: argparse.Namespace, log) -> None:
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
     log.info("dataplane_started", address=f"http://{args.host}:{args.port}", scheduler=args.scheduler)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     try:
-        await stop.wait()
+        await stop_signalled()
     finally:
         log.info("dataplane_stopping")
         await runner.cleanup()

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-from luftpause.promlabels import Children
+from luftpause.prom import Children
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 # The dataplane's own share of a turn is a millisecond or two; buckets down to 0.1 ms.
@@ -37,9 +36,6 @@ class DataplaneMetrics:
                           "scheduler is up.", registry=r)
         connected.set_function(lambda: 1.0 if scheduler_connected() else 0.0)
         ProcessCollector(registry=r)
-
-    def exposition(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     def turn_placed(self, by: str) -> None:
         self._child(self.placed, by).inc()

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from luftpause.logs import LOG_SETTINGS_HELP
+from luftpause.options import env_option
 from luftpause.peer_identity import STYLES
 from luftpause.runtime import constants
 
@@ -80,65 +81,32 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         ),
         epilog=LOG_SETTINGS_HELP,
     )
-    parser.add_argument(
-        "--host",
-        default=env.get("LUFTPAUSE_RUNTIME_HOST", constants.DEFAULT_HOST),
-        help="address to listen on (env LUFTPAUSE_RUNTIME_HOST, default %(default)s)",
-    )
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=int(env.get("LUFTPAUSE_RUNTIME_PORT", constants.DEFAULT_PORT)),
-        help="port to listen on (env LUFTPAUSE_RUNTIME_PORT, default %(default)s)",
-    )
-    parser.add_argument(
-        "--dataplane-url",
-        default=env.get("LUFTPAUSE_DATAPLANE_URL", constants.DEFAULT_DATAPLANE_URL),
-        help="where sub-agent turns go, an OpenAI-compatible base without /v1 "
-        "(env LUFTPAUSE_DATAPLANE_URL, default %(default)s)",
-    )
-    parser.add_argument(
-        "--tools-file",
-        type=Path,
-        default=Path(env.get("LUFTPAUSE_TOOLS_FILE", constants.DEFAULT_TOOLS_FILE)),
-        help="YAML list of upstream MCP tool servers; missing file = no tools "
-        "(env LUFTPAUSE_TOOLS_FILE, default %(default)s)",
-    )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path(env.get("LUFTPAUSE_STATE_DIR", constants.DEFAULT_STATE_DIR)),
-        help="directory of the run journal runs.jsonl and tasks.jsonl (env LUFTPAUSE_STATE_DIR, default %(default)s)",
-    )
-    parser.add_argument(
-        "--max-runs-per-caller", type=int,
-        default=int(env.get("LUFTPAUSE_MAX_RUNS_PER_CALLER", constants.MAX_RUNS_PER_CALLER)),
-        help="unfinished runs one caller may have; spawn beyond it is refused "
-        "(env LUFTPAUSE_MAX_RUNS_PER_CALLER, default %(default)s)",
-    )
-    parser.add_argument(
-        "--max-sessions", type=int, default=int(env.get("LUFTPAUSE_MAX_SESSIONS", constants.MAX_SESSIONS)),
-        help="open MCP sessions; at the cap the longest-idle session is closed for a new one if it has been idle "
-        "--session-evict-idle seconds, else the new one gets 503 with Retry-After (env LUFTPAUSE_MAX_SESSIONS, "
-        "default %(default)s)",
-    )
-    parser.add_argument(
-        "--session-evict-idle", type=float,
-        default=float(env.get("LUFTPAUSE_SESSION_EVICT_IDLE_S", constants.SESSION_EVICT_IDLE_S)),
-        help="at the session cap, only a session idle this many seconds may be closed for a new one, so opening "
-        "sessions cannot end one in use (env LUFTPAUSE_SESSION_EVICT_IDLE_S, default %(default)s)",
-    )
-    parser.add_argument(
-        "--session-idle", type=float, default=float(env.get("LUFTPAUSE_SESSION_IDLE_S", constants.SESSION_IDLE_S)),
-        help="seconds after which an idle MCP session is closed (env LUFTPAUSE_SESSION_IDLE_S, default %(default)s)",
-    )
-    parser.add_argument(
-        "--peer-identity", choices=STYLES, default=env.get("LUFTPAUSE_RUNTIME_PEER_IDENTITY", "none"),
-        help="when --dataplane-url is an agent-aware router instead of luftpause's dataplane, also put each "
-        "turn's run identity where that router reads it: session (session_params.session_id: vllm-router "
-        "sticky_least_loaded, kv_aware) or program (vllm_xargs.agentic_context: vllm-router program "
-        "scheduling) (env LUFTPAUSE_RUNTIME_PEER_IDENTITY, default %(default)s)",
-    )
+    def option(flag: str, env_name: str, default: Any, text: str, **extra: Any) -> None:
+        env_option(parser, flag, env_name, default, text, environ=env, **extra)
+
+    option("--host", "LUFTPAUSE_RUNTIME_HOST", constants.DEFAULT_HOST, "address to listen on")
+    option("--port", "LUFTPAUSE_RUNTIME_PORT", constants.DEFAULT_PORT, "port to listen on", kind=int)
+    option("--dataplane-url", "LUFTPAUSE_DATAPLANE_URL", constants.DEFAULT_DATAPLANE_URL,
+           "where sub-agent turns go, an OpenAI-compatible base without /v1")
+    option("--tools-file", "LUFTPAUSE_TOOLS_FILE", constants.DEFAULT_TOOLS_FILE,
+           "YAML list of upstream MCP tool servers; missing file = no tools", kind=Path)
+    option("--state-dir", "LUFTPAUSE_STATE_DIR", constants.DEFAULT_STATE_DIR,
+           "directory of the run journal runs.jsonl and tasks.jsonl", kind=Path)
+    option("--max-runs-per-caller", "LUFTPAUSE_MAX_RUNS_PER_CALLER", constants.MAX_RUNS_PER_CALLER,
+           "unfinished runs one caller may have; spawn beyond it is refused", kind=int)
+    option("--max-sessions", "LUFTPAUSE_MAX_SESSIONS", constants.MAX_SESSIONS,
+           "open MCP sessions; at the cap the longest-idle session is closed for a new one if it has been idle "
+           "--session-evict-idle seconds, else the new one gets 503 with Retry-After", kind=int)
+    option("--session-evict-idle", "LUFTPAUSE_SESSION_EVICT_IDLE_S", constants.SESSION_EVICT_IDLE_S,
+           "at the session cap, only a session idle this many seconds may be closed for a new one, so opening "
+           "sessions cannot end one in use", kind=float)
+    option("--session-idle", "LUFTPAUSE_SESSION_IDLE_S", constants.SESSION_IDLE_S,
+           "seconds after which an idle MCP session is closed", kind=float)
+    option("--peer-identity", "LUFTPAUSE_RUNTIME_PEER_IDENTITY", "none",
+           "when --dataplane-url is an agent-aware router instead of luftpause's dataplane, also put each "
+           "turn's run identity where that router reads it: session (session_params.session_id: vllm-router "
+           "sticky_least_loaded, kv_aware) or program (vllm_xargs.agentic_context: vllm-router program "
+           "scheduling)", choices=STYLES)
     args = parser.parse_args(argv)
     if args.max_runs_per_caller < 1 or args.max_sessions < 1 or not 0 < args.session_idle < float("inf"):
         parser.error("--max-runs-per-caller and --max-sessions must be >= 1, --session-idle > 0")

@@ -223,39 +223,34 @@ class Run:
         self, budget: dict[str, Any] | None = None, pending_approval: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """What `await` and `run` report for this run; ``budget`` is the budget governing it."""
-        return {
-            "handle": self.handle,
-            "status": self.status.value,
-            "result": self.result,
-            "toolCalls": self.stats.tool_calls,
-            "failedToolCalls": self.stats.failed_tool_calls,
-            "error": self.error,
-            "budget": budget,
-            "pendingApproval": pending_approval,
-        }
+        return self._record(budget, pending_approval, result=self.result, toolCalls=self.stats.tool_calls,
+                            failedToolCalls=self.stats.failed_tool_calls)
 
     def status_record(
         self, budget: dict[str, Any] | None = None, pending_approval: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """What `status` reports: place in the tree and costs, no result text."""
-        return {
-            "handle": self.handle,
-            "status": self.status.value,
-            "activity": None if self.status.finished else self.activity,
-            "parent": self.parent,
-            "children": list(self.children),
-            "task": self.spec.task,
-            "model": self.model or self.spec.model,
-            "caller": self.caller,
-            "serviceClass": self.spec.service_class,
-            "settings": self.spec.settings(),
-            "createdAt": self.created_at,
-            "finishedAt": self.finished_at,
-            "stats": self.stats.to_json(),
-            "error": self.error,
-            "budget": budget,
-            "pendingApproval": pending_approval,
-        }
+        return self._record(
+            budget, pending_approval,
+            activity=None if self.status.finished else self.activity,
+            parent=self.parent,
+            children=list(self.children),
+            task=self.spec.task,
+            model=self.model or self.spec.model,
+            caller=self.caller,
+            serviceClass=self.spec.service_class,
+            settings=self.spec.settings(),
+            createdAt=self.created_at,
+            finishedAt=self.finished_at,
+            stats=self.stats.to_json(),
+        )
+
+    def _record(self, budget: dict[str, Any] | None, pending_approval: dict[str, Any] | None,
+                **fields: Any) -> dict[str, Any]:
+        """A report on the run: its handle and status, ``fields``, then its error, budget and
+        pending approval (every report names these, in this order)."""
+        return {"handle": self.handle, "status": self.status.value, **fields, "error": self.error, "budget": budget,
+                "pendingApproval": pending_approval}
 
 
 BudgetReporter = Callable[[Run], dict[str, Any] | None]

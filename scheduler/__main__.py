@@ -7,13 +7,13 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 
 from aiohttp import web
 
 from luftpause import auth, logs, tracing
-from luftpause.eventloop import run_event_loop
+from luftpause.options import env_option
+from luftpause.eventloop import run_event_loop, stop_signalled
 from luftpause.scheduler.constants import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, PROBE_PERIOD_S
 from luftpause.scheduler.host import SchedulerHost, grpc_server, http_app, mark_serving, runtime_status_url
 from luftpause.scheduler.pool import PoolError, load_pool
@@ -31,14 +31,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
     parser = argparse.ArgumentParser(prog="python -m luftpause.scheduler", description=__doc__,
                                      epilog=logs.LOG_SETTINGS_HELP)
-    parser.add_argument("--host", default=env("LUFTPAUSE_SCHEDULER_HOST", "127.0.0.1"),
-                        help="bind address (env LUFTPAUSE_SCHEDULER_HOST, default 127.0.0.1)")
-    parser.add_argument("--grpc-port", type=int, default=int(env("LUFTPAUSE_SCHEDULER_GRPC_PORT", DEFAULT_GRPC_PORT)),
-                        help=f"gRPC port (env LUFTPAUSE_SCHEDULER_GRPC_PORT, default {DEFAULT_GRPC_PORT})")
-    parser.add_argument("--http-port", type=int, default=int(env("LUFTPAUSE_SCHEDULER_HTTP_PORT", DEFAULT_HTTP_PORT)),
-                        help=f"HTTP status port (env LUFTPAUSE_SCHEDULER_HTTP_PORT, default {DEFAULT_HTTP_PORT})")
-    parser.add_argument("--pool-file", default=env("LUFTPAUSE_POOL_FILE", "config/pool.yaml"),
-                        help="engine pool YAML (env LUFTPAUSE_POOL_FILE, default config/pool.yaml)")
+    env_option(parser, "--host", "LUFTPAUSE_SCHEDULER_HOST", "127.0.0.1", "bind address")
+    env_option(parser, "--grpc-port", "LUFTPAUSE_SCHEDULER_GRPC_PORT", DEFAULT_GRPC_PORT, "gRPC port", kind=int)
+    env_option(parser, "--http-port", "LUFTPAUSE_SCHEDULER_HTTP_PORT", DEFAULT_HTTP_PORT, "HTTP status port", kind=int)
+    env_option(parser, "--pool-file", "LUFTPAUSE_POOL_FILE", "config/pool.yaml", "engine pool YAML")
     parser.add_argument("--affinity", choices=("on", "off"), default=env("LUFTPAUSE_AFFINITY", "on"),
                         help="strict affinity of generating/paused runs to their replica (env LUFTPAUSE_AFFINITY, "
                              "default on; off lets runs roam, for benchmarks that measure what affinity is worth)")
@@ -79,13 +75,9 @@ async def serve(args: argparse.Namespace, log) -> None:
     log.info("scheduler_started", grpc=f"{args.host}:{args.grpc_port}", http=f"{args.host}:{args.http_port}",
              replicas=[e.name for e in endpoints], affinity=args.affinity,
              interactive_slots=args.interactive_slots)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     tasks = [asyncio.create_task(host.probe_forever()), asyncio.create_task(host.tick_forever())]
     try:
-        await stop.wait()
+        await stop_signalled()
     finally:
         log.info("scheduler_stopping")
         for task in tasks:

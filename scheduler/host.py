@@ -20,11 +20,12 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from luftpause import auth, origins, tracing
+from luftpause.prom import metrics_response
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler import core, stream
 from luftpause.scheduler.constants import CLOCK_TICK_S, DATAPLANE_GONE_S, FIRST_PROBE_WAIT_S, PROBE_PERIOD_S
-from luftpause.scheduler.metrics import SchedulerMetrics, exposition, status_view
+from luftpause.scheduler.metrics import SchedulerMetrics, status_view
 from luftpause.scheduler.pool import Endpoint
 from luftpause.scheduler.probes import ProbeResult, answers, fast_batch, probe, probe_client
 from luftpause.scheduler.validation import admit_problem, resync_problem
@@ -454,8 +455,7 @@ def http_app(host: SchedulerHost, token: str | None = None, runtime_url: str | N
                                   "healthy_replicas": sorted(healthy)}, status=503 if problems else 200)
 
     async def get_metrics(request: web.Request) -> web.Response:
-        body, content_type = exposition(host.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": content_type})
+        return metrics_response(host.metrics.registry)
 
     # Open like on the other services: probes and scrapers come without credentials, and
     # these routes carry counts by replica and class only (no runs, tasks or callers).
@@ -463,10 +463,7 @@ def http_app(host: SchedulerHost, token: str | None = None, runtime_url: str | N
     # laptop set-up without a token (luftpause.origins, as on the runtime and the dataplane).
     app = web.Application(middlewares=[origins.aiohttp_middleware(origins.AllowedHosts.from_env()),
                                        auth.aiohttp_middleware(token, open_paths={"/", "/health", "/ready", "/metrics"})])
-    app.router.add_get("/", get_page)
-    app.router.add_get("/status", get_status)
-    app.router.add_get("/runtime-status", get_runtime_status)
-    app.router.add_get("/health", get_health)
-    app.router.add_get("/ready", get_ready)
-    app.router.add_get("/metrics", get_metrics)
+    app.add_routes([web.get("/", get_page), web.get("/status", get_status),
+                    web.get("/runtime-status", get_runtime_status), web.get("/health", get_health),
+                    web.get("/ready", get_ready), web.get("/metrics", get_metrics)])
     return app

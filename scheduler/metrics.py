@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 
-from luftpause.promlabels import Children
+from luftpause.prom import Children, ScrapeCollector
 from luftpause.scheduler import core
 from luftpause.vocabulary import INTERACTIVE, SERVICE_CLASSES
 
@@ -98,7 +98,7 @@ class SchedulerMetrics:
         self.probe_failures = Counter("luftpause_scheduler_probe_failures", "Engine probes that found the "
                                       "replica unhealthy or unreachable.", ["replica"], registry=r)
         ProcessCollector(registry=r)
-        r.register(_StatusCollector(self))
+        r.register(ScrapeCollector(lambda: _status_families(self)))
 
     def init_series(self, replicas: Iterable[str]) -> None:
         """Every class × replica series at 0 from the start, so rates and dashboards
@@ -162,59 +162,45 @@ class SchedulerMetrics:
         return None if at is None else self._clock() - at
 
 
-class _StatusCollector:
+# The status picture's gauges of each replica: name, help, its value from the replica's entry.
+REPLICA_GAUGES: tuple[tuple[str, str, Callable[[dict], float]], ...] = (
+    ("luftpause_scheduler_replica_in_flight", "Turns placed on the replica and not yet ended.",
+     lambda replica: replica["in_flight"]),
+    ("luftpause_scheduler_replica_capacity", "The replica's in-flight limit (-1: no limit).",
+     lambda replica: -1 if replica.get("capacity") is None else replica["capacity"]),
+    ("luftpause_scheduler_replica_healthy", "1 when the last probe found the replica healthy.",
+     lambda replica: 1 if replica["healthy"] else 0),
+    ("luftpause_scheduler_replica_engine_running", "Requests the engine reports running.",
+     lambda replica: replica.get("running", 0)),
+    ("luftpause_scheduler_replica_engine_queued", "Requests the engine reports waiting.",
+     lambda replica: replica.get("queued", 0)),
+)
+
+
+def _status_families(metrics: SchedulerMetrics):
     """Gauges read from the core's status picture at scrape time."""
-
-    def __init__(self, metrics: SchedulerMetrics) -> None:
-        self._metrics = metrics
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        status = self._metrics._status()
-        labels = ["replica"]
-        in_flight = GaugeMetricFamily("luftpause_scheduler_replica_in_flight", "Turns placed on the replica and "
-                                      "not yet ended.", labels=labels)
-        capacity = GaugeMetricFamily("luftpause_scheduler_replica_capacity", "The replica's in-flight limit "
-                                     "(-1: no limit).", labels=labels)
-        healthy = GaugeMetricFamily("luftpause_scheduler_replica_healthy", "1 when the last probe found the "
-                                    "replica healthy.", labels=labels)
-        running = GaugeMetricFamily("luftpause_scheduler_replica_engine_running", "Requests the engine reports "
-                                    "running.", labels=labels)
-        queued = GaugeMetricFamily("luftpause_scheduler_replica_engine_queued", "Requests the engine reports "
-                                   "waiting.", labels=labels)
-        probe_age = GaugeMetricFamily("luftpause_scheduler_probe_age_seconds", "Seconds since the replica was "
-                                      "last probed.", labels=labels)
-        for replica in status["replicas"]:
-            name = [replica["name"]]
-            in_flight.add_metric(name, replica["in_flight"])
-            cap = replica.get("capacity")
-            capacity.add_metric(name, -1 if cap is None else cap)
-            healthy.add_metric(name, 1 if replica["healthy"] else 0)
-            running.add_metric(name, replica.get("running", 0))
-            queued.add_metric(name, replica.get("queued", 0))
-            age = self._metrics.probe_age_s(replica["name"])
-            if age is not None:
-                probe_age.add_metric(name, age)
-        held = GaugeMetricFamily("luftpause_scheduler_turns_waiting", "Turns held now, by class.", labels=["class"])
-        for group in status["held_by_class"]:
-            held.add_metric([group["key"]], group["count"])
-        for service_class in SERVICE_CLASSES:
-            if not any(g["key"] == service_class for g in status["held_by_class"]):
-                held.add_metric([service_class], 0)
-        runs = GaugeMetricFamily("luftpause_scheduler_runs", "Runs the scheduler tracks, by stage and class.",
-                                 labels=["stage", "class"])
-        for group in status["runs"]:
-            runs.add_metric([group["stage"], group["service_class"]], group["count"])
-        yield from (in_flight, capacity, healthy, running, queued, probe_age, held, runs)
-
-
-def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
-    """The registry in Prometheus text format, and its content type."""
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    status = metrics._status()
+    gauges = [(GaugeMetricFamily(name, text, labels=["replica"]), value) for name, text, value in REPLICA_GAUGES]
+    probe_age = GaugeMetricFamily("luftpause_scheduler_probe_age_seconds", "Seconds since the replica was "
+                                  "last probed.", labels=["replica"])
+    for replica in status["replicas"]:
+        name = [replica["name"]]
+        for family, value in gauges:
+            family.add_metric(name, value(replica))
+        age = metrics.probe_age_s(replica["name"])
+        if age is not None:
+            probe_age.add_metric(name, age)
+    held = GaugeMetricFamily("luftpause_scheduler_turns_waiting", "Turns held now, by class.", labels=["class"])
+    for group in status["held_by_class"]:
+        held.add_metric([group["key"]], group["count"])
+    for service_class in SERVICE_CLASSES:
+        if not any(g["key"] == service_class for g in status["held_by_class"]):
+            held.add_metric([service_class], 0)
+    runs = GaugeMetricFamily("luftpause_scheduler_runs", "Runs the scheduler tracks, by stage and class.",
+                             labels=["stage", "class"])
+    for group in status["runs"]:
+        runs.add_metric([group["stage"], group["service_class"]], group["count"])
+    yield from (*(family for family, _ in gauges), probe_age, held, runs)
 
 
 def status_view(status: dict, metrics: SchedulerMetrics) -> dict:

@@ -1,0 +1,258 @@
+"""A turn's exchange with its engine: the request sent with the engine's own headers,
+every wait on the engine bounded (dataplane/timing.py), the reply passed through
+unchanged (whole or streamed, through a dialect's translation where the client speaks
+another API) while observed. A failure before any byte reached the client raises
+:class:`EngineUnreachable`, so the turn may be sent again."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import time
+from typing import TYPE_CHECKING
+
+import aiohttp
+from aiohttp import web
+
+from luftpause import vocabulary as h
+from luftpause import tracing
+from luftpause.dataplane.constants import ENGINE_CONNECT_TIMEOUT_S
+from luftpause.dataplane.context import ENGINES, METRICS, error_response
+from luftpause.dataplane.dialects import StreamTranslator
+from luftpause.dataplane.link import Placement
+from luftpause.dataplane.observe import TurnObserver
+from luftpause.dataplane.timing import Watch, Watchdog, prompt_tokens, reply_tokens
+
+if TYPE_CHECKING:
+    from luftpause.dataplane.turn import Turn
+
+# Engine response headers a client may rely on; hop-by-hop and length headers are ours.
+PASSED_HEADERS = ("Content-Type", "Retry-After", "Cache-Control")
+
+
+class EngineUnreachable(Exception):
+    """The engine could not be reached, or failed before any byte reached the client:
+    the turn had no effect and may be sent again."""
+
+    def __init__(self, replica: str, message: str, stalled: bool = False) -> None:
+        super().__init__(message)
+        self.replica = replica
+        self.message = message
+        self.stalled = stalled  # the replica overran its bound: the scheduler took it out of rotation
+
+
+def passed_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
+    """The engine's response headers a client may rely on."""
+    return {k: upstream.headers[k] for k in PASSED_HEADERS if k in upstream.headers}
+
+
+def engine_error(replica: str, exc: BaseException) -> str:
+    return f"engine {replica}: {_describe(exc)}"
+
+
+@functools.cache
+def _engine_base_headers(api_key_env: str) -> dict[str, str]:
+    """The headers every request to engines with this key has (read once; not to be changed)."""
+    base = {"Content-Type": "application/json",
+            "Accept-Encoding": "identity"}  # bytes pass through as they are: no re-encoding
+    key = os.environ.get(api_key_env, "") if api_key_env else ""
+    if key:
+        base["Authorization"] = f"Bearer {key}"
+    return base
+
+
+def engine_headers(placement: Placement, request: web.Request, passed: tuple[str, ...] = ()) -> dict[str, str]:
+    """The engine gets its own key, never the client's Authorization (nor x-api-key)."""
+    out = {**_engine_base_headers(placement.api_key_env), "Accept": request.headers.get("Accept", "*/*")}
+    for name in passed:
+        if name in request.headers:
+            out[name] = request.headers[name]
+    if traceparent := tracing.traceparent():  # the engine's work is a child of this turn's span
+        out["traceparent"] = traceparent
+    return out
+
+
+async def proxy(request: web.Request, turn: Turn, placement: Placement) -> web.StreamResponse:
+    """Send the turn to its engine, the wait for each byte bounded by what the engine is
+    doing (dataplane/timing.py): a turn past its bound before any byte reached the
+    client is re-sent like one whose engine could not be reached, and the replica is
+    reported stalled."""
+    engines = request.app[ENGINES]
+    request.app[METRICS].added.observe(max(0.0, time.monotonic() - turn.started - placement.held_ms / 1000))
+    loop = asyncio.get_running_loop()
+    body = turn.req.body
+    reply, stated = (0, False) if turn.req.stream else reply_tokens(body)
+    turn.watch = watch = engines.bounds.start(placement.replica, turn.req.stream, prompt_tokens(body), loop.time(),
+                                              reply, stated)
+    turn.watchdog = Watchdog(engines.bounds, watch)
+    try:
+        return await _exchange(request, turn, placement, watch, loop)
+    finally:
+        turn.watchdog.cancel()
+        engines.bounds.ended(watch)
+
+
+async def _exchange(request: web.Request, turn: Turn, placement: Placement, watch: Watch,
+                    loop: asyncio.AbstractEventLoop) -> web.StreamResponse:
+    run_header = {h.RUN_ID: turn.req.run_id, h.REPLICA: placement.replica}
+    engines = request.app[ENGINES]
+    dialect = turn.req.dialect
+    translated = dialect is not None and dialect.name not in placement.native_apis
+    try:
+        async with turn.watchdog.guard():
+            if dialect is None or translated:
+                upstream = await engines.post(placement.base_url, "/v1/chat/completions", turn.req.body,
+                                              engine_headers(placement, request))
+            else:  # the engine serves the client's API itself: its request goes as it came
+                upstream = await engines.post(placement.base_url, dialect.path, turn.req.native,
+                                              engine_headers(placement, request, dialect.native_headers))
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise _unreachable(turn, placement.replica, exc) from None
+    try:
+        passed = passed_headers(upstream)
+        if upstream.status != 200:
+            body = await upstream.read()
+            turn.failed(f"engine {placement.replica}: HTTP {upstream.status}")
+            if translated:
+                return web.json_response(dialect.engine_error(upstream.status, body), status=upstream.status,
+                                         headers={**run_header, **_retry_after(upstream)})
+            return web.Response(status=upstream.status, body=body, headers={**passed, **run_header})
+        if upstream.content_type == "text/event-stream":
+            if translated:
+                return await _stream(request, turn, upstream, {**passed, **run_header},
+                                     dialect.stream(turn.req.translated))
+            return await _stream(request, turn, upstream, {**passed, **run_header},
+                                 observer=None if dialect is None else dialect.native_observer())
+        engines.bounds.first_byte(watch, loop.time())  # a whole reply: its headers came with it
+        watch.waiting = loop.time()
+        async with turn.watchdog.guard():
+            body = await upstream.read()
+        watch.waiting = None
+        observer = TurnObserver() if dialect is None or translated else dialect.native_observer()
+        observer.observe_body(body)
+        turn.finished(observer)
+        if translated:
+            return web.Response(status=200, body=dialect.reply(body, turn.req.translated),
+                                content_type="application/json", headers=run_header)
+        return web.Response(status=200, body=body, headers={**passed, **run_header})
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        if not turn.streaming:  # nothing reached the client yet
+            raise _unreachable(turn, placement.replica, exc) from None
+        message = _engine_problem(turn, placement.replica, exc)
+        turn.failed(message, stalled=watch.stalled)
+        return error_response(502, message, run_header, dialect, "api_error")
+    finally:
+        upstream.close()  # closing early stops the engine's generation
+
+
+def _retry_after(upstream: aiohttp.ClientResponse) -> dict[str, str]:
+    value = upstream.headers.get("Retry-After")
+    return {"Retry-After": value} if value else {}
+
+
+def _engine_problem(turn: Turn, replica: str, exc: BaseException) -> str:
+    watch = turn.watch
+    if watch is None or not watch.stalled:
+        return engine_error(replica, exc)
+    if not watch.answered:
+        return f"engine {replica}: no first byte within {watch.bound:.1f}s (its bound from recent first bytes there)"
+    return f"engine {replica}: stream stalled, nothing for {watch.bound:.1f}s"
+
+
+def _unreachable(turn: Turn, replica: str, exc: BaseException) -> EngineUnreachable:
+    """The turn failed before any byte reached the client: it may be sent again. A stall
+    is reported as one here (the retry's own report would not say so)."""
+    message = _engine_problem(turn, replica, exc)
+    stalled = turn.watch is not None and turn.watch.stalled
+    if stalled:
+        turn.failed(message, stalled=True)
+    return EngineUnreachable(replica, message, stalled)
+
+
+class _EventStream(web.StreamResponse):
+    """A streamed reply whose status line and headers leave with its first chunk, in one
+    socket write, as aiohttp's own ``Response`` sends them with its body. A client sees
+    them no later than it could act on them: with the first event."""
+
+    _send_headers_immediately = False
+
+
+async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResponse,
+                  headers: dict[str, str], translator: StreamTranslator | None = None,
+                  observer=None) -> web.StreamResponse:
+    """Pass the engine's stream on from its first chunk (through ``translator`` for a
+    dialect's turn: the observer still watches the engine's own chunks). Until that chunk
+    nothing has reached the client, so an engine that fails first (it died while
+    prefilling, after its headers) leaves the turn to be sent again, as one it could not
+    reach."""
+    response: web.StreamResponse | None = None
+    observer = observer or TurnObserver()
+    error = "stream ended before [DONE]"
+    content = upstream.content
+    watch, bounds = turn.watch, request.app[ENGINES].bounds
+    loop = asyncio.get_running_loop()
+    try:
+        async with turn.watchdog.guard():  # every wait on the engine is bounded, none on the client
+            while True:
+                if response is not None:  # until the first chunk, the wait counts from the request
+                    watch.waiting = loop.time()
+                chunk = await content.readany()
+                watch.waiting = None
+                if not chunk:
+                    break
+                if response is None:
+                    bounds.first_byte(watch, loop.time())
+                    response = _EventStream(status=200, headers=headers)
+                    await response.prepare(request)
+                    turn.streaming = True  # from here on bytes may have reached the client
+                if observer.feed_sse(chunk):
+                    turn.first_token()
+                if translator is not None:
+                    chunk = translator.feed(chunk)
+                if observer.done:
+                    # The turn is complete at [DONE]: a client that closes right after it (the
+                    # openai one does) must not turn it into a failure with its usage lost.
+                    turn.finished(observer)
+                    if content.at_eof():  # the engine's reply ended with this chunk
+                        await response.write_eof(chunk)  # the chunk and the end marker in one write
+                        return response
+                if chunk:
+                    await response.write(chunk)
+    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        error = _engine_problem(turn, turn.replica, exc).removeprefix(f"engine {turn.replica}: ")
+    except (asyncio.CancelledError, ConnectionResetError):
+        if observer.finish_reason:  # the client left after the finish: the reply was whole
+            turn.finished(observer)
+        raise
+    if response is None:
+        if watch.stalled:
+            turn.failed(f"engine {turn.replica}: {error}", stalled=True)
+            raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error}", stalled=True)
+        raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error} (before its first byte)")
+    if observer.done:
+        turn.finished(observer)
+        await response.write_eof()
+        return response
+    # The engine died or stalled mid-stream: the client keeps what it got, then the
+    # connection closes without a final chunk, so it cannot mistake this for a whole answer.
+    # A client API with its own word for it (an error event) gets that, and the stream
+    # ends cleanly after it: the event says the answer is not whole, and an SDK reading
+    # the stream hands its events over instead of a connection error.
+    turn.failed(f"engine {turn.replica}: {error}", stalled=watch.stalled)
+    if translator is not None and (tail := translator.fail(f"engine {turn.replica}: {error}")):
+        try:
+            await response.write_eof(tail)
+            return response
+        except ConnectionResetError:
+            pass
+    if request.transport is not None:
+        request.transport.close()
+    return response
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"connect timeout after {ENGINE_CONNECT_TIMEOUT_S:g}s"
+    text = str(exc) or type(exc).__name__
+    return text

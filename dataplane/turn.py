@@ -1,0 +1,195 @@
+"""One proxied turn: its reports to the scheduler and run-book entries (:class:`Turn`),
+and its life: taken on a lent slot or admitted by the scheduler, sent to its engine, and
+re-admitted and sent again while its engine fails before the client got a byte
+(:func:`run_turn`). The exchange with the engine itself is in dataplane/proxy.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from luftpause import vocabulary as h
+from luftpause import tracing
+from luftpause.dataplane.constants import ENGINE_RETRY_ATTEMPTS, ENGINE_RETRY_DELAY_S, ENGINE_RETRY_WINDOW_S
+from luftpause.dataplane.context import BOOK, LINK, LOG, METRICS, TRACER, error_response, new_id
+from luftpause.dataplane.dialects import ApiError
+from luftpause.dataplane.link import AdmitRefused, Placement, SchedulerLink
+from luftpause.dataplane.observe import TurnObserver
+from luftpause.dataplane.proxy import EngineUnreachable, proxy
+from luftpause.dataplane.requests import TurnRequest
+from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
+from luftpause.dataplane.timing import Watch, Watchdog
+from luftpause.proto import scheduler_pb2 as pb
+
+
+class Turn:
+    """One proxied turn: its reports to the scheduler and its run-book entries."""
+
+    def __init__(self, app: web.Application, req: TurnRequest) -> None:
+        self.app, self.req = app, req
+        self.turn_id = new_id()
+        self.link: SchedulerLink = app[LINK]
+        self.book: RunBook = app[BOOK]
+        self.started = time.monotonic()
+        self.replica = ""
+        self.held_ms = 0
+        self.ttft_ms: int | None = None
+        self.ended = False
+        self.streaming = False  # bytes may have reached the client: never sent again
+        self.span = trace.get_current_span()
+        self.trace_id = tracing.trace_id()
+        self.lease: tuple[str, int] | None = None  # the lent slot it fills, if it took one
+        self.watch: Watch | None = None  # its wait on the engine, bounded (dataplane/timing.py)
+        self.watchdog: Watchdog | None = None
+
+    def event(self, urgent: bool = False, **kind) -> None:
+        self.link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.req.run_id, trace_id=self.trace_id, **kind),
+                         urgent, self.lease[0] if self.lease is not None else "")
+
+    def placed(self, placement: Placement) -> None:
+        self.replica = placement.replica
+        self.held_ms = placement.held_ms
+        self.span.set_attributes({"luftpause.replica": placement.replica, "luftpause.held_ms": placement.held_ms})
+        self.book.turn_placed(
+            InFlightTurn(self.turn_id, self.req.run_id, placement.replica, self.req.model,
+                         self.req.service_class, self.req.caller),
+            time.monotonic(),
+        )
+        if self.req.session:
+            self.book.mark_session(self.req.run_id)
+        # No TurnStarted: the scheduler placed the turn (or was told where a leased one went)
+        # and changes nothing on one; it would be one more item per turn on both sides.
+        self.app[METRICS].turn_placed("scheduler" if self.lease is None else "lease")
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.link.release(self.lease)
+
+    def first_token(self) -> None:
+        self.ttft_ms = int((time.monotonic() - self.started) * 1000)
+        self.event(first_token=pb.FirstToken(ttft_ms=self.ttft_ms))
+
+    def _access_log(self, outcome: str, observer: TurnObserver | None = None, error: str | None = None) -> None:
+        o = observer or TurnObserver()
+        self.app[METRICS].turn_ended(
+            self.app[LOG], run=self.req.run_id, turn=self.turn_id, service_class=self.req.service_class,
+            caller=self.req.caller, replica=self.replica, hold_ms=self.held_ms, ttft_ms=self.ttft_ms,
+            outcome=outcome, prompt_tokens=o.prompt_tokens, completion_tokens=o.completion_tokens,
+            cached_tokens=o.cached_tokens, error=error)
+
+    def finished(self, observer: TurnObserver) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        if observer.usage_seen:
+            self.event(usage=pb.Usage(prompt_tokens=observer.prompt_tokens, completion_tokens=observer.completion_tokens,
+                                      cached_tokens=observer.cached_tokens))
+        reason = observer.finish_reason or "stop"
+        self.span.set_attributes({"gen_ai.response.finish_reasons": [reason],
+                                  "gen_ai.usage.input_tokens": observer.prompt_tokens,
+                                  "gen_ai.usage.output_tokens": observer.completion_tokens,
+                                  "luftpause.cached_tokens": observer.cached_tokens})
+        now = time.monotonic()
+        self.book.remember_tool_calls(self.req.run_id, observer.tool_call_ids, now)
+        self.book.turn_ended(self.turn_id, PAUSED if reason == "tool_calls" else IDLE, now)
+        self.event(finished=pb.TurnFinished(finish_reason=reason, tool_call_ids=observer.tool_call_ids))
+        self.release()
+        self._access_log("finished", observer)
+
+    def failed(self, error: str, stalled: bool = False) -> None:
+        """``stalled``: the engine overran the turn's first-byte bound or stalled mid-stream
+        (the scheduler takes the replica out of rotation)."""
+        if self.ended:
+            return
+        self.ended = True
+        self.book.turn_ended(self.turn_id, IDLE, time.monotonic())
+        self.span.set_status(Status(StatusCode.ERROR, error))
+        self.event(failed=pb.TurnFailed(error=error, stalled=stalled))
+        self.release()
+        self._access_log("failed", error=error)
+
+
+async def run_turn(request: web.Request, req: TurnRequest) -> web.StreamResponse:
+    """Admit and proxy the turn; if its engine cannot be reached (or fails before the
+    client got a byte) admit it again as a new turn of the now idle run, so it may go to
+    another replica: ENGINE_RETRY_ATTEMPTS within ENGINE_RETRY_WINDOW_S, then a 502 (a
+    turn re-sent after a stall waits for its admission as long as a new one would)."""
+    first_failure: float | None = None
+    failure: EngineUnreachable | None = None
+    delay = ENGINE_RETRY_DELAY_S
+    for attempt in range(1, ENGINE_RETRY_ATTEMPTS + 1):
+        turn = Turn(request.app, req)
+        # A turn re-sent after a stall waits to be admitted like any turn: the stalled
+        # replica is out of rotation, so a hold is the healthy ones' queue (busier now),
+        # not the failed engine. After an unreachable engine the scheduler cannot know
+        # yet, so the hold is bounded by the retry window.
+        stalled = failure is not None and failure.stalled
+        deadline = None if first_failure is None or stalled else first_failure + ENGINE_RETRY_WINDOW_S
+        # A retry asks the scheduler: the run's replica is the one that just failed.
+        placement = (_on_lease(turn) if first_failure is None else None) or await _admit(turn, deadline)
+        if placement is None:  # still held when the retry window closed
+            break
+        turn.placed(placement)
+        try:
+            return await proxy(request, turn, placement)
+        except EngineUnreachable as exc:
+            turn.failed(exc.message)
+            failure = exc
+        except asyncio.CancelledError:
+            turn.failed("client disconnected")
+            raise
+        except Exception as exc:  # never leave a slot taken behind an unexpected error
+            turn.failed(f"dataplane error: {exc!r}")
+            raise
+        first_failure = first_failure or time.monotonic()
+        if attempt == ENGINE_RETRY_ATTEMPTS or time.monotonic() + delay >= first_failure + ENGINE_RETRY_WINDOW_S:
+            break
+        request.app[LOG].info("turn_retried", run=req.run_id, attempt=attempt + 1, failed_on=failure.replica)
+        await asyncio.sleep(delay)
+        delay *= 2
+    headers = {h.RUN_ID: req.run_id, h.REPLICA: failure.replica, h.ENGINE_FAILURE: "unreachable"}
+    return error_response(502, failure.message, headers, req.dialect, "api_error")
+
+
+def _on_lease(turn: Turn) -> Placement | None:
+    """A lent slot for the turn on its run's last replica, if the dataplane holds one
+    idle there: only for a run this dataplane has seen (another may have pinned a run it
+    has not). Staying is what affinity asks of a pinned run and what keeps an idle run's
+    prefix cached; moving a run is the scheduler's decision, so such a turn asks."""
+    req = turn.req
+    record = turn.book.runs.get(req.run_id)
+    if record is None or not record.replica:
+        return None
+    leased = turn.link.place_on_lease(turn.turn_id, req.run_id, req.model, req.service_class, req.caller,
+                                      record.replica)
+    if leased is None:
+        return None
+    placement, turn.lease = leased
+    if turn.trace_id:  # the admission happened here: its span is the dataplane's
+        TRACER.start_span("admit", attributes={"luftpause.turn_id": turn.turn_id, "luftpause.run_id": req.run_id,
+                                               "luftpause.replica": placement.replica, "luftpause.held_ms": 0,
+                                               "luftpause.lease": True}).end()
+    return placement
+
+
+async def _admit(turn: Turn, deadline: float | None) -> Placement | None:
+    """The turn's placement; None when ``deadline`` (monotonic) passes first."""
+    req = turn.req
+    try:
+        admit = turn.link.admit(turn.turn_id, req.run_id, req.model, req.service_class, req.caller)
+        if deadline is None:
+            return await admit
+        return await asyncio.wait_for(admit, max(0.0, deadline - time.monotonic()))
+    except AdmitRefused as exc:
+        raise ApiError(exc.status, str(exc)) from None
+    except TimeoutError:
+        turn.event(True, abandoned=pb.TurnAbandoned())
+        return None
+    except asyncio.CancelledError:
+        # The client left while its turn was held: nothing reaches an engine.
+        turn.event(True, abandoned=pb.TurnAbandoned())
+        raise

@@ -1,0 +1,371 @@
+"""The fake engine's generative and one-pass endpoints: ``/v1/chat/completions`` (whole
+or streamed), a native ``/v1/responses``, and vLLM's ``/classify``; each turn goes through
+the simulator, with fault directives applied."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import random
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from luftpause.dataplane.responses_api import EventTranslator, ResponsesError, to_chat
+from luftpause.fakes import faults as fault_directives
+from luftpause.fakes import replies
+from luftpause.fakes.faults import FaultError, Faults
+from luftpause.fakes.replies import Envelope, Reply, ReplyRules, RequestError
+from luftpause.fakes.sim import SimRequest
+
+from luftpause.fakes.engine_config import EngineConfig
+from luftpause.fakes.engine_state import STATE_KEY, EngineState
+
+log = structlog.get_logger(service="fake-engine")
+
+
+def idle_close(limit_s: float):
+    """Keep-alive as a real engine's server ends it, at its worst: a request that arrives
+    on a connection idle for longer than ``limit_s`` finds it closed (llama-server keeps
+    idle connections 5 s, uvicorn 5 s) — the race in which a client's pooled connection
+    was closed by the server just as the client sent a request on it. The request is
+    dropped unanswered and counted in ``/stats`` as ``stale_dropped``."""
+    last_used: dict[Any, float] = {}
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        previous = last_used.pop(peer, None)
+        if previous is not None and time.monotonic() - previous > limit_s:
+            request.app[STATE_KEY].stale_dropped += 1
+            log.info("chat.stale_connection_dropped", idle_s=round(time.monotonic() - previous, 3))
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response(status=500)  # never reaches the client: its connection is gone
+        try:
+            return await handler(request)
+        finally:
+            last_used[peer] = time.monotonic()
+
+    return middleware
+
+
+def request_error(err: RequestError) -> web.Response:
+    return web.json_response(err.body(), status=err.status)
+
+
+async def read_json(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"malformed JSON body: {exc}") from exc
+
+
+def _seeded_rng(seed: int, text: str) -> random.Random:
+    """Randomness that depends on the seed and the prompt, not on arrival order."""
+    digest = hashlib.blake2b(f"{seed}\x1f{text}".encode(), digest_size=8).digest()
+    return random.Random(int.from_bytes(digest, "big"))
+
+
+def _reply_rules(config: EngineConfig, prompt_text: str) -> ReplyRules:
+    rules = config.rules()
+    if config.reply_spread <= 0:
+        return rules
+    factor = _seeded_rng(config.seed, prompt_text).lognormvariate(0.0, config.reply_spread)
+    return replace(rules, reply_tokens=max(1, round(rules.reply_tokens * factor)))
+
+
+@dataclass
+class Turn:
+    """One chat request on its way through the simulator."""
+
+    request: web.Request
+    state: EngineState
+    body: dict[str, Any]
+    reply: Reply
+    envelope: Envelope
+    faults: Faults
+    top_logprobs: int | None
+    sim_request: SimRequest | None = None
+    progress: asyncio.Event | None = None
+
+    def submit(self, prompt_text: str) -> None:
+        reply_text = replies.render_message(self.reply.assistant_message())
+        cap = replies.completion_cap(self.body)
+        self.sim_request, self.progress = self.state.sim.submit(
+            self.envelope.model, prompt_text, self.reply.completion_tokens, cap, reply_text)
+
+    async def wait(self) -> None:
+        assert self.progress is not None
+        await self.progress.wait()
+        self.progress.clear()
+
+    def accounted_reply(self) -> Reply:
+        r = self.sim_request
+        assert r is not None
+        return replace(self.reply, prompt_tokens=r.prompt_tokens, cached_tokens=r.cached_tokens)
+
+    def logprobs(self, deltas: list[dict[str, Any]], start: int) -> dict[str, Any] | None:
+        """``logprobs`` of a chunk (or the whole reply) holding ``deltas`` from ``start``."""
+        if self.top_logprobs is None:
+            return None
+        tokens = [replies.delta_text(d) for d in deltas]
+        candidates = replies.logprob_candidates(self.body["messages"])
+        seed = f"{self.state.config.seed}:{replies.render_prompt(self.body)[-200:]}"
+        return {"content": replies.logprob_entries(tokens, candidates, self.top_logprobs, seed, start)}
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chat/completions``: validate, queue in the simulator, answer.
+
+    A streamed answer sends its headers before queueing, as engines behind an ASGI
+    server do, so a client can be connected and waiting; a client that goes away at any
+    point is counted in ``closed_early`` and frees its batch place or queue place at once.
+    """
+    state = request.app[STATE_KEY]
+    state.requests += 1
+    try:
+        body = await read_json(request)
+        replies.validate(body, state.config.models)
+        faults = state.faults.merged(fault_directives.from_messages(body["messages"]))
+        top_logprobs = replies.logprobs_request(body)
+    except RequestError as err:
+        log.info("chat_rejected", status=err.status, reason=str(err))
+        return request_error(err)
+    except FaultError as err:
+        log.info("chat_rejected", status=400, reason=str(err))
+        return request_error(RequestError(str(err)))
+    status = fault_directives.error_status(faults, body["messages"], state.status_counter)
+    if status is not None:
+        log.info("chat_fault_status", status=status)
+        return web.json_response(fault_directives.error_body(status), status=status,
+                                 headers=faults.error_headers(status))
+    prompt_text = replies.render_prompt(body)
+    reply = replies.plan_reply(body, _reply_rules(state.config, prompt_text), faults)
+    turn = Turn(request, state, body, reply, Envelope.new(body["model"]), faults, top_logprobs)
+    started = time.monotonic()
+    log.info("chat_request", id=turn.envelope.id, model=turn.envelope.model, stream=bool(body.get("stream")))
+    try:
+        if faults.hang or (faults.stall_after is not None and not body.get("stream")):
+            response = await _hang(request, state)
+        elif body.get("stream"):
+            response = await _stream(turn, prompt_text, replies.wants_usage_chunk(body))
+        else:
+            response = await _complete(turn, prompt_text)
+    except _Aborted:
+        log.info("chat_aborted", id=turn.envelope.id, after_s=round(time.monotonic() - started, 3))
+        return web.Response(status=500)  # never reaches the client: its connection is gone
+    except (asyncio.CancelledError, ConnectionResetError):
+        state.closed_early += 1
+        log.info("chat_closed_early", id=turn.envelope.id, after_s=round(time.monotonic() - started, 3))
+        raise
+    finally:
+        if turn.sim_request is not None:
+            state.sim.forget(turn.sim_request)
+    r = turn.sim_request
+    log.info(
+        "chat.done",
+        id=turn.envelope.id,
+        finish_reason=reply.finish_reason,
+        prompt_tokens=r.prompt_tokens if r else reply.prompt_tokens,
+        cached_tokens=r.cached_tokens if r else 0,
+        completion_tokens=reply.completion_tokens,
+        duration_s=round(time.monotonic() - started, 3),
+    )
+    return response
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/responses``, served natively as vLLM serves it: over the engine's own chat
+    machinery. The request goes as a chat completion to this same engine (the same queue,
+    cache and pace) and its reply comes back as a Response or its event stream."""
+    state = request.app[STATE_KEY]
+    state.responses_requests += 1
+    try:
+        document = await read_json(request)
+        chat = to_chat(document if isinstance(document, dict) else {})
+    except RequestError as err:
+        return request_error(err)
+    except ResponsesError as err:
+        return web.json_response(err.body(), status=err.status)
+    own = f"http://{request.host}/v1/chat/completions"
+    async with aiohttp.ClientSession() as session, session.post(own, json=chat.body) as upstream:
+        if upstream.status != 200 or not chat.body["stream"]:
+            body = await upstream.read()
+            if upstream.status == 200:
+                body = chat.shell.response_body(json.loads(body))
+            return web.Response(status=upstream.status, body=body, content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        events = EventTranslator(chat.shell)
+        await response.write(events.start())
+        async for piece in upstream.content.iter_any():
+            if out := events.feed(piece):
+                await response.write(out)
+        await response.write_eof()
+        return response
+
+
+class _Aborted(Exception):
+    """The connection was aborted on purpose (``[[fake:die-after=N]]``)."""
+
+
+def _abort(request: web.Request) -> None:
+    """Drop the TCP connection at once, with no further bytes (a crashed engine)."""
+    if request.transport is not None:
+        request.transport.abort()
+    raise _Aborted
+
+
+async def _hang(request: web.Request, state: EngineState) -> web.StreamResponse:
+    """Never answer; the client's disconnect cancels this (counted in ``closed_early``).
+
+    Bounded by ``hang_limit_s`` so a forgotten client cannot pin the handler forever.
+    """
+    await asyncio.sleep(state.config.hang_limit_s)
+    _abort(request)
+    raise AssertionError("unreachable")
+
+
+async def _complete(turn: Turn, prompt_text: str) -> web.Response:
+    """Non-streaming: the same prefill and decode time, delivered in one body."""
+    turn.submit(prompt_text)
+    request = turn.sim_request
+    assert request is not None
+    while request.state not in ("finished", "aborted"):
+        await turn.wait()
+        if turn.faults.die_after is not None and request.prefilled:
+            _abort(turn.request)
+    reply = turn.accounted_reply()
+    pieces = list(replies.stream_pieces(reply))
+    return web.json_response(replies.completion_body(reply, turn.envelope, turn.logprobs(pieces, 0)))
+
+
+async def _stream(turn: Turn, prompt_text: str, include_usage: bool) -> web.StreamResponse:
+    """SSE: role chunk once prefilled, then the reply's pieces as tokens are generated
+    (every ``stream_interval`` tokens), then the closing chunks and ``[DONE]``.
+
+    A client that goes away surfaces as ``ConnectionResetError`` on the next write, or
+    at once as cancellation when the server runs with ``handler_cancellation`` (as
+    ``main`` does).
+    """
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(turn.request)
+    turn.submit(prompt_text)
+    request = turn.sim_request
+    assert request is not None
+    pieces = list(replies.stream_pieces(turn.reply))
+    interval = max(1, turn.state.config.stream_interval)
+    sent_pieces, sent_tokens, role_sent = 0, 0, False
+    die_after = turn.faults.die_after
+    while True:
+        await turn.wait()
+        if request.state == "aborted":
+            raise ConnectionResetError("request aborted")
+        if not request.prefilled:
+            continue
+        if not role_sent:
+            await _send(response, turn.envelope.chunk({"role": "assistant", "content": ""}))
+            role_sent = True
+        finished = request.state == "finished"
+        if not finished and request.generated - sent_tokens < interval:
+            continue
+        total = max(1, request.reply_tokens)
+        due = len(pieces) if finished else min(len(pieces), math.floor(request.generated * len(pieces) / total))
+        if die_after is not None:
+            due = min(due, die_after)
+        if turn.faults.stall_after is not None:
+            due = min(due, turn.faults.stall_after)
+        for start in range(sent_pieces, due, interval):  # one chunk per interval's worth of pieces
+            batch = pieces[start : min(due, start + interval)]
+            await _send(response, turn.envelope.chunk(replies.merge_deltas(batch),
+                                                      logprobs=turn.logprobs(batch, start)))
+        sent_pieces, sent_tokens = max(sent_pieces, due), request.generated
+        if die_after is not None and (sent_pieces >= die_after or finished):
+            _abort(turn.request)
+        if turn.faults.stall_after is not None and (sent_pieces >= turn.faults.stall_after or finished):
+            await _hang(turn.request, turn.state)
+        if finished:
+            break
+    for chunk in replies.closing_chunks(turn.accounted_reply(), turn.envelope, include_usage):
+        await _send(response, chunk)
+    await response.write(b"data: [DONE]\n\n")
+    if turn.faults.linger_after_done_ms:
+        await asyncio.sleep(turn.faults.linger_after_done_ms / 1000)
+    await response.write_eof()
+    return response
+
+
+async def _send(response: web.StreamResponse, chunk: dict[str, Any]) -> None:
+    await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+
+# --- one-pass classification (vLLM /classify) ------------------------------------------
+
+
+def _class_probs(config: EngineConfig, text: str) -> list[float]:
+    rng = _seeded_rng(config.seed, "classify\x1f" + text)
+    scores = [rng.gauss(0.0, 1.5) for _ in config.labels]
+    top = max(scores)
+    weights = [math.exp(s - top) for s in scores]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+async def classify(request: web.Request) -> web.Response:
+    """``POST /classify`` (vLLM): ``{"model", "input": str | [str]}`` → one label per input.
+
+    Each input is a prefill-only request through the same batch and KV pool as chat
+    turns, so classifying costs engine time like on a real replica.
+    """
+    state = request.app[STATE_KEY]
+    state.requests += 1
+    try:
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise RequestError("request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model not in state.config.models:
+            raise RequestError(f"The model `{model}` does not exist.", status=404, code="model_not_found")
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) for i in inputs):
+            raise RequestError("input must be a string or a non-empty list of strings")
+    except RequestError as err:
+        return request_error(err)
+    model_name = model or state.config.models[0]
+    submitted = [state.sim.submit(model_name, text, 0, 0) for text in inputs]
+    try:
+        for sim_request, progress in submitted:
+            while sim_request.state not in ("finished", "aborted"):
+                await progress.wait()
+                progress.clear()
+    except asyncio.CancelledError:
+        state.closed_early += 1
+        raise
+    finally:
+        for sim_request, _ in submitted:
+            state.sim.forget(sim_request)
+    data = []
+    for index, text in enumerate(inputs):
+        probs = _class_probs(state.config, text)
+        best = max(range(len(probs)), key=probs.__getitem__)
+        data.append({"index": index, "label": state.config.labels[best], "probs": probs,
+                     "num_classes": len(probs)})
+    prompt = sum(r.prompt_tokens for r, _ in submitted)
+    return web.json_response({
+        "id": "classify-" + uuid.uuid4().hex,
+        "object": "list",
+        "created": int(time.time()),
+        "model": model_name,
+        "data": data,
+        "usage": {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0},
+    })

@@ -1,0 +1,272 @@
+"""The fake engine's state: the simulation loop (:class:`Gpu`, :class:`Simulator`)
+driving :mod:`luftpause.fakes.sim` in (scaled) real time, the counters its handlers share
+(:class:`EngineState`), and its Prometheus gauges in an engine family's names
+(:class:`EngineCollector`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from luftpause.fakes.faults import Faults, StatusCounter
+from luftpause.fakes.sim import EngineModel, ModelParams, SimRequest
+
+from luftpause.fakes.engine_config import METRIC_NAMES, EngineConfig
+
+log = structlog.get_logger(service="fake-engine")
+
+
+class Gpu:
+    """One GPU's timeline, shared by the replicas served from one process.
+
+    Two SGLang processes on one GPU without MPS time-slice it: a kernel of one runs
+    while the other's waits. So a replica's pass starts when the GPU is free and holds
+    it for its whole duration; replicas take turns in arrival order (an asyncio lock is
+    first come, first served). The clock is kept here, not per pass, so handler and
+    event-loop overheads do not add up into a slower GPU; when the machine falls behind
+    it catches up at most ``MAX_LAG_S`` and counts the rest in ``lost_s`` (a saturated
+    CPU must show, not hide).
+    """
+
+    MAX_LAG_S = 0.02
+
+    def __init__(self, time_scale: float) -> None:
+        self.time_scale = time_scale
+        self._lock = asyncio.Lock()
+        self._free_at = 0.0
+        self.busy_s = 0.0  # wall seconds of passes run, all replicas together
+        self.lost_s = 0.0  # wall seconds the GPU fell behind its clock and did not catch up (a busy CPU)
+
+    async def run(self, model_ms: float, continuing: bool = False) -> None:
+        """Hold the GPU for one pass of ``model_ms`` model milliseconds; ``continuing``:
+        the caller has had work since its last pass (it was not idle)."""
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            if continuing and self.busy_s > 0:  # behind its clock: catch up at most MAX_LAG_S, the rest is lost
+                start = max(self._free_at, now - self.MAX_LAG_S)
+                self.lost_s += max(0.0, now - self.MAX_LAG_S - self._free_at)
+            else:  # the replica was idle: its pass starts now, or when the other's ends
+                start = max(self._free_at, now)
+            duration = model_ms * self.time_scale / 1000
+            end = start + duration
+            self.busy_s += duration
+            if end > now:
+                await asyncio.sleep(end - now)
+            else:
+                await asyncio.sleep(0)
+            self._free_at = end
+
+
+class Simulator:
+    """Drives :class:`EngineModel` in real time: one loop per replica runs prefill passes
+    and decode steps on its (possibly shared) :class:`Gpu`, and wakes the handlers of
+    requests that made progress. When idle, the gauges refresh after ``IDLE_METRICS_S``
+    model seconds, as SGLang's idle self-check logs metrics every 30 s."""
+
+    IDLE_METRICS_S = 30.0
+
+    def __init__(self, params: ModelParams, time_scale: float, gpu: Gpu | None = None) -> None:
+        self.model = EngineModel(params)
+        self.time_scale = time_scale
+        self.gpu = gpu if gpu is not None else Gpu(time_scale)
+        self._wake = asyncio.Event()
+        self._progress: dict[int, asyncio.Event] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.tokens_generated = 0
+
+    def reset(self) -> bool:
+        """Forget the prefix cache and counters (between benchmark variants); only when idle."""
+        if self.model.busy:
+            return False
+        self.model = EngineModel(self.model.params)
+        self.tokens_generated = 0
+        return True
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-sim")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def submit(self, model: str, prompt_text: str, reply_tokens: int, max_tokens: int | None,
+               reply_text: str = "") -> tuple[SimRequest, asyncio.Event]:
+        self.start()
+        request = self.model.submit(model, prompt_text, reply_tokens, max_tokens, reply_text)
+        progress = asyncio.Event()
+        self._progress[request.id] = progress
+        self._wake.set()
+        return request, progress
+
+    def forget(self, request: SimRequest) -> None:
+        """The handler is done with the request; a still-active one is aborted."""
+        self._progress.pop(request.id, None)
+        if request.state in ("waiting", "running"):
+            self.model.abort(request)
+            self._wake.set()
+
+    def _notify(self, requests: Sequence[SimRequest]) -> None:
+        for request in requests:
+            event = self._progress.get(request.id)
+            if event is not None:
+                event.set()
+
+    async def _idle(self) -> None:
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), self.IDLE_METRICS_S * self.time_scale)
+        except TimeoutError:
+            self.model.refresh_gauges()
+            await self._wake.wait()
+
+    async def _run(self) -> None:
+        continuing = False  # whether this replica has had work since its last pass
+        while True:
+            if not self.model.busy:
+                await self._idle()
+                continuing = False
+                continue
+            admitted = self.model.admit()
+            if admitted:
+                await self.gpu.run(self.model.prefill_ms(admitted), continuing)
+                continuing = True
+                self.model.finish_prefill(admitted)
+                self.tokens_generated += sum(1 for r in admitted if r.prefilled)
+                self._notify(admitted)
+            elif self.model.decoding():
+                batch = self.model.prepare_decode()
+                await self.gpu.run(self.model.decode_ms(), continuing)
+                continuing = True
+                self.model.decode_step()
+                self.tokens_generated += len(batch)
+                self._notify(batch)
+            else:  # waiting requests that cannot be admitted and nothing runs: cannot happen
+                await self._idle()
+                continuing = False
+
+
+@dataclass
+class EngineState:
+    """Counters and the simulator, shared by all handlers of one app."""
+
+    config: EngineConfig
+    sim: Simulator
+    requests: int = 0
+    responses_requests: int = 0  # POST /v1/responses (each also counts as its chat request)
+    closed_early: int = 0
+    stale_dropped: int = 0
+    faults: Faults = field(default_factory=Faults)
+    status_counter: StatusCounter = field(default_factory=StatusCounter)
+
+    def stats(self) -> dict[str, Any]:
+        """``/stats``: requests that arrived (valid or not), the batch now, requests whose
+        client disconnected before the response was complete, and the cache counters."""
+        model = self.sim.model
+        return {
+            "requests": self.requests,
+            "responses_requests": self.responses_requests,
+            "running": len(model.running),
+            "queued": len(model.waiting),
+            "closed_early": self.closed_early,
+            "stale_dropped": self.stale_dropped,
+            "prompt_tokens": model.counters.prompt_tokens,
+            "cached_tokens": model.counters.cached_tokens,
+            "evicted_blocks": model.counters.evicted_blocks,
+            "kv_used_tokens": model.used_tokens,
+            "kv_cached_blocks": len(model.cache),
+            "tokens_generated": self.sim.tokens_generated,
+            "retractions": model.counters.retractions,
+            "new_token_ratio": round(model.new_token_ratio, 4),
+            "reported_running": sum(model.gauges.running.values()),  # what /metrics shows (refreshed, not live)
+            "reported_queued": sum(model.gauges.queued.values()),
+            "gpu_busy_s": round(self.sim.gpu.busy_s, 3),  # the shared GPU's, when replicas share one
+            "gpu_lost_s": round(self.sim.gpu.lost_s, 3),  # wall time the simulated GPU fell behind (busy CPU)
+        }
+
+
+STATE_KEY = web.AppKey("engine_state", EngineState)
+
+
+class EngineCollector(Collector):
+    """Renders the model's gauges at scrape time, in the names of ``metrics_format``: running,
+    queue and token usage as SGLang last refreshed them (see :mod:`luftpause.fakes.sim`),
+    and the retractions so far as a counter."""
+
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        names = METRIC_NAMES[self.state.config.metrics_format]
+        families = {key: GaugeMetricFamily(name, doc, labels=["model_name"]) for key, (name, doc) in names.items()}
+        model = self.state.sim.model
+        gauges = model.gauges
+        for name in self.state.config.models:
+            values = {
+                "running": gauges.running.get(name, 0),
+                "queued": gauges.queued.get(name, 0),
+                "token_usage": gauges.token_usage,
+                "cache_hit_rate": gauges.cache_hit_rate,
+            }
+            for key, family in families.items():
+                family.add_metric([name], values[key])
+        yield from families.values()
+        yield from self._also(gauges)
+        if self.state.config.metrics_format not in ("sglang", "vllm"):
+            return  # llama.cpp, TGI and "none" report no KV pool here
+        yield from self._kv_pool(model)
+        counter = "sglang:num_retracted_reqs" if self.state.config.metrics_format == "sglang" else "vllm:num_preemptions"
+        retracted = CounterMetricFamily(counter, "Requests sent back to the queue because a decode step ran out of KV.",
+                                        labels=["model_name"])
+        retracted.add_metric([self.state.config.models[0]], model.counters.retractions)
+        yield retracted
+
+
+    def _also(self, gauges: Any) -> Iterator[GaugeMetricFamily]:
+        """The same running, queue and token-usage gauges again under each of
+        ``also_metrics_formats``' names (nothing else: no second KV pool, no counters)."""
+        primary = {name for name, _ in METRIC_NAMES[self.state.config.metrics_format].values()}
+        for fmt in self.state.config.also_metrics_formats:
+            for key, (metric, doc) in METRIC_NAMES[fmt].items():
+                if metric in primary or key == "cache_hit_rate":
+                    continue
+                family = GaugeMetricFamily(metric, doc, labels=["model_name"])
+                for name in self.state.config.models:
+                    family.add_metric([name], {"running": gauges.running.get(name, 0),
+                                               "queued": gauges.queued.get(name, 0),
+                                               "token_usage": gauges.token_usage}[key])
+                yield family
+
+    def _kv_pool(self, model: Any) -> Iterator[GaugeMetricFamily]:
+        """The KV pool's size and the tokens held (as stale as ``token_usage``), in the
+        engine family's own names: SGLang's ``max_total_num_tokens`` and
+        ``num_used_tokens``, vLLM's ``cache_config_info`` labels."""
+        pool = model.params.kv_tokens
+        if self.state.config.metrics_format == "sglang":
+            total = GaugeMetricFamily("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV pool.",
+                                      labels=["model_name"])
+            used = GaugeMetricFamily("sglang:num_used_tokens", "The number of used tokens.", labels=["model_name"])
+            total.add_metric([self.state.config.models[0]], pool)
+            used.add_metric([self.state.config.models[0]], round(model.gauges.token_usage * pool))
+            yield total
+            yield used
+        else:
+            block = model.params.block_tokens
+            info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMCache configuration.",
+                                     labels=["block_size", "num_gpu_blocks"])
+            info.add_metric([str(block), str(pool // block)], 1)
+            yield info
+
