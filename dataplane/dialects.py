@@ -10,8 +10,11 @@ reply passes through as it is, watched by the dialect's native observer.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import orjson
 
 
 class ApiError(Exception):
@@ -23,6 +26,16 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.kind = kind
+
+
+def encode_json(document: Any) -> bytes:
+    """Compact JSON of a translated body, sent to the engine on every turn: orjson (about a
+    tenth of the standard encoder's time on a Claude Code-sized turn); the standard
+    encoder for what orjson refuses (an integer beyond 64 bits)."""
+    try:
+        return orjson.dumps(document)
+    except TypeError:
+        return json.dumps(document, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)
