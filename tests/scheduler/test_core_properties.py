@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from luftpause.scheduler import core
+from luftpause.scheduler.core import limit, placement
 
 MODEL = "m"
 REPLICAS = ("a", "b")
@@ -120,7 +121,7 @@ def interactive_before_batch(before, event, after, actions):
     for turn in after.held.values():
         if turn.service_class != core.INTERACTIVE:
             continue
-        wanted = {r.name for r in core._candidates(after, turn)}
+        wanted = {r.name for r in placement._candidates(after, turn)}
         assert not (wanted & batch_targets), (turn, batch_targets)
 
 
@@ -174,7 +175,7 @@ def runs_under_way_before_new_runs(before, event, after, actions):
         for turn in after.held.values():
             if turn.opens or turn.service_class != opening.service_class or turn.caller != opening.caller:
                 continue
-            assert place.replica not in {r.name for r in core._candidates(after, turn)}, (place, turn)
+            assert place.replica not in {r.name for r in placement._candidates(after, turn)}, (place, turn)
 
 
 @settings(max_examples=2000, deadline=None)
@@ -350,7 +351,7 @@ def never_lent_over_cap(before, event, after, actions):
             if replica.ceiling:
                 assert taken <= replica.ceiling, (action, replica)
             if isinstance(action, core.Grant):  # lent slots are for batch as much as for interactive turns
-                batch_capacity = core._batch_capacity(replica, core._keeps_slots(after))
+                batch_capacity = limit._batch_capacity(replica, limit._keeps_slots(after))
                 assert batch_capacity is None or taken <= batch_capacity, (action, replica)
 
 
