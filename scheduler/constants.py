@@ -16,7 +16,7 @@ TURN_TIMEOUT_MS = 10 * 60 * 1000
 # A run with no turn for this long is forgotten; its next turn starts without affinity.
 RUN_IDLE_TIMEOUT_MS = 30 * 60 * 1000
 
-# The admission limit's increase per probe (core.py, "The admission limit"): the
+# The admission limit's increase per probe (core/limit.py): the
 # requests that fit in this share of the engine's free KV, at most limit / divisor.
 LIMIT_FREE_KV_SHARE = 0.5
 # Probes in a row without an engine queue before the limit may grow; a decrease right
@@ -29,7 +29,7 @@ LIMIT_INITIAL = 4
 LIMIT_CALM_MAX = 8
 LIMIT_MAX_STEP_DIVISOR = 2
 
-# Leases (core.py, "Leases"): a dataplane that asks while nothing is held is lent at
+# Leases (core/leases.py): a dataplane that asks while nothing is held is lent at
 # most 1/LEASE_ROOM_DIVISOR of each replica's free room (the rest stays for other
 # dataplanes and for the turns the scheduler places), at most LEASE_MAX_SLOTS per
 # replica; a replica with neither a limit nor a ceiling counts LEASE_UNLIMITED_ROOM.
