@@ -49,6 +49,7 @@ from luftpause.scheduler.core.state import (
     INTERACTIVE,
     ONE_PASS,
     TURN_TIME_WEIGHT,
+    AdmissionLimit,
     HeldTurn,
     Lease,
     Replica,
@@ -62,7 +63,7 @@ from luftpause.scheduler.core.status import status
 
 __all__ = [
     "BATCH", "GENERATIVE", "INTERACTIVE", "ONE_PASS", "SERVICE_CLASSES", "TURN_TIME_WEIGHT",
-    "Action", "AdmitCancelled", "AdmitRequested", "ClockTicked", "DataplaneGone", "EngineProbed", "Event", "Grant",
+    "Action", "AdmissionLimit", "AdmitCancelled", "AdmitRequested", "ClockTicked", "DataplaneGone", "EngineProbed", "Event", "Grant",
     "HeldTurn", "Lease", "LeaseReturned", "LeaseTaking", "Place", "Reject", "Replica", "Resynced", "Revoke", "Run",
     "RunEnded", "RunSnapshot", "Stage", "State", "Turn", "TurnFailed", "TurnFinished", "TurnSnapshot", "TurnUsage",
     "batch_reserve", "decide", "initial_state", "status", "validation_error",

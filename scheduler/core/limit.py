@@ -55,14 +55,17 @@ from __future__ import annotations
 import math
 
 from luftpause.scheduler.constants import (
+    KEPT_SLOTS_CEILING_DIVISOR,
     LIMIT_CALM_MAX,
     LIMIT_CALM_PROBES,
     LIMIT_FREE_KV_SHARE,
     LIMIT_INITIAL,
     LIMIT_MAX_STEP_DIVISOR,
+    LIMIT_PATIENCE_FACTOR,
+    LIMIT_SLOW_START_GROWTH,
 )
 from luftpause.scheduler.core.events import EngineProbed
-from luftpause.scheduler.core.state import BATCH, Replica, State
+from luftpause.scheduler.core.state import BATCH, AdmissionLimit, Replica, State
 
 
 def _limit_reserve(replica: Replica) -> int:
@@ -93,7 +96,7 @@ def _ceiling_reserve(replica: Replica, keep_slots: bool) -> int:
     turn to end."""
     if not keep_slots or not replica.ceiling:
         return 0
-    return min(replica.paused_interactive, replica.ceiling // 2)
+    return min(replica.paused_interactive, replica.ceiling // KEPT_SLOTS_CEILING_DIVISOR)
 
 
 def _keeps_slots(state: State) -> bool:
@@ -111,8 +114,8 @@ def _batch_capacity(replica: Replica, keep_slots: bool) -> int | None:
     caps = []
     if replica.ceiling:
         caps.append(replica.ceiling - _ceiling_reserve(replica, keep_slots))
-    if replica.limit > 0:
-        caps.append(replica.limit - _limit_reserve(replica))
+    if replica.limit.value > 0:
+        caps.append(replica.limit.value - _limit_reserve(replica))
     return min(caps) if caps else None
 
 
@@ -132,44 +135,59 @@ def _has_room(replica: Replica, service_class: str, keep_slots: bool) -> bool:
     return capacity is None or replica.in_flight + replica.leased_idle < capacity
 
 
-def _limit_after_probe(state: State, replica: Replica) -> Replica:
-    """The replica with its limit (and how patient the next increase must be) updated
-    from the probe just recorded on it."""
+def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> AdmissionLimit:
+    """The replica's admission limit (and how patient its next increase must be) after
+    the probe just recorded on it, or, with ``probe=None``, after a turn stalled there.
+    The one place the limit changes."""
+    limit = replica.limit
+    if probe is None:  # stalled: out of rotation, learned anew (no calm probe)
+        return limit._replace(value=0, calm_probes=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
+    limit = limit._replace(
+        calm_probes=0 if (probe.queued or not probe.healthy) else limit.calm_probes + 1,
+        since_growth=min(LIMIT_CALM_MAX, limit.since_growth + 1),
+    )
+    if probe.load_stale and replica.healthy:
+        # The metrics did not answer: the load is unknown, not zero. Keep the limit, grow
+        # nothing (no calm probe); with no limit learned yet, the slow start's (an engine
+        # whose load cannot be read is not idle).
+        value = limit.value or (0 if replica.ceiling else max(LIMIT_INITIAL, replica.in_flight))
+        return limit._replace(value=value, calm_probes=0)
     if not replica.healthy or not replica.load_known:
-        return replica._replace(limit=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
-    limit, needed = replica.limit, replica.calm_needed
+        return limit._replace(value=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
+    value, needed = limit.value, limit.calm_needed
     if replica.queued > 0:
-        replica = replica._replace(slow_start=False)
+        limit = limit._replace(slow_start=False)
         # What the engine is serving of ours: it runs ``running`` and is prefilling
         # what is neither running nor queued (a burst shows a small ``running`` and a
         # long queue while chunked prefill works through it).
         serving = max(1, replica.running, replica.in_flight - replica.queued)
-        if limit == 0:
-            return replica._replace(limit=serving)
-        if replica.in_flight >= replica.running and serving < limit:
+        if value == 0:
+            return limit._replace(value=serving)
+        if replica.in_flight >= replica.running and serving < value:
             # Our own excess waits in the engine: back to what it serves. If the limit
             # had just grown, that step overshot: probe for more room less eagerly
-            # next time (doubling, up to a ceiling).
-            overshoot = replica.since_growth <= LIMIT_CALM_PROBES
-            return replica._replace(limit=serving, calm_needed=min(LIMIT_CALM_MAX, needed * 2) if overshoot else needed)
-        return replica
-    if limit == 0 and replica.ceiling == 0:
+            # next time (LIMIT_PATIENCE_FACTOR times the calm probes, up to a ceiling).
+            overshoot = limit.since_growth <= LIMIT_CALM_PROBES
+            patience = min(LIMIT_CALM_MAX, needed * LIMIT_PATIENCE_FACTOR) if overshoot else needed
+            return limit._replace(value=serving, calm_needed=patience)
+        return limit
+    if value == 0 and replica.ceiling == 0:
         # Slow start: an engine with no queue says nothing yet about how much more it
         # takes; a burst sent all at once would wait in its FIFO. Start small and grow.
-        return replica._replace(limit=max(LIMIT_INITIAL, replica.in_flight), calm_needed=needed, slow_start=True)
+        return limit._replace(value=max(LIMIT_INITIAL, replica.in_flight), slow_start=True)
     # At the limit: our turns there, the slots lent to dataplanes, plus the room kept for
     # paused interactive runs (batch turns wait behind that room as surely as behind
     # running turns).
-    at_limit = replica.in_flight + replica.leased_idle + _limit_reserve(replica) >= limit
-    if replica.slow_start:
+    at_limit = replica.in_flight + replica.leased_idle + _limit_reserve(replica) >= value
+    if limit.slow_start:
         if at_limit and _turns_wait_for(state, replica.name):
-            return replica._replace(limit=2 * limit, since_growth=0)
-        return replica
-    if replica.calm_probes >= 2 * needed:  # long calm: the engine copes, be eager again
-        needed = max(LIMIT_CALM_PROBES, needed // 2)
-    if limit > 0 and replica.calm_probes >= needed and at_limit and _turns_wait_for(state, replica.name):
-        return replica._replace(limit=limit + _limit_step(replica), calm_needed=needed, since_growth=0)
-    return replica._replace(calm_needed=needed)
+            return limit._replace(value=LIMIT_SLOW_START_GROWTH * value, since_growth=0)
+        return limit
+    if limit.calm_probes >= LIMIT_PATIENCE_FACTOR * needed:  # long calm: the engine copes, be eager again
+        needed = max(LIMIT_CALM_PROBES, needed // LIMIT_PATIENCE_FACTOR)
+    if value > 0 and limit.calm_probes >= needed and at_limit and _turns_wait_for(state, replica.name):
+        return limit._replace(value=value + _limit_step(replica, value), calm_needed=needed, since_growth=0)
+    return limit._replace(calm_needed=needed)
 
 
 def _turns_wait_for(state: State, name: str) -> bool:
@@ -177,8 +195,9 @@ def _turns_wait_for(state: State, name: str) -> bool:
     return bool(state.held_queues.get(name)) or bool(state.held_queues.get(""))
 
 
-def _limit_step(replica: Replica) -> int:
-    ceiling = max(1, replica.limit // LIMIT_MAX_STEP_DIVISOR)
+def _limit_step(replica: Replica, value: int) -> int:
+    """How much a limit of ``value`` grows by at one probe."""
+    ceiling = max(1, value // LIMIT_MAX_STEP_DIVISOR)
     per_turn = _tokens_per_turn(replica)
     if per_turn:
         fits = int(max(0, replica.kv_total - replica.kv_used) * LIMIT_FREE_KV_SHARE / per_turn)
@@ -202,16 +221,10 @@ def _probed(state: State, event: EngineProbed) -> State:
         kv_total=event.kv_total or 0,
         # Read once per healthy spell: an engine that went away may come back with other settings.
         fast_batch=event.fast_batch if event.fast_batch is not None else (replica.fast_batch if event.healthy else 0),
-        calm_probes=0 if (event.queued or not event.healthy) else replica.calm_probes + 1,
-        since_growth=min(LIMIT_CALM_MAX, replica.since_growth + 1),
     )
     if event.load_stale and updated.healthy:
-        # The metrics did not answer: the load is unknown, not zero. Keep the last figures
-        # and the limit, grow nothing (no calm probe); with no limit learned yet, the
-        # slow start's (an engine whose load cannot be read is not idle).
-        limit = updated.limit or (0 if updated.ceiling else max(LIMIT_INITIAL, updated.in_flight))
+        # The metrics did not answer: the load is unknown, not zero. Keep the last figures.
         updated = updated._replace(load_known=replica.load_known, running=replica.running, queued=replica.queued,
-                                   kv_used=replica.kv_used, kv_total=replica.kv_total, calm_probes=0, limit=limit)
-    else:
-        updated = _limit_after_probe(state, updated)
+                                   kv_used=replica.kv_used, kv_total=replica.kv_total)
+    updated = updated._replace(limit=_limit_after(state, updated, event))
     return state._replace(replicas=state.replicas.set(replica.name, updated))

@@ -20,7 +20,7 @@ that overran as failed *stalled*:
 
 from __future__ import annotations
 
-from luftpause.scheduler.core.limit import _limit_after_probe
+from luftpause.scheduler.core.limit import _limit_after
 from luftpause.scheduler.core.state import State
 
 
@@ -29,5 +29,5 @@ def _stalled(state: State, turn_id: str) -> State:
     replica = state.replicas.get(turn.replica) if turn is not None else None
     if replica is None:
         return state
-    replica = _limit_after_probe(state, replica._replace(healthy=False, stalled=True, calm_probes=0))
+    replica = replica._replace(healthy=False, stalled=True, limit=_limit_after(state, replica, None))
     return state._replace(replicas=state.replicas.set(replica.name, replica))

@@ -52,6 +52,18 @@ def _quick_replace(cls):
 
 
 @_quick_replace
+class AdmissionLimit(NamedTuple):
+    """A replica's admission limit and how patient its next increase must be. Changed
+    only by ``_limit_after`` (limit.py), after each probe and each stall."""
+
+    value: int = 0  # learned concurrency limit; 0 = not learned yet (not limited)
+    calm_probes: int = 0  # probes in a row that showed no queue in the engine
+    calm_needed: int = LIMIT_CALM_PROBES  # calm probes before the limit may grow
+    since_growth: int = LIMIT_CALM_MAX  # probes since the limit last grew
+    slow_start: bool = False  # the limit started small and no queue has been seen since: it doubles
+
+
+@_quick_replace
 class Replica(NamedTuple):
     name: str
     base_url: str
@@ -67,11 +79,7 @@ class Replica(NamedTuple):
     kv_used: int = 0  # KV tokens the engine holds, 0 when it does not say
     kv_total: int = 0  # the engine's KV pool in tokens, 0 when it does not say
     in_flight: int = 0  # turns placed here and not yet ended: counted here, never stale
-    limit: int = 0  # learned concurrency limit; 0 = not learned yet (not limited)
-    calm_probes: int = 0  # probes in a row that showed no queue in the engine
-    calm_needed: int = LIMIT_CALM_PROBES  # calm probes before the limit may grow
-    since_growth: int = LIMIT_CALM_MAX  # probes since the limit last grew
-    slow_start: bool = False  # the limit started small and no queue has been seen since: it doubles
+    limit: AdmissionLimit = AdmissionLimit()  # learned from the engine's probes (limit.py)
     paused_interactive: int = 0  # interactive runs paused on a tool, last served here
     paused_interactive_tokens: int = 0  # their contexts, in tokens, where known
     fast_batch: int = 0  # the largest decode batch the engine runs at full speed, as it reports it; 0 = unknown
@@ -89,7 +97,7 @@ class Replica(NamedTuple):
     def capacity(self) -> int | None:
         """Turns in flight this replica takes: the learned limit and the ceiling, whichever
         is lower, or None while neither is known."""
-        caps = [c for c in (self.limit, self.ceiling) if c > 0]
+        caps = [c for c in (self.limit.value, self.ceiling) if c > 0]
         return min(caps) if caps else None
 
 

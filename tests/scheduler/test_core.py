@@ -93,7 +93,7 @@ def test_a_cold_engine_with_metrics_and_no_ceiling_starts_small_then_grows_while
     for now in range(1, LIMIT_CALM_PROBES + 1):  # calm probes, the engine running ours, KV to spare
         state, released = core.decide(state, core.EngineProbed("a", True, len(sent), 0, now, 1_000, 10_000))
         sent.update(placed(released))
-    assert len(sent) > LIMIT_INITIAL and state.replicas["a"].limit > LIMIT_INITIAL
+    assert len(sent) > LIMIT_INITIAL and state.replicas["a"].limit.value > LIMIT_INITIAL
 
 
 def test_slow_start_doubles_the_limit_until_the_engine_first_queues_then_grows_gradually():
@@ -104,17 +104,17 @@ def test_slow_start_doubles_the_limit_until_the_engine_first_queues_then_grows_g
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0))
     for i in range(40):
         state, _ = admit(state, f"t{i}", f"r{i}", cls="batch")
-    limits = [state.replicas["a"].limit]
+    limits = [state.replicas["a"].limit.value]
     for now in range(1, 4):
         state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, now))
-        limits.append(state.replicas["a"].limit)
+        limits.append(state.replicas["a"].limit.value)
     assert limits == [LIMIT_INITIAL, 2 * LIMIT_INITIAL, 4 * LIMIT_INITIAL, 8 * LIMIT_INITIAL]
     assert len(state.turns) == 8 * LIMIT_INITIAL and len(state.held) == 40 - 8 * LIMIT_INITIAL
     state, _ = core.decide(state, core.EngineProbed("a", True, 20, 12, 4))  # it queues 12 of our 32
-    assert state.replicas["a"].limit == 20 and not state.replicas["a"].slow_start
+    assert state.replicas["a"].limit.value == 20 and not state.replicas["a"].limit.slow_start
     for now in range(5, 5 + 2 * LIMIT_CALM_PROBES + 1):
         state, _ = core.decide(state, core.EngineProbed("a", True, len(state.turns), 0, now))
-    assert 20 < state.replicas["a"].limit <= 22  # additive from here
+    assert 20 < state.replicas["a"].limit.value <= 22  # additive from here
 
 
 def test_an_engine_with_a_ceiling_starts_at_the_ceiling():
@@ -124,7 +124,7 @@ def test_an_engine_with_a_ceiling_starts_at_the_ceiling():
     for i in range(8):
         state, actions = admit(state, f"t{i}", f"r{i}", cls="batch")
         sent.update(placed(actions))
-    assert len(sent) == 6 and state.replicas["a"].limit == 0  # the ceiling, no slow start
+    assert len(sent) == 6 and state.replicas["a"].limit.value == 0  # the ceiling, no slow start
 
 
 def test_run_paused_on_a_tool_returns_to_its_replica_even_when_another_is_emptier():
@@ -470,7 +470,7 @@ def test_a_queue_long_after_the_last_increase_lowers_the_limit_without_more_pati
     state, _ = fill(state, 20, prefix="u")
     state, _ = probe(state, running=grown - 3, queued=2)  # the engine's own room shrank
     assert state.replicas["a"].capacity == grown - 2  # in flight less its queue
-    assert state.replicas["a"].calm_needed == LIMIT_CALM_PROBES
+    assert state.replicas["a"].limit.calm_needed == LIMIT_CALM_PROBES
 
 
 def shared_gpu_pool(*names: str, device="gpu0") -> core.State:
@@ -636,7 +636,8 @@ def paused_interactive_under_a_ceiling(affinity: bool, paused: int = 1, ceiling:
         state, _ = core.decide(state, core.TurnUsage(f"i{i}", 2900, 100, 1))
         state, _ = core.decide(state, core.TurnFinished(f"i{i}", "tool_calls", 1))
     state, _ = core.decide(state, core.EngineProbed("a", True, 10, 1, 2, 10_000, 40_000, ceiling))
-    return state._replace(replicas=state.replicas.set("a", state.replicas["a"]._replace(limit=limit)))
+    replica = state.replicas["a"]
+    return state._replace(replicas=state.replicas.set("a", replica._replace(limit=replica.limit._replace(value=limit))))
 
 
 def test_asked_to_a_slot_is_kept_under_the_ceiling_for_each_interactive_run_paused_there():
@@ -680,7 +681,7 @@ def test_at_most_half_the_ceiling_is_kept_for_paused_interactive_runs():
 def test_replace_changes_exactly_the_named_fields_of_every_state_type():
     """The core's own ``_replace`` (cheaper than namedtuple's) must still be namedtuple's:
     each field by its name, the rest untouched, the same type, a wrong name refused."""
-    for cls in (core.Replica, core.Run, core.Turn, core.Lease, core.HeldTurn, core.State):
+    for cls in (core.AdmissionLimit, core.Replica, core.Run, core.Turn, core.Lease, core.HeldTurn, core.State):
         base = cls(*[object() for _ in cls._fields])
         for i, name in enumerate(cls._fields):
             marker = object()

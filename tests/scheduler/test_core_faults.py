@@ -83,11 +83,11 @@ def test_with_every_replica_stalled_turns_are_held_not_placed():
 def test_metrics_that_time_out_keep_the_learned_limit_and_do_not_grow_it():
     state = pool("a")
     state, _ = core.decide(state, core.EngineProbed("a", True, 2, 3, 0))  # queue: limit learned
-    limit = state.replicas["a"].limit
+    limit = state.replicas["a"].limit.value
     assert limit == 2
     for now in range(1, 6):  # metrics time out: no calm probe, no forgetting
         state, _ = core.decide(state, core.EngineProbed("a", True, None, None, now, load_stale=True))
-        assert state.replicas["a"].limit == limit and state.replicas["a"].load_known
+        assert state.replicas["a"].limit.value == limit and state.replicas["a"].load_known
         assert state.replicas["a"].queued == 3  # the last figures stand
     sent = {}
     for i in range(5):

@@ -123,7 +123,7 @@ def test_a_lower_limit_or_an_unhealthy_replica_calls_its_leases_back():
     assert revokes(actions) == {(DP, "b")}
     # a queue on "a" while luftpause has its turn there: the limit drops to 1, under what is lent
     state, actions = core.decide(state, core.EngineProbed("a", True, 1, 3, 3))
-    assert state.replicas["a"].limit == 1 and revokes(actions) == {(DP, "a")}
+    assert state.replicas["a"].limit.value == 1 and revokes(actions) == {(DP, "a")}
 
 
 def test_a_dataplane_stream_that_ends_voids_its_leases_and_its_leased_turns_count_as_placed():
@@ -156,11 +156,11 @@ def test_the_status_shows_what_is_lent():
 def test_lent_slots_count_as_used_when_the_limit_decides_whether_to_grow():
     state = pool("a", ceiling=0)
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 1))  # load known, no queue: slow start at 4
-    assert state.replicas["a"].limit == 4
+    assert state.replicas["a"].limit.value == 4
     state, _ = ask(state, "t1", "r1")  # 3 free: 1 lent
     state, _ = ask(state, "t2", "r2", dataplane=OTHER)
     state, _ = ask(state, "t3", "r3", dataplane=OTHER)
     state, _ = ask(state, "t4", "r4", dataplane=OTHER)  # 3 in flight + 1 lent: held
     assert "t4" in state.held and state.replicas["a"].in_flight == 3
     state, _ = core.decide(state, core.EngineProbed("a", True, 3, 0, 2))  # calm, turns wait, all of it taken
-    assert state.replicas["a"].limit == 8
+    assert state.replicas["a"].limit.value == 8
