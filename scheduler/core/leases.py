@@ -30,7 +30,7 @@ from luftpause.scheduler.constants import LEASE_MAX_SLOTS, LEASE_ROOM_DIVISOR, L
 from luftpause.scheduler.core.events import Action, AdmitRequested, Event, Grant, LeaseReturned, LeaseTaking, Revoke
 from luftpause.scheduler.core.limit import _batch_capacity, _keeps_slots
 from luftpause.scheduler.core.peers import _own
-from luftpause.scheduler.core.placement import _count_in_flight, _lease_slot, _put_run, _unhold
+from luftpause.scheduler.core.placement import _awaiting_first_probes, _count_in_flight, _lease_slot, _put_run, _unhold
 from luftpause.scheduler.core.state import GENERATIVE, Lease, Replica, Run, Stage, State, Turn
 
 
@@ -119,7 +119,7 @@ def _settle_leases(state: State, actions: list[Action], event: Event) -> tuple[S
     asker = event.dataplane if isinstance(event, AdmitRequested) and not event.leased_replica else None
     if asker is None or asker not in state.lease_takers or state.held or event.turn_id not in state.turns:
         return state, actions  # lend only to a dataplane whose turn was just placed
-    if state.unprobed and event.now_ms < state.unprobed_until_ms:
+    if _awaiting_first_probes(state, event.now_ms):
         return state, actions
     for name, replica in state.replicas.items():
         if replica.kind != GENERATIVE or not replica.healthy:

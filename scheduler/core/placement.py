@@ -51,12 +51,18 @@ def _pin(state: State, run: Run | None) -> str:
 def _candidates(state: State, turn: HeldTurn) -> list[Replica]:
     """Replicas this turn may go to, before looking at their load."""
     serving = [r for r in state.replicas.values() if r.kind == GENERATIVE and r.healthy and turn.model in r.models]
-    run = state.runs.get(turn.run_id)
-    if state.affinity and run is not None and run.stage is not Stage.IDLE and run.replica:
-        pinned = [r for r in serving if r.name == run.replica]
+    pin = _pin(state, state.runs.get(turn.run_id))
+    if pin:
+        pinned = [r for r in serving if r.name == pin]
         if pinned:  # strict affinity while the run's replica is healthy
             return pinned
     return serving
+
+
+def _awaiting_first_probes(state: State, now_ms: int) -> bool:
+    """Whether a (re)started scheduler still waits for replicas' first probes: nothing is
+    placed (or lent) until they are in or the wait is over."""
+    return bool(state.unprobed) and now_ms < state.unprobed_until_ms
 
 
 def _first_probe_in(state: State, replica: str) -> State:
@@ -68,7 +74,7 @@ def _first_probe_in(state: State, replica: str) -> State:
 def _release_held(state: State, now_ms: int) -> tuple[State, list[Action]]:
     """Place held turns, best first, while any fits."""
     actions: list[Action] = []
-    if state.unprobed and now_ms < state.unprobed_until_ms:
+    if _awaiting_first_probes(state, now_ms):
         return state, actions  # the pool is not known yet
     while state.held:
         homes = _homes_with_room(state)
