@@ -114,8 +114,9 @@ def _batch_capacity(replica: Replica, keep_slots: bool) -> int | None:
     caps = []
     if replica.ceiling:
         caps.append(replica.ceiling - _ceiling_reserve(replica, keep_slots))
-    if replica.limit.value > 0:
-        caps.append(replica.limit.value - _limit_reserve(replica))
+    limit = replica.limit.value
+    if limit > 0:
+        caps.append(limit - _limit_reserve(replica))
     return min(caps) if caps else None
 
 
