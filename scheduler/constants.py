@@ -18,7 +18,7 @@ TURN_TIMEOUT_MS = 10 * 60 * 1000
 # A run with no turn for this long is forgotten; its next turn starts without affinity.
 RUN_IDLE_TIMEOUT_MS = RUN_IDLE_TIMEOUT_S * 1000
 
-# The admission limit's increase per probe (core.py, "The admission limit"): the
+# The admission limit's increase per probe (core/limit.py): the
 # requests that fit in this share of the engine's free KV, at most limit / divisor.
 LIMIT_FREE_KV_SHARE = 0.5
 # Probes in a row without an engine queue before the limit may grow; a decrease right
@@ -30,8 +30,18 @@ LIMIT_CALM_PROBES = 2
 LIMIT_INITIAL = 4
 LIMIT_CALM_MAX = 8
 LIMIT_MAX_STEP_DIVISOR = 2
+# Patience: a decrease right after an increase multiplies the calm probes the next
+# increase waits for by this (up to LIMIT_CALM_MAX); this many times as many calm probes
+# in a row divide them by it again.
+LIMIT_PATIENCE_FACTOR = 2
+# Slow start: until the engine first shows a queue, the limit is multiplied by this at
+# each calm probe at which turns wait.
+LIMIT_SLOW_START_GROWTH = 2
+# Slots kept under the decode ceiling for paused interactive runs (when the operator asks
+# for them): at most 1/KEPT_SLOTS_CEILING_DIVISOR of the ceiling.
+KEPT_SLOTS_CEILING_DIVISOR = 2
 
-# Leases (core.py, "Leases"): a dataplane that asks while nothing is held is lent at
+# Leases (core/leases.py): a dataplane that asks while nothing is held is lent at
 # most 1/LEASE_ROOM_DIVISOR of each replica's free room (the rest stays for other
 # dataplanes and for the turns the scheduler places), at most LEASE_MAX_SLOTS per
 # replica; a replica with neither a limit nor a ceiling counts LEASE_UNLIMITED_ROOM.

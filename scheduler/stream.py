@@ -1,7 +1,7 @@
 """The scheduler's side of the Connect stream (protocol 2, or 3 with leases): one
 long-lived stream per dataplane carrying its admissions and turn events in, and the
 decisions out; with protocol 3 also the leases the core grants and revokes, and the
-slots the dataplane returns (core.py, "Leases").
+slots the dataplane returns (core/leases.py).
 
 A frame in is applied item by item, in order; decisions the core makes meanwhile (for
 this stream's turns, now or when a held turn is released) collect in one outgoing

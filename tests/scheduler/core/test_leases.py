@@ -1,12 +1,29 @@
-"""Leases in the decision core: slots of a replica's free room lent to a dataplane that
-fills them itself, called back the moment they are needed elsewhere."""
+"""Leases in the decision core (leases.py): slots of a replica's free room lent to a
+dataplane that fills them itself, called back the moment they are needed elsewhere; and
+leases' properties over random event sequences."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from luftpause.scheduler import core
 from luftpause.scheduler.constants import LEASE_MAX_SLOTS, LEASE_UNLIMITED_ROOM
+from luftpause.scheduler.core.limit import _batch_capacity, _keeps_slots
+
+from .drivers import (
+    REPLICAS,
+    LeasingDriver,
+    assert_held_turns_placed_once_capacity_frees,
+    never_over_cap,
+    operations,
+    pinned_runs_stay,
+)
+
 
 MODEL = "m"
+
+
 DP, OTHER = "dp-1", "dp-2"
 
 
@@ -123,7 +140,7 @@ def test_a_lower_limit_or_an_unhealthy_replica_calls_its_leases_back():
     assert revokes(actions) == {(DP, "b")}
     # a queue on "a" while luftpause has its turn there: the limit drops to 1, under what is lent
     state, actions = core.decide(state, core.EngineProbed("a", True, 1, 3, 3))
-    assert state.replicas["a"].limit == 1 and revokes(actions) == {(DP, "a")}
+    assert state.replicas["a"].limit.value == 1 and revokes(actions) == {(DP, "a")}
 
 
 def test_a_dataplane_stream_that_ends_voids_its_leases_and_its_leased_turns_count_as_placed():
@@ -156,11 +173,62 @@ def test_the_status_shows_what_is_lent():
 def test_lent_slots_count_as_used_when_the_limit_decides_whether_to_grow():
     state = pool("a", ceiling=0)
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 1))  # load known, no queue: slow start at 4
-    assert state.replicas["a"].limit == 4
+    assert state.replicas["a"].limit.value == 4
     state, _ = ask(state, "t1", "r1")  # 3 free: 1 lent
     state, _ = ask(state, "t2", "r2", dataplane=OTHER)
     state, _ = ask(state, "t3", "r3", dataplane=OTHER)
     state, _ = ask(state, "t4", "r4", dataplane=OTHER)  # 3 in flight + 1 lent: held
     assert "t4" in state.held and state.replicas["a"].in_flight == 3
     state, _ = core.decide(state, core.EngineProbed("a", True, 3, 0, 2))  # calm, turns wait, all of it taken
-    assert state.replicas["a"].limit == 8
+    assert state.replicas["a"].limit.value == 8
+
+
+def lent_slots_add_up(before, event, after, actions):
+    """The core's lent-and-idle count is what its leases hold unused, and a lease's busy
+    slots are the turns filling it."""
+    for name, replica in after.replicas.items():
+        leases = [(key, lease) for key, lease in after.leases.items() if key[1] == name]
+        assert replica.leased_idle == sum(lease.slots - lease.busy for _, lease in leases), (event, replica)
+        for (dataplane, _), lease in leases:
+            filling = sum(1 for t in after.turns.values() if t.replica == name and t.leased_by == dataplane)
+            assert lease.busy == filling <= lease.slots, (event, lease)
+
+
+def never_lent_over_cap(before, event, after, actions):
+    """Placements and grants never take a replica's placed, leased and reserved turns past
+    its ceiling or its limit."""
+    for action in actions:
+        if isinstance(action, (core.Place, core.Grant)):
+            replica = after.replicas[action.replica]
+            taken = replica.in_flight + replica.leased_idle
+            if replica.ceiling:
+                assert taken <= replica.ceiling, (action, replica)
+            if isinstance(action, core.Grant):  # lent slots are for batch as much as for interactive turns
+                batch_capacity = _batch_capacity(replica, _keeps_slots(after))
+                assert batch_capacity is None or taken <= batch_capacity, (action, replica)
+
+
+def nothing_lent_while_turns_wait(before, event, after, actions):
+    if after.held:
+        assert not any(isinstance(a, core.Grant) for a in actions), (event, actions)
+        assert all(lease.revoked for lease in after.leases.values()), (event, after.leases)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.integers(1, 6), st.one_of(st.none(), st.integers(0, 3)), st.booleans(), operations)
+def test_leases_never_take_a_replica_past_its_cap_and_always_add_up(ceiling, running, slots, ops):
+    state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL}), max_batch=ceiling)
+                                for n in REPLICAS), interactive_slots=slots)
+    for name in REPLICAS:
+        state, _ = core.decide(state, core.EngineProbed(name, True, running, None if running is None else 1, 0))
+    driver = LeasingDriver(state=state, checks=[lent_slots_add_up, never_lent_over_cap, never_over_cap,
+                                                nothing_lent_while_turns_wait, pinned_runs_stay])
+    driver.play(ops)
+    assert {name: lease[0] for name, lease in driver.lent.items()} == {
+        key[1]: lease.slots for key, lease in driver.state.leases.items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations)
+def test_with_leases_every_held_turn_is_placed_once_capacity_frees(ops):
+    assert_held_turns_placed_once_capacity_frees(LeasingDriver(), ops)

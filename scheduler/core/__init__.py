@@ -1,0 +1,68 @@
+"""The scheduler's decision core: the admission policy as pure functions.
+
+``decide(state, event) -> (state, actions)`` takes immutable state and one event and
+returns the next state and what the host must do. No I/O, no clock reads: time comes
+in the events. Each file is one chapter of the policy, its rule at the top:
+
+* ``state.py``: the state types, and the speed trick that keeps them cheap to change;
+* ``events.py``: the events the host reports and the actions it performs;
+* ``decide.py``: dispatch, the one entry point; checks on an Admit; expiry;
+* ``placement.py``: where a turn goes (affinity, release order, spreading) and when;
+* ``limit.py``: the admission limit, the decode ceiling and the batch reserve;
+* ``leases.py``: slots lent to dataplanes while nothing is held;
+* ``peers.py``: dataplanes as peers, each owning what it admitted; Resync;
+* ``stalls.py``: stalled replicas leave rotation until they answer;
+* ``status.py``: the plain-value view for the status endpoints and the page.
+
+Chapters import the state and the events and the chapters before them (state, events,
+limit, placement, peers, leases, stalls, status, decide): never a later one.
+"""
+
+from luftpause.vocabulary import BATCH, INTERACTIVE, SERVICE_CLASSES
+from luftpause.scheduler.core.decide import decide, validation_error
+from luftpause.scheduler.core.events import (
+    Action,
+    AdmitCancelled,
+    AdmitRequested,
+    ClockTicked,
+    DataplaneGone,
+    EngineProbed,
+    Event,
+    Grant,
+    LeaseReturned,
+    LeaseTaking,
+    Place,
+    Reject,
+    Resynced,
+    Revoke,
+    RunEnded,
+    RunSnapshot,
+    TurnFailed,
+    TurnFinished,
+    TurnSnapshot,
+    TurnUsage,
+)
+from luftpause.scheduler.core.limit import batch_reserve
+from luftpause.scheduler.core.state import (
+    GENERATIVE,
+    ONE_PASS,
+    TURN_TIME_WEIGHT,
+    AdmissionLimit,
+    HeldTurn,
+    Lease,
+    Replica,
+    Run,
+    Stage,
+    State,
+    Turn,
+    initial_state,
+)
+from luftpause.scheduler.core.status import status
+
+__all__ = [
+    "BATCH", "GENERATIVE", "INTERACTIVE", "ONE_PASS", "SERVICE_CLASSES", "TURN_TIME_WEIGHT",
+    "Action", "AdmissionLimit", "AdmitCancelled", "AdmitRequested", "ClockTicked", "DataplaneGone", "EngineProbed", "Event", "Grant",
+    "HeldTurn", "Lease", "LeaseReturned", "LeaseTaking", "Place", "Reject", "Replica", "Resynced", "Revoke", "Run",
+    "RunEnded", "RunSnapshot", "Stage", "State", "Turn", "TurnFailed", "TurnFinished", "TurnSnapshot", "TurnUsage",
+    "batch_reserve", "decide", "initial_state", "status", "validation_error",
+]

@@ -1,0 +1,232 @@
+"""The admission limit: how many turns in flight each replica takes.
+
+Admission keeps the queue at the gateway, not in the engine: each replica has a
+concurrency limit learned from the engine and kept between probes; in-flight turns are
+counted here, so a stale probe cannot over-admit; engines without load metrics are
+never limited; and no replica gets more turns in flight than the largest batch it
+decodes at full speed (its CUDA-graph batch size as SGLang reports it, or the pool
+file's ``max_batch``): above it every token of every run there gets slower, the
+interactive ones included. Batch turns leave room under the limit for every
+interactive run paused on that replica, sized by the paused run's context in KV tokens
+where the engine reports token usage, one turn each otherwise; and, where the operator
+asks for it, with strict affinity a slot each under the ceiling too (at most half of
+it), since the run's next turn can go nowhere else.
+
+The engine's own queue is where an interactive turn would wait behind batch turns
+in arrival order, so luftpause keeps that queue near empty and holds the rest
+itself, in policy order. Per replica it keeps a concurrency limit, learned from the
+engine and kept between probes (in-flight turns are counted here, so a probe that
+is seconds old cannot make it over-admit):
+
+* learn / decrease: when the engine reports a waiting queue while luftpause has at
+  least as many turns there as the engine runs, the excess is waiting in the
+  engine: the limit becomes what the engine serves of ours, the larger of what it
+  runs and our in-flight turns less its queue (never below 1);
+* increase: when the engine has reported no queue for some probes in a row (two at
+  first: one probe after a decrease is often the queue draining, not room),
+  luftpause is at the limit (its turns plus the batch reserve) and turns are held,
+  the engine could take more: the
+  limit grows by the requests that fit in half its free KV (at the tokens an
+  average running request holds), at least one and at most half the limit per
+  probe; by one per probe where the engine reports no KV pool;
+* patience: a decrease right after an increase (the step overshot) doubles the
+  calm probes the next increase waits for (up to 8), so an engine at its true
+  capacity is not pushed into queueing every few seconds; twice that many calm
+  probes in a row halve it again;
+* slow start: an engine that reports load and no queue, and has no decode ceiling,
+  starts at LIMIT_INITIAL turns (or ours already there); a burst on a cold pool
+  would otherwise reach the engine's FIFO before any probe could learn from its
+  queue (an engine with a ceiling starts at the ceiling). Until the engine first
+  shows a queue the limit doubles on each calm probe at which turns wait (the engine
+  has told nothing of its capacity yet, and +1 every two probes took a minute to
+  reach 20); from the first queue on it grows by the rule above;
+* forget: an unhealthy engine, or one that stops reporting load, is learned anew; one
+  whose metrics stop answering (timed out) keeps its limit and does not grow it: its
+  load is unknown, not zero (one never read is held to the slow start's limit);
+* the ceiling: above the engine's fast decode batch (SGLang captures CUDA graphs up
+  to ``cuda_graph_max_bs`` and runs larger batches eagerly, paying the kernel
+  launches every step) a step costs more for every request in it, so a larger batch
+  buys little throughput and slows every token. In-flight turns stay at or below it
+  whatever the limit says; the batch reserve comes off the limit, not the ceiling.
+"""
+
+from __future__ import annotations
+
+import math
+
+from luftpause.scheduler.constants import (
+    KEPT_SLOTS_CEILING_DIVISOR,
+    LIMIT_CALM_MAX,
+    LIMIT_CALM_PROBES,
+    LIMIT_FREE_KV_SHARE,
+    LIMIT_INITIAL,
+    LIMIT_MAX_STEP_DIVISOR,
+    LIMIT_PATIENCE_FACTOR,
+    LIMIT_SLOW_START_GROWTH,
+)
+from luftpause.scheduler.core.events import EngineProbed
+from luftpause.scheduler.core.state import AdmissionLimit, Replica, State
+from luftpause.vocabulary import BATCH
+
+
+def _limit_reserve(replica: Replica) -> int:
+    """Turns of the learned limit batch may not take on this replica: KV room for the
+    interactive runs paused there on a tool. In KV tokens where the engine reports them
+    (the paused contexts over the tokens an average running request holds), never less
+    than one turn per paused run."""
+    paused = replica.paused_interactive
+    if paused == 0:
+        return 0
+    per_turn = _tokens_per_turn(replica)
+    if per_turn and replica.paused_interactive_tokens:
+        return max(paused, math.ceil(replica.paused_interactive_tokens / per_turn))
+    return paused
+
+
+def _tokens_per_turn(replica: Replica) -> float | None:
+    """KV tokens an average running request holds, where the engine reports its pool."""
+    if replica.kv_total > 0 and replica.kv_used > 0 and replica.running > 0:
+        return replica.kv_used / replica.running
+    return None
+
+
+def _ceiling_reserve(replica: Replica, keep_slots: bool) -> int:
+    """Slots under the decode ceiling batch turns may not take on this replica, when
+    ``keep_slots`` (see :func:`_keeps_slots`): one for each interactive run paused
+    there, at most half the ceiling. Without it the resuming turn waits for a batch
+    turn to end."""
+    if not keep_slots or not replica.ceiling:
+        return 0
+    return min(replica.paused_interactive, replica.ceiling // KEPT_SLOTS_CEILING_DIVISOR)
+
+
+def _keeps_slots(state: State) -> bool:
+    """Whether slots under the ceiling are kept for paused interactive runs: when the
+    operator asked for it and affinity is strict (a roaming run's next turn takes a
+    free slot anywhere). A kept slot is empty while the tool runs: interactive runs go
+    on at once, at some cost in batch throughput (docs/admission.md)."""
+    return state.affinity and state.interactive_slots
+
+
+def _batch_capacity(replica: Replica, keep_slots: bool) -> int | None:
+    """Turns in flight up to which batch turns may go here: the ceiling and the learned
+    limit, each less the room kept for paused interactive runs; None when neither
+    bounds it."""
+    caps = []
+    if replica.ceiling:
+        caps.append(replica.ceiling - _ceiling_reserve(replica, keep_slots))
+    limit = replica.limit.value
+    if limit > 0:
+        caps.append(limit - _limit_reserve(replica))
+    return min(caps) if caps else None
+
+
+def batch_reserve(replica: Replica, keep_slots: bool) -> int:
+    """Turns of the replica's capacity batch turns may not take (the status page's
+    ``batch_reserve``): room kept for the interactive runs paused there."""
+    capacity = replica.capacity
+    batch = _batch_capacity(replica, keep_slots)
+    return 0 if capacity is None or batch is None else max(0, capacity - batch)
+
+
+def _has_room(replica: Replica, service_class: str, keep_slots: bool) -> bool:
+    """Whether one more turn of this class may go here now: under the ceiling and the
+    limit, and for batch under what is kept for paused interactive runs. Slots lent to
+    dataplanes are taken."""
+    capacity = _batch_capacity(replica, keep_slots) if service_class == BATCH else replica.capacity
+    return capacity is None or replica.in_flight + replica.leased_idle < capacity
+
+
+def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> AdmissionLimit:
+    """The replica's admission limit (and how patient its next increase must be) after
+    the probe just recorded on it, or, with ``probe=None``, after a turn stalled there.
+    The one place the limit changes."""
+    limit = replica.limit
+    if probe is None:  # stalled: out of rotation, learned anew (no calm probe)
+        return limit._replace(value=0, calm_probes=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
+    limit = limit._replace(
+        calm_probes=0 if (probe.queued or not probe.healthy) else limit.calm_probes + 1,
+        since_growth=min(LIMIT_CALM_MAX, limit.since_growth + 1),
+    )
+    if probe.load_stale and replica.healthy:
+        # The metrics did not answer: the load is unknown, not zero. Keep the limit, grow
+        # nothing (no calm probe); with no limit learned yet, the slow start's (an engine
+        # whose load cannot be read is not idle).
+        value = limit.value or (0 if replica.ceiling else max(LIMIT_INITIAL, replica.in_flight))
+        return limit._replace(value=value, calm_probes=0)
+    if not replica.healthy or not replica.load_known:
+        return limit._replace(value=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
+    value, needed = limit.value, limit.calm_needed
+    if replica.queued > 0:
+        limit = limit._replace(slow_start=False)
+        # What the engine is serving of ours: it runs ``running`` and is prefilling
+        # what is neither running nor queued (a burst shows a small ``running`` and a
+        # long queue while chunked prefill works through it).
+        serving = max(1, replica.running, replica.in_flight - replica.queued)
+        if value == 0:
+            return limit._replace(value=serving)
+        if replica.in_flight >= replica.running and serving < value:
+            # Our own excess waits in the engine: back to what it serves. If the limit
+            # had just grown, that step overshot: probe for more room less eagerly
+            # next time (LIMIT_PATIENCE_FACTOR times the calm probes, up to a ceiling).
+            overshoot = limit.since_growth <= LIMIT_CALM_PROBES
+            patience = min(LIMIT_CALM_MAX, needed * LIMIT_PATIENCE_FACTOR) if overshoot else needed
+            return limit._replace(value=serving, calm_needed=patience)
+        return limit
+    if value == 0 and replica.ceiling == 0:
+        # Slow start: an engine with no queue says nothing yet about how much more it
+        # takes; a burst sent all at once would wait in its FIFO. Start small and grow.
+        return limit._replace(value=max(LIMIT_INITIAL, replica.in_flight), slow_start=True)
+    # At the limit: our turns there, the slots lent to dataplanes, plus the room kept for
+    # paused interactive runs (batch turns wait behind that room as surely as behind
+    # running turns).
+    at_limit = replica.in_flight + replica.leased_idle + _limit_reserve(replica) >= value
+    if limit.slow_start:
+        if at_limit and _turns_wait_for(state, replica.name):
+            return limit._replace(value=LIMIT_SLOW_START_GROWTH * value, since_growth=0)
+        return limit
+    if limit.calm_probes >= LIMIT_PATIENCE_FACTOR * needed:  # long calm: the engine copes, be eager again
+        needed = max(LIMIT_CALM_PROBES, needed // LIMIT_PATIENCE_FACTOR)
+    if value > 0 and limit.calm_probes >= needed and at_limit and _turns_wait_for(state, replica.name):
+        return limit._replace(value=value + _limit_step(replica, value), calm_needed=needed, since_growth=0)
+    return limit._replace(calm_needed=needed)
+
+
+def _turns_wait_for(state: State, name: str) -> bool:
+    """Whether held turns could go to this replica: pinned to it, or free to go anywhere."""
+    return bool(state.held_queues.get(name)) or bool(state.held_queues.get(""))
+
+
+def _limit_step(replica: Replica, value: int) -> int:
+    """How much a limit of ``value`` grows by at one probe."""
+    ceiling = max(1, value // LIMIT_MAX_STEP_DIVISOR)
+    per_turn = _tokens_per_turn(replica)
+    if per_turn:
+        fits = int(max(0, replica.kv_total - replica.kv_used) * LIMIT_FREE_KV_SHARE / per_turn)
+        return max(1, min(ceiling, fits))
+    return 1
+
+
+def _probed(state: State, event: EngineProbed) -> State:
+    replica = state.replicas.get(event.replica)
+    if replica is None:
+        return state
+    load_known = event.running is not None and event.queued is not None
+    stalled = replica.stalled and event.answers is not True
+    updated = replica._replace(
+        healthy=event.healthy and not stalled,
+        stalled=stalled,
+        load_known=load_known,
+        running=event.running or 0,
+        queued=event.queued or 0,
+        kv_used=event.kv_used or 0,
+        kv_total=event.kv_total or 0,
+        # Read once per healthy spell: an engine that went away may come back with other settings.
+        fast_batch=event.fast_batch if event.fast_batch is not None else (replica.fast_batch if event.healthy else 0),
+    )
+    if event.load_stale and updated.healthy:
+        # The metrics did not answer: the load is unknown, not zero. Keep the last figures.
+        updated = updated._replace(load_known=replica.load_known, running=replica.running, queued=replica.queued,
+                                   kv_used=replica.kv_used, kv_total=replica.kv_total)
+    updated = updated._replace(limit=_limit_after(state, updated, event))
+    return state._replace(replicas=state.replicas.set(replica.name, updated))

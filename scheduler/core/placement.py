@@ -1,0 +1,340 @@
+"""Placement and affinity: which held turn goes where, and when.
+
+* a turn goes only to a healthy generative replica serving its model;
+* a run that is generating or paused on a tool goes only to its last replica while
+  that replica is healthy (strict affinity);
+* a turn goes only where there is room (limit.py); held turns are released interactive
+  first, then the caller with the fewest running turns, then turns of runs already
+  under way before the first turns of new ones (a run's prefix is cached only while it
+  runs: finishing started runs keeps the engines' caches on fewer, warmer runs), then
+  in arrival order;
+* a turn free to go anywhere goes where the turns in flight would end soonest at each
+  replica's recent turn time (fewest in flight while any has none finished): an engine
+  ten times slower than its peer takes about a tenth of new runs;
+* after a (re)start nothing is placed until every replica's first probe is in (or
+  the first round timed out), so no turn lands on the replica probed first.
+
+Here too the bookkeeping of runs and placed turns, which keeps each replica's turns in
+flight and its paused-run reserve in step.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+
+from immutables import Map
+
+from luftpause.scheduler.core.events import Action, AdmitCancelled, Place, TurnUsage
+from luftpause.scheduler.core.limit import _has_room, _keeps_slots
+from luftpause.scheduler.core.state import (
+    GENERATIVE,
+    TURN_TIME_WEIGHT,
+    HeldTurn,
+    Replica,
+    Run,
+    Stage,
+    State,
+    Turn,
+)
+from luftpause.vocabulary import BATCH, INTERACTIVE
+
+
+def _pin(state: State, run: Run | None) -> str:
+    """The replica a run's turns must go to while it is healthy, or "" (strict affinity)."""
+    if state.affinity and run is not None and run.stage is not Stage.IDLE and run.replica:
+        return run.replica
+    return ""
+
+
+def _candidates(state: State, turn: HeldTurn) -> list[Replica]:
+    """Replicas this turn may go to, before looking at their load."""
+    serving = [r for r in state.replicas.values() if r.kind == GENERATIVE and r.healthy and turn.model in r.models]
+    pin = _pin(state, state.runs.get(turn.run_id))
+    if pin:
+        pinned = [r for r in serving if r.name == pin]
+        if pinned:  # strict affinity while the run's replica is healthy
+            return pinned
+    return serving
+
+
+def _awaiting_first_probes(state: State, now_ms: int) -> bool:
+    """Whether a (re)started scheduler still waits for replicas' first probes: nothing is
+    placed (or lent) until they are in or the wait is over."""
+    return bool(state.unprobed) and now_ms < state.unprobed_until_ms
+
+
+def _first_probe_in(state: State, replica: str) -> State:
+    if replica in state.unprobed:
+        return state._replace(unprobed=state.unprobed - {replica})
+    return state
+
+
+def _release_held(state: State, now_ms: int) -> tuple[State, list[Action]]:
+    """Place held turns, best first, while any fits."""
+    actions: list[Action] = []
+    if _awaiting_first_probes(state, now_ms):
+        return state, actions  # the pool is not known yet
+    while state.held:
+        homes = _homes_with_room(state)
+        if homes is None:
+            break
+        chosen = _next_placement(state, homes)
+        if chosen is None:
+            break
+        turn, replica = chosen
+        state = _place(state, turn, replica, now_ms)
+        actions.append(Place(turn.turn_id, replica.name, max(0, now_ms - turn.arrived_ms)))
+    return state, actions
+
+
+def _homes_with_room(state: State) -> dict[str, list[str]] | None:
+    """Per class, the homes whose held turns could be placed now: free turns, turns
+    pinned to a replica with room for that class, and turns pinned to an unhealthy
+    replica (which may move). None when no replica has room at all."""
+    interactive: list[str] = [""]
+    batch: list[str] = [""]
+    keep = _keeps_slots(state)
+    for name, r in state.replicas.items():
+        if r.kind != GENERATIVE:
+            continue
+        if not r.healthy:
+            interactive.append(name)
+            batch.append(name)
+        elif _has_room(r, INTERACTIVE, keep):
+            interactive.append(name)
+            if _has_room(r, BATCH, keep):
+                batch.append(name)
+    if len(interactive) == 1:
+        return None
+    return {INTERACTIVE: interactive, BATCH: batch}
+
+
+def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn, Replica] | None:
+    """The best-ranked held turn that fits somewhere now. A turn that does not fit keeps
+    every lower-ranked turn off the replicas it is waiting for."""
+    open_replicas = {name for name in homes[INTERACTIVE] if name and state.replicas[name].healthy}
+    blocked: set[str] = set()
+    keep = _keeps_slots(state)
+    for turn in _held_in_release_order(state, homes):
+        candidates = _candidates(state, turn)
+        roomy = [r for r in candidates if r.name not in blocked and _has_room(r, turn.service_class, keep)]
+        if roomy:
+            return turn, _best_replica(state, roomy)
+        blocked.update(r.name for r in candidates)
+        if open_replicas <= blocked:
+            return None
+    return None
+
+
+def _held_in_release_order(state: State, homes: dict[str, list[str]]) -> Iterator[HeldTurn]:
+    """Held turns filed under ``homes[class]``: interactive first, then the caller with
+    the fewest running turns, then runs under way before new ones, then arrival (a
+    k-way merge of the FIFOs filed per caller and per kind: opening or continuing).
+
+    Why runs under way first: an engine keeps a run's prefix cached only while it is
+    recent. Starting new runs while started ones wait spreads the cache over more runs,
+    and a waiting run's prefix is evicted and prefilled again when its turn comes.
+    Fairness between callers still comes first: a new run of a caller with fewer turns
+    running goes before another caller's runs under way. And a new run is not starved:
+    it waits only for turns of runs already under way, and no later new run of its
+    caller goes ahead of it, so the runs it waits for can only end."""
+    held = state.held
+    for service_class in (INTERACTIVE, BATCH):
+        heads = []
+        for home in homes[service_class]:
+            by_class = state.held_queues.get(home)
+            by_caller = by_class.get(service_class) if by_class is not None else None
+            if not by_caller:
+                continue
+            for (caller, opens), turn_ids in by_caller.items():
+                heads.append((state.running_by_caller.get(caller, 0), opens, held[turn_ids[0]].seq, turn_ids, 0))
+        heapq.heapify(heads)
+        while heads:
+            running, opens, _, turn_ids, index = heads[0]
+            yield held[turn_ids[index]]
+            if index + 1 < len(turn_ids):
+                heapq.heapreplace(heads, (running, opens, held[turn_ids[index + 1]].seq, turn_ids, index + 1))
+            else:
+                heapq.heappop(heads)
+
+
+def _best_replica(state: State, roomy: list[Replica]) -> Replica:
+    """Spread across devices, fill within one: the device with the fewest turns in
+    flight (on replicas of their own, once each has finished turns: the one whose turns
+    in flight would end soonest at its recent turn time), and on a device several
+    replicas share, the busiest of them that has room.
+    Replicas on one accelerator take turns at it, each pass reading all the weights, so
+    one replica with the whole batch decodes faster than two with half each; the next
+    one there takes turns once the first is at its limit."""
+    if len(roomy) == 1:
+        return roomy[0]
+    if not any(r.device for r in roomy):
+        if all(r.turn_ms for r in roomy):
+            # Where the turns it has would end soonest: a replica whose turns take ten
+            # times as long takes about a tenth of them (equal ones alternate as before).
+            return min(roomy, key=lambda r: ((r.in_flight + 1) * r.turn_ms, r.in_flight, r.name))
+        return min(roomy, key=lambda r: (r.in_flight, r.name))
+    on_device: dict[str, int] = {}
+    for r in state.replicas.values():
+        if r.device:
+            on_device[r.device] = on_device.get(r.device, 0) + r.in_flight
+    return min(roomy, key=lambda r: (on_device[r.device], -r.in_flight, r.name) if r.device
+               else (r.in_flight, r.in_flight, r.name))
+
+
+def _timed(state: State, turn_id: str, now_ms: int) -> State:
+    """Fold a finished turn's placed-to-finished time into its replica's moving average
+    (weight 1/TURN_TIME_WEIGHT)."""
+    turn = state.turns.get(turn_id)
+    replica = state.replicas.get(turn.replica) if turn is not None else None
+    if replica is None:
+        return state
+    took = max(1, now_ms - turn.placed_ms)
+    average = took if not replica.turn_ms else (replica.turn_ms * (TURN_TIME_WEIGHT - 1) + took) // TURN_TIME_WEIGHT
+    return state._replace(replicas=state.replicas.set(replica.name, replica._replace(turn_ms=max(1, average))))
+
+
+def _hold(state: State, turn: HeldTurn) -> State:
+    turn = turn._replace(home=_pin(state, state.runs.get(turn.run_id)))
+    by_class = state.held_queues.get(turn.home, Map())
+    by_caller = by_class.get(turn.service_class, Map())
+    key = (turn.caller, turn.opens)
+    queue = by_caller.get(key, ()) + (turn.turn_id,)
+    by_class = by_class.set(turn.service_class, by_caller.set(key, queue))
+    return state._replace(
+        held=state.held.set(turn.turn_id, turn),
+        held_queues=state.held_queues.set(turn.home, by_class),
+        held_by_run=state.held_by_run.set(turn.run_id, state.held_by_run.get(turn.run_id, ()) + (turn.turn_id,)),
+    )
+
+
+def _unhold(state: State, turn_id: str) -> State:
+    turn = state.held[turn_id]
+    by_class = state.held_queues[turn.home]
+    by_caller = by_class[turn.service_class]
+    key = (turn.caller, turn.opens)
+    by_caller = _set_or_drop(by_caller, key, tuple(t for t in by_caller[key] if t != turn_id))
+    by_class = _set_or_drop(by_class, turn.service_class, by_caller)
+    run_turns = tuple(t for t in state.held_by_run[turn.run_id] if t != turn_id)
+    return state._replace(
+        held=state.held.delete(turn_id),
+        held_queues=_set_or_drop(state.held_queues, turn.home, by_class),
+        held_by_run=_set_or_drop(state.held_by_run, turn.run_id, run_turns),
+    )
+
+
+def _rehome(state: State, run_id: str) -> State:
+    """Refile a run's held turns after its pin changed (stage or replica)."""
+    for turn_id in state.held_by_run.get(run_id, ()):
+        turn = state.held[turn_id]
+        state = _hold(_unhold(state, turn_id), turn)
+    return state
+
+
+def _set_or_drop(mapping: Map, key: str, value: object) -> Map:
+    """Set ``key`` to ``value``, or drop it when the value is empty."""
+    if value:
+        return mapping.set(key, value)
+    return mapping.delete(key) if key in mapping else mapping
+
+
+def _place(state: State, turn: HeldTurn, replica: Replica, now_ms: int) -> State:
+    run = state.runs.get(turn.run_id) or Run(turn.run_id, turn.service_class, turn.caller)
+    state = _put_run(state, run._replace(replica=replica.name, stage=Stage.GENERATING, last_seen_ms=now_ms))
+    placed = Turn(turn.turn_id, turn.run_id, turn.model, turn.service_class, turn.caller, replica.name, now_ms)
+    state = _unhold(state, turn.turn_id)
+    state = state._replace(turns=state.turns.set(turn.turn_id, placed))
+    return _count_in_flight(state, replica.name, turn.caller, +1)
+
+
+def _count_in_flight(state: State, replica_name: str, caller: str, delta: int) -> State:
+    replicas = state.replicas
+    replica = replicas.get(replica_name)
+    if replica is not None:
+        replicas = replicas.set(replica_name, replica._replace(in_flight=max(0, replica.in_flight + delta)))
+    return state._replace(replicas=replicas, running_by_caller=_add(state.running_by_caller, caller, delta))
+
+
+def _lease_slot(state: State, dataplane: str, replica_name: str, delta: int) -> State:
+    """A lent slot turns busy (+1) or idle again (-1)."""
+    key = (dataplane, replica_name)
+    lease = state.leases.get(key)
+    replica = state.replicas.get(replica_name)
+    if lease is None or replica is None:
+        return state
+    busy = max(0, lease.busy + delta)
+    idle = max(0, replica.leased_idle + lease.busy - busy)
+    return state._replace(leases=state.leases.set(key, lease._replace(busy=busy)),
+                          replicas=state.replicas.set(replica_name, replica._replace(leased_idle=idle)))
+
+
+def _add(counts: Map, key: str, delta: int) -> Map:
+    """Add to a counter map, dropping keys that reach zero."""
+    value = max(0, counts.get(key, 0) + delta)
+    if value:
+        return counts.set(key, value)
+    return counts.delete(key) if key in counts else counts
+
+
+def _paused_interactive(run: Run | None) -> tuple[str, int] | None:
+    """The replica an interactive run paused on a tool holds a reserve on, and the
+    run's context in tokens."""
+    if run is not None and run.stage is Stage.PAUSED and run.service_class == INTERACTIVE and run.replica:
+        return run.replica, run.context_tokens
+    return None
+
+
+def _put_run(state: State, run: Run | None, run_id: str | None = None) -> State:
+    """Store (or, with ``run=None``, drop) a run, keeping replicas' reserves in step."""
+    key = run.run_id if run is not None else run_id
+    before = _paused_interactive(state.runs.get(key))
+    after = _paused_interactive(run)
+    replicas = state.replicas
+    if before != after:
+        for reserve, sign in ((before, -1), (after, +1)):
+            if reserve is not None and reserve[0] in replicas:
+                r = replicas[reserve[0]]
+                replicas = replicas.set(reserve[0], r._replace(
+                    paused_interactive=max(0, r.paused_interactive + sign),
+                    paused_interactive_tokens=max(0, r.paused_interactive_tokens + sign * reserve[1]),
+                ))
+    pin_before = _pin(state, state.runs.get(key))
+    runs = state.runs.set(key, run) if run is not None else (state.runs.delete(key) if key in state.runs else state.runs)
+    state = state._replace(runs=runs, replicas=replicas)
+    if key in state.held_by_run and _pin(state, run) != pin_before:
+        state = _rehome(state, key)
+    return state
+
+
+def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int, context_tokens: int | None = None) -> State:
+    turn = state.turns.get(turn_id)
+    if turn is None:
+        return state
+    state = state._replace(turns=state.turns.delete(turn_id))
+    state = _count_in_flight(state, turn.replica, turn.caller, -1)
+    if turn.leased_by:  # its slot goes back to the lease
+        state = _lease_slot(state, turn.leased_by, turn.replica, -1)
+    run = state.runs.get(turn.run_id)
+    if run is not None:
+        ended = {"replica": turn.replica, "stage": stage, "last_seen_ms": now_ms}
+        if context_tokens is not None:
+            ended["context_tokens"] = max(0, context_tokens)
+        state = _put_run(state, run._replace(**ended))
+    return state
+
+
+def _cancel(state: State, event: AdmitCancelled) -> State:
+    if event.turn_id in state.held:
+        return _unhold(state, event.turn_id)
+    # Placed but the client left before (or while) it was sent: free the slot.
+    return _end_turn(state, event.turn_id, Stage.IDLE, event.now_ms)
+
+
+def _usage(state: State, event: TurnUsage) -> State:
+    """Remember how large the turn's run has grown (its paused prefix is that size)."""
+    turn = state.turns.get(event.turn_id)
+    run = state.runs.get(turn.run_id) if turn is not None else None
+    if run is None:
+        return state
+    return _put_run(state, run._replace(context_tokens=max(0, event.prompt_tokens + event.completion_tokens)))

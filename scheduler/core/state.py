@@ -1,0 +1,191 @@
+"""The core's state: immutable types, and the speed trick that keeps changing them cheap.
+
+State types are NamedTuples: immutable, and far cheaper to update than dataclasses
+(``_replace`` is one tuple build; ``dataclasses.replace`` introspects every call), and
+``_quick_replace`` gives them a ``_replace`` that costs what is changed, not the width.
+Nothing here decides: every change is made by ``decide`` (decide.py) and its chapters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import Enum
+from typing import NamedTuple
+
+from immutables import Map
+
+from luftpause.scheduler.constants import LIMIT_CALM_MAX, LIMIT_CALM_PROBES
+
+TURN_TIME_WEIGHT = 8  # a replica's turn time: moving average over about this many turns
+GENERATIVE = "generative"
+ONE_PASS = "one-pass"
+
+
+class Stage(str, Enum):
+    IDLE = "idle"
+    GENERATING = "generating"
+    PAUSED = "paused"
+
+
+def _quick_replace(cls):
+    """Give a NamedTuple a ``_replace`` that costs what is changed, not the width.
+
+    The standard one looks every field up in the keywords (twenty for ``State``); the
+    core changes one to three fields of a tuple many times per event, and those lookups
+    were an eighth of the scheduler's CPU. Same result, same error for a wrong name."""
+    index = {name: i for i, name in enumerate(cls._fields)}
+    build = tuple.__new__
+
+    def _replace(self, /, **changes):
+        values = list(self)
+        try:
+            for name, value in changes.items():
+                values[index[name]] = value
+        except KeyError:
+            raise ValueError(f"Got unexpected field names: {[n for n in changes if n not in index]!r}") from None
+        return build(cls, values)
+
+    cls._replace = _replace
+    return cls
+
+
+@_quick_replace
+class AdmissionLimit(NamedTuple):
+    """A replica's admission limit and how patient its next increase must be. Changed
+    only by ``_limit_after`` (limit.py), after each probe and each stall."""
+
+    value: int = 0  # learned concurrency limit; 0 = not learned yet (not limited)
+    calm_probes: int = 0  # probes in a row that showed no queue in the engine
+    calm_needed: int = LIMIT_CALM_PROBES  # calm probes before the limit may grow
+    since_growth: int = LIMIT_CALM_MAX  # probes since the limit last grew
+    slow_start: bool = False  # the limit started small and no queue has been seen since: it doubles
+
+
+@_quick_replace
+class Replica(NamedTuple):
+    name: str
+    base_url: str
+    models: frozenset[str]
+    kind: str = GENERATIVE
+    api_key_env: str = ""
+    device: str = ""  # replicas with the same device share one accelerator; "" = their own
+    max_batch: int = 0  # the pool file's ceiling on turns in flight here; 0 = none set
+    healthy: bool = False
+    load_known: bool = False
+    running: int = 0  # engine-reported, as of the last probe
+    queued: int = 0  # engine-reported, as of the last probe
+    kv_used: int = 0  # KV tokens the engine holds, 0 when it does not say
+    kv_total: int = 0  # the engine's KV pool in tokens, 0 when it does not say
+    in_flight: int = 0  # turns placed here and not yet ended: counted here, never stale
+    limit: AdmissionLimit = AdmissionLimit()  # learned from the engine's probes (limit.py)
+    paused_interactive: int = 0  # interactive runs paused on a tool, last served here
+    paused_interactive_tokens: int = 0  # their contexts, in tokens, where known
+    fast_batch: int = 0  # the largest decode batch the engine runs at full speed, as it reports it; 0 = unknown
+    leased_idle: int = 0  # slots lent to dataplanes and not in use: taken, as far as room goes
+    stalled: bool = False  # a turn stalled here: out of rotation until it answers a probe generation
+    turn_ms: int = 0  # recent placed-to-finished time of turns here (moving average); 0 = none finished yet
+
+    @property
+    def ceiling(self) -> int:
+        """The decode-speed ceiling on turns in flight: the pool file's ``max_batch``, else
+        the engine's own fast batch size; 0 = none."""
+        return self.max_batch or self.fast_batch
+
+    @property
+    def capacity(self) -> int | None:
+        """Turns in flight this replica takes: the learned limit and the ceiling, whichever
+        is lower, or None while neither is known."""
+        caps = [c for c in (self.limit.value, self.ceiling) if c > 0]
+        return min(caps) if caps else None
+
+
+@_quick_replace
+class Run(NamedTuple):
+    run_id: str
+    service_class: str
+    caller: str
+    replica: str = ""
+    stage: Stage = Stage.IDLE
+    last_seen_ms: int = 0
+    context_tokens: int = 0  # prompt + reply of its last turn, 0 when not reported
+
+
+@_quick_replace
+class Turn(NamedTuple):
+    """A turn placed on a replica and not yet reported ended."""
+
+    turn_id: str
+    run_id: str
+    model: str
+    service_class: str
+    caller: str
+    replica: str
+    placed_ms: int
+    leased_by: str = ""  # the dataplane whose lease slot it fills (the slot goes back to it); "" = placed here
+
+
+@_quick_replace
+class Lease(NamedTuple):
+    """Slots of one replica lent to one dataplane: ``busy`` of them fill turns it reported."""
+
+    slots: int
+    busy: int = 0
+    revoked: bool = False  # called back: the dataplane returns every slot as it frees
+
+
+@_quick_replace
+class HeldTurn(NamedTuple):
+    turn_id: str
+    run_id: str
+    model: str
+    service_class: str
+    caller: str
+    arrived_ms: int
+    seq: int
+    home: str = ""  # the replica the run is pinned to when it was filed, "" when free
+    opens: bool = False  # the first turn of a run not seen before: it waits behind runs under way
+
+
+@_quick_replace
+class State(NamedTuple):
+    replicas: Map = Map()  # name -> Replica
+    runs: Map = Map()  # run_id -> Run
+    turns: Map = Map()  # turn_id -> Turn (placed, in flight)
+    held: Map = Map()  # turn_id -> HeldTurn
+    # The same held turns filed for release: home replica ("" = free to go anywhere)
+    # -> class -> caller -> turn ids in arrival order. Release looks only at the homes
+    # of replicas with room, in policy order, without sorting every held turn.
+    held_queues: Map = Map()
+    held_by_run: Map = Map()  # run_id -> held turn ids
+    running_by_caller: Map = Map()  # caller -> in-flight turns
+    next_seq: int = 0
+    resynced: bool = False
+    # Strict affinity is the policy; off only to measure what it is worth.
+    affinity: bool = True
+    # Which dataplane admitted each run and turn ("" for one that names none).
+    run_owner: Map = Map()  # run_id -> dataplane id
+    turn_owner: Map = Map()  # turn_id -> dataplane id (held or placed turns)
+    # Replicas whose first probe is not in yet, and when the scheduler stops waiting
+    # for them: until then no held turn is placed (empty: placement is open).
+    unprobed: frozenset = frozenset()
+    unprobed_until_ms: int = 0
+    # Dataplanes that take leases (their Connect stream says so), and what they hold:
+    # (dataplane, replica) -> Lease.
+    lease_takers: frozenset = frozenset()
+    leases: Map = Map()
+    # The operator's choice: with strict affinity, keep a slot under the decode ceiling
+    # for each interactive run paused on a replica (at most half the ceiling).
+    interactive_slots: bool = False
+
+
+def initial_state(
+    replicas: Iterable[Replica], affinity: bool = True, first_probe_deadline_ms: int | None = None,
+    interactive_slots: bool = False,
+) -> State:
+    """With ``first_probe_deadline_ms`` (a restarted scheduler), held turns wait until every
+    replica has been probed once, or until that time."""
+    replicas = Map({r.name: r for r in replicas})
+    if first_probe_deadline_ms is None:
+        return State(replicas=replicas, affinity=affinity, interactive_slots=interactive_slots)
+    return State(replicas=replicas, affinity=affinity, unprobed=frozenset(replicas.keys()),
+                 unprobed_until_ms=first_probe_deadline_ms, interactive_slots=interactive_slots)

@@ -1,0 +1,58 @@
+"""The status view: a plain-value picture of the state for the status endpoints and the
+page (replicas with their capacity and reserve, held turns by class and caller, runs by
+stage). It decides nothing.
+"""
+
+from __future__ import annotations
+
+from luftpause.scheduler.core.limit import _keeps_slots, batch_reserve
+from luftpause.scheduler.core.state import State
+
+
+def status(state: State, now_ms: int) -> dict:
+    """A plain-value picture of the state for the status endpoints."""
+    replicas = [
+        {
+            "name": r.name,
+            "base_url": r.base_url,
+            "kind": r.kind,
+            "models": sorted(r.models),
+            "healthy": r.healthy,
+            "stalled": r.stalled,
+            "load_known": r.load_known,
+            "running": r.running,
+            "queued": r.queued,
+            "in_flight": r.in_flight,
+            "leased_idle": r.leased_idle,
+            "capacity": -1 if r.capacity is None else r.capacity,
+            "decode_ceiling": r.ceiling,
+            "batch_reserve": batch_reserve(r, _keeps_slots(state)),
+            "kv_used_tokens": r.kv_used,
+            "kv_total_tokens": r.kv_total,
+        }
+        for r in sorted(state.replicas.values(), key=lambda r: r.name)
+    ]
+    by_class: dict[str, list[int]] = {}
+    by_caller: dict[str, list[int]] = {}
+    for turn in state.held.values():
+        wait = max(0, now_ms - turn.arrived_ms)
+        for groups, key in ((by_class, turn.service_class), (by_caller, turn.caller)):
+            count, longest = groups.get(key, [0, 0])
+            groups[key] = [count + 1, max(longest, wait)]
+    runs: dict[tuple[str, str], int] = {}
+    for run in state.runs.values():
+        key = (run.stage.value, run.service_class)
+        runs[key] = runs.get(key, 0) + 1
+
+    def groups(items: dict[str, list[int]]) -> list[dict]:
+        return [{"key": k, "count": c, "longest_wait_ms": w} for k, (c, w) in sorted(items.items())]
+
+    return {
+        "replicas": replicas,
+        "held": len(state.held),
+        "held_by_class": groups(by_class),
+        "held_by_caller": groups(by_caller),
+        "runs": [{"stage": s, "service_class": c, "count": n} for (s, c), n in sorted(runs.items())],
+        "in_flight": len(state.turns),
+        "resynced": state.resynced,
+    }

@@ -1,0 +1,1 @@
+"""Tests of the decision core (luftpause.scheduler.core), one file a chapter."""

@@ -1,0 +1,254 @@
+"""Placement and affinity (placement.py): healthy replicas only, strict affinity, release
+order, spreading by device and by turn time, the wait for the first probes; and the
+same rules as properties over random event sequences."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from luftpause.scheduler import core
+from luftpause.scheduler.core.placement import _candidates
+
+from .drivers import (
+    Driver,
+    assert_held_turns_placed_once_capacity_frees,
+    fresh_state,
+    operations,
+    pinned_runs_stay,
+    placements,
+)
+from .helpers import MODEL, admit, admit_via, fill, placed, pool, probe
+
+
+def test_turn_goes_to_healthy_replica_with_fewest_in_flight():
+    state = pool("a", "b")
+    state, first = admit(state, "t1", "r1")
+    state, second = admit(state, "t2", "r2")
+    assert {placed(first)["t1"], placed(second)["t2"]} == {"a", "b"}
+
+
+def test_unhealthy_replica_gets_no_turns():
+    state = pool("a", "b")
+    state, _ = core.decide(state, core.EngineProbed("a", False, None, None, 1))
+    for i in range(3):
+        state, actions = admit(state, f"t{i}", f"r{i}")
+        assert placed(actions)[f"t{i}"] == "b"
+
+
+def test_turn_is_held_while_no_replica_is_healthy_and_placed_when_one_recovers():
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))])
+    state, actions = admit(state, "t1", "r1", now=10)
+    assert actions == [] and "t1" in state.held
+    state, actions = core.decide(state, core.EngineProbed("a", True, None, None, 50))
+    assert actions == [core.Place("t1", "a", 40)]
+
+
+def test_run_paused_on_a_tool_returns_to_its_replica_even_when_another_is_emptier():
+    state = pool("a", "b")
+    state, actions = admit(state, "t1", "run")
+    home = placed(actions)["t1"]
+    state, _ = core.decide(state, core.TurnFinished("t1", "tool_calls", 1))
+    for i in range(3):  # load the home replica with other runs
+        state, _ = admit(state, f"o{i}", f"other{i}")
+    state, actions = admit(state, "t2", "run", now=2)
+    assert placed(actions)["t2"] == home
+
+
+def test_pinned_run_moves_when_its_replica_is_unhealthy():
+    state = pool("a", "b")
+    state, actions = admit(state, "t1", "run")
+    home = placed(actions)["t1"]
+    state, _ = core.decide(state, core.TurnFinished("t1", "tool_calls", 1))
+    state, _ = core.decide(state, core.EngineProbed(home, False, None, None, 2))
+    state, actions = admit(state, "t2", "run", now=3)
+    assert placed(actions)["t2"] != home
+
+
+def test_failed_turn_leaves_the_run_idle_and_free_to_move():
+    state = pool("a", "b")
+    state, _ = admit(state, "t1", "run")
+    state, _ = core.decide(state, core.TurnFailed("t1", 1))
+    assert state.runs["run"].stage is core.Stage.IDLE
+    assert state.replicas["a"].in_flight + state.replicas["b"].in_flight == 0
+
+
+def test_held_turns_released_interactive_first_then_fewest_running_caller_then_arrival():
+    state = pool("a")
+    state, _ = core.decide(state, core.EngineProbed("a", True, 2, 1, 0))  # cap 2
+    state, _ = admit(state, "long", "r0", caller="greedy")  # keeps running throughout
+    state, _ = admit(state, "busy", "r9", caller="greedy")
+    state, _ = admit(state, "g1", "r1", caller="greedy", cls="batch", now=1)
+    state, _ = admit(state, "q1", "r2", caller="quiet", cls="batch", now=2)
+    state, _ = admit(state, "i1", "r3", caller="greedy", now=3)
+    order: list[str] = []
+    for finished in ("busy", None, None):
+        turn_id = finished or order[-1]
+        state, actions = core.decide(state, core.TurnFinished(turn_id, "stop", 10))
+        order.extend(placed(actions))
+    assert order == ["i1", "q1", "g1"]
+
+
+@pytest.mark.parametrize("affinity", [True, False], ids=["strict", "roaming"])
+def test_a_later_turn_of_a_run_under_way_goes_before_the_first_turn_of_a_new_run(affinity):
+    """A run's prefix is cached only while it is recent: finishing started runs before
+    starting new ones keeps the cache on fewer runs. The new run waited longer, and
+    still goes second; it goes at the next free slot."""
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), max_batch=2)], affinity=affinity)
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0))
+    state, _ = admit(state, "a1", "ra", cls="batch")
+    state, _ = admit(state, "b1", "rb", cls="batch")
+    state, _ = core.decide(state, core.TurnFinished("a1", "tool_calls", 1))  # ra pauses on a tool
+    state, _ = admit(state, "x1", "rx", cls="batch", now=2)  # takes the free slot: nothing was held
+    state, new = admit(state, "n1", "rn", cls="batch", now=3)  # a new run: held
+    state, later = admit(state, "a2", "ra", cls="batch", now=4)  # ra is back from its tool: held
+    assert not placed(new) and not placed(later)
+    state, first = core.decide(state, core.TurnFinished("x1", "stop", 5))
+    assert placed(first) == {"a2": "a"}
+    state, second = core.decide(state, core.TurnFinished("b1", "stop", 6))
+    assert placed(second) == {"n1": "a"}
+
+
+def test_a_new_run_of_a_caller_with_fewer_turns_running_goes_before_another_callers_run_under_way():
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), max_batch=2)])
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0))
+    state, _ = admit(state, "g1", "rg", cls="batch", caller="greedy")
+    state, _ = admit(state, "g9", "rg9", cls="batch", caller="greedy")  # keeps running throughout
+    state, _ = core.decide(state, core.TurnFinished("g1", "tool_calls", 1))
+    state, _ = admit(state, "g5", "rg5", cls="batch", caller="greedy", now=2)  # fills the slot again
+    state, _ = admit(state, "g2", "rg", cls="batch", caller="greedy", now=3)  # greedy's run under way: held
+    state, _ = admit(state, "q1", "rq", cls="batch", caller="quiet", now=4)  # quiet's new run: held
+    state, actions = core.decide(state, core.TurnFinished("g5", "stop", 5))
+    assert placed(actions) == {"q1": "a"}
+
+
+def shared_gpu_pool(*names: str, device="gpu0") -> core.State:
+    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL}), device=device) for n in names)
+    for name in names:
+        state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0))
+    return state
+
+
+def test_replicas_sharing_a_device_are_filled_one_at_a_time():
+    state = shared_gpu_pool("a", "b")
+    state, first = fill(state, 4)
+    assert set(first.values()) == {"a"}  # one replica with the whole batch decodes faster
+    state, _ = probe(state, "a", running=4, queued=1)  # a is full: its limit is learned
+    state, more = fill(state, 3, prefix="u")
+    assert set(more.values()) == {"b"}
+
+
+def test_devices_are_spread_across_and_filled_within():
+    state = core.initial_state([core.Replica("a1", "http://a1", frozenset({MODEL}), device="gpu0"),
+                                core.Replica("a2", "http://a2", frozenset({MODEL}), device="gpu0"),
+                                core.Replica("c", "http://c", frozenset({MODEL}))])
+    for name in ("a1", "a2", "c"):
+        state, _ = probe(state, name, running=0, queued=0)
+    state, placed_now = fill(state, 4)
+    assert sorted(placed_now.values()) == ["a1", "a1", "c", "c"]
+
+
+def timed_pool(a_ms: int, b_ms: int) -> core.State:
+    """Two replicas, each with one turn finished after the given time."""
+    state = pool("a", "b")
+    state, actions = admit(state, "ta", "ra", now=0)
+    state, actions = admit(state, "tb", "rb", now=0)
+    state, _ = core.decide(state, core.TurnFinished("ta", "stop", a_ms))
+    state, _ = core.decide(state, core.TurnFinished("tb", "stop", b_ms))
+    return state
+
+
+def test_a_replica_ten_times_slower_gets_about_a_tenth_of_new_turns():
+    state = timed_pool(100, 1000)
+    assert (state.replicas["a"].turn_ms, state.replicas["b"].turn_ms) == (100, 1000)
+    sent = []
+    for i in range(22):
+        state, actions = admit(state, f"t{i}", f"r{i}", now=2000)
+        sent.extend(placed(actions).values())
+    assert sent.count("b") == 2 and sent.count("a") == 20  # in flight: what drains at the same time
+
+
+def test_replicas_of_equal_speed_alternate():
+    state = timed_pool(500, 500)
+    sent = []
+    for i in range(8):
+        state, actions = admit(state, f"t{i}", f"r{i}", now=2000)
+        sent.extend(placed(actions).values())
+    assert sent.count("a") == sent.count("b") == 4
+
+
+def restarted(deadline_ms: int = 5000) -> core.State:
+    state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in ("a", "b")),
+                               first_probe_deadline_ms=deadline_ms)
+    runs = (core.RunSnapshot("r1", "b", core.Stage.PAUSED, "interactive", "c"),)
+    state, _ = core.decide(state, core.Resynced(runs, (), 0, dataplane="dp"))
+    return state
+
+
+def test_after_a_restart_a_pinned_turn_waits_for_its_replicas_first_probe():
+    state = restarted()
+    state, actions = admit_via(state, "dp", "t1", "r1", now=10)
+    assert actions == []
+    state, actions = core.decide(state, core.EngineProbed("a", True, None, None, 20))
+    assert actions == []  # a is known, b not yet: the turn must not move to a
+    state, actions = core.decide(state, core.EngineProbed("b", True, None, None, 30))
+    assert placed(actions) == {"t1": "b"}
+
+
+def test_after_a_restart_held_turns_go_once_the_first_probes_time_out():
+    state = restarted(deadline_ms=5000)
+    state, _ = admit_via(state, "dp", "t1", "r1", now=10)
+    state, actions = core.decide(state, core.EngineProbed("a", True, None, None, 20))
+    assert actions == []
+    state, actions = core.decide(state, core.ClockTicked(5000))
+    assert placed(actions) == {"t1": "a"}  # b never answered: the run moves
+
+
+def interactive_before_batch(before, event, after, actions):
+    batch_targets = {p.replica for p in placements(actions) if after.turns[p.turn_id].service_class == core.BATCH}
+    for turn in after.held.values():
+        if turn.service_class != core.INTERACTIVE:
+            continue
+        wanted = {r.name for r in _candidates(after, turn)}
+        assert not (wanted & batch_targets), (turn, batch_targets)
+
+
+@settings(max_examples=600, deadline=None)
+@given(operations)
+def test_a_pinned_run_is_never_placed_elsewhere_while_its_replica_is_healthy(ops):
+    driver = Driver(checks=[pinned_runs_stay])
+    driver.play(ops)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(0, 3), operations)
+def test_no_batch_turn_is_released_while_an_interactive_turn_waits_for_that_replica(running, ops):
+    driver = Driver(state=fresh_state(running), checks=[interactive_before_batch])
+    driver.play(ops)
+
+
+def runs_under_way_before_new_runs(before, event, after, actions):
+    """A run's first turn is placed only where no held later turn of the same caller's
+    runs (same class) could have gone instead."""
+    for place in placements(actions):
+        opening = before.held.get(place.turn_id)
+        if opening is None or not opening.opens:
+            continue
+        for turn in after.held.values():
+            if turn.opens or turn.service_class != opening.service_class or turn.caller != opening.caller:
+                continue
+            assert place.replica not in {r.name for r in _candidates(after, turn)}, (place, turn)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(0, 3), operations)
+def test_no_new_run_starts_where_a_run_under_way_of_its_caller_waits(running, ops):
+    driver = Driver(state=fresh_state(running), checks=[runs_under_way_before_new_runs])
+    driver.play(ops)
+
+
+@settings(max_examples=600, deadline=None)
+@given(operations)
+def test_every_held_turn_is_placed_once_capacity_frees(ops):
+    assert_held_turns_placed_once_capacity_frees(Driver(), ops)
