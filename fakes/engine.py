@@ -63,6 +63,18 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def openapi(request: web.Request) -> web.Response:
+    """The routes, in the shape FastAPI publishes at ``/openapi.json`` (vLLM, SGLang):
+    a ``paths`` mapping of each path to its methods."""
+    paths: dict[str, dict] = {}
+    for route in request.app.router.routes():
+        path = route.resource.canonical if route.resource is not None else ""
+        if path and route.method in ("GET", "POST", "PUT"):
+            paths.setdefault(path, {})[route.method.lower()] = {"summary": path}
+    return web.json_response({"openapi": "3.1.0", "info": {"title": "fake engine", "version": "fake"},
+                              "paths": paths})
+
+
 async def server_info(request: web.Request) -> web.Response:
     """SGLang's ``/server_info`` (and ``/get_server_info``), without ``model_path`` or
     ``tokenizer_path``: with them the router would try to fetch a tokenizer."""
@@ -223,6 +235,8 @@ def create_app(config: EngineConfig, gpu: Gpu | None = None) -> web.Application:
     app.router.add_post("/reset", reset)
     app.router.add_put("/faults", set_faults)
     app.router.add_get("/metrics", metrics)
+    if config.openapi:
+        app.router.add_get("/openapi.json", openapi)
     return app
 
 

@@ -59,6 +59,7 @@ class EngineConfig:
     faults: tuple[str, ...] = ()  # engine-wide fault directives, e.g. ("status=503",)
     hang_limit_s: float = 3600.0  # a [[fake:hang]] request is dropped after this long
     idle_close_s: float = 0.0  # drop requests on connections idle longer than this (0 = never)
+    openapi: bool = False  # publish the routes at /openapi.json, as vLLM and SGLang (FastAPI) do
 
     def engine_faults(self) -> Faults:
         return fault_directives.parse(fault_directives.parse_option(f) for f in self.faults)
@@ -243,6 +244,10 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
         help="comma-separated further name sets for the running, queue and token-usage gauges (e.g. vllm, "
              f"for a router that reads only vLLM's names); read-outs only [env {ENV_PREFIX}ALSO_METRICS_FORMAT]",
     )
+    p.add_argument("--openapi", action=argparse.BooleanOptionalAction,
+                   default=_env("OPENAPI", "0").lower() in ("1", "true", "yes", "on"),
+                   help="publish the routes at /openapi.json, as vLLM and SGLang (FastAPI servers) do; "
+                        f"luftpause reads from it which client APIs the engine serves itself [env {ENV_PREFIX}OPENAPI]")
     p.add_argument("--fault", action="append", default=[], metavar="DIRECTIVE",
                    help="engine-wide fault directive, repeatable: status=503, status-times=429:2, "
                         "retry-after=3, die-after=4, stall-after=4, linger-after-done=500, hang, metrics-hang, "

@@ -27,7 +27,7 @@ from luftpause.scheduler import core, stream
 from luftpause.scheduler.constants import CLOCK_TICK_S, DATAPLANE_GONE_S, FIRST_PROBE_WAIT_S, PROBE_PERIOD_S
 from luftpause.scheduler.metrics import SchedulerMetrics, status_view
 from luftpause.scheduler.pool import Endpoint
-from luftpause.scheduler.probes import ProbeResult, answers, fast_batch, probe, probe_client
+from luftpause.scheduler.probes import ProbeResult, answers, fast_batch, native_apis, probe, probe_client
 from luftpause.scheduler.validation import admit_problem, resync_problem
 from luftpause.vocabulary import BATCH, DATAPLANE_METADATA, INTERACTIVE, REJECT_CODES
 
@@ -62,6 +62,8 @@ class SchedulerHost:
         self.probe_period_s = probe_period_s
         self.dataplane_gone_s = dataplane_gone_s
         self.endpoints = {e.name: e for e in endpoints}
+        # Client APIs an engine serves itself, read from it when its pool entry lists none.
+        self._discovered_apis: dict[str, tuple[str, ...]] = {}
         self._clock = clock
         self.state = core.initial_state((e.replica() for e in endpoints), affinity=affinity,
                                         first_probe_deadline_ms=self.now_ms() + int(first_probe_wait_s * 1000),
@@ -262,9 +264,27 @@ class SchedulerHost:
                           if r.healthy and not self.state.replicas[e.name].healthy]
                 sizes = await asyncio.gather(*(fast_batch(client, e) for e in unread))
                 read = {e.name: size for e, size in zip(unread, sizes, strict=True)}
+                await self._discover_apis(client, [e for e in unread if e.native_apis is None])
                 for endpoint, (result, answered) in zip(self.endpoints.values(), results, strict=True):
                     self._probe_result(endpoint.name, result, read.get(endpoint.name), answered)
                 await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
+
+    def native_apis(self, endpoint: Endpoint) -> tuple[str, ...]:
+        """The client APIs besides chat completions the replica serves itself: its pool
+        entry's list, else what the engine's /openapi.json listed."""
+        if endpoint.native_apis is not None:
+            return endpoint.native_apis
+        return self._discovered_apis.get(endpoint.name, ())
+
+    async def _discover_apis(self, client: httpx.AsyncClient, endpoints: list[Endpoint]) -> None:
+        """Read, once per healthy spell, which client APIs each engine serves itself (an
+        engine that went away may come back as another version)."""
+        found = await asyncio.gather(*(native_apis(client, e) for e in endpoints))
+        for endpoint, apis in zip(endpoints, found, strict=True):
+            if apis != self._discovered_apis.get(endpoint.name, ()):
+                self.log.info("engine_native_apis", replica=endpoint.name, native_apis=list(apis),
+                              effect="their turns pass through unchanged" if apis else "all turns translated")
+            self._discovered_apis[endpoint.name] = apis
 
     async def _probe(self, client: httpx.AsyncClient, endpoint: Endpoint) -> tuple[ProbeResult, bool | None]:
         """Health and load; for a stalled replica that says it is healthy, also whether it
@@ -349,7 +369,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         endpoint = self.host.endpoints[action.replica]
         return pb.AdmitReply(
             replica=endpoint.name, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env, held_ms=action.held_ms,
-            native_apis=endpoint.native_apis,
+            native_apis=self.host.native_apis(endpoint),
         )
 
     async def Report(self, request_iterator: AsyncIterator[pb.TurnEventBatch], context) -> pb.ReportAck:

@@ -17,11 +17,14 @@ YAML, one entry per endpoint::
         max_batch: 16                  # optional: at most this many turns in flight here, the
                                        # largest batch the engine decodes at full speed (read
                                        # from SGLang's /get_server_info when absent)
-        native_apis: []                # client APIs besides chat completions the engine serves
-                                       # itself: "messages" (Anthropic /v1/messages),
-                                       # "responses" (OpenAI /v1/responses). Turns of those
-                                       # APIs pass through unchanged; others are translated
-                                       # to and from /v1/chat/completions
+        native_apis: [responses]       # optional: client APIs besides chat completions the
+                                       # engine serves itself: "messages" (Anthropic
+                                       # /v1/messages), "responses" (OpenAI /v1/responses).
+                                       # Turns of those APIs pass through unchanged; others
+                                       # are translated to and from /v1/chat/completions.
+                                       # When absent, read from the engine's /openapi.json
+                                       # (vLLM and SGLang publish their routes there) on the
+                                       # first healthy probe of each healthy spell; [] = none
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class Endpoint:
     load_from: tuple[str, ...] = ()
     device: str = ""
     max_batch: int = 0  # 0 = not set
-    native_apis: tuple[str, ...] = ()
+    native_apis: tuple[str, ...] | None = None  # None: not listed, read from the engine's /openapi.json
 
     def replica(self) -> Replica:
         return Replica(self.name, self.base_url, frozenset(self.models), self.kind, self.api_key_env,
@@ -93,7 +96,9 @@ def _max_batch(entry: dict, where: str) -> int:
     return value
 
 
-def _native_apis(entry: dict, where: str) -> tuple[str, ...]:
+def _native_apis(entry: dict, where: str) -> tuple[str, ...] | None:
+    if "native_apis" not in entry:
+        return None
     apis = _strings(entry, "native_apis", where)
     unknown = sorted(set(apis) - set(NATIVE_APIS))
     if unknown:

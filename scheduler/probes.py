@@ -23,6 +23,10 @@ LOAD_METRICS = (
 )
 # SGLang's server arguments (``cuda_graph_max_bs`` among them); other engines answer 404.
 SERVER_INFO_PATH = "/get_server_info"
+# Where vLLM and SGLang (FastAPI servers) publish their routes; a native client API is
+# one whose path is listed there.
+OPENAPI_PATH = "/openapi.json"
+NATIVE_API_PATHS = (("messages", "/v1/messages"), ("responses", "/v1/responses"))
 # At most this many of an unknown engine's metric names go into the log line about it.
 SEEN_NAMES_LOGGED = 40
 
@@ -180,6 +184,23 @@ async def fast_batch(client: httpx.AsyncClient, endpoint: Endpoint) -> int:
         return 0
     size = info.get("cuda_graph_max_bs")
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+
+
+async def native_apis(client: httpx.AsyncClient, endpoint: Endpoint) -> tuple[str, ...]:
+    """The client APIs besides chat completions the engine serves itself: those whose
+    path its ``/openapi.json`` lists (vLLM and SGLang publish one; an engine without it,
+    or a router, serves none as far as luftpause knows: its turns are translated)."""
+    if endpoint.load_from:  # a router: what its engines serve is theirs to say
+        return ()
+    try:
+        response = await client.get(endpoint.base_url + OPENAPI_PATH, headers=auth_headers(endpoint))
+        document = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return ()
+    paths = document.get("paths") if isinstance(document, dict) else None
+    if not isinstance(paths, dict):
+        return ()
+    return tuple(name for name, path in NATIVE_API_PATHS if isinstance(paths.get(path), dict) and "post" in paths[path])
 
 
 async def answers(client: httpx.AsyncClient, endpoint: Endpoint) -> bool:

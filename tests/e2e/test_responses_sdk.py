@@ -149,3 +149,29 @@ def test_an_engine_declared_native_gets_the_request_unchanged(make_stack):
     turns = re.findall(r"\bturn\b.*completion_tokens=(\d+) .*prompt_tokens=(\d+) .*run=responses-native\b.*"
                        r"status=finished", log)
     assert len(turns) == 2 and all(int(c) > 0 and int(p) > 0 for c, p in turns)  # usage read from its events
+
+
+# --- an engine whose /openapi.json lists /v1/responses (vLLM, SGLang): found, not declared
+
+OTHER_MODEL = "fake-other-1b"
+DISCOVERY_POOL = {"endpoints": [
+    # no native_apis: read from the engine
+    {"name": "engine-a", "base_url": "{engine-a}", "models": [MODEL], "health_path": "/health"},
+    # native_apis: [] says none, whatever the engine publishes
+    {"name": "engine-b", "base_url": "{engine-b}", "models": [OTHER_MODEL], "health_path": "/health",
+     "native_apis": []},
+]}
+
+
+def test_an_engine_that_publishes_v1_responses_gets_responses_turns_unless_the_pool_says_none(make_stack):
+    stack = make_stack(engines=2, pool=DISCOVERY_POOL, without=frozenset({"runtime", "fake-mcp"}),
+                       engine_args=["--openapi"], engine_args_by_name={"engine-b": ["--models", OTHER_MODEL]})
+    openai_client = client(stack)
+    found = openai_client.responses.create(model=MODEL, input="hello there")
+    declared_none = openai_client.responses.create(model=OTHER_MODEL, input="hello there")
+    assert found.output_text.strip() and declared_none.output_text.strip()
+    stats = [httpx.get(f"http://127.0.0.1:{port}/stats").json() for port in stack.ports.engines]
+    assert stats[0]["responses_requests"] == 1  # passed through to engine-a's own /v1/responses
+    assert stats[1]["responses_requests"] == 0  # translated to engine-b's /v1/chat/completions
+    log = (stack.state_dir / "logs" / "scheduler.log").read_text()
+    assert re.search(r"engine_native_apis.*native_apis=\['responses'\].*replica=engine-a", log), log[-2000:]

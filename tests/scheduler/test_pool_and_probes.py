@@ -15,7 +15,7 @@ from luftpause.fakes.engine import EngineConfig
 from luftpause.fakes.engine import create_app as create_engine_app
 from luftpause.dev.procs import ManagedProcess, free_port, wait_until
 from luftpause.scheduler.pool import Endpoint, PoolError, parse_pool
-from luftpause.scheduler.probes import fast_batch, parse_load, probe, probe_client
+from luftpause.scheduler.probes import fast_batch, native_apis, parse_load, probe, probe_client
 
 @asynccontextmanager
 async def served(app: web.Application) -> AsyncIterator[int]:
@@ -65,8 +65,22 @@ def test_pool_expands_environment_in_urls(monkeypatch):
 
 
 def test_pool_declares_the_client_apis_an_engine_serves_itself():
-    [plain, native] = parse_pool({"endpoints": [GOOD, {**GOOD, "name": "b", "native_apis": ["messages", "messages"]}]})
-    assert plain.native_apis == () and native.native_apis == ("messages",)
+    [plain, native, none] = parse_pool({"endpoints": [
+        GOOD, {**GOOD, "name": "b", "native_apis": ["messages", "messages"]}, {**GOOD, "name": "c", "native_apis": []}]})
+    assert plain.native_apis is None  # not listed: read from the engine's /openapi.json
+    assert native.native_apis == ("messages",) and none.native_apis == ()
+
+
+@pytest.mark.parametrize("openapi, expected", [(True, ("responses",)), (False, ())])
+async def test_native_apis_are_read_from_the_routes_an_engine_publishes(openapi, expected):
+    # The fake lists /v1/responses (as vLLM does), not /v1/messages; without /openapi.json
+    # (llama.cpp) nothing is known and turns are translated.
+    async with served(create_engine_app(EngineConfig(openapi=openapi))) as port, probe_client() as client:
+        found = await native_apis(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",)))
+        router = await native_apis(client, Endpoint("r", f"http://127.0.0.1:{port}", ("m",),
+                                                    load_from=(f"http://127.0.0.1:{port}",)))
+        gone = await native_apis(client, Endpoint("g", f"http://127.0.0.1:{free_port()}", ("m",)))
+    assert (found, router, gone) == (expected, (), ())
 
 
 def test_scheduler_refuses_to_start_with_a_bad_pool_file(tmp_path):
