@@ -221,7 +221,7 @@ def test_a_pinned_run_is_never_placed_elsewhere_while_its_replica_is_healthy(ops
     driver.play(ops)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(st.integers(0, 3), operations)
 def test_no_batch_turn_is_released_while_an_interactive_turn_waits_for_that_replica(running, ops):
     driver = Driver(state=fresh_state(running), checks=[interactive_before_batch])
@@ -241,7 +241,7 @@ def runs_under_way_before_new_runs(before, event, after, actions):
             assert place.replica not in {r.name for r in _candidates(after, turn)}, (place, turn)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(st.integers(0, 3), operations)
 def test_no_new_run_starts_where_a_run_under_way_of_its_caller_waits(running, ops):
     driver = Driver(state=fresh_state(running), checks=[runs_under_way_before_new_runs])
