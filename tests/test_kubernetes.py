@@ -243,9 +243,11 @@ def variables_the_code_reads() -> frozenset[str]:
 
 
 def http_routes(module: str) -> set[str]:
-    """GET paths a service registers (aiohttp add_get, Starlette Route, MCP custom_route)."""
+    """GET paths a service registers (aiohttp add_get or web.get, Starlette Route, MCP custom_route)."""
     source = source_of(module)
-    return set(re.findall(r"add_get\(\"(/[^\"]*)\"", source)) | set(
+    if "probe_routes(" in source:  # /health and /ready as the dataplane answers them (the picker too)
+        source += source_of("luftpause.dataplane.answers")
+    return set(re.findall(r"(?:add_get|web\.get)\(\"(/[^\"]*)\"", source)) | set(
         re.findall(r"(?:Route|custom_route)\(\"(/[^\"]*)\",[^)]*methods=\[\"GET\"\]", source))
 
 
