@@ -259,12 +259,14 @@ class SchedulerHost:
             while True:
                 started = time.monotonic()
                 results = await asyncio.gather(*(self._probe(client, e) for e in self.endpoints.values()))
-                # The fast batch is read on the first healthy probe of each healthy spell.
+                # The fast batch and the native APIs are read, side by side, on the first
+                # healthy probe of each healthy spell.
                 unread = [e for e, (r, _) in zip(self.endpoints.values(), results, strict=True)
                           if r.healthy and not self.state.replicas[e.name].healthy]
-                sizes = await asyncio.gather(*(fast_batch(client, e) for e in unread))
+                sizes, _ = await asyncio.gather(
+                    asyncio.gather(*(fast_batch(client, e) for e in unread)),
+                    self._discover_apis(client, [e for e in unread if e.native_apis is None]))
                 read = {e.name: size for e, size in zip(unread, sizes, strict=True)}
-                await self._discover_apis(client, [e for e in unread if e.native_apis is None])
                 for endpoint, (result, answered) in zip(self.endpoints.values(), results, strict=True):
                     self._probe_result(endpoint.name, result, read.get(endpoint.name), answered)
                 await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
