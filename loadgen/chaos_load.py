@@ -12,7 +12,11 @@ Fault classes (``--faults``):
 - ``slow``: engine-b runs 10x slower than engine-a for the whole run;
 - ``metrics-hang``: engine-b's /metrics never answers;
 - ``partition-N``: the dataplane is cut off from the scheduler for N seconds at
-  ``--fault-at`` (a real TCP proxy that drops everything while cut).
+  ``--fault-at`` (a real TCP proxy that drops everything while cut);
+- ``none-mcp`` and ``disk-full`` (``loadgen/chaos_runtime.py``): the same shape of load
+  as MCP sub-agent runs through the runtime, whose journal is on a small tmpfs (root
+  only); ``disk-full`` fills it for ``--disk-full-s`` seconds at ``--fault-at``. Its
+  reference is ``none-mcp``, added when not asked for.
 
 Per fault a row: runs finished and runs lost (failed: the client got no answer),
 turns the dataplane re-sent (no byte had reached the client), completed rounds
@@ -38,13 +42,15 @@ from typing import Any
 import httpx
 
 from luftpause.dev.faultproxy import FaultProxy
+from luftpause.loadgen import chaos_runtime
 from luftpause.loadgen.agents import Target
 from luftpause.loadgen.driver import Group, run_load
 from luftpause.loadgen.records import percentile
 from luftpause.loadgen.workload import Workload
 from luftpause.dev.stack import MODEL, Stack
 
-FAULTS = ("none", "hang", "stall", "slow", "metrics-hang", "partition-2", "partition-10", "partition-30")
+FAULTS = ("none", "hang", "stall", "slow", "metrics-hang", "partition-2", "partition-10", "partition-30",
+          *chaos_runtime.RUNTIME_FAULTS)
 DEFAULT_FAULTS = ",".join(FAULTS)
 SLOWER = 10.0
 
@@ -64,6 +70,17 @@ class FaultRow:
     engine_requests: dict[str, int] = field(default_factory=dict)  # requests each engine received
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # runtime rows (none-mcp, disk-full; loadgen/chaos_runtime.py): MCP sub-agent runs
+    interactive_run_p99_s: float | None = None  # spawn → result
+    interactive_run_p99_x: float | None = None
+    spawns_refused: int = 0
+    refusals_naming_disk: int = 0
+    disk_full_at_s: float | None = None  # into the window
+    resume_write_s: float | None = None  # space returned → the journal's first write
+    resume_progress_s: float | None = None  # → the first round or outcome journaled
+    resume_healthy_s: float | None = None  # → the runtime's /health answers 200
+    skipped: str = ""  # why the row did not run
+    notes: list[str] = field(default_factory=list)
 
 
 def workload_groups(interactive: int, batch: int) -> list[Group]:
@@ -152,10 +169,13 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
 
 
 def compare(rows: list[FaultRow]) -> None:
-    reference = next((r for r in rows if r.fault == "none"), None)
-    if reference is None:
-        return
     for row in rows:
+        family = chaos_runtime.REFERENCE if row.fault in chaos_runtime.RUNTIME_FAULTS else "none"
+        reference = next((r for r in rows if r.fault == family and not r.skipped), None)
+        if reference is None:
+            continue
+        if reference.interactive_run_p99_s and row.interactive_run_p99_s is not None:
+            row.interactive_run_p99_x = round(row.interactive_run_p99_s / reference.interactive_run_p99_s, 2)
         if reference.interactive_ttft_p99_s and row.interactive_ttft_p99_s is not None:
             row.interactive_p99_x = round(row.interactive_ttft_p99_s / reference.interactive_ttft_p99_s, 2)
         if reference.batch_runs_per_min:
@@ -164,15 +184,21 @@ def compare(rows: list[FaultRow]) -> None:
 
 def table(rows: list[FaultRow]) -> str:
     header = ("fault", "runs", "lost", "turns re-sent", "rounds repeated", "interactive p99 TTFT s", "× ref",
-              "batch runs/min", "× ref", "requests a/b")
+              "batch runs/min", "× ref", "requests a/b", "interactive run p99 s (× ref)",
+              "spawns refused (naming disk)", "space back → write / progress / healthy s")
 
     def fmt(value: float | None, digits: int = 2) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
     body = [(r.fault, str(r.runs), str(r.lost), str(r.resent_turns), str(r.rounds_repeated),
              fmt(r.interactive_ttft_p99_s), fmt(r.interactive_p99_x), fmt(r.batch_runs_per_min, 1),
-             fmt(r.batch_throughput_x), "/".join(str(n) for n in r.engine_requests.values())) for r in rows]
-    widths = [max(len(x[i]) for x in (header, *body)) for i in range(len(header))]
+             fmt(r.batch_throughput_x), "/".join(str(n) for n in r.engine_requests.values()),
+             "-" if r.interactive_run_p99_s is None else f"{r.interactive_run_p99_s:.2f} ({fmt(r.interactive_run_p99_x)})",
+             f"{r.spawns_refused} ({r.refusals_naming_disk})" if r.fault in chaos_runtime.RUNTIME_FAULTS else "-",
+             "-" if r.disk_full_at_s is None else
+             f"{fmt(r.resume_write_s)} / {fmt(r.resume_progress_s)} / {fmt(r.resume_healthy_s)}")
+            if not r.skipped else (r.fault, f"skipped: {r.skipped}", *[""] * (len(header) - 2)) for r in rows]
+    widths = [max(len(x[i]) for x in (header, *body) if not x[1].startswith("skipped")) for i in range(len(header))]
     lines = [" | ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)) for x in (header, *body)]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -183,13 +209,20 @@ def parse_faults(text: str) -> list[str]:
     for fault in faults:
         if fault not in FAULTS and not (fault.startswith("partition-") and fault[10:].replace(".", "", 1).isdigit()):
             raise ValueError(f"unknown fault {fault!r}: use {', '.join(FAULTS)} (partition-N: N seconds)")
+    if "disk-full" in faults and chaos_runtime.REFERENCE not in faults:  # its own reference, first
+        faults.insert(faults.index("disk-full"), chaos_runtime.REFERENCE)
     return faults
 
 
 async def chaos_load(faults: list[str], directory: Path, interactive: int, batch: int, warmup_s: float,
-                     window_s: float, fault_at_s: float) -> list[FaultRow]:
+                     window_s: float, fault_at_s: float, disk_full_s: float = 5.0,
+                     disk_mib: int = chaos_runtime.DISK_MIB) -> list[FaultRow]:
     rows = []
     for fault in faults:
+        if fault in chaos_runtime.RUNTIME_FAULTS:
+            rows.append(await chaos_runtime.fault_run(FaultRow(fault), directory, workload_groups(interactive, batch),
+                                                      warmup_s, window_s, fault_at_s, disk_full_s, disk_mib))
+            continue
         rows.append(await fault_run(fault, directory, workload_groups(interactive, batch), warmup_s, window_s,
                                     fault_at_s))
     compare(rows)
@@ -205,6 +238,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds before the window (10)")
     parser.add_argument("--window", type=float, default=60.0, help="measured seconds (60)")
     parser.add_argument("--fault-at", type=float, default=5.0, help="fault injected this long into the window (5)")
+    parser.add_argument("--disk-full-s", type=float, default=5.0, help="disk-full: seconds the disk stays full (5)")
+    parser.add_argument("--disk-mib", type=int, default=chaos_runtime.DISK_MIB,
+                        help=f"none-mcp, disk-full: the tmpfs under the journal, MiB ({chaos_runtime.DISK_MIB})")
     parser.add_argument("--out", default="bench-results", help="directory for chaos-load-<time>.json")
     args = parser.parse_args(argv)
     try:
@@ -220,17 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="luftpause-chaos-load-") as directory:
         rows = asyncio.run(chaos_load(args.faults, Path(directory), args.interactive, args.batch, args.warmup,
-                                      args.window, args.fault_at))
+                                      args.window, args.fault_at, args.disk_full_s, args.disk_mib))
     payload: dict[str, Any] = {"benchmark": "chaos-load", "config": {k: v for k, v in vars(args).items()},
                                "rows": [asdict(r) for r in rows]}
     path = out / f"chaos-load-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(payload, indent=2))
     sys.stdout.write(table(rows) + "\n")
     for row in rows:
-        for error in row.errors:
+        for error in [*row.errors, *row.notes, *chaos_runtime.check(row)]:
             sys.stdout.write(f"{row.fault}: {error}\n")
     sys.stdout.write(f"JSON: {path}\n")
-    return 0 if all(r.lost == 0 and r.rounds_repeated == 0 for r in rows) else 1
+    return 0 if all(r.lost == 0 and r.rounds_repeated == 0 and not chaos_runtime.check(r) for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx2
 import structlog
-from mcp import Client
+from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
@@ -66,7 +66,12 @@ class SpawnFailed(Exception):
 
 
 async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    result = await client.call_tool(tool, arguments)
+    """The tool's answer; a tool error, or a JSON-RPC error the server answered (e.g. a
+    spawn refused while the runtime cannot write its journal), as ``SpawnFailed``."""
+    try:
+        result = await client.call_tool(tool, arguments)
+    except MCPError as exc:
+        raise SpawnFailed(f"{tool}: {exc}") from exc
     if result.is_error:
         raise SpawnFailed(f"{tool}: {result.content[0].text if result.content else 'error'}")
     return json.loads(result.content[0].text)

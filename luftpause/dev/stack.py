@@ -97,6 +97,7 @@ class Stack:
     dataplane_scheduler: str = ""  # host:port dataplanes dial for the scheduler (a fault proxy); "" = its own
     fake_mcp_args: list[str] = field(default_factory=list)
     without: frozenset[str] = frozenset()  # process names not to start (e.g. {"runtime"})
+    runtime_state_dir: Path | None = None  # the runtime's journal elsewhere (a small disk); None = state_dir
     classifier: bool = False  # also start the fake one-pass classifier (`make run`)
     llama: Engine | None = None  # real llama.cpp replicas on the engine ports instead of fake engines
     # "envoy": Envoy on the dataplane's port with luftpause's endpoint picker(s) instead of the dataplane
@@ -178,7 +179,8 @@ class Stack:
         runtime = self._process("runtime", "luftpause.runtime",
                                 ["--host", HOST, "--port", str(p.runtime),
                                  "--dataplane-url", f"http://{HOST}:{p.dataplane}",
-                                 "--tools-file", str(self.tools_file), "--state-dir", str(self.state_dir)],
+                                 "--tools-file", str(self.tools_file),
+                                 "--state-dir", str(self.runtime_state_dir or self.state_dir)],
                                 f"http://{HOST}:{p.runtime}/health")
         if self.classifier:
             engines.append(self._process("classifier", "luftpause.fakes.engine",
