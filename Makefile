@@ -14,7 +14,7 @@ help:
 	@echo "make test   install what the tests need and run every test"
 	@echo "make proto  regenerate the gRPC modules from proto/scheduler.proto"
 	@echo "make chaos  seeded chaos run: every process SIGKILLed under load, a table per seed"
-	@echo "make chaos-load  B2-shaped load while each fault (hang, stall, slow, metrics, partitions) is injected"
+	@echo "make chaos-load  B2-shaped load while each fault (hang, stall, slow, metrics, partitions, disk-full) is injected"
 
 # The virtualenv is (re)built when pyproject.toml changes.
 $(STAMP): pyproject.toml

@@ -242,6 +242,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--disk-mib", type=int, default=chaos_runtime.DISK_MIB,
                         help=f"none-mcp, disk-full: the tmpfs under the journal, MiB ({chaos_runtime.DISK_MIB})")
     parser.add_argument("--out", default="bench-results", help="directory for chaos-load-<time>.json")
+    parser.add_argument("--keep", metavar="DIR", help="keep each row's stack (logs; not a tmpfs journal) under DIR")
     args = parser.parse_args(argv)
     try:
         args.faults = parse_faults(args.faults)
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="luftpause-chaos-load-") as directory:
-        rows = asyncio.run(chaos_load(args.faults, Path(directory), args.interactive, args.batch, args.warmup,
+        rows = asyncio.run(chaos_load(args.faults, Path(args.keep or directory), args.interactive, args.batch, args.warmup,
                                       args.window, args.fault_at, args.disk_full_s, args.disk_mib))
     payload: dict[str, Any] = {"benchmark": "chaos-load", "config": {k: v for k, v in vars(args).items()},
                                "rows": [asdict(r) for r in rows]}

@@ -14,13 +14,21 @@ mounting is not possible), so the reference differs from the fault row only by t
 
 Per row, besides the columns every row has: runs lost (a run the runtime journaled as
 created that did not end ``Completed``, after the window and a drain of at most
-``DRAIN_S``), spawns refused (and how many of the refusals name the full disk),
-completed rounds repeated (a round journaled twice for one run, or tool executions at
-the fake MCP beyond the run's tool calls), the time from the space returning to the
-first journal write and to the first round or outcome journaled (target: within
-``JOURNAL_RETRY_S``, the interval at which waiting runs retry their write; that is
-shorter than the scheduler's probe period, and the runtime needs no probe to resume),
-and the interactive runs' p99 time from spawn to result.
+``DRAIN_S``), spawns refused (and how many of the refusals name the full disk: new
+spawns arrive every ``ARRIVAL_EVERY_S`` while the disk is full, since the closed-loop
+slots only spawn when their run ends and no run ends while its outcome cannot be
+journaled), completed rounds repeated (a round journaled twice for one run, plus tool
+executions at the fake MCP beyond the tool calls of a completed run that no re-sent
+call explains: the runtime sends a call again once when its connection broke), the seconds from
+the space returning to the journal's first write, its first round or outcome, and the
+runtime's ``/health`` answering 200, and the interactive runs' p99 time from spawn to
+result (the runtime's turns are not streamed, so the dataplane logs no time to first
+token for them; that column stays empty).
+
+The issue's target is service back within one probe period (``PROBE_PERIOD_S``) of the
+space returning; ``check`` holds the row to it. The runtime itself probes nothing: runs
+waiting on the journal retry every ``JOURNAL_RETRY_S`` (shorter), and a new spawn writes
+at once, so the first write is expected within ``JOURNAL_RETRY_S``.
 """
 
 from __future__ import annotations
@@ -221,6 +229,13 @@ def extra_executions(stack: Stack, created: dict[str, dict[str, Any]], finished:
     return extra
 
 
+def broken_tool_calls(stack: Stack) -> int:
+    """Tool calls the runtime sent again because the connection broke under them: the
+    first attempt may have run at the tool server, inside a round not yet journaled."""
+    text = (stack.state_dir / "logs" / "runtime.log").read_text(errors="replace")
+    return text.count('"upstream_call_broken"')
+
+
 async def _drain(url: str, journal: Path) -> None:
     """Wait (at most DRAIN_S) for runs the window left running."""
     created, finished = _handles(Journal(journal).read())
@@ -262,11 +277,11 @@ async def _run(row: FaultRow, base: Path, disk: Path | None, groups: list[Group]
     journal = state / JOURNAL_FILE
     stack = Stack.on_free_ports(base, fake_mcp_args=["--delay-s", str(TOOL_DELAY_S)], runtime_state_dir=state,
                                 env={"LUFTPAUSE_LOG_FORMAT": "json"})
+    injector: asyncio.Task[None] | None = None
     try:
         stack.start()
         url = stack.urls["runtime_mcp"]
         started = time.monotonic()
-        injector = None
         if fault == "disk-full" and disk is not None:
             injector = asyncio.create_task(_disk_full(
                 row, disk, journal, f"http://127.0.0.1:{stack.ports.runtime}/health",
@@ -297,11 +312,19 @@ async def _run(row: FaultRow, base: Path, disk: Path | None, groups: list[Group]
         row.lost = len(lost)
         row.errors += [f"{h}: {(finished.get(h) or {}).get('status', 'not finished')}: "
                        f"{(finished.get(h) or {}).get('error')}" for h in lost[:5]]
-        row.rounds_repeated = repeated_rounds(records) + extra_executions(stack, created, finished)
+        extra, resent = extra_executions(stack, created, finished), broken_tool_calls(stack)
+        if extra:
+            row.notes.append(f"{extra} tool executions at the fake MCP beyond the completed runs' tool calls; the "
+                             f"runtime re-sent {resent} tool calls whose connection broke (rounds not yet journaled)")
+        row.rounds_repeated = repeated_rounds(records) + max(0, extra - resent)
         row.errors += sorted({r.error for r in result.records if r.error and not r.error.startswith("spawn:")})[:5]
         if fault != "disk-full" and refused:
             row.errors.append(f"{len(refused)} spawns refused with no fault: {refused[0].error}")
     finally:
+        if injector is not None and not injector.done():  # the load failed: stop filling before unmounting
+            injector.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await injector
         stack.stop()
 
 
