@@ -16,7 +16,8 @@ per seed:
 - restart → usable seconds per process (healthy, and for a dataplane connected again).
 
 ``--load`` runs the load mode instead (``loadgen/chaos_load.py``: hung, stalled, slow
-engines, hanging metrics and partitions under B2-shaped load).
+engines, hanging metrics and partitions under B2-shaped load; a full disk under the
+runtime's journal under MCP sub-agent load, ``loadgen/chaos_runtime.py``).
 
 JSON goes to ``bench-results/chaos-<seed>.json``. Exit status 1 unless every run completed
 and no completed round ran twice. ``python -m luftpause.loadgen.chaos --help``.
