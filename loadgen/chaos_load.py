@@ -55,6 +55,7 @@ class FaultRow:
     runs: int = 0
     lost: int = 0
     resent_turns: int = 0
+    continued_streams: int = 0  # streams that stalled after bytes reached the client, finished elsewhere
     rounds_repeated: int = 0
     interactive_turns: int = 0
     interactive_ttft_p99_s: float | None = None
@@ -104,7 +105,7 @@ def _repeated(log: list[dict[str, Any]], received: dict[str, int]) -> int:
     """Turns the dataplane finished beyond those the agents received, summed over runs."""
     finished: dict[str, int] = {}
     for record in log:
-        if record.get("event") == "turn" and record.get("outcome") == "finished":
+        if record.get("event") == "turn" and record.get("status") == "finished":  # the access log's outcome
             finished[record.get("run", "")] = finished.get(record.get("run", ""), 0) + 1
     return sum(max(0, count - received.get(run, 0)) for run, count in finished.items() if run in received)
 
@@ -114,8 +115,11 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
     row = FaultRow(fault)
     began = time.monotonic()
     by_name = {"engine-b": ["--time-scale", str(SLOWER)]} if fault == "slow" else {}
+    # --openapi: the engines publish their routes and request schema as vLLM and SGLang do
+    # (a stream that stalls after bytes reached the client is continued where one is listed)
     stack = Stack.on_free_ports(directory / fault, without=frozenset({"runtime", "fake-mcp"}),
-                                engine_args_by_name=by_name, env={"LUFTPAUSE_LOG_FORMAT": "json"})
+                                engine_args=["--openapi"], engine_args_by_name=by_name,
+                                env={"LUFTPAUSE_LOG_FORMAT": "json"})
     proxy = FaultProxy(stack.ports.scheduler_grpc).start()
     stack.dataplane_scheduler = proxy.address
     try:
@@ -141,6 +145,7 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
             row.engine_requests[f"engine-{'ab'[i]}"] = stats["requests"]
         log = _log(stack, "dataplane")
         row.resent_turns = sum(1 for record in log if record.get("event") == "turn_retried")
+        row.continued_streams = sum(1 for record in log if record.get("event") == "stream_continued")
         # agents name run k of agent i "<name>-<class>-<group>-i-k" and seed it "<seed>-<same>"
         received = {f"chaos-{fault}" + r.seed.removeprefix("chaos-load"): len(r.turns) for r in result.records if r.ok}
         row.rounds_repeated = _repeated(log, received)
