@@ -12,10 +12,11 @@ first stream's ``id``, ``created`` and ``model``, so the client sees one stream 
 ends with its finish reason, usage (if asked) and ``[DONE]``.
 
 Only where it is safe: a streamed chat completion (or a dialect's turn translated to
-one) with one choice, some content sent, no tool-call or reasoning delta sent, nothing
-cut mid-event, once per turn, and a replica that publishes ``continue_final_message``
-in its ``/openapi.json`` request schema (vLLM and SGLang do; a hosted API does not, and
-one that ignored the field would answer anew after the prefix)."""
+one) with one choice, no tool-call or reasoning delta sent, nothing cut mid-event, once
+per turn, and a replica that publishes ``continue_final_message`` in its
+``/openapi.json`` request schema (vLLM and SGLang do; a hosted API does not, and one that
+ignored the field would answer anew after the prefix). A stream that stalled after its
+role chunk alone is sent again as it came, to any replica, and spliced the same way."""
 
 from __future__ import annotations
 
@@ -88,15 +89,16 @@ def sent_so_far(raw: bytes) -> Sent:
                 parts.append(str(content))
                 sent.chunks += 1
     sent.text = "".join(parts)
-    if not sent.text:
-        sent.unsafe = "no content was sent"
     return sent
 
 
 def continuation_body(body: bytes, sent: Sent) -> bytes:
     """The chat request that continues ``sent``: its text as a final assistant message
     to continue (not a finished one to answer), the reply's token limit less what was
-    sent (at least 1)."""
+    sent (at least 1). With no text sent (only the role chunk), the request as it came:
+    a re-send any engine can serve."""
+    if not sent.text:
+        return body
     document: dict[str, Any] = json.loads(body)
     document["messages"] = [*document["messages"], {"role": "assistant", "content": sent.text}]
     document[CONTINUE_FIELD] = True

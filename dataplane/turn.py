@@ -176,7 +176,8 @@ async def _continue(request: web.Request, req: TurnRequest, stall: StreamStalled
     assert placement is not None  # no deadline: held until placed
     turn.placed(placement)
     try:
-        if not await request.app[ENGINES].continues(placement.base_url, engine_headers(placement, request)):
+        if stall.sent.text and not await request.app[ENGINES].continues(placement.base_url,
+                                                                        engine_headers(placement, request)):
             reason = f"engine {placement.replica} does not take continue_final_message"
             turn.failed(reason)
             log.info("stream_not_continued", run=req.run_id, replica=stall.replica, to=placement.replica,

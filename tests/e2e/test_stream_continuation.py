@@ -189,16 +189,36 @@ def test_a_tool_call_stream_that_stalls_still_breaks_off(continuing):
     assert continued(stack) == before
 
 
-def test_a_stream_on_engines_that_do_not_take_continue_final_message_still_breaks_off(tmp_path):
+def test_on_engines_that_do_not_take_continue_final_message_only_a_role_chunk_is_sent_again(tmp_path):
     # No /openapi.json listing continue_final_message: a hosted OpenAI-compatible API, which
     # would answer a trailing assistant message anew rather than continue it.
     stack = started(tmp_path / "hosted")
     try:
+        # Content reached the client: the stream breaks off as before.
         response, events, broken = stream(stack, "hosted-stall", {
             "model": MODEL, "stream": True,
             "messages": [{"role": "user", "content": "tell me [[fake:stall-after=2]]"}]})
         assert response.status_code == 200
         assert broken and b"[DONE]" not in events and len(events) >= 2
         assert continued(stack) == 0
+        # Only the role chunk reached the client: the request goes again as it came, to
+        # the other replica, and the client sees one whole stream.
+        stalling = warm_run(stack, "role-only")
+        set_faults(stack, stalling, ["stall-after=0"])
+        try:
+            response, events, broken = stream(stack, "role-only", {
+                "model": MODEL, "stream": True, "messages": [{"role": "user", "content": "tell me more"}]})
+        finally:
+            set_faults(stack, stalling, [])
+        assert response.status_code == 200 and response.headers[h.REPLICA] == stalling
+        assert not broken and events[-1] == b"[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert len({c["id"] for c in chunks}) == 1
+        assert sum(1 for c in chunks if "role" in c["choices"][0]["delta"]) == 1
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+        assert text == httpx.post(f"{engine_url(stack, stalling)}/v1/chat/completions", timeout=45, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "tell me more"}]}).json()[
+            "choices"][0]["message"]["content"]
+        assert continued(stack) == 1
     finally:
         stack.stop()
