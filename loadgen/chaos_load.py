@@ -1,6 +1,7 @@
 """``make chaos-load`` (``python -m luftpause.loadgen.chaos --load``): B2-shaped load
 (interactive and batch agent runs with tool calls, through the dataplane) while one
-fault class at a time is injected into a stack of two fake engines; the same load with
+fault class at a time is injected into a stack of two fake engines (publishing their
+request schema at /openapi.json, as vLLM and SGLang do); the same load with
 no fault first, as the reference of the same run.
 
 Fault classes (``--faults``):
@@ -15,7 +16,8 @@ Fault classes (``--faults``):
   ``--fault-at`` (a real TCP proxy that drops everything while cut).
 
 Per fault a row: runs finished and runs lost (failed: the client got no answer),
-turns the dataplane re-sent (no byte had reached the client), completed rounds
+turns the dataplane re-sent (no byte had reached the client), streams it continued on
+another replica after they stalled mid-way (in the JSON), completed rounds
 repeated (turns the dataplane finished beyond those the agents received, per run: an
 agent runs its tool calls once per answer it gets, so a round runs twice only if one
 turn were answered twice), interactive turn p99 time to first token and batch runs per minute, each
