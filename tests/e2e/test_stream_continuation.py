@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+import yaml
 
 from luftpause import vocabulary as h
 from luftpause.dev.procs import wait_until
@@ -29,8 +30,15 @@ def started(directory, **options) -> Stack:
 
 @pytest.fixture(scope="module")
 def continuing(tmp_path_factory):
-    """Two engines that publish continue_final_message in their /openapi.json, as vLLM and SGLang do."""
-    stack = started(tmp_path_factory.mktemp("continuing"), engine_args=["--openapi"])
+    """Two engines that publish continue_final_message in their /openapi.json, as vLLM and
+    SGLang do; the pool lists no native APIs, so Messages and Responses turns are translated."""
+    stack = Stack.on_free_ports(tmp_path_factory.mktemp("continuing"), without=NO_RUNTIME,
+                                engine_args=["--openapi"])
+    pool = yaml.safe_load(stack.pool_file.read_text())
+    for endpoint in pool["endpoints"]:
+        endpoint["native_apis"] = []
+    stack.pool_file.write_text(yaml.safe_dump(pool))
+    stack.start()
     try:
         yield stack
     finally:
@@ -175,6 +183,31 @@ def test_a_translated_messages_stream_is_continued_too(continuing):
         "model": MODEL, "messages": [{"role": "user", "content": "tell me about continuing streams"}]}).json()
     assert text == whole["choices"][0]["message"]["content"]
     assert next(e for e in events if e["type"] == "message_delta")["delta"]["stop_reason"] == "end_turn"
+    assert wait_until(lambda: not replica(stack, stalling)["stalled"], 2 * 2.0 + 3)
+
+
+def test_a_translated_responses_stream_is_continued_too(continuing):
+    stack = continuing
+    stalling = warm_run(stack, "continued-responses")
+    set_faults(stack, stalling, ["stall-after=2"])
+    try:
+        received = b""
+        with httpx.Client(timeout=45) as client, client.stream(
+                "POST", f"http://127.0.0.1:{stack.ports.dataplane}/v1/responses",
+                headers={h.RUN_ID: "continued-responses"},
+                json={"model": MODEL, "stream": True, "input": "tell me about continuing streams"}) as response:
+            for piece in response.iter_bytes():
+                received += piece
+    finally:
+        set_faults(stack, stalling, [])
+    assert response.status_code == 200 and response.headers[h.REPLICA] == stalling
+    events = [json.loads(line[6:]) for line in received.decode().splitlines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    assert kinds[-1] == "response.completed" and "response.failed" not in kinds
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    whole = httpx.post(f"{engine_url(stack, stalling)}/v1/chat/completions", timeout=45, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "tell me about continuing streams"}]}).json()
+    assert text == whole["choices"][0]["message"]["content"]
     assert wait_until(lambda: not replica(stack, stalling)["stalled"], 2 * 2.0 + 3)
 
 
