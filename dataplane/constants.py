@@ -37,6 +37,10 @@ FIRST_BYTE_FLOOR_S_PER_TOKEN = 0.0005
 # Until its first byte a waiting turn's bound is recomputed this often (the first
 # answers of a cold pool tighten it); afterwards only when it could have passed.
 FIRST_BYTE_RECHECK_S = 0.5
+# A stream that stalls after bytes reached the client is continued on another replica
+# if that replica takes continue_final_message (dataplane/continuation.py): whether it
+# does is read from its /openapi.json, waiting at most this long (no answer: it does not).
+CONTINUE_SUPPORT_TIMEOUT_S = 2.0
 # A non-streamed reply whose request names no max_tokens is counted as this many tokens
 # of work before its first byte (the whole reply comes at once).
 REPLY_TOKENS_WITHOUT_MAX = 256

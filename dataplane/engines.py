@@ -20,6 +20,7 @@ import structlog
 from yarl import URL
 
 from luftpause.dataplane.constants import ENGINE_CONNECT_TIMEOUT_S, ENGINE_KEEPALIVE_S, STALE_CONNECTION_RETRIES
+from luftpause.dataplane.continuation import engine_continues
 from luftpause.dataplane.timing import FirstByteBounds
 
 log = structlog.get_logger(component="engines")
@@ -59,6 +60,7 @@ class Engines:
         self.bounds = FirstByteBounds()
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._urls: dict[tuple[str, str], URL] = {}
+        self._continues: dict[str, bool] = {}  # base URL -> takes continue_final_message
         self._timeout = aiohttp.ClientTimeout(total=None, connect=ENGINE_CONNECT_TIMEOUT_S,
                                               sock_connect=ENGINE_CONNECT_TIMEOUT_S)
 
@@ -92,6 +94,14 @@ class Engines:
             finally:
                 _reused.reset(token)
         raise AssertionError("unreachable")
+
+    def get(self, base_url: str, path: str, headers: dict[str, str]):
+        """GET from a replica (``async with``): a route besides the turns' own."""
+        return self._session(base_url).get(self._url(base_url, path), headers=headers)
+
+    async def continues(self, base_url: str, headers: dict[str, str]) -> bool:
+        """Whether the replica continues a final assistant message (dataplane/continuation.py)."""
+        return await engine_continues(self.get, base_url, headers, self._continues)
 
     async def close(self) -> None:
         for session in self._sessions.values():

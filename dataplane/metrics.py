@@ -32,6 +32,8 @@ class DataplaneMetrics:
                               registry=r)
         self.tokens = Counter("luftpause_dataplane_tokens", "Tokens the engines reported (prompt, completion, "
                               "cached).", ["kind"], registry=r)
+        self.continued = Counter("luftpause_dataplane_streams_continued", "Streams that stalled after bytes "
+                                 "reached the client, continued on another replica.", registry=r)
         connected = Gauge("luftpause_dataplane_scheduler_connected", "1 while the Connect stream to the "
                           "scheduler is up.", registry=r)
         connected.set_function(lambda: 1.0 if scheduler_connected() else 0.0)
@@ -39,6 +41,9 @@ class DataplaneMetrics:
 
     def turn_placed(self, by: str) -> None:
         self._child(self.placed, by).inc()
+
+    def stream_continued(self) -> None:
+        self.continued.inc()
 
     def turn_ended(self, log, *, run: str, turn: str, service_class: str, caller: str, replica: str,
                    hold_ms: int, ttft_ms: int | None, outcome: str, prompt_tokens: int, completion_tokens: int,

@@ -2,7 +2,9 @@
 every wait on the engine bounded (dataplane/timing.py), the reply passed through
 unchanged (whole or streamed, through a dialect's translation where the client speaks
 another API) while observed. A failure before any byte reached the client raises
-:class:`EngineUnreachable`, so the turn may be sent again."""
+:class:`EngineUnreachable`, so the turn may be sent again; a stall after bytes reached
+it raises :class:`StreamStalled` where the stream may be continued on another replica
+(dataplane/continuation.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from aiohttp import web
 from luftpause import vocabulary as h
 from luftpause import tracing
 from luftpause.dataplane.constants import ENGINE_CONNECT_TIMEOUT_S
-from luftpause.dataplane.context import ENGINES, METRICS, error_response
+from luftpause.dataplane.context import ENGINES, LOG, METRICS, error_response
+from luftpause.dataplane.continuation import Continuing, StreamStalled, refusal, sent_so_far
 from luftpause.dataplane.dialects import StreamTranslator
 from luftpause.dataplane.link import Placement
 from luftpause.dataplane.observe import TurnObserver
@@ -73,11 +76,14 @@ def engine_headers(placement: Placement, request: web.Request, passed: tuple[str
     return out
 
 
-async def proxy(request: web.Request, turn: Turn, placement: Placement) -> web.StreamResponse:
+async def proxy(request: web.Request, turn: Turn, placement: Placement,
+                continuing: Continuing | None = None) -> web.StreamResponse:
     """Send the turn to its engine, the wait for each byte bounded by what the engine is
     doing (dataplane/timing.py): a turn past its bound before any byte reached the
     client is re-sent like one whose engine could not be reached, and the replica is
-    reported stalled."""
+    reported stalled; a stream past it after bytes reached the client raises
+    :class:`StreamStalled` where it may be continued (dataplane/continuation.py).
+    ``continuing``: the turn continues such a stream, into the client's open response."""
     engines = request.app[ENGINES]
     request.app[METRICS].added.observe(max(0.0, time.monotonic() - turn.started - placement.held_ms / 1000))
     loop = asyncio.get_running_loop()
@@ -87,18 +93,21 @@ async def proxy(request: web.Request, turn: Turn, placement: Placement) -> web.S
                                               reply, stated)
     turn.watchdog = Watchdog(engines.bounds, watch)
     try:
-        return await _exchange(request, turn, placement, watch, loop)
+        return await _exchange(request, turn, placement, watch, loop, continuing)
     finally:
         turn.watchdog.cancel()
         engines.bounds.ended(watch)
 
 
 async def _exchange(request: web.Request, turn: Turn, placement: Placement, watch: Watch,
-                    loop: asyncio.AbstractEventLoop) -> web.StreamResponse:
+                    loop: asyncio.AbstractEventLoop, continuing: Continuing | None = None) -> web.StreamResponse:
     run_header = {h.RUN_ID: turn.req.run_id, h.REPLICA: placement.replica}
     engines = request.app[ENGINES]
     dialect = turn.req.dialect
-    translated = dialect is not None and dialect.name not in placement.native_apis
+    # A continuation is a chat completion whatever the replica serves natively.
+    translated = dialect is not None and (continuing is not None or dialect.name not in placement.native_apis)
+    if continuing is not None:
+        turn.streaming = True  # the client holds the first part: never sent whole again
     try:
         async with turn.watchdog.guard():
             if dialect is None or translated:
@@ -111,6 +120,12 @@ async def _exchange(request: web.Request, turn: Turn, placement: Placement, watc
         raise _unreachable(turn, placement.replica, exc) from None
     try:
         passed = passed_headers(upstream)
+        if continuing is not None and (upstream.status != 200 or upstream.content_type != "text/event-stream"):
+            message = f"engine {placement.replica}: HTTP {upstream.status} to the continuation"
+            turn.failed(message)
+            raise EngineUnreachable(placement.replica, message)
+        if continuing is not None:
+            return await _stream(request, turn, upstream, {}, continuing.translator, continuing=continuing)
         if upstream.status != 200:
             body = await upstream.read()
             turn.failed(f"engine {placement.replica}: HTTP {upstream.status}")
@@ -137,7 +152,7 @@ async def _exchange(request: web.Request, turn: Turn, placement: Placement, watc
                                 content_type="application/json", headers=run_header)
         return web.Response(status=200, body=body, headers={**passed, **run_header})
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        if not turn.streaming:  # nothing reached the client yet
+        if not turn.streaming or continuing is not None:  # nothing (more) reached the client yet
             raise _unreachable(turn, placement.replica, exc) from None
         message = _engine_problem(turn, placement.replica, exc)
         turn.failed(message, stalled=watch.stalled)
@@ -180,32 +195,46 @@ class _EventStream(web.StreamResponse):
 
 async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResponse,
                   headers: dict[str, str], translator: StreamTranslator | None = None,
-                  observer=None) -> web.StreamResponse:
+                  observer=None, continuing: Continuing | None = None) -> web.StreamResponse:
     """Pass the engine's stream on from its first chunk (through ``translator`` for a
     dialect's turn: the observer still watches the engine's own chunks). Until that chunk
     nothing has reached the client, so an engine that fails first (it died while
     prefilling, after its headers) leaves the turn to be sent again, as one it could not
-    reach."""
-    response: web.StreamResponse | None = None
+    reach. A continuation's chunks go to the client's open response, rewritten as the
+    first stream's."""
+    response: web.StreamResponse | None = continuing.response if continuing is not None else None
+    answered = False  # the engine's first chunk came
     observer = observer or TurnObserver()
     error = "stream ended before [DONE]"
     content = upstream.content
     watch, bounds = turn.watch, request.app[ENGINES].bounds
     loop = asyncio.get_running_loop()
+    # A chat stream (or a dialect's translated one) keeps what it passed on: should it
+    # stall, that is the prefix a continuation starts from. At most one per turn.
+    kept: list[bytes] | None = None
+    if continuing is None and (turn.req.dialect is None or translator is not None):
+        kept = []
+    rewriter = continuing.rewriter if continuing is not None else None
     try:
         async with turn.watchdog.guard():  # every wait on the engine is bounded, none on the client
             while True:
-                if response is not None:  # until the first chunk, the wait counts from the request
+                if answered:  # until the first chunk, the wait counts from the request
                     watch.waiting = loop.time()
                 chunk = await content.readany()
                 watch.waiting = None
                 if not chunk:
                     break
-                if response is None:
+                if not answered:
                     bounds.first_byte(watch, loop.time())
-                    response = _EventStream(status=200, headers=headers)
-                    await response.prepare(request)
+                    answered = True
+                    if response is None:
+                        response = _EventStream(status=200, headers=headers)
+                        await response.prepare(request)
                     turn.streaming = True  # from here on bytes may have reached the client
+                if kept is not None:
+                    kept.append(chunk)
+                if rewriter is not None:
+                    chunk = rewriter.feed(chunk)
                 if observer.feed_sse(chunk):
                     turn.first_token()
                 if translator is not None:
@@ -225,22 +254,37 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
         if observer.finish_reason:  # the client left after the finish: the reply was whole
             turn.finished(observer)
         raise
-    if response is None:
+    if not answered:
         if watch.stalled:
             turn.failed(f"engine {turn.replica}: {error}", stalled=True)
             raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error}", stalled=True)
         raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error} (before its first byte)")
+    assert response is not None
     if observer.done:
         turn.finished(observer)
         await response.write_eof()
         return response
-    # The engine died or stalled mid-stream: the client keeps what it got, then the
-    # connection closes without a final chunk, so it cannot mistake this for a whole answer.
-    # A client API with its own word for it (an error event) gets that, and the stream
-    # ends cleanly after it: the event says the answer is not whole, and an SDK reading
-    # the stream hands its events over instead of a connection error.
-    turn.failed(f"engine {turn.replica}: {error}", stalled=watch.stalled)
-    if translator is not None and (tail := translator.fail(f"engine {turn.replica}: {error}")):
+    message = f"engine {turn.replica}: {error}"
+    if watch.stalled and kept is not None:
+        sent = sent_so_far(b"".join(kept))
+        why = refusal(turn.req.body) or sent.unsafe
+        if not why:  # the client holds a prefix another replica may continue
+            turn.failed(message, stalled=True)
+            raise StreamStalled(message, turn.replica, response, translator, sent)
+        request.app[LOG].info("stream_not_continued", run=turn.req.run_id, replica=turn.replica, reason=why)
+    # The engine died or stalled mid-stream: the client keeps what it got.
+    turn.failed(message, stalled=watch.stalled)
+    return await abandon(request, response, translator, message)
+
+
+async def abandon(request: web.Request, response: web.StreamResponse, translator: StreamTranslator | None,
+                  message: str) -> web.StreamResponse:
+    """End a stream that broke off after bytes reached the client: the connection closes
+    without a final chunk, so the client cannot mistake it for a whole answer. A client
+    API with its own word for it (an error event) gets that, and the stream ends cleanly
+    after it: the event says the answer is not whole, and an SDK reading the stream hands
+    its events over instead of a connection error."""
+    if translator is not None and (tail := translator.fail(message)):
         try:
             await response.write_eof(tail)
             return response

@@ -1,12 +1,14 @@
 """One proxied turn: its reports to the scheduler and run-book entries (:class:`Turn`),
 and its life: taken on a lent slot or admitted by the scheduler, sent to its engine, and
-re-admitted and sent again while its engine fails before the client got a byte
-(:func:`run_turn`). The exchange with the engine itself is in dataplane/proxy.py."""
+re-admitted and sent again while its engine fails before the client got a byte, or
+continued elsewhere when its stream stalls after (:func:`run_turn`). The exchange with
+the engine itself is in dataplane/proxy.py."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 from aiohttp import web
 from opentelemetry import trace
@@ -15,11 +17,12 @@ from opentelemetry.trace import Status, StatusCode
 from luftpause import vocabulary as h
 from luftpause import tracing
 from luftpause.dataplane.constants import ENGINE_RETRY_ATTEMPTS, ENGINE_RETRY_DELAY_S, ENGINE_RETRY_WINDOW_S
-from luftpause.dataplane.context import BOOK, LINK, LOG, METRICS, TRACER, error_response, new_id
+from luftpause.dataplane.context import BOOK, ENGINES, LINK, LOG, METRICS, TRACER, error_response, new_id
 from luftpause.dataplane.dialects import ApiError
 from luftpause.dataplane.link import AdmitRefused, Placement, SchedulerLink
 from luftpause.dataplane.observe import TurnObserver
-from luftpause.dataplane.proxy import EngineUnreachable, proxy
+from luftpause.dataplane.continuation import Continuing, Rewriter, StreamStalled, continuation_body
+from luftpause.dataplane.proxy import EngineUnreachable, abandon, engine_headers, proxy
 from luftpause.dataplane.requests import TurnRequest
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
 from luftpause.dataplane.timing import Watch, Watchdog
@@ -136,6 +139,8 @@ async def run_turn(request: web.Request, req: TurnRequest) -> web.StreamResponse
         turn.placed(placement)
         try:
             return await proxy(request, turn, placement)
+        except StreamStalled as stall:  # bytes reached the client: continued, not re-sent
+            return await _continue(request, req, stall)
         except EngineUnreachable as exc:
             turn.failed(exc.message)
             failure = exc
@@ -153,6 +158,47 @@ async def run_turn(request: web.Request, req: TurnRequest) -> web.StreamResponse
         delay *= 2
     headers = {h.RUN_ID: req.run_id, h.REPLICA: failure.replica, h.ENGINE_FAILURE: "unreachable"}
     return error_response(502, failure.message, headers, req.dialect, "api_error")
+
+
+async def _continue(request: web.Request, req: TurnRequest, stall: StreamStalled) -> web.StreamResponse:
+    """Finish a stream that stalled after bytes reached the client on another replica
+    (dataplane/continuation.py): a new turn of the run, admitted as a stalled turn re-sent
+    is (the stalled replica is out of rotation), with the sent text to continue. Where
+    that cannot be, the client's stream ends as one that broke off."""
+    log = request.app[LOG]
+    creq = replace(req, body=continuation_body(req.body, stall.sent))
+    turn = Turn(request.app, creq)
+    try:
+        placement = await _admit(turn, None)
+    except ApiError as exc:
+        log.info("stream_not_continued", run=req.run_id, replica=stall.replica, reason=exc.message)
+        return await abandon(request, stall.response, stall.translator, stall.message)
+    assert placement is not None  # no deadline: held until placed
+    turn.placed(placement)
+    try:
+        if stall.sent.text and not await request.app[ENGINES].continues(placement.base_url,
+                                                                        engine_headers(placement, request)):
+            reason = f"engine {placement.replica} does not take continue_final_message"
+            turn.failed(reason)
+            log.info("stream_not_continued", run=req.run_id, replica=stall.replica, to=placement.replica,
+                     reason=reason)
+            return await abandon(request, stall.response, stall.translator, stall.message)
+        log.info("stream_continued", run=req.run_id, turn=turn.turn_id, replica=stall.replica, to=placement.replica,
+                 tokens_sent=stall.sent.chunks)
+        request.app[METRICS].stream_continued()
+        continuing = Continuing(stall.response, stall.translator, Rewriter(stall.sent))
+        return await proxy(request, turn, placement, continuing)
+    except EngineUnreachable as exc:
+        turn.failed(exc.message)
+        log.info("stream_not_continued", run=req.run_id, replica=stall.replica, to=placement.replica,
+                 reason=exc.message)
+        return await abandon(request, stall.response, stall.translator, f"{stall.message}; {exc.message}")
+    except asyncio.CancelledError:
+        turn.failed("client disconnected")
+        raise
+    except Exception as exc:  # never leave a slot taken behind an unexpected error
+        turn.failed(f"dataplane error: {exc!r}")
+        raise
 
 
 def _on_lease(turn: Turn) -> Placement | None:

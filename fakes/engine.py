@@ -63,16 +63,28 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+# The chat request's fields beyond OpenAI's that the fake honours, as vLLM's schema lists them.
+CHAT_REQUEST_SCHEMA = {"title": "ChatCompletionRequest", "type": "object", "required": ["messages"],
+                       "properties": {name: {"title": name} for name in (
+                           "messages", "model", "max_tokens", "max_completion_tokens", "stream", "stream_options",
+                           "tools", "tool_choice", "logprobs", "top_logprobs", "add_generation_prompt",
+                           "continue_final_message")}}
+
+
 async def openapi(request: web.Request) -> web.Response:
     """The routes, in the shape FastAPI publishes at ``/openapi.json`` (vLLM, SGLang):
-    a ``paths`` mapping of each path to its methods."""
+    a ``paths`` mapping of each path to its methods, and the chat request's schema."""
     paths: dict[str, dict] = {}
     for route in request.app.router.routes():
         path = route.resource.canonical if route.resource is not None else ""
         if path and route.method in ("GET", "POST", "PUT"):
             paths.setdefault(path, {})[route.method.lower()] = {"summary": path}
+    chat = paths.get("/v1/chat/completions", {}).get("post")
+    if chat is not None:
+        chat["requestBody"] = {"content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}}, "required": True}
     return web.json_response({"openapi": "3.1.0", "info": {"title": "fake engine", "version": "fake"},
-                              "paths": paths})
+                              "paths": paths, "components": {"schemas": {"ChatCompletionRequest": CHAT_REQUEST_SCHEMA}}})
 
 
 async def server_info(request: web.Request) -> web.Response:

@@ -95,6 +95,13 @@ class Turn:
     top_logprobs: int | None
     sim_request: SimRequest | None = None
     progress: asyncio.Event | None = None
+    offset: int = 0  # where in the whole reply this one starts (a continuation): faults count from there
+
+    def after(self, count: int | None) -> int | None:
+        """A fault's "after N chunks" within this reply: None once a continuation is past it."""
+        if count is None or (self.offset and count <= self.offset):
+            return None
+        return count - self.offset
 
     def submit(self, prompt_text: str) -> None:
         reply_text = replies.render_message(self.reply.assistant_message())
@@ -136,6 +143,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         replies.validate(body, state.config.models)
         faults = state.faults.merged(fault_directives.from_messages(body["messages"]))
         top_logprobs = replies.logprobs_request(body)
+        continued = replies.continuation(body)
     except RequestError as err:
         log.info("chat_rejected", status=err.status, reason=str(err))
         return request_error(err)
@@ -148,8 +156,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return web.json_response(fault_directives.error_body(status), status=status,
                                  headers=faults.error_headers(status))
     prompt_text = replies.render_prompt(body)
-    reply = replies.plan_reply(body, _reply_rules(state.config, prompt_text), faults)
-    turn = Turn(request, state, body, reply, Envelope.new(body["model"]), faults, top_logprobs)
+    offset = 0  # the reply's words a continued assistant message already held
+    if continued is None:
+        reply = replies.plan_reply(body, _reply_rules(state.config, prompt_text), faults)
+    else:  # the reply the conversation before it gets, from where the message stopped
+        before, prefix = continued
+        reply, offset = replies.plan_continuation(
+            body, before, prefix, _reply_rules(state.config, replies.render_prompt(before)), faults)
+        prompt_text = prompt_text.removesuffix("<|end|>")  # the final message is left open
+    turn = Turn(request, state, body, reply, Envelope.new(body["model"]), faults, top_logprobs, offset=offset)
     started = time.monotonic()
     log.info("chat_request", id=turn.envelope.id, model=turn.envelope.model, stream=bool(body.get("stream")))
     try:
@@ -264,7 +279,7 @@ async def _stream(turn: Turn, prompt_text: str, include_usage: bool) -> web.Stre
     pieces = list(replies.stream_pieces(turn.reply))
     interval = max(1, turn.state.config.stream_interval)
     sent_pieces, sent_tokens, role_sent = 0, 0, False
-    die_after = turn.faults.die_after
+    die_after, stall_after = turn.after(turn.faults.die_after), turn.after(turn.faults.stall_after)
     while True:
         await turn.wait()
         if request.state == "aborted":
@@ -281,8 +296,8 @@ async def _stream(turn: Turn, prompt_text: str, include_usage: bool) -> web.Stre
         due = len(pieces) if finished else min(len(pieces), math.floor(request.generated * len(pieces) / total))
         if die_after is not None:
             due = min(due, die_after)
-        if turn.faults.stall_after is not None:
-            due = min(due, turn.faults.stall_after)
+        if stall_after is not None:
+            due = min(due, stall_after)
         for start in range(sent_pieces, due, interval):  # one chunk per interval's worth of pieces
             batch = pieces[start : min(due, start + interval)]
             await _send(response, turn.envelope.chunk(replies.merge_deltas(batch),
@@ -290,7 +305,7 @@ async def _stream(turn: Turn, prompt_text: str, include_usage: bool) -> web.Stre
         sent_pieces, sent_tokens = max(sent_pieces, due), request.generated
         if die_after is not None and (sent_pieces >= die_after or finished):
             _abort(turn.request)
-        if turn.faults.stall_after is not None and (sent_pieces >= turn.faults.stall_after or finished):
+        if stall_after is not None and (sent_pieces >= stall_after or finished):
             await _hang(turn.request, turn.state)
         if finished:
             break

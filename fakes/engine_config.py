@@ -246,8 +246,9 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
     )
     p.add_argument("--openapi", action=argparse.BooleanOptionalAction,
                    default=_env("OPENAPI", "0").lower() in ("1", "true", "yes", "on"),
-                   help="publish the routes at /openapi.json, as vLLM and SGLang (FastAPI servers) do; "
-                        f"luftpause reads from it which client APIs the engine serves itself [env {ENV_PREFIX}OPENAPI]")
+                   help="publish the routes and the chat request's schema at /openapi.json, as vLLM and SGLang "
+                        "(FastAPI servers) do; luftpause reads from it which client APIs the engine serves itself "
+                        f"and whether it continues a final assistant message [env {ENV_PREFIX}OPENAPI]")
     p.add_argument("--fault", action="append", default=[], metavar="DIRECTIVE",
                    help="engine-wide fault directive, repeatable: status=503, status-times=429:2, "
                         "retry-after=3, die-after=4, stall-after=4, linger-after-done=500, hang, metrics-hang, "

@@ -16,6 +16,9 @@ Directives (``[[fake:NAME]]`` or ``[[fake:NAME=VALUE]]``):
 - ``hang``: accept the request and never answer.
 - ``stall-after=N``: stream N chunks after the role chunk, then send nothing more while
   keeping the connection open (a wedged engine mid-stream); non-streaming requests hang.
+  ``die-after`` and ``stall-after`` count the reply's chunks from its start: a request
+  that continues a final assistant message (``continue_final_message``) of K words
+  starts at chunk K, so one past N streams to its end.
 - ``metrics-hang`` (engine-wide with ``--fault``): ``/metrics`` accepts and never answers.
 - ``linger-after-done=MS``: a stream keeps its response open MS milliseconds after
   ``data: [DONE]`` before ending it (a client may close first, as the openai one does).

@@ -14,7 +14,7 @@ import math
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from luftpause.fakes import faults as fault_directives
@@ -286,6 +286,41 @@ def plan_reply(body: dict[str, Any], rules: ReplyRules, faults: Faults | None = 
     return Reply(" ".join(text_words(phrase, words)), None, "stop", prompt, words)
 
 
+def continuation(body: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """A request to continue its final assistant message (``continue_final_message``, as
+    vLLM and SGLang take it): the request as it stood before that message (without its
+    token cap) and the message's text; None for an ordinary request. Misuse is a 400, as
+    vLLM answers it (its ``add_generation_prompt`` defaults to true)."""
+    if not body.get("continue_final_message"):
+        return None
+    if body.get("add_generation_prompt", True):
+        raise RequestError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    messages = body["messages"]
+    if messages[-1].get("role") != "assistant":
+        raise RequestError("continue_final_message needs an assistant message last, to continue")
+    before = {k: v for k, v in body.items() if k not in ("max_tokens", "max_completion_tokens")}
+    before["messages"] = messages[:-1]
+    return before, content_text(messages[-1].get("content"))
+
+
+def plan_continuation(body: dict[str, Any], before: dict[str, Any], prefix: str, rules: ReplyRules,
+                      faults: Faults | None = None) -> tuple[Reply, int]:
+    """The reply that continues ``prefix``: the reply the conversation before it gets,
+    from the word ``prefix`` reached on (each word after a space), cut at this request's
+    own token cap; and how many words ``prefix`` already held. A reply that is a tool
+    call is made whole (a model may call a tool after some text)."""
+    whole = plan_reply(before, rules, faults)
+    prompt = prompt_tokens(body["messages"])
+    if whole.text is None:
+        return replace(whole, prompt_tokens=prompt), 0
+    done = len(prefix.split())
+    rest = whole.text.split(" ")[done:]
+    cap, finish = completion_cap(body), whole.finish_reason
+    if cap is not None and len(rest) > cap:
+        rest, finish = rest[:cap], "length"
+    return Reply("".join(" " + word for word in rest), None, finish, prompt, len(rest)), done
+
+
 # --- wire format -------------------------------------------------------------------
 
 
@@ -329,6 +364,8 @@ def stream_pieces(reply: Reply) -> Iterator[dict[str, Any]]:
         return
     words = (reply.text or "").split(" ")
     for i, word in enumerate(words):
+        if i == 0 and not word and len(words) > 1:
+            continue  # a continuation's text starts after a space
         yield {"content": word if i == 0 else " " + word}
 
 

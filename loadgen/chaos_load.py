@@ -1,6 +1,7 @@
 """``make chaos-load`` (``python -m luftpause.loadgen.chaos --load``): B2-shaped load
 (interactive and batch agent runs with tool calls, through the dataplane) while one
-fault class at a time is injected into a stack of two fake engines; the same load with
+fault class at a time is injected into a stack of two fake engines (publishing their
+request schema at /openapi.json, as vLLM and SGLang do); the same load with
 no fault first, as the reference of the same run.
 
 Fault classes (``--faults``):
@@ -19,7 +20,8 @@ Fault classes (``--faults``):
   reference is ``none-mcp``, added when not asked for.
 
 Per fault a row: runs finished and runs lost (failed: the client got no answer),
-turns the dataplane re-sent (no byte had reached the client), completed rounds
+turns the dataplane re-sent (no byte had reached the client), streams it continued on
+another replica after they stalled mid-way (in the JSON), completed rounds
 repeated (turns the dataplane finished beyond those the agents received, per run: an
 agent runs its tool calls once per answer it gets, so a round runs twice only if one
 turn were answered twice), interactive turn p99 time to first token and batch runs per minute, each
@@ -61,6 +63,7 @@ class FaultRow:
     runs: int = 0
     lost: int = 0
     resent_turns: int = 0
+    continued_streams: int = 0  # streams that stalled after bytes reached the client, finished elsewhere
     rounds_repeated: int = 0
     interactive_turns: int = 0
     interactive_ttft_p99_s: float | None = None
@@ -121,7 +124,7 @@ def _repeated(log: list[dict[str, Any]], received: dict[str, int]) -> int:
     """Turns the dataplane finished beyond those the agents received, summed over runs."""
     finished: dict[str, int] = {}
     for record in log:
-        if record.get("event") == "turn" and record.get("outcome") == "finished":
+        if record.get("event") == "turn" and record.get("status") == "finished":  # the access log's outcome
             finished[record.get("run", "")] = finished.get(record.get("run", ""), 0) + 1
     return sum(max(0, count - received.get(run, 0)) for run, count in finished.items() if run in received)
 
@@ -131,8 +134,11 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
     row = FaultRow(fault)
     began = time.monotonic()
     by_name = {"engine-b": ["--time-scale", str(SLOWER)]} if fault == "slow" else {}
+    # --openapi: the engines publish their routes and request schema as vLLM and SGLang do
+    # (a stream that stalls after bytes reached the client is continued where one is listed)
     stack = Stack.on_free_ports(directory / fault, without=frozenset({"runtime", "fake-mcp"}),
-                                engine_args_by_name=by_name, env={"LUFTPAUSE_LOG_FORMAT": "json"})
+                                engine_args=["--openapi"], engine_args_by_name=by_name,
+                                env={"LUFTPAUSE_LOG_FORMAT": "json"})
     proxy = FaultProxy(stack.ports.scheduler_grpc).start()
     stack.dataplane_scheduler = proxy.address
     try:
@@ -158,6 +164,7 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
             row.engine_requests[f"engine-{'ab'[i]}"] = stats["requests"]
         log = _log(stack, "dataplane")
         row.resent_turns = sum(1 for record in log if record.get("event") == "turn_retried")
+        row.continued_streams = sum(1 for record in log if record.get("event") == "stream_continued")
         # agents name run k of agent i "<name>-<class>-<group>-i-k" and seed it "<seed>-<same>"
         received = {f"chaos-{fault}" + r.seed.removeprefix("chaos-load"): len(r.turns) for r in result.records if r.ok}
         row.rounds_repeated = _repeated(log, received)

@@ -232,3 +232,43 @@ async def test_tool_directive_picks_the_named_offered_tool(engine: str, http: ai
     assert json.loads(call["function"]["arguments"])["query"] == "find cats"
     _, _, body = await post(http, engine, chat("find cats [[fake:tool=absent]]", tools=[other, TOOL]))
     assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "exec_command"
+
+
+# --- continue_final_message (vLLM's and SGLang's prefill), as the dataplane uses it -----
+
+
+async def test_a_continued_message_gets_the_rest_of_the_reply_and_stall_after_counts_from_its_start(
+        engine: str, http: aiohttp.ClientSession) -> None:
+    _, _, whole = await post(http, engine, chat("explain the continuation"))
+    text = whole["choices"][0]["message"]["content"]
+    words = text.split(" ")
+    assert len(words) > 4
+    prefix = " ".join(words[:3])
+    # the first three words were sent before a stall: streamed again with the directive,
+    # the continuation starts past its stall point and streams to its end
+    body = chat("explain the continuation [[fake:stall-after=3]]", stream=True, continue_final_message=True,
+                add_generation_prompt=False, max_tokens=100, stream_options={"include_usage": True})
+    body["messages"].append({"role": "assistant", "content": prefix})
+    async with http.post(f"{engine}/v1/chat/completions", json=body) as response:
+        chunks, done, broke = await read_raw_stream(response)
+    assert done and not broke
+    rest = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert prefix + rest == text
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    assert chunks[-1]["usage"]["completion_tokens"] == len(words) - 3
+    # its own cap applies to what it adds
+    body = chat("explain the continuation", continue_final_message=True, add_generation_prompt=False, max_tokens=1)
+    body["messages"].append({"role": "assistant", "content": prefix})
+    _, _, capped = await post(http, engine, body)
+    assert capped["choices"][0]["message"]["content"] == " " + words[3]
+    assert capped["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("extra, last_role", [({}, "assistant"), ({"add_generation_prompt": False}, "user")])
+async def test_a_continuation_is_refused_as_vllm_refuses_it(engine: str, http: aiohttp.ClientSession,
+                                                            extra: dict[str, Any], last_role: str) -> None:
+    body = chat("go on", continue_final_message=True, **extra)
+    if last_role == "assistant":
+        body["messages"].append({"role": "assistant", "content": "Well"})
+    status, _, error = await post(http, engine, body)
+    assert status == 400 and "continue_final_message" in error["error"]["message"]

@@ -1,0 +1,230 @@
+"""A chat-completions stream that stalls after bytes reached the client, finished on a
+healthy replica.
+
+Such a turn cannot be sent again whole: the client already holds part of the answer.
+Engines that take a chat-template prefill can continue it instead: the request goes to
+another replica with the text already sent appended as a final assistant message and
+``continue_final_message: true`` with ``add_generation_prompt: false`` (vLLM and SGLang
+accept both; vLLM refuses ``continue_final_message`` next to its default
+``add_generation_prompt: true``), its ``max_tokens`` (or ``max_completion_tokens``)
+reduced by the tokens already sent. The continuation's chunks are passed on under the
+first stream's ``id``, ``created`` and ``model``, so the client sees one stream that
+ends with its finish reason, usage (if asked) and ``[DONE]``.
+
+Only where it is safe: a streamed chat completion (or a dialect's turn translated to
+one) with one choice, no tool-call or reasoning delta sent, nothing cut mid-event, once
+per turn, and a replica that publishes ``continue_final_message`` in its
+``/openapi.json`` request schema (vLLM and SGLang do; a hosted API does not, and one that
+ignored the field would answer anew after the prefix). A stream that stalled after its
+role chunk alone is sent again as it came, to any replica, and spliced the same way."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from luftpause.dataplane.constants import CONTINUE_SUPPORT_TIMEOUT_S
+from luftpause.dataplane.dialects import StreamTranslator, encode_json
+
+CONTINUE_FIELD = "continue_final_message"
+OPENAPI_PATH = "/openapi.json"
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+
+
+@dataclass
+class Sent:
+    """What an engine's chat stream put in front of the client before it stalled."""
+
+    id: str = ""
+    created: int = 0
+    model: str = ""
+    text: str = ""  # the content deltas, joined
+    chunks: int = 0  # chunks that carried content: at least one token each
+    unsafe: str = ""  # why it cannot be continued, if it cannot
+
+
+def sent_so_far(raw: bytes) -> Sent:
+    """Read the chat-completion chunks an engine sent (the bytes passed on, whole)."""
+    sent = Sent()
+    if not raw.endswith(_EVENT_ENDS):
+        sent.unsafe = "the stream stopped inside an event"
+        return sent
+    parts: list[str] = []
+    for line in raw.splitlines():
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            sent.unsafe = "the stream had ended"
+            return sent
+        try:
+            chunk = json.loads(payload)
+        except (ValueError, UnicodeDecodeError):
+            sent.unsafe = "a chunk is not JSON"
+            return sent
+        if not isinstance(chunk, dict):
+            sent.unsafe = "a chunk is not a JSON object"
+            return sent
+        sent.id = sent.id or str(chunk.get("id") or "")
+        sent.created = sent.created or int(chunk.get("created") or 0)
+        sent.model = sent.model or str(chunk.get("model") or "")
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if choice.get("index", 0) != 0:
+                sent.unsafe = "more than one choice"
+            elif delta.get("tool_calls") or delta.get("function_call"):
+                sent.unsafe = "a tool-call delta was sent"
+            elif delta.get("reasoning_content") or delta.get("reasoning"):
+                sent.unsafe = "reasoning was sent"
+            elif choice.get("finish_reason"):
+                sent.unsafe = "the finish reason was sent"
+            if sent.unsafe:
+                return sent
+            if content := delta.get("content"):
+                parts.append(str(content))
+                sent.chunks += 1
+    sent.text = "".join(parts)
+    return sent
+
+
+def continuation_body(body: bytes, sent: Sent) -> bytes:
+    """The chat request that continues ``sent``: its text as a final assistant message
+    to continue (not a finished one to answer), the reply's token limit less what was
+    sent (at least 1). With no text sent (only the role chunk), the request as it came:
+    a re-send any engine can serve."""
+    if not sent.text:
+        return body
+    document: dict[str, Any] = json.loads(body)
+    document["messages"] = [*document["messages"], {"role": "assistant", "content": sent.text}]
+    document[CONTINUE_FIELD] = True
+    document["add_generation_prompt"] = False
+    for key in ("max_completion_tokens", "max_tokens"):
+        limit = document.get(key)
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            document[key] = max(1, limit - sent.chunks)
+    return encode_json(document)
+
+
+def refusal(body: bytes) -> str:
+    """Why a request's stream could not be continued whatever it sent, or ""."""
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return "the request is not JSON"
+    n = document.get("n", 1)
+    if n not in (None, 1):
+        return "more than one choice asked"
+    if document.get(CONTINUE_FIELD) or document.get("echo"):
+        return "the request prefills or echoes itself"
+    return ""
+
+
+class Rewriter:
+    """The continuation's chunks as the first stream's: its ``id``, ``created`` and
+    ``model``, no second ``role`` (nor a chunk left empty by dropping it), and the usage
+    of the whole reply (the sent tokens counted as completion, not as prompt)."""
+
+    def __init__(self, sent: Sent) -> None:
+        self.sent = sent
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        out = bytearray()
+        for line in lines:
+            line = line.rstrip(b"\r")
+            if not line.startswith(b"data:"):
+                continue  # blank separators and comments: each event is written with its own
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                out += b"data: [DONE]\n\n"
+                continue
+            try:
+                document = json.loads(payload)
+            except (ValueError, UnicodeDecodeError):
+                out += line + b"\n\n"  # not ours to judge: passed on as it came
+                continue
+            if isinstance(document, dict) and (rewritten := self._chunk(document)) is not None:
+                out += b"data: " + encode_json(rewritten) + b"\n\n"
+        return bytes(out)
+
+    def _chunk(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        sent = self.sent
+        chunk.update(id=sent.id or chunk.get("id"), created=sent.created or chunk.get("created"),
+                     model=sent.model or chunk.get("model"))
+        keep = bool(chunk.get("usage"))
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                delta.pop("role", None)
+                if delta.get("content") == "" and len(delta) == 1 and not choice.get("finish_reason"):
+                    delta.pop("content")
+                keep = keep or bool(delta) or bool(choice.get("finish_reason")) or bool(choice.get("logprobs"))
+            else:
+                keep = True
+        if not keep:
+            return None
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            completion = int(usage.get("completion_tokens") or 0) + sent.chunks
+            prompt = max(0, int(usage.get("prompt_tokens") or 0) - sent.chunks)
+            usage.update(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        return chunk
+
+
+@dataclass
+class StreamStalled(Exception):
+    """A stream stalled after bytes reached the client, and may be continued."""
+
+    message: str  # the stall, as reported
+    replica: str
+    response: web.StreamResponse  # the client's stream, open
+    translator: StreamTranslator | None  # a dialect's translation, mid-stream
+    sent: Sent = field(default_factory=Sent)
+
+
+@dataclass
+class Continuing:
+    """A continuation's exchange: where its chunks go, rewritten."""
+
+    response: web.StreamResponse
+    translator: StreamTranslator | None
+    rewriter: Rewriter
+
+
+async def engine_continues(session_get, base_url: str, headers: dict[str, str], known: dict[str, bool]) -> bool:
+    """Whether the replica at ``base_url`` takes ``continue_final_message``: its
+    ``/openapi.json`` lists it in a request schema (vLLM and SGLang publish theirs).
+    Remembered per replica once it answered; no answer in time is a no, asked again next
+    time."""
+    if base_url in known:
+        return known[base_url]
+    try:
+        async with asyncio.timeout(CONTINUE_SUPPORT_TIMEOUT_S):
+            async with session_get(base_url, OPENAPI_PATH, headers) as response:
+                if response.status != 200:
+                    known[base_url] = False
+                    return False
+                document = json.loads(await response.read())
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return False
+    except (ValueError, UnicodeDecodeError):
+        document = None
+    known[base_url] = publishes_continue(document)
+    return known[base_url]
+
+
+def publishes_continue(document: Any) -> bool:
+    """An OpenAPI document with a request schema listing ``continue_final_message``."""
+    schemas = ((document or {}).get("components") or {}).get("schemas") if isinstance(document, dict) else None
+    if not isinstance(schemas, dict):
+        return False
+    return any(isinstance(schema, dict) and isinstance(schema.get("properties"), dict)
+               and CONTINUE_FIELD in schema["properties"] and "messages" in schema["properties"]
+               for schema in schemas.values())

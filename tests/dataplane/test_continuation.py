@@ -1,0 +1,88 @@
+"""The pieces of a stalled stream's continuation (dataplane/continuation.py): what the
+client already holds, the request that continues it, and the continuation's chunks as
+the first stream's. The whole path runs in tests/e2e/test_stream_continuation.py."""
+
+from __future__ import annotations
+
+import json
+
+from luftpause.dataplane.continuation import Rewriter, continuation_body, publishes_continue, refusal, sent_so_far
+
+
+def chunk(delta: dict, finish: str | None = None, index: int = 0, **extra) -> bytes:
+    body = {"id": "chatcmpl-first", "object": "chat.completion.chunk", "created": 1700000000, "model": "m",
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish}], **extra}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+STREAM = chunk({"role": "assistant", "content": ""}) + chunk({"content": "The"}) + chunk({"content": " answer"})
+
+
+def test_what_the_client_holds_is_read_from_the_chunks_passed_on():
+    sent = sent_so_far(STREAM)
+    assert not sent.unsafe
+    assert (sent.id, sent.created, sent.model) == ("chatcmpl-first", 1700000000, "m")
+    assert sent.text == "The answer" and sent.chunks == 2
+
+
+def test_a_stream_that_cannot_be_continued_says_why():
+    tool = chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                  "function": {"name": "f", "arguments": ""}}]})
+    assert "tool-call" in sent_so_far(STREAM + tool).unsafe
+    assert "reasoning" in sent_so_far(chunk({"reasoning_content": "hmm"}) + STREAM).unsafe
+    assert "choice" in sent_so_far(STREAM + chunk({"content": "x"}, index=1)).unsafe
+    assert "inside an event" in sent_so_far(STREAM + b'data: {"id":').unsafe
+    assert "finish reason" in sent_so_far(STREAM + chunk({}, "stop")).unsafe
+    assert "ended" in sent_so_far(STREAM + b"data: [DONE]\n\n").unsafe
+    assert refusal(b'{"model":"m","n":2,"messages":[]}') and not refusal(b'{"model":"m","messages":[]}')
+
+
+def test_the_request_continues_the_sent_text_with_its_token_limit_reduced():
+    body = json.dumps({"model": "m", "stream": True, "max_tokens": 100, "max_completion_tokens": 50,
+                       "messages": [{"role": "user", "content": "question"}]}).encode()
+    rewritten = json.loads(continuation_body(body, sent_so_far(STREAM)))
+    assert rewritten["messages"] == [{"role": "user", "content": "question"},
+                                     {"role": "assistant", "content": "The answer"}]
+    assert rewritten["continue_final_message"] is True and rewritten["add_generation_prompt"] is False
+    assert (rewritten["max_tokens"], rewritten["max_completion_tokens"]) == (98, 48)
+    assert rewritten["stream"] is True and rewritten["model"] == "m"
+    tight = json.loads(continuation_body(json.dumps({"model": "m", "max_tokens": 2, "messages": []}).encode(),
+                                         sent_so_far(STREAM)))
+    assert tight["max_tokens"] == 1  # never 0, which an engine refuses
+    unlimited = json.loads(continuation_body(json.dumps({"model": "m", "messages": []}).encode(),
+                                             sent_so_far(STREAM)))
+    assert "max_tokens" not in unlimited and "max_completion_tokens" not in unlimited
+    # only the role chunk reached the client: the request goes again as it came
+    role_only = sent_so_far(chunk({"role": "assistant", "content": ""}))
+    assert not role_only.unsafe and role_only.text == "" and role_only.chunks == 0
+    assert continuation_body(body, role_only) == body
+
+
+def test_the_continuation_reads_as_the_first_stream():
+    rewriter = Rewriter(sent_so_far(STREAM))
+    other = {"id": "chatcmpl-second", "object": "chat.completion.chunk", "created": 1800000000, "model": "m2"}
+    role = {**other, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+    word = {**other, "choices": [{"index": 0, "delta": {"content": " is"}, "finish_reason": None}]}
+    finish = {**other, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    usage = {**other, "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}}
+    wire = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in (role, word, finish, usage))
+    wire += b"data: [DONE]\n\n"
+    out = b"".join(rewriter.feed(wire[i:i + 7]) for i in range(0, len(wire), 7))  # split anywhere
+    events = [line[6:] for line in out.split(b"\n\n") if line]
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) == 3  # the second role chunk is gone
+    assert {(c["id"], c["created"], c["model"]) for c in chunks} == {("chatcmpl-first", 1700000000, "m")}
+    assert chunks[0]["choices"][0]["delta"] == {"content": " is"}
+    assert chunks[1]["choices"][0]["finish_reason"] == "stop"
+    # the two tokens sent before count as the reply's, not as the prompt's
+    assert chunks[2]["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+
+
+def test_an_engine_takes_the_continuation_only_if_its_schema_lists_it():
+    vllm_like = {"paths": {}, "components": {"schemas": {"ChatCompletionRequest": {
+        "properties": {"messages": {}, "continue_final_message": {}, "add_generation_prompt": {}}}}}}
+    assert publishes_continue(vllm_like)
+    assert not publishes_continue({"paths": {"/v1/chat/completions": {"post": {}}}})
+    assert not publishes_continue({"components": {"schemas": {"Other": {"properties": {"continue_final_message": {}}}}}})
+    assert not publishes_continue(None) and not publishes_continue([])
