@@ -75,6 +75,7 @@ class SchedulerHost:
         self._waiters: dict[str, list[Callable[[core.Action], None]]] = {}
         self._logged_problems: set[str] = set()  # metrics URLs already logged as unreadable
         self._stale_logged: set[str] = set()  # replicas whose metrics time out, logged once per spell
+        self._unseen_since: dict[str, float] = {}  # replicas out of sight: since when (clock seconds)
         self.metrics = SchedulerMetrics(self.status, clock)
         self.metrics.init_series(self.endpoints)
         self.serving = False  # set once the gRPC server is up (readiness)
@@ -262,7 +263,8 @@ class SchedulerHost:
                 # The fast batch and the native APIs are read, side by side, on the first
                 # healthy probe of each healthy spell.
                 unread = [e for e, (r, _) in zip(self.endpoints.values(), results, strict=True)
-                          if r.healthy and not self.state.replicas[e.name].healthy]
+                          if r.healthy and not (self.state.replicas[e.name].healthy
+                                                or self.state.replicas[e.name].unseen)]
                 sizes, _ = await asyncio.gather(
                     asyncio.gather(*(fast_batch(client, e) for e in unread)),
                     self._discover_apis(client, [e for e in unread if e.native_apis is None]))
@@ -306,7 +308,7 @@ class SchedulerHost:
             self.log.info("replica_answers", replica=replica, effect="back in rotation")
         self.apply(core.EngineProbed(replica, result.healthy, result.running, result.queued, self.now_ms(),
                                      result.kv_used, result.kv_total, fast, answers=answered,
-                                     load_stale=result.load_stale))
+                                     load_stale=result.load_stale, unanswered=result.unanswered))
 
     def reprobe(self, replica: str) -> None:
         """Probe one replica now, out of turn: a turn failed there, and a dead engine
@@ -329,7 +331,16 @@ class SchedulerHost:
         task.add_done_callback(self._tasks.discard)
 
     def _log_probe(self, replica: str, result: ProbeResult) -> None:
-        if result.healthy != self.state.replicas[replica].healthy:
+        known = self.state.replicas[replica]
+        if result.unanswered and known.healthy and not known.stalled:
+            self._unseen_since[replica] = self._clock()
+            self.log.warning("replica_unseen", replica=replica, url=self.endpoints[replica].probed_at,
+                             effect="its health probe went unanswered: runs pinned there stay, new runs go elsewhere")
+        elif known.unseen and not result.unanswered:
+            since = self._unseen_since.pop(replica, None)
+            self.log.info("replica_seen", replica=replica, healthy=result.healthy,
+                          unseen_s=None if since is None else round(self._clock() - since, 3))
+        elif result.healthy != known.healthy and not (known.unseen and result.unanswered):
             self.log.info("replica_health", replica=replica, healthy=result.healthy)
         if result.load_stale and replica not in self._stale_logged:
             self._stale_logged.add(replica)
