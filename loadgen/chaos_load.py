@@ -12,7 +12,10 @@ Fault classes (``--faults``):
 - ``slow``: engine-b runs 10x slower than engine-a for the whole run;
 - ``metrics-hang``: engine-b's /metrics never answers;
 - ``partition-N``: the dataplane is cut off from the scheduler for N seconds at
-  ``--fault-at`` (a real TCP proxy that drops everything while cut).
+  ``--fault-at`` (a real TCP proxy that drops everything while cut);
+- ``engine-partition-N``: the scheduler is cut off from engine-b for N seconds at
+  ``--fault-at`` while the dataplane still reaches it (engine-b's ``probe_url`` goes
+  through such a proxy).
 
 Per fault a row: runs finished and runs lost (failed: the client got no answer),
 turns the dataplane re-sent (no byte had reached the client), completed rounds
@@ -20,7 +23,11 @@ repeated (turns the dataplane finished beyond those the agents received, per run
 agent runs its tool calls once per answer it gets, so a round runs twice only if one
 turn were answered twice), interactive turn p99 time to first token and batch runs per minute, each
 against the reference, and the requests each engine received (an engine 10x slower
-than its peer should get about a tenth). JSON to ``bench-results/chaos-load-<time>.json``.
+than its peer should get about a tenth), and for partitions the time from the heal to
+service resumed: the first turn the scheduler places after the heal (``partition-N``),
+engine-b back in the scheduler's rotation (``engine-partition-N``); the target is one
+probe period (2 s), a miss is marked and fails the run. JSON to
+``bench-results/chaos-load-<time>.json``.
 """
 
 from __future__ import annotations
@@ -37,14 +44,21 @@ from typing import Any
 
 import httpx
 
-from luftpause.dev.faultproxy import FaultProxy
+from prometheus_client.parser import text_string_to_metric_families
+
+from luftpause.dev.faultproxy import FaultProxy, probe_through
 from luftpause.loadgen.agents import Target
 from luftpause.loadgen.driver import Group, run_load
 from luftpause.loadgen.records import percentile
 from luftpause.loadgen.workload import Workload
 from luftpause.dev.stack import MODEL, Stack
+from luftpause.scheduler.constants import PROBE_PERIOD_S
 
-FAULTS = ("none", "hang", "stall", "slow", "metrics-hang", "partition-2", "partition-10", "partition-30")
+FAULTS = ("none", "hang", "stall", "slow", "metrics-hang", "partition-2", "partition-10", "partition-30",
+          "engine-partition-2", "engine-partition-10", "engine-partition-30")
+PARTITIONS = ("partition-", "engine-partition-")
+RESUME_POLL_S = 0.05  # how often service is looked for after a heal
+RESUME_WAIT_S = 20.0  # at most this long
 DEFAULT_FAULTS = ",".join(FAULTS)
 SLOWER = 10.0
 
@@ -64,6 +78,13 @@ class FaultRow:
     engine_requests: dict[str, int] = field(default_factory=dict)  # requests each engine received
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    resume_s: float | None = None  # partitions: heal to service resumed; None: not within RESUME_WAIT_S
+    resume_target_missed: bool = False  # a partition whose service did not resume within one probe period
+    engine_unseen_s: list[float] = field(default_factory=list)  # engine partitions: spells engine-b was out of sight
+
+    @property
+    def partition(self) -> bool:
+        return self.fault.startswith(PARTITIONS)
 
 
 def workload_groups(interactive: int, batch: int) -> list[Group]:
@@ -79,15 +100,46 @@ def _set_faults(stack: Stack, engine: str, faults: list[str]) -> None:
     httpx.put(f"http://127.0.0.1:{port}/faults", json={"faults": faults}, timeout=5).raise_for_status()
 
 
-async def _inject(fault: str, stack: Stack, proxy: FaultProxy, at_s: float) -> None:
+def _placed_by_scheduler(text: str) -> float:
+    """Turns the dataplane has had placed by the scheduler (its /metrics)."""
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "luftpause_dataplane_turns_placed_total" and sample.labels.get("by") == "scheduler")
+
+
+async def _service_back(fault: str, stack: Stack, client: httpx.AsyncClient) -> Any:
+    """What says service is back: the dataplane's count of turns placed by the scheduler
+    (a partition-N), or whether engine-b is in the scheduler's rotation (engine-partition-N)."""
+    if fault.startswith("engine-partition-"):
+        status = (await client.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status")).json()
+        return any(r["name"] == "engine-b" and r["healthy"] for r in status["replicas"])
+    return _placed_by_scheduler((await client.get(f"http://127.0.0.1:{stack.ports.dataplane}/metrics")).text)
+
+
+async def _partition(fault: str, stack: Stack, proxy: FaultProxy) -> float | None:
+    """Cut, wait, heal; then the seconds from the heal until service resumed (None: not
+    within RESUME_WAIT_S)."""
+    async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+        proxy.cut()
+        await asyncio.sleep(float(fault.rsplit("-", 1)[1]))
+        before = await _service_back(fault, stack, client)  # read while still cut
+        proxy.heal()
+        healed = time.monotonic()
+        while time.monotonic() - healed < RESUME_WAIT_S:
+            now = await _service_back(fault, stack, client)
+            if now is True or (now is not False and now > before):
+                return round(time.monotonic() - healed, 3)
+            await asyncio.sleep(RESUME_POLL_S)
+    return None
+
+
+async def _inject(fault: str, stack: Stack, proxy: FaultProxy, at_s: float) -> float | None:
     await asyncio.sleep(at_s)
     if fault in ("hang", "stall", "metrics-hang"):
         directive = {"hang": "hang", "stall": "stall-after=2", "metrics-hang": "metrics-hang"}[fault]
         await asyncio.to_thread(_set_faults, stack, "engine-b", [directive])
-    elif fault.startswith("partition-"):
-        proxy.cut()
-        await asyncio.sleep(float(fault.split("-")[1]))
-        proxy.heal()
+    elif fault.startswith(PARTITIONS):
+        return await _partition(fault, stack, proxy)
+    return None
 
 
 def _log(stack: Stack, process: str) -> list[dict[str, Any]]:
@@ -104,7 +156,7 @@ def _repeated(log: list[dict[str, Any]], received: dict[str, int]) -> int:
     """Turns the dataplane finished beyond those the agents received, summed over runs."""
     finished: dict[str, int] = {}
     for record in log:
-        if record.get("event") == "turn" and record.get("outcome") == "finished":
+        if record.get("event") == "turn" and record.get("status") == "finished":
             finished[record.get("run", "")] = finished.get(record.get("run", ""), 0) + 1
     return sum(max(0, count - received.get(run, 0)) for run, count in finished.items() if run in received)
 
@@ -118,14 +170,25 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
                                 engine_args_by_name=by_name, env={"LUFTPAUSE_LOG_FORMAT": "json"})
     proxy = FaultProxy(stack.ports.scheduler_grpc).start()
     stack.dataplane_scheduler = proxy.address
+    engine_proxy = FaultProxy(stack.ports.engines[1]).start()  # the scheduler's probes of engine-b, for engine-partition-N
+    if fault.startswith("engine-partition-"):
+        probe_through(stack.pool_file, "engine-b", engine_proxy)
     try:
         stack.start()
-        injector = asyncio.create_task(_inject(fault, stack, proxy, warmup_s + fault_at_s))
+        cut = engine_proxy if fault.startswith("engine-partition-") else proxy
+        injector = asyncio.create_task(_inject(fault, stack, cut, warmup_s + fault_at_s))
         target = Target(f"http://127.0.0.1:{stack.ports.dataplane}/v1", MODEL, luftpause=True, caller="chaos")
         result = await run_load(groups, target=target, warmup_s=warmup_s, duration_s=window_s, time_scale=1.0,
                                 name=f"chaos-{fault}", seed="chaos-load")
+        if injector.done() and not injector.cancelled() and injector.exception() is None:
+            row.resume_s = injector.result()
         injector.cancel()
         proxy.heal()
+        engine_proxy.heal()
+        if row.partition:
+            row.resume_target_missed = row.resume_s is None or row.resume_s > PROBE_PERIOD_S
+            row.engine_unseen_s = [r["unseen_s"] for r in _log(stack, "scheduler")
+                                   if r.get("event") == "replica_seen" and r.get("unseen_s") is not None]
         start, end = result.window_s
         measured = [r for r in result.records if start <= r.ended <= end]
         row.runs = sum(r.ok for r in measured)
@@ -147,6 +210,7 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
     finally:
         stack.stop()
         proxy.close()
+        engine_proxy.close()
     row.seconds = round(time.monotonic() - began, 1)
     return row
 
@@ -164,14 +228,20 @@ def compare(rows: list[FaultRow]) -> None:
 
 def table(rows: list[FaultRow]) -> str:
     header = ("fault", "runs", "lost", "turns re-sent", "rounds repeated", "interactive p99 TTFT s", "× ref",
-              "batch runs/min", "× ref", "requests a/b")
+              "batch runs/min", "× ref", "requests a/b", "resume s")
 
     def fmt(value: float | None, digits: int = 2) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
+    def resumed(row: FaultRow) -> str:
+        if not row.partition:
+            return "-"
+        shown = "never" if row.resume_s is None else f"{row.resume_s:.2f}"
+        return shown + (" MISSED" if row.resume_target_missed else "")
+
     body = [(r.fault, str(r.runs), str(r.lost), str(r.resent_turns), str(r.rounds_repeated),
              fmt(r.interactive_ttft_p99_s), fmt(r.interactive_p99_x), fmt(r.batch_runs_per_min, 1),
-             fmt(r.batch_throughput_x), "/".join(str(n) for n in r.engine_requests.values())) for r in rows]
+             fmt(r.batch_throughput_x), "/".join(str(n) for n in r.engine_requests.values()), resumed(r)) for r in rows]
     widths = [max(len(x[i]) for x in (header, *body)) for i in range(len(header))]
     lines = [" | ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)) for x in (header, *body)]
     lines.insert(1, "-+-".join("-" * w for w in widths))
@@ -181,8 +251,10 @@ def table(rows: list[FaultRow]) -> str:
 def parse_faults(text: str) -> list[str]:
     faults = [f.strip() for f in text.split(",") if f.strip()]
     for fault in faults:
-        if fault not in FAULTS and not (fault.startswith("partition-") and fault[10:].replace(".", "", 1).isdigit()):
-            raise ValueError(f"unknown fault {fault!r}: use {', '.join(FAULTS)} (partition-N: N seconds)")
+        kind, _, seconds = fault.rpartition("-")
+        if fault not in FAULTS and not (f"{kind}-" in PARTITIONS and seconds.replace(".", "", 1).isdigit()):
+            raise ValueError(f"unknown fault {fault!r}: use {', '.join(FAULTS)} (partition-N, engine-partition-N: "
+                             "N seconds)")
     return faults
 
 
@@ -229,8 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         for error in row.errors:
             sys.stdout.write(f"{row.fault}: {error}\n")
+        if row.resume_target_missed:
+            took = "not within {:.0f} s".format(RESUME_WAIT_S) if row.resume_s is None else f"{row.resume_s:.2f} s"
+            sys.stdout.write(f"{row.fault}: TARGET MISSED: service resumed {took} after the heal "
+                             f"(target: one probe period, {PROBE_PERIOD_S:.0f} s)\n")
     sys.stdout.write(f"JSON: {path}\n")
-    return 0 if all(r.lost == 0 and r.rounds_repeated == 0 for r in rows) else 1
+    return 0 if all(r.lost == 0 and r.rounds_repeated == 0 and not r.resume_target_missed for r in rows) else 1
 
 
 if __name__ == "__main__":
