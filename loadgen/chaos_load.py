@@ -170,7 +170,8 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
                                 engine_args_by_name=by_name, env={"LUFTPAUSE_LOG_FORMAT": "json"})
     proxy = FaultProxy(stack.ports.scheduler_grpc).start()
     stack.dataplane_scheduler = proxy.address
-    engine_proxy = FaultProxy(stack.ports.engines[1]).start()  # the scheduler's probes of engine-b, for engine-partition-N
+    # The scheduler's probes of engine-b pass it in engine-partition-N.
+    engine_proxy = FaultProxy(stack.ports.engines[1]).start()
     if fault.startswith("engine-partition-"):
         probe_through(stack.pool_file, "engine-b", engine_proxy)
     try:
