@@ -255,23 +255,26 @@ class SchedulerHost:
         return core.status(self.state, self.now_ms())
 
     async def probe_forever(self) -> None:
+        """Every endpoint on its own clock: one whose probe waits out the timeout (a
+        partition, a wedged route) delays no other endpoint's readings."""
         async with probe_client() as client:
             self._probe_client = client
-            while True:
-                started = time.monotonic()
-                results = await asyncio.gather(*(self._probe(client, e) for e in self.endpoints.values()))
-                # The fast batch and the native APIs are read, side by side, on the first
-                # healthy probe of each healthy spell.
-                unread = [e for e, (r, _) in zip(self.endpoints.values(), results, strict=True)
-                          if r.healthy and not (self.state.replicas[e.name].healthy
-                                                or self.state.replicas[e.name].unseen)]
-                sizes, _ = await asyncio.gather(
-                    asyncio.gather(*(fast_batch(client, e) for e in unread)),
-                    self._discover_apis(client, [e for e in unread if e.native_apis is None]))
-                read = {e.name: size for e, size in zip(unread, sizes, strict=True)}
-                for endpoint, (result, answered) in zip(self.endpoints.values(), results, strict=True):
-                    self._probe_result(endpoint.name, result, read.get(endpoint.name), answered)
-                await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
+            await asyncio.gather(*(self._probe_endpoint_forever(client, e) for e in self.endpoints.values()))
+
+    async def _probe_endpoint_forever(self, client: httpx.AsyncClient, endpoint: Endpoint) -> None:
+        while True:
+            started = time.monotonic()
+            result, answered = await self._probe(client, endpoint)
+            # The fast batch and the native APIs are read, side by side, on the first
+            # healthy probe of each healthy spell (out of sight and back is the same spell).
+            known = self.state.replicas[endpoint.name]
+            fast = None
+            if result.healthy and not (known.healthy or known.unseen):
+                fast, _ = await asyncio.gather(
+                    fast_batch(client, endpoint),
+                    self._discover_apis(client, [endpoint] if endpoint.native_apis is None else []))
+            self._probe_result(endpoint.name, result, fast, answered)
+            await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
 
     def native_apis(self, endpoint: Endpoint) -> tuple[str, ...]:
         """The client APIs besides chat completions the replica serves itself: its pool
