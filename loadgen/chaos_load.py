@@ -18,6 +18,9 @@ Fault classes (``--faults``):
   as MCP sub-agent runs through the runtime, whose journal is on a small tmpfs (root
   only); ``disk-full`` fills it for ``--disk-full-s`` seconds at ``--fault-at``. Its
   reference is ``none-mcp``, added when not asked for.
+- ``engine-partition-N``: the scheduler is cut off from engine-b for N seconds at
+  ``--fault-at`` while the dataplane still reaches it (engine-b's ``probe_url`` goes
+  through such a proxy).
 
 Per fault a row: runs finished and runs lost (failed: the client got no answer),
 turns the dataplane re-sent (no byte had reached the client), streams it continued on
@@ -26,7 +29,11 @@ repeated (turns the dataplane finished beyond those the agents received, per run
 agent runs its tool calls once per answer it gets, so a round runs twice only if one
 turn were answered twice), interactive turn p99 time to first token and batch runs per minute, each
 against the reference, and the requests each engine received (an engine 10x slower
-than its peer should get about a tenth). JSON to ``bench-results/chaos-load-<time>.json``.
+than its peer should get about a tenth), and for partitions the time from the heal to
+service resumed: the first turn the scheduler places after the heal (``partition-N``),
+engine-b back in the scheduler's rotation (``engine-partition-N``); the target is one
+probe period (2 s), a miss is marked and fails the run. JSON to
+``bench-results/chaos-load-<time>.json``.
 """
 
 from __future__ import annotations
@@ -43,16 +50,22 @@ from typing import Any
 
 import httpx
 
-from luftpause.dev.faultproxy import FaultProxy
+from prometheus_client.parser import text_string_to_metric_families
+
+from luftpause.dev.faultproxy import FaultProxy, probe_through
 from luftpause.loadgen import chaos_runtime
 from luftpause.loadgen.agents import Target
 from luftpause.loadgen.driver import Group, run_load
 from luftpause.loadgen.records import percentile
 from luftpause.loadgen.workload import Workload
 from luftpause.dev.stack import MODEL, Stack
+from luftpause.scheduler.constants import PROBE_PERIOD_S
 
 FAULTS = ("none", "hang", "stall", "slow", "metrics-hang", "partition-2", "partition-10", "partition-30",
-          *chaos_runtime.RUNTIME_FAULTS)
+          "engine-partition-2", "engine-partition-10", "engine-partition-30", *chaos_runtime.RUNTIME_FAULTS)
+PARTITIONS = ("partition-", "engine-partition-")
+RESUME_POLL_S = 0.05  # how often service is looked for after a heal
+RESUME_WAIT_S = 20.0  # at most this long
 DEFAULT_FAULTS = ",".join(FAULTS)
 SLOWER = 10.0
 
@@ -84,6 +97,13 @@ class FaultRow:
     resume_healthy_s: float | None = None  # → the runtime's /health answers 200
     skipped: str = ""  # why the row did not run
     notes: list[str] = field(default_factory=list)
+    resume_s: float | None = None  # partitions: heal to service resumed; None: not within RESUME_WAIT_S
+    resume_target_missed: bool = False  # a partition whose service did not resume within one probe period
+    engine_unseen_s: list[float] = field(default_factory=list)  # engine partitions: spells engine-b was out of sight
+
+    @property
+    def partition(self) -> bool:
+        return self.fault.startswith(PARTITIONS)
 
 
 def workload_groups(interactive: int, batch: int) -> list[Group]:
@@ -99,15 +119,46 @@ def _set_faults(stack: Stack, engine: str, faults: list[str]) -> None:
     httpx.put(f"http://127.0.0.1:{port}/faults", json={"faults": faults}, timeout=5).raise_for_status()
 
 
-async def _inject(fault: str, stack: Stack, proxy: FaultProxy, at_s: float) -> None:
+def _placed_by_scheduler(text: str) -> float:
+    """Turns the dataplane has had placed by the scheduler (its /metrics)."""
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "luftpause_dataplane_turns_placed_total" and sample.labels.get("by") == "scheduler")
+
+
+async def _service_back(fault: str, stack: Stack, client: httpx.AsyncClient) -> Any:
+    """What says service is back: the dataplane's count of turns placed by the scheduler
+    (a partition-N), or whether engine-b is in the scheduler's rotation (engine-partition-N)."""
+    if fault.startswith("engine-partition-"):
+        status = (await client.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status")).json()
+        return any(r["name"] == "engine-b" and r["healthy"] for r in status["replicas"])
+    return _placed_by_scheduler((await client.get(f"http://127.0.0.1:{stack.ports.dataplane}/metrics")).text)
+
+
+async def _partition(fault: str, stack: Stack, proxy: FaultProxy) -> float | None:
+    """Cut, wait, heal; then the seconds from the heal until service resumed (None: not
+    within RESUME_WAIT_S)."""
+    async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+        proxy.cut()
+        await asyncio.sleep(float(fault.rsplit("-", 1)[1]))
+        before = await _service_back(fault, stack, client)  # read while still cut
+        proxy.heal()
+        healed = time.monotonic()
+        while time.monotonic() - healed < RESUME_WAIT_S:
+            now = await _service_back(fault, stack, client)
+            if now is True or (now is not False and now > before):
+                return round(time.monotonic() - healed, 3)
+            await asyncio.sleep(RESUME_POLL_S)
+    return None
+
+
+async def _inject(fault: str, stack: Stack, proxy: FaultProxy, at_s: float) -> float | None:
     await asyncio.sleep(at_s)
     if fault in ("hang", "stall", "metrics-hang"):
         directive = {"hang": "hang", "stall": "stall-after=2", "metrics-hang": "metrics-hang"}[fault]
         await asyncio.to_thread(_set_faults, stack, "engine-b", [directive])
-    elif fault.startswith("partition-"):
-        proxy.cut()
-        await asyncio.sleep(float(fault.split("-")[1]))
-        proxy.heal()
+    elif fault.startswith(PARTITIONS):
+        return await _partition(fault, stack, proxy)
+    return None
 
 
 def _log(stack: Stack, process: str) -> list[dict[str, Any]]:
@@ -141,14 +192,26 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
                                 env={"LUFTPAUSE_LOG_FORMAT": "json"})
     proxy = FaultProxy(stack.ports.scheduler_grpc).start()
     stack.dataplane_scheduler = proxy.address
+    # The scheduler's probes of engine-b pass it in engine-partition-N.
+    engine_proxy = FaultProxy(stack.ports.engines[1]).start()
+    if fault.startswith("engine-partition-"):
+        probe_through(stack.pool_file, "engine-b", engine_proxy)
     try:
         stack.start()
-        injector = asyncio.create_task(_inject(fault, stack, proxy, warmup_s + fault_at_s))
+        cut = engine_proxy if fault.startswith("engine-partition-") else proxy
+        injector = asyncio.create_task(_inject(fault, stack, cut, warmup_s + fault_at_s))
         target = Target(f"http://127.0.0.1:{stack.ports.dataplane}/v1", MODEL, luftpause=True, caller="chaos")
         result = await run_load(groups, target=target, warmup_s=warmup_s, duration_s=window_s, time_scale=1.0,
                                 name=f"chaos-{fault}", seed="chaos-load")
+        if injector.done() and not injector.cancelled() and injector.exception() is None:
+            row.resume_s = injector.result()
         injector.cancel()
         proxy.heal()
+        engine_proxy.heal()
+        if row.partition:
+            row.resume_target_missed = row.resume_s is None or row.resume_s > PROBE_PERIOD_S
+            row.engine_unseen_s = [r["unseen_s"] for r in _log(stack, "scheduler")
+                                   if r.get("event") == "replica_seen" and r.get("unseen_s") is not None]
         start, end = result.window_s
         measured = [r for r in result.records if start <= r.ended <= end]
         row.runs = sum(r.ok for r in measured)
@@ -171,6 +234,7 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
     finally:
         stack.stop()
         proxy.close()
+        engine_proxy.close()
     row.seconds = round(time.monotonic() - began, 1)
     return row
 
@@ -191,15 +255,21 @@ def compare(rows: list[FaultRow]) -> None:
 
 def table(rows: list[FaultRow]) -> str:
     header = ("fault", "runs", "lost", "turns re-sent", "rounds repeated", "interactive p99 TTFT s", "× ref",
-              "batch runs/min", "× ref", "requests a/b", "interactive run p99 s (× ref)",
+              "batch runs/min", "× ref", "requests a/b", "resume s", "interactive run p99 s (× ref)",
               "spawns refused (naming disk)", "space back → write / progress / healthy s")
 
     def fmt(value: float | None, digits: int = 2) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
+    def resumed(row: FaultRow) -> str:
+        if not row.partition:
+            return "-"
+        shown = "never" if row.resume_s is None else f"{row.resume_s:.2f}"
+        return shown + (" MISSED" if row.resume_target_missed else "")
+
     body = [(r.fault, str(r.runs), str(r.lost), str(r.resent_turns), str(r.rounds_repeated),
              fmt(r.interactive_ttft_p99_s), fmt(r.interactive_p99_x), fmt(r.batch_runs_per_min, 1),
-             fmt(r.batch_throughput_x), "/".join(str(n) for n in r.engine_requests.values()),
+             fmt(r.batch_throughput_x), "/".join(str(n) for n in r.engine_requests.values()), resumed(r),
              "-" if r.interactive_run_p99_s is None else f"{r.interactive_run_p99_s:.2f} ({fmt(r.interactive_run_p99_x)})",
              f"{r.spawns_refused} ({r.refusals_naming_disk})" if r.fault in chaos_runtime.RUNTIME_FAULTS else "-",
              "-" if r.disk_full_at_s is None else
@@ -214,8 +284,10 @@ def table(rows: list[FaultRow]) -> str:
 def parse_faults(text: str) -> list[str]:
     faults = [f.strip() for f in text.split(",") if f.strip()]
     for fault in faults:
-        if fault not in FAULTS and not (fault.startswith("partition-") and fault[10:].replace(".", "", 1).isdigit()):
-            raise ValueError(f"unknown fault {fault!r}: use {', '.join(FAULTS)} (partition-N: N seconds)")
+        kind, _, seconds = fault.rpartition("-")
+        if fault not in FAULTS and not (f"{kind}-" in PARTITIONS and seconds.replace(".", "", 1).isdigit()):
+            raise ValueError(f"unknown fault {fault!r}: use {', '.join(FAULTS)} (partition-N, engine-partition-N: "
+                             "N seconds)")
     if "disk-full" in faults and chaos_runtime.REFERENCE not in faults:  # its own reference, first
         faults.insert(faults.index("disk-full"), chaos_runtime.REFERENCE)
     return faults
@@ -273,8 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         for error in [*row.errors, *row.notes, *chaos_runtime.check(row)]:
             sys.stdout.write(f"{row.fault}: {error}\n")
+        if row.resume_target_missed:
+            took = "not within {:.0f} s".format(RESUME_WAIT_S) if row.resume_s is None else f"{row.resume_s:.2f} s"
+            sys.stdout.write(f"{row.fault}: TARGET MISSED: service resumed {took} after the heal "
+                             f"(target: one probe period, {PROBE_PERIOD_S:.0f} s)\n")
     sys.stdout.write(f"JSON: {path}\n")
-    return 0 if all(r.lost == 0 and r.rounds_repeated == 0 and not chaos_runtime.check(r) for r in rows) else 1
+    return 0 if all(r.lost == 0 and r.rounds_repeated == 0 and not r.resume_target_missed
+                    and not chaos_runtime.check(r) for r in rows) else 1
 
 
 if __name__ == "__main__":

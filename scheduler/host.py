@@ -75,6 +75,7 @@ class SchedulerHost:
         self._waiters: dict[str, list[Callable[[core.Action], None]]] = {}
         self._logged_problems: set[str] = set()  # metrics URLs already logged as unreadable
         self._stale_logged: set[str] = set()  # replicas whose metrics time out, logged once per spell
+        self._unseen_since: dict[str, float] = {}  # replicas out of sight: since when (clock seconds)
         self.metrics = SchedulerMetrics(self.status, clock)
         self.metrics.init_series(self.endpoints)
         self.serving = False  # set once the gRPC server is up (readiness)
@@ -254,22 +255,26 @@ class SchedulerHost:
         return core.status(self.state, self.now_ms())
 
     async def probe_forever(self) -> None:
+        """Every endpoint on its own clock: one whose probe waits out the timeout (a
+        partition, a wedged route) delays no other endpoint's readings."""
         async with probe_client() as client:
             self._probe_client = client
-            while True:
-                started = time.monotonic()
-                results = await asyncio.gather(*(self._probe(client, e) for e in self.endpoints.values()))
-                # The fast batch and the native APIs are read, side by side, on the first
-                # healthy probe of each healthy spell.
-                unread = [e for e, (r, _) in zip(self.endpoints.values(), results, strict=True)
-                          if r.healthy and not self.state.replicas[e.name].healthy]
-                sizes, _ = await asyncio.gather(
-                    asyncio.gather(*(fast_batch(client, e) for e in unread)),
-                    self._discover_apis(client, [e for e in unread if e.native_apis is None]))
-                read = {e.name: size for e, size in zip(unread, sizes, strict=True)}
-                for endpoint, (result, answered) in zip(self.endpoints.values(), results, strict=True):
-                    self._probe_result(endpoint.name, result, read.get(endpoint.name), answered)
-                await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
+            await asyncio.gather(*(self._probe_endpoint_forever(client, e) for e in self.endpoints.values()))
+
+    async def _probe_endpoint_forever(self, client: httpx.AsyncClient, endpoint: Endpoint) -> None:
+        while True:
+            started = time.monotonic()
+            result, answered = await self._probe(client, endpoint)
+            # The fast batch and the native APIs are read, side by side, on the first
+            # healthy probe of each healthy spell (out of sight and back is the same spell).
+            known = self.state.replicas[endpoint.name]
+            fast = None
+            if result.healthy and not (known.healthy or known.unseen):
+                fast, _ = await asyncio.gather(
+                    fast_batch(client, endpoint),
+                    self._discover_apis(client, [endpoint] if endpoint.native_apis is None else []))
+            self._probe_result(endpoint.name, result, fast, answered)
+            await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
 
     def native_apis(self, endpoint: Endpoint) -> tuple[str, ...]:
         """The client APIs besides chat completions the replica serves itself: its pool
@@ -306,7 +311,7 @@ class SchedulerHost:
             self.log.info("replica_answers", replica=replica, effect="back in rotation")
         self.apply(core.EngineProbed(replica, result.healthy, result.running, result.queued, self.now_ms(),
                                      result.kv_used, result.kv_total, fast, answers=answered,
-                                     load_stale=result.load_stale))
+                                     load_stale=result.load_stale, unanswered=result.unanswered))
 
     def reprobe(self, replica: str) -> None:
         """Probe one replica now, out of turn: a turn failed there, and a dead engine
@@ -329,7 +334,16 @@ class SchedulerHost:
         task.add_done_callback(self._tasks.discard)
 
     def _log_probe(self, replica: str, result: ProbeResult) -> None:
-        if result.healthy != self.state.replicas[replica].healthy:
+        known = self.state.replicas[replica]
+        if result.unanswered and known.healthy and not known.stalled:
+            self._unseen_since[replica] = self._clock()
+            self.log.warning("replica_unseen", replica=replica, url=self.endpoints[replica].probed_at,
+                             effect="its health probe went unanswered: runs pinned there stay, new runs go elsewhere")
+        elif known.unseen and not result.unanswered:
+            since = self._unseen_since.pop(replica, None)
+            self.log.info("replica_seen", replica=replica, healthy=result.healthy,
+                          unseen_s=None if since is None else round(self._clock() - since, 3))
+        elif result.healthy != known.healthy and not (known.unseen and result.unanswered):
             self.log.info("replica_health", replica=replica, healthy=result.healthy)
         if result.load_stale and replica not in self._stale_logged:
             self._stale_logged.add(replica)

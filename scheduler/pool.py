@@ -5,6 +5,11 @@ YAML, one entry per endpoint::
     endpoints:
       - name: engine-a                 # unique; used in logs, status and 502 messages
         base_url: http://127.0.0.1:9001  # without /v1; ${VAR} is expanded from the environment
+        probe_url: ""                  # optional: where the scheduler probes this endpoint (health,
+                                       # metrics, server info, openapi, the probe generation),
+                                       # when not at base_url (a metrics sidecar, a separate
+                                       # network path); without /v1, ${VAR} expanded; "" = base_url.
+                                       # Turns always go to base_url.
         models: [fake-llama-1b]        # models this replica serves (${VAR} expanded too)
         kind: generative               # generative | one-pass (classifier, outside run state)
         health_path: /health           # probed every 2 s; a 200 means healthy
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import os
 import string
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +66,12 @@ class Endpoint:
     device: str = ""
     max_batch: int = 0  # 0 = not set
     native_apis: tuple[str, ...] | None = None  # None: not listed, read from the engine's /openapi.json
+    probe_url: str = ""  # where the scheduler probes the engine; "" = base_url
+
+    @property
+    def probed_at(self) -> str:
+        """The URL (without /v1) the scheduler's probes go to."""
+        return self.probe_url or self.base_url
 
     def replica(self) -> Replica:
         return Replica(self.name, self.base_url, frozenset(self.models), self.kind, self.api_key_env,
@@ -106,6 +118,15 @@ def _native_apis(entry: dict, where: str) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(apis))
 
 
+def _http_url(url: str) -> bool:
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        parsed.port  # noqa: B018 -- raises on a port that is not a number
+    except ValueError:
+        return False
+    return parsed.scheme in ("http", "https") and bool(parsed.hostname)
+
+
 def parse_pool(document: object) -> list[Endpoint]:
     if not isinstance(document, dict) or not isinstance(document.get("endpoints"), list):
         raise PoolError("pool file must be a mapping with an 'endpoints' list")
@@ -135,9 +156,12 @@ def parse_pool(document: object) -> list[Endpoint]:
             device=_text(entry, "device", where, ""),
             max_batch=_max_batch(entry, where),
             native_apis=_native_apis(entry, where),
+            probe_url=_expand(_text(entry, "probe_url", where, ""), where).rstrip("/"),
         )
-        if not endpoint.base_url.startswith(("http://", "https://")):
-            raise PoolError(f"{where}: base_url must start with http:// or https://")
+        for key in ("base_url", "probe_url"):
+            url = getattr(endpoint, key)
+            if (url or key == "base_url") and not _http_url(url):
+                raise PoolError(f"{where}: {key} must be an http:// or https:// URL with a host, got {url!r}")
         endpoints.append(endpoint)
     names = [e.name for e in endpoints]
     if len(set(names)) != len(names):

@@ -114,6 +114,7 @@ class ProbeResult:
     kv_total: int | None = None
     problems: tuple[tuple[str, str], ...] = field(default=())  # (metrics URL, what is wrong with it)
     load_stale: bool = False  # a metrics source did not answer in time: load unknown, not zero
+    unanswered: bool = False  # the health route did not answer in time: out of sight, not known down
 
 
 class _Unanswered(NamedTuple):
@@ -147,13 +148,15 @@ async def probe(client: httpx.AsyncClient, endpoint: Endpoint) -> ProbeResult:
     """Health and load of one endpoint. A router's load is the sum over the engines
     listed in its ``load_from``; if any of them reports none, the router is uncapped."""
     try:
-        health = await client.get(endpoint.base_url + endpoint.health_path, headers=auth_headers(endpoint))
+        health = await client.get(endpoint.probed_at + endpoint.health_path, headers=auth_headers(endpoint))
         healthy = health.status_code == 200
+    except httpx.TimeoutException:  # no answer at all (a partition, a blackhole): not a refusal
+        return ProbeResult(False, unanswered=True)
     except httpx.HTTPError:
         healthy = False
     if not healthy:
         return ProbeResult(False)
-    sources = endpoint.load_from or (endpoint.base_url,)
+    sources = endpoint.load_from or (endpoint.probed_at,)
     loads = await asyncio.gather(*(_load_of(client, url, endpoint) for url in sources))
     if any(isinstance(load, _Unanswered) for load in loads):
         return ProbeResult(True, load_stale=True)
@@ -176,7 +179,7 @@ async def fast_batch(client: httpx.AsyncClient, endpoint: Endpoint) -> int:
     if endpoint.load_from:  # a router: its engines' settings are their own
         return 0
     try:
-        response = await client.get(endpoint.base_url + SERVER_INFO_PATH, headers=auth_headers(endpoint))
+        response = await client.get(endpoint.probed_at + SERVER_INFO_PATH, headers=auth_headers(endpoint))
         info = response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return 0
@@ -193,7 +196,7 @@ async def native_apis(client: httpx.AsyncClient, endpoint: Endpoint) -> tuple[st
     if endpoint.load_from:  # a router: what its engines serve is theirs to say
         return ()
     try:
-        response = await client.get(endpoint.base_url + OPENAPI_PATH, headers=auth_headers(endpoint))
+        response = await client.get(endpoint.probed_at + OPENAPI_PATH, headers=auth_headers(endpoint))
         document = response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return ()
@@ -211,7 +214,7 @@ async def answers(client: httpx.AsyncClient, endpoint: Endpoint) -> bool:
             "stream": True}
     try:
         async with asyncio.timeout(PROBE_TIMEOUT_S):
-            async with client.stream("POST", endpoint.base_url + "/v1/chat/completions", json=body,
+            async with client.stream("POST", endpoint.probed_at + "/v1/chat/completions", json=body,
                                      headers=auth_headers(endpoint)) as response:
                 if response.status_code != 200:
                     return False

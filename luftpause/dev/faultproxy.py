@@ -1,6 +1,10 @@
 """A TCP proxy on loopback that can cut the link it carries: a network partition for
 tests and ``make chaos``, without network namespaces.
 
+Between dataplanes and the scheduler: ``Stack(dataplane_scheduler=proxy.address)``.
+Between the scheduler and one engine (the dataplane still reaching it):
+:func:`probe_through` points that endpoint's ``probe_url`` at the proxy.
+
 While cut nothing passes in either direction and nothing is refused or reset: bytes
 already sent wait, new connections are accepted and get nothing (as when packets are
 dropped, not rejected). On heal what was held back flows on, as TCP delivers it after
@@ -13,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from pathlib import Path
 
 import structlog
+import yaml
 
 from luftpause.dev.procs import free_port
 
@@ -99,3 +105,12 @@ class FaultProxy:
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+def probe_through(pool_file: Path, endpoint: str, proxy: FaultProxy) -> None:
+    """Have the scheduler probe ``endpoint`` through ``proxy`` (its ``probe_url``) while
+    turns still go straight to its ``base_url``; before the scheduler starts."""
+    pool = yaml.safe_load(pool_file.read_text())
+    [entry] = [e for e in pool["endpoints"] if e["name"] == endpoint]
+    entry["probe_url"] = f"http://{proxy.address}"
+    pool_file.write_text(yaml.safe_dump(pool, sort_keys=False))

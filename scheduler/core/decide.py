@@ -42,6 +42,7 @@ from luftpause.scheduler.core.placement import (
     _timed,
     _usage,
 )
+from luftpause.scheduler.core.sight import _failed_out_of_sight
 from luftpause.scheduler.core.state import GENERATIVE, ONE_PASS, HeldTurn, Run, Stage, State
 from luftpause.scheduler.core.stalls import _stalled
 
@@ -66,6 +67,8 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
         case TurnFailed():
             if event.stalled:
                 state = _stalled(state, event.turn_id)
+            else:
+                state = _failed_out_of_sight(state, event.turn_id)
             state = _end_turn(state, event.turn_id, Stage.IDLE, event.now_ms)
         case RunEnded():
             state = _put_run(state, None, run_id=event.run_id)

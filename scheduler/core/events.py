@@ -82,6 +82,9 @@ class EngineProbed:
     fast_batch: int | None = None  # the engine's fast decode batch (0: none), None when not read this time
     answers: bool | None = None  # a probe generation was answered in time; None when none was sent
     load_stale: bool = False  # the engine's metrics did not answer in time: its load is unknown, not zero
+    # Its health route did not answer in time (no answer at all, not a refusal or an
+    # error status): out of the scheduler's sight, not known down (sight.py).
+    unanswered: bool = False
 
 
 @dataclass(frozen=True, slots=True)

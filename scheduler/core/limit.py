@@ -41,8 +41,9 @@ is seconds old cannot make it over-admit):
   has told nothing of its capacity yet, and +1 every two probes took a minute to
   reach 20); from the first queue on it grows by the rule above;
 * forget: an unhealthy engine, or one that stops reporting load, is learned anew; one
-  whose metrics stop answering (timed out) keeps its limit and does not grow it: its
-  load is unknown, not zero (one never read is held to the slow start's limit);
+  whose metrics stop answering (timed out), or that is out of sight (its health probe
+  timed out, sight.py), keeps its limit and does not grow it: its load is unknown, not
+  zero (one never read is held to the slow start's limit);
 * the ceiling: above the engine's fast decode batch (SGLang captures CUDA graphs up
   to ``cuda_graph_max_bs`` and runs larger batches eagerly, paying the kernel
   launches every step) a step costs more for every request in it, so a larger batch
@@ -65,6 +66,7 @@ from luftpause.scheduler.constants import (
     LIMIT_SLOW_START_GROWTH,
 )
 from luftpause.scheduler.core.events import EngineProbed
+from luftpause.scheduler.core.sight import _out_of_sight
 from luftpause.scheduler.core.state import AdmissionLimit, Replica, State
 from luftpause.vocabulary import BATCH
 
@@ -148,10 +150,10 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
         calm_probes=0 if (probe.queued or not probe.healthy) else limit.calm_probes + 1,
         since_growth=min(LIMIT_CALM_MAX, limit.since_growth + 1),
     )
-    if probe.load_stale and replica.healthy:
-        # The metrics did not answer: the load is unknown, not zero. Keep the limit, grow
-        # nothing (no calm probe); with no limit learned yet, the slow start's (an engine
-        # whose load cannot be read is not idle).
+    if (probe.load_stale and replica.healthy) or replica.unseen:
+        # The metrics (or, out of sight, the engine) did not answer: the load is unknown,
+        # not zero. Keep the limit, grow nothing (no calm probe); with no limit learned
+        # yet, the slow start's (an engine whose load cannot be read is not idle).
         value = limit.value or (0 if replica.ceiling else max(LIMIT_INITIAL, replica.in_flight))
         return limit._replace(value=value, calm_probes=0)
     if not replica.healthy or not replica.load_known:
@@ -213,19 +215,22 @@ def _probed(state: State, event: EngineProbed) -> State:
         return state
     load_known = event.running is not None and event.queued is not None
     stalled = replica.stalled and event.answers is not True
+    unseen = _out_of_sight(replica, event)
     updated = replica._replace(
         healthy=event.healthy and not stalled,
         stalled=stalled,
+        unseen=unseen,
         load_known=load_known,
         running=event.running or 0,
         queued=event.queued or 0,
         kv_used=event.kv_used or 0,
         kv_total=event.kv_total or 0,
         # Read once per healthy spell: an engine that went away may come back with other settings.
-        fast_batch=event.fast_batch if event.fast_batch is not None else (replica.fast_batch if event.healthy else 0),
+        fast_batch=event.fast_batch if event.fast_batch is not None else (
+            replica.fast_batch if event.healthy or unseen else 0),
     )
-    if event.load_stale and updated.healthy:
-        # The metrics did not answer: the load is unknown, not zero. Keep the last figures.
+    if (event.load_stale and updated.healthy) or unseen:
+        # The metrics (or the engine) did not answer: the load is unknown, not zero. Keep the last figures.
         updated = updated._replace(load_known=replica.load_known, running=replica.running, queued=replica.queued,
                                    kv_used=replica.kv_used, kv_total=replica.kv_total)
     updated = updated._replace(limit=_limit_after(state, updated, event))

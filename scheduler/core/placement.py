@@ -2,7 +2,8 @@
 
 * a turn goes only to a healthy generative replica serving its model;
 * a run that is generating or paused on a tool goes only to its last replica while
-  that replica is healthy (strict affinity);
+  that replica is healthy, or only out of the scheduler's sight (strict affinity;
+  sight.py);
 * a turn goes only where there is room (limit.py); held turns are released interactive
   first, then the caller with the fewest running turns, then turns of runs already
   under way before the first turns of new ones (a run's prefix is cached only while it
@@ -49,13 +50,12 @@ def _pin(state: State, run: Run | None) -> str:
 
 def _candidates(state: State, turn: HeldTurn) -> list[Replica]:
     """Replicas this turn may go to, before looking at their load."""
-    serving = [r for r in state.replicas.values() if r.kind == GENERATIVE and r.healthy and turn.model in r.models]
     pin = _pin(state, state.runs.get(turn.run_id))
     if pin:
-        pinned = [r for r in serving if r.name == pin]
-        if pinned:  # strict affinity while the run's replica is healthy
-            return pinned
-    return serving
+        r = state.replicas.get(pin)
+        if r is not None and r.kind == GENERATIVE and (r.healthy or r.unseen) and turn.model in r.models:
+            return [r]  # strict affinity while the run's replica is healthy, or out of sight only (sight.py)
+    return [r for r in state.replicas.values() if r.kind == GENERATIVE and r.healthy and turn.model in r.models]
 
 
 def _awaiting_first_probes(state: State, now_ms: int) -> bool:
@@ -90,15 +90,15 @@ def _release_held(state: State, now_ms: int) -> tuple[State, list[Action]]:
 
 def _homes_with_room(state: State) -> dict[str, list[str]] | None:
     """Per class, the homes whose held turns could be placed now: free turns, turns
-    pinned to a replica with room for that class, and turns pinned to an unhealthy
-    replica (which may move). None when no replica has room at all."""
+    pinned to a replica with room for that class (healthy or out of sight), and turns
+    pinned to an unhealthy replica (which may move). None when no replica has room at all."""
     interactive: list[str] = [""]
     batch: list[str] = [""]
     keep = _keeps_slots(state)
     for name, r in state.replicas.items():
         if r.kind != GENERATIVE:
             continue
-        if not r.healthy:
+        if not r.healthy and not r.unseen:
             interactive.append(name)
             batch.append(name)
         elif _has_room(r, INTERACTIVE, keep):
@@ -113,7 +113,8 @@ def _homes_with_room(state: State) -> dict[str, list[str]] | None:
 def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn, Replica] | None:
     """The best-ranked held turn that fits somewhere now. A turn that does not fit keeps
     every lower-ranked turn off the replicas it is waiting for."""
-    open_replicas = {name for name in homes[INTERACTIVE] if name and state.replicas[name].healthy}
+    open_replicas = {name for name in homes[INTERACTIVE]
+                     if name and (state.replicas[name].healthy or state.replicas[name].unseen)}
     blocked: set[str] = set()
     keep = _keeps_slots(state)
     for turn in _held_in_release_order(state, homes):

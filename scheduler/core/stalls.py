@@ -29,5 +29,5 @@ def _stalled(state: State, turn_id: str) -> State:
     replica = state.replicas.get(turn.replica) if turn is not None else None
     if replica is None:
         return state
-    replica = replica._replace(healthy=False, stalled=True, limit=_limit_after(state, replica, None))
+    replica = replica._replace(healthy=False, stalled=True, unseen=False, limit=_limit_after(state, replica, None))
     return state._replace(replicas=state.replicas.set(replica.name, replica))

@@ -83,6 +83,9 @@ class Replica(NamedTuple):
     fast_batch: int = 0  # the largest decode batch the engine runs at full speed, as it reports it; 0 = unknown
     leased_idle: int = 0  # slots lent to dataplanes and not in use: taken, as far as room goes
     stalled: bool = False  # a turn stalled here: out of rotation until it answers a probe generation
+    # Out of sight (sight.py): healthy until its health probe went unanswered; not healthy
+    # (no new runs), but the runs pinned here stay and their turns still go here.
+    unseen: bool = False
     turn_ms: int = 0  # recent placed-to-finished time of turns here (moving average); 0 = none finished yet
 
     @property

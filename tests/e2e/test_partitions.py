@@ -1,7 +1,8 @@
-"""Partitions (the short, 2 s variant; `make chaos-load` runs 10 s and 30 s): the
-dataplane cut off from the scheduler by a real TCP proxy that drops everything while
-cut. Turns wait or go where they may, none is placed twice, a run's pin survives, and
-service resumes within a probe period of healing."""
+"""Partitions, by a real TCP proxy that drops everything while cut: the dataplane cut off
+from the scheduler (2 s; `make chaos-load` runs 10 s and 30 s), and the scheduler cut
+off from one engine while the dataplane still reaches it (2 s and 10 s; `make
+chaos-load` adds 30 s). Turns wait or go where they may, none is placed twice, a run's
+pin survives, and service resumes within a probe period of healing."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 from luftpause import vocabulary as h
-from luftpause.dev.faultproxy import FaultProxy
+from luftpause.dev.faultproxy import FaultProxy, probe_through
 from luftpause.dev.procs import wait_until
 from luftpause.dev.stack import MODEL, Stack
 
@@ -74,5 +75,85 @@ async def test_a_two_second_partition_from_the_scheduler_loses_nothing_and_keeps
     # Nothing placed twice: every turn reached exactly one engine once, and the
     # scheduler holds none of them any more.
     assert engine_requests(stack) - before == 1 + 7
+    assert wait_until(lambda: httpx.get(
+        f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()["in_flight"] == 0, 10)
+
+
+@pytest.fixture(scope="module")
+def probes_cut_off(tmp_path_factory):
+    """A stack whose scheduler probes engine-b through a fault proxy (its probe_url); the
+    dataplane reaches engine-b directly."""
+    stack = Stack.on_free_ports(tmp_path_factory.mktemp("engine-partition"), without=NO_RUNTIME)
+    proxy = FaultProxy(stack.ports.engines[1]).start()
+    probe_through(stack.pool_file, "engine-b", proxy)
+    try:
+        stack.start()
+        yield stack, proxy
+    finally:
+        stack.stop()
+        proxy.close()
+
+
+def engine_b(stack) -> dict:
+    status = httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()
+    return next(r for r in status["replicas"] if r["name"] == "engine-b")
+
+
+async def pinned_on_b(client, url, run_prefix) -> tuple[str, list]:
+    """A run paused on a tool on engine-b (first turns go to a and b alike when sent
+    together), and the messages of its next turn."""
+    messages = [{"role": "user", "content": "find it"}]
+    replies = await asyncio.gather(*(client.post(url, headers={h.RUN_ID: f"{run_prefix}-{i}"}, json={
+        "model": MODEL, "messages": messages, "tools": [TOOL]}) for i in range(4)))
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    on_b = [(i, r) for i, r in enumerate(replies) if r.headers[h.REPLICA] == "engine-b"]
+    assert on_b, [r.headers[h.REPLICA] for r in replies]
+    i, reply = on_b[0]
+    message = reply.json()["choices"][0]["message"]
+    call = message["tool_calls"][0]
+    return f"{run_prefix}-{i}", [*messages, message, {"role": "tool", "tool_call_id": call["id"], "content": "found"}]
+
+
+@pytest.mark.parametrize("cut_s", [2.0, 10.0])
+async def test_the_scheduler_cut_off_from_an_engine_keeps_its_pins_and_sees_it_again_within_a_probe_period(
+        probes_cut_off, cut_s):
+    stack, proxy = probes_cut_off
+    url = f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=60) as client:
+        run, resumed = await pinned_on_b(client, url, f"cut{cut_s:.0f}")
+        before = engine_requests(stack)
+        proxy.cut()
+        cut_at = time.monotonic()
+        long_cut = cut_s > 2 * PROBE_PERIOD_S
+        if long_cut:  # long enough for a probe to go unanswered: out of sight
+            assert await asyncio.to_thread(wait_until, lambda: engine_b(stack)["unseen"], 2 * PROBE_PERIOD_S + 2)
+            assert not engine_b(stack)["healthy"]
+        # The pinned run's next turn, and new runs, while the scheduler cannot see engine-b.
+        turns = [client.post(url, headers={h.RUN_ID: run}, json={"model": MODEL, "messages": resumed,
+                                                                  "tools": [TOOL]})]
+        turns += [client.post(url, headers={h.RUN_ID: f"cut{cut_s:.0f}-new-{i}"}, json={
+            "model": MODEL, "stream": i % 2 == 0, "messages": [{"role": "user", "content": f"question {i}"}]})
+            for i in range(6)]
+        responses = await asyncio.gather(*turns)
+        assert [r.status_code for r in responses] == [200] * 7, [r.text for r in responses]
+        assert responses[0].headers[h.REPLICA] == "engine-b"  # the pin survived: the dataplane reaches b
+        if long_cut:  # new runs went where the scheduler can see (a 2 s cut may pass unseen)
+            assert engine_b(stack)["unseen"]
+            assert {r.headers[h.REPLICA] for r in responses[1:]} == {"engine-a"}
+        await asyncio.sleep(max(0.0, cut_s - (time.monotonic() - cut_at)))
+        proxy.heal()
+        healed = time.monotonic()
+        assert await asyncio.to_thread(wait_until, lambda: engine_b(stack)["healthy"], 2 * PROBE_PERIOD_S, 0.02)
+        # The probe in flight at the heal is answered then: back well within one period
+        # (the full period is the tolerance for a loaded machine).
+        resumed_within = time.monotonic() - healed
+        assert resumed_within <= PROBE_PERIOD_S, resumed_within
+        assert not engine_b(stack)["unseen"]
+        # Nothing placed twice: every turn reached exactly one engine once.
+        assert engine_requests(stack) - before == 7
+        # Service on engine-b resumed: new runs go there again.
+        after = await asyncio.gather(*(client.post(url, headers={h.RUN_ID: f"cut{cut_s:.0f}-after-{i}"}, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "again"}]}) for i in range(4)))
+        assert "engine-b" in {r.headers[h.REPLICA] for r in after}
     assert wait_until(lambda: httpx.get(
         f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()["in_flight"] == 0, 10)

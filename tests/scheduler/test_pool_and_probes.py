@@ -48,6 +48,11 @@ GOOD = {"name": "a", "base_url": "http://127.0.0.1:1", "models": ["m"]}
         ({**GOOD, "max_batch": True}, "'max_batch'"),
         ({**GOOD, "native_apis": "messages"}, "'native_apis'"),
         ({**GOOD, "native_apis": ["messages", "completions"]}, "completions"),
+        ({**GOOD, "base_url": "http://"}, "base_url"),
+        ({**GOOD, "probe_url": "127.0.0.1:9001"}, "probe_url"),
+        ({**GOOD, "probe_url": "http://host:port"}, "probe_url"),
+        ({**GOOD, "probe_url": 9001}, "'probe_url'"),
+        ({**GOOD, "probe_url": "http://${NO_SUCH_VARIABLE_HERE}"}, "NO_SUCH_VARIABLE_HERE"),
     ],
 )
 def test_bad_pool_entry_is_rejected_naming_the_field(entry, names):
@@ -62,6 +67,33 @@ def test_pool_expands_environment_in_urls(monkeypatch):
                                             "api_key_env": "POD_KEY"}]})
     assert endpoint.base_url == "https://abc123-8000.proxy.example"
     assert endpoint.api_key_env == "POD_KEY"
+
+
+def test_a_probe_url_moves_only_the_probes(monkeypatch):
+    monkeypatch.setenv("SIDECAR", "127.0.0.1:9100")
+    [plain, sidecar] = parse_pool({"endpoints": [GOOD, {**GOOD, "name": "b", "probe_url": "http://${SIDECAR}/"}]})
+    assert plain.probe_url == "" and plain.probed_at == plain.base_url
+    assert sidecar.probed_at == "http://127.0.0.1:9100" and sidecar.base_url == GOOD["base_url"]
+
+
+async def test_probes_go_to_the_probe_url_and_a_silent_one_is_unanswered_not_refused():
+    """Health and load are read at probe_url (base_url here leads nowhere); a probe
+    address that accepts and never answers is out of sight, a refusing one is down."""
+    async def never(reader, writer):
+        await asyncio.sleep(30)
+
+    silent = await asyncio.start_server(never, "127.0.0.1", 0)
+    silent_port = silent.sockets[0].getsockname()[1]
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    async with served(create_engine_app(EngineConfig())) as port, probe_client() as client:
+        seen = await probe(client, Endpoint("e", nowhere, ("m",), probe_url=f"http://127.0.0.1:{port}"))
+        unseen = await probe(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",),
+                                              probe_url=f"http://127.0.0.1:{silent_port}"))
+        refused = await probe(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",), probe_url=nowhere))
+    silent.close()
+    assert seen.healthy and seen.running is not None and not seen.unanswered
+    assert not unseen.healthy and unseen.unanswered
+    assert not refused.healthy and not refused.unanswered
 
 
 def test_pool_declares_the_client_apis_an_engine_serves_itself():
