@@ -219,16 +219,20 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
         row.interactive_turns = len(turns)
         row.interactive_ttft_p99_s = percentile([t.first_token for t in turns], 99)
         row.batch_runs_per_min = result.summary.get("batch", {}).get("runs_per_min", 0.0)
+        engines: dict[str, dict[str, float]] = {}
         for i, port in enumerate(stack.ports.engines):
             stats = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=5).json()
             row.engine_requests[f"engine-{'ab'[i]}"] = stats["requests"]
+            # how long its simulated GPU was busy, and fell behind its clock for want of CPU
+            engines[f"engine-{'ab'[i]}"] = {"gpu_busy_s": stats["gpu_busy_s"], "gpu_lost_s": stats["gpu_lost_s"]}
         log = _log(stack, "dataplane")
         row.resent_turns = sum(1 for record in log if record.get("event") == "turn_retried")
         # agents name run k of agent i "<name>-<class>-<group>-i-k" and seed it "<seed>-<same>"
         names = {r.seed: f"chaos-{fault}" + r.seed.removeprefix("chaos-load") for r in result.records}
         received = {names[r.seed]: len(r.turns) for r in result.records if r.ok}
         row.rounds_repeated = _repeated(log, received)
-        row.where = {**where_time_goes(log, result.records, names, (start, end), samples), "cpu": result.cpu}
+        row.where = {**where_time_goes(log, result.records, names, (start, end), samples), "cpu": result.cpu,
+                     "engines": engines}
     finally:
         stack.stop()
         proxy.close()
@@ -275,6 +279,9 @@ def where_lines(row: FaultRow) -> list[str]:
     for key, r in row.where.get("runs", {}).items():
         lines.append(f"{row.fault}: {key}: {r['runs']} runs of {r['run_s']} s ({r['turns_s']} s in turns, "
                      f"{r['tools_s']} s in tools), {r['share_of_class_time']:.0%} of the class's run time")
+    for name, e in row.where.get("engines", {}).items():
+        lines.append(f"{row.fault}: {name}: simulated GPU busy {e['gpu_busy_s']} s, behind its clock for want of "
+                     f"CPU {e['gpu_lost_s']} s")
     cpu = row.where.get("cpu", {})
     if row.where:
         lines.append(f"{row.fault}: batch turns held {row.where.get('batch_held_mean')} on average; machine busy "
