@@ -19,9 +19,9 @@
   ten times slower than its peer takes about a tenth of new runs;
 * but a replica much slower than a peer whose capacity is known (a learned limit or a
   ceiling) takes no turn that peer could take while fewer turns are held than the
-  peer finishes in one of the slow replica's turns (its capacity times the ratio of
-  turn times, less one turn): waiting for a slot there ends sooner than a turn on the
-  slow one. A closed loop of agents would otherwise leave runs crawling there while
+  peer finishes in one of the slow replica's turns (the room the turn's class has
+  there times the ratio of turn times, less one turn): waiting for a slot there ends
+  sooner than a turn on the slow one. A closed loop of agents would otherwise leave runs crawling there while
   the quick one frees a slot every few tens of milliseconds;
 * after a (re)start nothing is placed until every replica's first probe is in (or
   the first round timed out), so no turn lands on the replica probed first.
@@ -39,7 +39,7 @@ from immutables import Map
 
 from luftpause.scheduler.constants import AFFINITY_SLOWER_FACTOR
 from luftpause.scheduler.core.events import Action, AdmitCancelled, Place, TurnUsage
-from luftpause.scheduler.core.limit import _has_room, _keeps_slots
+from luftpause.scheduler.core.limit import _batch_capacity, _has_room, _keeps_slots
 from luftpause.scheduler.core.state import (
     GENERATIVE,
     TURN_TIME_WEIGHT,
@@ -87,25 +87,31 @@ def _slower_than_a_peer(state: State, replica: Replica) -> bool:
                for r in state.replicas.values())
 
 
-def _closed_to_free_turns(state: State) -> frozenset[str]:
-    """Replicas much slower than a peer of known capacity that take no turn such a peer
-    could take: while the turns held are fewer than those peers finish in one of the
-    slow replica's turns, a held turn gets a slot there sooner than the slow turn ends."""
+def _closed_to_free_turns(state: State) -> dict[str, frozenset[str]]:
+    """Per class, the replicas much slower than a peer of known capacity that take no
+    turn of that class such a peer could take: while the turns held are fewer than those
+    peers finish in one of the slow replica's turns (in the room the class has there:
+    batch turns leave the room kept for paused interactive runs), a held turn gets a
+    slot there sooner than the slow turn would end."""
     if not state.held:
-        return frozenset()
-    closed = set()
+        return {}
+    keep = _keeps_slots(state)
+    closed: dict[str, set[str]] = {INTERACTIVE: set(), BATCH: set()}
     for slow in state.replicas.values():
         if slow.kind != GENERATIVE or not slow.healthy or not slow.turn_ms:
             continue
-        finish_meanwhile = 0.0
+        meanwhile = {INTERACTIVE: 0.0, BATCH: 0.0}
         for fast in state.replicas.values():
             if fast.kind == GENERATIVE and fast.healthy and fast.models & slow.models and _much_faster(fast, slow):
                 if fast.capacity is None:  # its room is not known: in flight decides (_best_replica)
                     continue
-                finish_meanwhile += fast.capacity * (slow.turn_ms / fast.turn_ms - 1)
-        if len(state.held) < finish_meanwhile:
-            closed.add(slow.name)
-    return frozenset(closed)
+                turns_meanwhile = slow.turn_ms / fast.turn_ms - 1
+                meanwhile[INTERACTIVE] += fast.capacity * turns_meanwhile
+                meanwhile[BATCH] += max(0, _batch_capacity(fast, keep) or 0) * turns_meanwhile
+        for service_class, finished in meanwhile.items():
+            if len(state.held) < finished:
+                closed[service_class].add(slow.name)
+    return {service_class: frozenset(names) for service_class, names in closed.items() if names}
 
 
 def _awaiting_first_probes(state: State, now_ms: int) -> bool:
@@ -177,8 +183,9 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
     closed = _closed_to_free_turns(state)
     for turn in _held_in_release_order(state, homes):
         candidates = _candidates(state, turn)
-        if closed:  # a much faster peer frees a slot before a turn on the slow one ends
-            candidates = [r for r in candidates if r.name not in closed] or candidates
+        shut = closed.get(turn.service_class)
+        if shut:  # a much faster peer frees a slot before a turn on the slow one ends
+            candidates = [r for r in candidates if r.name not in shut] or candidates
         roomy = [r for r in candidates if r.name not in blocked and _has_room(r, turn.service_class, keep)]
         if roomy:
             if turn.home and len(roomy) > 1:  # a pinned run leaving a much slower replica: not back there

@@ -248,6 +248,29 @@ def test_a_much_slower_replica_takes_new_runs_only_while_more_are_held_than_the_
     assert placed(actions) == {"n1": "a"}
 
 
+def test_batch_turns_wait_for_the_quick_peer_only_as_long_as_its_batch_room_drains_them():
+    # a: ceiling 4, two slots kept for the two interactive runs paused there (batch room 2), 100 ms turns;
+    # b: 400 ms. In one of b's turns a finishes 2 * (4 - 1) = 6 held batch turns (12 counting all its room).
+    state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL}), max_batch=4) for n in ("a", "b")),
+                               interactive_slots=True)
+    for name in ("a", "b"):
+        state, _ = core.decide(state, core.EngineProbed(name, True, None, None, 0))
+    for turn, run, cls, replica in (("i1", "ri1", "interactive", "a"), ("i2", "ri2", "interactive", "a"),
+                                    ("tb", "rb", "batch", "b")):
+        state, _ = core.decide(state, core.AdmitRequested(turn, run, MODEL, cls, "c", 0, leased_replica=replica))
+    for turn, at in (("i1", 100), ("i2", 100), ("tb", 400)):
+        state, _ = core.decide(state, core.TurnFinished(turn, "tool_calls", at))
+    state, _ = core.decide(state, core.RunEnded("rb", 401))
+    assert state.replicas["a"].paused_interactive == 2
+    state, _ = fill(state, 2, prefix="x", now=500)  # a's batch room taken
+    assert [t.replica for t in state.turns.values()] == ["a", "a"]
+    sent = {}
+    for i in range(6):
+        state, actions = admit(state, f"n{i}", f"new{i}", cls="batch", now=600 + i)
+        sent.update(placed(actions))
+    assert sent == {"n0": "b"}  # the sixth held batch turn opens b to the first of them
+
+
 def test_a_much_slower_replica_still_takes_new_runs_beside_a_peer_of_unknown_capacity():
     # no limit or ceiling known at a: turns in flight decide, b takes about a tenth (above)
     state = paused_on(1000)
