@@ -56,7 +56,7 @@ from luftpause.dev.faultproxy import FaultProxy, probe_through
 from luftpause.loadgen import chaos_runtime
 from luftpause.loadgen.agents import Target
 from luftpause.loadgen.driver import Group, run_load
-from luftpause.loadgen.records import percentile
+from luftpause.loadgen.records import RunRecord, TurnRecord, percentile
 from luftpause.loadgen.workload import Workload
 from luftpause.dev.stack import MODEL, Stack
 from luftpause.scheduler.constants import PROBE_PERIOD_S
@@ -84,6 +84,7 @@ class FaultRow:
     interactive_p99_x: float | None = None  # against the reference
     batch_throughput_x: float | None = None
     engine_requests: dict[str, int] = field(default_factory=dict)  # requests each engine received
+    where: dict[str, Any] = field(default_factory=dict)  # where the time went (:func:`where_time_goes`)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     # runtime rows (none-mcp, disk-full; loadgen/chaos_runtime.py): MCP sub-agent runs
@@ -171,6 +172,84 @@ def _log(stack: Stack, process: str) -> list[dict[str, Any]]:
     return records
 
 
+def where_time_goes(log: list[dict[str, Any]], records: list[RunRecord], names: dict[str, str],
+                    window: tuple[float, float], samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the time of the runs finished in the window went, per replica and per run.
+
+    ``log``: the dataplane's access log (a ``turn`` line per turn: run, replica, time held
+    by the scheduler); ``records``: the agents' runs, ``names`` their run ids by seed
+    (a run's finished turns in the log, in order, are its turns in the record);
+    ``samples``: the scheduler's status read every second (turns in flight, capacity,
+    held turns). Per replica: turns, mean time held before placing, mean time to first
+    token and mean turn time as the agent saw them, mean in flight and capacity. Per
+    class and by the replicas its turns ran on (one replica, or several: a run that
+    moved): runs, mean run time, and the share of all the class's run time spent there,
+    split into turns and tool calls."""
+    start, end = window
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for record in log:
+        if record.get("event") == "turn" and record.get("status") == "finished":
+            by_run.setdefault(record.get("run", ""), []).append(record)
+    turns: dict[str, list[tuple[dict[str, Any], TurnRecord]]] = {}
+    runs: dict[str, dict[str, list[float]]] = {}
+    for record in records:
+        logged = by_run.get(names.get(record.seed, ""), [])
+        if not (record.ok and start <= record.ended <= end) or len(logged) != len(record.turns):
+            continue
+        replicas = sorted({line.get("replica", "") for line in logged})
+        key = f"{record.service_class} on {'+'.join(replicas)}"
+        in_turns = sum(t.duration for t in record.turns)
+        acc = runs.setdefault(key, {"latency": [], "turns_s": [], "tools_s": []})
+        acc["latency"].append(record.latency)
+        acc["turns_s"].append(in_turns)
+        acc["tools_s"].append(record.latency - in_turns)
+        for line, turn in zip(logged, record.turns, strict=True):
+            turns.setdefault(line.get("replica", ""), []).append((line, turn))
+
+    def mean(values: list[float]) -> float | None:
+        return round(sum(values) / len(values), 3) if values else None
+
+    replicas: dict[str, dict[str, Any]] = {}
+    for name, pairs in sorted(turns.items()):
+        replicas[name] = {
+            "turns": len(pairs),
+            "batch_turns": sum(1 for line, _ in pairs if line.get("service_class") == "batch"),
+            "held_s": mean([(line.get("hold_ms") or 0) / 1000 for line, _ in pairs]),
+            "ttft_s": mean([turn.first_token for _, turn in pairs]),
+            "turn_s": mean([turn.duration for _, turn in pairs]),
+        }
+    for name in {r["name"] for sample in samples for r in sample.get("replicas", ())}:
+        seen = [r for sample in samples for r in sample.get("replicas", ()) if r["name"] == name]
+        entry = replicas.setdefault(name, {})
+        entry["in_flight_mean"] = mean([r["in_flight"] for r in seen])
+        entry["capacity_mean"] = mean([r["capacity"] for r in seen if r["capacity"] >= 0])
+        entry["at_capacity_share"] = mean([float(0 <= r["capacity"] <= r["in_flight"]) for r in seen])
+        entry["batch_reserve_mean"] = mean([r["batch_reserve"] for r in seen])
+        entry["engine_queued_share"] = mean([float(r["queued"] > 0) for r in seen])
+    held = [sum(g["count"] for g in s.get("held_by_class", ()) if g["key"] == "batch") for s in samples]
+    totals: dict[str, float] = {}
+    for key, acc in runs.items():
+        service_class = key.split(" ")[0]
+        totals[service_class] = totals.get(service_class, 0.0) + sum(acc["latency"])
+    by_placement = {
+        key: {"runs": len(acc["latency"]), "run_s": mean(acc["latency"]), "turns_s": mean(acc["turns_s"]),
+              "tools_s": mean(acc["tools_s"]),
+              "share_of_class_time": round(sum(acc["latency"]) / totals[key.split(" ")[0]], 3)}
+        for key, acc in sorted(runs.items())}
+    return {"replicas": replicas, "runs": by_placement, "batch_held_mean": mean(held)}
+
+
+async def _sample_status(url: str, samples: list[dict[str, Any]]) -> None:
+    """The scheduler's status once a second (turns in flight, capacity, held turns)."""
+    async with httpx.AsyncClient(timeout=2) as client:
+        while True:
+            try:
+                samples.append((await client.get(url)).json())
+            except (httpx.HTTPError, ValueError):
+                pass
+            await asyncio.sleep(1.0)
+
+
 def _repeated(log: list[dict[str, Any]], received: dict[str, int]) -> int:
     """Turns the dataplane finished beyond those the agents received, summed over runs."""
     finished: dict[str, int] = {}
@@ -200,12 +279,16 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
         stack.start()
         cut = engine_proxy if fault.startswith("engine-partition-") else proxy
         injector = asyncio.create_task(_inject(fault, stack, cut, warmup_s + fault_at_s))
+        samples: list[dict[str, Any]] = []
+        sampler = asyncio.create_task(_sample_status(f"http://127.0.0.1:{stack.ports.scheduler_http}/status",
+                                                     samples))
         target = Target(f"http://127.0.0.1:{stack.ports.dataplane}/v1", MODEL, luftpause=True, caller="chaos")
         result = await run_load(groups, target=target, warmup_s=warmup_s, duration_s=window_s, time_scale=1.0,
                                 name=f"chaos-{fault}", seed="chaos-load")
         if injector.done() and not injector.cancelled() and injector.exception() is None:
             row.resume_s = injector.result()
         injector.cancel()
+        sampler.cancel()
         proxy.heal()
         engine_proxy.heal()
         if row.partition:
@@ -222,15 +305,21 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
         row.interactive_turns = len(turns)
         row.interactive_ttft_p99_s = percentile([t.first_token for t in turns], 99)
         row.batch_runs_per_min = result.summary.get("batch", {}).get("runs_per_min", 0.0)
+        engines: dict[str, dict[str, float]] = {}
         for i, port in enumerate(stack.ports.engines):
             stats = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=5).json()
             row.engine_requests[f"engine-{'ab'[i]}"] = stats["requests"]
+            # how long its simulated GPU was busy, and fell behind its clock for want of CPU
+            engines[f"engine-{'ab'[i]}"] = {"gpu_busy_s": stats["gpu_busy_s"], "gpu_lost_s": stats["gpu_lost_s"]}
         log = _log(stack, "dataplane")
         row.resent_turns = sum(1 for record in log if record.get("event") == "turn_retried")
         row.continued_streams = sum(1 for record in log if record.get("event") == "stream_continued")
         # agents name run k of agent i "<name>-<class>-<group>-i-k" and seed it "<seed>-<same>"
-        received = {f"chaos-{fault}" + r.seed.removeprefix("chaos-load"): len(r.turns) for r in result.records if r.ok}
+        names = {r.seed: f"chaos-{fault}" + r.seed.removeprefix("chaos-load") for r in result.records}
+        received = {names[r.seed]: len(r.turns) for r in result.records if r.ok}
         row.rounds_repeated = _repeated(log, received)
+        row.where = {**where_time_goes(log, result.records, names, (start, end), samples), "cpu": result.cpu,
+                     "engines": engines}
     finally:
         stack.stop()
         proxy.close()
@@ -279,6 +368,28 @@ def table(rows: list[FaultRow]) -> str:
     lines = [" | ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)) for x in (header, *body)]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def where_lines(row: FaultRow) -> list[str]:
+    """The row's :func:`where_time_goes`, a line per replica and per kind of run."""
+    lines = []
+    for name, r in row.where.get("replicas", {}).items():
+        lines.append(f"{row.fault}: {name}: {r.get('turns', 0)} turns ({r.get('batch_turns', 0)} batch), "
+                     f"held {r.get('held_s')} s, first token {r.get('ttft_s')} s, turn {r.get('turn_s')} s; "
+                     f"in flight {r.get('in_flight_mean')} of capacity {r.get('capacity_mean')} "
+                     f"(at capacity {r.get('at_capacity_share')}, kept from batch {r.get('batch_reserve_mean')}, "
+                     f"engine queue seen {r.get('engine_queued_share')})")
+    for key, r in row.where.get("runs", {}).items():
+        lines.append(f"{row.fault}: {key}: {r['runs']} runs of {r['run_s']} s ({r['turns_s']} s in turns, "
+                     f"{r['tools_s']} s in tools), {r['share_of_class_time']:.0%} of the class's run time")
+    for name, e in row.where.get("engines", {}).items():
+        lines.append(f"{row.fault}: {name}: simulated GPU busy {e['gpu_busy_s']} s, behind its clock for want of "
+                     f"CPU {e['gpu_lost_s']} s")
+    cpu = row.where.get("cpu", {})
+    if row.where:
+        lines.append(f"{row.fault}: batch turns held {row.where.get('batch_held_mean')} on average; machine busy "
+                     f"{cpu.get('machine_busy')}, load generator {cpu.get('loadgen_cpu_share')} of a CPU")
+    return lines
 
 
 def parse_faults(text: str) -> list[str]:
@@ -342,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     path = out / f"chaos-load-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(payload, indent=2))
     sys.stdout.write(table(rows) + "\n")
+    for row in rows:
+        for line in where_lines(row):
+            sys.stdout.write(line + "\n")
     for row in rows:
         for error in [*row.errors, *row.notes, *chaos_runtime.check(row)]:
             sys.stdout.write(f"{row.fault}: {error}\n")

@@ -17,6 +17,11 @@ CLOCK_TICK_S = 1.0
 TURN_TIMEOUT_MS = 10 * 60 * 1000
 # A run with no turn for this long is forgotten; its next turn starts without affinity.
 RUN_IDLE_TIMEOUT_MS = RUN_IDLE_TIMEOUT_S * 1000
+# Affinity (core/placement.py) holds a run to its replica while that replica's recent
+# turn time is under this many times a faster peer's: past it the run's next turn goes
+# where turns are that much quicker (its prefix prefilled again there), and no slot of
+# the slow replica is lent to dataplanes (they would keep the run there).
+AFFINITY_SLOWER_FACTOR = 3
 
 # The admission limit's increase per probe (core/limit.py): the
 # requests that fit in this share of the engine's free KV, at most limit / divisor.

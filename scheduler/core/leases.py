@@ -8,14 +8,17 @@ whose Connect stream takes leases may be lent slots of a replica's free room:
 
 * grant: when a dataplane asks (it has no leased slot the turn may use) and, once
   that turn is placed, nothing is held, it is lent up to 1/LEASE_ROOM_DIVISOR of
-  each healthy replica's free room (the room a batch turn would have: under the
+  each healthy replica's free room (none of one much slower than a peer; the room a
+  batch turn would have: under the
   ceiling and under the limit less the batch reserve), at most LEASE_MAX_SLOTS per
   replica; lent slots are taken as far as everyone else's room goes;
 * use: the dataplane places a turn on a slot itself and reports it (an admission
   naming the leased replica): the slot is busy until the turn ends, then idle again,
   still lent;
-* revoke: the moment a turn is held, a replica turns unhealthy or its lent and used
-  slots no longer fit under its limit, every lease concerned is called back: the
+* revoke: the moment a turn is held, a replica turns unhealthy or much slower than a
+  peer (placement.py: its pinned runs may leave it, and a lent slot there would keep
+  them) or its lent and used slots no longer fit under its limit, every lease
+  concerned is called back: the
   dataplane returns idle slots at once and busy ones as their turns end, and gets no
   new slot of that replica until all are back;
 * void: when the dataplane's stream ends (or it resyncs, or is gone) its leases end;
@@ -30,7 +33,14 @@ from luftpause.scheduler.constants import LEASE_MAX_SLOTS, LEASE_ROOM_DIVISOR, L
 from luftpause.scheduler.core.events import Action, AdmitRequested, Event, Grant, LeaseReturned, LeaseTaking, Revoke
 from luftpause.scheduler.core.limit import _batch_capacity, _keeps_slots
 from luftpause.scheduler.core.peers import _own
-from luftpause.scheduler.core.placement import _awaiting_first_probes, _count_in_flight, _lease_slot, _put_run, _unhold
+from luftpause.scheduler.core.placement import (
+    _awaiting_first_probes,
+    _count_in_flight,
+    _lease_slot,
+    _put_run,
+    _slower_than_a_peer,
+    _unhold,
+)
 from luftpause.scheduler.core.state import GENERATIVE, Lease, Replica, Run, Stage, State, Turn
 
 
@@ -113,7 +123,8 @@ def _settle_leases(state: State, actions: list[Action], event: Event) -> tuple[S
         replica = state.replicas[key[1]]
         room = _batch_room(replica, _keeps_slots(state))
         over_lent = room is not None and room < 0  # what is lent and used no longer fits
-        if state.held or not replica.healthy or key[0] not in state.lease_takers or over_lent:
+        if (state.held or not replica.healthy or key[0] not in state.lease_takers or over_lent
+                or _slower_than_a_peer(state, replica)):
             state = state._replace(leases=state.leases.set(key, lease._replace(revoked=True)))
             actions = [*actions, Revoke(key[0], key[1])]
     asker = event.dataplane if isinstance(event, AdmitRequested) and not event.leased_replica else None
@@ -122,7 +133,7 @@ def _settle_leases(state: State, actions: list[Action], event: Event) -> tuple[S
     if _awaiting_first_probes(state, event.now_ms):
         return state, actions
     for name, replica in state.replicas.items():
-        if replica.kind != GENERATIVE or not replica.healthy:
+        if replica.kind != GENERATIVE or not replica.healthy or _slower_than_a_peer(state, replica):
             continue
         lease = state.leases.get((asker, name))
         if lease is not None and lease.revoked:

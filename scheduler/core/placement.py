@@ -3,7 +3,13 @@
 * a turn goes only to a healthy generative replica serving its model;
 * a run that is generating or paused on a tool goes only to its last replica while
   that replica is healthy, or only out of the scheduler's sight (strict affinity;
-  sight.py);
+  sight.py), and its recent turn time is under
+  AFFINITY_SLOWER_FACTOR times a faster peer's (on another device: replicas sharing
+  one take turns at it and are as quick as each other): past that the run's turn goes
+  to the fastest of those peers with room (its prefix prefilled again there: a price
+  of about one turn there, against a turn that would take several times as long at
+  home), and home only while none has room. An engine ten times slower keeps only the
+  first turns of the runs it is given;
 * a turn goes only where there is room (limit.py); held turns are released interactive
   first, then the caller with the fewest running turns, then turns of runs already
   under way before the first turns of new ones (a run's prefix is cached only while it
@@ -12,6 +18,12 @@
 * a turn free to go anywhere goes where the turns in flight would end soonest at each
   replica's recent turn time (fewest in flight while any has none finished): an engine
   ten times slower than its peer takes about a tenth of new runs;
+* but a replica much slower than a peer whose capacity is known (a learned limit or a
+  ceiling) takes no turn that peer could take while fewer turns are held than the
+  peer finishes in one of the slow replica's turns (the room the turn's class has
+  there times the ratio of turn times, less one turn): waiting for a slot there ends
+  sooner than a turn on the slow one. A closed loop of agents would otherwise leave runs crawling there while
+  the quick one frees a slot every few tens of milliseconds;
 * after a (re)start nothing is placed until every replica's first probe is in (or
   the first round timed out), so no turn lands on the replica probed first.
 
@@ -26,8 +38,9 @@ from collections.abc import Iterator
 
 from immutables import Map
 
+from luftpause.scheduler.constants import AFFINITY_SLOWER_FACTOR
 from luftpause.scheduler.core.events import Action, AdmitCancelled, Place, TurnUsage
-from luftpause.scheduler.core.limit import _has_room, _keeps_slots
+from luftpause.scheduler.core.limit import _batch_capacity, _has_room, _keeps_slots
 from luftpause.scheduler.core.state import (
     GENERATIVE,
     TURN_TIME_WEIGHT,
@@ -49,13 +62,59 @@ def _pin(state: State, run: Run | None) -> str:
 
 
 def _candidates(state: State, turn: HeldTurn) -> list[Replica]:
-    """Replicas this turn may go to, before looking at their load."""
+    """Replicas this turn may go to, before looking at their load: a pinned run's own
+    replica (while healthy, or only out of the scheduler's sight: sight.py), last, after
+    the peers much faster than it (see :func:`_much_faster`)."""
+    serving = [r for r in state.replicas.values() if r.kind == GENERATIVE and r.healthy and turn.model in r.models]
     pin = _pin(state, state.runs.get(turn.run_id))
     if pin:
         r = state.replicas.get(pin)
         if r is not None and r.kind == GENERATIVE and (r.healthy or r.unseen) and turn.model in r.models:
-            return [r]  # strict affinity while the run's replica is healthy, or out of sight only (sight.py)
-    return [r for r in state.replicas.values() if r.kind == GENERATIVE and r.healthy and turn.model in r.models]
+            # strict affinity while the run's replica is healthy (or out of sight only) and not much slower than a peer
+            return [p for p in serving if _much_faster(p, r)] + [r]
+    return serving
+
+
+def _much_faster(peer: Replica, home: Replica) -> bool:
+    """Whether ``peer``'s recent turns took under 1/AFFINITY_SLOWER_FACTOR of ``home``'s,
+    both measured, on different accelerators (replicas sharing one are equally quick)."""
+    if not peer.turn_ms or not home.turn_ms or peer.name == home.name or (home.device and peer.device == home.device):
+        return False
+    return peer.turn_ms * AFFINITY_SLOWER_FACTOR <= home.turn_ms
+
+
+def _slower_than_a_peer(state: State, replica: Replica) -> bool:
+    """Whether a healthy generative peer serving one of its models is much faster
+    (:func:`_much_faster`): runs pinned here may leave, and no slot here is lent."""
+    return any(r.kind == GENERATIVE and r.healthy and r.models & replica.models and _much_faster(r, replica)
+               for r in state.replicas.values())
+
+
+def _closed_to_free_turns(state: State) -> dict[str, frozenset[str]]:
+    """Per class, the replicas much slower than a peer of known capacity that take no
+    turn of that class such a peer could take: while the turns held are fewer than those
+    peers finish in one of the slow replica's turns (in the room the class has there:
+    batch turns leave the room kept for paused interactive runs), a held turn gets a
+    slot there sooner than the slow turn would end."""
+    if not state.held:
+        return {}
+    keep = _keeps_slots(state)
+    closed: dict[str, set[str]] = {INTERACTIVE: set(), BATCH: set()}
+    for slow in state.replicas.values():
+        if slow.kind != GENERATIVE or not slow.healthy or not slow.turn_ms:
+            continue
+        meanwhile = {INTERACTIVE: 0.0, BATCH: 0.0}
+        for fast in state.replicas.values():
+            if fast.kind == GENERATIVE and fast.healthy and fast.models & slow.models and _much_faster(fast, slow):
+                if fast.capacity is None:  # its room is not known: in flight decides (_best_replica)
+                    continue
+                turns_meanwhile = slow.turn_ms / fast.turn_ms - 1
+                meanwhile[INTERACTIVE] += fast.capacity * turns_meanwhile
+                meanwhile[BATCH] += max(0, _batch_capacity(fast, keep) or 0) * turns_meanwhile
+        for service_class, finished in meanwhile.items():
+            if len(state.held) < finished:
+                closed[service_class].add(slow.name)
+    return {service_class: frozenset(names) for service_class, names in closed.items() if names}
 
 
 def _awaiting_first_probes(state: State, now_ms: int) -> bool:
@@ -91,9 +150,11 @@ def _release_held(state: State, now_ms: int) -> tuple[State, list[Action]]:
 def _homes_with_room(state: State) -> dict[str, list[str]] | None:
     """Per class, the homes whose held turns could be placed now: free turns, turns
     pinned to a replica with room for that class (healthy or out of sight), and turns
-    pinned to an unhealthy replica (which may move). None when no replica has room at all."""
+    pinned to an unhealthy replica or to one much slower than a peer with room (they
+    may move). None when no replica has room at all."""
     interactive: list[str] = [""]
     batch: list[str] = [""]
+    slow: list[str] = []
     keep = _keeps_slots(state)
     for name, r in state.replicas.items():
         if r.kind != GENERATIVE:
@@ -101,12 +162,18 @@ def _homes_with_room(state: State) -> dict[str, list[str]] | None:
         if not r.healthy and not r.unseen:
             interactive.append(name)
             batch.append(name)
-        elif _has_room(r, INTERACTIVE, keep):
+            continue
+        if _has_room(r, INTERACTIVE, keep):
             interactive.append(name)
             if _has_room(r, BATCH, keep):
                 batch.append(name)
+        if r.turn_ms and _slower_than_a_peer(state, r):
+            slow.append(name)
     if len(interactive) == 1:
         return None
+    for homes in (interactive, batch):
+        if len(homes) > 1:  # some replica has room for the class: the slow one's runs may go there
+            homes.extend(name for name in slow if name not in homes)
     return {INTERACTIVE: interactive, BATCH: batch}
 
 
@@ -117,10 +184,16 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
                      if name and (state.replicas[name].healthy or state.replicas[name].unseen)}
     blocked: set[str] = set()
     keep = _keeps_slots(state)
+    closed = _closed_to_free_turns(state)
     for turn in _held_in_release_order(state, homes):
         candidates = _candidates(state, turn)
+        shut = closed.get(turn.service_class)
+        if shut:  # a much faster peer frees a slot before a turn on the slow one ends
+            candidates = [r for r in candidates if r.name not in shut] or candidates
         roomy = [r for r in candidates if r.name not in blocked and _has_room(r, turn.service_class, keep)]
         if roomy:
+            if turn.home and len(roomy) > 1:  # a pinned run leaving a much slower replica: not back there
+                roomy = [r for r in roomy if r.name != turn.home]
             return turn, _best_replica(state, roomy)
         blocked.update(r.name for r in candidates)
         if open_replicas <= blocked:

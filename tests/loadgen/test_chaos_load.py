@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from luftpause.loadgen.chaos_load import chaos_load, parse_faults, table
+from luftpause.loadgen.chaos_load import _repeated, chaos_load, parse_faults, table, where_time_goes
+from luftpause.loadgen.records import RunRecord, TurnRecord
 from luftpause.scheduler.constants import PROBE_PERIOD_S
 
 pytestmark = pytest.mark.timeout(240)
@@ -32,6 +33,47 @@ async def test_a_wedged_engine_and_partitions_under_load_lose_no_run_and_repeat_
         assert row.resume_s is not None and row.resume_s <= PROBE_PERIOD_S and not row.resume_target_missed, shown
     assert by_fault["engine-partition-4"].engine_unseen_s, "engine-b never went out of the scheduler's sight"
     assert by_fault["engine-partition-4"].engine_requests["engine-b"] > 0
+    # where the time went: the reference's turns are found on the engines that served them
+    assert set(by_fault["none"].where["replicas"]) >= {"engine-a", "engine-b"}, by_fault["none"].where
+    assert sum(r.get("turns", 0) for r in by_fault["none"].where["replicas"].values()) > 0
+
+
+def turn_line(run, replica, hold_ms=0, service_class="batch", status="finished"):
+    return {"event": "turn", "run": run, "replica": replica, "hold_ms": hold_ms, "service_class": service_class,
+            "status": status}
+
+
+def test_where_the_time_went_is_told_per_replica_and_per_replica_set_a_run_used():
+    slow = RunRecord("batch", "s-1", started=10, ended=16, ok=True,
+                     turns=[TurnRecord(10, 0.5, 2.0), TurnRecord(12.5, 0.2, 0.5)])  # moved from b to a
+    quick = RunRecord("batch", "s-2", started=11, ended=13, ok=True, turns=[TurnRecord(11, 0.1, 0.4)])
+    outside = RunRecord("batch", "s-3", started=1, ended=3, ok=True, turns=[TurnRecord(1, 0.1, 0.4)])
+    log = [turn_line("run-1", "engine-b", hold_ms=300), turn_line("run-1", "engine-a"),
+           turn_line("run-2", "engine-a", hold_ms=100), turn_line("run-2", "engine-a", status="failed"),
+           turn_line("run-3", "engine-a")]
+    samples = [{"replicas": [{"name": "engine-a", "in_flight": 2, "capacity": 2, "batch_reserve": 1, "queued": 0},
+                             {"name": "engine-b", "in_flight": 1, "capacity": -1, "batch_reserve": 0, "queued": 1}],
+                "held_by_class": [{"key": "batch", "count": 3}]},
+               {"replicas": [{"name": "engine-a", "in_flight": 0, "capacity": 4, "batch_reserve": 2, "queued": 1},
+                             {"name": "engine-b", "in_flight": 1, "capacity": -1, "batch_reserve": 0, "queued": 1}], "held_by_class": []}]
+    where = where_time_goes(log, [slow, quick, outside], {"s-1": "run-1", "s-2": "run-2", "s-3": "run-3"},
+                            (5, 20), samples)
+    assert where["replicas"]["engine-a"]["turns"] == 2 and where["replicas"]["engine-b"]["turns"] == 1
+    assert where["replicas"]["engine-b"]["held_s"] == 0.3 and where["replicas"]["engine-b"]["turn_s"] == 2.0
+    assert where["replicas"]["engine-a"]["at_capacity_share"] == 0.5
+    assert where["replicas"]["engine-b"]["capacity_mean"] is None  # never limited
+    assert where["replicas"]["engine-a"]["batch_reserve_mean"] == 1.5
+    assert where["replicas"]["engine-a"]["engine_queued_share"] == 0.5
+    assert where["runs"]["batch on engine-a+engine-b"] == {"runs": 1, "run_s": 6.0, "turns_s": 2.5,
+                                                            "tools_s": 3.5, "share_of_class_time": 0.75}
+    assert where["runs"]["batch on engine-a"]["runs"] == 1 and where["batch_held_mean"] == 1.5
+
+
+def test_a_round_is_repeated_when_the_dataplane_finished_more_turns_of_a_run_than_its_agent_received():
+    log = [turn_line("r1", "engine-a"), turn_line("r1", "engine-a"), turn_line("r1", "engine-b"),
+           turn_line("r2", "engine-a"), turn_line("r2", "engine-b", status="failed")]
+    assert _repeated(log, {"r1": 2, "r2": 1}) == 1
+    assert _repeated(log, {"r1": 3, "r2": 1}) == 0
 
 
 def test_unknown_fault_classes_are_refused_naming_the_known_ones():

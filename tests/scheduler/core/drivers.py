@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 
 from luftpause.scheduler import core
+from luftpause.scheduler.core.placement import _much_faster
 
 
 MODEL = "m"
@@ -205,5 +206,5 @@ def pinned_runs_stay(before, event, after, actions):
         if isinstance(event, core.RunEnded) and event.run_id == run_id:
             continue  # the run was ended (forgotten) with its turn still held: nothing pins that turn now
         home = after.replicas[run.replica]
-        if home.healthy:
+        if home.healthy and not _much_faster(after.replicas[place.replica], home):
             assert place.replica == run.replica, (place, run)

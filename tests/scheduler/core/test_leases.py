@@ -232,3 +232,18 @@ def test_leases_never_take_a_replica_past_its_cap_and_always_add_up(ceiling, run
 @given(operations)
 def test_with_leases_every_held_turn_is_placed_once_capacity_frees(ops):
     assert_held_turns_placed_once_capacity_frees(LeasingDriver(), ops)
+
+
+def test_no_slot_of_a_much_slower_replica_is_lent_and_its_leases_are_called_back():
+    # a lent slot there would keep a run on it (the dataplane keeps a pinned run on its lease)
+    state, actions = ask(pool("a", "b"), "t1", "r1")
+    assert set(grants(actions)) == {(DP, "a"), (DP, "b")}
+    state, _ = ask(state, "t2", "r2", now=1)
+    assert {state.turns["t1"].replica, state.turns["t2"].replica} == {"a", "b"}
+    quick, slow = ("t1", "t2") if state.turns["t1"].replica == "a" else ("t2", "t1")
+    state, _ = core.decide(state, core.TurnFinished(quick, "stop", 101))
+    state, actions = core.decide(state, core.TurnFinished(slow, "stop", 1001))  # b's turns: ten times a's
+    assert revokes(actions) == {(DP, "b")}
+    state, _ = core.decide(state, core.LeaseReturned(DP, "b", 64, 1002))
+    state, actions = ask(state, "t3", "r3", now=1003)
+    assert (DP, "b") not in grants(actions) and (DP, "b") not in state.leases

@@ -178,6 +178,109 @@ def test_replicas_of_equal_speed_alternate():
     assert sent.count("a") == sent.count("b") == 4
 
 
+def paused_on(b_ms: int, device: str = "", max_batch: int = 0) -> core.State:
+    """Replicas a and b (``max_batch`` each), a's turns taking 100 ms, b's ``b_ms``; run
+    "rb" paused on a tool at b, "ra" idle at a."""
+    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL}), device=device, max_batch=max_batch)
+                               for n in ("a", "b"))
+    for name in ("a", "b"):
+        state, _ = core.decide(state, core.EngineProbed(name, True, None, None, 0))
+    state, actions = admit(state, "ta", "ra", cls="batch", now=0)
+    state, more = admit(state, "tb", "rb", cls="batch", now=0)
+    assert {**placed(actions), **placed(more)} == {"ta": "a", "tb": "b"}
+    state, _ = core.decide(state, core.TurnFinished("ta", "stop", 100))
+    state, _ = core.decide(state, core.TurnFinished("tb", "tool_calls", b_ms))
+    assert state.runs["rb"].stage is core.Stage.PAUSED and state.replicas["b"].turn_ms == b_ms
+    return state
+
+
+def test_a_run_pinned_to_a_replica_ten_times_slower_goes_on_at_the_quick_one():
+    state, actions = admit(paused_on(1000), "tb2", "rb", cls="batch", now=2000)
+    assert placed(actions) == {"tb2": "a"} and state.runs["rb"].replica == "a"
+
+
+def test_a_run_keeps_its_replica_while_it_is_not_much_slower_than_a_peer():
+    _, actions = admit(paused_on(250), "tb2", "rb", cls="batch", now=2000)
+    assert placed(actions) == {"tb2": "b"}  # 2.5 times slower: the cached prefix is worth more
+
+
+def test_replicas_sharing_a_device_keep_their_runs_however_slow_their_turns_were():
+    # one accelerator: a slow turn there is the device's load, the peer is no quicker
+    _, actions = admit(paused_on(1000, device="gpu0", max_batch=1), "tb2", "rb", cls="batch", now=2000)
+    assert placed(actions) == {"tb2": "b"}
+
+
+def test_a_run_on_a_slow_replica_waits_for_the_quick_one_unless_more_wait_than_it_finishes_meanwhile():
+    state = paused_on(1000, max_batch=1)
+    state, _ = admit(state, "tx", "rx", cls="batch", now=1000)  # a's one slot taken
+    state, actions = admit(state, "tb2", "rb", cls="batch", now=2000)
+    assert actions == []  # a frees its slot within 100 ms; a turn at b takes 1000
+    state, _ = core.decide(state, core.AdmitCancelled("tb2", 2001))
+    for i in range(8):
+        state, _ = admit(state, f"n{i}", f"new{i}", cls="batch", now=2002)
+    state, actions = admit(state, "tb2", "rb", cls="batch", now=2010)
+    assert placed(actions) == {"tb2": "b"}  # nine held: as many as a finishes in one of b's turns
+
+
+def test_a_turn_held_for_a_full_slow_replica_goes_to_the_quick_one_once_it_has_room():
+    state = paused_on(1000, max_batch=1)
+    state, _ = admit(state, "tx", "rx", cls="batch", now=1000)  # a full
+    state, _ = core.decide(state, core.AdmitRequested("ty", "ry", MODEL, "batch", "c", 1000, leased_replica="b"))
+    assert set(state.turns) == {"tx", "ty"}
+    state, actions = admit(state, "tb2", "rb", cls="batch", now=2000)
+    assert actions == [] and "tb2" in state.held
+    state, actions = core.decide(state, core.TurnFinished("tx", "stop", 1100))
+    assert placed(actions) == {"tb2": "a"}
+
+
+def test_a_much_slower_replica_takes_new_runs_only_while_more_are_held_than_the_quick_one_finishes_meanwhile():
+    # a: one slot, 100 ms turns; b: 1000 ms. In one of b's turns a finishes 1 * (10 - 1) = 9 held turns.
+    state = paused_on(1000, max_batch=1)
+    state, _ = admit(state, "tx", "rx", cls="batch", now=1000)  # a full
+    sent = {}
+    for i in range(10):
+        state, actions = admit(state, f"n{i}", f"new{i}", cls="batch", now=1500 + i)
+        sent.update(placed(actions))
+    # new runs wait for a (a slot there frees sooner than a turn at b ends) until nine are held: then the
+    # first of them goes to b (and the next ones wait for either)
+    assert sent == {"n0": "b"} and len(state.held) == 9
+    state, actions = core.decide(state, core.TurnFinished("tx", "stop", 1600))
+    assert placed(actions) == {"n1": "a"}
+
+
+def test_batch_turns_wait_for_the_quick_peer_only_as_long_as_its_batch_room_drains_them():
+    # a: ceiling 4, two slots kept for the two interactive runs paused there (batch room 2), 100 ms turns;
+    # b: 400 ms. In one of b's turns a finishes 2 * (4 - 1) = 6 held batch turns (12 counting all its room).
+    state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL}), max_batch=4) for n in ("a", "b")),
+                               interactive_slots=True)
+    for name in ("a", "b"):
+        state, _ = core.decide(state, core.EngineProbed(name, True, None, None, 0))
+    for turn, run, cls, replica in (("i1", "ri1", "interactive", "a"), ("i2", "ri2", "interactive", "a"),
+                                    ("tb", "rb", "batch", "b")):
+        state, _ = core.decide(state, core.AdmitRequested(turn, run, MODEL, cls, "c", 0, leased_replica=replica))
+    for turn, at in (("i1", 100), ("i2", 100), ("tb", 400)):
+        state, _ = core.decide(state, core.TurnFinished(turn, "tool_calls", at))
+    state, _ = core.decide(state, core.RunEnded("rb", 401))
+    assert state.replicas["a"].paused_interactive == 2
+    state, _ = fill(state, 2, prefix="x", now=500)  # a's batch room taken
+    assert [t.replica for t in state.turns.values()] == ["a", "a"]
+    sent = {}
+    for i in range(6):
+        state, actions = admit(state, f"n{i}", f"new{i}", cls="batch", now=600 + i)
+        sent.update(placed(actions))
+    assert sent == {"n0": "b"}  # the sixth held batch turn opens b to the first of them
+
+
+def test_a_much_slower_replica_still_takes_new_runs_beside_a_peer_of_unknown_capacity():
+    # no limit or ceiling known at a: turns in flight decide, b takes about a tenth (above)
+    state = paused_on(1000)
+    sent = [placed(admit(state, "n", "new", cls="batch", now=1500)[1])["n"]]
+    for i in range(11):
+        state, actions = admit(state, f"n{i}", f"new{i}", cls="batch", now=1500)
+        sent.extend(placed(actions).values())
+    assert "b" in sent
+
+
 def restarted(deadline_ms: int = 5000) -> core.State:
     state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in ("a", "b")),
                                first_probe_deadline_ms=deadline_ms)

@@ -32,8 +32,9 @@ def test_an_unanswered_probe_keeps_the_pin_and_sends_new_runs_elsewhere():
     for i in range(3):  # new runs go where the scheduler can see
         state, actions = admit(state, f"n{i}", f"new{i}", now=11)
         assert placed(actions) == {f"n{i}": "a"}
+    # (t2 as quick as a's turns: a replica much slower than its peer loses its pins, placement.py)
+    state, _ = core.decide(state, core.TurnFinished("t2", "tool_calls", 12))
     state, _ = unanswered(state, now=30)  # a long partition: still only out of sight
-    state, _ = core.decide(state, core.TurnFinished("t2", "tool_calls", 31))
     state, actions = admit(state, "t3", "pinned", now=32)
     assert placed(actions) == {"t3": "b"} and state.replicas["b"].unseen
 
