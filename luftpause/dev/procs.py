@@ -173,14 +173,7 @@ class ManagedProcess:
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM the process group, then SIGKILL what is left after ``timeout``."""
-        if self.process is None:
-            return
-        self.signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            self.process.wait(timeout)
+        stop_together([self], timeout)
 
     def kill(self) -> None:
         """SIGKILL at once (crash tests)."""
@@ -188,6 +181,22 @@ class ManagedProcess:
             return
         self.signal(signal.SIGKILL)
         self.process.wait(5)
+
+
+def stop_together(processes: list[ManagedProcess], timeout: float = 5.0) -> None:
+    """SIGTERM every process group at once, then SIGKILL what is left after ``timeout`` (in
+    all, not for each): they shut down side by side."""
+    for process in processes:
+        process.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        if process.process is None:
+            continue
+        try:
+            process.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.signal(signal.SIGKILL)
+            process.process.wait(timeout)
 
 
 def start_on_free_ports(build: Callable[[list[int]], ManagedProcess], count: int = 1, timeout: float = 30.0,

@@ -19,7 +19,7 @@ import yaml
 
 from luftpause import auth
 from luftpause.dev.llama import Engine
-from luftpause.dev.procs import ManagedProcess, PortTaken, free_ports, wait_until
+from luftpause.dev.procs import ManagedProcess, PortTaken, free_ports, stop_together, wait_until
 from luftpause.scheduler import envoy
 
 HOST = "127.0.0.1"
@@ -170,7 +170,10 @@ class Stack:
         return process
 
     def _tiers(self) -> list[list[ManagedProcess]]:
-        """Processes in start order; each tier needs the ones before it."""
+        """Processes in start order; each tier needs the ones before it to be up, the processes
+        of a tier start side by side: a dataplane or picker dials the scheduler again within
+        half a second until it answers, the runtime calls the dataplane only for a run's turn,
+        and Envoy health-checks its pickers until they answer."""
         p = self.ports
         engines = [self._llama_process(i, port) for i, port in enumerate(p.engines)] if self.llama else [
             self._process(engine_name(i), "luftpause.fakes.engine",
@@ -206,7 +209,10 @@ class Stack:
                                          ["--host", HOST, "--port", str(p.classifier), "--name", "classifier",
                                           "--models", CLASSIFIER_MODEL],
                                          f"http://{HOST}:{p.classifier}/health"))
-        tiers = [[*engines, fake_mcp], [scheduler], dataplanes, [runtime]]
+        if self.gateway == "envoy":  # the pickers dial the scheduler as Envoy starts
+            tiers = [[*engines, fake_mcp], [scheduler], [*dataplanes, runtime]]
+        else:
+            tiers = [[*engines, fake_mcp], [scheduler, *dataplanes, runtime]]
         return [[p for p in tier if p.name not in self.without] for tier in tiers]
 
     def _pickers(self) -> list[ManagedProcess]:
@@ -314,9 +320,19 @@ class Stack:
         return next(p for p in self.processes if p.name == name)
 
     def stop(self) -> None:
-        for process in reversed(self.processes):
-            process.stop()
+        """The runtime first, then the gateways, the scheduler, and the engines and fake MCP
+        last; the processes of each step shut down side by side."""
+        for step in range(4):
+            stop_together([p for p in self.processes if _stop_step(p.name) == step])
         self.processes.clear()
+
+
+def _stop_step(name: str) -> int:
+    if name == "runtime":
+        return 0
+    if name.startswith(("dataplane", "picker", "envoy")):
+        return 1
+    return 2 if name == "scheduler" else 3
 
 
 def _get_json(url: str, token: str | None = None) -> dict | None:
