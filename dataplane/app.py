@@ -180,7 +180,7 @@ async def _sweep_forever(app: web.Application) -> None:
 
 
 def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MAX_BODY_BYTES,
-               key_identities: dict[str, KeyIdentity] | None = None) -> web.Application:
+               key_identities: dict[str, KeyIdentity] | None = None, warm_up: bool = True) -> web.Application:
     app = web.Application(middlewares=[origins.aiohttp_middleware(origins.AllowedHosts.from_env()), json_errors,
                                        bearer_auth], client_max_size=max_body_bytes)
     app[BOOK] = RunBook()
@@ -196,7 +196,8 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
         sweeper = asyncio.create_task(_sweep_forever(app))
         # The dialects' SDKs import in a thread meanwhile: the first Messages turn need not wait.
         # A daemon thread: a dataplane stopped while it imports exits at once, not after it.
-        threading.Thread(target=messages_api, name="messages-api-warm-up", daemon=True).start()
+        if warm_up:
+            threading.Thread(target=messages_api, name="messages-api-warm-up", daemon=True).start()
         yield
         sweeper.cancel()
         await app[ENGINES].close()
