@@ -101,7 +101,8 @@ def fake_engine(process_logs: Path) -> Iterator[str]:
 def fake_mcp(process_logs: Path) -> Iterator[str]:
     process, (port,) = start_on_free_ports(lambda ports: ManagedProcess(
         "fake-mcp", "luftpause.fakes.mcp", ["--host", "127.0.0.1", "--port", str(ports[0]), "--delay-s", "0.2"],
-        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=process_logs / f"fake-mcp-{ports[0]}.log"), timeout=20)
+        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=process_logs / f"fake-mcp-{ports[0]}.log"),
+        timeout=20)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
