@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 from collections.abc import Callable
 
@@ -179,7 +180,7 @@ async def _sweep_forever(app: web.Application) -> None:
 
 
 def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MAX_BODY_BYTES,
-               key_identities: dict[str, KeyIdentity] | None = None) -> web.Application:
+               key_identities: dict[str, KeyIdentity] | None = None, warm_up: bool = True) -> web.Application:
     app = web.Application(middlewares=[origins.aiohttp_middleware(origins.AllowedHosts.from_env()), json_errors,
                                        bearer_auth], client_max_size=max_body_bytes)
     app[BOOK] = RunBook()
@@ -194,10 +195,11 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
         app[ENGINES] = Engines()
         sweeper = asyncio.create_task(_sweep_forever(app))
         # The dialects' SDKs import in a thread meanwhile: the first Messages turn need not wait.
-        warm_up = asyncio.create_task(asyncio.to_thread(messages_api))
+        # A daemon thread: a dataplane stopped while it imports exits at once, not after it.
+        if warm_up:
+            threading.Thread(target=messages_api, name="messages-api-warm-up", daemon=True).start()
         yield
         sweeper.cancel()
-        warm_up.cancel()
         await app[ENGINES].close()
         await app[LINK].close()
 

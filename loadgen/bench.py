@@ -46,7 +46,7 @@ from luftpause.loadgen.records import CpuMeter, RunRecord, write_results
 from luftpause.loadgen.spawn import SpawnTarget, fan_out
 from luftpause.loadgen.timeline import Timeline, plot_b2
 from luftpause.loadgen.workload import Workload
-from luftpause.dev.procs import free_port
+from luftpause.dev.procs import free_port, free_ports
 from luftpause.dev.stack import MODEL, Ports, Stack, engine_name, write_configs
 
 log = structlog.get_logger(service="bench")
@@ -113,8 +113,8 @@ class Rig:
         self.dir = config.work_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.logs = self.dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.engine_ports = tuple(free_port() for _ in range(config.replicas))
-        self.mcp_port = free_port()
+        *engine_ports, self.mcp_port = free_ports(config.replicas + 1)
+        self.engine_ports = tuple(engine_ports)
         self.engine_urls = [f"http://{peers.HOST}:{p}" for p in self.engine_ports]
         facts = EngineFacts.of(config.engine_values(), config.time_scale)
         self.rows = {key: PEER_ROWS[key] for key in routers}  # peer rows, by key

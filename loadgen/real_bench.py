@@ -36,7 +36,7 @@ from luftpause.loadgen.bench import fmt, mean, ratio
 from luftpause.loadgen.driver import Group, run_load
 from luftpause.loadgen.records import write_results
 from luftpause.loadgen.workload import Workload
-from luftpause.dev.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, free_ports
 from luftpause.dev.stack import Ports, Stack, write_configs
 
 console = Console(width=200)
@@ -52,7 +52,7 @@ class RealRig:
         self.dir = out_dir / "work" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.logs = self.dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.engine_ports = (free_port(), free_port())
+        self.engine_ports = tuple(free_ports(2))
         self.engine_urls = [f"http://{peers.HOST}:{port}" for port in self.engine_ports]
         self._stack = ExitStack()
 

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from luftpause.loadgen.records import write_json
-from luftpause.dev.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, free_ports
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler import core
@@ -123,7 +123,7 @@ async def admit_round_trips(count: int) -> dict:
     """Admit → Report finished, one turn at a time, against a real scheduler process
     whose one engine is healthy and uncapped."""
     with tempfile.TemporaryDirectory() as tmp:
-        engine_port, grpc_port, http_port = free_port(), free_port(), free_port()
+        engine_port, grpc_port, http_port = free_ports(3)
         pool = Path(tmp) / "pool.yaml"
         pool.write_text(yaml.safe_dump({"endpoints": [
             {"name": "e", "base_url": f"http://127.0.0.1:{engine_port}", "models": ["fake-llama-1b"]}]}))

@@ -30,3 +30,9 @@ def choose_transport() -> bool:
         return False
     os.environ[GRPC_EXPERIMENTS] = LEGACY_TRANSPORT
     return True
+
+# Server option for luftpause's gRPC listeners. gRPC sets SO_REUSEPORT on Linux by default,
+# so a second server on a port already served starts without an error and the kernel splits
+# the connections between the two (a stale scheduler would silently take half the
+# dataplanes). Without it a taken port is a "Failed to bind" at start, like every HTTP port.
+EXCLUSIVE_PORT = (("grpc.so_reuseport", 0),)

@@ -20,6 +20,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from luftpause import auth, origins, tracing
+from luftpause.grpc_env import EXCLUSIVE_PORT
 from luftpause.prom import metrics_response
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
@@ -414,7 +415,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 def grpc_server(host: SchedulerHost, bind: str, token: str | None = None) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """The Scheduler service plus standard health checking and reflection (grpcurl);
     with ``token``, every call but health checks must carry it (luftpause.auth)."""
-    server = grpc.aio.server(interceptors=auth.server_interceptors(token))
+    server = grpc.aio.server(interceptors=auth.server_interceptors(token), options=EXCLUSIVE_PORT)
     pb_grpc.add_SchedulerServicer_to_server(SchedulerServicer(host), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -29,6 +29,7 @@ from luftpause.options import env_option
 from luftpause.dataplane.answers import probe_routes
 from luftpause.dataplane.constants import TOOL_CALL_SWEEP_S
 from luftpause.eventloop import run_event_loop, stop_signalled
+from luftpause.grpc_env import EXCLUSIVE_PORT
 from luftpause.dataplane.link import Placement, SchedulerLink
 from luftpause.dataplane.runs import RunBook
 from luftpause.proto import scheduler_pb2 as pb
@@ -102,7 +103,7 @@ def grpc_server(picker: Picker, bind: str) -> tuple[grpc.aio.Server, health.aio.
     """ext_proc plus the standard gRPC health service: ``liveness`` and "" answer SERVING
     while the process runs; ``readiness`` and the ext_proc service's name only while the
     picker's stream to the scheduler is up (Envoy health-checks the latter)."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=EXCLUSIVE_PORT)
     ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(picker), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -10,7 +10,14 @@ import pytest
 from luftpause.dev.stack import Stack
 
 
+# The fixtures' dataplanes import the anthropic SDK on their first Messages turn, not at start
+# (about 3 CPU seconds each, on 2 cores shared by every process of the suite); a test's own `env`
+# can turn the warm-up back on. The Claude Code stack keeps the default.
+LAZY_MESSAGES = {"LUFTPAUSE_MESSAGES_WARM_UP": "off"}
+
+
 def start_stack(directory: Path, **options) -> Stack:
+    options["env"] = {**LAZY_MESSAGES, **options.get("env", {})}
     stack = Stack.on_free_ports(directory, **options)
     stack.start()
     return stack

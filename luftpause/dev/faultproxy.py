@@ -22,7 +22,6 @@ from pathlib import Path
 import structlog
 import yaml
 
-from luftpause.dev.procs import free_port
 
 log = structlog.get_logger(component="faultproxy")
 
@@ -31,15 +30,16 @@ CHUNK = 65536
 
 
 class FaultProxy:
-    """Listens on ``port`` (a free one by default) and forwards to ``target_port``."""
+    """Listens on ``port`` (by default one the system chooses as it binds, known after
+    :meth:`start`) and forwards to ``target_port``."""
 
     def __init__(self, target_port: int, port: int = 0, target_host: str = HOST) -> None:
         self.target = (target_host, target_port)
-        self.port = port or free_port()
+        self.port = port
         self._loop = asyncio.new_event_loop()
         self._open: asyncio.Event | None = None
         self._server: asyncio.base_events.Server | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"faultproxy-{self.port}", daemon=True)
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"faultproxy-{target_port}", daemon=True)
         self._pumps: set[asyncio.Task] = set()
 
     @property
@@ -55,6 +55,7 @@ class FaultProxy:
         self._open = asyncio.Event()
         self._open.set()
         self._server = await asyncio.start_server(self._accepted, HOST, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
 
     def cut(self) -> None:
         """From now on nothing passes (until :meth:`heal`)."""

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         tools_file = Path(args.tools_file)
         without.add("fake-mcp")
     stack = Stack(ports, pool_file, tools_file, state_dir, classifier=True, without=frozenset(without), llama=engine,
-                  gateway=args.gateway, fail_open=args.fail_open)
+                  gateway=args.gateway, fail_open=args.fail_open, free_ports=args.free_ports)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

@@ -4,6 +4,7 @@ benchmarks); no service imports it (a service's event loop is ``luftpause.eventl
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -11,15 +12,44 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# What a service's log says when its port is taken: asyncio/uvloop/uvicorn ("[Errno 98] ...
+# address already in use"), gRPC ("Failed to bind to address"), Envoy ("cannot bind"),
+# llama-server ("couldn't bind").
+BIND_FAILURE = re.compile(r"address already in use|failed to bind|cannot bind|couldn't bind", re.IGNORECASE)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> list[int]:
+    """``count`` different TCP ports that were free on ``host`` a moment ago, none in ``avoid``.
+
+    The sockets stay bound until all are chosen: ports chosen one at a time may repeat
+    (the kernel picks each at random), and two services given one port cannot both start."""
+    sockets: list[socket.socket] = []
+    try:
+        chosen: list[int] = []
+        for _ in range(count + len(avoid) + 16):  # bounded: each port in ``avoid`` is drawn at most once
+            if len(chosen) == count:
+                break
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+            if port not in avoid:
+                chosen.append(port)
+        if len(chosen) < count:
+            raise OSError(f"could not find {count} free ports on {host}")
+        return chosen
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def port_is_listening(port: int, host: str = "127.0.0.1") -> bool:
@@ -55,6 +85,18 @@ def http_ok(url: str, timeout: float = 1.0, headers: dict[str, str] | None = Non
         return False
 
 
+class PortTaken(RuntimeError):
+    """A process exited at start because a port it was to listen on was taken (its log says so)."""
+
+    def __init__(self, name: str, message: str, failure: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.failure = failure  # the log lines that name the bind failure
+
+    def names_port(self, port: int) -> bool:
+        return re.search(rf"(?<!\d){port}(?!\d)", self.failure) is not None
+
+
 @dataclass
 class ManagedProcess:
     """One ``python -m <module>`` child (or ``command``, e.g. a real engine's binary),
@@ -69,9 +111,11 @@ class ManagedProcess:
     log_path: Path | None = None
     process: subprocess.Popen[bytes] | None = None
     command: list[str] | None = None  # run instead of ``python -m <module> <args>``
+    log_offset: int = 0  # where this start's output begins in ``log_path`` (earlier starts append too)
 
     def start(self) -> None:
         env = {**os.environ, **self.env}
+        self.log_offset = self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
         stdout = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.process = subprocess.Popen(
@@ -97,11 +141,23 @@ class ManagedProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode}{self._log_tail()}")
+                message = f"{self.name} exited with {self.process.returncode}{self._log_tail()}"
+                if failure := self.bind_failure():
+                    raise PortTaken(self.name, message, failure)
+                raise RuntimeError(message)
             if self.is_ready():
                 return
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} not ready after {timeout:.0f}s{self._log_tail()}")
+
+    def bind_failure(self) -> str:
+        """The lines of this process's log that say a port was taken ("" when none do)."""
+        if not (self.log_path and self.log_path.exists()):
+            return ""
+        with self.log_path.open("rb") as log:
+            log.seek(self.log_offset)
+            lines = log.read().decode(errors="replace").splitlines()
+        return "\n".join(line for line in lines[-200:] if BIND_FAILURE.search(line))
 
     def _log_tail(self) -> str:
         if self.log_path and self.log_path.exists():
@@ -117,14 +173,7 @@ class ManagedProcess:
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM the process group, then SIGKILL what is left after ``timeout``."""
-        if self.process is None:
-            return
-        self.signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            self.process.wait(timeout)
+        stop_together([self], timeout)
 
     def kill(self) -> None:
         """SIGKILL at once (crash tests)."""
@@ -132,3 +181,40 @@ class ManagedProcess:
             return
         self.signal(signal.SIGKILL)
         self.process.wait(5)
+
+
+def stop_together(processes: list[ManagedProcess], timeout: float = 5.0) -> None:
+    """SIGTERM every process group at once, then SIGKILL what is left after ``timeout`` (in
+    all, not for each): they shut down side by side."""
+    for process in processes:
+        process.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        if process.process is None:
+            continue
+        try:
+            process.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.signal(signal.SIGKILL)
+            process.process.wait(timeout)
+
+
+def start_on_free_ports(build: Callable[[list[int]], ManagedProcess], count: int = 1, timeout: float = 30.0,
+                        attempts: int = 3) -> tuple[ManagedProcess, list[int]]:
+    """Start the process ``build`` makes for ``count`` free ports and wait until it is ready.
+    Should a port be taken between choosing and binding (the process exits saying so), new
+    ports are chosen and it starts again, at most ``attempts`` times in all."""
+    for attempt in range(1, attempts + 1):
+        process = build(ports := free_ports(count))
+        process.start()
+        try:
+            process.wait_ready(timeout)
+            return process, ports
+        except PortTaken:
+            process.stop()
+            if attempt == attempts:
+                raise
+        except BaseException:
+            process.stop()
+            raise
+    raise ValueError(f"attempts must be at least 1, not {attempts}")

@@ -7,8 +7,10 @@ fake MCP, scheduler, dataplane and runtime, started in dependency order and stop
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,12 +19,14 @@ import yaml
 
 from luftpause import auth
 from luftpause.dev.llama import Engine
-from luftpause.dev.procs import ManagedProcess, free_port, wait_until
+from luftpause.dev.procs import ManagedProcess, PortTaken, free_ports, stop_together, wait_until
 from luftpause.scheduler import envoy
 
 HOST = "127.0.0.1"
 MODEL = "fake-llama-1b"
 CLASSIFIER_MODEL = "fake-classifier"
+# A stack on free ports moves a service whose port was taken at most this many times per start.
+PORT_MOVES = 5
 
 
 @dataclass(frozen=True)
@@ -43,11 +47,25 @@ class Ports:
 
     @classmethod
     def free(cls, engines: int = 2, dataplanes: int = 1, pickers: int = 1) -> Ports:
-        return cls(free_port(), free_port(), free_port(), free_port(),
-                   tuple(free_port() for _ in range(engines)), free_port(), classifier=free_port(),
-                   more_dataplanes=tuple(free_port() for _ in range(dataplanes - 1)),
-                   picker_grpc=tuple(free_port() for _ in range(pickers)),
-                   picker_http=tuple(free_port() for _ in range(pickers)), envoy_admin=free_port())
+        """Different free ports for every service."""
+        ports = iter(free_ports(7 + engines + dataplanes - 1 + 2 * pickers))
+        return cls(next(ports), next(ports), next(ports), next(ports),
+                   tuple(next(ports) for _ in range(engines)), next(ports), classifier=next(ports),
+                   more_dataplanes=tuple(next(ports) for _ in range(dataplanes - 1)),
+                   picker_grpc=tuple(next(ports) for _ in range(pickers)),
+                   picker_http=tuple(next(ports) for _ in range(pickers)), envoy_admin=next(ports))
+
+    def all(self) -> list[int]:
+        return [port for value in asdict(self).values() for port in (value if isinstance(value, tuple) else (value,))]
+
+    def moved(self, where: tuple[str, int | None], port: int) -> Ports:
+        """These ports with the one at ``where`` (a field, and an index for a tuple field) replaced."""
+        name, index = where
+        if index is None:
+            return dataclasses.replace(self, **{name: port})
+        values = list(getattr(self, name))
+        values[index] = port
+        return dataclasses.replace(self, **{name: tuple(values)})
 
     @classmethod
     def defaults(cls, dataplanes: int = 1) -> Ports:
@@ -104,6 +122,9 @@ class Stack:
     gateway: str = "dataplane"
     fail_open: bool = False  # gateway "envoy": requests go on to an engine when no picker answers
     envoy_observes_response: bool = True  # False only to measure the response phase's cost (loadgen.picker_bench)
+    # The ports were chosen free (tests, benchmarks, `--free-ports`): a service whose port was taken
+    # between choosing and binding (its log says so) gets another and starts again.
+    free_ports: bool = False
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @classmethod
@@ -119,7 +140,7 @@ class Stack:
             for i, port in enumerate(ports.engines):
                 text = text.replace("{" + engine_name(i) + "}", f"http://{HOST}:{port}")
             pool_file.write_text(text)
-        return cls(ports, pool_file, tools_file, directory / "state", **options)
+        return cls(ports, pool_file, tools_file, directory / "state", **{"free_ports": True, **options})
 
     @property
     def urls(self) -> dict[str, str]:
@@ -150,7 +171,10 @@ class Stack:
         return process
 
     def _tiers(self) -> list[list[ManagedProcess]]:
-        """Processes in start order; each tier needs the ones before it."""
+        """Processes in start order; each tier needs the ones before it to be up, the processes
+        of a tier start side by side: a dataplane or picker dials the scheduler again within
+        half a second until it answers, the runtime calls the dataplane only for a run's turn,
+        and Envoy health-checks its pickers until they answer."""
         p = self.ports
         engines = [self._llama_process(i, port) for i, port in enumerate(p.engines)] if self.llama else [
             self._process(engine_name(i), "luftpause.fakes.engine",
@@ -187,7 +211,10 @@ class Stack:
                                          ["--host", HOST, "--port", str(p.classifier), "--name", "classifier",
                                           "--models", CLASSIFIER_MODEL],
                                          f"http://{HOST}:{p.classifier}/health"))
-        tiers = [[*engines, fake_mcp], [scheduler], dataplanes, [runtime]]
+        if self.gateway == "envoy":  # the pickers dial the scheduler as Envoy starts
+            tiers = [[*engines, fake_mcp], [scheduler], [*dataplanes, runtime]]
+        else:
+            tiers = [[*engines, fake_mcp], [scheduler, *dataplanes, runtime]]
         return [[p for p in tier if p.name not in self.without] for tier in tiers]
 
     def _pickers(self) -> list[ManagedProcess]:
@@ -209,14 +236,31 @@ class Stack:
         return process
 
     def start(self, timeout: float = 60.0) -> None:
-        """Start every tier and wait until it is healthy; on failure stop what started."""
+        """Start every tier and wait until it is healthy; on failure stop what started.
+
+        With ``free_ports``, a service that exits because its port was taken gets a new free
+        port and its tier starts again (the tiers after it are given the new address); read
+        ``ports`` and ``urls`` after ``start``."""
         try:
-            for tier in self._tiers():
-                for process in tier:
-                    self.processes.append(process)
-                    process.start()
-                for process in tier:
-                    process.wait_ready(timeout)
+            tiers, index, moves = self._tiers(), 0, 0
+            while index < len(tiers):
+                try:
+                    for process in tiers[index]:
+                        self.processes.append(process)
+                        process.start()
+                    for process in tiers[index]:
+                        process.wait_ready(timeout)
+                except PortTaken as taken:
+                    if not self.free_ports or moves == PORT_MOVES:
+                        raise
+                    moves += 1
+                    for process in tiers[index]:
+                        process.stop()
+                        self.processes.remove(process)
+                    self._move(taken)
+                    tiers = self._tiers()
+                    continue
+                index += 1
             self.wait_engines_healthy(timeout)
         except BaseException:
             self.stop()
@@ -225,6 +269,43 @@ class Stack:
             json.dumps({"urls": self.urls, "ports": asdict(self.ports),
                         "pids": {p.name: p.process.pid for p in self.processes if p.process}}, indent=2)
         )
+
+    def _where(self, name: str) -> list[tuple[str, int | None]]:
+        """The port fields (and indexes) the process called ``name`` listens on."""
+        if name == "envoy":
+            return [("dataplane", None), ("envoy_admin", None)]
+        if name == "scheduler":
+            return [("scheduler_grpc", None), ("scheduler_http", None)]
+        if name in ("dataplane", "runtime", "classifier"):
+            return [(name, None)]
+        if name == "fake-mcp":
+            return [("fake_mcp", None)]
+        if name.startswith("engine-"):
+            return [("engines", ord(name.removeprefix("engine-")) - ord("a"))]
+        if name.startswith("dataplane-"):
+            return [("more_dataplanes", int(name.removeprefix("dataplane-")) - 2)]
+        if name == "picker" or name.startswith("picker-"):
+            i = int(name.removeprefix("picker-")) - 1 if name != "picker" else 0
+            return [("picker_grpc", i), ("picker_http", i)]
+        return []
+
+    def _port_at(self, where: tuple[str, int | None]) -> int:
+        value = getattr(self.ports, where[0])
+        return value if where[1] is None else value[where[1]]
+
+    def _move(self, taken: PortTaken) -> None:
+        """New free ports for the process whose port was taken: the ones its log names (all of
+        its ports if it names none); the configuration files the stack wrote follow them."""
+        places = self._where(taken.name)
+        named = [where for where in places if taken.names_port(self._port_at(where))]
+        for where in named or places:
+            if where == ("scheduler_grpc", None) and self.dataplane_scheduler:
+                raise taken  # the dataplanes reach it through the caller's route (a fault proxy)
+            old, new = self._port_at(where), free_ports(1, avoid=self.ports.all())[0]
+            self.ports = self.ports.moved(where, new)
+            for path in (self.pool_file, self.tools_file) if where[0] in ("engines", "classifier", "fake_mcp") else ():
+                if path.exists():
+                    path.write_text(re.sub(rf"{re.escape(HOST)}:{old}(?!\d)", f"{HOST}:{new}", path.read_text()))
 
     def wait_engines_healthy(self, timeout: float) -> None:
         """Until the scheduler has probed at least one engine healthy and the dataplane
@@ -241,9 +322,19 @@ class Stack:
         return next(p for p in self.processes if p.name == name)
 
     def stop(self) -> None:
-        for process in reversed(self.processes):
-            process.stop()
+        """The runtime first, then the gateways, the scheduler, and the engines and fake MCP
+        last; the processes of each step shut down side by side."""
+        for step in range(4):
+            stop_together([p for p in self.processes if _stop_step(p.name) == step])
         self.processes.clear()
+
+
+def _stop_step(name: str) -> int:
+    if name == "runtime":
+        return 0
+    if name.startswith(("dataplane", "picker", "envoy")):
+        return 1
+    return 2 if name == "scheduler" else 3
 
 
 def _get_json(url: str, token: str | None = None) -> dict | None:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from mcp import Client
 
-from luftpause.dev.procs import ManagedProcess, free_port, port_is_listening, wait_until
+from luftpause.dev.procs import ManagedProcess, free_ports, port_is_listening, wait_until
 
 
 
@@ -98,7 +98,7 @@ def test_decide_works_out_of_the_box_and_a_dead_child_is_restarted(tmp_path):
 def test_free_ports_honour_a_given_pool_file_and_tools_file(tmp_path):
     """--pool-file/--tools-file with --free-ports serve the given engines and tools; the
     fakes the launcher would otherwise start are not started."""
-    engine_port, mcp_port = free_port(), free_port()
+    engine_port, mcp_port = free_ports(2)
     engine = ManagedProcess("mine", "luftpause.fakes.engine",
                             ["--port", str(engine_port), "--name", "mine", "--models", "my-model"],
                             ready_url=f"http://127.0.0.1:{engine_port}/health", log_path=tmp_path / "engine.log")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from luftpause.dev.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, start_on_free_ports
 
 
 @pytest.fixture(scope="module")
@@ -16,15 +16,12 @@ def start_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
     started: list[ManagedProcess] = []
 
     def start(*args: str) -> str:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        proc = ManagedProcess(f"fake-engine-{port}", "luftpause.fakes.engine", ["--port", str(port), *args],
-                              ready_url=f"{url}/health",
-                              log_path=Path(tmp_path_factory.mktemp("engine")) / "engine.log")
+        proc, (port,) = start_on_free_ports(lambda ports: ManagedProcess(
+            f"fake-engine-{ports[0]}", "luftpause.fakes.engine", ["--port", str(ports[0]), *args],
+            ready_url=f"http://127.0.0.1:{ports[0]}/health",
+            log_path=Path(tmp_path_factory.mktemp("engine")) / "engine.log"), timeout=15)
         started.append(proc)
-        proc.start()
-        proc.wait_ready(timeout=15)
-        return url
+        return f"http://127.0.0.1:{port}"
 
     yield start
     for proc in started:

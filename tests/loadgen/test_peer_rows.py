@@ -19,7 +19,7 @@ from luftpause.loadgen.agents import Clock, Live, Target, run_once
 from luftpause.loadgen.peer_rows import PEER_ROWS, EngineFacts, best_row, compare, parse_peers, program_config
 from luftpause.loadgen.workload import Workload
 from luftpause.peer_identity import add_identity, finish_path
-from luftpause.dev.procs import free_port
+from luftpause.dev.procs import free_ports
 
 FACTS = EngineFacts.of({**asdict(EngineConfig()), **PRESETS["laptop-1b-sglang"]}, time_scale=0.25)
 
@@ -78,7 +78,7 @@ needs_vllm_router = pytest.mark.skipif(peers.find_router(peers.VLLM_ROUTER) is N
 def test_vllm_router_rows_receive_each_runs_identity(tmp_path: Path) -> None:
     """Real vllm-router processes in front of fake engines: sticky sessions open and end per
     run; program scheduling sees the programs, the capacity and the engines' vLLM metrics."""
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     urls = [f"http://{peers.HOST}:{p}" for p in ports]
     engine = peers.engine_process("engine", ports[0], ["--preset", "quick", "--models", "m", "--also-metrics-format",
                                                       "vllm", "--extra-ports", str(ports[1])], tmp_path)

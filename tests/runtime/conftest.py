@@ -12,7 +12,7 @@ from mcp import Client
 from npm_packages import NpmUnavailable, install_npm_packages
 from runtime_doubles import MODEL, RuntimeProcess, ScriptedDataplane, build_upstream_server
 
-from luftpause.dev.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, start_on_free_ports
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.service import Runtime
 from luftpause.runtime.upstream import Toolbox, UpstreamConnection
@@ -87,9 +87,10 @@ def process_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def fake_engine(process_logs: Path) -> Iterator[str]:
-    port = free_port()
-    args = ["--host", "127.0.0.1", "--port", str(port), "--name", "e1", "--models", MODEL, "--tool-calls", "2"]
-    process = start_process("engine", "luftpause.fakes.engine", args, process_logs, "/health", port)
+    process, (port,) = start_on_free_ports(lambda ports: ManagedProcess(
+        "engine", "luftpause.fakes.engine",
+        ["--host", "127.0.0.1", "--port", str(ports[0]), "--name", "e1", "--models", MODEL, "--tool-calls", "2"],
+        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=process_logs / f"engine-{ports[0]}.log"), timeout=20)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -98,9 +99,10 @@ def fake_engine(process_logs: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def fake_mcp(process_logs: Path) -> Iterator[str]:
-    port = free_port()
-    args = ["--host", "127.0.0.1", "--port", str(port), "--delay-s", "0.2"]
-    process = start_process("fake-mcp", "luftpause.fakes.mcp", args, process_logs, "/health", port)
+    process, (port,) = start_on_free_ports(lambda ports: ManagedProcess(
+        "fake-mcp", "luftpause.fakes.mcp", ["--host", "127.0.0.1", "--port", str(ports[0]), "--delay-s", "0.2"],
+        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=process_logs / f"fake-mcp-{ports[0]}.log"),
+        timeout=20)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -120,20 +122,19 @@ def start_runtime(process_logs: Path) -> Iterator[Callable[..., RuntimeProcess]]
     started: list[ManagedProcess] = []
 
     def start(dataplane_url: str, tools: Path, state_dir: Path, env: dict[str, str] | None = None) -> RuntimeProcess:
-        port = free_port()
-        args = ["--host", "127.0.0.1", "--port", str(port), "--dataplane-url", dataplane_url,
-                "--tools-file", str(tools), "--state-dir", str(state_dir)]
-        process = ManagedProcess(
-            name="runtime",
-            module="luftpause.runtime",
-            args=args,
-            env={"LUFTPAUSE_TOKEN": "", **(env or {})},
-            ready_url=f"http://127.0.0.1:{port}/health",
-            log_path=process_logs / f"runtime-{port}.log",
-        )
+        def runtime(ports: list[int]) -> ManagedProcess:
+            return ManagedProcess(
+                name="runtime",
+                module="luftpause.runtime",
+                args=["--host", "127.0.0.1", "--port", str(ports[0]), "--dataplane-url", dataplane_url,
+                      "--tools-file", str(tools), "--state-dir", str(state_dir)],
+                env={"LUFTPAUSE_TOKEN": "", **(env or {})},
+                ready_url=f"http://127.0.0.1:{ports[0]}/health",
+                log_path=process_logs / f"runtime-{ports[0]}.log",
+            )
+
+        process, (port,) = start_on_free_ports(runtime, timeout=30)
         started.append(process)
-        process.start()
-        process.wait_ready(timeout=30)
         return RuntimeProcess(process, port, state_dir)
 
     yield start

@@ -9,7 +9,7 @@ import json
 import grpc
 import pytest
 
-from luftpause.dev.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, free_port, free_ports
 from luftpause.scheduler.envoy import load_stubs
 
 load_stubs()
@@ -22,7 +22,7 @@ TOKEN = "s3cret"
 
 @pytest.fixture(scope="module")
 def picker(tmp_path_factory):
-    grpc_port, http_port = free_port(), free_port()
+    grpc_port, http_port = free_ports(2)
     process = ManagedProcess(
         name="picker", module="luftpause.scheduler.picker",
         args=["--grpc-port", str(grpc_port), "--http-port", str(http_port), "--scheduler", f"127.0.0.1:{free_port()}"],

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from luftpause.fakes.engine import EngineConfig
 from luftpause.fakes.engine import create_app as create_engine_app
-from luftpause.dev.procs import ManagedProcess, free_port, wait_until
+from luftpause.dev.procs import ManagedProcess, free_port, free_ports, wait_until
 from luftpause.scheduler.pool import Endpoint, PoolError, parse_pool
 from luftpause.scheduler.probes import fast_batch, native_apis, parse_load, probe, probe_client
 
@@ -198,7 +198,7 @@ async def test_metrics_without_a_known_load_metric_name_what_they_report():
 
 
 def test_scheduler_logs_a_replica_without_known_load_metrics_once(tmp_path):
-    engine_port, grpc_port, http_port = free_port(), free_port(), free_port()
+    engine_port, grpc_port, http_port = free_ports(3)
     engine = ManagedProcess("engine", "luftpause.fakes.engine",
                             ["--port", str(engine_port), "--metrics-format", "none"],
                             ready_url=f"http://127.0.0.1:{engine_port}/health", log_path=tmp_path / "engine.log")
@@ -227,7 +227,7 @@ def test_scheduler_logs_a_replica_without_known_load_metrics_once(tmp_path):
 @pytest.fixture
 def engines(tmp_path):
     """Two fake engines, one of them with a queue of two (4 streams, batch of 2)."""
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     processes = [
         ManagedProcess(f"e{i}", "luftpause.fakes.engine",
                        ["--port", str(port), "--max-running", "1", "--metrics-format", fmt,

@@ -11,7 +11,7 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from luftpause.vocabulary import MAX_ID_BYTES
-from luftpause.dev.procs import ManagedProcess, free_port
+from luftpause.dev.procs import ManagedProcess, free_port, free_ports
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 
@@ -47,7 +47,7 @@ async def runtime_stand_in():
 @pytest.fixture
 def scheduler(tmp_path, runtime_stand_in):
     runtime_url, _ = runtime_stand_in
-    grpc_port, http_port = free_port(), free_port()
+    grpc_port, http_port = free_ports(2)
     pool = tmp_path / "pool.yaml"
     pool.write_text(yaml.safe_dump({"endpoints": [
         {"name": "engine-a", "base_url": f"http://127.0.0.1:{free_port()}", "models": [MODEL]}]}))
