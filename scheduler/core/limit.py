@@ -67,7 +67,7 @@ from luftpause.scheduler.constants import (
 )
 from luftpause.scheduler.core.events import EngineProbed
 from luftpause.scheduler.core.sight import _out_of_sight
-from luftpause.scheduler.core.state import AdmissionLimit, Replica, State
+from luftpause.scheduler.core.state import AdmissionLimit, Replica, State, _much_faster
 from luftpause.vocabulary import BATCH
 
 
@@ -195,8 +195,15 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
 
 
 def _turns_wait_for(state: State, name: str) -> bool:
-    """Whether held turns could go to this replica: pinned to it, or free to go anywhere."""
-    return bool(state.held_queues.get(name)) or bool(state.held_queues.get(""))
+    """Whether held turns could go to this replica: pinned to it, free to go anywhere, or
+    pinned to a replica much slower than it (they may go on here: placement.py). Without
+    the last, a quick replica next to a slow one never grew its limit for the runs
+    leaving the slow one, and batch crawled behind the room kept for interactive runs."""
+    if state.held_queues.get(name) or state.held_queues.get(""):
+        return True
+    replica = state.replicas.get(name)
+    return replica is not None and any(
+        _much_faster(replica, state.replicas[home]) for home in state.held_queues if home in state.replicas)
 
 
 def _limit_step(replica: Replica, value: int) -> int:

@@ -38,13 +38,13 @@ from collections.abc import Iterator
 
 from immutables import Map
 
-from luftpause.scheduler.constants import AFFINITY_SLOWER_FACTOR
 from luftpause.scheduler.core.events import Action, AdmitCancelled, Place, TurnUsage
 from luftpause.scheduler.core.limit import _batch_capacity, _has_room, _keeps_slots
 from luftpause.scheduler.core.state import (
     GENERATIVE,
     TURN_TIME_WEIGHT,
     HeldTurn,
+    _much_faster,
     Replica,
     Run,
     Stage,
@@ -73,14 +73,6 @@ def _candidates(state: State, turn: HeldTurn) -> list[Replica]:
             # strict affinity while the run's replica is healthy (or out of sight only) and not much slower than a peer
             return [p for p in serving if _much_faster(p, r)] + [r]
     return serving
-
-
-def _much_faster(peer: Replica, home: Replica) -> bool:
-    """Whether ``peer``'s recent turns took under 1/AFFINITY_SLOWER_FACTOR of ``home``'s,
-    both measured, on different accelerators (replicas sharing one are equally quick)."""
-    if not peer.turn_ms or not home.turn_ms or peer.name == home.name or (home.device and peer.device == home.device):
-        return False
-    return peer.turn_ms * AFFINITY_SLOWER_FACTOR <= home.turn_ms
 
 
 def _slower_than_a_peer(state: State, replica: Replica) -> bool:

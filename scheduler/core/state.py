@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from immutables import Map
 
-from luftpause.scheduler.constants import LIMIT_CALM_MAX, LIMIT_CALM_PROBES
+from luftpause.scheduler.constants import AFFINITY_SLOWER_FACTOR, LIMIT_CALM_MAX, LIMIT_CALM_PROBES
 
 TURN_TIME_WEIGHT = 8  # a replica's turn time: moving average over about this many turns
 GENERATIVE = "generative"
@@ -192,3 +192,12 @@ def initial_state(
         return State(replicas=replicas, affinity=affinity, interactive_slots=interactive_slots)
     return State(replicas=replicas, affinity=affinity, unprobed=frozenset(replicas.keys()),
                  unprobed_until_ms=first_probe_deadline_ms, interactive_slots=interactive_slots)
+
+
+def _much_faster(peer: Replica, home: Replica) -> bool:
+    """Whether ``peer``'s recent turns took under 1/AFFINITY_SLOWER_FACTOR of ``home``'s,
+    both measured, on different accelerators (replicas sharing one are equally quick):
+    runs pinned to ``home`` may then go on at ``peer`` (placement.py)."""
+    if not peer.turn_ms or not home.turn_ms or peer.name == home.name or (home.device and peer.device == home.device):
+        return False
+    return peer.turn_ms * AFFINITY_SLOWER_FACTOR <= home.turn_ms

@@ -230,6 +230,27 @@ def test_limit_does_not_grow_for_turns_pinned_to_another_replica():
     assert state.replicas[home].capacity == 2 and placed(released) == {"p2": home}
 
 
+def test_limit_grows_for_turns_of_runs_leaving_a_much_slower_replica():
+    # a's turns take 100 ms, b's 1000: a run pinned to b goes on at a (placement.py), so
+    # its held turn waits for a's room, and a's limit grows for it as for its own turns.
+    state = pool("a", "b")
+    for name in ("a", "b"):
+        state, _ = probe(state, name, running=1, queued=1)
+    state, first = admit(state, "ta", "ra", cls="batch")
+    state, second = admit(state, "tb", "rb", cls="batch")
+    assert {**placed(first), **placed(second)} == {"ta": "a", "tb": "b"}
+    state, _ = core.decide(state, core.TurnFinished("ta", "stop", 100))
+    state, _ = core.decide(state, core.TurnFinished("tb", "tool_calls", 1000))
+    state, busy = admit(state, "x1", "busy", cls="batch", now=1001)
+    assert placed(busy) == {"x1": "a"} and state.replicas["a"].capacity == 1
+    state, held = admit(state, "tb2", "rb", cls="batch", now=1002)
+    assert not placed(held) and set(state.held_queues) == {"b"}  # waits for a slot at a, filed under b
+    state, released = probe(state, "a", running=1, queued=0, now=1003)
+    assert not placed(released)  # one calm probe may be the queue draining
+    state, released = probe(state, "a", running=1, queued=0, now=1004)
+    assert state.replicas["a"].capacity == 2 and placed(released) == {"tb2": "a"}
+
+
 def test_each_overshoot_makes_the_next_increase_wait_longer():
     state = pool("a")
     state, _ = probe(state, running=3, queued=2)
