@@ -16,6 +16,8 @@ from luftpause.dataplane.constants import DEFAULT_PORT, DEFAULT_SCHEDULER_ADDR, 
 from luftpause.dataplane.harness import (KEY_IDENTITIES_ENV, KEY_IDENTITIES_HELP, KeyIdentitiesError,
                                         parse_key_identities)
 
+TOOL_CALLS = ("whole", "live")
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m luftpause.dataplane", description=__doc__,
@@ -35,6 +37,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                "on: import the Messages API's anthropic SDK in the background at start, so the first "
                "/v1/messages turn need not wait for it; off: on the first Messages turn (saves about 3 CPU "
                "seconds and 50 MB per dataplane that never serves one)", choices=("on", "off"))
+    env_option(parser, "--tool-calls", "LUFTPAUSE_TOOL_CALLS", "whole",
+               "how a streamed chat reply's tool calls reach the client: 'whole', each call's deltas held "
+               "and sent together once the call is complete (a stream that stalls inside a call can be "
+               "continued on another replica); 'live', passed on as they come (a stall inside a call "
+               "breaks the stream off)", choices=TOOL_CALLS)
     return parser.parse_args(argv)
 
 
@@ -43,7 +50,7 @@ async def serve(args: argparse.Namespace, log) -> None:
     if not token:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set: every client is accepted")
     app = create_app(args.scheduler, token, log, args.max_body_bytes, args.key_identities,
-                     warm_up=args.messages_warm_up == "on")
+                     warm_up=args.messages_warm_up == "on", hold_tool_calls=args.tool_calls == "whole")
     # handler_cancellation: a client that disconnects cancels its handler, which
     # abandons a held turn or closes the engine request.
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
@@ -59,6 +66,10 @@ async def serve(args: argparse.Namespace, log) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.tool_calls not in TOOL_CALLS:  # argparse checks a flag's choices, not its env default
+        print(f"python -m luftpause.dataplane: error: LUFTPAUSE_TOOL_CALLS={args.tool_calls!r}: "
+              f"choose from {', '.join(TOOL_CALLS)}", file=sys.stderr)
+        return 2
     try:
         args.key_identities = parse_key_identities(os.environ.get(KEY_IDENTITIES_ENV, ""))
     except KeyIdentitiesError as exc:

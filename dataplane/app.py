@@ -18,8 +18,8 @@ from opentelemetry.trace import SpanKind
 from luftpause import vocabulary as h
 from luftpause import auth, origins, tracing
 from luftpause.dataplane.constants import MAX_BODY_BYTES, TOOL_CALL_SWEEP_S
-from luftpause.dataplane.context import (BOOK, DIALECT, ENGINES, KEY_IDENTITIES, LINK, LOG, METRICS, TOKEN, TRACER,
-                                         error_response, new_id)
+from luftpause.dataplane.context import (BOOK, DIALECT, ENGINES, HOLD_TOOL_CALLS, KEY_IDENTITIES, LINK, LOG, METRICS,
+                                         TOKEN, TRACER, error_response, new_id)
 from luftpause.dataplane.answers import MODEL_KINDS, model_list, probe_routes
 from luftpause.dataplane.dialects import ApiError, Dialect
 from luftpause.dataplane.engines import Engines
@@ -180,13 +180,15 @@ async def _sweep_forever(app: web.Application) -> None:
 
 
 def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MAX_BODY_BYTES,
-               key_identities: dict[str, KeyIdentity] | None = None, warm_up: bool = True) -> web.Application:
+               key_identities: dict[str, KeyIdentity] | None = None, warm_up: bool = True,
+               hold_tool_calls: bool = True) -> web.Application:
     app = web.Application(middlewares=[origins.aiohttp_middleware(origins.AllowedHosts.from_env()), json_errors,
                                        bearer_auth], client_max_size=max_body_bytes)
     app[BOOK] = RunBook()
     app[TOKEN] = token
     app[LOG] = log
     app[KEY_IDENTITIES] = key_identities or {}
+    app[HOLD_TOOL_CALLS] = hold_tool_calls
     app[METRICS] = DataplaneMetrics(lambda: LINK in app and app[LINK].synced)
 
     async def lifecycle(app: web.Application):

@@ -23,6 +23,7 @@ TOKEN = web.AppKey("token", str)
 LOG = web.AppKey("log", object)
 METRICS = web.AppKey("metrics", DataplaneMetrics)
 KEY_IDENTITIES = web.AppKey("key_identities", dict)
+HOLD_TOOL_CALLS = web.AppKey("hold_tool_calls", bool)  # False: --tool-calls live
 DIALECT = web.RequestKey("dialect", Dialect)  # the client API of a dialect route, for its error shape
 
 

@@ -16,12 +16,18 @@ one) with one choice, no tool-call or reasoning delta sent, nothing cut mid-even
 per turn, and a replica that publishes ``continue_final_message`` in its
 ``/openapi.json`` request schema (vLLM and SGLang do; a hosted API does not, and one that
 ignored the field would answer anew after the prefix). A stream that stalled after its
-role chunk alone is sent again as it came, to any replica, and spliced the same way."""
+role chunk alone is sent again as it came, to any replica, and spliced the same way.
+
+Tool calls are held (:class:`ToolCallHold`): the chunks carrying a call's deltas reach
+the client together once the call is whole, so a stall in the middle of a call leaves no
+byte of it with the client, and the stream can be continued from the content before it.
+A dataplane started with ``--tool-calls live`` passes them on as they come instead."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +40,8 @@ from luftpause.dataplane.dialects import StreamTranslator, encode_json
 CONTINUE_FIELD = "continue_final_message"
 OPENAPI_PATH = "/openapi.json"
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+_CALL_MARKS = (b'"tool_calls"', b'"function_call"')
 
 
 @dataclass
@@ -51,7 +59,7 @@ class Sent:
 def sent_so_far(raw: bytes) -> Sent:
     """Read the chat-completion chunks an engine sent (the bytes passed on, whole)."""
     sent = Sent()
-    if not raw.endswith(_EVENT_ENDS):
+    if raw and not raw.endswith(_EVENT_ENDS):
         sent.unsafe = "the stream stopped inside an event"
         return sent
     parts: list[str] = []
@@ -228,3 +236,90 @@ def publishes_continue(document: Any) -> bool:
     return any(isinstance(schema, dict) and isinstance(schema.get("properties"), dict)
                and CONTINUE_FIELD in schema["properties"] and "messages" in schema["properties"]
                for schema in schemas.values())
+
+
+class ToolCallHold:
+    """A chat stream's tool calls passed on whole: the events carrying a call's deltas
+    (``delta.tool_calls``, or the older ``delta.function_call``) are held and released
+    back to back, unchanged, once the call is complete: the next call starts, or an event
+    comes that ends it (a finish reason, content, reasoning, usage, ``[DONE]``). Other
+    events pass on as they come, whole (a piece of an event waits for its end); a comment
+    or an empty delta while a call is held waits behind it, in order."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self._held = bytearray()
+        self._call: tuple[int, Any] | None = None  # (choice, call index) of the call held
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not self._partial and not self._held and chunk.endswith(_EVENT_ENDS) \
+                and not any(mark in chunk for mark in _CALL_MARKS):
+            return chunk  # whole events, no call among them: as they came
+        data = self._partial + chunk
+        out = bytearray()
+        start = 0
+        for end in _EVENT_END.finditer(data):
+            out += self._event(data[start:end.end()])
+            start = end.end()
+        self._partial = data[start:]
+        return bytes(out)
+
+    def flush(self) -> bytes:
+        """What is held, released (the stream ended whole)."""
+        out = bytes(self._held) + self._partial
+        self._held.clear()
+        self._partial, self._call = b"", None
+        return out
+
+    def _event(self, event: bytes) -> bytes:
+        calls, ends = _read_event(event) if self._held or any(m in event for m in _CALL_MARKS) else ([], True)
+        if not calls:
+            if self._held and not ends:  # nothing that ends the call held: kept behind it
+                self._held += event
+                return b""
+            out = bytes(self._held) + event
+            self._held.clear()
+            self._call = None
+            return out
+        out = b""
+        if self._held and calls[0] != self._call:  # the next call starts: the one held is whole
+            out = bytes(self._held)
+            self._held.clear()
+        self._held += event
+        self._call = calls[-1]
+        if ends:  # the call's last delta came with the finish reason
+            out += bytes(self._held)
+            self._held.clear()
+            self._call = None
+        return out
+
+
+def _read_event(event: bytes) -> tuple[list[tuple[int, Any]], bool]:
+    """The tool calls an event's chunk carries deltas of, as (choice, call index), and
+    whether it ends a call (anything but a comment or an empty delta)."""
+    calls: list[tuple[int, Any]] = []
+    ends = False
+    for line in event.splitlines():
+        if not line.startswith(b"data:"):
+            continue
+        try:
+            chunk = json.loads(line[5:])
+        except (ValueError, UnicodeDecodeError):
+            return calls, True  # [DONE], or not ours to judge
+        if not isinstance(chunk, dict):
+            return calls, True
+        ends = ends or bool(chunk.get("usage"))
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict):
+                return calls, True
+            index, delta = choice.get("index", 0), choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                return calls, True
+            tool_calls = delta.get("tool_calls")
+            if isinstance(tool_calls, list) and tool_calls:
+                calls.extend((index, call.get("index", 0) if isinstance(call, dict) else 0) for call in tool_calls)
+            elif delta.get("function_call"):
+                calls.append((index, "function_call"))
+            ends = ends or bool(choice.get("finish_reason") or delta.get("content") or delta.get("reasoning_content")
+                                or delta.get("reasoning") or delta.get("refusal"))
+    return calls, ends

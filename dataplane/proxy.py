@@ -20,8 +20,8 @@ from aiohttp import web
 from luftpause import vocabulary as h
 from luftpause import tracing
 from luftpause.dataplane.constants import ENGINE_CONNECT_TIMEOUT_S
-from luftpause.dataplane.context import ENGINES, LOG, METRICS, error_response
-from luftpause.dataplane.continuation import Continuing, StreamStalled, refusal, sent_so_far
+from luftpause.dataplane.context import ENGINES, HOLD_TOOL_CALLS, LOG, METRICS, error_response
+from luftpause.dataplane.continuation import Continuing, StreamStalled, ToolCallHold, refusal, sent_so_far
 from luftpause.dataplane.dialects import StreamTranslator
 from luftpause.dataplane.link import Placement
 from luftpause.dataplane.observe import TurnObserver
@@ -211,9 +211,10 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
     loop = asyncio.get_running_loop()
     # A chat stream (or a dialect's translated one) keeps what it passed on: should it
     # stall, that is the prefix a continuation starts from. At most one per turn.
-    kept: list[bytes] | None = None
-    if continuing is None and (turn.req.dialect is None or translator is not None):
-        kept = []
+    chat = turn.req.dialect is None or translator is not None
+    kept: list[bytes] | None = [] if continuing is None and chat else None
+    # Its tool calls reach the client whole, so a stall inside one leaves none of it there.
+    hold = ToolCallHold() if chat and request.app[HOLD_TOOL_CALLS] else None
     rewriter = continuing.rewriter if continuing is not None else None
     try:
         async with turn.watchdog.guard():  # every wait on the engine is bounded, none on the client
@@ -231,12 +232,14 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
                         response = _EventStream(status=200, headers=headers)
                         await response.prepare(request)
                     turn.streaming = True  # from here on bytes may have reached the client
-                if kept is not None:
-                    kept.append(chunk)
                 if rewriter is not None:
                     chunk = rewriter.feed(chunk)
                 if observer.feed_sse(chunk):
                     turn.first_token()
+                if hold is not None:
+                    chunk = hold.feed(chunk) + (hold.flush() if observer.done else b"")
+                if kept is not None:
+                    kept.append(chunk)
                 if translator is not None:
                     chunk = translator.feed(chunk)
                 if observer.done:

@@ -5,6 +5,7 @@ services import."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ DOCUMENTED = {
                             "LUFTPAUSE_RUNTIME_URL", "LUFTPAUSE_TOKEN", "LUFTPAUSE_ALLOWED_HOSTS"],
     "luftpause.dataplane": ["LUFTPAUSE_DATAPLANE_HOST", "LUFTPAUSE_DATAPLANE_PORT", "LUFTPAUSE_SCHEDULER_ADDR",
                             "LUFTPAUSE_MAX_BODY_BYTES", "LUFTPAUSE_TOKEN", "LUFTPAUSE_LOG_FORMAT",
-                            "LUFTPAUSE_LOG_LEVEL", "LUFTPAUSE_ALLOWED_HOSTS"],
+                            "LUFTPAUSE_LOG_LEVEL", "LUFTPAUSE_ALLOWED_HOSTS", "LUFTPAUSE_TOOL_CALLS"],
     "luftpause.runtime": ["LUFTPAUSE_RUNTIME_HOST", "LUFTPAUSE_RUNTIME_PORT", "LUFTPAUSE_DATAPLANE_URL",
                           "LUFTPAUSE_TOOLS_FILE", "LUFTPAUSE_STATE_DIR", "LUFTPAUSE_TOKEN",
                           "LUFTPAUSE_LOG_FORMAT", "LUFTPAUSE_LOG_LEVEL", "LUFTPAUSE_ALLOWED_HOSTS",
@@ -49,6 +50,13 @@ def test_help_names_what_the_entry_point_reads(module):
     help_text = " ".join(result.stdout.split())  # argparse wraps long names across lines
     missing = [name for name in DOCUMENTED[module] if name not in help_text.replace("- ", "-")]
     assert not missing, f"{module} --help does not mention {missing}"
+
+
+def test_the_dataplane_refuses_an_unknown_tool_call_mode_from_its_env():
+    # argparse checks a flag's choices, not a default read from the environment
+    result = subprocess.run([sys.executable, "-m", "luftpause.dataplane"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "LUFTPAUSE_TOOL_CALLS": "sometimes"})
+    assert result.returncode == 2 and "LUFTPAUSE_TOOL_CALLS='sometimes'" in result.stderr
 
 
 # Each service's entry point, and its package: every module of it is imported too, so that

@@ -1,12 +1,14 @@
 """The pieces of a stalled stream's continuation (dataplane/continuation.py): what the
 client already holds, the request that continues it, and the continuation's chunks as
-the first stream's. The whole path runs in tests/e2e/test_stream_continuation.py."""
+the first stream's; tool calls held until whole. The whole path runs in
+tests/e2e/test_stream_continuation.py."""
 
 from __future__ import annotations
 
 import json
 
-from luftpause.dataplane.continuation import Rewriter, continuation_body, publishes_continue, refusal, sent_so_far
+from luftpause.dataplane.continuation import (Rewriter, ToolCallHold, continuation_body, publishes_continue, refusal,
+                                              sent_so_far)
 
 
 def chunk(delta: dict, finish: str | None = None, index: int = 0, **extra) -> bytes:
@@ -86,3 +88,72 @@ def test_an_engine_takes_the_continuation_only_if_its_schema_lists_it():
     assert not publishes_continue({"paths": {"/v1/chat/completions": {"post": {}}}})
     assert not publishes_continue({"components": {"schemas": {"Other": {"properties": {"continue_final_message": {}}}}}})
     assert not publishes_continue(None) and not publishes_continue([])
+
+
+ROLE = chunk({"role": "assistant", "content": ""})
+DONE = b"data: [DONE]\n\n"
+
+
+def head(index: int, name: str) -> bytes:
+    return chunk({"tool_calls": [{"index": index, "id": f"call_{index}", "type": "function",
+                                  "function": {"name": name, "arguments": ""}}]})
+
+
+def args(index: int, text: str) -> bytes:
+    return chunk({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+
+
+def released(events: list[bytes]) -> list[bytes]:
+    """What a hold lets through after each event fed."""
+    hold = ToolCallHold()
+    return [hold.feed(event) for event in events]
+
+
+def test_a_tool_call_reaches_the_client_whole_when_the_finish_comes():
+    events = [ROLE, head(0, "lookup"), args(0, '{"query"'), args(0, ': "x"}'), chunk({}, "tool_calls"), DONE]
+    out = released(events)
+    assert out == [ROLE, b"", b"", b"", b"".join(events[1:5]), DONE]
+    # a stall anywhere inside the call leaves only the role chunk with the client: sent again
+    sent = sent_so_far(b"".join(out[:4]))
+    assert not sent.unsafe and sent.text == ""
+
+
+def test_the_next_call_releases_the_one_before():
+    events = [ROLE, head(0, "a"), args(0, "{}"), head(1, "b"), args(1, '{"k":'), args(1, "1}"),
+              chunk({}, "tool_calls"), DONE]
+    out = released(events)
+    assert out == [ROLE, b"", b"", events[1] + events[2], b"", b"", b"".join(events[3:7]), DONE]
+    assert "tool-call" in sent_so_far(b"".join(out[:5])).unsafe  # call 0 reached the client: not continued
+
+
+def test_content_passes_at_once_and_a_stall_in_the_call_after_it_is_continued_from_it():
+    events = [ROLE, chunk({"content": "Let me"}), chunk({"content": " check."}), head(0, "lookup"), args(0, "{}")]
+    out = released(events)
+    assert out == [*events[:3], b"", b""]
+    sent = sent_so_far(b"".join(out))
+    assert not sent.unsafe and sent.text == "Let me check." and sent.chunks == 2
+
+
+def test_what_ends_a_call_and_what_waits_behind_it():
+    keepalive, empty = b": ping\n\n", chunk({})
+    # a comment and an empty delta wait behind the call, in order; usage, content and
+    # [DONE] each end it; a call whose last delta carries the finish is released with it
+    assert released([head(0, "a"), keepalive, empty, DONE]) == [b"", b"", b"",
+                                                                head(0, "a") + keepalive + empty + DONE]
+    usage = chunk({}, usage={"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2})
+    assert released([head(0, "a"), usage]) == [b"", head(0, "a") + usage]
+    assert released([head(0, "a"), chunk({"content": "x"})]) == [b"", head(0, "a") + chunk({"content": "x"})]
+    last = chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}, "tool_calls")
+    assert released([head(0, "a"), last]) == [b"", head(0, "a") + last]
+    legacy = chunk({"function_call": {"name": "a", "arguments": ""}})
+    assert released([legacy, chunk({}, "function_call")]) == [b"", legacy + chunk({}, "function_call")]
+
+
+def test_the_held_stream_is_the_engine_stream_whatever_its_pieces():
+    wire = b"".join([ROLE, chunk({"content": "ok"}), head(0, "a"), args(0, '{"q":'), args(0, '"x"}'),
+                     head(1, "b"), args(1, "{}"), chunk({}, "tool_calls"), DONE]).replace(b"\n\n", b"\r\n\r\n")
+    hold = ToolCallHold()
+    out = b"".join(hold.feed(wire[i:i + 5]) for i in range(0, len(wire), 5)) + hold.flush()
+    assert out == wire  # the same bytes, in order: the OpenAI stream the engine sent
+    hold = ToolCallHold()
+    assert hold.feed(head(0, "a")[:20]) == b"" and hold.flush() == head(0, "a")[:20]

@@ -1,8 +1,9 @@
 """A stream that stalls after bytes reached the client is finished on a healthy replica
 (dataplane/continuation.py): the client gets one whole stream, the stalled replica
-leaves rotation, the turn is finished once. Where a continuation is not safe (a tool
-call was being streamed, an engine that does not take continue_final_message) the
-stream breaks off as before. Real processes on loopback."""
+leaves rotation, the turn is finished once; a stall inside a tool call too, the call
+being held until whole. Where a continuation is not safe (a tool call streamed live, an
+engine that does not take continue_final_message) the stream breaks off as before.
+Real processes on loopback."""
 
 from __future__ import annotations
 
@@ -211,15 +212,69 @@ def test_a_translated_responses_stream_is_continued_too(continuing):
     assert wait_until(lambda: not replica(stack, stalling)["stalled"], 2 * 2.0 + 3)
 
 
-def test_a_tool_call_stream_that_stalls_still_breaks_off(continuing):
+def tool_calls_of(chunks: list[dict]) -> dict[int, dict]:
+    """The tool calls a stream's chunks carry, their deltas joined, by index."""
+    calls: dict[int, dict] = {}
+    for c in chunks:
+        for delta in c["choices"][0]["delta"].get("tool_calls") or []:
+            call = calls.setdefault(delta["index"], {"ids": [], "types": [], "names": [], "arguments": ""})
+            for key, joined in (("id", "ids"), ("type", "types")):
+                if key in delta:
+                    call[joined].append(delta[key])
+            if "name" in delta.get("function", {}):
+                call["names"].append(delta["function"]["name"])
+            call["arguments"] += delta.get("function", {}).get("arguments") or ""
+    return calls
+
+
+def test_a_stream_that_stalls_inside_a_tool_call_is_finished_with_one_whole_call(continuing):
+    # Tool calls are held until whole (dataplane/continuation.py, ToolCallHold): none of
+    # the stalled call reached the client, so the turn goes on elsewhere, which makes its own.
     stack = continuing
+    stalling = warm_run(stack, "tool-stall")
+    healthy = "engine-b" if stalling == "engine-a" else "engine-a"
+    body = {"model": MODEL, "stream": True, "tools": [TOOL], "messages": [{"role": "user", "content": "look it up"}]}
+    whole = httpx.post(f"{engine_url(stack, healthy)}/v1/chat/completions", timeout=45,
+                       json={**body, "stream": False}).json()["choices"][0]["message"]["tool_calls"]
     before = continued(stack)
-    response, events, broken = stream(stack, "tool-stall", {
-        "model": MODEL, "stream": True, "tools": [TOOL],
-        "messages": [{"role": "user", "content": "look it up [[fake:stall-after=1]]"}]})
-    assert response.status_code == 200
-    assert broken and b"[DONE]" not in events and any(b"tool_calls" in e for e in events)
-    assert continued(stack) == before
+    set_faults(stack, stalling, ["stall-after=2"])  # the call's head and a slice of its arguments, then nothing
+    try:
+        response, events, broken = stream(stack, "tool-stall", body)
+    finally:
+        set_faults(stack, stalling, [])
+    assert response.status_code == 200 and response.headers[h.REPLICA] == stalling
+    assert not broken and events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len({c["id"] for c in chunks}) == 1
+    assert sum(1 for c in chunks if "role" in c["choices"][0]["delta"]) == 1
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    calls = tool_calls_of(chunks)
+    assert list(calls) == [0]
+    call = calls[0]
+    assert len(call["ids"]) == 1 and call["types"] == ["function"] and call["names"] == ["lookup"]
+    assert json.loads(call["arguments"]) == json.loads(whole[0]["function"]["arguments"])
+    assert continued(stack) == before + 1
+    assert wait_until(lambda: not replica(stack, stalling)["stalled"], 2 * 2.0 + 3)
+
+
+def test_with_tool_calls_streamed_live_a_stall_inside_a_call_breaks_off(tmp_path):
+    stack = started(tmp_path / "live", engine_args=["--openapi"], env={"LUFTPAUSE_TOOL_CALLS": "live"})
+    try:
+        stalling = warm_run(stack, "live-tool-stall")
+        set_faults(stack, stalling, ["stall-after=2"])
+        try:
+            response, events, broken = stream(stack, "live-tool-stall", {
+                "model": MODEL, "stream": True, "tools": [TOOL],
+                "messages": [{"role": "user", "content": "look it up"}]})
+        finally:
+            set_faults(stack, stalling, [])
+        assert response.status_code == 200
+        assert broken and b"[DONE]" not in events
+        calls = tool_calls_of([json.loads(e) for e in events])
+        assert list(calls) == [0] and calls[0]["names"] == ["lookup"]  # the half call the client holds
+        assert continued(stack) == 0
+    finally:
+        stack.stop()
 
 
 def test_on_engines_that_do_not_take_continue_final_message_only_a_role_chunk_is_sent_again(tmp_path):
