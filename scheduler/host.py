@@ -304,9 +304,16 @@ class SchedulerHost:
             self.log.info("engine_fast_batch", replica=replica, fast_batch=fast)
         if answered and self.state.replicas[replica].stalled:
             self.log.info("replica_answers", replica=replica, effect="back in rotation")
+        before = self.state.replicas[replica].decode
         self.apply(core.EngineProbed(replica, result.healthy, result.running, result.queued, self.now_ms(),
                                      result.kv_used, result.kv_total, fast, answers=answered,
-                                     load_stale=result.load_stale))
+                                     load_stale=result.load_stale, gen_throughput=result.gen_throughput))
+        after = self.state.replicas[replica]
+        if after.decode.lift != before.lift:
+            self.log.info("decode_ceiling", replica=replica, ceiling=after.ceiling, fast_batch=after.fast_batch,
+                          step_ms_at_fast_batch=round(before.lo_step_ms, 1), batch_at_fast_batch=round(before.lo_batch, 1),
+                          step_ms_above=round(before.hi_step_ms, 1), batch_above=round(before.hi_batch, 1),
+                          effect="lifted" if after.decode.lift > before.lift else "lowered")
 
     def reprobe(self, replica: str) -> None:
         """Probe one replica now, out of turn: a turn failed there, and a dead engine

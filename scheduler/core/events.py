@@ -82,6 +82,7 @@ class EngineProbed:
     fast_batch: int | None = None  # the engine's fast decode batch (0: none), None when not read this time
     answers: bool | None = None  # a probe generation was answered in time; None when none was sent
     load_stale: bool = False  # the engine's metrics did not answer in time: its load is unknown, not zero
+    gen_throughput: float | None = None  # tokens/s the engine generated over its last decode-log interval, None when not reported
 
 
 @dataclass(frozen=True, slots=True)

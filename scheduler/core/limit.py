@@ -48,6 +48,8 @@ is seconds old cannot make it over-admit):
   launches every step) a step costs more for every request in it, so a larger batch
   buys little throughput and slows every token. In-flight turns stay at or below it
   whatever the limit says; the batch reserve comes off the limit, not the ceiling.
+  Where the engine's own throughput shows a step above that batch costs little more
+  per request, the ceiling is lifted (ceiling.py).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from luftpause.scheduler.constants import (
     LIMIT_PATIENCE_FACTOR,
     LIMIT_SLOW_START_GROWTH,
 )
+from luftpause.scheduler.core.ceiling import _decode_cost_after
 from luftpause.scheduler.core.events import EngineProbed
 from luftpause.scheduler.core.state import AdmissionLimit, Replica, State
 from luftpause.vocabulary import BATCH
@@ -228,5 +231,6 @@ def _probed(state: State, event: EngineProbed) -> State:
         # The metrics did not answer: the load is unknown, not zero. Keep the last figures.
         updated = updated._replace(load_known=replica.load_known, running=replica.running, queued=replica.queued,
                                    kv_used=replica.kv_used, kv_total=replica.kv_total)
+    updated = updated._replace(decode=_decode_cost_after(updated, event, _turns_wait_for(state, replica.name)))
     updated = updated._replace(limit=_limit_after(state, updated, event))
     return state._replace(replicas=state.replicas.set(replica.name, updated))

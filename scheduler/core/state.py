@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from immutables import Map
 
-from luftpause.scheduler.constants import LIMIT_CALM_MAX, LIMIT_CALM_PROBES
+from luftpause.scheduler.constants import LIFT_RETRY_PROBES, LIMIT_CALM_MAX, LIMIT_CALM_PROBES
 
 TURN_TIME_WEIGHT = 8  # a replica's turn time: moving average over about this many turns
 GENERATIVE = "generative"
@@ -62,6 +62,23 @@ class AdmissionLimit(NamedTuple):
 
 
 @_quick_replace
+class DecodeCost(NamedTuple):
+    """What a decode step costs a replica at and above its fast batch, as read from the
+    engine's throughput, and how far its ceiling is lifted above that batch. Changed only
+    by ``_decode_cost_after`` (ceiling.py), after each probe."""
+
+    lift: int = 0  # turns allowed above the engine's fast batch; 0 = the fast batch is the wall
+    lo_batch: float = 0.0  # average batch of the readings at or just under the fast batch (0 = none)
+    lo_step_ms: float = 0.0  # average decode step there
+    hi_batch: float = 0.0  # the same above the fast batch, at the current lift (0 = none)
+    hi_step_ms: float = 0.0
+    hi_samples: int = 0  # readings above the fast batch since the lift last changed
+    settle: int = 0  # probes since the lift last changed
+    retry_after: int = 0  # probes to wait before the next try
+    retry_probes: int = LIFT_RETRY_PROBES  # the wait a dear verdict sets (doubles in a row)
+
+
+@_quick_replace
 class Replica(NamedTuple):
     name: str
     base_url: str
@@ -84,12 +101,16 @@ class Replica(NamedTuple):
     leased_idle: int = 0  # slots lent to dataplanes and not in use: taken, as far as room goes
     stalled: bool = False  # a turn stalled here: out of rotation until it answers a probe generation
     turn_ms: int = 0  # recent placed-to-finished time of turns here (moving average); 0 = none finished yet
+    decode: DecodeCost = DecodeCost()  # the cost of decoding above the fast batch, and the lift (ceiling.py)
 
     @property
     def ceiling(self) -> int:
         """The decode-speed ceiling on turns in flight: the pool file's ``max_batch``, else
-        the engine's own fast batch size; 0 = none."""
-        return self.max_batch or self.fast_batch
+        the engine's own fast batch size, lifted where decoding above it proved cheap
+        (ceiling.py); 0 = none."""
+        if self.max_batch:
+            return self.max_batch
+        return self.fast_batch + self.decode.lift if self.fast_batch else 0
 
     @property
     def capacity(self) -> int | None:
