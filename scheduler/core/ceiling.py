@@ -17,7 +17,8 @@ lifted, of those above it, and then:
   (batch_hi - batch_lo)``, is compared with the average cost per request at the fast
   batch, ``step_lo / batch_lo``. At most LIFT_MARGINAL_SHARE of it (a larger batch buys
   throughput, and each token slows by less than the batch grows) is cheap: the lift
-  stays, and grows by another step while the replica is at it and turns wait (up to
+  stays (judged again every LIFT_SAMPLES readings, the averages carried on), and grows
+  by another step while the replica is at it and turns wait (up to
   LIFT_MAX_FACTOR times the fast batch; the admission limit, which learns the engine's
   queue, bounds it below that). More is dear: the lift steps back, and the next try
   waits LIFT_RETRY_PROBES probes, twice as many after every dear verdict (up to
@@ -102,7 +103,7 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool) 
                 retry_after=cost.retry_probes, retry_probes=min(LIFT_RETRY_MAX, 2 * cost.retry_probes))
         if at_ceiling and turns_wait and not cost.retry_after and fast + cost.lift + step <= LIFT_MAX_FACTOR * fast:
             return _relifted(cost, cost.lift + step)
-        return cost
+        return cost._replace(hi_samples=0)  # kept: judged again after as many readings more
     if not cost.lift and not cost.retry_after and cost.lo_batch and at_ceiling and turns_wait:
         return _relifted(cost, step)
     return cost
