@@ -6,12 +6,15 @@ small model the kernel launches can double a step, on another engine a larger ba
 costs no more per request than a smaller one. So the scheduler reads what a decode step
 costs from the engine's own throughput gauge (SGLang's ``gen_throughput``, tokens per
 second over its last decode-log interval, beside ``num_running_reqs``): a step takes
-``running / throughput`` seconds. Per replica it keeps the average step and batch of the
-readings at or just under the fast batch (more than half of it) and, while the ceiling is
-lifted, of those above it, and then:
+``running / throughput`` seconds. That interval also holds prefill passes and idle time,
+which only make a step look longer. Per replica it keeps, at or just under the fast batch
+(more than half of it, with the replica holding its fast batch), the fastest reading (the
+cleanest decode step, and the strictest reference), and while the ceiling is lifted the
+average step and batch of the readings above it (contamination there only makes a lift
+look dearer), and then:
 
-* try: a replica at its ceiling with turns waiting for it, and a step at the fast batch
-  read, gets its ceiling lifted by half the fast batch;
+* try: a replica at its ceiling with turns waiting for it, and LIFT_SAMPLES readings at
+  the fast batch taken, gets its ceiling lifted by half the fast batch;
 * judge: after the first probes (the batch is still filling) and a few readings above
   the fast batch, the step's cost per request added above it, ``(step_hi - step_lo) /
   (batch_hi - batch_lo)``, is compared with the average cost per request at the fast
@@ -67,13 +70,23 @@ def is_cheap(cost: DecodeCost) -> bool:
     return marginal <= LIFT_MARGINAL_SHARE * cost.lo_step_ms / cost.lo_batch
 
 
-def _read(cost: DecodeCost, fast: int, probe: EngineProbed) -> DecodeCost:
+def _read(cost: DecodeCost, replica: Replica, probe: EngineProbed) -> DecodeCost:
     step = step_ms(probe)
     if step is None:
         return cost
+    fast = replica.fast_batch
     batch = float(probe.running)
     if fast // 2 < batch <= fast:
-        return cost._replace(lo_batch=_average(cost.lo_batch, batch), lo_step_ms=_average(cost.lo_step_ms, step))
+        # At the fast batch: the fastest reading (most tokens per second) taken while the
+        # replica holds its fast batch. A slower one had prefill passes or idle time in
+        # its interval (a burst of first prompts makes the step look long and anything
+        # above it cheap), so only a faster one replaces it.
+        if replica.in_flight < fast:
+            return cost
+        cost = cost._replace(lo_samples=cost.lo_samples + 1)
+        if not cost.lo_batch or step / batch < cost.lo_step_ms / cost.lo_batch:
+            return cost._replace(lo_batch=batch, lo_step_ms=step)
+        return cost
     if batch > fast and cost.lift and cost.settle > LIFT_SETTLE_PROBES:
         return cost._replace(hi_batch=_average(cost.hi_batch, batch), hi_step_ms=_average(cost.hi_step_ms, step),
                              hi_samples=cost.hi_samples + 1)
@@ -94,7 +107,7 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool) 
         return cost if cost == DecodeCost() else DecodeCost()
     if probe.load_stale:
         return cost
-    cost = _read(cost._replace(settle=cost.settle + 1, retry_after=max(0, cost.retry_after - 1)), fast, probe)
+    cost = _read(cost._replace(settle=cost.settle + 1, retry_after=max(0, cost.retry_after - 1)), replica, probe)
     step = lift_step(fast)
     at_ceiling = replica.in_flight + replica.leased_idle >= fast + cost.lift
     if cost.lift and cost.hi_samples >= LIFT_SAMPLES:
@@ -104,6 +117,6 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool) 
         if at_ceiling and turns_wait and not cost.retry_after and fast + cost.lift + step <= LIFT_MAX_FACTOR * fast:
             return _relifted(cost, cost.lift + step)
         return cost._replace(hi_samples=0)  # kept: judged again after as many readings more
-    if not cost.lift and not cost.retry_after and cost.lo_batch and at_ceiling and turns_wait:
+    if not cost.lift and not cost.retry_after and cost.lo_samples >= LIFT_SAMPLES and at_ceiling and turns_wait:
         return _relifted(cost, step)
     return cost
