@@ -50,6 +50,9 @@ LIFT_MARGINAL_SHARE = 0.9
 # a change are not read (the batch is still filling).
 LIFT_SAMPLES = 3
 LIFT_SETTLE_PROBES = 2
+# Readings at the fast batch (the fastest is the reference) before the first try: the
+# first seconds under load are full of first prompts' prefill passes.
+LIFT_REFERENCE_SAMPLES = 10
 # Probes after a dear verdict before the next try; doubled after each dear verdict in a
 # row, up to the maximum.
 LIFT_RETRY_PROBES = 15

@@ -13,8 +13,8 @@ cleanest decode step, and the strictest reference), and while the ceiling is lif
 average step and batch of the readings above it (contamination there only makes a lift
 look dearer), and then:
 
-* try: a replica at its ceiling with turns waiting for it, and LIFT_SAMPLES readings at
-  the fast batch taken, gets its ceiling lifted by half the fast batch;
+* try: a replica at its ceiling with turns waiting for it, and LIFT_REFERENCE_SAMPLES
+  readings at the fast batch taken, gets its ceiling lifted by half the fast batch;
 * judge: after the first probes (the batch is still filling) and a few readings above
   the fast batch, the step's cost per request added above it, ``(step_hi - step_lo) /
   (batch_hi - batch_lo)``, is compared with the average cost per request at the fast
@@ -38,6 +38,7 @@ from luftpause.scheduler.constants import (
     LIFT_MARGINAL_SHARE,
     LIFT_MAX_FACTOR,
     LIFT_READING_WEIGHT,
+    LIFT_REFERENCE_SAMPLES,
     LIFT_RETRY_MAX,
     LIFT_SAMPLES,
     LIFT_SETTLE_PROBES,
@@ -117,6 +118,6 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool) 
         if at_ceiling and turns_wait and not cost.retry_after and fast + cost.lift + step <= LIFT_MAX_FACTOR * fast:
             return _relifted(cost, cost.lift + step)
         return cost._replace(hi_samples=0)  # kept: judged again after as many readings more
-    if not cost.lift and not cost.retry_after and cost.lo_samples >= LIFT_SAMPLES and at_ceiling and turns_wait:
+    if not cost.lift and not cost.retry_after and cost.lo_samples >= LIFT_REFERENCE_SAMPLES and at_ceiling and turns_wait:
         return _relifted(cost, step)
     return cost

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from luftpause.scheduler import core
 from luftpause.scheduler.constants import (
     LIFT_MAX_FACTOR,
+    LIFT_REFERENCE_SAMPLES,
     LIFT_RETRY_PROBES,
     LIFT_SAMPLES,
     LIFT_SETTLE_PROBES,
@@ -54,7 +55,7 @@ def test_a_replica_decoding_above_its_fast_batch_for_little_more_gets_its_ceilin
     penalty): at its fast batch with turns waiting, the ceiling is tried higher; read
     cheap there, it grows again."""
     state = saturated()
-    state, now = run_engine(state, 0.0, LIFT_SAMPLES, 1)  # readings at the fast batch: try
+    state, now = run_engine(state, 0.0, LIFT_REFERENCE_SAMPLES, 1)  # readings at the fast batch: try
     assert state.replicas["a"].ceiling == 12 and state.replicas["a"].in_flight == 12
     state, now = run_engine(state, 0.0, LIFT_SETTLE_PROBES + LIFT_SAMPLES, now)
     assert state.replicas["a"].ceiling == 16 and state.replicas["a"].in_flight == 16
@@ -65,7 +66,7 @@ def test_a_replica_paying_an_eager_step_above_its_fast_batch_keeps_it_as_the_wal
     """The testbed's 20 ms eager step: readings above the fast batch are dear, the lift
     goes, and no new turn goes there until it is under the fast batch again."""
     state = saturated()
-    state, now = run_engine(state, 20.0, LIFT_SAMPLES, 1)
+    state, now = run_engine(state, 20.0, LIFT_REFERENCE_SAMPLES, 1)
     assert state.replicas["a"].ceiling == 12
     state, now = run_engine(state, 20.0, LIFT_SETTLE_PROBES + LIFT_SAMPLES, now)
     assert state.replicas["a"].ceiling == FAST and state.replicas["a"].decode.lift == 0
@@ -79,7 +80,7 @@ def test_a_replica_paying_an_eager_step_above_its_fast_batch_keeps_it_as_the_wal
 
 def test_after_a_dear_verdict_the_next_try_waits_and_each_dear_verdict_doubles_the_wait():
     state = saturated(60)
-    state, now = run_engine(state, 20.0, 2 * LIFT_SAMPLES + LIFT_SETTLE_PROBES, 1)
+    state, now = run_engine(state, 20.0, LIFT_REFERENCE_SAMPLES + LIFT_SAMPLES + LIFT_SETTLE_PROBES, 1)
     assert state.replicas["a"].decode.lift == 0
 
     def probes_until_tried(state, now):
@@ -102,7 +103,7 @@ def test_a_lift_that_turns_dear_steps_back():
     """Cheap at 12, then the engine starts paying for larger batches (another workload
     on the GPU, a longer context): the lift steps back one step."""
     state = saturated()
-    state, now = run_engine(state, 0.0, 2 * LIFT_SAMPLES + LIFT_SETTLE_PROBES, 1)
+    state, now = run_engine(state, 0.0, LIFT_REFERENCE_SAMPLES + LIFT_SAMPLES + LIFT_SETTLE_PROBES, 1)
     assert state.replicas["a"].ceiling == 16
     state, now = run_engine(state, 30.0, LIFT_SETTLE_PROBES + LIFT_SAMPLES + 4, now)
     assert state.replicas["a"].ceiling == 12
@@ -131,7 +132,7 @@ def test_the_pool_files_max_batch_and_an_engine_without_throughput_are_never_lif
 
 def test_a_replica_that_went_away_is_read_anew():
     state = saturated()
-    state, now = run_engine(state, 0.0, LIFT_SAMPLES, 1)
+    state, now = run_engine(state, 0.0, LIFT_REFERENCE_SAMPLES, 1)
     assert state.replicas["a"].decode.lift
     state, _ = core.decide(state, core.EngineProbed("a", False, None, None, now))
     assert state.replicas["a"].decode == core.DecodeCost()
@@ -172,7 +173,7 @@ def test_a_slow_reading_at_the_fast_batch_does_not_make_the_eager_step_look_chea
     state = saturated()
     state, _ = core.decide(state, core.EngineProbed("a", True, FAST, 0, 1, 10_000, 100_000,
                                                     gen_throughput=throughput(FAST, 0.0) / 3))
-    state, now = run_engine(state, 20.0, LIFT_SAMPLES - 1, 2)  # clean readings: lifted to try
+    state, now = run_engine(state, 20.0, LIFT_REFERENCE_SAMPLES - 1, 2)  # clean readings: lifted to try
     assert state.replicas["a"].decode.lo_step_ms == BASE_MS + PER_REQUEST_MS * FAST
     state, now = run_engine(state, 20.0, LIFT_SETTLE_PROBES + LIFT_SAMPLES, now)
     assert state.replicas["a"].ceiling == FAST
