@@ -53,9 +53,10 @@ LIFT_SETTLE_PROBES = 2
 # Readings at the fast batch (the fastest is the reference) before the first try: the
 # first seconds under load are full of first prompts' prefill passes.
 LIFT_REFERENCE_SAMPLES = 10
-# Probes after a dear verdict before the next try; doubled after each dear verdict in a
-# row, up to the maximum.
-LIFT_RETRY_PROBES = 15
+# Probes after a dear verdict before the next try (90 s: a try of a wall that is right
+# costs every run on the replica its eager steps for about ten seconds); doubled after
+# each dear verdict, up to the maximum.
+LIFT_RETRY_PROBES = 45
 LIFT_RETRY_MAX = 240
 # The lifted ceiling: at most this many times the fast batch; each step adds half of it.
 LIFT_MAX_FACTOR = 4

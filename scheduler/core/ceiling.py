@@ -28,6 +28,12 @@ look dearer), and then:
   LIFT_RETRY_MAX);
 * forget: an unhealthy replica, or one whose metrics do not answer, is read anew.
 
+Replicas that share an accelerator (the pool's ``device``) take turns at it, so a
+replica's wall interval holds its neighbours' passes: its step is the device's, and the
+batches it is set against are the device's (what all of them run). Against its own
+batch alone, a neighbour's passes would inflate the average per request and make a 10 ms
+eager step look cheap while the device's throughput fell.
+
 The pool file's ``max_batch`` is the operator's ceiling and is never lifted; an engine
 that reports no throughput keeps its fast batch as the wall.
 """
@@ -66,18 +72,26 @@ def lift_step(fast_batch: int) -> int:
 
 def is_cheap(cost: DecodeCost) -> bool:
     """Whether a request added above the fast batch costs a step at most
-    LIFT_MARGINAL_SHARE of what a request costs on average at it."""
-    marginal = (cost.hi_step_ms - cost.lo_step_ms) / (cost.hi_batch - cost.lo_batch)
-    return marginal <= LIFT_MARGINAL_SHARE * cost.lo_step_ms / cost.lo_batch
+    LIFT_MARGINAL_SHARE of what a request costs on average at it:
+    ``(step_hi - step_lo) / (batch_hi - batch_lo) <= share * step_lo / batch_lo``, written
+    so that a batch above no larger than the one at the fast batch (the other replica on
+    the device ran fewer) reads dear rather than dividing by zero."""
+    growth = cost.hi_batch / cost.lo_batch - 1.0
+    return cost.hi_step_ms <= cost.lo_step_ms * (1.0 + LIFT_MARGINAL_SHARE * growth)
 
 
-def _read(cost: DecodeCost, replica: Replica, probe: EngineProbed) -> DecodeCost:
+def _read(cost: DecodeCost, replica: Replica, probe: EngineProbed, device_batch: int) -> DecodeCost:
+    """Take the probe's reading. ``device_batch``: what the replicas sharing this one's
+    accelerator run, this one included (its own running where it has its own): the wall
+    interval of a replica on a shared GPU holds the other replicas' passes too, so its
+    step is the device's and is set against the device's batch."""
     step = step_ms(probe)
     if step is None:
         return cost
     fast = replica.fast_batch
-    batch = float(probe.running)
-    if fast // 2 < batch <= fast:
+    own = probe.running or 0
+    batch = float(max(own, device_batch))
+    if fast // 2 < own <= fast:
         # At the fast batch: the fastest reading (most tokens per second) taken while the
         # replica holds its fast batch. A slower one had prefill passes or idle time in
         # its interval (a burst of first prompts makes the step look long and anything
@@ -88,7 +102,7 @@ def _read(cost: DecodeCost, replica: Replica, probe: EngineProbed) -> DecodeCost
         if not cost.lo_batch or step / batch < cost.lo_step_ms / cost.lo_batch:
             return cost._replace(lo_batch=batch, lo_step_ms=step)
         return cost
-    if batch > fast and cost.lift and cost.settle > LIFT_SETTLE_PROBES:
+    if own > fast and cost.lift and cost.settle > LIFT_SETTLE_PROBES:
         return cost._replace(hi_batch=_average(cost.hi_batch, batch), hi_step_ms=_average(cost.hi_step_ms, step),
                              hi_samples=cost.hi_samples + 1)
     return cost
@@ -99,16 +113,18 @@ def _relifted(cost: DecodeCost, lift: int) -> DecodeCost:
     return cost._replace(lift=lift, hi_batch=0.0, hi_step_ms=0.0, hi_samples=0, settle=0)
 
 
-def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool) -> DecodeCost:
+def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, device_batch: int = 0) -> DecodeCost:
     """The replica's decode cost and lift after the probe just recorded on it.
-    ``turns_wait``: held turns could go to this replica."""
+    ``turns_wait``: held turns could go to this replica; ``device_batch``: what the
+    replicas on its accelerator run (see :func:`_read`)."""
     cost = replica.decode
     fast = replica.fast_batch
     if not replica.healthy or not replica.load_known or not fast or replica.max_batch:
         return cost if cost == DecodeCost() else DecodeCost()
     if probe.load_stale:
         return cost
-    cost = _read(cost._replace(settle=cost.settle + 1, retry_after=max(0, cost.retry_after - 1)), replica, probe)
+    cost = _read(cost._replace(settle=cost.settle + 1, retry_after=max(0, cost.retry_after - 1)), replica, probe,
+                 device_batch)
     step = lift_step(fast)
     at_ceiling = replica.in_flight + replica.leased_idle >= fast + cost.lift
     if cost.lift and cost.hi_samples >= LIFT_SAMPLES:

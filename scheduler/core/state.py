@@ -68,11 +68,11 @@ class DecodeCost(NamedTuple):
     by ``_decode_cost_after`` (ceiling.py), after each probe."""
 
     lift: int = 0  # turns allowed above the engine's fast batch; 0 = the fast batch is the wall
-    lo_batch: float = 0.0  # batch of the fastest reading at or just under the fast batch (0 = none)
+    lo_batch: float = 0.0  # batch (its device's) of the fastest reading at or just under the fast batch (0 = none)
     lo_step_ms: float = 0.0  # its decode step
     lo_samples: int = 0  # readings taken at the fast batch
-    hi_batch: float = 0.0  # the same above the fast batch, at the current lift (0 = none)
-    hi_step_ms: float = 0.0
+    hi_batch: float = 0.0  # average batch (its device's) of the readings above the fast batch, at this lift
+    hi_step_ms: float = 0.0  # and their average step
     hi_samples: int = 0  # readings above the fast batch since the lift last changed
     settle: int = 0  # probes since the lift last changed
     retry_after: int = 0  # probes to wait before the next try
