@@ -61,8 +61,6 @@ LIFT_RETRY_MAX = 240
 # The lifted ceiling: at most this many times the fast batch; each step adds half of it.
 LIFT_MAX_FACTOR = 4
 LIFT_STEP_DIVISOR = 2
-# Weight of a new reading in the step-time averages.
-LIFT_READING_WEIGHT = 0.25
 
 # Leases (core/leases.py): a dataplane that asks while nothing is held is lent at
 # most 1/LEASE_ROOM_DIVISOR of each replica's free room (the rest stays for other

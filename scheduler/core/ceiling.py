@@ -7,11 +7,10 @@ costs no more per request than a smaller one. So the scheduler reads what a deco
 costs from the engine's own throughput gauge (SGLang's ``gen_throughput``, tokens per
 second over its last decode-log interval, beside ``num_running_reqs``): a step takes
 ``running / throughput`` seconds. That interval also holds prefill passes and idle time,
-which only make a step look longer. Per replica it keeps, at or just under the fast batch
-(more than half of it, with the replica holding its fast batch), the fastest reading (the
-cleanest decode step, and the strictest reference), and while the ceiling is lifted the
-average step and batch of the readings above it (contamination there only makes a lift
-look dearer), and then:
+which only make a step look longer. Per replica it keeps the fastest reading (the most
+tokens per second, the cleanest decode step) at or just under the fast batch (more than
+half of it, with the replica holding its fast batch), and, while the ceiling is lifted,
+the fastest reading above it since the lift last changed, and then:
 
 * try: a replica at its ceiling with turns waiting for it, and LIFT_REFERENCE_SAMPLES
   readings at the fast batch taken, gets its ceiling lifted by half the fast batch;
@@ -20,7 +19,7 @@ look dearer), and then:
   (batch_hi - batch_lo)``, is compared with the average cost per request at the fast
   batch, ``step_lo / batch_lo``. At most LIFT_MARGINAL_SHARE of it (a larger batch buys
   throughput, and each token slows by less than the batch grows) is cheap: the lift
-  stays (judged again every LIFT_SAMPLES readings, the averages carried on), and grows
+  stays (judged again on LIFT_SAMPLES readings more), and grows
   by another step while the replica is at it and turns wait (up to
   LIFT_MAX_FACTOR times the fast batch; the admission limit, which learns the engine's
   queue, bounds it below that). More is dear: the lift steps back, and the next try
@@ -43,7 +42,6 @@ from __future__ import annotations
 from luftpause.scheduler.constants import (
     LIFT_MARGINAL_SHARE,
     LIFT_MAX_FACTOR,
-    LIFT_READING_WEIGHT,
     LIFT_REFERENCE_SAMPLES,
     LIFT_RETRY_MAX,
     LIFT_SAMPLES,
@@ -52,10 +50,6 @@ from luftpause.scheduler.constants import (
 )
 from luftpause.scheduler.core.events import EngineProbed
 from luftpause.scheduler.core.state import DecodeCost, Replica
-
-
-def _average(old: float, reading: float) -> float:
-    return reading if old == 0 else old + LIFT_READING_WEIGHT * (reading - old)
 
 
 def step_ms(probe: EngineProbed) -> float | None:
@@ -103,8 +97,12 @@ def _read(cost: DecodeCost, replica: Replica, probe: EngineProbed, device_batch:
             return cost._replace(lo_batch=batch, lo_step_ms=step)
         return cost
     if own > fast and cost.lift and cost.settle > LIFT_SETTLE_PROBES:
-        return cost._replace(hi_batch=_average(cost.hi_batch, batch), hi_step_ms=_average(cost.hi_step_ms, step),
-                             hi_samples=cost.hi_samples + 1)
+        # Above it, the same: the fastest reading since the lift last changed. Against
+        # the fastest reading at the fast batch, an average here (prefill passes in
+        # it) read the testbed's free larger batches as dear.
+        cost = cost._replace(hi_samples=cost.hi_samples + 1)
+        if not cost.hi_batch or step / batch < cost.hi_step_ms / cost.hi_batch:
+            return cost._replace(hi_batch=batch, hi_step_ms=step)
     return cost
 
 
@@ -133,7 +131,7 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, 
                 retry_after=cost.retry_probes, retry_probes=min(LIFT_RETRY_MAX, 2 * cost.retry_probes))
         if at_ceiling and turns_wait and not cost.retry_after and fast + cost.lift + step <= LIFT_MAX_FACTOR * fast:
             return _relifted(cost, cost.lift + step)
-        return cost._replace(hi_samples=0)  # kept: judged again after as many readings more
+        return _relifted(cost, cost.lift)  # kept: judged again on as many readings more
     if not cost.lift and not cost.retry_after and cost.lo_samples >= LIFT_REFERENCE_SAMPLES and at_ceiling and turns_wait:
         return _relifted(cost, step)
     return cost

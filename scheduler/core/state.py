@@ -71,8 +71,8 @@ class DecodeCost(NamedTuple):
     lo_batch: float = 0.0  # batch (its device's) of the fastest reading at or just under the fast batch (0 = none)
     lo_step_ms: float = 0.0  # its decode step
     lo_samples: int = 0  # readings taken at the fast batch
-    hi_batch: float = 0.0  # average batch (its device's) of the readings above the fast batch, at this lift
-    hi_step_ms: float = 0.0  # and their average step
+    hi_batch: float = 0.0  # batch (its device's) of the fastest reading above the fast batch since the lift changed
+    hi_step_ms: float = 0.0  # its decode step
     hi_samples: int = 0  # readings above the fast batch since the lift last changed
     settle: int = 0  # probes since the lift last changed
     retry_after: int = 0  # probes to wait before the next try
