@@ -231,9 +231,10 @@ def _probed(state: State, event: EngineProbed) -> State:
         # The metrics did not answer: the load is unknown, not zero. Keep the last figures.
         updated = updated._replace(load_known=replica.load_known, running=replica.running, queued=replica.queued,
                                    kv_used=replica.kv_used, kv_total=replica.kv_total)
-    device_batch = updated.running + sum(r.running for r in state.replicas.values()
-                                         if updated.device and r.device == updated.device and r.name != updated.name)
-    updated = updated._replace(decode=_decode_cost_after(updated, event, _turns_wait_for(state, replica.name),
-                                                         device_batch))
+    if state.lift_ceiling:
+        device_batch = updated.running + sum(r.running for r in state.replicas.values()
+                                             if updated.device and r.device == updated.device and r.name != updated.name)
+        updated = updated._replace(decode=_decode_cost_after(updated, event, _turns_wait_for(state, replica.name),
+                                                             device_batch))
     updated = updated._replace(limit=_limit_after(state, updated, event))
     return state._replace(replicas=state.replicas.set(replica.name, updated))

@@ -198,16 +198,21 @@ class State(NamedTuple):
     # The operator's choice: with strict affinity, keep a slot under the decode ceiling
     # for each interactive run paused on a replica (at most half the ceiling).
     interactive_slots: bool = False
+    # The operator's choice: lift the engines' decode ceilings where their throughput shows
+    # decoding above them is cheap (ceiling.py).
+    lift_ceiling: bool = False
 
 
 def initial_state(
     replicas: Iterable[Replica], affinity: bool = True, first_probe_deadline_ms: int | None = None,
-    interactive_slots: bool = False,
+    interactive_slots: bool = False, lift_ceiling: bool = False,
 ) -> State:
     """With ``first_probe_deadline_ms`` (a restarted scheduler), held turns wait until every
     replica has been probed once, or until that time."""
     replicas = Map({r.name: r for r in replicas})
     if first_probe_deadline_ms is None:
-        return State(replicas=replicas, affinity=affinity, interactive_slots=interactive_slots)
+        return State(replicas=replicas, affinity=affinity, interactive_slots=interactive_slots,
+                     lift_ceiling=lift_ceiling)
     return State(replicas=replicas, affinity=affinity, unprobed=frozenset(replicas.keys()),
-                 unprobed_until_ms=first_probe_deadline_ms, interactive_slots=interactive_slots)
+                 unprobed_until_ms=first_probe_deadline_ms, interactive_slots=interactive_slots,
+                 lift_ceiling=lift_ceiling)

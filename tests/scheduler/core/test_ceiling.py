@@ -36,9 +36,10 @@ def engine(state, running: int, eager_ms: float, now: int, queued: int = 0):
                                                 gen_throughput=throughput(running, eager_ms)))
 
 
-def saturated(waiting: int = 30):
-    """One replica reporting a fast batch of 8, ``waiting`` batch turns admitted."""
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))])
+def saturated(waiting: int = 30, lift: bool = True):
+    """One replica reporting a fast batch of 8, ``waiting`` batch turns admitted; ``lift``:
+    the operator turned lifting on."""
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))], lift_ceiling=lift)
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0, 0, 100_000, FAST))
     state, sent = fill(state, waiting)
     assert len(sent) == FAST
@@ -121,7 +122,7 @@ def test_the_lift_is_bounded_and_not_tried_without_waiting_turns():
 
 
 def test_the_pool_files_max_batch_and_an_engine_without_throughput_are_never_lifted():
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), max_batch=FAST)])
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), max_batch=FAST)], lift_ceiling=True)
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0, fast_batch=FAST))
     state, _ = fill(state, 30)
     state, _ = run_engine(state, 0.0, 20, 1)
@@ -130,6 +131,12 @@ def test_the_pool_files_max_batch_and_an_engine_without_throughput_are_never_lif
     for now in range(1, 20):
         silent, _ = core.decide(silent, core.EngineProbed("a", True, FAST, 0, now, 10_000, 100_000))
     assert silent.replicas["a"].ceiling == FAST
+
+
+def test_unless_the_operator_asks_for_it_the_fast_batch_stays_the_wall():
+    state = saturated(lift=False)
+    state, _ = run_engine(state, 0.0, 40, 1)
+    assert state.replicas["a"].ceiling == FAST and state.replicas["a"].in_flight == FAST
 
 
 def test_a_replica_that_went_away_is_read_anew():
@@ -146,7 +153,8 @@ def test_a_replica_that_went_away_is_read_anew():
 def test_in_flight_never_exceeds_the_lifted_ceiling_nor_the_lift_its_bound(readings, ops):
     """Whatever the engines' throughput says, no placement takes a replica past its
     ceiling as lifted, and the lift stays within LIFT_MAX_FACTOR times the fast batch."""
-    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in REPLICAS)
+    state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in REPLICAS),
+                               lift_ceiling=True)
     for name in REPLICAS:
         state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0, fast_batch=2))
 
@@ -185,7 +193,8 @@ def shared_gpu():
     """Two replicas on one GPU, each reporting a fast batch of 8, with turns waiting; b's
     pool entry holds it at 8 (``max_batch``), so only a tries above it."""
     state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), device="gpu0"),
-                                core.Replica("b", "http://b", frozenset({MODEL}), device="gpu0", max_batch=FAST)])
+                                core.Replica("b", "http://b", frozenset({MODEL}), device="gpu0", max_batch=FAST)],
+                               lift_ceiling=True)
     for name in "ab":
         state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0, 0, 100_000, FAST))
     state, sent = fill(state, 60)
