@@ -274,7 +274,8 @@ class EngineCollector(Collector):
     def _kv_pool(self, model: Any) -> Iterator[GaugeMetricFamily]:
         """The KV pool's size and the tokens held (as stale as ``token_usage``), in the
         engine family's own names: SGLang's ``max_total_num_tokens`` and
-        ``num_used_tokens``, vLLM's ``cache_config_info`` labels."""
+        ``num_used_tokens``, vLLM's ``cache_config_info`` labels; for SGLang also its
+        ``gen_throughput`` (tokens/s over the last decode-log interval, :meth:`Simulator._log_decode`)."""
         pool = model.params.kv_tokens
         if self.state.config.metrics_format == "sglang":
             total = GaugeMetricFamily("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV pool.",
