@@ -81,6 +81,11 @@ class Simulator:
         self._progress: dict[int, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
         self.tokens_generated = 0
+        # SGLang's ``gen_throughput``: decode tokens since the last decode log over the
+        # wall time since then (in model seconds), set at each decode log.
+        self.gen_throughput = 0.0
+        self._log_tokens = 0
+        self._log_at: float | None = None
 
     def reset(self) -> bool:
         """Forget the prefix cache and counters (between benchmark variants); only when idle."""
@@ -88,6 +93,7 @@ class Simulator:
             return False
         self.model = EngineModel(self.model.params)
         self.tokens_generated = 0
+        self.gen_throughput, self._log_tokens, self._log_at = 0.0, 0, None
         return True
 
     def start(self) -> None:
@@ -133,6 +139,20 @@ class Simulator:
             self.model.refresh_gauges()
             await self._wake.wait()
 
+    def _log_decode(self, tokens: int) -> None:
+        """Count a decode step's tokens; at a decode log, the throughput since the last one.
+        As SGLang's, the interval is wall time: prefill passes, the other replica's passes
+        on a shared GPU and idle time count in it."""
+        self._log_tokens += tokens
+        now = asyncio.get_running_loop().time()
+        if self._log_at is None:
+            self._log_at = now
+        if not self.model.decode_logged():
+            return
+        if now > self._log_at:
+            self.gen_throughput = self._log_tokens / ((now - self._log_at) / self.time_scale)
+        self._log_tokens, self._log_at = 0, now
+
     async def _run(self) -> None:
         continuing = False  # whether this replica has had work since its last pass
         while True:
@@ -153,6 +173,7 @@ class Simulator:
                 continuing = True
                 self.model.decode_step()
                 self.tokens_generated += len(batch)
+                self._log_decode(len(batch))
                 self._notify(batch)
             else:  # waiting requests that cannot be admitted and nothing runs: cannot happen
                 await self._idle()
@@ -253,7 +274,8 @@ class EngineCollector(Collector):
     def _kv_pool(self, model: Any) -> Iterator[GaugeMetricFamily]:
         """The KV pool's size and the tokens held (as stale as ``token_usage``), in the
         engine family's own names: SGLang's ``max_total_num_tokens`` and
-        ``num_used_tokens``, vLLM's ``cache_config_info`` labels."""
+        ``num_used_tokens``, vLLM's ``cache_config_info`` labels; for SGLang also its
+        ``gen_throughput`` (tokens/s over the last decode-log interval, :meth:`Simulator._log_decode`)."""
         pool = model.params.kv_tokens
         if self.state.config.metrics_format == "sglang":
             total = GaugeMetricFamily("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV pool.",
@@ -261,8 +283,12 @@ class EngineCollector(Collector):
             used = GaugeMetricFamily("sglang:num_used_tokens", "The number of used tokens.", labels=["model_name"])
             total.add_metric([self.state.config.models[0]], pool)
             used.add_metric([self.state.config.models[0]], round(model.gauges.token_usage * pool))
+            throughput = GaugeMetricFamily("sglang:gen_throughput", "The generation throughput (token/s).",
+                                           labels=["model_name"])
+            throughput.add_metric([self.state.config.models[0]], round(self.state.sim.gen_throughput, 2))
             yield total
             yield used
+            yield throughput
         else:
             block = model.params.block_tokens
             info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMCache configuration.",

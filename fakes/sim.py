@@ -443,10 +443,15 @@ class EngineModel:
                 finished.append(request)
         for request in finished:
             self._finish(request)
-        interval = self.params.metrics_interval_steps
-        if interval <= 1 or self.counters.decode_steps % interval == 0:
+        if self.decode_logged():
             self.refresh_gauges()
         return finished
+
+    def decode_logged(self) -> bool:
+        """Whether the decode step just taken was one at which SGLang logs its decode stats
+        (and refreshes its gauges): every ``metrics_interval_steps``."""
+        interval = self.params.metrics_interval_steps
+        return interval <= 1 or self.counters.decode_steps % interval == 0
 
     def _release(self, request: SimRequest) -> None:
         if request is self.chunked:

@@ -44,6 +44,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "interactive run paused there on a tool (at most half the ceiling): its next turn "
                              "starts at once instead of waiting for a batch turn to end, and batch throughput "
                              "pays for the empty slot (env LUFTPAUSE_INTERACTIVE_SLOTS, default off)")
+    parser.add_argument("--lift-ceiling", choices=("on", "off"), default=env("LUFTPAUSE_LIFT_CEILING", "off"),
+                        help="lift a replica's decode ceiling (SGLang's cuda_graph_max_bs) where the engine's own "
+                             "gen_throughput shows decoding above it costs little, tried every 90 s at most "
+                             "(env LUFTPAUSE_LIFT_CEILING, default off: on the testbed the readings are too noisy "
+                             "to tell, docs/admission.md)")
     parser.add_argument("--probe-period", type=float, default=float(env("LUFTPAUSE_PROBE_PERIOD_S", PROBE_PERIOD_S)),
                         help=f"seconds between engine probes (env LUFTPAUSE_PROBE_PERIOD_S, default {PROBE_PERIOD_S:g}; "
                              "the probe timeout stays 2 s)")
@@ -61,7 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def serve(args: argparse.Namespace, log) -> None:
     endpoints = load_pool(args.pool_file)
     host = SchedulerHost(endpoints, log, affinity=args.affinity == "on",
-                         interactive_slots=args.interactive_slots == "on", probe_period_s=args.probe_period)
+                         interactive_slots=args.interactive_slots == "on", lift_ceiling=args.lift_ceiling == "on",
+                         probe_period_s=args.probe_period)
     token = auth.token_from_env()
     if not token:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set; gRPC and HTTP accept everyone")
@@ -74,7 +80,7 @@ async def serve(args: argparse.Namespace, log) -> None:
     await web.TCPSite(runner, args.host, args.http_port).start()
     log.info("scheduler_started", grpc=f"{args.host}:{args.grpc_port}", http=f"{args.host}:{args.http_port}",
              replicas=[e.name for e in endpoints], affinity=args.affinity,
-             interactive_slots=args.interactive_slots)
+             interactive_slots=args.interactive_slots, lift_ceiling=args.lift_ceiling)
     tasks = [asyncio.create_task(host.probe_forever()), asyncio.create_task(host.tick_forever())]
     try:
         await stop_signalled()

@@ -46,6 +46,27 @@ LIMIT_SLOW_START_GROWTH = 2
 # for them): at most 1/KEPT_SLOTS_CEILING_DIVISOR of the ceiling.
 KEPT_SLOTS_CEILING_DIVISOR = 2
 
+# Lifting the decode ceiling (core/ceiling.py): above the engine's fast batch, a turn is
+# cheap when a decode step's cost per extra request there is at most this share of the
+# average cost per request at or just under the fast batch (1.0 would be proportional:
+# no throughput gained; the testbed's 20 ms eager step reads about 2.5 at batch 12).
+LIFT_MARGINAL_SHARE = 0.9
+# Readings above the fast batch, at one lift, before it is judged; the first probes after
+# a change are not read (the batch is still filling).
+LIFT_SAMPLES = 3
+LIFT_SETTLE_PROBES = 2
+# Readings at the fast batch (the fastest is the reference) before the first try: the
+# first seconds under load are full of first prompts' prefill passes.
+LIFT_REFERENCE_SAMPLES = 10
+# Probes after a dear verdict before the next try (90 s: a try of a wall that is right
+# costs every run on the replica its eager steps for about ten seconds); doubled after
+# each dear verdict, up to the maximum.
+LIFT_RETRY_PROBES = 45
+LIFT_RETRY_MAX = 240
+# The lifted ceiling: at most this many times the fast batch; each step adds half of it.
+LIFT_MAX_FACTOR = 4
+LIFT_STEP_DIVISOR = 2
+
 # Leases (core/leases.py): a dataplane that asks while nothing is held is lent at
 # most 1/LEASE_ROOM_DIVISOR of each replica's free room (the rest stays for other
 # dataplanes and for the turns the scheduler places), at most LEASE_MAX_SLOTS per

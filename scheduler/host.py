@@ -56,6 +56,7 @@ class SchedulerHost:
         clock: Callable[[], float] = time.monotonic,
         affinity: bool = True,
         interactive_slots: bool = False,
+        lift_ceiling: bool = False,
         probe_period_s: float = PROBE_PERIOD_S,
         first_probe_wait_s: float = FIRST_PROBE_WAIT_S,
         dataplane_gone_s: float = DATAPLANE_GONE_S,
@@ -68,7 +69,7 @@ class SchedulerHost:
         self._clock = clock
         self.state = core.initial_state((e.replica() for e in endpoints), affinity=affinity,
                                         first_probe_deadline_ms=self.now_ms() + int(first_probe_wait_s * 1000),
-                                        interactive_slots=interactive_slots)
+                                        interactive_slots=interactive_slots, lift_ceiling=lift_ceiling)
         self.log = log
         self._streams: dict[str, int] = {}  # dataplane id -> open Connect and Report streams
         self._lenders: dict[str, object] = {}  # dataplane id -> its Connect stream that takes leases
@@ -310,9 +311,17 @@ class SchedulerHost:
             self.log.info("engine_fast_batch", replica=replica, fast_batch=fast)
         if answered and self.state.replicas[replica].stalled:
             self.log.info("replica_answers", replica=replica, effect="back in rotation")
+        before = self.state.replicas[replica].decode
         self.apply(core.EngineProbed(replica, result.healthy, result.running, result.queued, self.now_ms(),
                                      result.kv_used, result.kv_total, fast, answers=answered,
-                                     load_stale=result.load_stale, unanswered=result.unanswered))
+                                     load_stale=result.load_stale, unanswered=result.unanswered,
+                                     gen_throughput=result.gen_throughput))
+        after = self.state.replicas[replica]
+        if after.decode.lift != before.lift:
+            self.log.info("decode_ceiling", replica=replica, ceiling=after.ceiling, fast_batch=after.fast_batch,
+                          step_ms_at_fast_batch=round(before.lo_step_ms, 1), batch_at_fast_batch=round(before.lo_batch, 1),
+                          step_ms_above=round(before.hi_step_ms, 1), batch_above=round(before.hi_batch, 1),
+                          effect="lifted" if after.decode.lift > before.lift else "lowered")
 
     def reprobe(self, replica: str) -> None:
         """Probe one replica now, out of turn: a turn failed there, and a dead engine

@@ -21,6 +21,10 @@ LOAD_METRICS = (
     ("llamacpp:requests_processing", "llamacpp:requests_deferred"),  # llama.cpp llama-server --metrics
     ("tgi_batch_current_size", "tgi_queue_size"),  # Hugging Face TGI
 )
+# SGLang's generation throughput: tokens generated over its last decode-log interval (every
+# ``decode_log_interval`` decode steps, 40 by default) divided by that interval's wall time,
+# refreshed with ``num_running_reqs``; with it the scheduler reads what a decode step costs.
+GEN_THROUGHPUT_METRIC = "sglang:gen_throughput"
 # SGLang's server arguments (``cuda_graph_max_bs`` among them); other engines answer 404.
 SERVER_INFO_PATH = "/get_server_info"
 # Where vLLM and SGLang (FastAPI servers) publish their routes; a native client API is
@@ -40,6 +44,7 @@ class Load(NamedTuple):
     queued: int
     kv_used: int = 0  # KV tokens held; 0 when the engine does not say
     kv_total: int = 0  # KV pool in tokens; 0 when the engine does not say
+    gen_throughput: float = 0.0  # tokens/s over the engine's last decode-log interval; 0 when it does not say
 
 
 def sample_totals(metrics_text: str) -> tuple[dict[str, float], dict[str, dict[str, str]]]:
@@ -80,7 +85,8 @@ def _kv_tokens(totals: dict[str, float], labels: dict[str, dict[str, str]]) -> t
 def _known_load(totals: dict[str, float], labels: dict[str, dict[str, str]]) -> Load | None:
     for running_name, queued_name in LOAD_METRICS:
         if running_name in totals and queued_name in totals:
-            return Load(int(totals[running_name]), int(totals[queued_name]), *_kv_tokens(totals, labels))
+            return Load(int(totals[running_name]), int(totals[queued_name]), *_kv_tokens(totals, labels),
+                        max(0.0, totals.get(GEN_THROUGHPUT_METRIC, 0.0)))
     return None
 
 
@@ -115,6 +121,7 @@ class ProbeResult:
     problems: tuple[tuple[str, str], ...] = field(default=())  # (metrics URL, what is wrong with it)
     load_stale: bool = False  # a metrics source did not answer in time: load unknown, not zero
     unanswered: bool = False  # the health route did not answer in time: out of sight, not known down
+    gen_throughput: float | None = None  # the engine's tokens/s (one engine only), None when not reported
 
 
 class _Unanswered(NamedTuple):
@@ -165,9 +172,12 @@ async def probe(client: httpx.AsyncClient, endpoint: Endpoint) -> ProbeResult:
     if len(numbers) != len(loads):
         return ProbeResult(True, problems=problems)
     kv_known = all(n.kv_total > 0 for n in numbers)
+    # A step time is one engine's: a router's summed throughput over its engines says none.
+    throughput = numbers[0].gen_throughput if len(numbers) == 1 and numbers[0].gen_throughput > 0 else None
     return ProbeResult(
         True, sum(n.running for n in numbers), sum(n.queued for n in numbers),
         sum(n.kv_used for n in numbers) if kv_known else None, sum(n.kv_total for n in numbers) if kv_known else None,
+        gen_throughput=throughput,
     )
 
 

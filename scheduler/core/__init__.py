@@ -8,6 +8,7 @@ in the events. Each file is one chapter of the policy, its rule at the top:
 * ``events.py``: the events the host reports and the actions it performs;
 * ``decide.py``: dispatch, the one entry point; checks on an Admit; expiry;
 * ``placement.py``: where a turn goes (affinity, release order, spreading) and when;
+* ``ceiling.py``: the decode ceiling lifted where the engine decodes above it cheaply;
 * ``limit.py``: the admission limit, the decode ceiling and the batch reserve;
 * ``leases.py``: slots lent to dataplanes while nothing is held;
 * ``peers.py``: dataplanes as peers, each owning what it admitted; Resync;
@@ -15,7 +16,7 @@ in the events. Each file is one chapter of the policy, its rule at the top:
 * ``status.py``: the plain-value view for the status endpoints and the page.
 
 Chapters import the state and the events and the chapters before them (state, events,
-limit, placement, peers, leases, stalls, status, decide): never a later one.
+ceiling, limit, placement, peers, leases, stalls, status, decide): never a later one.
 """
 
 from luftpause.vocabulary import BATCH, INTERACTIVE, SERVICE_CLASSES
@@ -48,6 +49,7 @@ from luftpause.scheduler.core.state import (
     ONE_PASS,
     TURN_TIME_WEIGHT,
     AdmissionLimit,
+    DecodeCost,
     HeldTurn,
     Lease,
     Replica,
@@ -61,7 +63,7 @@ from luftpause.scheduler.core.status import status
 
 __all__ = [
     "BATCH", "GENERATIVE", "INTERACTIVE", "ONE_PASS", "SERVICE_CLASSES", "TURN_TIME_WEIGHT",
-    "Action", "AdmissionLimit", "AdmitCancelled", "AdmitRequested", "ClockTicked", "DataplaneGone", "EngineProbed", "Event", "Grant",
+    "Action", "AdmissionLimit", "AdmitCancelled", "AdmitRequested", "ClockTicked", "DataplaneGone", "DecodeCost", "EngineProbed", "Event", "Grant",
     "HeldTurn", "Lease", "LeaseReturned", "LeaseTaking", "Place", "Reject", "Replica", "Resynced", "Revoke", "Run",
     "RunEnded", "RunSnapshot", "Stage", "State", "Turn", "TurnFailed", "TurnFinished", "TurnSnapshot", "TurnUsage",
     "batch_reserve", "decide", "initial_state", "status", "validation_error",

@@ -85,6 +85,7 @@ class EngineProbed:
     # Its health route did not answer in time (no answer at all, not a refusal or an
     # error status): out of the scheduler's sight, not known down (sight.py).
     unanswered: bool = False
+    gen_throughput: float | None = None  # tokens/s the engine generated over its last decode-log interval, None when not reported
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,8 @@ is seconds old cannot make it over-admit):
   launches every step) a step costs more for every request in it, so a larger batch
   buys little throughput and slows every token. In-flight turns stay at or below it
   whatever the limit says; the batch reserve comes off the limit, not the ceiling.
+  Where the engine's own throughput shows a step above that batch costs little more
+  per request, the ceiling is lifted (ceiling.py).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from luftpause.scheduler.constants import (
     LIMIT_PATIENCE_FACTOR,
     LIMIT_SLOW_START_GROWTH,
 )
+from luftpause.scheduler.core.ceiling import _decode_cost_after
 from luftpause.scheduler.core.events import EngineProbed
 from luftpause.scheduler.core.sight import _out_of_sight
 from luftpause.scheduler.core.state import AdmissionLimit, Replica, State, _much_faster
@@ -240,5 +243,10 @@ def _probed(state: State, event: EngineProbed) -> State:
         # The metrics (or the engine) did not answer: the load is unknown, not zero. Keep the last figures.
         updated = updated._replace(load_known=replica.load_known, running=replica.running, queued=replica.queued,
                                    kv_used=replica.kv_used, kv_total=replica.kv_total)
+    if state.lift_ceiling:
+        device_batch = updated.running + sum(r.running for r in state.replicas.values()
+                                             if updated.device and r.device == updated.device and r.name != updated.name)
+        updated = updated._replace(decode=_decode_cost_after(updated, event, _turns_wait_for(state, replica.name),
+                                                             device_batch))
     updated = updated._replace(limit=_limit_after(state, updated, event))
     return state._replace(replicas=state.replicas.set(replica.name, updated))

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from immutables import Map
 
-from luftpause.scheduler.constants import AFFINITY_SLOWER_FACTOR, LIMIT_CALM_MAX, LIMIT_CALM_PROBES
+from luftpause.scheduler.constants import AFFINITY_SLOWER_FACTOR, LIFT_RETRY_PROBES, LIMIT_CALM_MAX, LIMIT_CALM_PROBES
 
 TURN_TIME_WEIGHT = 8  # a replica's turn time: moving average over about this many turns
 GENERATIVE = "generative"
@@ -62,6 +62,24 @@ class AdmissionLimit(NamedTuple):
 
 
 @_quick_replace
+class DecodeCost(NamedTuple):
+    """What a decode step costs a replica at and above its fast batch, as read from the
+    engine's throughput, and how far its ceiling is lifted above that batch. Changed only
+    by ``_decode_cost_after`` (ceiling.py), after each probe."""
+
+    lift: int = 0  # turns allowed above the engine's fast batch; 0 = the fast batch is the wall
+    lo_batch: float = 0.0  # batch (its device's) of the fastest reading at or just under the fast batch (0 = none)
+    lo_step_ms: float = 0.0  # its decode step
+    lo_samples: int = 0  # readings taken at the fast batch
+    hi_batch: float = 0.0  # batch (its device's) of the fastest reading above the fast batch since the lift changed
+    hi_step_ms: float = 0.0  # its decode step
+    hi_samples: int = 0  # readings above the fast batch since the lift last changed
+    settle: int = 0  # probes since the lift last changed
+    retry_after: int = 0  # probes to wait before the next try
+    retry_probes: int = LIFT_RETRY_PROBES  # the wait a dear verdict sets (doubles in a row)
+
+
+@_quick_replace
 class Replica(NamedTuple):
     name: str
     base_url: str
@@ -87,12 +105,16 @@ class Replica(NamedTuple):
     # (no new runs), but the runs pinned here stay and their turns still go here.
     unseen: bool = False
     turn_ms: int = 0  # recent placed-to-finished time of turns here (moving average); 0 = none finished yet
+    decode: DecodeCost = DecodeCost()  # the cost of decoding above the fast batch, and the lift (ceiling.py)
 
     @property
     def ceiling(self) -> int:
         """The decode-speed ceiling on turns in flight: the pool file's ``max_batch``, else
-        the engine's own fast batch size; 0 = none."""
-        return self.max_batch or self.fast_batch
+        the engine's own fast batch size, lifted where decoding above it proved cheap
+        (ceiling.py); 0 = none."""
+        if self.max_batch:
+            return self.max_batch
+        return self.fast_batch + self.decode.lift if self.fast_batch else 0
 
     @property
     def capacity(self) -> int | None:
@@ -179,19 +201,24 @@ class State(NamedTuple):
     # The operator's choice: with strict affinity, keep a slot under the decode ceiling
     # for each interactive run paused on a replica (at most half the ceiling).
     interactive_slots: bool = False
+    # The operator's choice: lift the engines' decode ceilings where their throughput shows
+    # decoding above them is cheap (ceiling.py).
+    lift_ceiling: bool = False
 
 
 def initial_state(
     replicas: Iterable[Replica], affinity: bool = True, first_probe_deadline_ms: int | None = None,
-    interactive_slots: bool = False,
+    interactive_slots: bool = False, lift_ceiling: bool = False,
 ) -> State:
     """With ``first_probe_deadline_ms`` (a restarted scheduler), held turns wait until every
     replica has been probed once, or until that time."""
     replicas = Map({r.name: r for r in replicas})
     if first_probe_deadline_ms is None:
-        return State(replicas=replicas, affinity=affinity, interactive_slots=interactive_slots)
+        return State(replicas=replicas, affinity=affinity, interactive_slots=interactive_slots,
+                     lift_ceiling=lift_ceiling)
     return State(replicas=replicas, affinity=affinity, unprobed=frozenset(replicas.keys()),
-                 unprobed_until_ms=first_probe_deadline_ms, interactive_slots=interactive_slots)
+                 unprobed_until_ms=first_probe_deadline_ms, interactive_slots=interactive_slots,
+                 lift_ceiling=lift_ceiling)
 
 
 def _much_faster(peer: Replica, home: Replica) -> bool:

@@ -309,6 +309,7 @@ async def test_metrics_show_running_and_queue(slow_engine: str, http: aiohttp.Cl
         "sglang:num_retracted_reqs_total",
         "sglang:max_total_num_tokens",
         "sglang:num_used_tokens",
+        "sglang:gen_throughput",
     }
     assert idle["sglang:num_running_reqs"] == 0 and idle["sglang:num_queue_reqs"] == 0
     assert idle["sglang:num_used_tokens"] == 0 and idle["sglang:max_total_num_tokens"] > 0
@@ -331,6 +332,8 @@ async def test_metrics_show_running_and_queue(slow_engine: str, http: aiohttp.Cl
         assert finish_reasons(chunks) == ["stop"]
     done = await gauges(http, slow_engine)
     assert done["sglang:num_running_reqs"] == 0 and done["sglang:num_queue_reqs"] == 0
+    # Tokens per second of its last decode-log interval, as SGLang's: none before any decode.
+    assert idle["sglang:gen_throughput"] == 0 and done["sglang:gen_throughput"] > 0
 
 
 async def test_client_disconnect_closes_engine_request(slow_engine: str, http: aiohttp.ClientSession) -> None:

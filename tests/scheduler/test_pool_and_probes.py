@@ -134,14 +134,23 @@ def test_load_is_read_in_sglang_and_vllm_names():
 def test_kv_tokens_are_read_where_the_engine_reports_its_pool():
     sglang = ("sglang:num_running_reqs 3\nsglang:num_queue_reqs 0\nsglang:num_used_tokens 6000\n"
               "sglang:max_total_num_tokens 24000\n")
-    assert parse_load(sglang) == (3, 0, 6000, 24000)
+    assert parse_load(sglang)[:4] == (3, 0, 6000, 24000)
     from_share = "sglang:num_running_reqs 3\nsglang:num_queue_reqs 0\nsglang:token_usage 0.5\nsglang:max_total_num_tokens 1000\n"
-    assert parse_load(from_share) == (3, 0, 500, 1000)
+    assert parse_load(from_share)[:4] == (3, 0, 500, 1000)
     vllm = ('vllm:num_requests_running 2\nvllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.25\n'
             'vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1\n')
-    assert parse_load(vllm) == (2, 1, 4000, 16000)
+    assert parse_load(vllm)[:4] == (2, 1, 4000, 16000)
     no_pool = "sglang:num_running_reqs 3\nsglang:num_queue_reqs 0\nsglang:token_usage 0.5\n"
-    assert parse_load(no_pool) == (3, 0, 0, 0)
+    assert parse_load(no_pool)[:4] == (3, 0, 0, 0)
+
+
+def test_sglangs_generation_throughput_is_read_beside_its_load():
+    """The scheduler reads a decode step's cost from it (core/ceiling.py); an engine that
+    does not report it reads 0."""
+    text = ('sglang:num_running_reqs{model_name="m"} 8\nsglang:num_queue_reqs{model_name="m"} 0\n'
+            'sglang:gen_throughput{model_name="m"} 434.8\n')
+    assert parse_load(text).gen_throughput == 434.8
+    assert parse_load("sglang:num_running_reqs 3\nsglang:num_queue_reqs 0\n").gen_throughput == 0.0
 
 
 def test_load_is_read_in_llama_cpp_and_tgi_names():
@@ -150,9 +159,9 @@ def test_load_is_read_in_llama_cpp_and_tgi_names():
                  "# HELP llamacpp:requests_deferred Number of requests deferred.\n"
                  "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 4\n"
                  "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 6886\n")
-    assert parse_load(llama_cpp) == (4, 4, 0, 0)
+    assert parse_load(llama_cpp)[:4] == (4, 4, 0, 0)
     assert parse_load("# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size 7\n"
-                      "# TYPE tgi_queue_size gauge\ntgi_queue_size 3\n") == (7, 3, 0, 0)
+                      "# TYPE tgi_queue_size gauge\ntgi_queue_size 3\n")[:4] == (7, 3, 0, 0)
 
 
 async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:

@@ -1,0 +1,227 @@
+"""The lifted ceiling (ceiling.py): the engine's fast batch stays the wall where decoding
+above it costs, and is lifted where the engine's own throughput shows it does not; and
+its properties over random event sequences."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from luftpause.scheduler import core
+from luftpause.scheduler.constants import (
+    LIFT_MAX_FACTOR,
+    LIFT_REFERENCE_SAMPLES,
+    LIFT_RETRY_PROBES,
+    LIFT_SAMPLES,
+    LIFT_SETTLE_PROBES,
+)
+
+from .drivers import REPLICAS, Driver, never_over_cap, operations, placements
+from luftpause.scheduler.core.ceiling import lift_step
+
+from .helpers import MODEL, fill, placed
+
+FAST = 8
+BASE_MS, PER_REQUEST_MS = 12.0, 0.8  # the testbed's decode step: base + per request (+ eager above FAST)
+
+
+def throughput(batch: int, eager_ms: float) -> float:
+    """Tokens per second an engine decoding ``batch`` requests reports."""
+    step = BASE_MS + PER_REQUEST_MS * batch + (eager_ms if batch > FAST else 0.0)
+    return 1000.0 * batch / step
+
+
+def engine(state, running: int, eager_ms: float, now: int, queued: int = 0):
+    return core.decide(state, core.EngineProbed("a", True, running, queued, now, 10_000, 100_000,
+                                                gen_throughput=throughput(running, eager_ms)))
+
+
+def saturated(waiting: int = 30, lift: bool = True):
+    """One replica reporting a fast batch of 8, ``waiting`` batch turns admitted; ``lift``:
+    the operator turned lifting on."""
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))], lift_ceiling=lift)
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0, 0, 100_000, FAST))
+    state, sent = fill(state, waiting)
+    assert len(sent) == FAST
+    return state
+
+
+def run_engine(state, eager_ms: float, probes: int, now: int):
+    """``probes`` probes of an engine running every turn luftpause has there."""
+    for i in range(probes):
+        state, _ = engine(state, state.replicas["a"].in_flight, eager_ms, now + i)
+    return state, now + probes
+
+
+def test_a_replica_decoding_above_its_fast_batch_for_little_more_gets_its_ceiling_lifted():
+    """An engine whose larger batches cost a step about 0.8 ms more per request (no eager
+    penalty): at its fast batch with turns waiting, the ceiling is tried higher; read
+    cheap there, it grows again."""
+    state = saturated()
+    state, now = run_engine(state, 0.0, LIFT_REFERENCE_SAMPLES, 1)  # readings at the fast batch: try
+    assert state.replicas["a"].ceiling == 12 and state.replicas["a"].in_flight == 12
+    state, now = run_engine(state, 0.0, LIFT_SETTLE_PROBES + LIFT_SAMPLES, now)
+    assert state.replicas["a"].ceiling == 16 and state.replicas["a"].in_flight == 16
+    assert core.status(state, now)["replicas"][0]["decode_ceiling"] == 16
+
+
+def test_a_replica_paying_an_eager_step_above_its_fast_batch_keeps_it_as_the_wall():
+    """The testbed's 20 ms eager step: readings above the fast batch are dear, the lift
+    goes, and no new turn goes there until it is under the fast batch again."""
+    state = saturated()
+    state, now = run_engine(state, 20.0, LIFT_REFERENCE_SAMPLES, 1)
+    assert state.replicas["a"].ceiling == 12
+    state, now = run_engine(state, 20.0, LIFT_SETTLE_PROBES + LIFT_SAMPLES, now)
+    assert state.replicas["a"].ceiling == FAST and state.replicas["a"].decode.lift == 0
+    held = len(state.held)
+    for turn in list(state.turns)[:4]:  # the turns above the fast batch end: none replaces them
+        state, actions = core.decide(state, core.TurnFinished(turn, "stop", now))
+        assert not placed(actions)
+    state, actions = core.decide(state, core.TurnFinished(next(iter(state.turns)), "stop", now))
+    assert len(placed(actions)) == 1 and len(state.held) == held - 1
+
+
+def test_after_a_dear_verdict_the_next_try_waits_and_each_dear_verdict_doubles_the_wait():
+    state = saturated(60)
+    state, now = run_engine(state, 20.0, LIFT_REFERENCE_SAMPLES + LIFT_SAMPLES + LIFT_SETTLE_PROBES, 1)
+    assert state.replicas["a"].decode.lift == 0
+
+    def probes_until_tried(state, now):
+        for waited in range(1, 1000):
+            state, _ = engine(state, FAST, 20.0, now)
+            now += 1
+            if state.replicas["a"].decode.lift:
+                return state, now, waited
+        raise AssertionError("never tried again")
+
+    state, now, first_wait = probes_until_tried(state, now)
+    assert first_wait == LIFT_RETRY_PROBES
+    state, now = run_engine(state, 20.0, LIFT_SETTLE_PROBES + LIFT_SAMPLES, now)
+    assert state.replicas["a"].decode.lift == 0
+    _, _, second_wait = probes_until_tried(state, now)
+    assert second_wait == 2 * LIFT_RETRY_PROBES
+
+
+def test_a_lift_that_turns_dear_steps_back():
+    """Cheap at 12, then the engine starts paying for larger batches (another workload
+    on the GPU, a longer context): the lift steps back one step."""
+    state = saturated()
+    state, now = run_engine(state, 0.0, LIFT_REFERENCE_SAMPLES + LIFT_SAMPLES + LIFT_SETTLE_PROBES, 1)
+    assert state.replicas["a"].ceiling == 16
+    state, now = run_engine(state, 30.0, LIFT_SETTLE_PROBES + LIFT_SAMPLES + 4, now)
+    assert state.replicas["a"].ceiling == 12
+
+
+def test_the_lift_is_bounded_and_not_tried_without_waiting_turns():
+    state = saturated(200)
+    state, now = run_engine(state, 0.0, 60, 1)
+    assert state.replicas["a"].ceiling == LIFT_MAX_FACTOR * FAST
+    quiet = saturated(FAST)  # nothing waits: the fast batch is not in the way
+    quiet, _ = run_engine(quiet, 0.0, 20, 1)
+    assert quiet.replicas["a"].ceiling == FAST
+
+
+def test_the_pool_files_max_batch_and_an_engine_without_throughput_are_never_lifted():
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), max_batch=FAST)], lift_ceiling=True)
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0, fast_batch=FAST))
+    state, _ = fill(state, 30)
+    state, _ = run_engine(state, 0.0, 20, 1)
+    assert state.replicas["a"].ceiling == FAST and state.replicas["a"].in_flight == FAST
+    silent = saturated()
+    for now in range(1, 20):
+        silent, _ = core.decide(silent, core.EngineProbed("a", True, FAST, 0, now, 10_000, 100_000))
+    assert silent.replicas["a"].ceiling == FAST
+
+
+def test_unless_the_operator_asks_for_it_the_fast_batch_stays_the_wall():
+    state = saturated(lift=False)
+    state, _ = run_engine(state, 0.0, 40, 1)
+    assert state.replicas["a"].ceiling == FAST and state.replicas["a"].in_flight == FAST
+
+
+def test_a_replica_that_went_away_is_read_anew():
+    state = saturated()
+    state, now = run_engine(state, 0.0, LIFT_REFERENCE_SAMPLES, 1)
+    assert state.replicas["a"].decode.lift
+    state, _ = core.decide(state, core.EngineProbed("a", False, None, None, now))
+    assert state.replicas["a"].decode == core.DecodeCost()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(REPLICAS), st.integers(0, 40), st.sampled_from((0.0, 5.0, 20.0))),
+                min_size=1, max_size=40), operations)
+def test_in_flight_never_exceeds_the_lifted_ceiling_nor_the_lift_its_bound(readings, ops):
+    """Whatever the engines' throughput says, no placement takes a replica past its
+    ceiling as lifted, and the lift stays within LIFT_MAX_FACTOR times the fast batch."""
+    state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in REPLICAS),
+                               lift_ceiling=True)
+    for name in REPLICAS:
+        state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0, fast_batch=2))
+
+    def within_the_lifted_ceiling(before, event, after, actions):
+        for replica in after.replicas.values():
+            assert 0 <= replica.decode.lift <= (LIFT_MAX_FACTOR - 1) * replica.fast_batch, replica
+        for place in placements(actions):
+            replica = after.replicas[place.replica]
+            if replica.ceiling:  # 0: forgotten with an engine that went away, none until read again
+                assert replica.in_flight <= replica.ceiling, (place, replica)
+
+    driver = Driver(state=state, checks=[within_the_lifted_ceiling, never_over_cap])
+    for i, op in enumerate(ops):
+        name, running, eager = readings[i % len(readings)]
+        event = driver.event_for(op)
+        if event is not None:
+            driver.step(event)
+        driver.step(core.EngineProbed(name, True, running, 0, driver.now, gen_throughput=throughput(running, eager)
+                                      if running else None))
+
+
+def test_a_slow_reading_at_the_fast_batch_does_not_make_the_eager_step_look_cheap():
+    """The first interval at the fast batch is full of first prompts' prefill passes: its
+    step reads three times the decode step. The fastest reading is the reference, so the
+    eager step above stays dear."""
+    state = saturated()
+    state, _ = core.decide(state, core.EngineProbed("a", True, FAST, 0, 1, 10_000, 100_000,
+                                                    gen_throughput=throughput(FAST, 0.0) / 3))
+    state, now = run_engine(state, 20.0, LIFT_REFERENCE_SAMPLES - 1, 2)  # clean readings: lifted to try
+    assert state.replicas["a"].decode.lo_step_ms == BASE_MS + PER_REQUEST_MS * FAST
+    state, now = run_engine(state, 20.0, LIFT_SETTLE_PROBES + LIFT_SAMPLES, now)
+    assert state.replicas["a"].ceiling == FAST
+
+
+def shared_gpu():
+    """Two replicas on one GPU, each reporting a fast batch of 8, with turns waiting; b's
+    pool entry holds it at 8 (``max_batch``), so only a tries above it."""
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), device="gpu0"),
+                                core.Replica("b", "http://b", frozenset({MODEL}), device="gpu0", max_batch=FAST)],
+                               lift_ceiling=True)
+    for name in "ab":
+        state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0, 0, 100_000, FAST))
+    state, sent = fill(state, 60)
+    assert len(sent) == 2 * FAST
+    return state
+
+
+def run_shared(state, eager_ms: float, probes: int, now: int):
+    """Probes of both replicas; each one's interval holds both replicas' steps, so each
+    reports its own batch over the device's step."""
+    for i in range(probes):
+        batches = {n: state.replicas[n].in_flight for n in "ab"}
+        device_step = sum(BASE_MS + PER_REQUEST_MS * b + (eager_ms if b > FAST else 0.0) for b in batches.values())
+        for name in "ab":
+            state, _ = core.decide(state, core.EngineProbed(name, True, batches[name], 0, now + i, 10_000, 100_000,
+                                                            gen_throughput=1000.0 * batches[name] / device_step))
+    return state, now + probes
+
+
+def test_on_a_shared_gpu_the_step_is_set_against_the_devices_batch():
+    """A 10 ms eager step on one replica of a shared GPU lowers the device's throughput
+    (20 requests in 50 ms against 16 in 36.8), though against the replica's own batch the
+    neighbour's passes in its interval make it look cheap (3.3 ms per added request
+    against 4.6 on average): dear. Without the eager step: cheap."""
+    state, now = run_shared(shared_gpu(), 10.0, LIFT_REFERENCE_SAMPLES, 1)
+    assert state.replicas["a"].ceiling == FAST + lift_step(FAST)  # a tries
+    state, now = run_shared(state, 10.0, LIFT_SETTLE_PROBES + LIFT_SAMPLES, now)
+    assert state.replicas["a"].ceiling == FAST and state.replicas["b"].ceiling == FAST
+    state, now = run_shared(shared_gpu(), 0.0, LIFT_REFERENCE_SAMPLES + LIFT_SETTLE_PROBES + LIFT_SAMPLES, 1)
+    assert state.replicas["a"].ceiling == FAST + 2 * lift_step(FAST)
