@@ -18,9 +18,10 @@ itself, in policy order. Per replica it keeps a concurrency limit, learned from 
 engine and kept between probes (in-flight turns are counted here, so a probe that
 is seconds old cannot make it over-admit):
 
-* learn / decrease: when the engine reports a waiting queue while luftpause has at
-  least as many turns there as the engine runs, the excess is waiting in the
-  engine: the limit becomes what the engine serves of ours, the larger of what it
+* learn / decrease: when the engine reports a waiting queue while luftpause has
+  more turns there than the engine runs, the excess is waiting in the engine (with
+  every one of ours running the queue is someone else's, or an old gauge: it neither
+  lowers the limit nor breaks a calm spell): the limit becomes what the engine serves of ours, the larger of what it
   runs and our in-flight turns less its queue (never below 1);
 * increase: when the engine has reported no queue for some probes in a row (two at
   first: one probe after a decrease is often the queue draining, not room),
@@ -149,8 +150,11 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
     limit = replica.limit
     if probe is None:  # stalled: out of rotation, learned anew (no calm probe)
         return limit._replace(value=0, calm_probes=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
+    # A queue counts only where some of our turns there are not running: with every one
+    # of them running, it is other clients' (or a gauge older than our last finish).
+    ours_queued = bool(probe.queued) and replica.in_flight > replica.running
     limit = limit._replace(
-        calm_probes=0 if (probe.queued or not probe.healthy) else limit.calm_probes + 1,
+        calm_probes=0 if (ours_queued or not probe.healthy) else limit.calm_probes + 1,
         since_growth=min(LIMIT_CALM_MAX, limit.since_growth + 1),
     )
     if (probe.load_stale and replica.healthy) or replica.unseen:
@@ -168,9 +172,9 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
         # what is neither running nor queued (a burst shows a small ``running`` and a
         # long queue while chunked prefill works through it).
         serving = max(1, replica.running, replica.in_flight - replica.queued)
-        if value == 0:
-            return limit._replace(value=serving)
-        if replica.in_flight >= replica.running and serving < value:
+        if value == 0:  # learned from this queue: the next calm probe may be it draining
+            return limit._replace(value=serving, calm_probes=0)
+        if replica.in_flight > replica.running and serving < value:
             # Our own excess waits in the engine: back to what it serves. If the limit
             # had just grown, that step overshot: probe for more room less eagerly
             # next time (LIMIT_PATIENCE_FACTOR times the calm probes, up to a ceiling).

@@ -429,14 +429,14 @@ def test_in_flight_never_exceeds_the_decode_ceiling(ceiling, running, ops):
 
 
 def queue_lowers_the_limit(before, event, after, actions):
-    """An engine that queues while luftpause has at least as many turns there as it
-    runs leaves with a limit no higher than what it serves of luftpause's (the larger of
-    what it runs and luftpause's turns less its queue): the queue goes to the gateway."""
+    """An engine that queues while luftpause has more turns there than it runs leaves
+    with a limit no higher than what it serves of luftpause's (the larger of what it runs
+    and luftpause's turns less its queue): the queue goes to the gateway."""
     if not isinstance(event, core.EngineProbed) or not event.healthy or not event.queued or event.running is None:
         return
     replica = after.replicas[event.replica]
     in_flight = before.replicas[event.replica].in_flight
-    if in_flight >= event.running:
+    if in_flight > event.running:
         serving = max(1, event.running, in_flight - event.queued)
         assert replica.capacity is not None and replica.capacity <= serving, (event, replica)
 
