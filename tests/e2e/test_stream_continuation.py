@@ -85,18 +85,38 @@ def chat_url(stack: Stack) -> str:
     return f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
 
 
-def stream(stack: Stack, run_id: str, body: dict) -> tuple[httpx.Response, list[bytes], bool]:
-    """The events of a streamed reply, and whether its connection broke off."""
+def stream_bytes(url: str, headers: dict[str, str], body: dict) -> tuple[httpx.Response, bytes, bool]:
+    """The bytes of a streamed reply, and whether its connection broke off."""
     received, broken = b"", False
-    with httpx.Client(timeout=45) as client, client.stream("POST", chat_url(stack), headers={h.RUN_ID: run_id},
-                                                          json=body) as response:
+    with httpx.Client(timeout=45) as client, client.stream("POST", url, headers=headers, json=body) as response:
         try:
             for piece in response.iter_bytes():
                 received += piece
         except httpx.RemoteProtocolError:  # closed without the final chunk
             broken = True
+    return response, received, broken
+
+
+def stream(stack: Stack, run_id: str, body: dict) -> tuple[httpx.Response, list[bytes], bool]:
+    """The events of a streamed chat reply, and whether its connection broke off."""
+    response, received, broken = stream_bytes(chat_url(stack), {h.RUN_ID: run_id}, body)
     events = [line.removeprefix(b"data: ") for line in received.split(b"\n\n") if line.startswith(b"data: ")]
     return response, events, broken
+
+
+def data_events(received: bytes) -> list[dict]:
+    """The JSON of every ``data:`` line of a translated (Messages or Responses) stream."""
+    return [json.loads(line[6:]) for line in received.decode().splitlines() if line.startswith("data: ")]
+
+
+def whole_message(stack: Stack, name: str, body: dict) -> dict:
+    """The message engine ``name`` answers to ``body`` in one piece, unstalled."""
+    return httpx.post(f"{engine_url(stack, name)}/v1/chat/completions", timeout=45,
+                      json={"model": MODEL, **body, "stream": False}).json()["choices"][0]["message"]
+
+
+def whole_text(stack: Stack, name: str, prompt: str) -> str:
+    return whole_message(stack, name, {"messages": [{"role": "user", "content": prompt}]})["content"]
 
 
 def warm_run(stack: Stack, run_id: str) -> str:
@@ -114,8 +134,7 @@ def test_a_stream_that_stalls_after_bytes_reached_the_client_is_finished_on_the_
     messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
                 {"role": "user", "content": "tell me about continuing streams"}]
     # what a healthy engine answers this conversation, whole
-    whole = httpx.post(f"{engine_url(stack, healthy)}/v1/chat/completions", timeout=45,
-                       json={"model": MODEL, "messages": messages}).json()["choices"][0]["message"]["content"]
+    whole = whole_message(stack, healthy, {"messages": messages})["content"]
     dataplane_metrics = f"http://127.0.0.1:{stack.ports.dataplane}/metrics"
     scheduler_metrics = f"http://127.0.0.1:{stack.ports.scheduler_http}/metrics"
     turns_before = counts(dataplane_metrics, "luftpause_dataplane_turns_total")
@@ -164,25 +183,20 @@ def test_a_translated_messages_stream_is_continued_too(continuing):
     stalling = warm_run(stack, "continued-messages")
     set_faults(stack, stalling, ["stall-after=2"])
     try:
-        received = b""
-        with httpx.Client(timeout=45) as client, client.stream(
-                "POST", f"http://127.0.0.1:{stack.ports.dataplane}/v1/messages",
-                headers={h.RUN_ID: "continued-messages", "anthropic-version": "2023-06-01"},
-                json={"model": MODEL, "max_tokens": 100, "stream": True,
-                      "messages": [{"role": "user", "content": "tell me about continuing streams"}]}) as response:
-            for piece in response.iter_bytes():
-                received += piece
+        response, received, broken = stream_bytes(
+            f"http://127.0.0.1:{stack.ports.dataplane}/v1/messages",
+            {h.RUN_ID: "continued-messages", "anthropic-version": "2023-06-01"},
+            {"model": MODEL, "max_tokens": 100, "stream": True,
+             "messages": [{"role": "user", "content": "tell me about continuing streams"}]})
     finally:
         set_faults(stack, stalling, [])
-    assert response.status_code == 200 and response.headers[h.REPLICA] == stalling
-    events = [json.loads(line[6:]) for line in received.decode().splitlines() if line.startswith("data: ")]
+    assert response.status_code == 200 and response.headers[h.REPLICA] == stalling and not broken
+    events = data_events(received)
     kinds = [e["type"] for e in events]
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "error" not in kinds
     assert kinds.count("message_start") == 1
     text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
-    whole = httpx.post(f"{engine_url(stack, stalling)}/v1/chat/completions", timeout=45, json={
-        "model": MODEL, "messages": [{"role": "user", "content": "tell me about continuing streams"}]}).json()
-    assert text == whole["choices"][0]["message"]["content"]
+    assert text == whole_text(stack, stalling, "tell me about continuing streams")
     assert next(e for e in events if e["type"] == "message_delta")["delta"]["stop_reason"] == "end_turn"
     assert wait_until(lambda: not replica(stack, stalling)["stalled"], 2 * 2.0 + 3)
 
@@ -192,23 +206,17 @@ def test_a_translated_responses_stream_is_continued_too(continuing):
     stalling = warm_run(stack, "continued-responses")
     set_faults(stack, stalling, ["stall-after=2"])
     try:
-        received = b""
-        with httpx.Client(timeout=45) as client, client.stream(
-                "POST", f"http://127.0.0.1:{stack.ports.dataplane}/v1/responses",
-                headers={h.RUN_ID: "continued-responses"},
-                json={"model": MODEL, "stream": True, "input": "tell me about continuing streams"}) as response:
-            for piece in response.iter_bytes():
-                received += piece
+        response, received, broken = stream_bytes(
+            f"http://127.0.0.1:{stack.ports.dataplane}/v1/responses", {h.RUN_ID: "continued-responses"},
+            {"model": MODEL, "stream": True, "input": "tell me about continuing streams"})
     finally:
         set_faults(stack, stalling, [])
-    assert response.status_code == 200 and response.headers[h.REPLICA] == stalling
-    events = [json.loads(line[6:]) for line in received.decode().splitlines() if line.startswith("data: ")]
+    assert response.status_code == 200 and response.headers[h.REPLICA] == stalling and not broken
+    events = data_events(received)
     kinds = [e["type"] for e in events]
     assert kinds[-1] == "response.completed" and "response.failed" not in kinds
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
-    whole = httpx.post(f"{engine_url(stack, stalling)}/v1/chat/completions", timeout=45, json={
-        "model": MODEL, "messages": [{"role": "user", "content": "tell me about continuing streams"}]}).json()
-    assert text == whole["choices"][0]["message"]["content"]
+    assert text == whole_text(stack, stalling, "tell me about continuing streams")
     assert wait_until(lambda: not replica(stack, stalling)["stalled"], 2 * 2.0 + 3)
 
 
@@ -234,8 +242,7 @@ def test_a_stream_that_stalls_inside_a_tool_call_is_finished_with_one_whole_call
     stalling = warm_run(stack, "tool-stall")
     healthy = "engine-b" if stalling == "engine-a" else "engine-a"
     body = {"model": MODEL, "stream": True, "tools": [TOOL], "messages": [{"role": "user", "content": "look it up"}]}
-    whole = httpx.post(f"{engine_url(stack, healthy)}/v1/chat/completions", timeout=45,
-                       json={**body, "stream": False}).json()["choices"][0]["message"]["tool_calls"]
+    whole = whole_message(stack, healthy, body)["tool_calls"]
     before = continued(stack)
     set_faults(stack, stalling, ["stall-after=2"])  # the call's head and a slice of its arguments, then nothing
     try:
