@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from luftpause.scheduler import core
 
-from .helpers import MODEL, admit, placed, pool, probe
+from .helpers import MODEL, admit, fill, placed, pool, probe
 
 
 def unanswered(state, name="b", now=10):
@@ -43,10 +43,7 @@ def test_the_first_answered_probe_brings_it_back_for_new_runs():
     state, _ = unanswered(paused_on_b())
     state, _ = probe(state, "b", running=0, now=12)
     assert state.replicas["b"].healthy and not state.replicas["b"].unseen
-    sent = {}
-    for i in range(4):
-        state, actions = admit(state, f"n{i}", f"new{i}", now=13)
-        sent.update(placed(actions))
+    state, sent = fill(state, 4, prefix="n", cls="interactive", now=13)
     assert sorted(sent.values()) == ["a", "a", "b", "b"]
 
 

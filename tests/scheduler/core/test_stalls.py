@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from luftpause.scheduler import core
 
-from .helpers import MODEL, admit, placed, pool, stalled_on_a
+from .helpers import MODEL, admit, fill, placed, pool, stalled_on_a
 
 
 def test_a_stall_takes_the_replica_out_of_rotation_at_once():
@@ -37,10 +37,7 @@ def test_an_answered_probe_generation_brings_it_back():
     state = stalled_on_a()
     state, _ = core.decide(state, core.EngineProbed("a", True, None, None, 10, answers=True))
     assert state.replicas["a"].healthy and not state.replicas["a"].stalled
-    sent = {}
-    for i in range(4):
-        state, actions = admit(state, f"n{i}", f"rn{i}", now=11)
-        sent.update(placed(actions))
+    state, sent = fill(state, 4, prefix="n", cls="interactive", now=11)
     assert sorted(sent.values()) == ["a", "a", "b", "b"]
 
 
