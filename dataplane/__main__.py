@@ -66,10 +66,6 @@ async def serve(args: argparse.Namespace, log) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.tool_calls not in TOOL_CALLS:  # argparse checks a flag's choices, not its env default
-        print(f"python -m luftpause.dataplane: error: LUFTPAUSE_TOOL_CALLS={args.tool_calls!r}: "
-              f"choose from {', '.join(TOOL_CALLS)}", file=sys.stderr)
-        return 2
     try:
         args.key_identities = parse_key_identities(os.environ.get(KEY_IDENTITIES_ENV, ""))
     except KeyIdentitiesError as exc:

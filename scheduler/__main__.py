@@ -35,23 +35,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env_option(parser, "--grpc-port", "LUFTPAUSE_SCHEDULER_GRPC_PORT", DEFAULT_GRPC_PORT, "gRPC port", kind=int)
     env_option(parser, "--http-port", "LUFTPAUSE_SCHEDULER_HTTP_PORT", DEFAULT_HTTP_PORT, "HTTP status port", kind=int)
     env_option(parser, "--pool-file", "LUFTPAUSE_POOL_FILE", "config/pool.yaml", "engine pool YAML")
-    parser.add_argument("--affinity", choices=("on", "off"), default=env("LUFTPAUSE_AFFINITY", "on"),
-                        help="strict affinity of generating/paused runs to their replica (env LUFTPAUSE_AFFINITY, "
-                             "default on; off lets runs roam, for benchmarks that measure what affinity is worth)")
-    parser.add_argument("--interactive-slots", choices=("on", "off"),
-                        default=env("LUFTPAUSE_INTERACTIVE_SLOTS", "off"),
-                        help="with strict affinity, keep a slot under each replica's decode ceiling for every "
-                             "interactive run paused there on a tool (at most half the ceiling): its next turn "
-                             "starts at once instead of waiting for a batch turn to end, and batch throughput "
-                             "pays for the empty slot (env LUFTPAUSE_INTERACTIVE_SLOTS, default off)")
-    parser.add_argument("--lift-ceiling", choices=("on", "off"), default=env("LUFTPAUSE_LIFT_CEILING", "off"),
-                        help="lift a replica's decode ceiling (SGLang's cuda_graph_max_bs) where the engine's own "
-                             "gen_throughput shows decoding above it costs little, tried every 90 s at most "
-                             "(env LUFTPAUSE_LIFT_CEILING, default off: on the testbed the readings are too noisy "
-                             "to tell, docs/admission.md)")
-    parser.add_argument("--probe-period", type=float, default=float(env("LUFTPAUSE_PROBE_PERIOD_S", PROBE_PERIOD_S)),
-                        help=f"seconds between engine probes (env LUFTPAUSE_PROBE_PERIOD_S, default {PROBE_PERIOD_S:g}; "
-                             "the probe timeout stays 2 s)")
+    env_option(parser, "--affinity", "LUFTPAUSE_AFFINITY", "on",
+               "strict affinity of generating/paused runs to their replica (off lets runs roam, for benchmarks "
+               "that measure what affinity is worth)", choices=("on", "off"))
+    env_option(parser, "--interactive-slots", "LUFTPAUSE_INTERACTIVE_SLOTS", "off",
+               "with strict affinity, keep a slot under each replica's decode ceiling for every interactive run "
+               "paused there on a tool (at most half the ceiling): its next turn starts at once instead of waiting "
+               "for a batch turn to end, and batch throughput pays for the empty slot", choices=("on", "off"))
+    env_option(parser, "--lift-ceiling", "LUFTPAUSE_LIFT_CEILING", "off",
+               "lift a replica's decode ceiling (SGLang's cuda_graph_max_bs) where the engine's own gen_throughput "
+               "shows decoding above it costs little, tried every 90 s at most (off by default: on the testbed the "
+               "readings are too noisy to tell, docs/admission.md)", choices=("on", "off"))
+    env_option(parser, "--probe-period", "LUFTPAUSE_PROBE_PERIOD_S", PROBE_PERIOD_S,
+               "seconds between engine probes (the probe timeout stays 2 s)", kind=float)
     parser.add_argument("--runtime-url", default=env("LUFTPAUSE_RUNTIME_URL") or None, type=runtime_url,
                         help="the runtime whose run tree the status page shows, e.g. http://127.0.0.1:7000 "
                              "(env LUFTPAUSE_RUNTIME_URL; unset = no run tree). LUFTPAUSE_TOKEN (env only), when "

@@ -52,11 +52,22 @@ def test_help_names_what_the_entry_point_reads(module):
     assert not missing, f"{module} --help does not mention {missing}"
 
 
-def test_the_dataplane_refuses_an_unknown_tool_call_mode_from_its_env():
-    # argparse checks a flag's choices, not a default read from the environment
-    result = subprocess.run([sys.executable, "-m", "luftpause.dataplane"], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "LUFTPAUSE_TOOL_CALLS": "sometimes"})
-    assert result.returncode == 2 and "LUFTPAUSE_TOOL_CALLS='sometimes'" in result.stderr
+@pytest.mark.parametrize("module, name, value", [
+    ("luftpause.dataplane", "LUFTPAUSE_TOOL_CALLS", "sometimes"),
+    ("luftpause.dataplane", "LUFTPAUSE_DATAPLANE_PORT", "eighty"),
+    ("luftpause.scheduler", "LUFTPAUSE_AFFINITY", "yes"),
+    ("luftpause.scheduler", "LUFTPAUSE_PROBE_PERIOD_S", "2s"),
+    ("luftpause.runtime", "LUFTPAUSE_RUNTIME_PEER_IDENTITY", "cookie"),
+    ("luftpause.scheduler.picker", "LUFTPAUSE_PICKER_GRPC_PORT", "-"),
+])
+def test_a_service_refuses_a_bad_value_from_its_env_as_it_would_a_bad_flag(module, name, value):
+    # argparse checks a flag's type and choices, not a default read from the environment: a
+    # bad value must stop the service with a usage error naming the variable, not a traceback
+    # and not a silent switch to another behaviour (an unknown affinity value used to mean off)
+    result = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, name: value})
+    assert result.returncode == 2, result.stderr
+    assert f"{name}={value!r}" in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 # Each service's entry point, and its package: every module of it is imported too, so that
