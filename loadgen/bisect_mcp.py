@@ -12,8 +12,10 @@ runtime it starts all run that commit's code with this virtualenv's dependencies
 commit whose ``requirements.lock`` differs from this one's is marked, since its figures
 then also move with the dependencies); the row run with the commit's own bench; its
 figures (interactive and batch runs/min, interactive p50, engine queue, CPU) collected
-from the commit's B2 JSON. The worktrees are removed at the end. Prints a table and
-writes ``bisect-mcp-<time>.json``. Nothing is built or installed.
+from the commit's B2 JSON, with the machine's load average before and after (the row moves
+with the CPU other work leaves it: run each commit more than once). The worktrees are
+removed at the end. Prints a table and writes ``bisect-mcp-<time>.json``. Nothing is built
+or installed.
 """
 
 from __future__ import annotations
@@ -119,11 +121,13 @@ def run_commit(repo: Path, commit: str, args: argparse.Namespace, scratch: Path)
         command = bench_command(worktree, env, args, out_dir)
         console.print(f"[bold]{commit}[/bold] ({sha[:10]}): {' '.join(command[1:])}")
         started = time.monotonic()
+        load_before = os.getloadavg()  # the row moves with the CPU other work leaves it
         done = subprocess.run(command, cwd=scratch, env=env, timeout=args.timeout_s)
         results = sorted(out_dir.glob("b2-*.json"))
         entry: dict[str, Any] = {"commit": commit, "sha": sha, "subject": git(repo, "log", "-1", "--format=%s", sha),
                                  "requirements_lock_same": lock_same, "exit_status": done.returncode,
-                                 "wall_s": round(time.monotonic() - started, 1)}
+                                 "wall_s": round(time.monotonic() - started, 1),
+                                 "load_average_before": load_before, "load_average_after": os.getloadavg()}
         if done.returncode == 0 and results:
             entry["result"] = str(results[-1])
             entry.update(mcp_router_figures(json.loads(results[-1].read_text())))
@@ -135,7 +139,7 @@ def run_commit(repo: Path, commit: str, args: argparse.Namespace, scratch: Path)
 def print_table(entries: list[dict[str, Any]]) -> None:
     table = Table(title="B2 MCP check row (runtime straight to sglang-router cache_aware), by commit (model seconds)")
     for column in ("commit", "subject", "interactive runs/min", "interactive p50", "batch runs/min", "engine queue",
-                   "machine busy", "lock same"):
+                   "machine busy", "load average (1 min) before → after", "lock same"):
         table.add_column(column)
 
     def f(value: float | None, digits: int = 1, unit: str = "") -> str:
@@ -146,6 +150,7 @@ def print_table(entries: list[dict[str, Any]]) -> None:
                       f(e.get("interactive_p50_s"), unit=" s"), f(e.get("batch_runs_per_min")),
                       f(e.get("engine_queue_mean")),
                       "—" if e.get("machine_busy") is None else f"{100 * e['machine_busy']:.0f} %",
+                      f"{e['load_average_before'][0]:.1f} → {e['load_average_after'][0]:.1f}",
                       {True: "yes", False: "no", None: "?"}[e["requirements_lock_same"]]
                       + ("" if e["exit_status"] == 0 else f" (exit {e['exit_status']})"))
     console.print(table)
