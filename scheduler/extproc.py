@@ -101,6 +101,7 @@ def error(status: int, message: str, run_id: str = "", headers: dict[str, str] |
 
 CONTINUE_REQUEST_HEADERS = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
 CONTINUE_RESPONSE_BODY = ep.ProcessingResponse(response_body=ep.BodyResponse())
+IDENTITY_ENCODING = _header("accept-encoding", "identity")  # the engine's reply is observed as it is
 
 
 def _headers(message: ep.HttpHeaders) -> dict[str, str]:
@@ -255,9 +256,8 @@ class Exchange:
 
     def _route(self, placement: Placement, destination: str, path: str = "") -> ep.ProcessingResponse:
         key = os.environ.get(placement.api_key_env, "") if placement.api_key_env else ""
-        mutation = ep.HeaderMutation(set_headers=[_header(DESTINATION, destination),
-                                                  _header("accept-encoding", "identity")],
-                                     remove_headers=[] if key else list(STRIPPED))
+        mutation = ep.HeaderMutation(set_headers=[_header(DESTINATION, destination), IDENTITY_ENCODING],
+                                     remove_headers=() if key else STRIPPED)
         if key:
             mutation.set_headers.append(_header("authorization", f"Bearer {key}"))
         if path:
@@ -357,6 +357,9 @@ class Exchange:
                     self._event(first_token=pb.FirstToken(ttft_ms=ttft))
                 if observer.done or body.end_of_stream:
                     self._finished()
+            elif body.end_of_stream and not self.body:  # the whole reply in one message (no copy)
+                observer.observe_body(body.body)
+                self._finished()
             else:
                 self.body += body.body
                 if body.end_of_stream:
@@ -411,6 +414,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         exchange = Exchange(self.picker)
         try:
             async for message in request_iterator:
+                if message.HasField("response_body"):  # most messages of a streamed reply: no await, no lookup
+                    yield exchange.response_body(message.response_body)
+                    continue
                 response = await exchange.handle(message)
                 if response is not None:
                     yield response
