@@ -252,7 +252,11 @@ class Exchange:
         except ApiError as exc:
             raise Refused(exc.status, exc.message) from None
         self.placement = placement
-        return self._route(placement, self.picker.replicas.key(placement), path="/classify")
+        destination = self.picker.replicas.key(placement)
+        if self.subset is not None and destination not in self.subset:
+            # One-pass calls take turns over every one-pass replica (no slot to give back).
+            raise Refused(503, f"the one-pass replica {placement.replica} is outside the gateway's endpoint subset")
+        return self._route(placement, destination, path="/classify")
 
     def _route(self, placement: Placement, destination: str, path: str = "") -> ep.ProcessingResponse:
         key = os.environ.get(placement.api_key_env, "") if placement.api_key_env else ""
