@@ -136,13 +136,16 @@ class SchedulerLink:
     # ------------------------------------------------------------ admission
 
     async def admit(
-        self, turn_id: str, run_id: str, model: str, service_class: str, caller: str, one_pass: bool = False
+        self, turn_id: str, run_id: str, model: str, service_class: str, caller: str, one_pass: bool = False,
+        allowed: tuple[str, ...] = (), shed_batch_held: int = 0,
     ) -> Placement:
         """Wait for a placement. While the scheduler is away the turn waits as if held
         and is sent again once the stream is back. Cancelling gives up the wait; the
-        caller reports the turn abandoned."""
+        caller reports the turn abandoned. ``allowed``: the replicas the turn may go to
+        (empty: any); ``shed_batch_held``: see the proto's AdmitRequest."""
         request = pb.AdmitRequest(turn_id=turn_id, run_id=run_id, model=model, service_class=CLASSES[service_class],
-                                  caller=caller, one_pass=one_pass, traceparent=tracing.traceparent())
+                                  caller=caller, one_pass=one_pass, traceparent=tracing.traceparent(),
+                                  allowed_replicas=allowed, shed_batch_held=shed_batch_held)
         future: asyncio.Future[Placement] = asyncio.get_running_loop().create_future()
         self._pending[turn_id] = (request, future)
         if self._connected:

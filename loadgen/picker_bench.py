@@ -5,11 +5,14 @@ tool_call ids).
 Two stacks in turn, each the scheduler, one picker and Envoy in front of one instant fake
 engine: one configured as luftpause runs it (request and response phases), one with the
 response phase skipped (for this measurement only: every turn then ends as a failed one
-when its stream closes). For each, streaming and non-streaming: ``--warmup`` requests,
-then ``--requests`` from ``--concurrency`` clients; the picker's CPU (/proc utime+stime)
-over those requests ÷ requests.
+when its stream closes). Then the floor: the same Envoy configuration in front of the
+same engine with ``luftpause.loadgen.floor_extproc`` as its picker, an ext_proc server on
+grpc.aio that answers every message with a constant (the same messages per turn, none of
+the picker's work). For each, streaming and non-streaming: ``--warmup`` requests, then
+``--requests`` from ``--concurrency`` clients; the picker's CPU (/proc utime+stime) over
+those requests ÷ requests.
 
-    python -m luftpause.loadgen.picker_bench [--requests N] [--concurrency C] [--json PATH]
+    python -m luftpause.loadgen.picker_bench [--requests N] [--concurrency C] [--no-floor] [--json PATH]
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ from rich.table import Table
 
 from luftpause import vocabulary as h
 from luftpause.loadgen import proxy_bench as pb
+
+FLOOR = "floor: a constant ext_proc server on grpc.aio (luftpause.loadgen.floor_extproc)"
+from luftpause.dev.procs import ManagedProcess, free_ports, wait_until
 from luftpause.dev.stack import Stack
+from luftpause.scheduler import envoy
+from luftpause.scheduler.pool import Endpoint
 
 
 async def load(url: str, stream: bool, requests: int, concurrency: int) -> int:
@@ -59,23 +67,57 @@ def measure(observe_response: bool, args: argparse.Namespace, directory: Path) -
     stack.start()
     try:
         url = f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
-        pids = {name: stack.process(name).process.pid for name in ("picker", "envoy", "scheduler")}
-        out = {}
-        for stream in (False, True):
-            asyncio.run(load(url, stream, args.warmup, args.concurrency))
-            before = {name: pb.tree_cpu_seconds(pid) for name, pid in pids.items()}
-            started = time.perf_counter()
-            errors = asyncio.run(load(url, stream, args.requests, args.concurrency))
-            elapsed = time.perf_counter() - started
-            after = {name: pb.tree_cpu_seconds(pid) for name, pid in pids.items()}
-            out["streaming" if stream else "non-streaming"] = {
-                "requests": args.requests, "errors": errors, "requests_per_s": round(args.requests / elapsed, 1),
-                **{f"{name}_us_per_turn": round((after[name] - before[name]) * 1e6 / args.requests)
-                   for name in pids}}
-        return out
+        return per_mode(url, {name: stack.process(name).process.pid for name in ("picker", "envoy", "scheduler")},
+                        args)
     finally:
         stack.stop()
         engine.stop()
+
+
+def measure_floor(args: argparse.Namespace, directory: Path) -> dict:
+    """Envoy as luftpause configures it, the constant ext_proc server as its picker."""
+    engine, engine_url = pb.start_engine("engine-instant", pb.INSTANT, directory)
+    grpc_port, port, admin_port = free_ports(3)
+    config = directory / "floor-envoy.yaml"
+    config.write_text(envoy.render([Endpoint("engine-a", engine_url, (pb.MODEL,))], port=port, admin_port=admin_port,
+                                   pickers=[("127.0.0.1", grpc_port)]))
+    floor = ManagedProcess("floor-extproc", "luftpause.loadgen.floor_extproc",
+                           ["--port", str(grpc_port), "--destination", envoy.endpoint_key(engine_url)],
+                           ready_port=grpc_port, log_path=directory / "floor-extproc.log")
+    proxy = ManagedProcess("envoy", "envoy", [], ready_url=f"http://127.0.0.1:{admin_port}/ready",
+                           log_path=directory / "floor-envoy.log",
+                           command=[str(envoy.ensure()), "-c", str(config), "--disable-hot-restart", "--log-level",
+                                    "warn"])
+    try:
+        for process in (floor, proxy):
+            process.start()
+            process.wait_ready(30)
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        # Envoy sends requests only once its health check found the picker serving.
+        if not wait_until(lambda: asyncio.run(load(url, False, 1, 1)) == 0, 15):
+            raise RuntimeError("Envoy sent no request through the floor's ext_proc server within 15 s")
+        return per_mode(url, {"picker": floor.process.pid, "envoy": proxy.process.pid}, args)
+    finally:
+        proxy.stop()
+        floor.stop()
+        engine.stop()
+
+
+def per_mode(url: str, pids: dict[str, int], args: argparse.Namespace) -> dict:
+    """Non-streaming, then streaming: warm-up, then the measured requests and each
+    process's CPU over them."""
+    out = {}
+    for stream in (False, True):
+        asyncio.run(load(url, stream, args.warmup, args.concurrency))
+        before = {name: pb.tree_cpu_seconds(pid) for name, pid in pids.items()}
+        started = time.perf_counter()
+        errors = asyncio.run(load(url, stream, args.requests, args.concurrency))
+        elapsed = time.perf_counter() - started
+        after = {name: pb.tree_cpu_seconds(pid) for name, pid in pids.items()}
+        out["streaming" if stream else "non-streaming"] = {
+            "requests": args.requests, "errors": errors, "requests_per_s": round(args.requests / elapsed, 1),
+            **{f"{name}_us_per_turn": round((after[name] - before[name]) * 1e6 / args.requests) for name in pids}}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=2000, help="measured requests per mode (default 2000)")
     parser.add_argument("--warmup", type=int, default=200, help="unmeasured requests first (default 200)")
     parser.add_argument("--concurrency", type=int, default=20, help="clients at once (default 20)")
+    parser.add_argument("--no-floor", dest="floor", action="store_false",
+                        help="skip the floor row (the constant ext_proc server)")
     parser.add_argument("--json", default="bench-results/picker.json", help="where to write the results")
     args = parser.parse_args(argv)
     console = Console()
@@ -94,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             name = "response observed (as luftpause runs)" if observe else "response phase skipped (measurement only)"
             console.print(f"measuring: {name} …")
             results["rows"][name] = measure(observe, args, Path(tmp))
+        if args.floor:
+            name = FLOOR
+            console.print(f"measuring: {name} …")
+            results["rows"][name] = measure_floor(args, Path(tmp))
     results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     table = Table(title=f"Endpoint picker behind Envoy: CPU µs per turn, {args.requests} requests from "
                         f"{args.concurrency} clients per mode, one instant fake engine")
@@ -102,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, modes in results["rows"].items():
         for mode, row in modes.items():
             table.add_row(name, mode, str(row["picker_us_per_turn"]), str(row["envoy_us_per_turn"]),
-                          str(row["scheduler_us_per_turn"]), f"{row['requests_per_s']:.0f}", str(row["errors"]))
+                          str(row.get("scheduler_us_per_turn", "–")), f"{row['requests_per_s']:.0f}",
+                          str(row["errors"]))
     console.print(table)
     console.print(f"load average before {results['load_average_before']}, after {results['load_average_after']} "
                   f"on {results['cpus']} cores")

@@ -59,6 +59,7 @@ class RejectReason(StrEnum):
     UNKNOWN_MODEL = "unknown_model"  # no replica of the turn's kind serves its model
     INVALID = "invalid"  # the admission is malformed (ids, class, caller)
     NO_HEALTHY_REPLICA = "no_healthy_replica"  # a one-pass call whose replicas are all unhealthy
+    SATURATED = "saturated"  # a sheddable (batch) turn shed: too many batch turns held already
 
 
 class RejectCodes(NamedTuple):
@@ -73,6 +74,7 @@ REJECT_CODES: dict[RejectReason, RejectCodes] = {
     RejectReason.INVALID: RejectCodes("INVALID_ARGUMENT", "MALFORMED", 400),
     # Not UNAVAILABLE: that code means "the scheduler is away" and callers retry it.
     RejectReason.NO_HEALTHY_REPLICA: RejectCodes("FAILED_PRECONDITION", "NO_HEALTHY_REPLICA", 503),
+    RejectReason.SATURATED: RejectCodes("RESOURCE_EXHAUSTED", "SATURATED", 429),
 }
 
 

@@ -33,6 +33,7 @@ class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNKNOWN_MODEL: _ClassVar[RefusalReason]
     MALFORMED: _ClassVar[RefusalReason]
     NO_HEALTHY_REPLICA: _ClassVar[RefusalReason]
+    SATURATED: _ClassVar[RefusalReason]
 PROTOCOL_UNSPECIFIED: Protocol
 PROTOCOL_UNARY: Protocol
 PROTOCOL_STREAM: Protocol
@@ -48,9 +49,10 @@ REFUSAL_REASON_UNSPECIFIED: RefusalReason
 UNKNOWN_MODEL: RefusalReason
 MALFORMED: RefusalReason
 NO_HEALTHY_REPLICA: RefusalReason
+SATURATED: RefusalReason
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "one_pass", "dataplane_id", "traceparent", "leased_replica")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "one_pass", "dataplane_id", "traceparent", "leased_replica", "allowed_replicas", "shed_batch_held")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +62,8 @@ class AdmitRequest(_message.Message):
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     LEASED_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    SHED_BATCH_HELD_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -69,7 +73,9 @@ class AdmitRequest(_message.Message):
     dataplane_id: str
     traceparent: str
     leased_replica: str
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., one_pass: _Optional[bool] = ..., dataplane_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., leased_replica: _Optional[str] = ...) -> None: ...
+    allowed_replicas: _containers.RepeatedScalarFieldContainer[str]
+    shed_batch_held: int
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., one_pass: _Optional[bool] = ..., dataplane_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., leased_replica: _Optional[str] = ..., allowed_replicas: _Optional[_Iterable[str]] = ..., shed_batch_held: _Optional[int] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("replica", "base_url", "api_key_env", "held_ms", "native_apis")

@@ -52,6 +52,7 @@ from luftpause.dataplane.requests import check_chat, json_document, returned_too
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.scheduler.envoy import DESTINATION, LB_NAMESPACE, SUBSET_NAMESPACE
+from luftpause.vocabulary import RejectReason
 
 if TYPE_CHECKING:
     from luftpause.scheduler.picker import Picker
@@ -61,14 +62,21 @@ CHAT = "/v1/chat/completions"
 # Request headers the engine never sees: the client's credentials (a replica's own key,
 # when the pool names one, replaces them).
 STRIPPED = ("authorization",)
+# A shed turn's Retry-After: the MCP runtime and the openai SDK wait this long and send it again.
+SHED_RETRY_AFTER_S = 1
 
 
 class Refused(Exception):
     """A request answered by the picker itself (status + JSON message)."""
 
-    def __init__(self, status: int, message: str, run_id: str = "") -> None:
+    def __init__(self, status: int, message: str, run_id: str = "", headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.run_id = status, message, run_id
+        self.status, self.message, self.run_id, self.headers = status, message, run_id, headers
+
+
+def shed(message: str, run_id: str) -> Refused:
+    """A batch turn shed (429): the client may send it again after Retry-After."""
+    return Refused(429, message, run_id, {"retry-after": str(SHED_RETRY_AFTER_S)})
 
 
 # --------------------------------------------------------------------- answers
@@ -86,12 +94,14 @@ def immediate(status: int, body: dict, headers: dict[str, str] | None = None) ->
         status=http_status_pb2.HttpStatus(code=status), headers=mutation, body=json.dumps(body).encode()))
 
 
-def error(status: int, message: str, run_id: str = "") -> ep.ProcessingResponse:
-    return immediate(status, {"error": {"message": message}}, {h.RUN_ID: run_id} if run_id else None)
+def error(status: int, message: str, run_id: str = "", headers: dict[str, str] | None = None) -> ep.ProcessingResponse:
+    return immediate(status, {"error": {"message": message}}, {**({h.RUN_ID: run_id} if run_id else {}),
+                                                             **(headers or {})})
 
 
 CONTINUE_REQUEST_HEADERS = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
 CONTINUE_RESPONSE_BODY = ep.ProcessingResponse(response_body=ep.BodyResponse())
+IDENTITY_ENCODING = _header("accept-encoding", "identity")  # the engine's reply is observed as it is
 
 
 def _headers(message: ep.HttpHeaders) -> dict[str, str]:
@@ -140,7 +150,8 @@ class Exchange:
             if kind == "request_body":
                 return await self.request_body(message)
         except Refused as refused:
-            return error(refused.status, refused.message, refused.run_id)
+            self.picker.metrics.refused(refused.status)
+            return error(refused.status, refused.message, refused.run_id, refused.headers)
         if kind == "response_headers":
             return self.response_headers(message)
         if kind == "response_body":
@@ -216,20 +227,21 @@ class Exchange:
         if not self.run_id:
             returned = returned_tool_call_ids(document)
             self.run_id = picker.book.run_for_tool_calls(returned, time.monotonic()) or new_id()
-        if self.subset is not None and not (self.subset & picker.replicas.serving(model)):
-            raise Refused(503, "no replica of the gateway's endpoint subset serves the model", self.run_id)
+        allowed: tuple[str, ...] = ()
+        if self.subset is not None:
+            # The gateway's subset bounds the scheduler's choice: only its replicas that serve the model.
+            allowed = tuple(picker.replicas.named(self.subset, model))
+            if not allowed:
+                raise Refused(503, "no replica of the gateway's endpoint subset serves the model", self.run_id)
         self.turn_id = new_id()
         self.started = time.monotonic()
-        placement = self._on_lease() or await self._admit()
+        placement = self._on_lease(allowed) or await self._admit(allowed)
         self._placed(placement)
         primary = picker.replicas.key(placement)
         fallbacks = picker.replicas.fallbacks(model, placement.replica)
-        if self.subset is not None:
-            if primary not in self.subset:
-                self._end(abandoned=pb.TurnAbandoned())
-                raise Refused(503, f"the run's replica {placement.replica} is outside the gateway's endpoint subset",
-                              self.run_id)
+        if allowed:
             fallbacks = [f for f in fallbacks if f in self.subset]
+        picker.metrics.picked(self.service_class, time.monotonic() - self.started)
         return self._route(placement, ",".join((primary, *fallbacks)))
 
     async def decide(self, document: dict) -> ep.ProcessingResponse:
@@ -240,13 +252,16 @@ class Exchange:
         except ApiError as exc:
             raise Refused(exc.status, exc.message) from None
         self.placement = placement
-        return self._route(placement, self.picker.replicas.key(placement), path="/classify")
+        destination = self.picker.replicas.key(placement)
+        if self.subset is not None and destination not in self.subset:
+            # One-pass calls take turns over every one-pass replica (no slot to give back).
+            raise Refused(503, f"the one-pass replica {placement.replica} is outside the gateway's endpoint subset")
+        return self._route(placement, destination, path="/classify")
 
     def _route(self, placement: Placement, destination: str, path: str = "") -> ep.ProcessingResponse:
         key = os.environ.get(placement.api_key_env, "") if placement.api_key_env else ""
-        mutation = ep.HeaderMutation(set_headers=[_header(DESTINATION, destination),
-                                                  _header("accept-encoding", "identity")],
-                                     remove_headers=[] if key else list(STRIPPED))
+        mutation = ep.HeaderMutation(set_headers=[_header(DESTINATION, destination), IDENTITY_ENCODING],
+                                     remove_headers=() if key else STRIPPED)
         if key:
             mutation.set_headers.append(_header("authorization", f"Bearer {key}"))
         if path:
@@ -257,10 +272,11 @@ class Exchange:
             request_body=ep.BodyResponse(response=ep.CommonResponse(header_mutation=mutation)),
             dynamic_metadata=metadata)
 
-    def _on_lease(self) -> Placement | None:
-        """A lent slot on the run's last replica, as the dataplane takes one."""
+    def _on_lease(self, allowed: tuple[str, ...]) -> Placement | None:
+        """A lent slot on the run's last replica, as the dataplane takes one (one the
+        gateway's subset allows)."""
         record = self.picker.book.runs.get(self.run_id)
-        if record is None or not record.replica:
+        if record is None or not record.replica or (allowed and record.replica not in allowed):
             return None
         leased = self.picker.link.place_on_lease(self.turn_id, self.run_id, self.model, self.service_class,
                                                  self.caller, record.replica)
@@ -269,16 +285,34 @@ class Exchange:
         placement, self.lease = leased
         return placement
 
-    async def _admit(self) -> Placement:
-        link = self.picker.link
+    async def _admit(self, allowed: tuple[str, ...]) -> Placement:
+        picker = self.picker
+        link = picker.link
+        batch = self.service_class == h.BATCH
+        admitted = link.admit(self.turn_id, self.run_id, self.model, self.service_class, self.caller,
+                              allowed=allowed, shed_batch_held=picker.shed_batch_held if batch else 0)
+        picker.metrics.waiting += 1
         try:
-            return await link.admit(self.turn_id, self.run_id, self.model, self.service_class, self.caller)
+            if batch and picker.shed_batch_wait_s:
+                return await asyncio.wait_for(admitted, picker.shed_batch_wait_s)
+            return await admitted
         except AdmitRefused as exc:
+            if exc.reason is RejectReason.SATURATED:
+                picker.metrics.shed("held")
+                raise shed(str(exc), self.run_id) from None
             raise Refused(exc.status, str(exc), self.run_id) from None
+        except TimeoutError:
+            # Held past the bound: given up (nothing stays held) and shed.
+            link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.run_id, abandoned=pb.TurnAbandoned()), True)
+            picker.metrics.shed("waited")
+            raise shed(f"saturated: held {picker.shed_batch_wait_s:g} s without a free slot; try again later",
+                       self.run_id) from None
         except asyncio.CancelledError:
             # Envoy ended the stream (the client left, or the picker stops) while the turn was held.
             link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.run_id, abandoned=pb.TurnAbandoned()), True)
             raise
+        finally:
+            picker.metrics.waiting -= 1
 
     def _placed(self, placement: Placement) -> None:
         self.placement, self.ended = placement, False
@@ -327,6 +361,9 @@ class Exchange:
                     self._event(first_token=pb.FirstToken(ttft_ms=ttft))
                 if observer.done or body.end_of_stream:
                     self._finished()
+            elif body.end_of_stream and not self.body:  # the whole reply in one message (no copy)
+                observer.observe_body(body.body)
+                self._finished()
             else:
                 self.body += body.body
                 if body.end_of_stream:
@@ -381,6 +418,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
         exchange = Exchange(self.picker)
         try:
             async for message in request_iterator:
+                if message.HasField("response_body"):  # most messages of a streamed reply: no await, no lookup
+                    yield exchange.response_body(message.response_body)
+                    continue
                 response = await exchange.handle(message)
                 if response is not None:
                     yield response

@@ -145,6 +145,8 @@ class SchedulerHost:
             one_pass=request.one_pass,
             dataplane=dataplane,
             leased_replica=request.leased_replica if leased else "",
+            allowed=frozenset(request.allowed_replicas),
+            shed_batch_held=request.shed_batch_held,
         )
 
     def leased_admit(self, request: pb.AdmitRequest, dataplane: str) -> None:

@@ -23,9 +23,11 @@ import time
 import grpc
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from luftpause import logs
 from luftpause.options import env_option
+from luftpause.prom import Children, metrics_response
 from luftpause.dataplane.answers import probe_routes
 from luftpause.dataplane.constants import TOOL_CALL_SWEEP_S
 from luftpause.eventloop import run_event_loop, stop_signalled
@@ -39,6 +41,8 @@ from luftpause.scheduler.extproc import ExternalProcessor, ep_grpc
 
 READINESS_POLL_S = 0.2
 STATUS_REFRESH_S = 1.0  # how fresh the picker's view of replica health (for fallbacks) is
+# A pick is a few hundred microseconds unless the turn is held; buckets up to a minute of hold.
+DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 1, 5, 30, 60)
 
 
 class Replicas:
@@ -74,18 +78,58 @@ class Replicas:
         others.sort(key=lambda r: (r.in_flight, r.name))
         return [self.keys[r.name] for r in others]
 
-    def serving(self, model: str, kind: str = "generative") -> set[str]:
-        return {self.keys[r.name] for r in self.by_name.values()
-                if r.kind == kind and model in r.models and r.name in self.keys}
+    def named(self, endpoints: set[str], model: str, kind: str = "generative") -> list[str]:
+        """The replicas (pool names) among ``endpoints`` (ip:port) that serve ``model``."""
+        return sorted(r.name for r in self.by_name.values()
+                      if r.kind == kind and model in r.models and self.keys.get(r.name) in endpoints)
+
+
+class PickerMetrics:
+    """``GET /metrics``: requests picked, shed and refused, how long a pick took, turns in
+    flight and waiting (one registry per picker, so several can live in one test process)."""
+
+    def __init__(self, book: RunBook, scheduler_connected) -> None:
+        self.registry = r = CollectorRegistry()
+        self._child = Children()
+        self._picked = Counter("luftpause_picker_picked", "Turns given a destination, by class.", ["class"],
+                               registry=r)
+        self._shed = Counter("luftpause_picker_shed", "Batch turns shed with a 429: the batch queue was at its "
+                             "bound (held) or the turn waited past its bound (waited).", ["why"], registry=r)
+        self._refused = Counter("luftpause_picker_refused", "Requests the picker answered itself with an error, "
+                                "by HTTP status (429s included).", ["status"], registry=r)
+        self._decision = Histogram("luftpause_picker_decision_seconds", "From a turn's body reaching the picker "
+                                   "to its destination going back to Envoy, the hold included.",
+                                   buckets=DECISION_BUCKETS, registry=r)
+        self.waiting = 0  # turns this picker's streams hold while the scheduler decides
+        Gauge("luftpause_picker_turns_in_flight", "Turns placed through this picker whose response has not "
+              "ended.", registry=r).set_function(lambda: len(book.turns))
+        Gauge("luftpause_picker_turns_waiting", "Turns waiting in this picker for the scheduler's decision "
+              "(held).", registry=r).set_function(lambda: self.waiting)
+        Gauge("luftpause_picker_scheduler_connected", "1 while the Connect stream to the scheduler is up.",
+              registry=r).set_function(lambda: 1.0 if scheduler_connected() else 0.0)
+        ProcessCollector(registry=r)
+
+    def picked(self, service_class: str, seconds: float) -> None:
+        self._child(self._picked, service_class).inc()
+        self._decision.observe(seconds)
+
+    def shed(self, why: str) -> None:
+        self._child(self._shed, why).inc()
+
+    def refused(self, status: int) -> None:
+        self._child(self._refused, str(status)).inc()
 
 
 class Picker:
     """What every Process stream shares: the link to the scheduler, the run book, the view
-    of the pool."""
+    of the pool, the load-shedding bounds (0: off) and the metrics."""
 
-    def __init__(self, link: SchedulerLink, book: RunBook, log, token: str = "") -> None:
+    def __init__(self, link: SchedulerLink, book: RunBook, log, token: str = "", *, shed_batch_held: int = 0,
+                 shed_batch_wait_s: float = 0.0) -> None:
         self.link, self.book, self.log, self.token = link, book, log, token
+        self.shed_batch_held, self.shed_batch_wait_s = shed_batch_held, shed_batch_wait_s
         self.replicas = Replicas()
+        self.metrics = PickerMetrics(book, lambda: link.synced)
 
     async def refresh_forever(self) -> None:
         while True:
@@ -127,9 +171,10 @@ async def track_readiness(picker: Picker, servicer: health.aio.HealthServicer) -
 
 def http_app(picker: Picker) -> web.Application:
     """``/health`` (the process answers; is the scheduler stream up) and ``/ready`` for
-    probes and the launcher."""
+    probes and the launcher; ``/metrics`` for Prometheus."""
     app = web.Application()
     app.add_routes(probe_routes(lambda: picker.link.synced))
+    app.router.add_get("/metrics", lambda _request: metrics_response(picker.metrics.registry))
     return app
 
 
@@ -143,7 +188,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env_option(parser, "--host", "LUFTPAUSE_PICKER_HOST", "127.0.0.1", "bind address")
     env_option(parser, "--grpc-port", "LUFTPAUSE_PICKER_GRPC_PORT", 5002, "ext_proc and gRPC health port Envoy calls",
                kind=int)
-    env_option(parser, "--http-port", "LUFTPAUSE_PICKER_HTTP_PORT", 5003, "/health and /ready", kind=int)
+    env_option(parser, "--http-port", "LUFTPAUSE_PICKER_HTTP_PORT", 5003, "/health, /ready and /metrics", kind=int)
+    env_option(parser, "--shed-batch-held", "LUFTPAUSE_PICKER_SHED_BATCH_HELD", 0,
+               "shed load: a batch turn that would wait while this many batch turns are held already is "
+               "answered 429 with Retry-After instead (0: never; interactive turns are never shed)", kind=int)
+    env_option(parser, "--shed-batch-wait", "LUFTPAUSE_PICKER_SHED_BATCH_WAIT_S", 0.0,
+               "shed load: a batch turn held this many seconds is given up and answered 429 with Retry-After "
+               "(0: it waits as long as it takes)", kind=float)
     env_option(parser, "--scheduler", "LUFTPAUSE_SCHEDULER_ADDR", "127.0.0.1:5000", "scheduler gRPC address")
     return parser.parse_args(argv)
 
@@ -154,7 +205,10 @@ async def serve(args: argparse.Namespace, log) -> None:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set: every client is accepted")
     book = RunBook()
     link = SchedulerLink(args.scheduler, book, log, token or None)
-    picker = Picker(link, book, log, token)
+    if args.shed_batch_held < 0 or args.shed_batch_wait < 0:
+        raise SystemExit("--shed-batch-held and --shed-batch-wait must be 0 (off) or more")
+    picker = Picker(link, book, log, token, shed_batch_held=args.shed_batch_held,
+                    shed_batch_wait_s=args.shed_batch_wait)
     server, health_servicer = grpc_server(picker, f"{args.host}:{args.grpc_port}")
     link.start()
     await server.start()
@@ -165,7 +219,8 @@ async def serve(args: argparse.Namespace, log) -> None:
              asyncio.create_task(track_readiness(picker, health_servicer)),
              asyncio.create_task(_sweep_forever(book))]
     log.info("picker_started", grpc=f"{args.host}:{args.grpc_port}", http=f"{args.host}:{args.http_port}",
-             scheduler=args.scheduler, picker=link.dataplane_id)
+             scheduler=args.scheduler, picker=link.dataplane_id, shed_batch_held=args.shed_batch_held,
+             shed_batch_wait_s=args.shed_batch_wait)
     try:
         await stop_signalled()
     finally:

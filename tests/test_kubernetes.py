@@ -713,9 +713,10 @@ def test_pod_monitor_scrapes_every_luftpause_service(name):
             labels.get(e["key"]) in e["values"] for e in selector["matchExpressions"] if e["operator"] == "In")
 
     scraped = {command_module(c) for w, c in containers(objects) if selected(pod_labels(w))}
+    names = {w["metadata"]["name"] for w in workloads(objects)}
     expected = {"luftpause.scheduler", "luftpause.runtime"} | (
-        {"luftpause.dataplane"} if any(w["metadata"]["name"] == "luftpause-dataplane" for w in workloads(objects))
-        else set())
+        {"luftpause.dataplane"} if "luftpause-dataplane" in names else set()) | (
+        {"luftpause.scheduler.picker"} if "luftpause-picker" in names else set())
     assert scraped == expected
     for workload, container in containers(objects):
         if not selected(pod_labels(workload)):

@@ -2,14 +2,16 @@
 
 Each event goes to the chapter that handles it; then, since every event may have freed
 capacity (or changed who may use it), held turns are released and leases settled. An
-Admit is checked here (malformed: rejected; unknown model: rejected at once; one-pass:
-placed in rotation, never held) before it is held. Turns never reported finished
+Admit is checked here (malformed: rejected; unknown model, or none of the replicas it
+may go to serving it: rejected at once; one-pass: placed in rotation, never held) before
+it is held; a batch turn that asks to be shed rather than wait behind a full batch
+queue (``shed_batch_held``) is refused instead of held. Turns never reported finished
 expire after 10 min, idle runs after 30 min.
 """
 
 from __future__ import annotations
 
-from luftpause.vocabulary import MAX_CALLER_BYTES, SERVICE_CLASSES, RejectReason
+from luftpause.vocabulary import BATCH, MAX_CALLER_BYTES, SERVICE_CLASSES, RejectReason
 from luftpause.scheduler.constants import RUN_IDLE_TIMEOUT_MS, TURN_TIMEOUT_MS
 from luftpause.scheduler.core.events import (
     Action,
@@ -40,6 +42,7 @@ from luftpause.scheduler.core.placement import (
     _put_run,
     _release_held,
     _timed,
+    _unhold,
     _usage,
 )
 from luftpause.scheduler.core.sight import _failed_out_of_sight
@@ -115,6 +118,9 @@ def _admit(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:
         return state, []
     if not _serves(state, event.model):
         return state, [Reject(event.turn_id, RejectReason.UNKNOWN_MODEL, f"no Generative replica serves model '{event.model}'")]
+    if event.allowed and not _serves(state, event.model, event.allowed):
+        message = f"none of the allowed replicas ({', '.join(sorted(event.allowed))}) serves model '{event.model}'"
+        return state, [Reject(event.turn_id, RejectReason.NO_HEALTHY_REPLICA, message)]
     run = state.runs.get(event.run_id)
     opens = run is None
     if run is None:
@@ -123,15 +129,42 @@ def _admit(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:
     state = _put_run(state, run)
     held = HeldTurn(
         event.turn_id, event.run_id, event.model, event.service_class, event.caller, event.now_ms, state.next_seq,
-        opens=opens,
+        opens=opens, allowed=event.allowed,
     )
     state = _hold(state, held)._replace(next_seq=state.next_seq + 1)
     state = _own(state, event.dataplane, event.run_id, event.turn_id)
-    return _release_held(state, event.now_ms)
+    state, actions = _release_held(state, event.now_ms)
+    if event.shed_batch_held and event.turn_id in state.held and _sheds(state, event):
+        # Not placed, and the batch queue is at its bound: shed instead of held. Turns
+        # this admission's release placed stay placed; this one leaves no trace.
+        return _shed(state, event, opens), [*actions, Reject(
+            event.turn_id, RejectReason.SATURATED,
+            f"saturated: {event.shed_batch_held} batch turns are waiting already; try again later")]
+    return state, actions
 
 
-def _serves(state: State, model: str) -> bool:
-    return any(r.kind == GENERATIVE and model in r.models for r in state.replicas.values())
+def _sheds(state: State, event: AdmitRequested) -> bool:
+    """A batch turn left held while ``shed_batch_held`` other batch turns are held."""
+    if event.service_class != BATCH:
+        return False
+    others = sum(1 for t in state.held.values() if t.service_class == BATCH) - 1
+    return others >= event.shed_batch_held
+
+
+def _shed(state: State, event: AdmitRequested, opened: bool) -> State:
+    """The turn out of the queue and its ownership dropped; a run this turn opened is
+    forgotten (it never ran)."""
+    state = _unhold(state, event.turn_id)
+    state = state._replace(turn_owner=state.turn_owner.delete(event.turn_id))
+    if opened:
+        state = _put_run(state, None, run_id=event.run_id)
+        state = state._replace(run_owner=state.run_owner.delete(event.run_id))
+    return state
+
+
+def _serves(state: State, model: str, among: frozenset[str] | None = None) -> bool:
+    return any(r.kind == GENERATIVE and model in r.models and (among is None or r.name in among)
+               for r in state.replicas.values())
 
 
 def _admit_one_pass(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:

@@ -26,6 +26,11 @@ class AdmitRequested:
     # Not a question but news: the dataplane placed the turn itself on a slot of its
     # lease on this replica. No action answers it.
     leased_replica: str = ""
+    # The replicas the turn may go to (a gateway's endpoint subset); empty: any.
+    allowed: frozenset[str] = frozenset()
+    # A batch turn that would be held while this many batch turns are held already is
+    # refused (SATURATED) instead; 0: never (the endpoint picker's load shedding).
+    shed_batch_held: int = 0
 
 
 @dataclass(frozen=True, slots=True)

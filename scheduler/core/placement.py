@@ -1,6 +1,9 @@
 """Placement and affinity: which held turn goes where, and when.
 
 * a turn goes only to a healthy generative replica serving its model;
+* a turn that names the replicas it may go to (an inference gateway's endpoint subset)
+  goes only to one of them; a run pinned outside them moves within them, as from a
+  replica that is gone (the gateway said not to send it there);
 * a run that is generating or paused on a tool goes only to its last replica while
   that replica is healthy, or only out of the scheduler's sight (strict affinity;
   sight.py), and its recent turn time is under
@@ -65,9 +68,11 @@ def _candidates(state: State, turn: HeldTurn) -> list[Replica]:
     """Replicas this turn may go to, before looking at their load: a pinned run's own
     replica (while healthy, or only out of the scheduler's sight: sight.py), last, after
     the peers much faster than it (see :func:`_much_faster`)."""
-    serving = [r for r in state.replicas.values() if r.kind == GENERATIVE and r.healthy and turn.model in r.models]
+    allowed = turn.allowed
+    serving = [r for r in state.replicas.values() if r.kind == GENERATIVE and r.healthy and turn.model in r.models
+               and (not allowed or r.name in allowed)]
     pin = _pin(state, state.runs.get(turn.run_id))
-    if pin:
+    if pin and (not allowed or pin in allowed):  # pinned outside the allowed ones: it moves within them
         r = state.replicas.get(pin)
         if r is not None and r.kind == GENERATIVE and (r.healthy or r.unseen) and turn.model in r.models:
             # strict affinity while the run's replica is healthy (or out of sight only) and not much slower than a peer
@@ -262,7 +267,10 @@ def _timed(state: State, turn_id: str, now_ms: int) -> State:
 
 
 def _hold(state: State, turn: HeldTurn) -> State:
-    turn = turn._replace(home=_pin(state, state.runs.get(turn.run_id)))
+    home = _pin(state, state.runs.get(turn.run_id))
+    if turn.allowed and home not in turn.allowed:
+        home = ""  # pinned outside the replicas it may go to: filed as free to go (within them)
+    turn = turn._replace(home=home)
     by_class = state.held_queues.get(turn.home, Map())
     by_caller = by_class.get(turn.service_class, Map())
     key = (turn.caller, turn.opens)

@@ -169,6 +169,7 @@ class HeldTurn(NamedTuple):
     seq: int
     home: str = ""  # the replica the run is pinned to when it was filed, "" when free
     opens: bool = False  # the first turn of a run not seen before: it waits behind runs under way
+    allowed: frozenset = frozenset()  # the replicas it may go to (a gateway's subset), empty: any
 
 
 @_quick_replace

@@ -317,27 +317,34 @@ def _exchange(stack, subset: list[str] | None, run_id: str) -> list:
 
 
 def test_the_subset_hint_bounds_the_pick(envoy_stack):
-    """The hint is a bound on the scheduler's choice: a run pinned inside it goes to its
-    replica with no fallback outside it; a run pinned outside it is refused (503), never
-    sent to a replica the gateway excluded."""
+    """The hint bounds the scheduler's own choice: a run pinned inside it goes to its
+    replica with no fallback outside it; a run pinned outside it moves to a replica
+    inside it (as from a replica that is gone), never to one the gateway excluded; a
+    subset where nothing serves the model is a 503."""
     first = chat(envoy_stack, "use a tool", {h.RUN_ID: "subset-run"}, tools=TOOLS)  # paused: pinned
     home = first.headers[h.REPLICA]
     keys = {name: f"127.0.0.1:{port}" for name, port in zip(("engine-a", "engine-b"), envoy_stack.ports.engines)}
-    other = keys["engine-b" if home == "engine-a" else "engine-a"]
     answers = _exchange(envoy_stack, [keys[home], "10.0.0.9:8000"], "subset-run")
-    destination = {o.header.key: o.header.raw_value.decode()
-                   for o in answers[1].request_body.response.header_mutation.set_headers}
-    assert destination["x-gateway-destination-endpoint"] == keys[home]
+    assert _destination(answers) == keys[home]
     metadata = answers[1].dynamic_metadata.fields["envoy.lb"].struct_value.fields
     assert metadata["x-gateway-destination-endpoint"].string_value == keys[home]
     assert wait_until(lambda: nothing_left(envoy_stack), 5)
-    outside = _exchange(envoy_stack, [other], "subset-run")
-    assert outside[-1].immediate_response.status.code == 503
-    assert "subset" in json.loads(outside[-1].immediate_response.body)["error"]["message"]
+    # Pinned to home, which the gateway now excludes: the scheduler places it on the other.
+    pinned_to = chat(envoy_stack, "use a tool", {h.RUN_ID: "moved-run"}, tools=TOOLS).headers[h.REPLICA]
+    other = "engine-b" if pinned_to == "engine-a" else "engine-a"
+    moved = _exchange(envoy_stack, [keys[other]], "moved-run")
+    assert _destination(moved) == keys[other]
+    assert wait_until(lambda: nothing_left(envoy_stack), 5)
     # No endpoint of the subset serves the model at all: 503 before anything is admitted.
     refused = _exchange(envoy_stack, ["10.0.0.9:8000"], "subset-none")
     assert refused[-1].immediate_response.status.code == 503
+    assert "subset" in json.loads(refused[-1].immediate_response.body)["error"]["message"]
     assert wait_until(lambda: nothing_left(envoy_stack), 5)
+
+
+def _destination(answers: list) -> str:
+    return next(o.header.raw_value.decode() for o in answers[1].request_body.response.header_mutation.set_headers
+                if o.header.key == "x-gateway-destination-endpoint")
 
 
 def test_without_a_hint_the_answer_lists_the_fallbacks_after_the_runs_replica(envoy_stack):
@@ -385,3 +392,44 @@ async def test_turns_held_by_the_surviving_picker_are_placed_when_the_other_is_k
     assert codes.count(200) >= streams[1], (codes, streams)  # every turn the surviving picker had
     assert codes.count(200) < len(codes), codes  # the killed picker's did not get through
     assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), 15)
+
+
+async def test_batch_turns_are_shed_with_a_429_and_interactive_never_is(make_stack):
+    """One slow turn at a time per engine; the picker sheds batch beyond two held turns
+    and batch held over two seconds. A batch turn over the bound is answered 429 at once,
+    the two held ones 429 after their wait, an interactive turn waits for its slot; each
+    429 carries Retry-After and a JSON message, nothing stays held, and the picker's
+    /metrics counts it all."""
+    pool = {"endpoints": [{"name": name, "base_url": "{" + name + "}", "models": [MODEL], "max_batch": 1}
+                          for name in ("engine-a", "engine-b")]}
+    stack = make_stack(gateway="envoy", without=WITHOUT, pool=pool,
+                       env={"LUFTPAUSE_PICKER_SHED_BATCH_HELD": "2", "LUFTPAUSE_PICKER_SHED_BATCH_WAIT_S": "2"},
+                       engine_args=["--reply-tokens", "10", "--token-ms", "400"])
+
+    async def turn(client: httpx.AsyncClient, run: str, service_class: str) -> httpx.Response:
+        return await client.post(url(stack) + "/v1/chat/completions",
+                                 headers={h.RUN_ID: run, h.SERVICE_CLASS: service_class},
+                                 json={"model": MODEL, "messages": [{"role": "user", "content": run}]})
+
+    async with httpx.AsyncClient(timeout=120) as client:
+        running = [asyncio.create_task(turn(client, f"running-{i}", "batch")) for i in range(2)]
+        assert await asyncio.to_thread(wait_until, lambda: status(stack)["in_flight"] == 2, 10)
+        held = [asyncio.create_task(turn(client, f"held-{i}", "batch")) for i in range(2)]
+        assert await asyncio.to_thread(wait_until, lambda: status(stack)["held"] == 2, 5)
+        over = await turn(client, "over", "batch")
+        chat_turn = asyncio.create_task(turn(client, "chat", "interactive"))
+        held_answers = await asyncio.gather(*held)
+        assert (await chat_turn).status_code == 200
+        assert [r.status_code for r in await asyncio.gather(*running)] == [200, 200]
+    for response, why in ((over, "batch turns are waiting"), *((r, "held 2 s") for r in held_answers)):
+        assert response.status_code == 429, response.text
+        assert response.headers["retry-after"] == "1"
+        assert response.headers[h.RUN_ID]
+        assert why in response.json()["error"]["message"]
+    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), 5)
+    metrics = httpx.get(f"http://127.0.0.1:{stack.ports.picker_http[0]}/metrics").text
+    for line in ('luftpause_picker_shed_total{why="held"} 1.0', 'luftpause_picker_shed_total{why="waited"} 2.0',
+                 'luftpause_picker_refused_total{status="429"} 3.0', 'luftpause_picker_picked_total{class="batch"} 2.0',
+                 'luftpause_picker_picked_total{class="interactive"} 1.0', "luftpause_picker_turns_in_flight 0.0",
+                 "luftpause_picker_turns_waiting 0.0", "luftpause_picker_decision_seconds_count 3.0"):
+        assert line in metrics, line
