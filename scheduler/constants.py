@@ -51,13 +51,15 @@ KEPT_SLOTS_CEILING_DIVISOR = 2
 # average cost per request at or just under the fast batch (1.0 would be proportional:
 # no throughput gained; the testbed's 20 ms eager step reads about 2.5 at batch 12).
 LIFT_MARGINAL_SHARE = 0.9
-# Readings above the fast batch, at one lift, before it is judged; the first probes after
-# a change are not read (the batch is still filling).
+# Readings above the fast batch, at one lift, before it is judged (their mean); the first
+# probe after a change is not read (the batch is still filling). A try reading more than
+# LIFT_CLEAR_DEAR_FACTOR times the allowed cost is dear at its first reading.
 LIFT_SAMPLES = 3
-LIFT_SETTLE_PROBES = 2
-# Readings at the fast batch (the fastest is the reference) before the first try: the
-# first seconds under load are full of first prompts' prefill passes.
-LIFT_REFERENCE_SAMPLES = 10
+LIFT_SETTLE_PROBES = 1
+LIFT_CLEAR_DEAR_FACTOR = 2.0
+# Readings at the fast batch before the first try; the reference is the moving mean of
+# this many recent readings.
+LIFT_REFERENCE_SAMPLES = 5
 # Probes after a dear verdict before the next try (90 s: a try of a wall that is right
 # costs every run on the replica its eager steps for about ten seconds); doubled after
 # each dear verdict, up to the maximum.

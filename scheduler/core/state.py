@@ -63,16 +63,16 @@ class AdmissionLimit(NamedTuple):
 
 @_quick_replace
 class DecodeCost(NamedTuple):
-    """What a decode step costs a replica at and above its fast batch, as read from the
-    engine's throughput, and how far its ceiling is lifted above that batch. Changed only
-    by ``_decode_cost_after`` (ceiling.py), after each probe."""
+    """What a decode step costs a replica's device at and above the replica's fast batch,
+    as read from the engines' throughput, and how far its ceiling is lifted above that
+    batch. Changed only by ``_decode_cost_after`` (ceiling.py), after each probe."""
 
     lift: int = 0  # turns allowed above the engine's fast batch; 0 = the fast batch is the wall
-    lo_batch: float = 0.0  # batch (its device's) of the fastest reading at or just under the fast batch (0 = none)
-    lo_step_ms: float = 0.0  # its decode step
+    lo_batch: float = 0.0  # the device's batch at the fast batch, a moving mean of the recent readings (0 = none)
+    lo_step_ms: float = 0.0  # the device's decode step there, the same mean
     lo_samples: int = 0  # readings taken at the fast batch
-    hi_batch: float = 0.0  # batch (its device's) of the fastest reading above the fast batch since the lift changed
-    hi_step_ms: float = 0.0  # its decode step
+    hi_batch: float = 0.0  # the device's batch above the fast batch, mean of the readings since the lift changed
+    hi_step_ms: float = 0.0  # the device's decode step there, the same mean
     hi_samples: int = 0  # readings above the fast batch since the lift last changed
     settle: int = 0  # probes since the lift last changed
     retry_after: int = 0  # probes to wait before the next try
@@ -106,6 +106,7 @@ class Replica(NamedTuple):
     unseen: bool = False
     turn_ms: int = 0  # recent placed-to-finished time of turns here (moving average); 0 = none finished yet
     decode: DecodeCost = DecodeCost()  # the cost of decoding above the fast batch, and the lift (ceiling.py)
+    gen_throughput: float = 0.0  # tokens/s the engine last reported (its last decode-log interval); 0 = none
 
     @property
     def ceiling(self) -> int:
