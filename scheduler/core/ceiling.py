@@ -22,19 +22,20 @@ Per replica, then:
 
 * reference: while the fast batch is its wall and it holds it, the moving mean of the
   last LIFT_REFERENCE_SAMPLES readings (the device's batch and step);
-* try: a replica at its ceiling with turns waiting for it, and that many readings taken,
-  gets its ceiling lifted by half the fast batch;
+* try: a replica at its ceiling with turns waiting for it, and LIFT_REFERENCE_MIN
+  readings taken (past the first prompts' prefill burst), gets its ceiling lifted by
+  half the fast batch;
 * judge: after the first probe (the batch is filling), the mean of the readings above
-  the fast batch since the lift changed: the step's cost per request added above it,
-  ``(step_hi - step_lo) / (batch_hi - batch_lo)``, is compared with the average cost per
-  request at the fast batch, ``step_lo / batch_lo``. At most LIFT_MARGINAL_SHARE of it
-  (a larger batch buys throughput, and each token slows by less than the batch grows)
-  is cheap: after LIFT_SAMPLES readings the lift stays (judged again on as many
-  readings more), and grows by another step while the replica is at it and turns wait
-  (up to LIFT_MAX_FACTOR times the fast batch; the admission limit, which learns the
-  engine's queue, bounds it below that). More is dear: the lift steps back, and the next
-  try waits LIFT_RETRY_PROBES probes, twice as many after every dear verdict (up to
-  LIFT_RETRY_MAX). More than LIFT_CLEAR_DEAR_FACTOR times it is dear at the first
+  the fast batch since the lift changed: the device's step per request there,
+  ``step_hi / batch_hi``, against the reference's, ``step_lo / batch_lo``. At most
+  LIFT_TOLERANCE more is cheap (the same per request is the same throughput; the
+  readings' prefill passes and per-token work make a free larger batch read a little
+  dearer, an eager step reads as a jump): after LIFT_SAMPLES readings the lift stays
+  (judged again on as many readings more), and grows by another step while the replica
+  is at it and turns wait (up to LIFT_MAX_FACTOR times the fast batch; the admission
+  limit, which learns the engine's queue, bounds it below that). More is dear: the lift
+  steps back, and the next try waits LIFT_RETRY_PROBES probes, twice as many after every
+  dear verdict (up to LIFT_RETRY_MAX). More than LIFT_CLEAR_DEAR is dear at the first
   reading: a try of a wall that is right costs every run on the device its eager steps,
   so it ends as soon as the readings leave no doubt;
 * forget: an unhealthy replica, or one whose metrics do not answer, is read anew.
@@ -46,14 +47,15 @@ that reports no throughput keeps its fast batch as the wall.
 from __future__ import annotations
 
 from luftpause.scheduler.constants import (
-    LIFT_CLEAR_DEAR_FACTOR,
-    LIFT_MARGINAL_SHARE,
+    LIFT_CLEAR_DEAR,
     LIFT_MAX_FACTOR,
+    LIFT_REFERENCE_MIN,
     LIFT_REFERENCE_SAMPLES,
     LIFT_RETRY_MAX,
     LIFT_SAMPLES,
     LIFT_SETTLE_PROBES,
     LIFT_STEP_DIVISOR,
+    LIFT_TOLERANCE,
 )
 from luftpause.scheduler.core.events import EngineProbed
 from luftpause.scheduler.core.state import DecodeCost, Replica, State
@@ -87,30 +89,27 @@ def lift_step(fast_batch: int) -> int:
     return max(1, fast_batch // LIFT_STEP_DIVISOR)
 
 
-def _allowed_step_ms(cost: DecodeCost, factor: float = 1.0) -> float:
-    """The device step above the fast batch up to which the added requests are cheap:
-    each costs at most ``factor`` × LIFT_MARGINAL_SHARE of the average per request at
-    it."""
-    growth = cost.hi_batch / cost.lo_batch - 1.0
-    return cost.lo_step_ms * (1.0 + factor * LIFT_MARGINAL_SHARE * growth)
+def cost_growth(cost: DecodeCost) -> float:
+    """How much more the device's step per request costs above the fast batch than at it:
+    ``(step_hi / batch_hi) / (step_lo / batch_lo) - 1``; 0 means the device's throughput
+    is the same, above 0 that it fell."""
+    return (cost.hi_step_ms / cost.hi_batch) / (cost.lo_step_ms / cost.lo_batch) - 1.0
 
 
 def is_cheap(cost: DecodeCost) -> bool:
-    """Whether a request added above the fast batch costs a step at most
-    LIFT_MARGINAL_SHARE of what a request costs on average at it:
-    ``(step_hi - step_lo) / (batch_hi - batch_lo) <= share * step_lo / batch_lo``, written
-    so that a batch above no larger than the one at the fast batch (the other replica on
-    the device ran fewer) reads dear rather than dividing by zero."""
-    return cost.hi_step_ms <= _allowed_step_ms(cost)
+    """Whether the requests above the fast batch cost the device at most LIFT_TOLERANCE
+    more per request than at it: the readings hold prefill passes and other per-token
+    work besides decode steps, so a batch that costs nothing extra per step still reads a
+    little dearer per request (a larger batch buys the gateway fewer gaps between turns,
+    which no gauge shows), while an eager step above the fast batch reads as a jump."""
+    return cost_growth(cost) <= LIFT_TOLERANCE
 
 
 def is_clearly_dear(cost: DecodeCost) -> bool:
-    """Whether the readings above the fast batch so far put an added request's cost at
-    more than LIFT_CLEAR_DEAR_FACTOR times what :func:`is_cheap` allows (an eager step:
-    the testbed's 20 ms reads about 2.8 times at batch 12): dear without waiting for
-    LIFT_SAMPLES readings, since every probe of a try costs every run on the device. A
-    batch that did not grow says nothing yet."""
-    return cost.hi_batch > cost.lo_batch and cost.hi_step_ms > _allowed_step_ms(cost, LIFT_CLEAR_DEAR_FACTOR)
+    """Whether the readings above the fast batch so far cost more than LIFT_CLEAR_DEAR more
+    per request: dear without waiting for LIFT_SAMPLES readings, since every probe of a
+    try of a wall that is right costs every run on the device its eager steps."""
+    return cost_growth(cost) > LIFT_CLEAR_DEAR
 
 
 def _mean(mean: float, value: float, samples: int) -> float:
@@ -179,6 +178,6 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, 
         if at_ceiling and turns_wait and not cost.retry_after and fast + cost.lift + step <= LIFT_MAX_FACTOR * fast:
             return _relifted(cost, cost.lift + step)
         return _relifted(cost, cost.lift)  # kept: judged again on as many readings more
-    if not cost.lift and not cost.retry_after and cost.lo_samples >= LIFT_REFERENCE_SAMPLES and at_ceiling and turns_wait:
+    if not cost.lift and not cost.retry_after and cost.lo_samples >= LIFT_REFERENCE_MIN and at_ceiling and turns_wait:
         return _relifted(cost, step)
     return cost
