@@ -47,19 +47,18 @@ LIMIT_SLOW_START_GROWTH = 2
 KEPT_SLOTS_CEILING_DIVISOR = 2
 
 # Lifting the decode ceiling (core/ceiling.py): above the engine's fast batch, turns are
-# cheap while the device's step per request there (its batch over its throughput) is at
-# most 1 + LIFT_TOLERANCE times what it is at the fast batch. On the testbed, whose
-# readings hold prefill passes and CPU time in proportion to the tokens, a larger batch
-# without an eager step reads 5-10 % more per request, with the 20 ms eager step 25-35 %
-# more (single readings vary by about ±20 %). A try reading more than
-# 1 + LIFT_CLEAR_DEAR is dear at its first reading.
+# cheap while a generated token costs the device (1000 / its summed throughput) at most
+# 1 + LIFT_TOLERANCE times what it does at the fast batch, medians of the readings. On the
+# testbed, whose readings hold prefill passes and CPU time in proportion to the tokens,
+# a larger batch without an eager step reads about as dear per token (3.0-3.5 ms per
+# token at every batch), with the 20 ms eager step 20-35 % dearer; single readings vary
+# by about ±20 %, and a host CPU stall can double one.
 LIFT_TOLERANCE = 0.15
-LIFT_CLEAR_DEAR = 0.4
-# Readings above the fast batch, at one lift, before it is judged (their mean); the first
-# probe after a change is not read (the batch is still filling).
+# Readings above the fast batch, at one lift, before it is judged (their median); the
+# first probe after a change is not read (the batch is still filling).
 LIFT_SAMPLES = 5
 LIFT_SETTLE_PROBES = 1
-# The reference is the moving mean of this many recent readings at the fast batch; the
+# The reference is the median of this many recent readings at the fast batch; the
 # first try waits for LIFT_REFERENCE_MIN of them (the first prompts' prefill burst
 # under a new load makes a step read up to twice its length for the first ten or so).
 LIFT_REFERENCE_SAMPLES = 8

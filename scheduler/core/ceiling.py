@@ -6,38 +6,36 @@ small model the kernel launches can double a step, on another engine a larger ba
 costs no more per request than a smaller one. So the scheduler reads what a decode step
 costs from the engines' own throughput gauge (SGLang's ``gen_throughput``, tokens per
 second over its last decode-log interval, beside ``num_running_reqs``): a step takes
-``running / throughput`` seconds. That interval also holds prefill passes and idle time,
-which make a step look longer by a share that varies from reading to reading, so the
-verdicts rest on means, and on a difference large enough to stand
+``running / throughput`` seconds, and a generated token ``1 / throughput`` of them.
+That interval also holds prefill passes and idle time, which make a step look longer by a
+share that varies from reading to reading (and a host CPU stall can double one), so the
+verdicts rest on medians of several readings, and on a difference large enough to stand
 out of that noise: an eager step is a cliff at the fast batch, not a slope.
 
 Replicas that share an accelerator (the pool's ``device``) take turns at it, so a
 replica's wall interval holds its neighbours' passes. Each reading is therefore the
-device's: its batch (what all its replicas run) over its throughput (their gauges
-summed, each neighbour's as last reported), i.e. the device's step. A replica's own
-batch over its own throughput mixed its neighbours' passes into its step, and a
-neighbour's stale running gauge into the batch.
+device's: its cost per token, from its replicas' throughputs summed (each neighbour's as
+last reported; a neighbour running nothing adds nothing). A replica's own batch over its
+own throughput mixed its neighbours' passes into its step, and a neighbour's stale
+running gauge into the batch it was set against.
 
 Per replica, then:
 
-* reference: while the fast batch is its wall and it holds it, the moving mean of the
-  last LIFT_REFERENCE_SAMPLES readings (the device's batch and step);
+* reference: while the fast batch is its wall and it holds it, the last
+  LIFT_REFERENCE_SAMPLES readings;
 * try: a replica at its ceiling with turns waiting for it, and LIFT_REFERENCE_MIN
   readings taken (past the first prompts' prefill burst), gets its ceiling lifted by
   half the fast batch;
-* judge: after the first probe (the batch is filling), the mean of the readings above
-  the fast batch since the lift changed: the device's step per request there,
-  ``step_hi / batch_hi``, against the reference's, ``step_lo / batch_lo``. At most
-  LIFT_TOLERANCE more is cheap (the same per request is the same throughput; the
-  readings' prefill passes and per-token work make a free larger batch read a little
-  dearer, an eager step reads as a jump): after LIFT_SAMPLES readings the lift stays
-  (judged again on as many readings more), and grows by another step while the replica
-  is at it and turns wait (up to LIFT_MAX_FACTOR times the fast batch; the admission
-  limit, which learns the engine's queue, bounds it below that). More is dear: the lift
-  steps back, and the next try waits LIFT_RETRY_PROBES probes, twice as many after every
-  dear verdict (up to LIFT_RETRY_MAX). More than LIFT_CLEAR_DEAR is dear at the first
-  reading: a try of a wall that is right costs every run on the device its eager steps,
-  so it ends as soon as the readings leave no doubt;
+* judge: after the first probe (the batch is filling), LIFT_SAMPLES readings above the
+  fast batch: their median cost per token against the reference's median. At most
+  LIFT_TOLERANCE more is cheap (the same per token is the same throughput; the
+  readings' prefill passes and per-token work make a free larger batch read about as
+  dear per token, an eager step reads as a jump): the lift stays (judged again on as
+  many readings more), and grows by another step while the replica is at it and turns
+  wait (up to LIFT_MAX_FACTOR times the fast batch; the admission limit, which learns the
+  engine's queue, bounds it below that). More is dear: the lift steps back, and the next
+  try waits LIFT_RETRY_PROBES probes, twice as many after every dear verdict (up to
+  LIFT_RETRY_MAX);
 * forget: an unhealthy replica, or one whose metrics do not answer, is read anew.
 
 The pool file's ``max_batch`` is the operator's ceiling and is never lifted; an engine
@@ -46,8 +44,9 @@ that reports no throughput keeps its fast batch as the wall.
 
 from __future__ import annotations
 
+from statistics import median
+
 from luftpause.scheduler.constants import (
-    LIFT_CLEAR_DEAR,
     LIFT_MAX_FACTOR,
     LIFT_REFERENCE_MIN,
     LIFT_REFERENCE_SAMPLES,
@@ -77,81 +76,67 @@ def device_reading(state: State, replica: Replica, probe: EngineProbed) -> tuple
     return batch, throughput
 
 
-def device_step_ms(batch: int, throughput: float) -> float | None:
-    """The device's decode step in milliseconds as its gauges tell it (its batch over its
-    tokens per second), None when it reports no throughput or runs nothing."""
-    if batch <= 0 or throughput <= 0:
-        return None
-    return 1000.0 * batch / throughput
+def device_cost_ms(throughput: float) -> float | None:
+    """The device's milliseconds per generated token (its step over its batch), None when
+    it reports no throughput."""
+    return 1000.0 / throughput if throughput > 0 else None
 
 
 def lift_step(fast_batch: int) -> int:
     return max(1, fast_batch // LIFT_STEP_DIVISOR)
 
 
+def reference_ms(cost: DecodeCost) -> float:
+    """The device's cost per token at the fast batch: the median of the recent readings."""
+    return median(cost.lo_costs)
+
+
 def cost_growth(cost: DecodeCost) -> float:
-    """How much more the device's step per request costs above the fast batch than at it:
-    ``(step_hi / batch_hi) / (step_lo / batch_lo) - 1``; 0 means the device's throughput
-    is the same, above 0 that it fell."""
-    return (cost.hi_step_ms / cost.hi_batch) / (cost.lo_step_ms / cost.lo_batch) - 1.0
+    """How much more a token costs the device above the fast batch than at it, medians of
+    the readings (a reading's interval can hold a CPU stall of the host that doubles it);
+    0 means the device's throughput is the same, above 0 that it fell."""
+    return median(cost.hi_costs) / reference_ms(cost) - 1.0
 
 
 def is_cheap(cost: DecodeCost) -> bool:
     """Whether the requests above the fast batch cost the device at most LIFT_TOLERANCE
-    more per request than at it: the readings hold prefill passes and other per-token
-    work besides decode steps, so a batch that costs nothing extra per step still reads a
-    little dearer per request (a larger batch buys the gateway fewer gaps between turns,
-    which no gauge shows), while an eager step above the fast batch reads as a jump."""
+    more per token than at it: the readings hold prefill passes and other per-token work
+    besides decode steps, so a batch that costs nothing extra per step still reads about
+    as dear per token (a larger batch buys the gateway fewer gaps between turns, which no
+    gauge shows), while an eager step above the fast batch reads as a jump."""
     return cost_growth(cost) <= LIFT_TOLERANCE
-
-
-def is_clearly_dear(cost: DecodeCost) -> bool:
-    """Whether the readings above the fast batch so far cost more than LIFT_CLEAR_DEAR more
-    per request: dear without waiting for LIFT_SAMPLES readings, since every probe of a
-    try of a wall that is right costs every run on the device its eager steps."""
-    return cost_growth(cost) > LIFT_CLEAR_DEAR
-
-
-def _mean(mean: float, value: float, samples: int) -> float:
-    """``mean`` of ``samples - 1`` readings with ``value`` added (``samples`` >= 1)."""
-    return mean + (value - mean) / samples
 
 
 def _read(cost: DecodeCost, replica: Replica, probe: EngineProbed, device_batch: int,
           device_throughput: float) -> DecodeCost:
-    """Take the probe's reading: the device's step (its batch over its summed throughput:
-    a replica's wall interval on a shared GPU holds its neighbours' passes, and each
-    neighbour's gauge holds this one's) set against the device's batch."""
-    step = device_step_ms(device_batch, device_throughput) if probe.gen_throughput else None
-    if step is None:
+    """Take the probe's reading: the device's cost per token, from its summed throughput
+    (a replica's wall interval on a shared GPU holds its neighbours' passes, and each
+    neighbour's gauge holds this one's)."""
+    reading = device_cost_ms(device_throughput) if probe.gen_throughput and device_batch > 0 else None
+    if reading is None:
         return cost
     fast = replica.fast_batch
     own = probe.running or 0
-    batch = float(device_batch)
     if fast // 2 < own <= fast and not cost.lift:
-        # At the fast batch, the wall holding, the replica full: the reference, a moving
-        # mean of the last LIFT_REFERENCE_SAMPLES readings. One reading's interval holds
-        # a random share of prefill passes (a fastest reading picked intervals where a
-        # neighbour's gauge was stale and made everything above read dear); the mean of
-        # all since the start held the first prompts' prefill burst.
+        # At the fast batch, the wall holding, the replica full: the reference, the last
+        # LIFT_REFERENCE_SAMPLES readings. One reading's interval holds a random share of
+        # prefill passes (a fastest reading picked intervals where a neighbour's gauge was
+        # stale and made everything above read dear); the mean of all since the start held
+        # the first prompts' prefill burst.
         if replica.in_flight < fast:
             return cost
-        samples = cost.lo_samples + 1
-        weight = min(samples, LIFT_REFERENCE_SAMPLES)
-        return cost._replace(lo_samples=samples, lo_batch=_mean(cost.lo_batch, batch, weight),
-                             lo_step_ms=_mean(cost.lo_step_ms, step, weight))
+        return cost._replace(lo_samples=cost.lo_samples + 1,
+                             lo_costs=(*cost.lo_costs, reading)[-LIFT_REFERENCE_SAMPLES:])
     if own > fast and cost.lift and cost.settle > LIFT_SETTLE_PROBES:
-        # Above it: the mean of the readings since the lift last changed (the first
+        # Above it: the readings since the lift last changed (the first
         # LIFT_SETTLE_PROBES probes after a change are not read: the batch is filling).
-        samples = cost.hi_samples + 1
-        return cost._replace(hi_samples=samples, hi_batch=_mean(cost.hi_batch, batch, samples),
-                             hi_step_ms=_mean(cost.hi_step_ms, step, samples))
+        return cost._replace(hi_costs=(*cost.hi_costs, reading))
     return cost
 
 
 def _relifted(cost: DecodeCost, lift: int) -> DecodeCost:
     """The lift changed: readings above the fast batch start over."""
-    return cost._replace(lift=lift, hi_batch=0.0, hi_step_ms=0.0, hi_samples=0, settle=0)
+    return cost._replace(lift=lift, hi_costs=(), settle=0)
 
 
 def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, device_batch: int = 0,
@@ -170,8 +155,7 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, 
                  device_batch, device_throughput)
     step = lift_step(fast)
     at_ceiling = replica.in_flight + replica.leased_idle >= fast + cost.lift
-    judged = cost.hi_samples >= LIFT_SAMPLES or (cost.hi_samples and is_clearly_dear(cost))
-    if cost.lift and judged:
+    if cost.lift and len(cost.hi_costs) >= LIFT_SAMPLES:
         if not is_cheap(cost):  # dear: step back, and wait longer before trying again
             return _relifted(cost, cost.lift - step)._replace(
                 retry_after=cost.retry_probes, retry_probes=min(LIFT_RETRY_MAX, 2 * cost.retry_probes))

@@ -63,17 +63,15 @@ class AdmissionLimit(NamedTuple):
 
 @_quick_replace
 class DecodeCost(NamedTuple):
-    """What a decode step costs a replica's device at and above the replica's fast batch,
-    as read from the engines' throughput, and how far its ceiling is lifted above that
-    batch. Changed only by ``_decode_cost_after`` (ceiling.py), after each probe."""
+    """What a generated token costs a replica's device at and above the replica's fast
+    batch, as read from the engines' throughput, and how far its ceiling is lifted above
+    that batch. Changed only by ``_decode_cost_after`` (ceiling.py), after each probe."""
 
     lift: int = 0  # turns allowed above the engine's fast batch; 0 = the fast batch is the wall
-    lo_batch: float = 0.0  # the device's batch at the fast batch, a moving mean of the recent readings (0 = none)
-    lo_step_ms: float = 0.0  # the device's decode step there, the same mean
+    # The device's milliseconds per generated token (1000 / its summed throughput), per reading:
+    lo_costs: tuple[float, ...] = ()  # the last LIFT_REFERENCE_SAMPLES readings at the fast batch, the wall holding
     lo_samples: int = 0  # readings taken at the fast batch
-    hi_batch: float = 0.0  # the device's batch above the fast batch, mean of the readings since the lift changed
-    hi_step_ms: float = 0.0  # the device's decode step there, the same mean
-    hi_samples: int = 0  # readings above the fast batch since the lift last changed
+    hi_costs: tuple[float, ...] = ()  # the readings above the fast batch since the lift last changed
     settle: int = 0  # probes since the lift last changed
     retry_after: int = 0  # probes to wait before the next try
     retry_probes: int = LIFT_RETRY_PROBES  # the wait a dear verdict sets (doubles in a row)
