@@ -46,18 +46,23 @@ LIMIT_SLOW_START_GROWTH = 2
 # for them): at most 1/KEPT_SLOTS_CEILING_DIVISOR of the ceiling.
 KEPT_SLOTS_CEILING_DIVISOR = 2
 
-# Lifting the decode ceiling (core/ceiling.py): above the engine's fast batch, a turn is
-# cheap when a decode step's cost per extra request there is at most this share of the
-# average cost per request at or just under the fast batch (1.0 would be proportional:
-# no throughput gained; the testbed's 20 ms eager step reads about 2.5 at batch 12).
-LIFT_MARGINAL_SHARE = 0.9
-# Readings above the fast batch, at one lift, before it is judged; the first probes after
-# a change are not read (the batch is still filling).
-LIFT_SAMPLES = 3
-LIFT_SETTLE_PROBES = 2
-# Readings at the fast batch (the fastest is the reference) before the first try: the
-# first seconds under load are full of first prompts' prefill passes.
-LIFT_REFERENCE_SAMPLES = 10
+# Lifting the decode ceiling (core/ceiling.py): above the engine's fast batch, turns are
+# cheap while a generated token costs the device (1000 / its summed throughput) at most
+# 1 + LIFT_TOLERANCE times what it does at the fast batch, medians of the readings. On the
+# testbed, whose readings hold prefill passes and CPU time in proportion to the tokens,
+# a larger batch without an eager step reads about as dear per token (3.0-3.5 ms per
+# token at every batch), with the 20 ms eager step 20-35 % dearer; single readings vary
+# by about ±20 %, and a host CPU stall can double one.
+LIFT_TOLERANCE = 0.15
+# Readings above the fast batch, at one lift, before it is judged (their median); the
+# first probe after a change is not read (the batch is still filling).
+LIFT_SAMPLES = 5
+LIFT_SETTLE_PROBES = 1
+# The reference is the median of this many recent readings at the fast batch; the
+# first try waits for LIFT_REFERENCE_MIN of them (the first prompts' prefill burst
+# under a new load makes a step read up to twice its length for the first ten or so).
+LIFT_REFERENCE_SAMPLES = 8
+LIFT_REFERENCE_MIN = 15
 # Probes after a dear verdict before the next try (90 s: a try of a wall that is right
 # costs every run on the replica its eager steps for about ten seconds); doubled after
 # each dear verdict, up to the maximum.

@@ -7,6 +7,7 @@ import asyncio
 import re
 import time
 import urllib.parse
+from statistics import median
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -321,8 +322,8 @@ class SchedulerHost:
         after = self.state.replicas[replica]
         if after.decode.lift != before.lift:
             self.log.info("decode_ceiling", replica=replica, ceiling=after.ceiling, fast_batch=after.fast_batch,
-                          step_ms_at_fast_batch=round(before.lo_step_ms, 1), batch_at_fast_batch=round(before.lo_batch, 1),
-                          step_ms_above=round(before.hi_step_ms, 1), batch_above=round(before.hi_batch, 1),
+                          ms_per_token_at_fast_batch=round(median(before.lo_costs), 2) if before.lo_costs else None,
+                          ms_per_token_above=round(median(before.hi_costs), 2) if before.hi_costs else None,
                           effect="lifted" if after.decode.lift > before.lift else "lowered")
 
     def reprobe(self, replica: str) -> None:

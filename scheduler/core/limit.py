@@ -68,7 +68,7 @@ from luftpause.scheduler.constants import (
     LIMIT_PATIENCE_FACTOR,
     LIMIT_SLOW_START_GROWTH,
 )
-from luftpause.scheduler.core.ceiling import _decode_cost_after
+from luftpause.scheduler.core.ceiling import _decode_cost_after, device_reading
 from luftpause.scheduler.core.events import EngineProbed
 from luftpause.scheduler.core.sight import _out_of_sight
 from luftpause.scheduler.core.state import AdmissionLimit, Replica, State, _much_faster
@@ -248,9 +248,9 @@ def _probed(state: State, event: EngineProbed) -> State:
         updated = updated._replace(load_known=replica.load_known, running=replica.running, queued=replica.queued,
                                    kv_used=replica.kv_used, kv_total=replica.kv_total)
     if state.lift_ceiling:
-        device_batch = updated.running + sum(r.running for r in state.replicas.values()
-                                             if updated.device and r.device == updated.device and r.name != updated.name)
         updated = updated._replace(decode=_decode_cost_after(updated, event, _turns_wait_for(state, replica.name),
-                                                             device_batch))
+                                                             *device_reading(state, updated, event)))
+        if event.gen_throughput is not None and not event.load_stale:
+            updated = updated._replace(gen_throughput=event.gen_throughput)
     updated = updated._replace(limit=_limit_after(state, updated, event))
     return state._replace(replicas=state.replicas.set(replica.name, updated))

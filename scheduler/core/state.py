@@ -63,17 +63,15 @@ class AdmissionLimit(NamedTuple):
 
 @_quick_replace
 class DecodeCost(NamedTuple):
-    """What a decode step costs a replica at and above its fast batch, as read from the
-    engine's throughput, and how far its ceiling is lifted above that batch. Changed only
-    by ``_decode_cost_after`` (ceiling.py), after each probe."""
+    """What a generated token costs a replica's device at and above the replica's fast
+    batch, as read from the engines' throughput, and how far its ceiling is lifted above
+    that batch. Changed only by ``_decode_cost_after`` (ceiling.py), after each probe."""
 
     lift: int = 0  # turns allowed above the engine's fast batch; 0 = the fast batch is the wall
-    lo_batch: float = 0.0  # batch (its device's) of the fastest reading at or just under the fast batch (0 = none)
-    lo_step_ms: float = 0.0  # its decode step
+    # The device's milliseconds per generated token (1000 / its summed throughput), per reading:
+    lo_costs: tuple[float, ...] = ()  # the last LIFT_REFERENCE_SAMPLES readings at the fast batch, the wall holding
     lo_samples: int = 0  # readings taken at the fast batch
-    hi_batch: float = 0.0  # batch (its device's) of the fastest reading above the fast batch since the lift changed
-    hi_step_ms: float = 0.0  # its decode step
-    hi_samples: int = 0  # readings above the fast batch since the lift last changed
+    hi_costs: tuple[float, ...] = ()  # the readings above the fast batch since the lift last changed
     settle: int = 0  # probes since the lift last changed
     retry_after: int = 0  # probes to wait before the next try
     retry_probes: int = LIFT_RETRY_PROBES  # the wait a dear verdict sets (doubles in a row)
@@ -106,6 +104,7 @@ class Replica(NamedTuple):
     unseen: bool = False
     turn_ms: int = 0  # recent placed-to-finished time of turns here (moving average); 0 = none finished yet
     decode: DecodeCost = DecodeCost()  # the cost of decoding above the fast batch, and the lift (ceiling.py)
+    gen_throughput: float = 0.0  # tokens/s the engine last reported (its last decode-log interval); 0 = none
 
     @property
     def ceiling(self) -> int:
