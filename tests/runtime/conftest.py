@@ -160,16 +160,17 @@ NPM_PACKAGES = {
 
 
 @pytest.fixture(scope="session")
-def node_modules(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def node_modules() -> Path:
     """A directory whose ``node_modules`` holds NPM_PACKAGES, installed by npm at test time.
 
-    Cached under .pytest_cache (git-ignored; a fresh clone installs once). Set
-    LUFTPAUSE_SKIP_NPM_TESTS=1 to skip these tests on a machine without node and npm.
+    Cached outside the tree, beside the agent CLIs' caches (~/.cache/luftpause-tests), so a
+    fresh clone reuses it. Set LUFTPAUSE_SKIP_NPM_TESTS=1 to skip these tests on a machine
+    without node and npm.
     """
-    cache = getattr(request.config, "cache", None)
-    directory = cache.mkdir("luftpause-npm") if cache is not None else tmp_path_factory.mktemp("npm")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    directory = cache / "luftpause-tests" / "npm-third-party"
     try:
-        install_npm_packages(Path(directory), NPM_PACKAGES)
+        install_npm_packages(directory, NPM_PACKAGES)
     except NpmUnavailable as exc:
         if os.environ.get("LUFTPAUSE_SKIP_NPM_TESTS") == "1":
             pytest.skip(str(exc))

@@ -11,7 +11,7 @@ import pytest
 from mcp import Client
 
 from luftpause.runtime.decide import DecideError, checked_labels, score_labels
-from luftpause.dev.stack import MODEL
+from luftpause.dev.stack import MODEL, Stack
 
 
 def test_labels_are_scored_by_their_first_tokens_log_probability():
@@ -45,13 +45,21 @@ def test_label_count_and_content_are_checked(labels):
         checked_labels(labels)
 
 
-@pytest.fixture
-def classifier_stack(make_stack):
+@pytest.fixture(scope="module")
+def classifier_stack(tmp_path_factory):
+    """One stack for the module's three calls: none of them leaves a run or a turn behind."""
     pool = {"endpoints": [
         {"name": "engine-a", "base_url": "{engine-a}", "models": [MODEL], "kind": "generative"},
         {"name": "engine-b", "base_url": "{engine-b}", "models": ["fake-classifier"], "kind": "one-pass"},
     ]}
-    return make_stack(pool=pool, engine_args=["--models", f"{MODEL},fake-classifier"])
+    stack = Stack.on_free_ports(tmp_path_factory.mktemp("decide"), pool=pool,
+                                engine_args=["--models", f"{MODEL},fake-classifier"],
+                                env={"LUFTPAUSE_MESSAGES_WARM_UP": "off"})
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
 
 
 async def decide(stack, arguments: dict) -> dict:

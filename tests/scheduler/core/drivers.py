@@ -6,6 +6,7 @@ Agents here behave as real ones do: a run has at most one turn held or in flight
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
@@ -15,6 +16,12 @@ from luftpause.scheduler.core.placement import _much_faster
 
 
 MODEL = "m"
+
+
+# Random event sequences (20-80 events each) per property: 200 (half for the lighter ones)
+# keep the suite in its budget (most of a property's time is hypothesis drawing the events);
+# LUFTPAUSE_PROPERTY_EXAMPLES=2000 searches deeper after changing a rule of the core.
+EXAMPLES = int(os.environ.get("LUFTPAUSE_PROPERTY_EXAMPLES", "200"))
 
 
 REPLICAS = ("a", "b")

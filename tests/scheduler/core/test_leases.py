@@ -12,6 +12,7 @@ from luftpause.scheduler.constants import LEASE_MAX_SLOTS, LEASE_UNLIMITED_ROOM
 from luftpause.scheduler.core.limit import _batch_capacity, _keeps_slots
 
 from .drivers import (
+    EXAMPLES,
     REPLICAS,
     LeasingDriver,
     assert_held_turns_placed_once_capacity_frees,
@@ -214,7 +215,7 @@ def nothing_lent_while_turns_wait(before, event, after, actions):
         assert all(lease.revoked for lease in after.leases.values()), (event, after.leases)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(st.integers(1, 6), st.one_of(st.none(), st.integers(0, 3)), st.booleans(), operations)
 def test_leases_never_take_a_replica_past_its_cap_and_always_add_up(ceiling, running, slots, ops):
     state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL}), max_batch=ceiling)
@@ -228,7 +229,7 @@ def test_leases_never_take_a_replica_past_its_cap_and_always_add_up(ceiling, run
         key[1]: lease.slots for key, lease in driver.state.leases.items()}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=EXAMPLES // 2, deadline=None)
 @given(operations)
 def test_with_leases_every_held_turn_is_placed_once_capacity_frees(ops):
     assert_held_turns_placed_once_capacity_frees(LeasingDriver(), ops)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from luftpause.scheduler import core
 from luftpause.scheduler.constants import LIMIT_CALM_PROBES, LIMIT_INITIAL
 
-from .drivers import REPLICAS, Driver, fresh_state, never_over_cap, operations, placements
+from .drivers import EXAMPLES, REPLICAS, Driver, fresh_state, never_over_cap, operations, placements
 from .helpers import MODEL, admit, fill, placed, pool, probe
 
 
@@ -402,14 +402,14 @@ def test_at_most_half_the_ceiling_is_kept_for_paused_interactive_runs():
     assert len(batch) == 4
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(st.integers(0, 3), operations)
 def test_in_flight_never_exceeds_a_capped_engines_cap(running, ops):
     driver = Driver(state=fresh_state(running), checks=[never_over_cap])
     driver.play(ops)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=EXAMPLES // 2, deadline=None)
 @given(st.integers(1, 4), st.one_of(st.none(), st.integers(0, 3)), operations)
 def test_in_flight_never_exceeds_the_decode_ceiling(ceiling, running, ops):
     """Whatever the learned limit does, no placement takes a replica past the batch it
@@ -441,14 +441,14 @@ def queue_lowers_the_limit(before, event, after, actions):
         assert replica.capacity is not None and replica.capacity <= serving, (event, replica)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(st.integers(0, 3), operations)
 def test_the_learned_limit_follows_the_engine_queue(running, ops):
     driver = Driver(state=fresh_state(running), checks=[queue_lowers_the_limit, never_over_cap])
     driver.play(ops)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=EXAMPLES // 2, deadline=None)
 @given(st.integers(0, 3), operations, st.integers(5, 30))
 def test_the_limit_recovers_to_full_use_when_the_engine_stops_queueing(running, ops, waiting):
     """However low the limit was driven, an engine that shows no queue while turns wait

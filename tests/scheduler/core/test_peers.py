@@ -7,7 +7,7 @@ from hypothesis import given, settings
 
 from luftpause.scheduler import core
 
-from .drivers import MODEL, REPLICAS, Driver, operations
+from .drivers import EXAMPLES, MODEL, REPLICAS, Driver, operations
 from .helpers import admit, admit_via, placed, pool
 
 
@@ -97,7 +97,7 @@ def comparable(state: core.State) -> dict:
     }
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(operations)
 def test_state_after_resync_equals_state_before_the_restart(ops):
     driver = Driver()

@@ -12,6 +12,7 @@ from luftpause.scheduler import core
 from luftpause.scheduler.core.placement import _candidates
 
 from .drivers import (
+    EXAMPLES,
     Driver,
     assert_held_turns_placed_once_capacity_frees,
     fresh_state,
@@ -317,14 +318,14 @@ def interactive_before_batch(before, event, after, actions):
         assert not (wanted & batch_targets), (turn, batch_targets)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(operations)
 def test_a_pinned_run_is_never_placed_elsewhere_while_its_replica_is_healthy(ops):
     driver = Driver(checks=[pinned_runs_stay])
     driver.play(ops)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(st.integers(0, 3), operations)
 def test_no_batch_turn_is_released_while_an_interactive_turn_waits_for_that_replica(running, ops):
     driver = Driver(state=fresh_state(running), checks=[interactive_before_batch])
@@ -344,14 +345,14 @@ def runs_under_way_before_new_runs(before, event, after, actions):
             assert place.replica not in {r.name for r in _candidates(after, turn)}, (place, turn)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(st.integers(0, 3), operations)
 def test_no_new_run_starts_where_a_run_under_way_of_its_caller_waits(running, ops):
     driver = Driver(state=fresh_state(running), checks=[runs_under_way_before_new_runs])
     driver.play(ops)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(operations)
 def test_every_held_turn_is_placed_once_capacity_frees(ops):
     assert_held_turns_placed_once_capacity_frees(Driver(), ops)
