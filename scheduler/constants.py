@@ -34,6 +34,11 @@ LIMIT_CALM_PROBES = 2
 # at most this many turns (or those already there) until its limit grows.
 LIMIT_INITIAL = 4
 LIMIT_CALM_MAX = 8
+# A turn placed on a replica less than this share of the replica's recent turn time before
+# a probe may be waiting for the engine's next pass (an arrival, not a queue): an engine
+# queue that only such turns can explain lowers the limit only when the next probe sees
+# one too.
+LIMIT_ARRIVAL_TURN_SHARE = 0.5
 LIMIT_MAX_STEP_DIVISOR = 2
 # Patience: a decrease right after an increase multiplies the calm probes the next
 # increase waits for by this (up to LIMIT_CALM_MAX); this many times as many calm probes
@@ -45,6 +50,9 @@ LIMIT_SLOW_START_GROWTH = 2
 # Slots kept under the decode ceiling for paused interactive runs (when the operator asks
 # for them): at most 1/KEPT_SLOTS_CEILING_DIVISOR of the ceiling.
 KEPT_SLOTS_CEILING_DIVISOR = 2
+# Room kept under the learned limit for paused interactive runs: at most
+# 1/KEPT_ROOM_LIMIT_DIVISOR of the limit.
+KEPT_ROOM_LIMIT_DIVISOR = 2
 
 # Lifting the decode ceiling (core/ceiling.py): above the engine's fast batch, a turn is
 # cheap when a decode step's cost per extra request there is at most this share of the

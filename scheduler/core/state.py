@@ -59,6 +59,9 @@ class AdmissionLimit(NamedTuple):
     calm_needed: int = LIMIT_CALM_PROBES  # calm probes before the limit may grow
     since_growth: int = LIMIT_CALM_MAX  # probes since the limit last grew
     slow_start: bool = False  # the limit started small and no queue has been seen since: it doubles
+    # The last probe saw the engine queue while some of luftpause's turns there were not
+    # running: a second such probe in a row is a queue, not arrivals (limit.py).
+    queue_glimpsed: bool = False
 
 
 @_quick_replace
