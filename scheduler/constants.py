@@ -36,9 +36,11 @@ LIMIT_INITIAL = 4
 LIMIT_CALM_MAX = 8
 # A turn placed on a replica less than this share of the replica's recent turn time before
 # a probe may be waiting for the engine's next pass (an arrival, not a queue): an engine
-# queue that only such turns can explain lowers the limit only when the next probe sees
-# one too.
+# queue that only such turns can explain lowers nothing...
 LIMIT_ARRIVAL_TURN_SHARE = 0.5
+# ... unless one of this many probes before it saw such a queue too (an engine's gauge can
+# miss a queue that persists on a probe, as it lags).
+LIMIT_QUEUE_MEMORY = 2
 LIMIT_MAX_STEP_DIVISOR = 2
 # Patience: a decrease right after an increase multiplies the calm probes the next
 # increase waits for by this (up to LIMIT_CALM_MAX); this many times as many calm probes

@@ -24,9 +24,10 @@ is seconds old cannot make it over-admit):
   every one of ours running the queue is someone else's, or an old gauge: it neither
   lowers the limit nor breaks a calm spell): the limit becomes what the engine serves of ours, the larger of what it
   runs and our in-flight turns less its queue (never below 1). A queue that only turns
-  placed in the last half turn time can explain is an arrival waiting for the engine's
-  next pass, not a queue: that probe is neither calm nor a queue, unless the probe
-  before it saw one too;
+  placed in the last half turn time can explain may be an arrival waiting for the
+  engine's next pass: it lowers nothing unless one of the two probes before saw one
+  too or the limit grew at one of them (the step overshot); it is no calm probe either,
+  nor breaks a calm spell, and it ends slow start;
 * increase: when the engine has reported no queue for some probes in a row (two at
   first: one probe after a decrease is often the queue draining, not room),
   luftpause is at the limit (its turns plus the batch reserve) and turns are held,
@@ -70,6 +71,7 @@ from luftpause.scheduler.constants import (
     LIMIT_CALM_PROBES,
     LIMIT_FREE_KV_SHARE,
     LIMIT_INITIAL,
+    LIMIT_QUEUE_MEMORY,
     LIMIT_MAX_STEP_DIVISOR,
     LIMIT_PATIENCE_FACTOR,
     LIMIT_SLOW_START_GROWTH,
@@ -161,14 +163,17 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
     # A queue counts only where some of our turns there are not running: with every one
     # of them running, it is other clients' (or a gauge older than our last finish). And
     # a turn placed a moment before the probe waits for the engine's next pass: a queue
-    # that only such turns explain is an arrival, unless the next probe sees one again.
+    # that only such turns explain is an arrival, unless one of the last probes saw one
+    # too, or the limit has just grown (then it is the step overshooting, as before).
     glimpsed = bool(probe.queued) and replica.in_flight > replica.running
-    ours_queued = glimpsed and (limit.queue_glimpsed or _settled(state, replica, probe.now_ms) > replica.running)
-    arrival = glimpsed and not ours_queued  # says nothing: neither calm nor a queue
+    just_grew = limit.since_growth < LIMIT_CALM_PROBES
+    ours_queued = glimpsed and (limit.queue_glimpses > 0 or just_grew
+                                or _settled(state, replica, probe.now_ms) > replica.running)
+    arrival = glimpsed and not ours_queued  # says nothing of room: neither calm nor a queue
     limit = limit._replace(
         calm_probes=0 if (ours_queued or not probe.healthy) else limit.calm_probes + (not arrival),
         since_growth=min(LIMIT_CALM_MAX, limit.since_growth + 1),
-        queue_glimpsed=glimpsed,
+        queue_glimpses=((limit.queue_glimpses << 1) | glimpsed) & ((1 << LIMIT_QUEUE_MEMORY) - 1),
     )
     if (probe.load_stale and replica.healthy) or replica.unseen:
         # The metrics (or, out of sight, the engine) did not answer: the load is unknown,
@@ -179,8 +184,8 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
     if not replica.healthy or not replica.load_known:
         return limit._replace(value=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
     value, needed = limit.value, limit.calm_needed
-    if arrival:
-        return limit
+    if arrival:  # the engine has shown a queue: slow start is over (it doubled past a busy engine's room)
+        return limit._replace(slow_start=False)
     if replica.queued > 0:
         limit = limit._replace(slow_start=False)
         # What the engine is serving of ours: it runs ``running`` and is prefilling

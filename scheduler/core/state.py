@@ -59,9 +59,10 @@ class AdmissionLimit(NamedTuple):
     calm_needed: int = LIMIT_CALM_PROBES  # calm probes before the limit may grow
     since_growth: int = LIMIT_CALM_MAX  # probes since the limit last grew
     slow_start: bool = False  # the limit started small and no queue has been seen since: it doubles
-    # The last probe saw the engine queue while some of luftpause's turns there were not
-    # running: a second such probe in a row is a queue, not arrivals (limit.py).
-    queue_glimpsed: bool = False
+    # Which of the last LIMIT_QUEUE_MEMORY probes saw the engine queue while some of
+    # luftpause's turns there were not running (bit 0: the last one): another such probe
+    # soon after is a queue, not arrivals (limit.py).
+    queue_glimpses: int = 0
 
 
 @_quick_replace
