@@ -38,9 +38,9 @@ LIMIT_CALM_MAX = 8
 # a probe may be waiting for the engine's next pass (an arrival, not a queue): an engine
 # queue that only such turns can explain lowers nothing...
 LIMIT_ARRIVAL_TURN_SHARE = 0.5
-# ... unless one of this many probes before it saw such a queue too (an engine's gauge can
-# miss a queue that persists on a probe, as it lags).
-LIMIT_QUEUE_MEMORY = 2
+# ... unless one of this many probes before it saw such a queue too (with 2, glimpses of
+# arrivals on a busy quick replica, one probe in five, cut its limit too often).
+LIMIT_QUEUE_MEMORY = 1
 LIMIT_MAX_STEP_DIVISOR = 2
 # Patience: a decrease right after an increase multiplies the calm probes the next
 # increase waits for by this (up to LIMIT_CALM_MAX); this many times as many calm probes

@@ -25,9 +25,10 @@ is seconds old cannot make it over-admit):
   lowers the limit nor breaks a calm spell): the limit becomes what the engine serves of ours, the larger of what it
   runs and our in-flight turns less its queue (never below 1). A queue that only turns
   placed in the last half turn time can explain may be an arrival waiting for the
-  engine's next pass: it lowers nothing unless one of the two probes before saw one
-  too or the limit grew at one of them (the step overshot); it is no calm probe either,
-  nor breaks a calm spell, and it ends slow start;
+  engine's next pass: it lowers nothing unless the probe before saw one too (then to
+  what the engine serves), or the limit grew at one of the two probes before (the step
+  overshot: the limit goes back to what it was); it is no calm probe either, nor breaks
+  a calm spell, and it ends slow start;
 * increase: when the engine has reported no queue for some probes in a row (two at
   first: one probe after a decrease is often the queue draining, not room),
   luftpause is at the limit (its turns plus the batch reserve) and turns are held,
@@ -166,9 +167,10 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
     # that only such turns explain is an arrival, unless one of the last probes saw one
     # too, or the limit has just grown (then it is the step overshooting, as before).
     glimpsed = bool(probe.queued) and replica.in_flight > replica.running
-    just_grew = limit.since_growth < LIMIT_CALM_PROBES
-    ours_queued = glimpsed and (limit.queue_glimpses > 0 or just_grew
-                                or _settled(state, replica, probe.now_ms) > replica.running)
+    persists = glimpsed and (limit.queue_glimpses > 0 or _settled(state, replica, probe.now_ms) > replica.running)
+    # Right after a growth the turns it let in are as young as arrivals: the step undone.
+    step_back = glimpsed and not persists and limit.since_growth < LIMIT_CALM_PROBES
+    ours_queued = persists or step_back
     arrival = glimpsed and not ours_queued  # says nothing of room: neither calm nor a queue
     limit = limit._replace(
         calm_probes=0 if (ours_queued or not probe.healthy) else limit.calm_probes + (not arrival),
@@ -194,13 +196,15 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
         serving = max(1, replica.running, replica.in_flight - replica.queued)
         if value == 0:  # learned from this queue: the next calm probe may be it draining
             return limit._replace(value=serving, calm_probes=0)
-        if ours_queued and serving < value:
-            # Our own excess waits in the engine: back to what it serves. If the limit
-            # had just grown, that step overshot: probe for more room less eagerly
-            # next time (LIMIT_PATIENCE_FACTOR times the calm probes, up to a ceiling).
+        # Our own excess waits in the engine: back to what it serves (or, for young turns
+        # right after a growth, to the limit before it).
+        lowered = max(serving, min(value, limit.before_growth)) if step_back else serving
+        if ours_queued and lowered < value:
+            # If the limit had just grown, that step overshot: probe for more room less
+            # eagerly next time (LIMIT_PATIENCE_FACTOR times the calm probes, up to a ceiling).
             overshoot = limit.since_growth <= LIMIT_CALM_PROBES
             patience = min(LIMIT_CALM_MAX, needed * LIMIT_PATIENCE_FACTOR) if overshoot else needed
-            return limit._replace(value=serving, calm_needed=patience)
+            return limit._replace(value=lowered, calm_needed=patience)
         return limit
     if value == 0 and replica.ceiling == 0:
         # Slow start: an engine with no queue says nothing yet about how much more it
@@ -212,12 +216,13 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
     at_limit = replica.in_flight + replica.leased_idle + _limit_reserve(replica) >= value
     if limit.slow_start:
         if at_limit and _turns_wait_for(state, replica.name):
-            return limit._replace(value=LIMIT_SLOW_START_GROWTH * value, since_growth=0)
+            return limit._replace(value=LIMIT_SLOW_START_GROWTH * value, since_growth=0, before_growth=value)
         return limit
     if limit.calm_probes >= LIMIT_PATIENCE_FACTOR * needed:  # long calm: the engine copes, be eager again
         needed = max(LIMIT_CALM_PROBES, needed // LIMIT_PATIENCE_FACTOR)
     if value > 0 and limit.calm_probes >= needed and at_limit and _turns_wait_for(state, replica.name):
-        return limit._replace(value=value + _limit_step(replica, value), calm_needed=needed, since_growth=0)
+        return limit._replace(value=value + _limit_step(replica, value), calm_needed=needed, since_growth=0,
+                              before_growth=value)
     return limit._replace(calm_needed=needed)
 
 

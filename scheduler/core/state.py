@@ -63,6 +63,7 @@ class AdmissionLimit(NamedTuple):
     # luftpause's turns there were not running (bit 0: the last one): another such probe
     # soon after is a queue, not arrivals (limit.py).
     queue_glimpses: int = 0
+    before_growth: int = 0  # the value before the last growth (an overshoot by young turns goes back to it)
 
 
 @_quick_replace
