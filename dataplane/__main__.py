@@ -38,10 +38,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                "/v1/messages turn need not wait for it; off: on the first Messages turn (saves about 3 CPU "
                "seconds and 50 MB per dataplane that never serves one)", choices=("on", "off"))
     env_option(parser, "--tool-calls", "LUFTPAUSE_TOOL_CALLS", "whole",
-               "how a streamed chat reply's tool calls reach the client: 'whole', each call's deltas held "
-               "and sent together once the call is complete (a stream that stalls inside a call can be "
-               "continued on another replica); 'live', passed on as they come (a stall inside a call "
-               "breaks the stream off)", choices=TOOL_CALLS)
+               "how a streamed chat reply's tool calls reach the client: 'whole', all the message's call "
+               "deltas held and sent together once the calls are complete (a stream that stalls inside or "
+               "between calls can be continued on another replica); 'live', passed on as they come (a stall "
+               "inside a call breaks the stream off)", choices=TOOL_CALLS)
     return parser.parse_args(argv)
 
 

@@ -18,9 +18,10 @@ per turn, and a replica that publishes ``continue_final_message`` in its
 ignored the field would answer anew after the prefix). A stream that stalled after its
 role chunk alone is sent again as it came, to any replica, and spliced the same way.
 
-Tool calls are held (:class:`ToolCallHold`): the chunks carrying a call's deltas reach
-the client together once the call is whole, so a stall in the middle of a call leaves no
-byte of it with the client, and the stream can be continued from the content before it.
+Tool calls are held (:class:`ToolCallHold`): the chunks carrying a message's tool calls
+reach the client together once the calls are complete (the finish reason comes), so a
+stall in the middle of a call, or between two calls, leaves no byte of them with the
+client, and the stream can be continued from the content before them.
 A dataplane started with ``--tool-calls live`` passes them on as they come instead."""
 
 from __future__ import annotations
@@ -239,17 +240,19 @@ def publishes_continue(document: Any) -> bool:
 
 
 class ToolCallHold:
-    """A chat stream's tool calls passed on whole: the events carrying a call's deltas
-    (``delta.tool_calls``, or the older ``delta.function_call``) are held and released
-    back to back, unchanged, once the call is complete: the next call starts, or an event
-    comes that ends it (a finish reason, content, reasoning, usage, ``[DONE]``). Other
-    events pass on as they come, whole (a piece of an event waits for its end); a comment
-    or an empty delta while a call is held waits behind it, in order."""
+    """A chat stream's tool calls passed on whole, all of a message's together: the
+    events carrying call deltas (``delta.tool_calls``, or the older
+    ``delta.function_call``) are held and released back to back, unchanged, once an event
+    comes that ends the calls (a finish reason, content, reasoning, usage, ``[DONE]``).
+    The next call starting does not release the one before: a stall between two calls
+    then leaves no byte of either with the client, and the stream can be continued from
+    the content before them. Other events pass on as they come, whole (a piece of an
+    event waits for its end); a comment or an empty delta while calls are held waits
+    behind them, in order."""
 
     def __init__(self) -> None:
         self._partial = b""
         self._held = bytearray()
-        self._call: tuple[int, Any] | None = None  # (choice, call index) of the call held
 
     def feed(self, chunk: bytes) -> bytes:
         if not self._partial and not self._held and chunk.endswith(_EVENT_ENDS) \
@@ -268,29 +271,16 @@ class ToolCallHold:
         """What is held, released (the stream ended whole)."""
         out = bytes(self._held) + self._partial
         self._held.clear()
-        self._partial, self._call = b"", None
+        self._partial = b""
         return out
 
     def _event(self, event: bytes) -> bytes:
         calls, ends = _read_event(event) if self._held or any(m in event for m in _CALL_MARKS) else ([], True)
-        if not calls:
-            if self._held and not ends:  # nothing that ends the call held: kept behind it
-                self._held += event
-                return b""
-            out = bytes(self._held) + event
-            self._held.clear()
-            self._call = None
-            return out
-        out = b""
-        if self._held and calls[0] != self._call:  # the next call starts: the one held is whole
-            out = bytes(self._held)
-            self._held.clear()
-        self._held += event
-        self._call = calls[-1]
-        if ends:  # the call's last delta came with the finish reason
-            out += bytes(self._held)
-            self._held.clear()
-            self._call = None
+        if not ends and (self._held or calls):  # calls under way: kept, behind those held
+            self._held += event
+            return b""
+        out = bytes(self._held) + event  # nothing held, or the calls' end (with the last delta, maybe)
+        self._held.clear()
         return out
 
 

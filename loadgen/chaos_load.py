@@ -28,8 +28,11 @@ another replica after they stalled mid-way (in the JSON), completed rounds
 repeated (turns the dataplane finished beyond those the agents received, per run: an
 agent runs its tool calls once per answer it gets, so a round runs twice only if one
 turn were answered twice), interactive turn p99 time to first token and batch runs per minute, each
-against the reference, and the requests each engine received (an engine 10x slower
-than its peer should get about a tenth), and for partitions the time from the heal to
+against the reference, the requests each engine received (an engine 10x slower
+than its peer should get about a tenth), turns that went to another replica than their
+run's turn before (and of those, the ones that left a replica in rotation: a pin moved
+under load; with strict affinity only a replica much slower than its peer loses runs
+that way), and for partitions the time from the heal to
 service resumed: the first turn the scheduler places after the heal (``partition-N``),
 engine-b back in the scheduler's rotation (``engine-partition-N``); the target is one
 probe period (2 s), a miss is marked and fails the run. JSON to
@@ -45,6 +48,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +105,8 @@ class FaultRow:
     resume_s: float | None = None  # partitions: heal to service resumed; None: not within RESUME_WAIT_S
     resume_target_missed: bool = False  # a partition whose service did not resume within one probe period
     engine_unseen_s: list[float] = field(default_factory=list)  # engine partitions: spells engine-b was out of sight
+    runs_moved: int = 0  # turns in the window on another replica than the run's turn before (:func:`pin_moves`)
+    moved_off_healthy: int = 0  # of those, the ones that left a replica in rotation throughout
 
     @property
     def partition(self) -> bool:
@@ -239,6 +245,51 @@ def where_time_goes(log: list[dict[str, Any]], records: list[RunRecord], names: 
     return {"replicas": replicas, "runs": by_placement, "batch_held_mean": mean(held)}
 
 
+def pin_moves(log: list[dict[str, Any]], scheduler_log: list[dict[str, Any]], records: list[RunRecord],
+              names: dict[str, str], window: tuple[float, float]) -> tuple[int, int]:
+    """Turns started in the window that went to another replica than their run's turn
+    before: all of them, and those whose run left a replica in rotation (healthy, not
+    stalled, in sight, as the scheduler's log says) both when the turn before ended and
+    when this one did: a pin moved under load. ``log``, ``records`` and ``names`` as for
+    :func:`where_time_goes`."""
+    start, end = window
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for line in log:
+        if line.get("event") == "turn" and line.get("status") == "finished":
+            by_run.setdefault(line.get("run", ""), []).append(line)
+    changes: dict[str, list[tuple[datetime, bool]]] = {}  # replica -> (when, in rotation from then)
+    for line in scheduler_log:
+        event = line.get("event")
+        if event in ("replica_health", "replica_seen"):
+            rotating = bool(line.get("healthy"))
+        elif event in ("replica_stalled", "replica_unseen", "replica_answers"):
+            rotating = event == "replica_answers"
+        else:
+            continue
+        changes.setdefault(line.get("replica", ""), []).append((datetime.fromisoformat(line["timestamp"]), rotating))
+
+    def in_rotation(replica: str, at: datetime) -> bool:
+        rotating = False
+        for when, state in changes.get(replica, ()):
+            if when > at:
+                break
+            rotating = state
+        return rotating
+
+    moved = off_healthy = 0
+    for record in records:
+        logged = by_run.get(names.get(record.seed, ""), [])
+        if len(logged) != len(record.turns):
+            continue
+        for before, line, turn in zip(logged, logged[1:], record.turns[1:]):
+            if line.get("replica") == before.get("replica") or not start <= turn.started <= end:
+                continue
+            moved += 1
+            left = before.get("replica", "")
+            off_healthy += all(in_rotation(left, datetime.fromisoformat(x["timestamp"])) for x in (before, line))
+    return moved, off_healthy
+
+
 async def _sample_status(url: str, samples: list[dict[str, Any]]) -> None:
     """The scheduler's status once a second (turns in flight, capacity, held turns)."""
     async with httpx.AsyncClient(timeout=2) as client:
@@ -318,6 +369,8 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
         names = {r.seed: f"chaos-{fault}" + r.seed.removeprefix("chaos-load") for r in result.records}
         received = {names[r.seed]: len(r.turns) for r in result.records if r.ok}
         row.rounds_repeated = _repeated(log, received)
+        row.runs_moved, row.moved_off_healthy = pin_moves(log, _log(stack, "scheduler"), result.records, names,
+                                                          (start, end))
         row.where = {**where_time_goes(log, result.records, names, (start, end), samples), "cpu": result.cpu,
                      "engines": engines}
     finally:
@@ -344,7 +397,8 @@ def compare(rows: list[FaultRow]) -> None:
 
 def table(rows: list[FaultRow]) -> str:
     header = ("fault", "runs", "lost", "turns re-sent", "rounds repeated", "interactive p99 TTFT s", "× ref",
-              "batch runs/min", "× ref", "requests a/b", "resume s", "interactive run p99 s (× ref)",
+              "batch runs/min", "× ref", "requests a/b", "moves (off healthy)", "resume s",
+              "interactive run p99 s (× ref)",
               "spawns refused (naming disk)", "space back → write / progress / healthy s")
 
     def fmt(value: float | None, digits: int = 2) -> str:
@@ -358,7 +412,8 @@ def table(rows: list[FaultRow]) -> str:
 
     body = [(r.fault, str(r.runs), str(r.lost), str(r.resent_turns), str(r.rounds_repeated),
              fmt(r.interactive_ttft_p99_s), fmt(r.interactive_p99_x), fmt(r.batch_runs_per_min, 1),
-             fmt(r.batch_throughput_x), "/".join(str(n) for n in r.engine_requests.values()), resumed(r),
+             fmt(r.batch_throughput_x), "/".join(str(n) for n in r.engine_requests.values()),
+             f"{r.runs_moved} ({r.moved_off_healthy})", resumed(r),
              "-" if r.interactive_run_p99_s is None else f"{r.interactive_run_p99_s:.2f} ({fmt(r.interactive_run_p99_x)})",
              f"{r.spawns_refused} ({r.refusals_naming_disk})" if r.fault in chaos_runtime.RUNTIME_FAULTS else "-",
              "-" if r.disk_full_at_s is None else

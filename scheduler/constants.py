@@ -34,6 +34,13 @@ LIMIT_CALM_PROBES = 2
 # at most this many turns (or those already there) until its limit grows.
 LIMIT_INITIAL = 4
 LIMIT_CALM_MAX = 8
+# A turn placed on a replica less than this share of the replica's recent turn time before
+# a probe may be waiting for the engine's next pass (an arrival, not a queue): an engine
+# queue that only such turns can explain lowers nothing...
+LIMIT_ARRIVAL_TURN_SHARE = 0.5
+# ... unless one of this many probes before it saw such a queue too (with 2, glimpses of
+# arrivals on a busy quick replica, one probe in five, cut its limit too often).
+LIMIT_QUEUE_MEMORY = 1
 LIMIT_MAX_STEP_DIVISOR = 2
 # Patience: a decrease right after an increase multiplies the calm probes the next
 # increase waits for by this (up to LIMIT_CALM_MAX); this many times as many calm probes
@@ -45,6 +52,9 @@ LIMIT_SLOW_START_GROWTH = 2
 # Slots kept under the decode ceiling for paused interactive runs (when the operator asks
 # for them): at most 1/KEPT_SLOTS_CEILING_DIVISOR of the ceiling.
 KEPT_SLOTS_CEILING_DIVISOR = 2
+# Room kept under the learned limit for paused interactive runs: at most
+# 1/KEPT_ROOM_LIMIT_DIVISOR of the limit.
+KEPT_ROOM_LIMIT_DIVISOR = 2
 
 # Lifting the decode ceiling (core/ceiling.py): above the engine's fast batch, turns are
 # cheap while a generated token costs the device (1000 / its summed throughput) at most

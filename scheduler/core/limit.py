@@ -8,7 +8,8 @@ decodes at full speed (its CUDA-graph batch size as SGLang reports it, or the po
 file's ``max_batch``): above it every token of every run there gets slower, the
 interactive ones included. Batch turns leave room under the limit for every
 interactive run paused on that replica, sized by the paused run's context in KV tokens
-where the engine reports token usage, one turn each otherwise; and, where the operator
+where the engine reports token usage, one turn each otherwise, at most half the limit;
+and, where the operator
 asks for it, with strict affinity a slot each under the ceiling too (at most half of
 it), since the run's next turn can go nowhere else.
 
@@ -22,7 +23,12 @@ is seconds old cannot make it over-admit):
   more turns there than the engine runs, the excess is waiting in the engine (with
   every one of ours running the queue is someone else's, or an old gauge: it neither
   lowers the limit nor breaks a calm spell): the limit becomes what the engine serves of ours, the larger of what it
-  runs and our in-flight turns less its queue (never below 1);
+  runs and our in-flight turns less its queue (never below 1). A queue that only turns
+  placed in the last half turn time can explain may be an arrival waiting for the
+  engine's next pass: it lowers nothing unless the probe before saw one too (then to
+  what the engine serves), or the limit grew at one of the two probes before (the step
+  overshot: the limit goes back to what it was); it is no calm probe either, nor breaks
+  a calm spell, and it ends slow start;
 * increase: when the engine has reported no queue for some probes in a row (two at
   first: one probe after a decrease is often the queue draining, not room),
   luftpause is at the limit (its turns plus the batch reserve) and turns are held,
@@ -59,11 +65,14 @@ from __future__ import annotations
 import math
 
 from luftpause.scheduler.constants import (
+    KEPT_ROOM_LIMIT_DIVISOR,
     KEPT_SLOTS_CEILING_DIVISOR,
+    LIMIT_ARRIVAL_TURN_SHARE,
     LIMIT_CALM_MAX,
     LIMIT_CALM_PROBES,
     LIMIT_FREE_KV_SHARE,
     LIMIT_INITIAL,
+    LIMIT_QUEUE_MEMORY,
     LIMIT_MAX_STEP_DIVISOR,
     LIMIT_PATIENCE_FACTOR,
     LIMIT_SLOW_START_GROWTH,
@@ -78,15 +87,17 @@ from luftpause.vocabulary import BATCH
 def _limit_reserve(replica: Replica) -> int:
     """Turns of the learned limit batch may not take on this replica: KV room for the
     interactive runs paused there on a tool. In KV tokens where the engine reports them
-    (the paused contexts over the tokens an average running request holds), never less
-    than one turn per paused run."""
+    (the paused contexts over the tokens an average running request holds), not less
+    than one turn per paused run; but at most half the limit (rounded down): with a small
+    limit, interactive runs paused there would otherwise shut batch out (four of them
+    kept all of a limit near 4 beside a replica ten times slower)."""
     paused = replica.paused_interactive
     if paused == 0:
         return 0
     per_turn = _tokens_per_turn(replica)
     if per_turn and replica.paused_interactive_tokens:
-        return max(paused, math.ceil(replica.paused_interactive_tokens / per_turn))
-    return paused
+        paused = max(paused, math.ceil(replica.paused_interactive_tokens / per_turn))
+    return min(paused, replica.limit.value // KEPT_ROOM_LIMIT_DIVISOR)
 
 
 def _tokens_per_turn(replica: Replica) -> float | None:
@@ -151,11 +162,20 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
     if probe is None:  # stalled: out of rotation, learned anew (no calm probe)
         return limit._replace(value=0, calm_probes=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
     # A queue counts only where some of our turns there are not running: with every one
-    # of them running, it is other clients' (or a gauge older than our last finish).
-    ours_queued = bool(probe.queued) and replica.in_flight > replica.running
+    # of them running, it is other clients' (or a gauge older than our last finish). And
+    # a turn placed a moment before the probe waits for the engine's next pass: a queue
+    # that only such turns explain is an arrival, unless one of the last probes saw one
+    # too, or the limit has just grown (then it is the step overshooting, as before).
+    glimpsed = bool(probe.queued) and replica.in_flight > replica.running
+    persists = glimpsed and (limit.queue_glimpses > 0 or _settled(state, replica, probe.now_ms) > replica.running)
+    # Right after a growth the turns it let in are as young as arrivals: the step undone.
+    step_back = glimpsed and not persists and limit.since_growth < LIMIT_CALM_PROBES
+    ours_queued = persists or step_back
+    arrival = glimpsed and not ours_queued  # says nothing of room: neither calm nor a queue
     limit = limit._replace(
-        calm_probes=0 if (ours_queued or not probe.healthy) else limit.calm_probes + 1,
+        calm_probes=0 if (ours_queued or not probe.healthy) else limit.calm_probes + (not arrival),
         since_growth=min(LIMIT_CALM_MAX, limit.since_growth + 1),
+        queue_glimpses=((limit.queue_glimpses << 1) | glimpsed) & ((1 << LIMIT_QUEUE_MEMORY) - 1),
     )
     if (probe.load_stale and replica.healthy) or replica.unseen:
         # The metrics (or, out of sight, the engine) did not answer: the load is unknown,
@@ -166,6 +186,8 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
     if not replica.healthy or not replica.load_known:
         return limit._replace(value=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
     value, needed = limit.value, limit.calm_needed
+    if arrival:  # the engine has shown a queue: slow start is over (it doubled past a busy engine's room)
+        return limit._replace(slow_start=False)
     if replica.queued > 0:
         limit = limit._replace(slow_start=False)
         # What the engine is serving of ours: it runs ``running`` and is prefilling
@@ -174,13 +196,15 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
         serving = max(1, replica.running, replica.in_flight - replica.queued)
         if value == 0:  # learned from this queue: the next calm probe may be it draining
             return limit._replace(value=serving, calm_probes=0)
-        if replica.in_flight > replica.running and serving < value:
-            # Our own excess waits in the engine: back to what it serves. If the limit
-            # had just grown, that step overshot: probe for more room less eagerly
-            # next time (LIMIT_PATIENCE_FACTOR times the calm probes, up to a ceiling).
+        # Our own excess waits in the engine: back to what it serves (or, for young turns
+        # right after a growth, to the limit before it).
+        lowered = max(serving, min(value, limit.before_growth)) if step_back else serving
+        if ours_queued and lowered < value:
+            # If the limit had just grown, that step overshot: probe for more room less
+            # eagerly next time (LIMIT_PATIENCE_FACTOR times the calm probes, up to a ceiling).
             overshoot = limit.since_growth <= LIMIT_CALM_PROBES
             patience = min(LIMIT_CALM_MAX, needed * LIMIT_PATIENCE_FACTOR) if overshoot else needed
-            return limit._replace(value=serving, calm_needed=patience)
+            return limit._replace(value=lowered, calm_needed=patience)
         return limit
     if value == 0 and replica.ceiling == 0:
         # Slow start: an engine with no queue says nothing yet about how much more it
@@ -192,13 +216,26 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
     at_limit = replica.in_flight + replica.leased_idle + _limit_reserve(replica) >= value
     if limit.slow_start:
         if at_limit and _turns_wait_for(state, replica.name):
-            return limit._replace(value=LIMIT_SLOW_START_GROWTH * value, since_growth=0)
+            return limit._replace(value=LIMIT_SLOW_START_GROWTH * value, since_growth=0, before_growth=value)
         return limit
     if limit.calm_probes >= LIMIT_PATIENCE_FACTOR * needed:  # long calm: the engine copes, be eager again
         needed = max(LIMIT_CALM_PROBES, needed // LIMIT_PATIENCE_FACTOR)
     if value > 0 and limit.calm_probes >= needed and at_limit and _turns_wait_for(state, replica.name):
-        return limit._replace(value=value + _limit_step(replica, value), calm_needed=needed, since_growth=0)
+        return limit._replace(value=value + _limit_step(replica, value), calm_needed=needed, since_growth=0,
+                              before_growth=value)
     return limit._replace(calm_needed=needed)
+
+
+def _settled(state: State, replica: Replica, now_ms: int) -> int:
+    """luftpause's turns on the replica placed long enough before ``now_ms`` to have
+    reached the engine's batch: at least LIMIT_ARRIVAL_TURN_SHARE of its recent turn time
+    (all of them while no turn there has finished)."""
+    arriving_ms = replica.turn_ms * LIMIT_ARRIVAL_TURN_SHARE
+    if not arriving_ms:
+        return replica.in_flight
+    young = sum(1 for turn in state.turns.values()
+                if turn.replica == replica.name and now_ms - turn.placed_ms < arriving_ms)
+    return replica.in_flight - young
 
 
 def _turns_wait_for(state: State, name: str) -> bool:

@@ -59,6 +59,11 @@ class AdmissionLimit(NamedTuple):
     calm_needed: int = LIMIT_CALM_PROBES  # calm probes before the limit may grow
     since_growth: int = LIMIT_CALM_MAX  # probes since the limit last grew
     slow_start: bool = False  # the limit started small and no queue has been seen since: it doubles
+    # Which of the last LIMIT_QUEUE_MEMORY probes saw the engine queue while some of
+    # luftpause's turns there were not running (bit 0: the last one): another such probe
+    # soon after is a queue, not arrivals (limit.py).
+    queue_glimpses: int = 0
+    before_growth: int = 0  # the value before the last growth (an overshoot by young turns goes back to it)
 
 
 @_quick_replace

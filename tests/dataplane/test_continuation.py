@@ -118,12 +118,16 @@ def test_a_tool_call_reaches_the_client_whole_when_the_finish_comes():
     assert not sent.unsafe and sent.text == ""
 
 
-def test_the_next_call_releases_the_one_before():
-    events = [ROLE, head(0, "a"), args(0, "{}"), head(1, "b"), args(1, '{"k":'), args(1, "1}"),
-              chunk({}, "tool_calls"), DONE]
+def test_all_calls_of_a_message_are_held_until_the_finish():
+    # The next call starting does not release the one before: a stall between two calls
+    # (here after call 1's first argument) leaves only the content with the client, and
+    # the stream is continued from it. Before, call 0 had reached the client: broken off.
+    events = [ROLE, chunk({"content": "Two lookups."}), head(0, "a"), args(0, "{}"), head(1, "b"),
+              args(1, '{"k":'), args(1, "1}"), chunk({}, "tool_calls"), DONE]
     out = released(events)
-    assert out == [ROLE, b"", b"", events[1] + events[2], b"", b"", b"".join(events[3:7]), DONE]
-    assert "tool-call" in sent_so_far(b"".join(out[:5])).unsafe  # call 0 reached the client: not continued
+    assert out == [ROLE, events[1], b"", b"", b"", b"", b"", b"".join(events[2:8]), DONE]
+    sent = sent_so_far(b"".join(out[:6]))
+    assert not sent.unsafe and sent.text == "Two lookups."
 
 
 def test_content_passes_at_once_and_a_stall_in_the_call_after_it_is_continued_from_it():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from luftpause.loadgen.chaos_load import _repeated, chaos_load, parse_faults, table, where_time_goes
+from luftpause.loadgen.chaos_load import _repeated, chaos_load, parse_faults, pin_moves, table, where_time_goes
 from luftpause.loadgen.records import RunRecord, TurnRecord
 from luftpause.scheduler.constants import PROBE_PERIOD_S
 
@@ -67,6 +67,28 @@ def test_where_the_time_went_is_told_per_replica_and_per_replica_set_a_run_used(
     assert where["runs"]["batch on engine-a+engine-b"] == {"runs": 1, "run_s": 6.0, "turns_s": 2.5,
                                                             "tools_s": 3.5, "share_of_class_time": 0.75}
     assert where["runs"]["batch on engine-a"]["runs"] == 1 and where["batch_held_mean"] == 1.5
+
+
+def test_pin_moves_count_turns_that_left_their_runs_replica_and_those_that_left_it_in_rotation():
+    def at(line, second):
+        return {**line, "timestamp": f"2026-01-01T00:00:{second:02d}.000000Z"}
+
+    runs = {  # seed -> (run id, [(replica, turn start in model seconds, log time)])
+        "s-1": ("run-1", [("engine-b", 6, 7), ("engine-a", 8, 9)]),  # left b while it was healthy: a pin moved
+        "s-2": ("run-2", [("engine-b", 10, 11), ("engine-a", 14, 15)]),  # left b once it stalled (at 12)
+        "s-3": ("run-3", [("engine-a", 6, 7), ("engine-a", 8, 9)]),  # stayed
+        "s-4": ("run-4", [("engine-b", 1, 2), ("engine-a", 3, 4)]),  # moved before the window
+    }
+    log, records = [], []
+    for seed, (run, turns) in runs.items():
+        log += [at(turn_line(run, replica), second) for replica, _, second in turns]
+        records.append(RunRecord("batch", seed, started=turns[0][1], ended=turns[-1][2], ok=True,
+                                 turns=[TurnRecord(started, 0.1, 0.5) for _, started, _ in turns]))
+    scheduler_log = [at({"event": "replica_health", "replica": name, "healthy": True}, 1)
+                     for name in ("engine-a", "engine-b")]
+    scheduler_log.append(at({"event": "replica_stalled", "replica": "engine-b"}, 12))
+    names = {seed: run for seed, (run, _) in runs.items()}
+    assert pin_moves(log, scheduler_log, records, names, (5, 20)) == (2, 1)
 
 
 def test_a_round_is_repeated_when_the_dataplane_finished_more_turns_of_a_run_than_its_agent_received():
