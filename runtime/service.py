@@ -292,7 +292,14 @@ class Runtime:
             log.exception("run_crashed", run=run.handle)
             await self._conclude(run, RunStatus.FAILED, error=f"internal error: {exc!r}")
         else:
-            await self._conclude(run, RunStatus.COMPLETED, result=result)
+            reason = self._cancel_reasons.get(run.handle)
+            if reason is not None:
+                # Cancelled while its last step completed, the cancellation swallowed below
+                # (a client library finishing its request instead of raising): `cancel` has
+                # told the caller it is cancelled, so it ends cancelled, not with the answer.
+                await self._conclude(run, RunStatus.CANCELLED, error=reason)
+            else:
+                await self._conclude(run, RunStatus.COMPLETED, result=result)
 
     async def _conclude(
         self, run: Run, status: RunStatus, *, result: str | None = None, error: str | None = None

@@ -244,6 +244,33 @@ async def test_cancelling_a_parent_cancels_its_running_descendants(
     assert await runtime.cancel([parent.handle]) == []  # already finished: nothing to do
 
 
+async def test_a_run_whose_last_step_swallows_the_cancel_still_ends_cancelled(
+    make_runtime: MakeRuntime, dataplane: ScriptedDataplane
+) -> None:
+    # A cancel that lands while the run's last turn is completing can be swallowed below the
+    # runtime (a client library finishing its request instead of raising): the run then
+    # returns its answer, but `cancel` has already told the caller it is cancelled.
+    runtime = await make_runtime()
+    asked = asyncio.Event()
+
+    async def swallows_the_cancel(request: httpx.Request) -> httpx.Response:
+        asked.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            pass
+        return text_reply("an answer nobody wants any more")
+
+    dataplane.script = [swallows_the_cancel]
+    run = await runtime.spawn(RunSpec(task="t"), "c")
+    await asyncio.wait_for(asked.wait(), 5)
+
+    cancelled = await runtime.cancel([run.handle])
+
+    assert cancelled == [run]
+    assert run.status is RunStatus.CANCELLED and run.error == "cancelled" and run.result is None
+
+
 async def test_wait_modes_and_timeout(make_runtime: MakeRuntime, dataplane: ScriptedDataplane) -> None:
     runtime = await make_runtime()
     hanging(dataplane, 1)
