@@ -19,11 +19,14 @@ help:
 # The virtualenv is (re)built when pyproject.toml changes. uv installs it: it fetches and
 # unpacks the wheels side by side (about a minute on 2 cores where pip took over three) and
 # keeps them in ~/.cache/uv for the next clone; pip comes along for the tools that call it.
+# --compile-bytecode: uv leaves the .pyc files out unless asked (pip wrote them), and where
+# PYTHONDONTWRITEBYTECODE is set nothing writes them later, so every process the stack or a
+# test starts compiled its imports again: the whole suite took 1.7x as long.
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "luftpause needs Python 3.11+ (set PYTHON=python3.11)")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet uv
-	$(VENV)/bin/uv pip install --python $(PY) --quiet --upgrade pip -e ".[dev]"
+	$(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode --upgrade pip -e ".[dev]"
 	touch $(STAMP)
 
 # Flags for `python -m luftpause`, e.g. `make run ARGS=--free-ports`.
@@ -40,8 +43,11 @@ run: $(STAMP)
 
 # The real-engine tests need llama-server: built once into ~/.cache/luftpause/llama
 # (5-8 minutes on 2 cores), reused afterwards. LUFTPAUSE_SKIP_REAL_ENGINE=1 skips both.
+# The project's own modules are compiled first for the same reason (about 0.3 s of every
+# service start when PYTHONDONTWRITEBYTECODE is set).
 test: $(STAMP)
 	$(if $(filter 1,$(LUFTPAUSE_SKIP_REAL_ENGINE)),,$(PY) -m luftpause.dev.llama build)
+	$(PY) -m compileall -q -j 0 luftpause proto scheduler dataplane runtime fakes loadgen
 	$(PY) -m pytest
 
 proto: $(STAMP)
