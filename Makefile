@@ -19,14 +19,17 @@ help:
 # The virtualenv is (re)built when pyproject.toml changes. uv installs it: it fetches and
 # unpacks the wheels side by side (about a minute on 2 cores where pip took over three) and
 # keeps them in ~/.cache/uv for the next clone; pip comes along for the tools that call it.
+# Where uv cannot install (it reads no pip.conf: a machine that reaches packages only
+# through pip's configured mirror or wheel folder), pip installs as before.
 # --compile-bytecode: uv leaves the .pyc files out unless asked (pip wrote them), and where
 # PYTHONDONTWRITEBYTECODE is set nothing writes them later, so every process the stack or a
 # test starts compiled its imports again: the whole suite took 1.7x as long.
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "luftpause needs Python 3.11+ (set PYTHON=python3.11)")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet uv
-	$(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode --upgrade pip -e ".[dev]"
+	$(PY) -m pip install --quiet uv && \
+	  $(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode --upgrade pip -e ".[dev]" || \
+	  $(PY) -m pip install --quiet --upgrade pip -e ".[dev]"
 	touch $(STAMP)
 
 # Flags for `python -m luftpause`, e.g. `make run ARGS=--free-ports`.
