@@ -154,8 +154,7 @@ class Exchange:
             return error(refused.status, refused.message, refused.run_id, refused.headers)
         if kind == "response_headers":
             return self.response_headers(message)
-        if kind == "response_body":
-            return self.response_body(message.response_body)
+        # Response body chunks never come here: ExternalProcessor.Process answers them itself.
         # Trailers are not asked for; answer anything else so Envoy goes on.
         return ep.ProcessingResponse(**{kind: ep.TrailersResponse()}) if kind else None
 
