@@ -14,13 +14,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-import grpc
-from google.protobuf import struct_pb2
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from luftpause import grpc_env
 
-from luftpause.eventloop import run_event_loop, stop_signalled
-from luftpause.grpc_env import EXCLUSIVE_PORT
-from luftpause.scheduler import envoy
+grpc_env.choose_transport()  # the picker's gRPC transport (luftpause.scheduler chooses it before grpc loads)
+import grpc  # noqa: E402
+from google.protobuf import struct_pb2  # noqa: E402
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # noqa: E402
+
+from luftpause.eventloop import run_event_loop, stop_signalled  # noqa: E402
+from luftpause.grpc_env import EXCLUSIVE_PORT  # noqa: E402
+from luftpause.scheduler import envoy  # noqa: E402
 
 envoy.load_stubs()
 from envoy.config.core.v3 import base_pb2  # noqa: E402

@@ -8,7 +8,9 @@ response phase skipped (for this measurement only: every turn then ends as a fai
 when its stream closes). Then the floor: the same Envoy configuration in front of the
 same engine with ``luftpause.loadgen.floor_extproc`` as its picker, an ext_proc server on
 grpc.aio that answers every message with a constant (the same messages per turn, none of
-the picker's work). For each, streaming and non-streaming: ``--warmup`` requests, then
+the picker's work), and the floor again with fewer messages per turn (the request phase
+only; the body alone, one message each way: the least an ext_proc stream carries). For
+each, streaming and non-streaming: ``--warmup`` requests, then
 ``--requests`` from ``--concurrency`` clients; the picker's CPU (/proc utime+stime) over
 those requests ÷ requests.
 
@@ -24,9 +26,11 @@ import os
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -68,19 +72,36 @@ def measure(observe_response: bool, args: argparse.Namespace, directory: Path) -
     try:
         url = f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
         return per_mode(url, {name: stack.process(name).process.pid for name in ("picker", "envoy", "scheduler")},
-                        args)
+                        args, stack.ports.envoy_admin)
     finally:
         stack.stop()
         engine.stop()
 
 
-def measure_floor(args: argparse.Namespace, directory: Path) -> dict:
-    """Envoy as luftpause configures it, the constant ext_proc server as its picker."""
+# The floor under other processing modes: what fewer messages per turn would save a
+# picker on grpc.aio. Neither is a mode the picker can run in: without the response phase
+# no turn's end reaches it; with the request headers skipped Envoy's router picks the
+# engine as the headers pass, before the picker has answered the body.
+FLOOR_MODES = {
+    FLOOR: {},
+    "floor, request phase only (headers + body, no response phase)": {"response_header_mode": "SKIP",
+                                                                      "response_body_mode": "NONE"},
+    "floor, one message each way (the body only)": {"request_header_mode": "SKIP", "response_header_mode": "SKIP",
+                                                    "response_body_mode": "NONE"},
+}
+
+
+def measure_floor(args: argparse.Namespace, directory: Path, mode: dict[str, str]) -> dict:
+    """Envoy as luftpause configures it (its processing mode changed by ``mode``), the
+    constant ext_proc server as its picker."""
     engine, engine_url = pb.start_engine("engine-instant", pb.INSTANT, directory)
     grpc_port, port, admin_port = free_ports(3)
     config = directory / "floor-envoy.yaml"
-    config.write_text(envoy.render([Endpoint("engine-a", engine_url, (pb.MODEL,))], port=port, admin_port=admin_port,
-                                   pickers=[("127.0.0.1", grpc_port)]))
+    bootstrap = envoy.config([Endpoint("engine-a", engine_url, (pb.MODEL,))], port=port, admin_port=admin_port,
+                             pickers=[("127.0.0.1", grpc_port)])
+    manager = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    manager["http_filters"][0]["typed_config"]["processing_mode"].update(mode)
+    config.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
     floor = ManagedProcess("floor-extproc", "luftpause.loadgen.floor_extproc",
                            ["--port", str(grpc_port), "--destination", envoy.endpoint_key(engine_url)],
                            ready_port=grpc_port, log_path=directory / "floor-extproc.log")
@@ -96,26 +117,35 @@ def measure_floor(args: argparse.Namespace, directory: Path) -> dict:
         # Envoy sends requests only once its health check found the picker serving.
         if not wait_until(lambda: asyncio.run(load(url, False, 1, 1)) == 0, 15):
             raise RuntimeError("Envoy sent no request through the floor's ext_proc server within 15 s")
-        return per_mode(url, {"picker": floor.process.pid, "envoy": proxy.process.pid}, args)
+        return per_mode(url, {"picker": floor.process.pid, "envoy": proxy.process.pid}, args, admin_port)
     finally:
         proxy.stop()
         floor.stop()
         engine.stop()
 
 
-def per_mode(url: str, pids: dict[str, int], args: argparse.Namespace) -> dict:
-    """Non-streaming, then streaming: warm-up, then the measured requests and each
-    process's CPU over them."""
+def messages_sent(admin_port: int) -> int:
+    """Envoy's count of ext_proc messages it sent (each is answered, one each way)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats?filter=ext_proc.stream_msgs_sent",
+                                timeout=10) as reply:
+        return sum(int(line.rpartition(":")[2]) for line in reply.read().decode().splitlines() if line.strip())
+
+
+def per_mode(url: str, pids: dict[str, int], args: argparse.Namespace, admin_port: int) -> dict:
+    """Non-streaming, then streaming: warm-up, then the measured requests, each process's
+    CPU over them and the ext_proc messages per turn."""
     out = {}
     for stream in (False, True):
         asyncio.run(load(url, stream, args.warmup, args.concurrency))
         before = {name: pb.tree_cpu_seconds(pid) for name, pid in pids.items()}
+        sent = messages_sent(admin_port)
         started = time.perf_counter()
         errors = asyncio.run(load(url, stream, args.requests, args.concurrency))
         elapsed = time.perf_counter() - started
         after = {name: pb.tree_cpu_seconds(pid) for name, pid in pids.items()}
         out["streaming" if stream else "non-streaming"] = {
             "requests": args.requests, "errors": errors, "requests_per_s": round(args.requests / elapsed, 1),
+            "messages_per_turn": round((messages_sent(admin_port) - sent) / args.requests, 2),
             **{f"{name}_us_per_turn": round((after[name] - before[name]) * 1e6 / args.requests) for name in pids}}
     return out
 
@@ -127,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=200, help="unmeasured requests first (default 200)")
     parser.add_argument("--concurrency", type=int, default=20, help="clients at once (default 20)")
     parser.add_argument("--no-floor", dest="floor", action="store_false",
-                        help="skip the floor row (the constant ext_proc server)")
+                        help="skip the floor rows (the constant ext_proc server)")
     parser.add_argument("--json", default="bench-results/picker.json", help="where to write the results")
     args = parser.parse_args(argv)
     console = Console()
@@ -139,18 +169,19 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"measuring: {name} …")
             results["rows"][name] = measure(observe, args, Path(tmp))
         if args.floor:
-            name = FLOOR
-            console.print(f"measuring: {name} …")
-            results["rows"][name] = measure_floor(args, Path(tmp))
+            for name, mode in FLOOR_MODES.items():
+                console.print(f"measuring: {name} …")
+                results["rows"][name] = measure_floor(args, Path(tmp), mode)
     results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     table = Table(title=f"Endpoint picker behind Envoy: CPU µs per turn, {args.requests} requests from "
                         f"{args.concurrency} clients per mode, one instant fake engine")
-    for column in ("", "mode", "picker", "envoy", "scheduler", "req/s", "errors"):
+    for column in ("", "mode", "picker", "envoy", "scheduler", "messages each way", "req/s", "errors"):
         table.add_column(column, justify="left" if column in ("", "mode") else "right")
     for name, modes in results["rows"].items():
         for mode, row in modes.items():
             table.add_row(name, mode, str(row["picker_us_per_turn"]), str(row["envoy_us_per_turn"]),
-                          str(row.get("scheduler_us_per_turn", "–")), f"{row['requests_per_s']:.0f}",
+                          str(row.get("scheduler_us_per_turn", "–")), f"{row['messages_per_turn']:.1f}",
+                          f"{row['requests_per_s']:.0f}",
                           str(row["errors"]))
     console.print(table)
     console.print(f"load average before {results['load_average_before']}, after {results['load_average_after']} "
