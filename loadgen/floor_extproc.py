@@ -51,7 +51,8 @@ class ConstantProcessor(ep_grpc.ExternalProcessorServicer):
     async def Process(self, request_iterator, context):  # noqa: N802 - the gRPC method's name
         answers = self.answers
         async for message in request_iterator:
-            yield answers[message.WhichOneof("request")]
+            if not message.observability_mode:  # an observing filter's messages want no answer
+                yield answers[message.WhichOneof("request")]
 
 
 async def serve(args: argparse.Namespace) -> None:

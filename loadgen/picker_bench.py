@@ -8,8 +8,10 @@ response phase skipped (for this measurement only: every turn then ends as a fai
 when its stream closes). Then the floor: the same Envoy configuration in front of the
 same engine with ``luftpause.loadgen.floor_extproc`` as its picker, an ext_proc server on
 grpc.aio that answers every message with a constant (the same messages per turn, none of
-the picker's work), and the floor again with fewer messages per turn (the request phase
-only; the body alone, one message each way: the least an ext_proc stream carries). For
+the picker's work), and the floor again under other ways of using the protocol: the
+response headers skipped, the reply watched by a second filter in observability mode,
+the request phase only, and the body alone (one message each way: the least an ext_proc
+stream carries). For
 each, streaming and non-streaming: ``--warmup`` requests, then
 ``--requests`` from ``--concurrency`` clients; the picker's CPU (/proc utime+stime) over
 those requests ÷ requests.
@@ -78,21 +80,44 @@ def measure(observe_response: bool, args: argparse.Namespace, directory: Path) -
         engine.stop()
 
 
+def _modes(**mode: str):
+    def change(ext_proc: dict, filters: list[dict]) -> None:
+        ext_proc["processing_mode"].update(mode)
+    return change
+
+
+def _response_headers_as_attributes(ext_proc: dict, filters: list[dict]) -> None:
+    """No response headers message: the status and the engine come as attributes of the
+    reply's first body message (Envoy would add the response headers from metadata)."""
+    ext_proc["processing_mode"]["response_header_mode"] = "SKIP"
+    ext_proc["response_attributes"] = ["upstream.address", "response.code"]
+
+
+def _observing_filter(ext_proc: dict, filters: list[dict]) -> None:
+    """The reply watched by a second ext_proc filter in observability mode (Envoy awaits
+    no answers to its messages), the first one doing the request phase only."""
+    ext_proc["processing_mode"].update(response_header_mode="SKIP", response_body_mode="NONE")
+    observer = {**ext_proc, "observability_mode": True, "response_attributes": ["upstream.address", "response.code"],
+                "processing_mode": {**ext_proc["processing_mode"], "request_header_mode": "SKIP",
+                                    "request_body_mode": "NONE", "response_body_mode": "STREAMED"}}
+    filters.insert(1, {"name": "observer", "typed_config": observer})
+
+
 # The floor under other processing modes: what fewer messages per turn would save a
-# picker on grpc.aio. Neither is a mode the picker can run in: without the response phase
-# no turn's end reaches it; with the request headers skipped Envoy's router picks the
-# engine as the headers pass, before the picker has answered the body.
+# picker on grpc.aio. None is a mode the picker runs in (docs/envoy.md, "Cost", says why).
 FLOOR_MODES = {
-    FLOOR: {},
-    "floor, request phase only (headers + body, no response phase)": {"response_header_mode": "SKIP",
-                                                                      "response_body_mode": "NONE"},
-    "floor, one message each way (the body only)": {"request_header_mode": "SKIP", "response_header_mode": "SKIP",
-                                                    "response_body_mode": "NONE"},
+    FLOOR: _modes(),
+    "floor, response headers skipped (status and engine as attributes of the body)": _response_headers_as_attributes,
+    "floor, the reply watched by a second filter in observability mode": _observing_filter,
+    "floor, request phase only (headers + body, no response phase)": _modes(response_header_mode="SKIP",
+                                                                            response_body_mode="NONE"),
+    "floor, one message each way (the body only)": _modes(request_header_mode="SKIP", response_header_mode="SKIP",
+                                                          response_body_mode="NONE"),
 }
 
 
-def measure_floor(args: argparse.Namespace, directory: Path, mode: dict[str, str]) -> dict:
-    """Envoy as luftpause configures it (its processing mode changed by ``mode``), the
+def measure_floor(args: argparse.Namespace, directory: Path, mode) -> dict:
+    """Envoy as luftpause configures it (its ext_proc filter changed by ``mode``), the
     constant ext_proc server as its picker."""
     engine, engine_url = pb.start_engine("engine-instant", pb.INSTANT, directory)
     grpc_port, port, admin_port = free_ports(3)
@@ -100,7 +125,7 @@ def measure_floor(args: argparse.Namespace, directory: Path, mode: dict[str, str
     bootstrap = envoy.config([Endpoint("engine-a", engine_url, (pb.MODEL,))], port=port, admin_port=admin_port,
                              pickers=[("127.0.0.1", grpc_port)])
     manager = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    manager["http_filters"][0]["typed_config"]["processing_mode"].update(mode)
+    mode(manager["http_filters"][0]["typed_config"], manager["http_filters"])
     config.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
     floor = ManagedProcess("floor-extproc", "luftpause.loadgen.floor_extproc",
                            ["--port", str(grpc_port), "--destination", envoy.endpoint_key(engine_url)],
@@ -125,7 +150,7 @@ def measure_floor(args: argparse.Namespace, directory: Path, mode: dict[str, str
 
 
 def messages_sent(admin_port: int) -> int:
-    """Envoy's count of ext_proc messages it sent (each is answered, one each way)."""
+    """Envoy's count of the ext_proc messages it sent (each answered, except an observing filter's)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats?filter=ext_proc.stream_msgs_sent",
                                 timeout=10) as reply:
         return sum(int(line.rpartition(":")[2]) for line in reply.read().decode().splitlines() if line.strip())
@@ -158,13 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=20, help="clients at once (default 20)")
     parser.add_argument("--no-floor", dest="floor", action="store_false",
                         help="skip the floor rows (the constant ext_proc server)")
+    parser.add_argument("--floor-only", action="store_true", help="only the floor rows (no luftpause stack)")
     parser.add_argument("--json", default="bench-results/picker.json", help="where to write the results")
     args = parser.parse_args(argv)
     console = Console()
     results: dict = {"cpus": os.cpu_count(), "load_average_before": [round(x, 2) for x in os.getloadavg()],
                      "options": vars(args), "rows": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for observe in (True, False):
+        for observe in () if args.floor_only else (True, False):
             name = "response observed (as luftpause runs)" if observe else "response phase skipped (measurement only)"
             console.print(f"measuring: {name} …")
             results["rows"][name] = measure(observe, args, Path(tmp))
@@ -175,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     table = Table(title=f"Endpoint picker behind Envoy: CPU µs per turn, {args.requests} requests from "
                         f"{args.concurrency} clients per mode, one instant fake engine")
-    for column in ("", "mode", "picker", "envoy", "scheduler", "messages each way", "req/s", "errors"):
+    for column in ("", "mode", "picker", "envoy", "scheduler", "ext_proc messages Envoy sent", "req/s", "errors"):
         table.add_column(column, justify="left" if column in ("", "mode") else "right")
     for name, modes in results["rows"].items():
         for mode, row in modes.items():
