@@ -187,7 +187,10 @@ def config(endpoints: list[Endpoint], *, port: int, admin_port: int, pickers: li
         # The engine that served the response: the picker names it in x-luftpause-replica.
         "response_attributes": ["upstream.address"],
         "metadata_options": {
-            "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE, LB_NAMESPACE]},
+            # Only the gateway's subset hint goes to the picker: forwarding its own answer
+            # (envoy.lb) back would copy it into every later message of the turn, each
+            # response chunk included, for nothing.
+            "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]},
             "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
         },
     }
