@@ -16,7 +16,7 @@ each, streaming and non-streaming: ``--warmup`` requests, then
 ``--requests`` from ``--concurrency`` clients; the picker's CPU (/proc utime+stime) over
 those requests ÷ requests.
 
-    python -m luftpause.loadgen.picker_bench [--requests N] [--concurrency C] [--no-floor] [--json PATH]
+    python -m luftpause.loadgen.picker_bench [--requests N] [--concurrency C] [--no-floor | --floor-only] [--json PATH]
 """
 
 from __future__ import annotations
