@@ -11,10 +11,9 @@ grpc.aio that answers every message with a constant (the same messages per turn,
 the picker's work), and the floor again under other ways of using the protocol: the
 response headers skipped, the reply watched by a second filter in observability mode,
 the request phase only, and the body alone (one message each way: the least an ext_proc
-stream carries). For
-each, streaming and non-streaming: ``--warmup`` requests, then
+stream carries). For each, streaming and non-streaming: ``--warmup`` requests, then
 ``--requests`` from ``--concurrency`` clients; the picker's CPU (/proc utime+stime) over
-those requests ÷ requests.
+those requests ÷ requests, and the ext_proc messages Envoy sent per request.
 
     python -m luftpause.loadgen.picker_bench [--requests N] [--concurrency C] [--no-floor | --floor-only] [--json PATH]
 """
@@ -181,9 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=2000, help="measured requests per mode (default 2000)")
     parser.add_argument("--warmup", type=int, default=200, help="unmeasured requests first (default 200)")
     parser.add_argument("--concurrency", type=int, default=20, help="clients at once (default 20)")
-    parser.add_argument("--no-floor", dest="floor", action="store_false",
-                        help="skip the floor rows (the constant ext_proc server)")
-    parser.add_argument("--floor-only", action="store_true", help="only the floor rows (no luftpause stack)")
+    rows = parser.add_mutually_exclusive_group()
+    rows.add_argument("--no-floor", dest="floor", action="store_false",
+                      help="skip the floor rows (the constant ext_proc server)")
+    rows.add_argument("--floor-only", action="store_true", help="only the floor rows (no luftpause stack)")
     parser.add_argument("--json", default="bench-results/picker.json", help="where to write the results")
     args = parser.parse_args(argv)
     console = Console()
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     table = Table(title=f"Endpoint picker behind Envoy: CPU µs per turn, {args.requests} requests from "
                         f"{args.concurrency} clients per mode, one instant fake engine")
-    for column in ("", "mode", "picker", "envoy", "scheduler", "ext_proc messages Envoy sent", "req/s", "errors"):
+    for column in ("", "mode", "picker", "envoy", "scheduler", "ext_proc messages Envoy sent per turn", "req/s", "errors"):
         table.add_column(column, justify="left" if column in ("", "mode") else "right")
     for name, modes in results["rows"].items():
         for mode, row in modes.items():
