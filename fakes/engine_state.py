@@ -86,6 +86,13 @@ class Simulator:
         self.gen_throughput = 0.0
         self._log_tokens = 0
         self._log_at: float | None = None
+        # SGLang's execution counters: the GPU's own time per forward-mode category (model
+        # seconds: a pass's time on the simulated GPU, whatever the host's CPU did meanwhile),
+        # decode tokens, and decode passes run from CUDA graphs or eagerly. Monotonic, as
+        # Prometheus counters are: a reset between benchmark rows leaves them counting.
+        self.gpu_seconds = {"extend": 0.0, "decode": 0.0}
+        self.decode_tokens = 0
+        self.decode_passes = {"decode_cuda_graph": 0, "decode_none": 0}
 
     def reset(self) -> bool:
         """Forget the prefix cache and counters (between benchmark variants); only when idle."""
@@ -153,6 +160,13 @@ class Simulator:
             self.gen_throughput = self._log_tokens / ((now - self._log_at) / self.time_scale)
         self._log_tokens, self._log_at = 0, now
 
+    def _count_decode(self, pass_ms: float, batch: int) -> None:
+        """SGLang's execution counters for one decode pass of ``batch`` requests."""
+        self.gpu_seconds["decode"] += pass_ms / 1000
+        self.decode_tokens += batch
+        graph = self.model.params.cuda_graph_max_bs
+        self.decode_passes["decode_cuda_graph" if 0 < batch <= graph else "decode_none"] += 1
+
     async def _run(self) -> None:
         continuing = False  # whether this replica has had work since its last pass
         while True:
@@ -162,15 +176,19 @@ class Simulator:
                 continue
             admitted = self.model.admit()
             if admitted:
-                await self.gpu.run(self.model.prefill_ms(admitted), continuing)
+                pass_ms = self.model.prefill_ms(admitted)
+                await self.gpu.run(pass_ms, continuing)
+                self.gpu_seconds["extend"] += pass_ms / 1000
                 continuing = True
                 self.model.finish_prefill(admitted)
                 self.tokens_generated += sum(1 for r in admitted if r.prefilled)
                 self._notify(admitted)
             elif self.model.decoding():
                 batch = self.model.prepare_decode()
-                await self.gpu.run(self.model.decode_ms(), continuing)
+                pass_ms = self.model.decode_ms()
+                await self.gpu.run(pass_ms, continuing)
                 continuing = True
+                self._count_decode(pass_ms, len(batch))
                 self.model.decode_step()
                 self.tokens_generated += len(batch)
                 self._log_decode(len(batch))
@@ -271,6 +289,27 @@ class EngineCollector(Collector):
                                                "token_usage": gauges.token_usage}[key])
                 yield family
 
+    def _execution(self) -> Iterator[CounterMetricFamily]:
+        """SGLang's execution counters: ``gpu_execution_seconds_total`` per forward-mode
+        category (the simulated GPU's time, so a busy host does not show in it),
+        ``realtime_tokens_total{mode="decode"}`` and ``cuda_graph_passes_total`` per mode
+        (decode passes from captured graphs, ``decode_cuda_graph``, or eager, ``decode_none``)."""
+        sim, model_name = self.state.sim, self.state.config.models[0]
+        seconds = CounterMetricFamily("sglang:gpu_execution_seconds", "Total time that GPU is busy executing a workload.",
+                                      labels=["model_name", "category"])
+        for category, value in sim.gpu_seconds.items():
+            seconds.add_metric([model_name, category], round(value, 6))
+        tokens = CounterMetricFamily("sglang:realtime_tokens", "Total number of tokens processed.",
+                                     labels=["model_name", "mode"])
+        tokens.add_metric([model_name, "decode"], sim.decode_tokens)
+        passes = CounterMetricFamily("sglang:cuda_graph_passes", "Total number of forward passes categorized by CUDA graph.",
+                                     labels=["model_name", "mode"])
+        for mode, value in sim.decode_passes.items():
+            passes.add_metric([model_name, mode], value)
+        yield seconds
+        yield tokens
+        yield passes
+
     def _kv_pool(self, model: Any) -> Iterator[GaugeMetricFamily]:
         """The KV pool's size and the tokens held (as stale as ``token_usage``), in the
         engine family's own names: SGLang's ``max_total_num_tokens`` and
@@ -289,6 +328,7 @@ class EngineCollector(Collector):
             yield total
             yield used
             yield throughput
+            yield from self._execution()
         else:
             block = model.params.block_tokens
             info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMCache configuration.",

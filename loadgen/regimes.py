@@ -20,6 +20,8 @@ runs/min and batch runs/min are compared with the best peer row for each metric,
 also with the class-blind SGLang router's. The map is printed as a table and written as
 JSON (``regimes-<time>.json``, each cell naming its full B2 result file) and as a heatmap
 PNG beside it (``python -m luftpause.loadgen.regimes --plot FILE.json`` redraws it).
+Cells run one invocation at a time (``--cell``) are put together into one map with
+``--merge FILE.json ...`` (the table, the JSON and the heatmap, cells in the map's order).
 """
 
 from __future__ import annotations
@@ -223,6 +225,24 @@ def plot_map(result_path: Path, png_path: Path | None = None) -> Path:
     return save_figure(figure, png_path)
 
 
+def merge_maps(paths: list[Path]) -> dict[str, Any]:
+    """One map from the maps of separate invocations: their cells in the map's order (a
+    cell measured twice: the later file's), each keeping the B2 result it names; the
+    config of the first (the others must agree on repeats and window)."""
+    maps = [json.loads(Path(path).read_text()) for path in paths]
+    if not maps:
+        raise ValueError("nothing to merge")
+    for path, other in zip(paths, maps):
+        if other.get("benchmark") != "regimes":
+            raise ValueError(f"{path} is not a regime map")
+        if any(other["config"].get(k) != maps[0]["config"].get(k) for k in ("repeats", "window_s", "preset")):
+            raise ValueError(f"{path} was run with other repeats, window or preset than {paths[0]}")
+    cells = {cell["cell"]: cell for other in maps for cell in other["cells"]}
+    order = [cell.name for cell in cell_grid()]
+    ranked = sorted(cells, key=lambda name: (order.index(name) if name in order else len(order), name))
+    return {**maps[0], "cells": [cells[name] for name in ranked], "merged_from": [str(p) for p in paths]}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m luftpause.loadgen.regimes", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -230,6 +250,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="run only this cell (repeatable), e.g. eager=0 or eager=0,kv=-30; default: the whole map")
     p.add_argument("--list", action="store_true", help="print the map's cells and exit")
     p.add_argument("--plot", type=Path, metavar="JSON", help="run nothing: draw the heatmap of an earlier map")
+    p.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                   help="run nothing: put the maps of separate invocations (e.g. one --cell each) into one map "
+                        "(JSON in --out-dir, table, heatmap)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--time-scale", type=float, default=0.25)
     p.add_argument("--window-s", type=float, default=120.0, help="B2 window in model seconds")
@@ -241,6 +264,15 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.plot:
         console.print(f"heatmap: {plot_map(a.plot)}")
+        return
+    if a.merge:
+        try:
+            merged = merge_maps(a.merge)
+        except (ValueError, OSError, KeyError) as exc:
+            p.error(str(exc))
+        path = write_json(a.out_dir / f"regimes-{time.strftime('%Y%m%d-%H%M%S')}-merged.json", merged)
+        print_map(merged)
+        console.print(f"map: {path}\nheatmap: {plot_map(path)}")
         return
     try:
         cells = [parse_cell(c) for c in a.cell] if a.cell else cell_grid()

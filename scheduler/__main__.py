@@ -43,9 +43,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                "paused there on a tool (at most half the ceiling): its next turn starts at once instead of waiting "
                "for a batch turn to end, and batch throughput pays for the empty slot", choices=("on", "off"))
     env_option(parser, "--lift-ceiling", "LUFTPAUSE_LIFT_CEILING", "off",
-               "lift a replica's decode ceiling (SGLang's cuda_graph_max_bs) where the engine's own gen_throughput "
-               "shows decoding above it costs little, tried every 90 s at most (off by default: on the testbed the "
-               "readings are too noisy to tell, docs/admission.md)", choices=("on", "off"))
+               "lift a replica's decode ceiling (SGLang's cuda_graph_max_bs) where the engine shows decoding above it "
+               "costs little per token: its decode execution counters (GPU seconds, tokens, graph and eager passes) "
+               "where it reports them, else its gen_throughput; a try every 90 s at most (docs/admission.md)",
+               choices=("on", "off"))
     env_option(parser, "--probe-period", "LUFTPAUSE_PROBE_PERIOD_S", PROBE_PERIOD_S,
                "seconds between engine probes (the probe timeout stays 2 s)", kind=float)
     parser.add_argument("--runtime-url", default=env("LUFTPAUSE_RUNTIME_URL") or None, type=runtime_url,

@@ -78,6 +78,10 @@ LIFT_REFERENCE_MIN = 15
 # each dear verdict, up to the maximum.
 LIFT_RETRY_PROBES = 45
 LIFT_RETRY_MAX = 240
+# Where the engine reports its execution counters, a reading above the fast batch needs
+# at least this share of the interval's decode passes run eagerly (a mixed interval reads
+# part of the eager step; one mostly under the fast batch says little about above it).
+LIFT_EAGER_SHARE = 0.5
 # The lifted ceiling: at most this many times the fast batch; each step adds half of it.
 LIFT_MAX_FACTOR = 4
 LIFT_STEP_DIVISOR = 2

@@ -318,7 +318,8 @@ class SchedulerHost:
         self.apply(core.EngineProbed(replica, result.healthy, result.running, result.queued, self.now_ms(),
                                      result.kv_used, result.kv_total, fast, answers=answered,
                                      load_stale=result.load_stale, unanswered=result.unanswered,
-                                     gen_throughput=result.gen_throughput))
+                                     gen_throughput=result.gen_throughput,
+                                     decode_counters=result.decode_counters))
         after = self.state.replicas[replica]
         if after.decode.lift != before.lift:
             self.log.info("decode_ceiling", replica=replica, ceiling=after.ceiling, fast_batch=after.fast_batch,

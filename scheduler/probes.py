@@ -11,6 +11,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.scheduler.constants import PROBE_TIMEOUT_S
+from luftpause.scheduler.core.state import DecodeCounters
 from luftpause.scheduler.pool import Endpoint
 
 # (running, waiting) metric names per engine family, as each exposes them at /metrics.
@@ -25,6 +26,18 @@ LOAD_METRICS = (
 # ``decode_log_interval`` decode steps, 40 by default) divided by that interval's wall time,
 # refreshed with ``num_running_reqs``; with it the scheduler reads what a decode step costs.
 GEN_THROUGHPUT_METRIC = "sglang:gen_throughput"
+# SGLang's execution counters, per label: the GPU's busy time by forward-mode category,
+# tokens by mode, decode passes from captured CUDA graphs or eager. Their decode samples,
+# read between two probes, give a decode token's own cost (core/ceiling.py).
+EXECUTION_LABELS = {
+    "sglang:gpu_execution_seconds_total": "category",
+    "sglang:realtime_tokens_total": "mode",
+    "sglang:cuda_graph_passes_total": "mode",
+}
+DECODE_SECONDS = "sglang:gpu_execution_seconds_total{decode}"
+DECODE_TOKENS = "sglang:realtime_tokens_total{decode}"
+GRAPH_PASSES = "sglang:cuda_graph_passes_total{decode_cuda_graph}"
+EAGER_PASSES = "sglang:cuda_graph_passes_total{decode_none}"
 # SGLang's server arguments (``cuda_graph_max_bs`` among them); other engines answer 404.
 SERVER_INFO_PATH = "/get_server_info"
 # Where vLLM and SGLang (FastAPI servers) publish their routes; a native client API is
@@ -45,10 +58,12 @@ class Load(NamedTuple):
     kv_used: int = 0  # KV tokens held; 0 when the engine does not say
     kv_total: int = 0  # KV pool in tokens; 0 when the engine does not say
     gen_throughput: float = 0.0  # tokens/s over the engine's last decode-log interval; 0 when it does not say
+    decode_counters: DecodeCounters | None = None  # its execution counters, None when it does not report them
 
 
 def sample_totals(metrics_text: str) -> tuple[dict[str, float], dict[str, dict[str, str]]]:
-    """Every sample summed by name, and the labels of the last sample of each name."""
+    """Every sample summed by name, and the labels of the last sample of each name; the
+    execution counters (EXECUTION_LABELS) also per label value, as ``name{value}``."""
     totals: dict[str, float] = {}
     labels: dict[str, dict[str, str]] = {}
     try:
@@ -56,6 +71,10 @@ def sample_totals(metrics_text: str) -> tuple[dict[str, float], dict[str, dict[s
             for sample in family.samples:
                 totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
                 labels[sample.name] = sample.labels
+                label = EXECUTION_LABELS.get(sample.name)
+                if label is not None:
+                    key = f"{sample.name}{{{sample.labels.get(label, '')}}}"
+                    totals[key] = totals.get(key, 0.0) + sample.value
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         raise BadMetrics(str(exc) or type(exc).__name__) from None
     return totals, labels
@@ -82,11 +101,19 @@ def _kv_tokens(totals: dict[str, float], labels: dict[str, dict[str, str]]) -> t
     return 0, 0
 
 
+def _decode_counters(totals: dict[str, float]) -> DecodeCounters | None:
+    """SGLang's decode execution counters, where the engine reports all of them."""
+    if not all(name in totals for name in (DECODE_SECONDS, DECODE_TOKENS, GRAPH_PASSES, EAGER_PASSES)):
+        return None
+    return DecodeCounters(totals[DECODE_SECONDS], int(totals[DECODE_TOKENS]), int(totals[GRAPH_PASSES]),
+                          int(totals[EAGER_PASSES]))
+
+
 def _known_load(totals: dict[str, float], labels: dict[str, dict[str, str]]) -> Load | None:
     for running_name, queued_name in LOAD_METRICS:
         if running_name in totals and queued_name in totals:
             return Load(int(totals[running_name]), int(totals[queued_name]), *_kv_tokens(totals, labels),
-                        max(0.0, totals.get(GEN_THROUGHPUT_METRIC, 0.0)))
+                        max(0.0, totals.get(GEN_THROUGHPUT_METRIC, 0.0)), _decode_counters(totals))
     return None
 
 
@@ -122,6 +149,7 @@ class ProbeResult:
     load_stale: bool = False  # a metrics source did not answer in time: load unknown, not zero
     unanswered: bool = False  # the health route did not answer in time: out of sight, not known down
     gen_throughput: float | None = None  # the engine's tokens/s (one engine only), None when not reported
+    decode_counters: DecodeCounters | None = None  # its execution counters (one engine only), None when not reported
 
 
 class _Unanswered(NamedTuple):
@@ -177,7 +205,7 @@ async def probe(client: httpx.AsyncClient, endpoint: Endpoint) -> ProbeResult:
     return ProbeResult(
         True, sum(n.running for n in numbers), sum(n.queued for n in numbers),
         sum(n.kv_used for n in numbers) if kv_known else None, sum(n.kv_total for n in numbers) if kv_known else None,
-        gen_throughput=throughput,
+        gen_throughput=throughput, decode_counters=numbers[0].decode_counters if len(numbers) == 1 else None,
     )
 
 

@@ -50,6 +50,7 @@ from luftpause.scheduler.core.state import (
     TURN_TIME_WEIGHT,
     AdmissionLimit,
     DecodeCost,
+    DecodeCounters,
     HeldTurn,
     Lease,
     Replica,
@@ -63,7 +64,7 @@ from luftpause.scheduler.core.status import status
 
 __all__ = [
     "BATCH", "GENERATIVE", "INTERACTIVE", "ONE_PASS", "SERVICE_CLASSES", "TURN_TIME_WEIGHT",
-    "Action", "AdmissionLimit", "AdmitCancelled", "AdmitRequested", "ClockTicked", "DataplaneGone", "DecodeCost", "EngineProbed", "Event", "Grant",
+    "Action", "AdmissionLimit", "AdmitCancelled", "AdmitRequested", "ClockTicked", "DataplaneGone", "DecodeCost", "DecodeCounters", "EngineProbed", "Event", "Grant",
     "HeldTurn", "Lease", "LeaseReturned", "LeaseTaking", "Place", "Reject", "Replica", "Resynced", "Revoke", "Run",
     "RunEnded", "RunSnapshot", "Stage", "State", "Turn", "TurnFailed", "TurnFinished", "TurnSnapshot", "TurnUsage",
     "batch_reserve", "decide", "initial_state", "status", "validation_error",

@@ -38,8 +38,20 @@ Per replica, then:
   LIFT_RETRY_MAX);
 * forget: an unhealthy replica, or one whose metrics do not answer, is read anew.
 
+Where the engine reports its execution counters (SGLang's ``gpu_execution_seconds_total``
+for decode passes, ``realtime_tokens_total`` for decode tokens, ``cuda_graph_passes_total``
+for passes from graphs and eager ones), a reading is taken from them instead: between two
+probes, the GPU time of the replica's own decode passes over the tokens they generated.
+That is a decode token's cost apart from the prefill passes, the neighbours' passes on a
+shared GPU and the host's CPU, which all sit in a ``gen_throughput`` interval (on the
+busy development machine the host's share hid the eager step entirely). The passes say
+which side of the fast batch the interval was on: a reading at the fast batch has no
+eager pass and a mean batch above half of it; one above has at least LIFT_EAGER_SHARE of
+its passes eager. A replica's own cost per token is what its share of the device costs:
+lowering it raises the device's throughput whatever the neighbour runs.
+
 The pool file's ``max_batch`` is the operator's ceiling and is never lifted; an engine
-that reports no throughput keeps its fast batch as the wall.
+that reports neither throughput nor counters keeps its fast batch as the wall.
 """
 
 from __future__ import annotations
@@ -47,6 +59,7 @@ from __future__ import annotations
 from statistics import median
 
 from luftpause.scheduler.constants import (
+    LIFT_EAGER_SHARE,
     LIFT_MAX_FACTOR,
     LIFT_REFERENCE_MIN,
     LIFT_REFERENCE_SAMPLES,
@@ -57,7 +70,7 @@ from luftpause.scheduler.constants import (
     LIFT_TOLERANCE,
 )
 from luftpause.scheduler.core.events import EngineProbed
-from luftpause.scheduler.core.state import DecodeCost, Replica, State
+from luftpause.scheduler.core.state import DecodeCost, DecodeCounters, Replica, State
 
 
 def device_reading(state: State, replica: Replica, probe: EngineProbed) -> tuple[int, float]:
@@ -134,6 +147,43 @@ def _read(cost: DecodeCost, replica: Replica, probe: EngineProbed, device_batch:
     return cost
 
 
+def counters_reading(before: DecodeCounters | None, now: DecodeCounters) -> tuple[float, float, float] | None:
+    """What the decode passes between two probes' counters cost: (GPU milliseconds per
+    generated token, mean batch, share of the passes run eagerly); None without a decode
+    pass between them, or when a counter went back (the engine restarted)."""
+    if before is None:
+        return None
+    eager = now.eager_passes - before.eager_passes
+    passes = now.graph_passes - before.graph_passes + eager
+    tokens = now.tokens - before.tokens
+    gpu_ms = (now.gpu_s - before.gpu_s) * 1000.0
+    if passes <= 0 or tokens <= 0 or gpu_ms <= 0 or not 0 <= eager <= passes:
+        return None
+    return gpu_ms / tokens, tokens / passes, eager / passes
+
+
+def _read_counters(cost: DecodeCost, replica: Replica, counters: DecodeCounters) -> DecodeCost:
+    """Take the reading of the engine's execution counters since the last probe: the
+    replica's own decode cost per token, at the fast batch (no eager pass, a mean batch
+    above half of it, the wall holding and full) or above it (since the lift last
+    changed, after LIFT_SETTLE_PROBES probes, at least LIFT_EAGER_SHARE of the passes
+    eager)."""
+    reading = counters_reading(cost.counters, counters)
+    cost = cost._replace(counters=counters)
+    if reading is None:
+        return cost
+    ms, batch, eager_share = reading
+    fast = replica.fast_batch
+    if not cost.lift:
+        if eager_share == 0 and batch > fast / 2 and replica.in_flight >= fast:
+            return cost._replace(lo_samples=cost.lo_samples + 1,
+                                 lo_costs=(*cost.lo_costs, ms)[-LIFT_REFERENCE_SAMPLES:])
+        return cost
+    if cost.settle > LIFT_SETTLE_PROBES and eager_share >= LIFT_EAGER_SHARE:
+        return cost._replace(hi_costs=(*cost.hi_costs, ms))
+    return cost
+
+
 def _relifted(cost: DecodeCost, lift: int) -> DecodeCost:
     """The lift changed: readings above the fast batch start over."""
     return cost._replace(lift=lift, hi_costs=(), settle=0)
@@ -151,8 +201,11 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, 
         return cost if cost == DecodeCost() else DecodeCost()
     if probe.load_stale:
         return cost
-    cost = _read(cost._replace(settle=cost.settle + 1, retry_after=max(0, cost.retry_after - 1)), replica, probe,
-                 device_batch, device_throughput)
+    cost = cost._replace(settle=cost.settle + 1, retry_after=max(0, cost.retry_after - 1))
+    if probe.decode_counters is not None:  # the engine's own decode time: read from it
+        cost = _read_counters(cost, replica, probe.decode_counters)
+    else:
+        cost = _read(cost, replica, probe, device_batch, device_throughput)
     step = lift_step(fast)
     at_ceiling = replica.in_flight + replica.leased_idle >= fast + cost.lift
     if cost.lift and len(cost.hi_costs) >= LIFT_SAMPLES:

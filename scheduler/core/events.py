@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from luftpause.scheduler.core.state import Stage
+from luftpause.scheduler.core.state import DecodeCounters, Stage
 from luftpause.vocabulary import RejectReason
 
 
@@ -91,6 +91,9 @@ class EngineProbed:
     # error status): out of the scheduler's sight, not known down (sight.py).
     unanswered: bool = False
     gen_throughput: float | None = None  # tokens/s the engine generated over its last decode-log interval, None when not reported
+    # Its execution counters (decode GPU time, tokens, graph and eager passes), None when
+    # not reported: where they are, the decode cost is read from them (ceiling.py).
+    decode_counters: DecodeCounters | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,19 @@ class AdmissionLimit(NamedTuple):
     before_growth: int = 0  # the value before the last growth (an overshoot by young turns goes back to it)
 
 
+class DecodeCounters(NamedTuple):
+    """An engine's execution counters as of one probe (SGLang's, monotonic since it
+    started): the GPU's time in decode passes, the tokens they generated, and the passes
+    run from captured CUDA graphs and eagerly (above the fast batch). Between two probes
+    they give what the replica's own decode passes cost per token, apart from its prefill
+    passes, its neighbours' passes on a shared GPU and the host's CPU (ceiling.py)."""
+
+    gpu_s: float
+    tokens: int
+    graph_passes: int
+    eager_passes: int
+
+
 @_quick_replace
 class DecodeCost(NamedTuple):
     """What a generated token costs a replica's device at and above the replica's fast
@@ -80,6 +93,7 @@ class DecodeCost(NamedTuple):
     settle: int = 0  # probes since the lift last changed
     retry_after: int = 0  # probes to wait before the next try
     retry_probes: int = LIFT_RETRY_PROBES  # the wait a dear verdict sets (doubles in a row)
+    counters: DecodeCounters | None = None  # the engine's execution counters at the last probe, where it reports them
 
 
 @_quick_replace

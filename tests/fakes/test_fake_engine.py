@@ -116,18 +116,38 @@ async def get_json(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
         return await response.json()
 
 
+EXECUTION_COUNTERS = {"sglang:gpu_execution_seconds": "category", "sglang:realtime_tokens": "mode",
+                      "sglang:cuda_graph_passes": "mode"}
+
+
 async def gauges(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
     """``/metrics`` parsed with the Prometheus parser, as ``{name: value}`` for our model:
-    gauges, and the retraction counter."""
+    gauges, and the retraction counter (the execution counters: :func:`execution`)."""
     async with http.get(f"{url}/metrics") as response:
         assert response.status == 200
         text = await response.text()
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
+        if family.name in EXECUTION_COUNTERS:
+            continue
         assert family.type == ("counter" if "retracted" in family.name else "gauge"), family.name
         for sample in family.samples:
             assert sample.labels == {"model_name": MODEL}
             values[sample.name] = sample.value
+    return values
+
+
+async def execution(http: aiohttp.ClientSession, url: str) -> dict[tuple[str, str], float]:
+    """SGLang's execution counters in ``/metrics``, as ``{(sample name, category or mode): value}``."""
+    async with http.get(f"{url}/metrics") as response:
+        text = await response.text()
+    values: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in EXECUTION_COUNTERS:
+            assert family.type == "counter"
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    values[(sample.name, sample.labels[EXECUTION_COUNTERS[family.name]])] = sample.value
     return values
 
 
@@ -334,6 +354,23 @@ async def test_metrics_show_running_and_queue(slow_engine: str, http: aiohttp.Cl
     assert done["sglang:num_running_reqs"] == 0 and done["sglang:num_queue_reqs"] == 0
     # Tokens per second of its last decode-log interval, as SGLang's: none before any decode.
     assert idle["sglang:gen_throughput"] == 0 and done["sglang:gen_throughput"] > 0
+
+
+async def test_execution_counters_are_the_simulated_gpus_time(slow_engine: str, http: aiohttp.ClientSession) -> None:
+    """SGLang's ``gpu_execution_seconds_total`` per category, decode tokens and decode
+    passes: a decode pass of this engine costs 40 model ms at any batch (``--token-ms``),
+    so the decode seconds are 40 ms a pass whatever the host's CPU did, and without CUDA
+    graphs every pass is eager; a scheduler reads the cost of a decode token from them."""
+    before = await execution(http, slow_engine)
+    await asyncio.gather(*(post_stream(http, slow_engine, chat()) for _ in range(3)))
+    after = await execution(http, slow_engine)
+    grew = {key: after[key] - before.get(key, 0.0) for key in after}
+    passes = grew[("sglang:cuda_graph_passes_total", "decode_none")]
+    tokens = grew[("sglang:realtime_tokens_total", "decode")]
+    assert grew[("sglang:cuda_graph_passes_total", "decode_cuda_graph")] == 0 and passes > 0
+    assert grew[("sglang:gpu_execution_seconds_total", "decode")] == pytest.approx(0.040 * passes)
+    assert passes <= tokens <= 2 * passes  # --max-running 2
+    assert grew[("sglang:gpu_execution_seconds_total", "extend")] > 0  # the prompts' prefill passes
 
 
 async def test_client_disconnect_closes_engine_request(slow_engine: str, http: aiohttp.ClientSession) -> None:

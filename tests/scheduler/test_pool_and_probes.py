@@ -15,6 +15,7 @@ from luftpause.fakes.engine import EngineConfig
 from luftpause.fakes.engine import create_app as create_engine_app
 from luftpause.dev.procs import ManagedProcess, free_port, free_ports, wait_until
 from luftpause.scheduler.pool import Endpoint, PoolError, parse_pool
+from luftpause.scheduler.core import DecodeCounters
 from luftpause.scheduler.probes import fast_batch, native_apis, parse_load, probe, probe_client
 
 @asynccontextmanager
@@ -151,6 +152,26 @@ def test_sglangs_generation_throughput_is_read_beside_its_load():
             'sglang:gen_throughput{model_name="m"} 434.8\n')
     assert parse_load(text).gen_throughput == 434.8
     assert parse_load("sglang:num_running_reqs 3\nsglang:num_queue_reqs 0\n").gen_throughput == 0.0
+
+
+def test_sglangs_decode_execution_counters_are_read_per_label():
+    """SGLang's execution counters, per category or mode: the decode GPU seconds, decode
+    tokens and graph / eager passes (the prefill's seconds and tokens are not the decode's);
+    an engine that lacks any of them reports none."""
+    text = ('sglang:num_running_reqs{model_name="m"} 8\nsglang:num_queue_reqs{model_name="m"} 0\n'
+            '# TYPE sglang:gpu_execution_seconds counter\n'
+            'sglang:gpu_execution_seconds_total{model_name="m",category="decode"} 12.5\n'
+            'sglang:gpu_execution_seconds_total{model_name="m",category="extend"} 4.0\n'
+            '# TYPE sglang:realtime_tokens counter\n'
+            'sglang:realtime_tokens_total{model_name="m",mode="decode"} 5000\n'
+            'sglang:realtime_tokens_total{model_name="m",mode="prefill_compute"} 90000\n'
+            '# TYPE sglang:cuda_graph_passes counter\n'
+            'sglang:cuda_graph_passes_total{model_name="m",mode="decode_cuda_graph"} 600\n'
+            'sglang:cuda_graph_passes_total{model_name="m",mode="decode_none"} 40\n')
+    assert parse_load(text).decode_counters == DecodeCounters(12.5, 5000, 600, 40)
+    without_passes = "\n".join(line for line in text.splitlines() if "cuda_graph" not in line) + "\n"
+    assert parse_load(without_passes).decode_counters is None
+    assert parse_load("sglang:num_running_reqs 3\nsglang:num_queue_reqs 0\n").decode_counters is None
 
 
 def test_load_is_read_in_llama_cpp_and_tgi_names():

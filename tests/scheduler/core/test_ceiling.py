@@ -19,7 +19,7 @@ from luftpause.scheduler.constants import (
 )
 
 from .drivers import REPLICAS, Driver, never_over_cap, operations, placements
-from luftpause.scheduler.core.ceiling import device_reading, lift_step, reference_ms
+from luftpause.scheduler.core.ceiling import counters_reading, device_reading, lift_step, reference_ms
 
 from .helpers import MODEL, fill, placed
 
@@ -323,3 +323,83 @@ def test_a_neighbours_eager_step_on_a_shared_gpu_reads_dear_whichever_replica_tr
     assert [dear.replicas[n].ceiling for n in "ab"] == [FAST, FAST]
     free = run(both_lift(), 0.0, LIFT_REFERENCE_MIN + 2 * (LIFT_SETTLE_PROBES + LIFT_SAMPLES))
     assert all(free.replicas[n].ceiling >= FAST + 2 * lift_step(FAST) for n in "ab")
+
+
+# --- readings from the engine's execution counters ------------------------------------
+
+INTERVAL_MS = 2000.0  # model time between two probes (the bench's probe period)
+
+
+def counters_after(before: core.DecodeCounters | None, batch: int, eager_ms: float) -> core.DecodeCounters:
+    """An engine's execution counters one probe interval on, its decode passes all at
+    ``batch`` (each pass base + per request, + the eager step above FAST)."""
+    before = before or core.DecodeCounters(0.0, 0, 0, 0)
+    step = BASE_MS + PER_REQUEST_MS * batch + (eager_ms if batch > FAST else 0.0)
+    passes = int(INTERVAL_MS // step)
+    eager = batch > FAST
+    return core.DecodeCounters(before.gpu_s + passes * step / 1000, before.tokens + passes * batch,
+                               before.graph_passes + (0 if eager else passes), before.eager_passes + (passes if eager else 0))
+
+
+def run_counted(state, eager_ms: float, probes: int, now: int, gen_throughput: float | None = None):
+    """``probes`` probes of an engine running every turn luftpause has there and reporting
+    its execution counters (and, if given, a ``gen_throughput`` gauge saying otherwise)."""
+    for i in range(probes):
+        replica = state.replicas["a"]
+        counters = counters_after(replica.decode.counters, replica.in_flight, eager_ms)
+        state, _ = core.decide(state, core.EngineProbed("a", True, replica.in_flight, 0, now + i, 10_000, 100_000,
+                                                        gen_throughput=gen_throughput, decode_counters=counters))
+    return state, now + probes
+
+
+def test_the_engines_decode_counters_lift_a_free_larger_batch_and_keep_the_eager_step_as_the_wall():
+    """From the engine's own decode time per token (no prefill, no neighbour, no host CPU
+    in it): without an eager step a larger batch costs less per token (1.8 ms at 12
+    against 2.3 at 8) and the ceiling climbs; with the testbed's 20 ms step it costs 51 %
+    more and the lift goes."""
+    free = saturated()
+    free, now = run_counted(free, 0.0, LIFT_REFERENCE_MIN + 1, 1)
+    assert free.replicas["a"].ceiling == 12
+    free, now = run_counted(free, 0.0, LIFT_SETTLE_PROBES + LIFT_SAMPLES, now)
+    assert free.replicas["a"].ceiling == 16 and free.replicas["a"].in_flight == 16
+    dear = saturated()
+    dear, now = run_counted(dear, 20.0, LIFT_REFERENCE_MIN + 1, 1)
+    assert dear.replicas["a"].ceiling == 12
+    dear, now = run_counted(dear, 20.0, LIFT_SETTLE_PROBES + LIFT_SAMPLES, now)
+    assert dear.replicas["a"].ceiling == FAST and dear.replicas["a"].decode.lift == 0
+
+
+def test_the_counters_decide_where_the_throughput_gauge_says_otherwise():
+    """On a busy host the wall-clock ``gen_throughput`` made an eager batch read cheap;
+    where the engine also reports its execution counters, they decide: dear."""
+    state = saturated()
+    cheap_looking = throughput(12, 0.0)
+    state, now = run_counted(state, 20.0, LIFT_REFERENCE_MIN + 1 + LIFT_SETTLE_PROBES + LIFT_SAMPLES, 1,
+                             gen_throughput=cheap_looking)
+    assert state.replicas["a"].ceiling == FAST and state.replicas["a"].decode.retry_after > 0
+
+
+def test_a_counter_reading_needs_a_decode_pass_and_counters_that_only_grow():
+    first = counters_after(None, FAST, 0.0)
+    assert counters_reading(None, first) is None  # nothing to set it against yet
+    assert counters_reading(first, first) is None  # no decode pass between the probes
+    later = counters_after(first, 12, 20.0)
+    ms, batch, eager_share = counters_reading(first, later)
+    assert ms == pytest.approx((BASE_MS + PER_REQUEST_MS * 12 + 20.0) / 12) and batch == 12 and eager_share == 1.0
+    restarted = counters_after(None, FAST, 0.0)  # the engine restarted: its counters began again
+    assert counters_reading(later, restarted) is None
+
+
+def test_an_interval_mostly_under_the_fast_batch_is_not_read_as_above_it():
+    """Lifted, but the replica's batch stayed at the fast batch for most of the interval:
+    not a reading of what the larger batch costs (the lift is not judged on it)."""
+    state = saturated()
+    state, now = run_counted(state, 0.0, LIFT_REFERENCE_MIN + 1 + LIFT_SETTLE_PROBES, 1)
+    lifted = state.replicas["a"].decode
+    assert lifted.lift and not lifted.hi_costs
+    mixed = counters_after(counters_after(lifted.counters, FAST, 0.0), 12, 0.0)  # half the time at 8
+    mixed = mixed._replace(eager_passes=lifted.counters.eager_passes + 10)  # a few eager passes only
+    state, _ = core.decide(state, core.EngineProbed("a", True, 12, 0, now, 10_000, 100_000, decode_counters=mixed))
+    assert state.replicas["a"].decode.hi_costs == ()
+    state, _ = run_counted(state, 0.0, 1, now + 1)
+    assert len(state.replicas["a"].decode.hi_costs) == 1
