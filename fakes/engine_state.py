@@ -90,7 +90,7 @@ class Simulator:
         # seconds: a pass's time on the simulated GPU, whatever the host's CPU did meanwhile),
         # decode tokens, and decode passes run from CUDA graphs or eagerly. Monotonic, as
         # Prometheus counters are: a reset between benchmark rows leaves them counting.
-        self.gpu_seconds = {"extend": 0.0, "decode": 0.0}
+        self.gpu_seconds = {"forward_extend": 0.0, "forward_decode": 0.0}
         self.decode_tokens = 0
         self.decode_passes = {"decode_cuda_graph": 0, "decode_none": 0}
 
@@ -162,7 +162,7 @@ class Simulator:
 
     def _count_decode(self, pass_ms: float, batch: int) -> None:
         """SGLang's execution counters for one decode pass of ``batch`` requests."""
-        self.gpu_seconds["decode"] += pass_ms / 1000
+        self.gpu_seconds["forward_decode"] += pass_ms / 1000
         self.decode_tokens += batch
         graph = self.model.params.cuda_graph_max_bs
         self.decode_passes["decode_cuda_graph" if 0 < batch <= graph else "decode_none"] += 1
@@ -178,7 +178,7 @@ class Simulator:
             if admitted:
                 pass_ms = self.model.prefill_ms(admitted)
                 await self.gpu.run(pass_ms, continuing)
-                self.gpu_seconds["extend"] += pass_ms / 1000
+                self.gpu_seconds["forward_extend"] += pass_ms / 1000
                 continuing = True
                 self.model.finish_prefill(admitted)
                 self.tokens_generated += sum(1 for r in admitted if r.prefilled)

@@ -26,15 +26,17 @@ LOAD_METRICS = (
 # ``decode_log_interval`` decode steps, 40 by default) divided by that interval's wall time,
 # refreshed with ``num_running_reqs``; with it the scheduler reads what a decode step costs.
 GEN_THROUGHPUT_METRIC = "sglang:gen_throughput"
-# SGLang's execution counters, per label: the GPU's busy time by forward-mode category,
-# tokens by mode, decode passes from captured CUDA graphs or eager. Their decode samples,
+# SGLang's execution counters, per label: the GPU's busy time by forward-mode category
+# (``"forward_" + ForwardMode.name.lower()``: forward_decode, forward_extend, ...; SGLang
+# exports it with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1), tokens by mode, decode passes
+# from captured CUDA graphs or eager. Their decode samples,
 # read between two probes, give a decode token's own cost (core/ceiling.py).
 EXECUTION_LABELS = {
     "sglang:gpu_execution_seconds_total": "category",
     "sglang:realtime_tokens_total": "mode",
     "sglang:cuda_graph_passes_total": "mode",
 }
-DECODE_SECONDS = "sglang:gpu_execution_seconds_total{decode}"
+DECODE_SECONDS = "sglang:gpu_execution_seconds_total{forward_decode}"
 DECODE_TOKENS = "sglang:realtime_tokens_total{decode}"
 GRAPH_PASSES = "sglang:cuda_graph_passes_total{decode_cuda_graph}"
 EAGER_PASSES = "sglang:cuda_graph_passes_total{decode_none}"

@@ -368,9 +368,9 @@ async def test_execution_counters_are_the_simulated_gpus_time(slow_engine: str, 
     passes = grew[("sglang:cuda_graph_passes_total", "decode_none")]
     tokens = grew[("sglang:realtime_tokens_total", "decode")]
     assert grew[("sglang:cuda_graph_passes_total", "decode_cuda_graph")] == 0 and passes > 0
-    assert grew[("sglang:gpu_execution_seconds_total", "decode")] == pytest.approx(0.040 * passes)
+    assert grew[("sglang:gpu_execution_seconds_total", "forward_decode")] == pytest.approx(0.040 * passes)
     assert passes <= tokens <= 2 * passes  # --max-running 2
-    assert grew[("sglang:gpu_execution_seconds_total", "extend")] > 0  # the prompts' prefill passes
+    assert grew[("sglang:gpu_execution_seconds_total", "forward_extend")] > 0  # the prompts' prefill passes
 
 
 async def test_client_disconnect_closes_engine_request(slow_engine: str, http: aiohttp.ClientSession) -> None:

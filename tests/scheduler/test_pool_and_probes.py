@@ -160,8 +160,8 @@ def test_sglangs_decode_execution_counters_are_read_per_label():
     an engine that lacks any of them reports none."""
     text = ('sglang:num_running_reqs{model_name="m"} 8\nsglang:num_queue_reqs{model_name="m"} 0\n'
             '# TYPE sglang:gpu_execution_seconds counter\n'
-            'sglang:gpu_execution_seconds_total{model_name="m",category="decode"} 12.5\n'
-            'sglang:gpu_execution_seconds_total{model_name="m",category="extend"} 4.0\n'
+            'sglang:gpu_execution_seconds_total{model_name="m",category="forward_decode"} 12.5\n'
+            'sglang:gpu_execution_seconds_total{model_name="m",category="forward_extend"} 4.0\n'
             '# TYPE sglang:realtime_tokens counter\n'
             'sglang:realtime_tokens_total{model_name="m",mode="decode"} 5000\n'
             'sglang:realtime_tokens_total{model_name="m",mode="prefill_compute"} 90000\n'
