@@ -25,6 +25,9 @@ LOAD_METRICS = (
 # ``decode_log_interval`` decode steps, 40 by default) divided by that interval's wall time,
 # refreshed with ``num_running_reqs``; with it the scheduler reads what a decode step costs.
 GEN_THROUGHPUT_METRIC = "sglang:gen_throughput"
+# How long requests waited in the engine's queue before it first scheduled them
+# (histograms: their ``_sum`` in seconds and ``_count``), per engine family.
+QUEUE_TIME_METRICS = ("sglang:queue_time_seconds", "vllm:request_queue_time_seconds")
 # SGLang's server arguments (``cuda_graph_max_bs`` among them); other engines answer 404.
 SERVER_INFO_PATH = "/get_server_info"
 # Where vLLM and SGLang (FastAPI servers) publish their routes; a native client API is
@@ -45,6 +48,17 @@ class Load(NamedTuple):
     kv_used: int = 0  # KV tokens held; 0 when the engine does not say
     kv_total: int = 0  # KV pool in tokens; 0 when the engine does not say
     gen_throughput: float = 0.0  # tokens/s over the engine's last decode-log interval; 0 when it does not say
+    queue_wait_s: float | None = None  # seconds requests waited in its queue so far, summed; None when not said
+    queue_waits: int | None = None  # the requests those waits are of
+
+
+def _queue_waits(totals: dict[str, float]) -> tuple[float | None, int | None]:
+    """(seconds waited in the engine's queue, summed, and by how many requests) so far,
+    from its queue-time histogram, or (None, None) when it exports none."""
+    for name in QUEUE_TIME_METRICS:
+        if name + "_sum" in totals and name + "_count" in totals:
+            return max(0.0, totals[name + "_sum"]), max(0, int(totals[name + "_count"]))
+    return None, None
 
 
 def sample_totals(metrics_text: str) -> tuple[dict[str, float], dict[str, dict[str, str]]]:
@@ -86,7 +100,7 @@ def _known_load(totals: dict[str, float], labels: dict[str, dict[str, str]]) -> 
     for running_name, queued_name in LOAD_METRICS:
         if running_name in totals and queued_name in totals:
             return Load(int(totals[running_name]), int(totals[queued_name]), *_kv_tokens(totals, labels),
-                        max(0.0, totals.get(GEN_THROUGHPUT_METRIC, 0.0)))
+                        max(0.0, totals.get(GEN_THROUGHPUT_METRIC, 0.0)), *_queue_waits(totals))
     return None
 
 
@@ -122,6 +136,8 @@ class ProbeResult:
     load_stale: bool = False  # a metrics source did not answer in time: load unknown, not zero
     unanswered: bool = False  # the health route did not answer in time: out of sight, not known down
     gen_throughput: float | None = None  # the engine's tokens/s (one engine only), None when not reported
+    queue_wait_s: float | None = None  # seconds requests waited in the engine queues so far, summed; None: not reported
+    queue_waits: int | None = None  # the requests those waits are of
 
 
 class _Unanswered(NamedTuple):
@@ -174,10 +190,13 @@ async def probe(client: httpx.AsyncClient, endpoint: Endpoint) -> ProbeResult:
     kv_known = all(n.kv_total > 0 for n in numbers)
     # A step time is one engine's: a router's summed throughput over its engines says none.
     throughput = numbers[0].gen_throughput if len(numbers) == 1 and numbers[0].gen_throughput > 0 else None
+    waits_known = all(n.queue_waits is not None for n in numbers)
     return ProbeResult(
         True, sum(n.running for n in numbers), sum(n.queued for n in numbers),
         sum(n.kv_used for n in numbers) if kv_known else None, sum(n.kv_total for n in numbers) if kv_known else None,
         gen_throughput=throughput,
+        queue_wait_s=sum(n.queue_wait_s or 0.0 for n in numbers) if waits_known else None,
+        queue_waits=sum(n.queue_waits or 0 for n in numbers) if waits_known else None,
     )
 
 

@@ -91,6 +91,10 @@ class EngineProbed:
     # error status): out of the scheduler's sight, not known down (sight.py).
     unanswered: bool = False
     gen_throughput: float | None = None  # tokens/s the engine generated over its last decode-log interval, None when not reported
+    # Seconds requests waited in the engine's queue before it first scheduled them, summed
+    # since it started, and how many requests (its queue-time histogram); None when not reported.
+    queue_wait_s: float | None = None
+    queue_waits: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
