@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from luftpause.fakes.faults import Faults, StatusCounter
@@ -21,6 +21,33 @@ from luftpause.fakes.sim import EngineModel, ModelParams, SimRequest
 from luftpause.fakes.engine_config import METRIC_NAMES, EngineConfig
 
 log = structlog.get_logger(service="fake-engine")
+
+# The queue-time histogram's bucket bounds in seconds (SGLang's, from 0 to 30 s).
+QUEUE_TIME_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+QUEUE_TIME_METRICS = {"sglang": "sglang:queue_time_seconds", "vllm": "vllm:request_queue_time_seconds"}
+
+
+@dataclass
+class QueueTimes:
+    """How long requests waited in the queue before their first prefill pass took them,
+    as SGLang and vLLM record it (a histogram): wall seconds, as a real engine measures."""
+
+    buckets: list[int] = field(default_factory=lambda: [0] * len(QUEUE_TIME_BUCKETS))
+    total_s: float = 0.0
+    count: int = 0
+
+    def observe(self, seconds: float) -> None:
+        self.total_s += seconds
+        self.count += 1
+        for i, bound in enumerate(QUEUE_TIME_BUCKETS):
+            if seconds <= bound:
+                self.buckets[i] += 1
+
+    def family(self, name: str, model: str) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(name, "Histogram of queueing time in seconds.", labels=["model_name"])
+        family.add_metric([model], [*((str(b), n) for b, n in zip(QUEUE_TIME_BUCKETS, self.buckets, strict=True)),
+                                    ("+Inf", self.count)], self.total_s)
+        return family
 
 
 class Gpu:
@@ -93,6 +120,8 @@ class Simulator:
         self.gpu_seconds = {"forward_extend": 0.0, "forward_decode": 0.0}
         self.decode_tokens = 0
         self.decode_passes = {"decode_cuda_graph": 0, "decode_none": 0}
+        self.queue_times = QueueTimes()
+        self._queued_at: dict[int, float] = {}  # request id -> when it joined the queue (until first admitted)
 
     def reset(self) -> bool:
         """Forget the prefix cache and counters (between benchmark variants); only when idle."""
@@ -101,6 +130,7 @@ class Simulator:
         self.model = EngineModel(self.model.params)
         self.tokens_generated = 0
         self.gen_throughput, self._log_tokens, self._log_at = 0.0, 0, None
+        self.queue_times, self._queued_at = QueueTimes(), {}
         return True
 
     def start(self) -> None:
@@ -120,6 +150,7 @@ class Simulator:
                reply_text: str = "") -> tuple[SimRequest, asyncio.Event]:
         self.start()
         request = self.model.submit(model, prompt_text, reply_tokens, max_tokens, reply_text)
+        self._queued_at[request.id] = asyncio.get_running_loop().time()
         progress = asyncio.Event()
         self._progress[request.id] = progress
         self._wake.set()
@@ -128,6 +159,7 @@ class Simulator:
     def forget(self, request: SimRequest) -> None:
         """The handler is done with the request; a still-active one is aborted."""
         self._progress.pop(request.id, None)
+        self._queued_at.pop(request.id, None)
         if request.state in ("waiting", "running"):
             self.model.abort(request)
             self._wake.set()
@@ -167,6 +199,14 @@ class Simulator:
         graph = self.model.params.cuda_graph_max_bs
         self.decode_passes["decode_cuda_graph" if 0 < batch <= graph else "decode_none"] += 1
 
+    def _observe_waits(self, admitted: Sequence[SimRequest]) -> None:
+        """Each request's wait in the queue, at its first admission (not after a retraction)."""
+        now = asyncio.get_running_loop().time()
+        for request in admitted:
+            queued_at = self._queued_at.pop(request.id, None)
+            if queued_at is not None:
+                self.queue_times.observe(max(0.0, now - queued_at))
+
     async def _run(self) -> None:
         continuing = False  # whether this replica has had work since its last pass
         while True:
@@ -176,6 +216,7 @@ class Simulator:
                 continue
             admitted = self.model.admit()
             if admitted:
+                self._observe_waits(admitted)
                 pass_ms = self.model.prefill_ms(admitted)
                 await self.gpu.run(pass_ms, continuing)
                 self.gpu_seconds["forward_extend"] += pass_ms / 1000
@@ -267,6 +308,8 @@ class EngineCollector(Collector):
         if self.state.config.metrics_format not in ("sglang", "vllm"):
             return  # llama.cpp, TGI and "none" report no KV pool here
         yield from self._kv_pool(model)
+        yield self.state.sim.queue_times.family(QUEUE_TIME_METRICS[self.state.config.metrics_format],
+                                                self.state.config.models[0])
         counter = "sglang:num_retracted_reqs" if self.state.config.metrics_format == "sglang" else "vllm:num_preemptions"
         retracted = CounterMetricFamily(counter, "Requests sent back to the queue because a decode step ran out of KV.",
                                         labels=["model_name"])

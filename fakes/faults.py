@@ -28,6 +28,10 @@ Directives (``[[fake:NAME]]`` or ``[[fake:NAME=VALUE]]``):
 - ``tool=NAME``: when the reply is a tool call, call the offered tool named NAME rather
   than the first one (a harness such as Codex offers its own tools first). Not a fault,
   but read the same way, from the prompt.
+- ``parallel-calls=N``: a tool-call reply holds N calls in one message (indexes 0…N-1),
+  the offered tools from the chosen one on, as engines emit parallel calls; one when the
+  request sets ``parallel_tool_calls: false`` or names its tool in ``tool_choice``. Not a
+  fault either; the default, 1, is the engine's behaviour without it.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ DIRECTIVE = re.compile(r"\[\[fake:([a-z][a-z-]*)(?:=([^\]]*))?\]\]")
 RETRY_AFTER_STATUSES = frozenset({429, 503})
 DEFAULT_RETRY_AFTER = "1"
 _FLAGS = ("hang", "metrics-hang", "tool-call-as-text", "schema-as-arguments", "string-scalars")
-_VALUED = ("status", "status-times", "retry-after", "die-after", "stall-after", "linger-after-done", "tool")
+_VALUED = ("status", "status-times", "retry-after", "die-after", "stall-after", "linger-after-done", "tool",
+           "parallel-calls")
 KNOWN = frozenset(_FLAGS + _VALUED)
 
 
@@ -65,6 +70,7 @@ class Faults:
     schema_as_arguments: bool = False
     string_scalars: bool = False
     tool: str | None = None  # the offered tool to call, by name
+    parallel_calls: int = 1  # tool calls in one tool-call message
 
     def merged(self, other: Faults) -> Faults:
         """``other``'s directives on top of ours (a request's over the engine's)."""
@@ -124,6 +130,8 @@ def parse(directives: Iterable[tuple[str, str | None]]) -> Faults:
             fields["linger_after_done_ms"] = _positive_int(name, value)
         elif name == "tool":
             fields["tool"] = value
+        elif name == "parallel-calls":
+            fields["parallel_calls"] = _positive_int(name, value, 1)
     return Faults(**fields)
 
 

@@ -52,10 +52,11 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Reply:
-    """One planned completion: either ``text`` or ``tool_call``, plus its accounting."""
+    """One planned completion: either ``text`` or ``tool_calls`` (one, or several in one
+    message, as engines emit parallel calls), plus its accounting."""
 
     text: str | None
-    tool_call: ToolCall | None
+    tool_calls: tuple[ToolCall, ...]
     finish_reason: str  # "stop" | "tool_calls" | "length"
     prompt_tokens: int
     completion_tokens: int
@@ -73,10 +74,10 @@ class Reply:
     def assistant_message(self) -> dict[str, Any]:
         """The message a client sends back as the next turn's history."""
         message: dict[str, Any] = {"role": "assistant", "content": self.text}
-        if self.tool_call is not None:
-            call = self.tool_call
+        if self.tool_calls:
             message["tool_calls"] = [
                 {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                for call in self.tool_calls
             ]
         return message
 
@@ -207,6 +208,17 @@ def chosen_tool(body: dict[str, Any], preferred: str | None = None) -> dict[str,
     return functions[0]
 
 
+def tools_to_call(body: dict[str, Any], first: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    """The ``count`` tools one message calls: ``first``, then the offered tools after it
+    in order, round again when fewer are offered (a tool may be called twice). One when
+    the request says ``parallel_tool_calls: false`` or names a tool in ``tool_choice``."""
+    if count <= 1 or body.get("parallel_tool_calls") is False or isinstance(body.get("tool_choice"), dict):
+        return [first]
+    functions = [f for f in map(_function_of, body.get("tools") or []) if f is not None]
+    start = next(i for i, f in enumerate(functions) if f is first)
+    return [functions[(start + i) % len(functions)] for i in range(count)]
+
+
 def value_for_schema(schema: Any, phrase: str) -> Any:
     """A plausible value of the schema's type; strings carry the user's phrase."""
     if not isinstance(schema, dict):
@@ -269,21 +281,24 @@ def plan_reply(body: dict[str, Any], rules: ReplyRules, faults: Faults | None = 
     phrase = topic_phrase(messages)
     tool = chosen_tool(body, faults.tool)
     if tool is not None and earlier_tool_calls(messages) < rules.tool_calls:
-        arguments = json.dumps(tool_arguments(tool, phrase, faults))
-        tokens = tokens_for_chars(len(tool["name"]) + len(arguments))
         if faults.tool_call_as_text:
+            arguments = json.dumps(tool_arguments(tool, phrase, faults))
             text = json.dumps({"name": tool["name"], "arguments": json.loads(arguments)})
             tokens = tokens_for_chars(len(text))
             if cap is None or tokens <= cap:
-                return Reply(text, None, "stop", prompt, tokens)
-        elif cap is None or tokens <= cap:
-            call = ToolCall(id=new_tool_call_id(), name=tool["name"], arguments=arguments)
-            return Reply(None, call, "tool_calls", prompt, tokens)
-        return Reply(" ".join(text_words(phrase, cap)), None, "length", prompt, cap)
+                return Reply(text, (), "stop", prompt, tokens)
+        else:
+            calls = tuple(ToolCall(id=new_tool_call_id(), name=t["name"],
+                                   arguments=json.dumps(tool_arguments(t, phrase, faults)))
+                          for t in tools_to_call(body, tool, faults.parallel_calls))
+            tokens = sum(tokens_for_chars(len(c.name) + len(c.arguments)) for c in calls)
+            if cap is None or tokens <= cap:
+                return Reply(None, calls, "tool_calls", prompt, tokens)
+        return Reply(" ".join(text_words(phrase, cap)), (), "length", prompt, cap)
     words = max(1, rules.reply_tokens)
     if cap is not None and words > cap:
-        return Reply(" ".join(text_words(phrase, cap)), None, "length", prompt, cap)
-    return Reply(" ".join(text_words(phrase, words)), None, "stop", prompt, words)
+        return Reply(" ".join(text_words(phrase, cap)), (), "length", prompt, cap)
+    return Reply(" ".join(text_words(phrase, words)), (), "stop", prompt, words)
 
 
 def continuation(body: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
@@ -318,7 +333,7 @@ def plan_continuation(body: dict[str, Any], before: dict[str, Any], prefix: str,
     cap, finish = completion_cap(body), whole.finish_reason
     if cap is not None and len(rest) > cap:
         rest, finish = rest[:cap], "length"
-    return Reply("".join(" " + word for word in rest), None, finish, prompt, len(rest)), done
+    return Reply("".join(" " + word for word in rest), (), finish, prompt, len(rest)), done
 
 
 # --- wire format -------------------------------------------------------------------
@@ -352,15 +367,18 @@ def stream_pieces(reply: Reply) -> Iterator[dict[str, Any]]:
     """The deltas after the role chunk, one per generated token (roughly).
 
     Text streams word by word; a tool call first announces id, type and name, then
-    streams its arguments in token-sized slices, as OpenAI-compatible engines do.
+    streams its arguments in token-sized slices, as OpenAI-compatible engines do; several
+    calls in one message follow each other, each under its own ``index``.
     """
-    if reply.tool_call is not None:
-        call = reply.tool_call
-        head = {"index": 0, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
-        yield {"tool_calls": [head]}
-        args = call.arguments
-        for start in range(0, len(args), CHARS_PER_TOKEN):
-            yield {"tool_calls": [{"index": 0, "function": {"arguments": args[start : start + CHARS_PER_TOKEN]}}]}
+    if reply.tool_calls:
+        for index, call in enumerate(reply.tool_calls):
+            head = {"index": index, "id": call.id, "type": "function",
+                    "function": {"name": call.name, "arguments": ""}}
+            yield {"tool_calls": [head]}
+            args = call.arguments
+            for start in range(0, len(args), CHARS_PER_TOKEN):
+                yield {"tool_calls": [{"index": index,
+                                       "function": {"arguments": args[start : start + CHARS_PER_TOKEN]}}]}
         return
     words = (reply.text or "").split(" ")
     for i, word in enumerate(words):
@@ -374,19 +392,23 @@ def merge_deltas(deltas: list[dict[str, Any]]) -> dict[str, Any]:
     if len(deltas) == 1:
         return deltas[0]
     if all("tool_calls" in d for d in deltas):
-        first = deltas[0]["tool_calls"][0]
-        merged = json.loads(json.dumps(first))
-        function = merged.setdefault("function", {})
-        function["arguments"] = "".join(d["tool_calls"][0].get("function", {}).get("arguments", "") for d in deltas)
-        return {"tool_calls": [merged]}
+        merged: list[dict[str, Any]] = []  # one entry per call the deltas touch, in order
+        for delta in deltas:
+            piece = delta["tool_calls"][0]
+            if not merged or merged[-1]["index"] != piece["index"]:
+                merged.append(json.loads(json.dumps(piece)))
+                merged[-1].setdefault("function", {}).setdefault("arguments", "")
+            else:
+                merged[-1]["function"]["arguments"] += piece.get("function", {}).get("arguments", "")
+        return {"tool_calls": merged}
     return {"content": "".join(d.get("content") or "" for d in deltas)}
 
 
 def delta_text(delta: dict[str, Any]) -> str:
     """The generated text of one delta (a tool call's name and arguments count too)."""
     if "tool_calls" in delta:
-        function = delta["tool_calls"][0].get("function", {})
-        return str(function.get("name", "")) + str(function.get("arguments", ""))
+        return "".join(str(call.get("function", {}).get("name", "")) + str(call.get("function", {}).get("arguments", ""))
+                       for call in delta["tool_calls"])
     return str(delta.get("content") or "")
 
 

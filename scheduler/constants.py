@@ -41,6 +41,15 @@ LIMIT_ARRIVAL_TURN_SHARE = 0.5
 # ... unless one of this many probes before it saw such a queue too (with 2, glimpses of
 # arrivals on a busy quick replica, one probe in five, cut its limit too often).
 LIMIT_QUEUE_MEMORY = 1
+# ... and not even then where the engine's queue-time histogram says the requests it
+# scheduled since the probe before waited less than this many times what they wait at
+# probes that show no queue of luftpause's (a pass, on an engine with room; a moving
+# average, each such probe weighing LIMIT_CALM_WAIT_WEIGHT), and under the share above
+# of a turn time: on a quick engine both are a few ms, a turn that waits for a slot in
+# an engine at its capacity waits several times as long (bench-admission: 35-46 ms
+# against 2-7 ms).
+LIMIT_ARRIVAL_WAIT_FACTOR = 3
+LIMIT_CALM_WAIT_WEIGHT = 0.25
 LIMIT_MAX_STEP_DIVISOR = 2
 # Patience: a decrease right after an increase multiplies the calm probes the next
 # increase waits for by this (up to LIMIT_CALM_MAX); this many times as many calm probes

@@ -314,13 +314,18 @@ class SchedulerHost:
             self.log.info("engine_fast_batch", replica=replica, fast_batch=fast)
         if answered and self.state.replicas[replica].stalled:
             self.log.info("replica_answers", replica=replica, effect="back in rotation")
-        before = self.state.replicas[replica].decode
+        known = self.state.replicas[replica]
+        before = known.decode
         self.apply(core.EngineProbed(replica, result.healthy, result.running, result.queued, self.now_ms(),
                                      result.kv_used, result.kv_total, fast, answers=answered,
                                      load_stale=result.load_stale, unanswered=result.unanswered,
-                                     gen_throughput=result.gen_throughput,
-                                     decode_counters=result.decode_counters))
+                                     gen_throughput=result.gen_throughput, queue_wait_s=result.queue_wait_s,
+                                     queue_waits=result.queue_waits, decode_counters=result.decode_counters))
         after = self.state.replicas[replica]
+        if after.limit.value != known.limit.value:
+            self.log.info("admission_limit", replica=replica, limit=after.limit.value, was=known.limit.value,
+                          running=result.running, queued=result.queued, in_flight=after.in_flight,
+                          calm_needed=after.limit.calm_needed)
         if after.decode.lift != before.lift:
             self.log.info("decode_ceiling", replica=replica, ceiling=after.ceiling, fast_batch=after.fast_batch,
                           ms_per_token_at_fast_batch=round(median(before.lo_costs), 2) if before.lo_costs else None,

@@ -40,6 +40,9 @@ DECODE_SECONDS = "sglang:gpu_execution_seconds_total{forward_decode}"
 DECODE_TOKENS = "sglang:realtime_tokens_total{decode}"
 GRAPH_PASSES = "sglang:cuda_graph_passes_total{decode_cuda_graph}"
 EAGER_PASSES = "sglang:cuda_graph_passes_total{decode_none}"
+# How long requests waited in the engine's queue before it first scheduled them
+# (histograms: their ``_sum`` in seconds and ``_count``), per engine family.
+QUEUE_TIME_METRICS = ("sglang:queue_time_seconds", "vllm:request_queue_time_seconds")
 # SGLang's server arguments (``cuda_graph_max_bs`` among them); other engines answer 404.
 SERVER_INFO_PATH = "/get_server_info"
 # Where vLLM and SGLang (FastAPI servers) publish their routes; a native client API is
@@ -61,6 +64,17 @@ class Load(NamedTuple):
     kv_total: int = 0  # KV pool in tokens; 0 when the engine does not say
     gen_throughput: float = 0.0  # tokens/s over the engine's last decode-log interval; 0 when it does not say
     decode_counters: DecodeCounters | None = None  # its execution counters, None when it does not report them
+    queue_wait_s: float | None = None  # seconds requests waited in its queue so far, summed; None when not said
+    queue_waits: int | None = None  # the requests those waits are of
+
+
+def _queue_waits(totals: dict[str, float]) -> tuple[float | None, int | None]:
+    """(seconds waited in the engine's queue, summed, and by how many requests) so far,
+    from its queue-time histogram, or (None, None) when it exports none."""
+    for name in QUEUE_TIME_METRICS:
+        if name + "_sum" in totals and name + "_count" in totals:
+            return max(0.0, totals[name + "_sum"]), max(0, int(totals[name + "_count"]))
+    return None, None
 
 
 def sample_totals(metrics_text: str) -> tuple[dict[str, float], dict[str, dict[str, str]]]:
@@ -115,7 +129,7 @@ def _known_load(totals: dict[str, float], labels: dict[str, dict[str, str]]) -> 
     for running_name, queued_name in LOAD_METRICS:
         if running_name in totals and queued_name in totals:
             return Load(int(totals[running_name]), int(totals[queued_name]), *_kv_tokens(totals, labels),
-                        max(0.0, totals.get(GEN_THROUGHPUT_METRIC, 0.0)), _decode_counters(totals))
+                        max(0.0, totals.get(GEN_THROUGHPUT_METRIC, 0.0)), _decode_counters(totals), *_queue_waits(totals))
     return None
 
 
@@ -152,6 +166,8 @@ class ProbeResult:
     unanswered: bool = False  # the health route did not answer in time: out of sight, not known down
     gen_throughput: float | None = None  # the engine's tokens/s (one engine only), None when not reported
     decode_counters: DecodeCounters | None = None  # its execution counters (one engine only), None when not reported
+    queue_wait_s: float | None = None  # seconds requests waited in the engine queues so far, summed; None: not reported
+    queue_waits: int | None = None  # the requests those waits are of
 
 
 class _Unanswered(NamedTuple):
@@ -204,10 +220,13 @@ async def probe(client: httpx.AsyncClient, endpoint: Endpoint) -> ProbeResult:
     kv_known = all(n.kv_total > 0 for n in numbers)
     # A step time is one engine's: a router's summed throughput over its engines says none.
     throughput = numbers[0].gen_throughput if len(numbers) == 1 and numbers[0].gen_throughput > 0 else None
+    waits_known = all(n.queue_waits is not None for n in numbers)
     return ProbeResult(
         True, sum(n.running for n in numbers), sum(n.queued for n in numbers),
         sum(n.kv_used for n in numbers) if kv_known else None, sum(n.kv_total for n in numbers) if kv_known else None,
         gen_throughput=throughput, decode_counters=numbers[0].decode_counters if len(numbers) == 1 else None,
+        queue_wait_s=sum(n.queue_wait_s or 0.0 for n in numbers) if waits_known else None,
+        queue_waits=sum(n.queue_waits or 0 for n in numbers) if waits_known else None,
     )
 
 

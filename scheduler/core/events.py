@@ -94,6 +94,10 @@ class EngineProbed:
     # Its execution counters (decode GPU time, tokens, graph and eager passes), None when
     # not reported: where they are, the decode cost is read from them (ceiling.py).
     decode_counters: DecodeCounters | None = None
+    # Seconds requests waited in the engine's queue before it first scheduled them, summed
+    # since it started, and how many requests (its queue-time histogram); None when not reported.
+    queue_wait_s: float | None = None
+    queue_waits: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,11 @@ is seconds old cannot make it over-admit):
   engine's next pass: it lowers nothing unless the probe before saw one too (then to
   what the engine serves), or the limit grew at one of the two probes before (the step
   overshot: the limit goes back to what it was); it is no calm probe either, nor breaks
-  a calm spell, and it ends slow start;
+  a calm spell, and it ends slow start. Where the engine exports its queue-time
+  histogram (SGLang, vLLM), neither the probe before nor a growth makes such a queue
+  more than arrivals when the requests it scheduled since the last probe waited as they
+  wait at probes without a queue of ours (under LIMIT_ARRIVAL_WAIT_FACTOR times that,
+  and under LIMIT_ARRIVAL_TURN_SHARE of a turn time): its next pass, not room;
 * increase: when the engine has reported no queue for some probes in a row (two at
   first: one probe after a decrease is often the queue draining, not room),
   luftpause is at the limit (its turns plus the batch reserve) and turns are held,
@@ -68,6 +72,8 @@ from luftpause.scheduler.constants import (
     KEPT_ROOM_LIMIT_DIVISOR,
     KEPT_SLOTS_CEILING_DIVISOR,
     LIMIT_ARRIVAL_TURN_SHARE,
+    LIMIT_ARRIVAL_WAIT_FACTOR,
+    LIMIT_CALM_WAIT_WEIGHT,
     LIMIT_CALM_MAX,
     LIMIT_CALM_PROBES,
     LIMIT_FREE_KV_SHARE,
@@ -166,10 +172,16 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
     # a turn placed a moment before the probe waits for the engine's next pass: a queue
     # that only such turns explain is an arrival, unless one of the last probes saw one
     # too, or the limit has just grown (then it is the step overshooting, as before).
+    # Where the engine says how long the requests it scheduled since the last probe waited
+    # in its queue, waits like those at probes that showed no queue of ours make a queue
+    # of young turns arrivals however often it is seen, and right after a growth too: the
+    # engine takes them at its next pass, as it did when it had room.
+    passing = _waits_like_arrivals(replica)
     glimpsed = bool(probe.queued) and replica.in_flight > replica.running
-    persists = glimpsed and (limit.queue_glimpses > 0 or _settled(state, replica, probe.now_ms) > replica.running)
+    settled = glimpsed and _settled(state, replica, probe.now_ms) > replica.running
+    persists = settled or (glimpsed and limit.queue_glimpses > 0 and not passing)
     # Right after a growth the turns it let in are as young as arrivals: the step undone.
-    step_back = glimpsed and not persists and limit.since_growth < LIMIT_CALM_PROBES
+    step_back = glimpsed and not persists and limit.since_growth < LIMIT_CALM_PROBES and not passing
     ours_queued = persists or step_back
     arrival = glimpsed and not ours_queued  # says nothing of room: neither calm nor a queue
     limit = limit._replace(
@@ -238,6 +250,37 @@ def _settled(state: State, replica: Replica, now_ms: int) -> int:
     return replica.in_flight - young
 
 
+def _waits_like_arrivals(replica: Replica) -> bool:
+    """Whether the requests the engine scheduled between the last two probes waited in its
+    queue, on average, as arrivals wait: under LIMIT_ARRIVAL_WAIT_FACTOR times what they
+    waited at probes that showed no queue of ours, and under LIMIT_ARRIVAL_TURN_SHARE of
+    the recent turn time there (the engine's queue-time histogram; False where it has
+    none, or no such probe has measured a wait yet)."""
+    recent = replica.recent_wait_ms
+    return recent is not None and replica.turn_ms > 0 and replica.calm_wait_ms > 0 \
+        and recent < min(replica.turn_ms * LIMIT_ARRIVAL_TURN_SHARE, replica.calm_wait_ms * LIMIT_ARRIVAL_WAIT_FACTOR)
+
+
+def _calm_wait_ms(replica: Replica) -> float:
+    """The moving average of the engine's queue waits at probes that show no queue of
+    luftpause's (what an arrival waits there), with this probe's."""
+    recent, before = replica.recent_wait_ms, replica.calm_wait_ms
+    if recent is None or (replica.queued > 0 and replica.in_flight > replica.running):
+        return before
+    return recent if not before else before + (recent - before) * LIMIT_CALM_WAIT_WEIGHT
+
+
+def _recent_wait_ms(replica: Replica, event: EngineProbed) -> float | None:
+    """The mean queue wait of the requests the engine scheduled since its histogram was
+    last read, in ms; None when it reports none, scheduled none since, or restarted."""
+    if event.queue_wait_s is None or event.queue_waits is None or replica.queue_waits_read is None:
+        return None
+    total_s, count = replica.queue_waits_read
+    if event.queue_waits <= count or event.queue_wait_s < total_s:
+        return None
+    return 1000 * (event.queue_wait_s - total_s) / (event.queue_waits - count)
+
+
 def _turns_wait_for(state: State, name: str) -> bool:
     """Whether held turns could go to this replica: pinned to it, free to go anywhere, or
     pinned to a replica much slower than it (they may go on here: placement.py). Without
@@ -280,10 +323,18 @@ def _probed(state: State, event: EngineProbed) -> State:
         fast_batch=event.fast_batch if event.fast_batch is not None else (
             replica.fast_batch if event.healthy or unseen else 0),
     )
+    if event.queue_waits is not None and event.queue_wait_s is not None:
+        updated = updated._replace(queue_waits_read=(event.queue_wait_s, event.queue_waits),
+                                   recent_wait_ms=_recent_wait_ms(replica, event))
+        updated = updated._replace(calm_wait_ms=_calm_wait_ms(updated))
+    else:
+        updated = updated._replace(queue_waits_read=None, recent_wait_ms=None, calm_wait_ms=0.0)
     if (event.load_stale and updated.healthy) or unseen:
         # The metrics (or the engine) did not answer: the load is unknown, not zero. Keep the last figures.
         updated = updated._replace(load_known=replica.load_known, running=replica.running, queued=replica.queued,
-                                   kv_used=replica.kv_used, kv_total=replica.kv_total)
+                                   kv_used=replica.kv_used, kv_total=replica.kv_total,
+                                   queue_waits_read=replica.queue_waits_read, recent_wait_ms=None,
+                                   calm_wait_ms=replica.calm_wait_ms)
     if state.lift_ceiling:
         updated = updated._replace(decode=_decode_cost_after(updated, event, _turns_wait_for(state, replica.name),
                                                              *device_reading(state, updated, event)))

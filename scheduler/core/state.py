@@ -124,6 +124,12 @@ class Replica(NamedTuple):
     turn_ms: int = 0  # recent placed-to-finished time of turns here (moving average); 0 = none finished yet
     decode: DecodeCost = DecodeCost()  # the cost of decoding above the fast batch, and the lift (ceiling.py)
     gen_throughput: float = 0.0  # tokens/s the engine last reported (its last decode-log interval); 0 = none
+    # The engine's queue-time histogram as last read (seconds waited, summed, and requests),
+    # and the mean wait in its queue of the requests it scheduled between the last two
+    # probes, in ms; None where it reports none, or scheduled none since (limit.py).
+    queue_waits_read: tuple[float, int] | None = None
+    recent_wait_ms: float | None = None
+    calm_wait_ms: float = 0.0  # that wait at probes that showed no queue of ours (moving average); 0 = none yet
 
     @property
     def ceiling(self) -> int:

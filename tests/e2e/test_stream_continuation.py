@@ -8,6 +8,7 @@ Real processes on loopback."""
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import httpx
@@ -21,6 +22,8 @@ from luftpause.dev.stack import MODEL, Stack
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+OTHER_TOOL = {"type": "function", "function": {"name": "run", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
 
 
 def started(directory, **options) -> Stack:
@@ -261,6 +264,48 @@ def test_a_stream_that_stalls_inside_a_tool_call_is_finished_with_one_whole_call
     assert len(call["ids"]) == 1 and call["types"] == ["function"] and call["names"] == ["lookup"]
     assert json.loads(call["arguments"]) == json.loads(whole[0]["function"]["arguments"])
     assert continued(stack) == before + 1
+    assert wait_until(lambda: not replica(stack, stalling)["stalled"], 2 * 2.0 + 3)
+
+
+def test_a_stall_between_two_tool_calls_of_one_message_gives_the_client_both_whole_once(continuing):
+    # Real engines put several calls in one message; the fake does with parallel-calls=2.
+    # The stalling replica sends the first call whole and the second's head, then nothing:
+    # both are held (ToolCallHold holds a message's calls until they end), so none of them
+    # reached the client and the turn goes again to the other replica, whose two calls the
+    # client gets, each once.
+    stack = continuing
+    stalling = warm_run(stack, "two-calls")
+    healthy = "engine-b" if stalling == "engine-a" else "engine-a"
+    body = {"model": MODEL, "stream": True, "tools": [TOOL, OTHER_TOOL],
+            "messages": [{"role": "user", "content": "look both up [[fake:parallel-calls=2]]"}]}
+    whole = whole_message(stack, healthy, body)["tool_calls"]
+    assert [c["function"]["name"] for c in whole] == ["lookup", "run"]
+    between = 1 + math.ceil(len(whole[0]["function"]["arguments"]) / 4) + 1  # call 0's chunks, call 1's head
+    dataplane_metrics = f"http://127.0.0.1:{stack.ports.dataplane}/metrics"
+    turns_before = counts(dataplane_metrics, "luftpause_dataplane_turns_total")
+    before = continued(stack)
+    set_faults(stack, stalling, [f"stall-after={between}"])
+    try:
+        response, events, broken = stream(stack, "two-calls", body)
+    finally:
+        set_faults(stack, stalling, [])
+    assert response.status_code == 200 and response.headers[h.REPLICA] == stalling
+    assert not broken and events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len({c["id"] for c in chunks}) == 1
+    assert sum(1 for c in chunks if "role" in c["choices"][0]["delta"]) == 1
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]] == ["tool_calls"]
+    calls = tool_calls_of(chunks)
+    assert list(calls) == [0, 1]  # both calls, nothing twice
+    for call, expected in zip(calls.values(), whole, strict=True):
+        assert len(call["ids"]) == 1 and call["types"] == ["function"]
+        assert call["names"] == [expected["function"]["name"]]
+        assert json.loads(call["arguments"]) == json.loads(expected["function"]["arguments"])
+    assert calls[0]["ids"] != calls[1]["ids"]
+    assert continued(stack) == before + 1
+    assert added(turns_before, counts(dataplane_metrics, "luftpause_dataplane_turns_total")) == {
+        f'{{class="interactive",outcome="failed",replica="{stalling}"}}': 1.0,
+        f'{{class="interactive",outcome="finished",replica="{healthy}"}}': 1.0}
     assert wait_until(lambda: not replica(stack, stalling)["stalled"], 2 * 2.0 + 3)
 
 

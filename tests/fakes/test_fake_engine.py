@@ -122,7 +122,8 @@ EXECUTION_COUNTERS = {"sglang:gpu_execution_seconds": "category", "sglang:realti
 
 async def gauges(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
     """``/metrics`` parsed with the Prometheus parser, as ``{name: value}`` for our model:
-    gauges, and the retraction counter (the execution counters: :func:`execution`)."""
+    gauges, the retraction counter, and the queue-time histogram's sum and count (the
+    execution counters: :func:`execution`)."""
     async with http.get(f"{url}/metrics") as response:
         assert response.status == 200
         text = await response.text()
@@ -130,8 +131,11 @@ async def gauges(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         if family.name in EXECUTION_COUNTERS:
             continue
-        assert family.type == ("counter" if "retracted" in family.name else "gauge"), family.name
+        kind = "counter" if "retracted" in family.name else "histogram" if "queue_time" in family.name else "gauge"
+        assert family.type == kind, family.name
         for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                continue
             assert sample.labels == {"model_name": MODEL}
             values[sample.name] = sample.value
     return values
@@ -330,6 +334,8 @@ async def test_metrics_show_running_and_queue(slow_engine: str, http: aiohttp.Cl
         "sglang:max_total_num_tokens",
         "sglang:num_used_tokens",
         "sglang:gen_throughput",
+        "sglang:queue_time_seconds_sum",
+        "sglang:queue_time_seconds_count",
     }
     assert idle["sglang:num_running_reqs"] == 0 and idle["sglang:num_queue_reqs"] == 0
     assert idle["sglang:num_used_tokens"] == 0 and idle["sglang:max_total_num_tokens"] > 0
@@ -354,6 +360,11 @@ async def test_metrics_show_running_and_queue(slow_engine: str, http: aiohttp.Cl
     assert done["sglang:num_running_reqs"] == 0 and done["sglang:num_queue_reqs"] == 0
     # Tokens per second of its last decode-log interval, as SGLang's: none before any decode.
     assert idle["sglang:gen_throughput"] == 0 and done["sglang:gen_throughput"] > 0
+    # Each request's wait in the queue, as SGLang's histogram: the three behind the batch
+    # of two waited for a place, at least one reply (12 tokens at 40 ms) each.
+    count = done["sglang:queue_time_seconds_count"] - idle["sglang:queue_time_seconds_count"]
+    waited = done["sglang:queue_time_seconds_sum"] - idle["sglang:queue_time_seconds_sum"]
+    assert count == 5 and waited >= 3 * 12 * 0.040
 
 
 async def test_execution_counters_are_the_simulated_gpus_time(slow_engine: str, http: aiohttp.ClientSession) -> None:
@@ -422,4 +433,6 @@ async def test_create_app_in_process_with_vllm_metrics() -> None:
     names = {f.name for f in text_string_to_metric_families(text)}
     assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:cache_config_info"} <= names
     assert not any(name.startswith("sglang:") for name in names)
-    assert parse_load(text).kv_total == config.kv_tokens // config.block_tokens * config.block_tokens
+    load = parse_load(text)
+    assert load.kv_total == config.kv_tokens // config.block_tokens * config.block_tokens
+    assert load.queue_waits == 1 and load.queue_wait_s is not None  # vLLM's request_queue_time_seconds

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
-from luftpause.fakes import faults
+from luftpause.fakes import faults, replies
 from luftpause.fakes.faults import FaultError, Faults
 
 MODEL = "fake-llama-1b"
@@ -232,6 +233,87 @@ async def test_tool_directive_picks_the_named_offered_tool(engine: str, http: ai
     assert json.loads(call["function"]["arguments"])["query"] == "find cats"
     _, _, body = await post(http, engine, chat("find cats [[fake:tool=absent]]", tools=[other, TOOL]))
     assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "exec_command"
+
+
+OTHER = {"type": "function", "function": {"name": "exec_command", "parameters": {
+    "type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}
+
+
+def calls_by_index(chunks: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """A stream's tool-call deltas joined per call index: ids, names, arguments."""
+    calls: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for delta in (chunk["choices"][0]["delta"].get("tool_calls") or []) if chunk["choices"] else []:
+            call = calls.setdefault(delta["index"], {"ids": [], "names": [], "arguments": ""})
+            call["ids"] += [delta["id"]] if "id" in delta else []
+            call["names"] += [delta["function"]["name"]] if "name" in delta.get("function", {}) else []
+            call["arguments"] += delta.get("function", {}).get("arguments") or ""
+    return calls
+
+
+async def test_parallel_calls_directive_puts_several_calls_in_one_message(
+        engine: str, http: aiohttp.ClientSession) -> None:
+    """Real engines emit several calls in one message; [[fake:parallel-calls=N]] does too:
+    the offered tools from the chosen one on, each call whole, its own id and index."""
+    _, _, one = await post(http, engine, chat("find cats", tools=[TOOL, OTHER]))
+    _, _, body = await post(http, engine, chat("find cats [[fake:parallel-calls=3]]", tools=[TOOL, OTHER]))
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    calls = choice["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["lookup", "exec_command", "lookup"]
+    assert len({c["id"] for c in calls}) == 3
+    assert json.loads(calls[1]["function"]["arguments"]) == {"cmd": "find cats"}
+    assert calls[0]["function"]["arguments"] == one["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    assert body["usage"]["completion_tokens"] > 2 * one["usage"]["completion_tokens"]  # each call's tokens
+    # streamed, with several tokens per chunk or one: the same calls, each under its index
+    async with http.post(f"{engine}/v1/chat/completions", json=chat(
+            "find cats [[fake:parallel-calls=2]]", tools=[TOOL, OTHER], stream=True)) as response:
+        chunks, done, _ = await read_raw_stream(response)
+    assert done and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    streamed = calls_by_index(chunks)
+    assert list(streamed) == [0, 1]
+    assert [c["names"] for c in streamed.values()] == [["lookup"], ["exec_command"]]
+    assert all(len(c["ids"]) == 1 for c in streamed.values())
+    assert json.loads(streamed[1]["arguments"]) == {"cmd": "find cats"}
+    # one call when the request asks for no parallel calls, or names its tool
+    for extra in ({"parallel_tool_calls": False}, {"tool_choice": {"type": "function", "function": {"name": "lookup"}}}):
+        _, _, body = await post(http, engine, chat("find cats [[fake:parallel-calls=2]]", tools=[TOOL, OTHER], **extra))
+        assert [c["function"]["name"] for c in body["choices"][0]["message"]["tool_calls"]] == ["lookup"]
+
+
+async def test_stall_after_can_fall_between_two_calls(engine: str, http: aiohttp.ClientSession) -> None:
+    """stall-after counts the calls' chunks: past the first call and the second's head,
+    the stream stops with the second call announced and none of its arguments."""
+    _, _, body = await post(http, engine, chat("find cats [[fake:parallel-calls=2]]", tools=[TOOL, OTHER]))
+    first = body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    after = 1 + math.ceil(len(first) / 4) + 1  # the first call's head and slices, the second's head
+    seen: list[dict[str, Any]] = []
+    async with http.post(f"{engine}/v1/chat/completions", json=chat(
+            f"find cats [[fake:parallel-calls=2]] [[fake:stall-after={after}]]", tools=[TOOL, OTHER],
+            stream=True)) as response:
+        with pytest.raises(asyncio.TimeoutError):
+            async with asyncio.timeout(1.0):
+                async for raw in response.content:
+                    if raw.startswith(b"data: {"):
+                        seen.append(json.loads(raw.removeprefix(b"data: ")))
+    calls = calls_by_index(seen)
+    assert json.loads(calls[0]["arguments"]) == json.loads(first)
+    assert calls[1]["names"] == ["exec_command"] and calls[1]["arguments"] == ""
+
+
+def test_merged_deltas_keep_each_call_apart() -> None:
+    """With several tokens per chunk (--stream-interval), a chunk may end one call and
+    start the next: each keeps its own entry."""
+    call = replies.ToolCall
+    reply = replies.Reply(None, (call("call_a", "lookup", '{"q": "x"}'), call("call_b", "exec", "{}")),
+                          "tool_calls", 1, 5)
+    pieces = list(replies.stream_pieces(reply))
+    merged = replies.merge_deltas(pieces)["tool_calls"]
+    assert [(c["index"], c.get("id"), c["function"]["arguments"]) for c in merged] == [
+        (0, "call_a", '{"q": "x"}'), (1, "call_b", "{}")]
+    assert replies.delta_text(replies.merge_deltas(pieces)) == 'lookup{"q": "x"}exec{}'
+    with pytest.raises(FaultError):
+        faults.parse([("parallel-calls", "0")])
 
 
 # --- continue_final_message (vLLM's and SGLang's prefill), as the dataplane uses it -----

@@ -174,6 +174,20 @@ def test_sglangs_decode_execution_counters_are_read_per_label():
     assert parse_load("sglang:num_running_reqs 3\nsglang:num_queue_reqs 0\n").decode_counters is None
 
 
+def test_the_engines_queue_time_histogram_is_read_beside_its_load():
+    """SGLang's queue_time_seconds and vLLM's request_queue_time_seconds: the seconds
+    requests waited in the queue, summed, and how many (limit.py tells an arrival from a
+    queue by them); an engine without one reads None."""
+    sglang = ('sglang:num_running_reqs 3\nsglang:num_queue_reqs 1\n# TYPE sglang:queue_time_seconds histogram\n'
+              'sglang:queue_time_seconds_bucket{le="0.1"} 7\nsglang:queue_time_seconds_bucket{le="+Inf"} 9\n'
+              'sglang:queue_time_seconds_sum 1.5\nsglang:queue_time_seconds_count 9\n')
+    assert parse_load(sglang)[-2:] == (1.5, 9)
+    vllm = ('vllm:num_requests_running 2\nvllm:num_requests_waiting 0\n'
+            'vllm:request_queue_time_seconds_sum 0.25\nvllm:request_queue_time_seconds_count 4\n')
+    assert parse_load(vllm)[-2:] == (0.25, 4)
+    assert parse_load("sglang:num_running_reqs 3\nsglang:num_queue_reqs 0\n")[-2:] == (None, None)
+
+
 def test_load_is_read_in_llama_cpp_and_tgi_names():
     llama_cpp = ("# HELP llamacpp:requests_processing Number of requests processing.\n"
                  "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 4\n"

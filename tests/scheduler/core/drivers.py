@@ -46,8 +46,11 @@ fail = st.tuples(st.just("fail"), st.integers(0, 20))
 cancel = st.tuples(st.just("cancel"), st.integers(0, 20))
 
 
+# The last element: what the engine's queue-time histogram adds since the probe before
+# (requests scheduled, milliseconds they waited in all), or None: it reports no histogram.
 probe = st.tuples(st.just("probe"), st.sampled_from(REPLICAS), st.booleans(),
-                  st.one_of(st.none(), st.integers(0, 3)), st.integers(0, 2))
+                  st.one_of(st.none(), st.integers(0, 3)), st.integers(0, 2),
+                  st.one_of(st.none(), st.tuples(st.integers(0, 3), st.integers(0, 2000))))
 
 
 tick = st.tuples(st.just("tick"), st.sampled_from((1000, 60_000, 11 * 60_000, 31 * 60_000)))
@@ -77,6 +80,7 @@ class Driver:
     now: int = 1
     counter: int = 0
     checks: list = field(default_factory=list)
+    waits: dict = field(default_factory=dict)  # replica -> its queue-time histogram so far (seconds, requests)
 
     def busy_runs(self) -> set[str]:
         return {t.run_id for t in self.state.turns.values()} | {t.run_id for t in self.state.held.values()}
@@ -99,8 +103,13 @@ class Driver:
             held = sorted(self.state.held)
             return core.AdmitCancelled(held[op[1] % len(held)], self.now) if held else None
         if kind == "probe":
-            _, name, healthy, running, queued = op
-            return core.EngineProbed(name, healthy, running, None if running is None else queued, self.now)
+            _, name, healthy, running, queued, waits = op
+            if waits is None or running is None:
+                return core.EngineProbed(name, healthy, running, None if running is None else queued, self.now)
+            total_s, count = self.waits.get(name, (0.0, 0))
+            self.waits[name] = (total_s + waits[1] / 1000, count + waits[0])
+            return core.EngineProbed(name, healthy, running, queued, self.now, queue_wait_s=self.waits[name][0],
+                                     queue_waits=self.waits[name][1])
         if kind == "tick":
             self.now += op[1]
             return core.ClockTicked(self.now)

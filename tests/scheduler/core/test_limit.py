@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from luftpause.scheduler import core
-from luftpause.scheduler.constants import (LIMIT_ARRIVAL_TURN_SHARE, LIMIT_CALM_PROBES, LIMIT_INITIAL,
-                                           LIMIT_QUEUE_MEMORY)
+from luftpause.scheduler.constants import (LIMIT_ARRIVAL_TURN_SHARE, LIMIT_ARRIVAL_WAIT_FACTOR, LIMIT_CALM_PROBES,
+                                           LIMIT_INITIAL, LIMIT_QUEUE_MEMORY)
 
 from .drivers import EXAMPLES, REPLICAS, Driver, fresh_state, never_over_cap, operations, placements
 from .helpers import MODEL, admit, fill, placed, pool, probe
@@ -210,6 +210,63 @@ def test_a_queue_seen_again_at_the_next_probe_lowers_the_limit():
     state, _ = probe(state, running=3, queued=1, now=2000)
     state, _ = probe(state, running=3, queued=1, now=4000)  # still there: the engine runs only 3
     assert state.replicas["a"].capacity == 3 and state.replicas["a"].limit.calm_probes == 0
+
+
+def probe_waits(state, running, queued, now, waited_s, scheduled):
+    """A probe of replica a whose queue-time histogram reads ``waited_s`` seconds over
+    ``scheduled`` requests so far."""
+    return core.decide(state, core.EngineProbed("a", True, running, queued, now, queue_wait_s=waited_s,
+                                                queue_waits=scheduled))
+
+
+def quick_engine_at_its_limit():
+    """Limit 4 learned from a queue, 8 batch turns asked for: 4 placed at 0, t0 finished
+    at 1990 (turns there take about 2 s) and t4 took its slot; at 2000 a calm probe, the
+    engine's histogram saying the 10 requests it scheduled since waited 10 ms each (its
+    next pass: it had room)."""
+    state = pool("a")
+    state, _ = probe_waits(state, running=4, queued=1, now=0, waited_s=0.0, scheduled=0)
+    state, first = fill(state, 8)
+    assert len(first) == 4
+    state, _ = core.decide(state, core.TurnFinished("t0", "stop", 1990))
+    state, _ = probe_waits(state, running=4, queued=0, now=2000, waited_s=0.1, scheduled=10)
+    assert state.replicas["a"].calm_wait_ms == pytest.approx(10) and state.replicas["a"].capacity == 4
+    return state
+
+
+@pytest.mark.parametrize("wait_ms, limit", [(10, 4), (100, 3)], ids=["waits-as-with-room", "waits-ten-times-longer"])
+def test_a_queue_seen_again_is_arrivals_where_the_engines_waits_are_those_it_has_with_room(wait_ms, limit):
+    # A quick engine shows a queue at two probes in a row, each time of a turn placed a
+    # moment before. Its queue-time histogram says the requests it scheduled between
+    # them waited 10 ms each, as at the calm probe (its next pass): arrivals, the limit
+    # stays. Waits ten times as long are turns waiting for room: a queue that persists.
+    state = quick_engine_at_its_limit()
+    state, _ = probe_waits(state, running=3, queued=1, now=2010, waited_s=0.2, scheduled=20)  # t4 arriving
+    assert state.replicas["a"].capacity == 4
+    state, _ = core.decide(state, core.TurnFinished("t1", "stop", 3990))  # t5 takes its slot, a moment before
+    state, _ = probe_waits(state, running=3, queued=1, now=4000, waited_s=0.2 + 10 * wait_ms / 1000, scheduled=30)
+    assert state.replicas["a"].recent_wait_ms == pytest.approx(wait_ms)
+    assert state.replicas["a"].capacity == limit
+    assert state.replicas["a"].calm_wait_ms == pytest.approx(10)  # probes with a queue leave it as it was
+
+
+def test_waits_as_with_room_do_not_undo_a_growth_but_turns_placed_long_before_and_not_running_still_lower_it():
+    state = quick_engine_at_its_limit()
+    state, _ = probe_waits(state, running=4, queued=0, now=2010, waited_s=0.2, scheduled=20)
+    assert state.replicas["a"].capacity == 5 and len(state.turns) == 5  # grew; t5 placed at 2010
+    state, _ = probe_waits(state, running=4, queued=1, now=2020, waited_s=0.3, scheduled=30)
+    assert state.replicas["a"].capacity == 5 and state.replicas["a"].limit.calm_needed == LIMIT_CALM_PROBES
+    # all five placed two seconds before, two running: a queue, whatever the waits of those it took
+    state, _ = probe_waits(state, running=2, queued=3, now=4000, waited_s=0.4, scheduled=40)
+    assert state.replicas["a"].capacity == 2
+
+
+def test_with_nothing_scheduled_since_the_probe_before_a_queue_is_judged_as_without_a_histogram():
+    state = quick_engine_at_its_limit()
+    state, _ = probe_waits(state, running=3, queued=1, now=2010, waited_s=0.2, scheduled=20)
+    state, _ = core.decide(state, core.TurnFinished("t1", "stop", 3990))
+    state, _ = probe_waits(state, running=3, queued=1, now=4000, waited_s=0.2, scheduled=20)  # it took none since
+    assert state.replicas["a"].recent_wait_ms is None and state.replicas["a"].capacity == 3
 
 
 def test_a_turn_waiting_longer_than_an_arrival_lowers_the_limit_at_once():
@@ -518,14 +575,19 @@ class QueueFollowed:
     with a limit no higher than what it serves of luftpause's (the larger of what it runs
     and luftpause's turns less its queue): the queue goes to the gateway. Unless only
     young turns explain it (every turn there placed at least half its recent turn time
-    before is running) and the probe before saw no such queue: then a limit that grew at
-    one of the two probes before goes back to what it was at most (the step overshot),
-    and any other stays as it was (an arrival)."""
+    before is running) and either the probe before saw no such queue or the engine's
+    queue-time histogram says the requests it scheduled since the last probe waited as
+    arrivals wait (on average under half a turn time and under LIMIT_ARRIVAL_WAIT_FACTOR
+    times the wait at probes without such a queue): then a limit that grew at one of the
+    two probes before goes back to what it was at most (the step overshot) unless those
+    waits were an arrival's, and any other stays as it was (an arrival). The wait at
+    probes without such a queue changes only at such probes, with a wait measured."""
 
     def __init__(self) -> None:
         self.glimpsed: dict[str, list[bool]] = {}  # replica -> whether each probe saw such a queue
         self.grew: dict[str, list[bool]] = {}  # replica -> whether each probe raised a learned limit
         self.before: dict[str, int] = {}  # replica -> its limit before it last grew
+        self.histogram: dict[str, tuple[float, int] | None] = {}  # replica -> its queue waits as last read
 
     def __call__(self, before, event, after, actions):
         if not isinstance(event, core.EngineProbed):
@@ -540,14 +602,23 @@ class QueueFollowed:
         grew.append(0 < known.limit.value < replica.limit.value)
         if grew[-1]:
             self.before[event.replica] = known.limit.value
+        last = self.histogram.get(event.replica)
+        self.histogram[event.replica] = None if event.queue_waits is None else (event.queue_wait_s, event.queue_waits)
+        measured = last is not None and event.queue_waits is not None and event.queue_waits > last[1] \
+            and event.queue_wait_s >= last[0]
+        wait_ms = 1000 * (event.queue_wait_s - last[0]) / (event.queue_waits - last[1]) if measured else None
+        passing = wait_ms is not None and known.turn_ms > 0 and known.calm_wait_ms > 0 \
+            and wait_ms < min(LIMIT_ARRIVAL_TURN_SHARE * known.turn_ms, LIMIT_ARRIVAL_WAIT_FACTOR * known.calm_wait_ms)
+        if event.queue_waits is not None and (wait_ms is None or seen):
+            assert replica.calm_wait_ms == known.calm_wait_ms, (event, known, replica)
         if not seen or not event.healthy or event.running is None:
             return
         settled = sum(1 for t in before.turns.values() if t.replica == event.replica
                       and event.now_ms - t.placed_ms >= LIMIT_ARRIVAL_TURN_SHARE * known.turn_ms)
         serving = max(1, event.running, known.in_flight - event.queued)
-        if again or settled > event.running:
+        if settled > event.running or (again and not passing):
             assert replica.capacity is not None and replica.capacity <= serving, (event, replica)
-        elif just_grew and known.limit.value:  # the step overshot: back to the limit before it, at most
+        elif just_grew and known.limit.value and not passing:  # the step overshot: back to the limit before it
             assert replica.capacity is not None and replica.capacity <= max(serving, before_growth), (event, replica)
         elif known.limit.value:
             assert replica.limit.value == known.limit.value, (event, known, replica)
