@@ -43,11 +43,13 @@ def full_stack(tmp_path_factory) -> Iterator[Stack]:
         stack.stop()
 
 
-def _stack_maker(directory: Path) -> Iterator:
+@pytest.fixture
+def make_stack(tmp_path) -> Iterator:
+    """Start a stack with custom options; every stack started is stopped afterwards."""
     started: list[Stack] = []
 
     def make(**options) -> Stack:
-        stack = start_stack(directory / f"stack{len(started)}", **options)
+        stack = start_stack(tmp_path / f"stack{len(started)}", **options)
         started.append(stack)
         return stack
 
@@ -56,19 +58,6 @@ def _stack_maker(directory: Path) -> Iterator:
     finally:
         for stack in started:
             stack.stop()
-
-
-@pytest.fixture
-def make_stack(tmp_path) -> Iterator:
-    """Start a stack with custom options; every stack started is stopped afterwards."""
-    yield from _stack_maker(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def make_module_stack(tmp_path_factory) -> Iterator:
-    """`make_stack` for a module fixture: the stacks it starts are stopped after the module's
-    last test (share one where the tests do not need a fresh one)."""
-    yield from _stack_maker(tmp_path_factory.mktemp("module"))
 
 
 class OtlpCollector:
