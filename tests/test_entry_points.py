@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -45,29 +46,59 @@ DOCUMENTED = {
 }
 
 
+def run_side_by_side(commands: dict) -> dict[object, subprocess.CompletedProcess]:
+    """Each command (a key's argument list, and its own environment variables) run to its end,
+    as many at once as there are CPUs: the interpreters' starts are most of each test."""
+    def run(key):
+        arguments, extra = commands[key]
+        try:
+            return subprocess.run(arguments, capture_output=True, text=True, timeout=60, env={**os.environ, **extra})
+        except subprocess.TimeoutExpired as expired:  # that command's test fails, naming it
+            return subprocess.CompletedProcess(arguments, None, expired.stdout, f"still running after 60 s: {expired}")
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        return dict(zip(commands, pool.map(run, commands), strict=True))
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, subprocess.CompletedProcess]:
+    """``python -m <module> --help`` of every documented entry point."""
+    return run_side_by_side({module: ([sys.executable, "-m", module, "--help"], {}) for module in DOCUMENTED})
+
+
 @pytest.mark.parametrize("module", sorted(DOCUMENTED))
-def test_help_names_what_the_entry_point_reads(module):
-    result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60)
+def test_help_names_what_the_entry_point_reads(helps, module):
+    result = helps[module]
     assert result.returncode == 0, result.stderr
     help_text = " ".join(result.stdout.split())  # argparse wraps long names across lines
     missing = [name for name in DOCUMENTED[module] if name not in help_text.replace("- ", "-")]
     assert not missing, f"{module} --help does not mention {missing}"
 
 
-@pytest.mark.parametrize("module, name, value", [
+BAD_ENV_VALUES = [
     ("luftpause.dataplane", "LUFTPAUSE_TOOL_CALLS", "sometimes"),
     ("luftpause.dataplane", "LUFTPAUSE_DATAPLANE_PORT", "eighty"),
     ("luftpause.scheduler", "LUFTPAUSE_AFFINITY", "yes"),
     ("luftpause.scheduler", "LUFTPAUSE_PROBE_PERIOD_S", "2s"),
     ("luftpause.runtime", "LUFTPAUSE_RUNTIME_PEER_IDENTITY", "cookie"),
     ("luftpause.scheduler.picker", "LUFTPAUSE_PICKER_GRPC_PORT", "-"),
-])
-def test_a_service_refuses_a_bad_value_from_its_env_as_it_would_a_bad_flag(module, name, value):
+]
+
+
+@pytest.fixture(scope="module")
+def started_with_bad_env() -> dict[tuple[str, str, str], subprocess.CompletedProcess]:
+    """Each service started with one bad value in its environment."""
+    return run_side_by_side({(module, name, value): ([sys.executable, "-m", module], {name: value})
+                             for module, name, value in BAD_ENV_VALUES})
+
+
+@pytest.mark.parametrize("module, name, value", BAD_ENV_VALUES)
+def test_a_service_refuses_a_bad_value_from_its_env_as_it_would_a_bad_flag(started_with_bad_env, module, name,
+                                                                           value):
     # argparse checks a flag's type and choices, not a default read from the environment: a
     # bad value must stop the service with a usage error naming the variable, not a traceback
     # and not a silent switch to another behaviour (an unknown affinity value used to mean off)
-    result = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, name: value})
+    result = started_with_bad_env[(module, name, value)]
     assert result.returncode == 2, result.stderr
     assert f"{name}={value!r}" in result.stderr and "Traceback" not in result.stderr, result.stderr
 

@@ -46,6 +46,11 @@ def idle_again(stack) -> bool:
     return snapshot["in_flight"] == 0 and snapshot["held"] == 0
 
 
+def one_more_idle(before: dict[str, int]) -> dict[str, int]:
+    """The runs by stage of a shared stack after ``before`` and one more run, now idle."""
+    return {**before, "idle": before.get("idle", 0) + 1}
+
+
 # ------------------------------------------------------------------ clients leaving
 
 
@@ -92,7 +97,9 @@ async def test_client_disconnect_while_streaming_closes_the_engine_request(make_
 @pytest.fixture
 def stale_pool(make_stack):
     """Engines probed healthy once, then rarely: the scheduler keeps trusting them while
-    the test breaks them (what happens between two probes)."""
+    the test breaks them (what happens between two probes). One per test: after a turn met
+    the dead engines, the next test's turn waited out its client's timeout (run after one
+    another on one stack)."""
     stack = make_stack(without=NO_RUNTIME, env={"LUFTPAUSE_PROBE_PERIOD_S": "3600"})
     for name in ("engine-a", "engine-b"):
         stack.process(name).kill()
@@ -140,8 +147,9 @@ def test_silent_engine_host_is_a_502_after_the_connect_timeout(stale_pool):
     assert wait_until(lambda: idle_again(stale_pool), 5)
 
 
-def test_engine_dying_mid_stream_closes_without_done(make_stack):
-    stack = make_stack(without=NO_RUNTIME)
+def test_engine_dying_mid_stream_closes_without_done(proxy_stack):
+    stack = proxy_stack
+    before = runs_by_stage(stack)
     received = b""
     with pytest.raises(httpx.HTTPError):
         with httpx.stream("POST", chat_url(stack), json=body("[[fake:die-after=3]] tell me", stream=True),
@@ -152,23 +160,25 @@ def test_engine_dying_mid_stream_closes_without_done(make_stack):
     assert received.count(b"data: ") >= 3
     assert b"[DONE]" not in received
     assert wait_until(lambda: idle_again(stack), 5)
-    assert runs_by_stage(stack) == {"idle": 1}
+    assert runs_by_stage(stack) == one_more_idle(before)
 
 
 @pytest.mark.parametrize("code", [429, 503, 500])
-def test_engine_error_status_is_passed_through_unchanged(make_stack, code):
-    stack = make_stack(without=NO_RUNTIME)
-    response = httpx.post(chat_url(stack), json=body(f"[[fake:status={code}]]"), headers={h.RUN_ID: "err"})
+def test_engine_error_status_is_passed_through_unchanged(proxy_stack, code):
+    stack = proxy_stack
+    before = runs_by_stage(stack)
+    run = f"err-{code}"
+    response = httpx.post(chat_url(stack), json=body(f"[[fake:status={code}]]"), headers={h.RUN_ID: run})
     assert response.status_code == code
     assert response.json() == {"error": {"message": f"fake status {code}"}}
     if code in (429, 503):
         assert response.headers["Retry-After"] == "1"
-    assert response.headers[h.RUN_ID] == "err"
+    assert response.headers[h.RUN_ID] == run
     assert wait_until(lambda: idle_again(stack), 5)
     # The retry with the same run id is the same run, now idle and admitted like any turn.
-    retry = httpx.post(chat_url(stack), json=body("fine now"), headers={h.RUN_ID: "err"})
+    retry = httpx.post(chat_url(stack), json=body("fine now"), headers={h.RUN_ID: run})
     assert retry.status_code == 200
-    assert runs_by_stage(stack) == {"idle": 1}
+    assert runs_by_stage(stack) == one_more_idle(before)
 
 
 # ------------------------------------------------------------------ scheduler failing

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -85,28 +86,62 @@ def process_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("logs")
 
 
-@pytest.fixture(scope="module")
-def fake_engine(process_logs: Path) -> Iterator[str]:
-    process, (port,) = start_on_free_ports(lambda ports: ManagedProcess(
+def _fake_engine(logs: Path) -> tuple[ManagedProcess, list[int]]:
+    return start_on_free_ports(lambda ports: ManagedProcess(
         "engine", "luftpause.fakes.engine",
         ["--host", "127.0.0.1", "--port", str(ports[0]), "--name", "e1", "--models", MODEL, "--tool-calls", "2"],
-        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=process_logs / f"engine-{ports[0]}.log"), timeout=20)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.stop()
+        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=logs / f"engine-{ports[0]}.log"), timeout=20)
+
+
+def _fake_mcp(logs: Path) -> tuple[ManagedProcess, list[int]]:
+    return start_on_free_ports(lambda ports: ManagedProcess(
+        "fake-mcp", "luftpause.fakes.mcp", ["--host", "127.0.0.1", "--port", str(ports[0]), "--delay-s", "0.2"],
+        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=logs / f"fake-mcp-{ports[0]}.log"), timeout=20)
+
+
+class FakeServers:
+    """The module's fake engine and fake MCP, each started once, on first use; started
+    together they start side by side (each is seconds of imports, one core each)."""
+
+    STARTS = {"fake_engine": _fake_engine, "fake_mcp": _fake_mcp}
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.pool = ThreadPoolExecutor(len(self.STARTS))
+        self.starting: dict[str, Future] = {}
+
+    def url(self, name: str, *also: str) -> str:
+        """The URL of ``name``, started (with any of ``also`` not started yet) if it is not."""
+        for wanted in (name, *also):
+            if wanted not in self.starting:
+                self.starting[wanted] = self.pool.submit(self.STARTS[wanted], self.logs)
+        _, (port,) = self.starting[name].result()
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.pool.shutdown()  # (every start has ended)
+        for future in self.starting.values():
+            if future.exception() is None:
+                future.result()[0].stop()
 
 
 @pytest.fixture(scope="module")
-def fake_mcp(process_logs: Path) -> Iterator[str]:
-    process, (port,) = start_on_free_ports(lambda ports: ManagedProcess(
-        "fake-mcp", "luftpause.fakes.mcp", ["--host", "127.0.0.1", "--port", str(ports[0]), "--delay-s", "0.2"],
-        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=process_logs / f"fake-mcp-{ports[0]}.log"),
-        timeout=20)
+def fake_servers(process_logs: Path) -> Iterator[FakeServers]:
+    servers = FakeServers(process_logs)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield servers
     finally:
-        process.stop()
+        servers.stop()
+
+
+@pytest.fixture(scope="module")
+def fake_engine(fake_servers: FakeServers, request: pytest.FixtureRequest) -> str:
+    return fake_servers.url("fake_engine", *(["fake_mcp"] if "fake_mcp" in request.fixturenames else []))
+
+
+@pytest.fixture(scope="module")
+def fake_mcp(fake_servers: FakeServers) -> str:
+    return fake_servers.url("fake_mcp")
 
 
 @pytest.fixture(scope="module")
