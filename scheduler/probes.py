@@ -29,8 +29,8 @@ GEN_THROUGHPUT_METRIC = "sglang:gen_throughput"
 # SGLang's execution counters, per label: the GPU's busy time by forward-mode category
 # (``"forward_" + ForwardMode.name.lower()``: forward_decode, forward_extend, ...; SGLang
 # exports it with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1), tokens by mode, decode passes
-# from captured CUDA graphs or eager. Their decode samples,
-# read between two probes, give a decode token's own cost (core/ceiling.py).
+# from captured CUDA graphs or eager. Their decode samples, read between two probes, give
+# a decode token's own cost (core/ceiling.py).
 EXECUTION_LABELS = {
     "sglang:gpu_execution_seconds_total": "category",
     "sglang:realtime_tokens_total": "mode",

@@ -238,6 +238,23 @@ def tool_calls_of(chunks: list[dict]) -> dict[int, dict]:
     return calls
 
 
+def continued_stream(stack, run: str, stalling: str, faults: list[str], body: dict) -> list[dict]:
+    """Stream ``body`` for ``run`` while ``stalling`` (the run's replica) has ``faults``:
+    the client sees one whole stream from that replica (one id, one role chunk, ``[DONE]``),
+    whose chunks this returns."""
+    set_faults(stack, stalling, faults)
+    try:
+        response, events, broken = stream(stack, run, body)
+    finally:
+        set_faults(stack, stalling, [])
+    assert response.status_code == 200 and response.headers[h.REPLICA] == stalling
+    assert not broken and events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len({c["id"] for c in chunks}) == 1
+    assert sum(1 for c in chunks if "role" in c["choices"][0]["delta"]) == 1
+    return chunks
+
+
 def test_a_stream_that_stalls_inside_a_tool_call_is_finished_with_one_whole_call(continuing):
     # Tool calls are held until whole (dataplane/continuation.py, ToolCallHold): none of
     # the stalled call reached the client, so the turn goes on elsewhere, which makes its own.
@@ -247,16 +264,8 @@ def test_a_stream_that_stalls_inside_a_tool_call_is_finished_with_one_whole_call
     body = {"model": MODEL, "stream": True, "tools": [TOOL], "messages": [{"role": "user", "content": "look it up"}]}
     whole = whole_message(stack, healthy, body)["tool_calls"]
     before = continued(stack)
-    set_faults(stack, stalling, ["stall-after=2"])  # the call's head and a slice of its arguments, then nothing
-    try:
-        response, events, broken = stream(stack, "tool-stall", body)
-    finally:
-        set_faults(stack, stalling, [])
-    assert response.status_code == 200 and response.headers[h.REPLICA] == stalling
-    assert not broken and events[-1] == b"[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    assert len({c["id"] for c in chunks}) == 1
-    assert sum(1 for c in chunks if "role" in c["choices"][0]["delta"]) == 1
+    # The call's head and a slice of its arguments, then nothing.
+    chunks = continued_stream(stack, "tool-stall", stalling, ["stall-after=2"], body)
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     calls = tool_calls_of(chunks)
     assert list(calls) == [0]
@@ -284,16 +293,7 @@ def test_a_stall_between_two_tool_calls_of_one_message_gives_the_client_both_who
     dataplane_metrics = f"http://127.0.0.1:{stack.ports.dataplane}/metrics"
     turns_before = counts(dataplane_metrics, "luftpause_dataplane_turns_total")
     before = continued(stack)
-    set_faults(stack, stalling, [f"stall-after={between}"])
-    try:
-        response, events, broken = stream(stack, "two-calls", body)
-    finally:
-        set_faults(stack, stalling, [])
-    assert response.status_code == 200 and response.headers[h.REPLICA] == stalling
-    assert not broken and events[-1] == b"[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    assert len({c["id"] for c in chunks}) == 1
-    assert sum(1 for c in chunks if "role" in c["choices"][0]["delta"]) == 1
+    chunks = continued_stream(stack, "two-calls", stalling, [f"stall-after={between}"], body)
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]] == ["tool_calls"]
     calls = tool_calls_of(chunks)
     assert list(calls) == [0, 1]  # both calls, nothing twice
