@@ -104,14 +104,16 @@ class FloorBehindEnvoy:
 
 
 def start_behind_envoy(impl: str, engine_url: str, model: str, directory: Path,
-                       mode: Callable[[dict, list[dict]], None] | None = None) -> FloorBehindEnvoy:
-    """The floor ``impl`` and Envoy in front of the engine at ``engine_url``, Envoy's
+                       mode: Callable[[dict, list[dict]], None] | None = None,
+                       also_pooled: tuple[str, ...] = ()) -> FloorBehindEnvoy:
+    """The floor ``impl`` and Envoy in front of the engine at ``engine_url`` (every
+    request's destination; ``also_pooled`` engines in Envoy's pool besides), Envoy's
     ext_proc filter changed by ``mode`` (its filter config and the filter list), ready to
     serve: Envoy sends requests only once its health check found the floor serving."""
     grpc_port, port, admin_port = free_ports(3)
     config = directory / f"floor-envoy-{impl}.yaml"
-    bootstrap = envoy.config([Endpoint("engine-a", engine_url, (model,))], port=port, admin_port=admin_port,
-                             pickers=[("127.0.0.1", grpc_port)])
+    pool = [Endpoint(f"engine-{i}", url, (model,)) for i, url in enumerate((*also_pooled, engine_url))]
+    bootstrap = envoy.config(pool, port=port, admin_port=admin_port, pickers=[("127.0.0.1", grpc_port)])
     manager = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     if mode is not None:
         mode(manager["http_filters"][0]["typed_config"], manager["http_filters"])
