@@ -37,6 +37,11 @@ GO_TREES = {"/usr/share/gocode/src/google.golang.org/grpc": "golang-google-grpc-
 BUILD_TIMEOUT_S = 900  # grpc-go compiles in about 2 minutes on 2 busy cores
 
 
+def go_environment() -> dict[str, str | None]:
+    """What of this environment the Go floor reads (it inherits it): for the results' JSON."""
+    return {"GOMAXPROCS": os.environ.get("GOMAXPROCS"), "GOGC": os.environ.get("GOGC")}
+
+
 class Unavailable(Exception):
     """A floor that cannot run here; the message says why and what would make it run."""
 

@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console()
     results: dict = {"cpus": os.cpu_count(), "load_average_before": [round(x, 2) for x in os.getloadavg()],
-                     "options": vars(args), "rows": {}, "skipped": {}}
+                     "options": vars(args), "rows": {}, "skipped": {},
+                     "go_environment": floors.go_environment() if "go" in args.floor_impl else None}
     with tempfile.TemporaryDirectory() as tmp:
         for observe in () if args.floor_only else (True, False):
             name = "response observed (as luftpause runs)" if observe else "response phase skipped (measurement only)"

@@ -471,7 +471,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
                     console.print(f"[yellow]the {impl} ext_proc floor skipped: {escape(str(exc))}[/]")
                     results["extproc_floors"][impl] = {"skipped": str(exc)}
                     continue
-                results["extproc_floors"][impl] = {"skipped": None}
+                results["extproc_floors"][impl] = {"skipped": None, **(
+                    {"environment": extproc_floors.go_environment()} if impl == "go" else {})}
                 try:
                     pids = running.pids()
                     measure_target(Target(extproc_floor_name(impl), [running.url], False,
