@@ -11,11 +11,16 @@ grpc.aio that answers every message with a constant (the same messages per turn,
 the picker's work), and the floor again under other ways of using the protocol: the
 response headers skipped, the reply watched by a second filter in observability mode,
 the request phase only, and the body alone (one message each way: the least an ext_proc
-stream carries). For each, streaming and non-streaming: ``--warmup`` requests, then
-``--requests`` from ``--concurrency`` clients; the picker's CPU (/proc utime+stime) over
-those requests ÷ requests, and the ext_proc messages Envoy sent per request.
+stream carries). ``--floor-impl go`` adds the same floor rows for a constant ext_proc
+server written in Go on grpc-go (``contrib/extproc-floor-go``, built on first use from
+Debian's Go packages, skipped with the reason where they are absent): what a picker
+outside Python would cost at least. For each, streaming and non-streaming: ``--warmup``
+requests, then ``--requests`` from ``--concurrency`` clients; the picker's CPU (/proc
+utime+stime) over those requests ÷ requests (the scheduler's too where it runs), and the
+ext_proc messages Envoy sent per request.
 
-    python -m luftpause.loadgen.picker_bench [--requests N] [--concurrency C] [--no-floor | --floor-only] [--json PATH]
+    python -m luftpause.loadgen.picker_bench [--requests N] [--concurrency C] [--no-floor | --floor-only]
+        [--floor-impl python,go] [--floor-modes picker,body-only] [--json PATH]
 """
 
 from __future__ import annotations
@@ -31,18 +36,16 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
-import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from luftpause import vocabulary as h
+from luftpause.loadgen import extproc_floors as floors
 from luftpause.loadgen import proxy_bench as pb
 
 FLOOR = "floor: a constant ext_proc server on grpc.aio (luftpause.loadgen.floor_extproc)"
-from luftpause.dev.procs import ManagedProcess, free_ports, wait_until
 from luftpause.dev.stack import Stack
-from luftpause.scheduler import envoy
-from luftpause.scheduler.pool import Endpoint
 
 
 async def load(url: str, stream: bool, requests: int, concurrency: int) -> int:
@@ -103,48 +106,41 @@ def _observing_filter(ext_proc: dict, filters: list[dict]) -> None:
 
 
 # The floor under other processing modes: what fewer messages per turn would save a
-# picker on grpc.aio. None is a mode the picker runs in (docs/envoy.md, "Cost", says why).
+# picker. None is a mode the picker runs in (docs/envoy.md, "Cost", says why). Keyed by
+# the short names --floor-modes takes.
 FLOOR_MODES = {
-    FLOOR: _modes(),
-    "floor, response headers skipped (status and engine as attributes of the body)": _response_headers_as_attributes,
-    "floor, the reply watched by a second filter in observability mode": _observing_filter,
-    "floor, request phase only (headers + body, no response phase)": _modes(response_header_mode="SKIP",
-                                                                            response_body_mode="NONE"),
-    "floor, one message each way (the body only)": _modes(request_header_mode="SKIP", response_header_mode="SKIP",
-                                                          response_body_mode="NONE"),
+    "picker": (FLOOR, _modes()),
+    "no-response-headers": ("floor, response headers skipped (status and engine as attributes of the body)",
+                            _response_headers_as_attributes),
+    "observer": ("floor, the reply watched by a second filter in observability mode", _observing_filter),
+    "request-phase": ("floor, request phase only (headers + body, no response phase)",
+                      _modes(response_header_mode="SKIP", response_body_mode="NONE")),
+    "body-only": ("floor, one message each way (the body only)",
+                  _modes(request_header_mode="SKIP", response_header_mode="SKIP", response_body_mode="NONE")),
 }
+GO_FLOOR = "Go floor: the same constant ext_proc server on grpc-go (contrib/extproc-floor-go)"
 
 
-def measure_floor(args: argparse.Namespace, directory: Path, mode) -> dict:
+def floor_row_name(impl: str, key: str) -> str:
+    """The Python floor's rows keep their names; the Go floor's say Go."""
+    name = FLOOR_MODES[key][0]
+    if impl == "python":
+        return name
+    return GO_FLOOR if key == "picker" else "Go " + name
+
+
+def measure_floor(args: argparse.Namespace, directory: Path, mode, impl: str = "python") -> dict:
     """Envoy as luftpause configures it (its ext_proc filter changed by ``mode``), the
-    constant ext_proc server as its picker."""
+    constant ext_proc server ``impl`` as its picker."""
     engine, engine_url = pb.start_engine("engine-instant", pb.INSTANT, directory)
-    grpc_port, port, admin_port = free_ports(3)
-    config = directory / "floor-envoy.yaml"
-    bootstrap = envoy.config([Endpoint("engine-a", engine_url, (pb.MODEL,))], port=port, admin_port=admin_port,
-                             pickers=[("127.0.0.1", grpc_port)])
-    manager = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    mode(manager["http_filters"][0]["typed_config"], manager["http_filters"])
-    config.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
-    floor = ManagedProcess("floor-extproc", "luftpause.loadgen.floor_extproc",
-                           ["--port", str(grpc_port), "--destination", envoy.endpoint_key(engine_url)],
-                           ready_port=grpc_port, log_path=directory / "floor-extproc.log")
-    proxy = ManagedProcess("envoy", "envoy", [], ready_url=f"http://127.0.0.1:{admin_port}/ready",
-                           log_path=directory / "floor-envoy.log",
-                           command=[str(envoy.ensure()), "-c", str(config), "--disable-hot-restart", "--log-level",
-                                    "warn"])
     try:
-        for process in (floor, proxy):
-            process.start()
-            process.wait_ready(30)
-        url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        # Envoy sends requests only once its health check found the picker serving.
-        if not wait_until(lambda: asyncio.run(load(url, False, 1, 1)) == 0, 15):
-            raise RuntimeError("Envoy sent no request through the floor's ext_proc server within 15 s")
-        return per_mode(url, {"picker": floor.process.pid, "envoy": proxy.process.pid}, args, admin_port)
+        running = floors.start_behind_envoy(impl, engine_url, pb.MODEL, directory, mode)
+        try:
+            url = f"{running.url}/v1/chat/completions"
+            return per_mode(url, running.pids(), args, running.admin_port)
+        finally:
+            running.stop()
     finally:
-        proxy.stop()
-        floor.stop()
         engine.stop()
 
 
@@ -184,20 +180,37 @@ def main(argv: list[str] | None = None) -> int:
     rows.add_argument("--no-floor", dest="floor", action="store_false",
                       help="skip the floor rows (the constant ext_proc server)")
     rows.add_argument("--floor-only", action="store_true", help="only the floor rows (no luftpause stack)")
+    parser.add_argument("--floor-impl", type=pb.csv_choices(floors.IMPLS), default=["python"],
+                        help="the floor's ext_proc servers, comma-separated: python (luftpause.loadgen.floor_extproc, "
+                             "grpc.aio) and/or go (contrib/extproc-floor-go, grpc-go, built on first use from "
+                             "Debian's Go packages, skipped with the reason where they are absent); default python")
+    parser.add_argument("--floor-modes", type=pb.csv_choices(tuple(FLOOR_MODES)), default=list(FLOOR_MODES),
+                        help="the floor's processing modes, comma-separated (default all: "
+                             + ", ".join(FLOOR_MODES) + ")")
     parser.add_argument("--json", default="bench-results/picker.json", help="where to write the results")
     args = parser.parse_args(argv)
     console = Console()
     results: dict = {"cpus": os.cpu_count(), "load_average_before": [round(x, 2) for x in os.getloadavg()],
-                     "options": vars(args), "rows": {}}
+                     "options": vars(args), "rows": {}, "skipped": {},
+                     "go_environment": floors.go_environment() if "go" in args.floor_impl else None}
     with tempfile.TemporaryDirectory() as tmp:
         for observe in () if args.floor_only else (True, False):
             name = "response observed (as luftpause runs)" if observe else "response phase skipped (measurement only)"
             console.print(f"measuring: {name} …")
             results["rows"][name] = measure(observe, args, Path(tmp))
         if args.floor:
-            for name, mode in FLOOR_MODES.items():
-                console.print(f"measuring: {name} …")
-                results["rows"][name] = measure_floor(args, Path(tmp), mode)
+            for impl in args.floor_impl:
+                if impl == "go":
+                    try:
+                        floors.go_binary()
+                    except floors.Unavailable as exc:
+                        console.print(f"[yellow]Go floor skipped: {escape(str(exc))}[/]")
+                        results["skipped"]["go"] = str(exc)
+                        continue
+                for key in args.floor_modes:
+                    name = floor_row_name(impl, key)
+                    console.print(f"measuring: {name} …")
+                    results["rows"][name] = measure_floor(args, Path(tmp), FLOOR_MODES[key][1], impl)
     results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     table = Table(title=f"Endpoint picker behind Envoy: CPU µs per turn, {args.requests} requests from "
                         f"{args.concurrency} clients per mode, one instant fake engine")
@@ -210,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{row['requests_per_s']:.0f}",
                           str(row["errors"]))
     console.print(table)
+    for impl, reason in results["skipped"].items():
+        console.print(f"[yellow]{impl} floor skipped: {escape(reason)}[/]")
     console.print(f"load average before {results['load_average_before']}, after {results['load_average_after']} "
                   f"on {results['cpus']} cores")
     path = Path(args.json)

