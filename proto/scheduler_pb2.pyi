@@ -137,8 +137,12 @@ class RunEnded(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class TurnSilent(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class TurnEvent(_message.Message):
-    __slots__ = ("turn_id", "run_id", "trace_id", "started", "first_token", "usage", "finished", "failed", "abandoned", "run_ended")
+    __slots__ = ("turn_id", "run_id", "trace_id", "started", "first_token", "usage", "finished", "failed", "abandoned", "run_ended", "silent")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +153,7 @@ class TurnEvent(_message.Message):
     FAILED_FIELD_NUMBER: _ClassVar[int]
     ABANDONED_FIELD_NUMBER: _ClassVar[int]
     RUN_ENDED_FIELD_NUMBER: _ClassVar[int]
+    SILENT_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     trace_id: str
@@ -159,7 +164,8 @@ class TurnEvent(_message.Message):
     failed: TurnFailed
     abandoned: TurnAbandoned
     run_ended: RunEnded
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., started: _Optional[_Union[TurnStarted, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., finished: _Optional[_Union[TurnFinished, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ..., abandoned: _Optional[_Union[TurnAbandoned, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ...) -> None: ...
+    silent: TurnSilent
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., started: _Optional[_Union[TurnStarted, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., finished: _Optional[_Union[TurnFinished, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ..., abandoned: _Optional[_Union[TurnAbandoned, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ..., silent: _Optional[_Union[TurnSilent, _Mapping]] = ...) -> None: ...
 
 class TurnEventBatch(_message.Message):
     __slots__ = ("events",)
