@@ -32,8 +32,9 @@ the engine is stalled too; time spent writing to a slow client does not count.
 Every turn on a wedged engine waits out its bound, and more turns reach it meanwhile.
 So, well before the bound, a turn still waiting for its first byte is reported *silent*
 once its replica has sent nothing at all (no byte to any of this dataplane's turns
-there) for SILENT_BOUND_SHARE of the turn's bound (what the recent rates predict, the
-bound being FIRST_BYTE_MARGIN times that), at least SILENT_MIN_S, counted from when the
+there) for SILENT_BOUND_SHARE of the turn's bound as derived before its least value
+(FIRST_BYTE_MIN_S): what the recent rates predict, the bound being FIRST_BYTE_MARGIN
+times that; at least SILENT_MIN_S, counted from when the
 turn was sent or the replica's last byte, whichever is later. The scheduler then places
 nothing new there until a byte comes from it (scheduler/core/stalls.py), and this
 dataplane uses no slot it was lent there; nothing is re-sent on it.
@@ -121,10 +122,14 @@ class FirstByteBounds:
 
     def bound(self, watch: Watch) -> float:
         """Seconds the turn may wait for its first byte (or in a pause of its stream)."""
+        return max(FIRST_BYTE_MIN_S, self._derived(watch))
+
+    def _derived(self, watch: Watch) -> float:
+        """The bound as derived from the rates and floors, before its least value."""
         rates = self._rates.get((watch.replica, watch.stream)) or self._pooled.get(watch.stream)
         rate = max(rates) if rates else FIRST_BYTE_COLD_S_PER_TOKEN
         expected = FIRST_BYTE_MARGIN * rate * (watch.pending + FIRST_BYTE_OVERHEAD_TOKENS)
-        return max(FIRST_BYTE_MIN_S, expected, watch.tokens * FIRST_BYTE_FLOOR_S_PER_TOKEN, watch.floor)
+        return max(expected, watch.tokens * FIRST_BYTE_FLOOR_S_PER_TOKEN, watch.floor)
 
     def heard(self, replica: str, now: float) -> None:
         """A byte came from the replica."""
@@ -134,10 +139,10 @@ class FirstByteBounds:
         """Since when the turn's replica has sent nothing: the turn's start or its last byte."""
         return max(watch.started, self._heard.get(watch.replica, watch.started))
 
-    @staticmethod
-    def silent_after(watch: Watch) -> float:
-        """How long the turn's replica may send nothing before the turn is silent."""
-        return max(SILENT_MIN_S, SILENT_BOUND_SHARE * watch.bound)
+    def silent_after(self, watch: Watch) -> float:
+        """How long the turn's replica may send nothing before the turn is silent: a share
+        of its bound as derived (what the recent rates predict), not of the bound's least value."""
+        return max(SILENT_MIN_S, SILENT_BOUND_SHARE * self._derived(watch))
 
     def silenced(self, watch: Watch, now: float) -> None:
         """The turn was reported silent."""
@@ -196,7 +201,10 @@ class Watchdog:
         self._bounds, self._watch = bounds, watch
         self._on_silent = on_silent  # called once if the turn goes silent (its replica sends nothing)
         self._timeout: asyncio.Timeout | None = None
-        self._handle = self._loop.call_at(watch.started + min(watch.bound, FIRST_BYTE_RECHECK_S), self._check)
+        first = min(watch.bound, FIRST_BYTE_RECHECK_S)
+        if on_silent is not None:
+            first = min(first, bounds.silent_after(watch))
+        self._handle = self._loop.call_at(watch.started + first, self._check)
 
     def guard(self) -> asyncio.Timeout:
         """The timeout (``async with``) the engine I/O runs under; the watchdog expires it."""

@@ -145,6 +145,10 @@ def test_silence_waits_for_what_the_replicas_recent_rate_predicts_a_quarter_of_a
     for _ in range(3):
         answered(bounds, "slow", 2000, 10.0)  # a slow replica: a long bound
     watch = bounds.start("slow", True, 2000, 0.0)
-    watch.bound = bounds.bound(watch)
-    assert watch.bound > 4 * SILENT_MIN_S
-    assert FirstByteBounds.silent_after(watch) == SILENT_BOUND_SHARE * watch.bound
+    assert bounds.bound(watch) > 4 * FIRST_BYTE_MIN_S
+    assert bounds.silent_after(watch) == SILENT_BOUND_SHARE * bounds.bound(watch)
+    quick = bounds.start("quick", True, 500, 0.0)
+    answered(bounds, "quick", 500, 0.02)
+    quick = bounds.start("quick", True, 500, 0.0)
+    assert bounds.bound(quick) == FIRST_BYTE_MIN_S  # the bound's least value ...
+    assert bounds.silent_after(quick) == SILENT_MIN_S < SILENT_BOUND_SHARE * FIRST_BYTE_MIN_S  # ... is not silence's
