@@ -35,8 +35,10 @@ under load; with strict affinity only a replica much slower than its peer loses 
 that way), and for partitions the time from the heal to
 service resumed: the first turn the scheduler places after the heal (``partition-N``),
 engine-b back in the scheduler's rotation (``engine-partition-N``); the target is one
-probe period (2 s), a miss is marked and fails the run. JSON to
-``bench-results/chaos-load-<time>.json``.
+probe period (2 s), a miss is marked and fails the run. Below the table, per row: where
+the time went, the slowest interactive first tokens, the turns the dataplane reported
+silent (their replica sent nothing for a while) and, for ``hang``, how long after the
+fault engine-b left rotation and stalled. JSON to ``bench-results/chaos-load-<time>.json``.
 """
 
 from __future__ import annotations
