@@ -11,14 +11,11 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause import vocabulary as h
 from luftpause.dev.procs import wait_until
-from luftpause.dev.stack import MODEL, Stack
-
-NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
+from luftpause.dev.stack import MODEL
 
 
 def replica(stack, name: str) -> dict:
@@ -53,17 +50,8 @@ def after_tool(run_id: str, reply: httpx.Response) -> list:
             *({"role": "tool", "tool_call_id": c["id"], "content": "found"} for c in message["tool_calls"])]
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    stack = Stack.on_free_ports(tmp_path_factory.mktemp("silent"), without=NO_RUNTIME)
-    stack.start()
-    try:
-        yield stack
-    finally:
-        stack.stop()
-
-
-async def test_runs_pinned_to_an_engine_that_goes_silent_move_before_the_first_turn_there_times_out(stack):
+async def test_runs_pinned_to_an_engine_that_goes_silent_move_before_the_first_turn_there_times_out(proxy_stack):
+    stack = proxy_stack
     async with httpx.AsyncClient(timeout=45) as client:
         # Runs spread over both engines, each paused on a tool call: its next turn goes back there.
         warm = await asyncio.gather(*(chat(client, stack, f"run-{i}") for i in range(12)))
