@@ -34,6 +34,15 @@ FIRST_BYTE_HISTORY = 32
 FIRST_BYTE_COLD_S_PER_TOKEN = 0.01
 FIRST_BYTE_OVERHEAD_TOKENS = 256
 FIRST_BYTE_FLOOR_S_PER_TOKEN = 0.0005
+# Well before that bound a turn is reported *silent* when its replica has sent nothing
+# (to any of this dataplane's turns there) for SILENT_BOUND_SHARE of the turn's bound as
+# derived (before FIRST_BYTE_MIN_S), at least SILENT_MIN_S, since the turn was sent: the
+# scheduler takes no new turns there until a byte comes from it; the turn itself goes on
+# waiting up to its bound. A quarter of the derived bound is the recent rates' own
+# prediction (the bound is FIRST_BYTE_MARGIN times it); 0.25 s is five times a quick
+# engine's usual first byte, with no byte at all from the replica meanwhile.
+SILENT_BOUND_SHARE = 0.25
+SILENT_MIN_S = 0.25
 # Until its first byte a waiting turn's bound is recomputed this often (the first
 # answers of a cold pool tighten it); afterwards only when it could have passed.
 FIRST_BYTE_RECHECK_S = 0.5

@@ -91,7 +91,7 @@ async def proxy(request: web.Request, turn: Turn, placement: Placement,
     reply, stated = (0, False) if turn.req.stream else reply_tokens(body)
     turn.watch = watch = engines.bounds.start(placement.replica, turn.req.stream, prompt_tokens(body), loop.time(),
                                               reply, stated)
-    turn.watchdog = Watchdog(engines.bounds, watch)
+    turn.watchdog = Watchdog(engines.bounds, watch, turn.silent)
     try:
         return await _exchange(request, turn, placement, watch, loop, continuing)
     finally:
@@ -225,6 +225,7 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
                 watch.waiting = None
                 if not chunk:
                     break
+                bounds.heard(turn.replica, loop.time())  # the replica speaks (a silent one is back here)
                 if not answered:
                     bounds.first_byte(watch, loop.time())
                     answered = True

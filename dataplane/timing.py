@@ -28,6 +28,16 @@ looked like a wedged engine.
 
 A stream that pauses longer than its (recomputed) bound while the dataplane waits on
 the engine is stalled too; time spent writing to a slow client does not count.
+
+Every turn on a wedged engine waits out its bound, and more turns reach it meanwhile.
+So, well before the bound, a turn still waiting for its first byte is reported *silent*
+once its replica has sent nothing at all (no byte to any of this dataplane's turns
+there) for SILENT_BOUND_SHARE of the turn's bound as derived before its least value
+(FIRST_BYTE_MIN_S): what the recent rates predict, the bound being FIRST_BYTE_MARGIN
+times that; at least SILENT_MIN_S, counted from when the
+turn was sent or the replica's last byte, whichever is later. The scheduler then places
+nothing new there until a byte comes from it (scheduler/core/stalls.py), and this
+dataplane uses no slot it was lent there; nothing is re-sent on it.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import deque
+from collections.abc import Callable
 
 from luftpause.dataplane.constants import (
     BYTES_PER_TOKEN,
@@ -48,6 +59,8 @@ from luftpause.dataplane.constants import (
     FIRST_BYTE_REPLY_FLOOR_S_PER_TOKEN,
     FIRST_BYTE_REPLY_WEIGHT,
     REPLY_TOKENS_WITHOUT_MAX,
+    SILENT_BOUND_SHARE,
+    SILENT_MIN_S,
 )
 
 _MAX_TOKENS = re.compile(rb'"max_(?:completion_)?tokens"\s*:\s*(\d+)')
@@ -69,7 +82,7 @@ class Watch:
     """One turn's wait on its engine."""
 
     __slots__ = ("replica", "stream", "tokens", "work", "pending", "started", "waiting", "answered", "stalled",
-                 "bound", "floor")
+                 "bound", "floor", "silent")
 
     def __init__(self, replica: str, stream: bool, tokens: int, ahead: int, started: float, reply: int = 0,
                  stated: bool = False) -> None:
@@ -83,6 +96,7 @@ class Watch:
         self.answered = False  # the first byte came
         self.stalled = False  # the watchdog gave up on it
         self.bound = 0.0  # the bound it was last held to, seconds
+        self.silent: float | None = None  # when it was reported silent (its replica sent nothing), if it was
 
 
 class FirstByteBounds:
@@ -93,6 +107,8 @@ class FirstByteBounds:
         self._rates: dict[tuple[str, bool], deque[float]] = {}
         self._pooled: dict[bool, deque[float]] = {}
         self._waiting: dict[str, int] = {}
+        self._heard: dict[str, float] = {}  # when a byte last came from each replica
+        self._silent: dict[str, Watch] = {}  # the replica's last turn reported silent
 
     def start(self, replica: str, stream: bool, tokens: int, now: float, reply: int = 0,
               stated: bool = False) -> Watch:
@@ -106,10 +122,42 @@ class FirstByteBounds:
 
     def bound(self, watch: Watch) -> float:
         """Seconds the turn may wait for its first byte (or in a pause of its stream)."""
+        return max(FIRST_BYTE_MIN_S, self._derived(watch))
+
+    def _derived(self, watch: Watch) -> float:
+        """The bound as derived from the rates and floors, before its least value."""
         rates = self._rates.get((watch.replica, watch.stream)) or self._pooled.get(watch.stream)
         rate = max(rates) if rates else FIRST_BYTE_COLD_S_PER_TOKEN
         expected = FIRST_BYTE_MARGIN * rate * (watch.pending + FIRST_BYTE_OVERHEAD_TOKENS)
-        return max(FIRST_BYTE_MIN_S, expected, watch.tokens * FIRST_BYTE_FLOOR_S_PER_TOKEN, watch.floor)
+        return max(expected, watch.tokens * FIRST_BYTE_FLOOR_S_PER_TOKEN, watch.floor)
+
+    def heard(self, replica: str, now: float) -> None:
+        """A byte came from the replica."""
+        self._heard[replica] = now
+
+    def quiet_since(self, watch: Watch) -> float:
+        """Since when the turn's replica has sent nothing: the turn's start or its last byte."""
+        return max(watch.started, self._heard.get(watch.replica, watch.started))
+
+    def silent_after(self, watch: Watch) -> float:
+        """How long the turn's replica may send nothing before the turn is silent: a share
+        of its bound as derived (what the recent rates predict), not of the bound's least value."""
+        return max(SILENT_MIN_S, SILENT_BOUND_SHARE * self._derived(watch))
+
+    def silenced(self, watch: Watch, now: float) -> None:
+        """The turn was reported silent."""
+        watch.silent = now
+        self._silent[watch.replica] = watch
+
+    def is_silent(self, replica: str) -> bool:
+        """Whether a turn on the replica was reported silent, is still waiting, and nothing
+        came from the replica since."""
+        watch = self._silent.get(replica)
+        if watch is None or watch.answered or self._heard.get(replica, watch.started) > watch.silent:
+            if watch is not None:
+                del self._silent[replica]
+            return False
+        return True
 
     def first_byte(self, watch: Watch, now: float) -> None:
         """The turn's first byte came: learn from how long it took."""
@@ -117,6 +165,7 @@ class FirstByteBounds:
             return
         self._done_waiting(watch)
         watch.answered = True
+        self._heard[watch.replica] = now
         rate = max(0.0, now - watch.started) / (watch.pending + FIRST_BYTE_OVERHEAD_TOKENS)
         for key, table in (((watch.replica, watch.stream), self._rates), (watch.stream, self._pooled)):
             history = table.get(key)
@@ -145,13 +194,17 @@ class Watchdog:
     passed (and every FIRST_BYTE_RECHECK_S until the first byte, as the bound may
     tighten): one timer per turn, not one per chunk."""
 
-    __slots__ = ("_loop", "_bounds", "_watch", "_timeout", "_handle")
+    __slots__ = ("_loop", "_bounds", "_watch", "_timeout", "_handle", "_on_silent")
 
-    def __init__(self, bounds: FirstByteBounds, watch: Watch) -> None:
+    def __init__(self, bounds: FirstByteBounds, watch: Watch, on_silent: Callable[[], None] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._bounds, self._watch = bounds, watch
+        self._on_silent = on_silent  # called once if the turn goes silent (its replica sends nothing)
         self._timeout: asyncio.Timeout | None = None
-        self._handle = self._loop.call_at(watch.started + min(watch.bound, FIRST_BYTE_RECHECK_S), self._check)
+        first = min(watch.bound, FIRST_BYTE_RECHECK_S)
+        if on_silent is not None:
+            first = min(first, bounds.silent_after(watch))
+        self._handle = self._loop.call_at(watch.started + first, self._check)
 
     def guard(self) -> asyncio.Timeout:
         """The timeout (``async with``) the engine I/O runs under; the watchdog expires it."""
@@ -173,6 +226,13 @@ class Watchdog:
         due = (since if since is not None else now) + watch.bound
         if not watch.answered:  # the first answers anywhere may tighten its bound: look again soon
             due = min(due, now + FIRST_BYTE_RECHECK_S)
+            if watch.silent is None and self._on_silent is not None:
+                silent_at = self._bounds.quiet_since(watch) + self._bounds.silent_after(watch)
+                if now >= silent_at - 0.001:  # (a timer may fire a hair early)
+                    self._bounds.silenced(watch, now)
+                    self._on_silent()
+                else:
+                    due = min(due, silent_at)
         self._handle = self._loop.call_at(due, self._check)
 
     def cancel(self) -> None:

@@ -68,6 +68,15 @@ class Turn:
         # and changes nothing on one; it would be one more item per turn on both sides.
         self.app[METRICS].turn_placed("scheduler" if self.lease is None else "lease")
 
+    def silent(self) -> None:
+        """Its engine sent nothing since it was sent, longer than expected (dataplane/timing.py):
+        the scheduler places nothing new there until it speaks. The turn goes on waiting."""
+        watch = self.watch
+        self.app[LOG].info("turn_silent", run=self.req.run_id, turn=self.turn_id, replica=self.replica,
+                           waited_s=None if watch is None else round(watch.silent - watch.started, 3),
+                           bound_s=None if watch is None else round(watch.bound, 3))
+        self.event(True, silent=pb.TurnSilent())
+
     def release(self) -> None:
         if self.lease is not None:
             self.link.release(self.lease)
@@ -208,8 +217,8 @@ def _on_lease(turn: Turn) -> Placement | None:
     prefix cached; moving a run is the scheduler's decision, so such a turn asks."""
     req = turn.req
     record = turn.book.runs.get(req.run_id)
-    if record is None or not record.replica:
-        return None
+    if record is None or not record.replica or turn.app[ENGINES].bounds.is_silent(record.replica):
+        return None  # (a silent replica's lent slots are being called back)
     leased = turn.link.place_on_lease(turn.turn_id, req.run_id, req.model, req.service_class, req.caller,
                                       record.replica)
     if leased is None:

@@ -35,8 +35,10 @@ under load; with strict affinity only a replica much slower than its peer loses 
 that way), and for partitions the time from the heal to
 service resumed: the first turn the scheduler places after the heal (``partition-N``),
 engine-b back in the scheduler's rotation (``engine-partition-N``); the target is one
-probe period (2 s), a miss is marked and fails the run. JSON to
-``bench-results/chaos-load-<time>.json``.
+probe period (2 s), a miss is marked and fails the run. Below the table, per row: where
+the time went, the slowest interactive first tokens, the turns the dataplane reported
+silent (their replica sent nothing for a while) and, for ``hang``, how long after the
+fault engine-b left rotation and stalled. JSON to ``bench-results/chaos-load-<time>.json``.
 """
 
 from __future__ import annotations
@@ -107,6 +109,11 @@ class FaultRow:
     engine_unseen_s: list[float] = field(default_factory=list)  # engine partitions: spells engine-b was out of sight
     runs_moved: int = 0  # turns in the window on another replica than the run's turn before (:func:`pin_moves`)
     moved_off_healthy: int = 0  # of those, the ones that left a replica in rotation throughout
+    turns_silent: int = 0  # turns the dataplane reported silent (their replica sent nothing for a while)
+    interactive_slowest_s: list[float] = field(default_factory=list)  # the slowest interactive first tokens
+    # hang: from the fault to engine-b out of rotation (silent or stalled), and to stalled
+    out_of_rotation_s: float | None = None
+    stalled_s: float | None = None
 
     @property
     def partition(self) -> bool:
@@ -262,8 +269,8 @@ def pin_moves(log: list[dict[str, Any]], scheduler_log: list[dict[str, Any]], re
         event = line.get("event")
         if event in ("replica_health", "replica_seen"):
             rotating = bool(line.get("healthy"))
-        elif event in ("replica_stalled", "replica_unseen", "replica_answers"):
-            rotating = event == "replica_answers"
+        elif event in ("replica_stalled", "replica_unseen", "replica_silent", "replica_answers", "replica_speaks"):
+            rotating = event in ("replica_answers", "replica_speaks")
         else:
             continue
         changes.setdefault(line.get("replica", ""), []).append((datetime.fromisoformat(line["timestamp"]), rotating))
@@ -299,6 +306,24 @@ async def _sample_status(url: str, samples: list[dict[str, Any]]) -> None:
             except (httpx.HTTPError, ValueError):
                 pass
             await asyncio.sleep(1.0)
+
+
+def _left_rotation(engine_log: list[dict[str, Any]], scheduler_log: list[dict[str, Any]]
+                   ) -> tuple[float | None, float | None]:
+    """Seconds from engine-b's fault to its first leaving rotation (silent or stalled),
+    and to its first stall, from the logs."""
+    injected = next((datetime.fromisoformat(r["timestamp"]) for r in engine_log
+                     if r.get("event") == "engine_faults_set" and r.get("faults")), None)
+    if injected is None:
+        return None, None
+    found: dict[str, float] = {}
+    for r in scheduler_log:
+        if r.get("replica") == "engine-b" and r.get("event") in ("replica_silent", "replica_stalled"):
+            at = (datetime.fromisoformat(r["timestamp"]) - injected).total_seconds()
+            if at >= 0:
+                found.setdefault(r["event"], round(at, 3))
+    first = min(found.values(), default=None)
+    return first, found.get("replica_stalled")
 
 
 def _repeated(log: list[dict[str, Any]], received: dict[str, int]) -> int:
@@ -355,6 +380,7 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
                  if start <= t.started <= end]
         row.interactive_turns = len(turns)
         row.interactive_ttft_p99_s = percentile([t.first_token for t in turns], 99)
+        row.interactive_slowest_s = sorted((round(t.first_token, 3) for t in turns), reverse=True)[:8]
         row.batch_runs_per_min = result.summary.get("batch", {}).get("runs_per_min", 0.0)
         engines: dict[str, dict[str, float]] = {}
         for i, port in enumerate(stack.ports.engines):
@@ -365,6 +391,9 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
         log = _log(stack, "dataplane")
         row.resent_turns = sum(1 for record in log if record.get("event") == "turn_retried")
         row.continued_streams = sum(1 for record in log if record.get("event") == "stream_continued")
+        row.turns_silent = sum(1 for record in log if record.get("event") == "turn_silent")
+        if fault == "hang":
+            row.out_of_rotation_s, row.stalled_s = _left_rotation(_log(stack, "engine-b"), _log(stack, "scheduler"))
         # agents name run k of agent i "<name>-<class>-<group>-i-k" and seed it "<seed>-<same>"
         names = {r.seed: f"chaos-{fault}" + r.seed.removeprefix("chaos-load") for r in result.records}
         received = {names[r.seed]: len(r.turns) for r in result.records if r.ok}
@@ -440,6 +469,12 @@ def where_lines(row: FaultRow) -> list[str]:
     for name, e in row.where.get("engines", {}).items():
         lines.append(f"{row.fault}: {name}: simulated GPU busy {e['gpu_busy_s']} s, behind its clock for want of "
                      f"CPU {e['gpu_lost_s']} s")
+    if row.where:
+        lines.append(f"{row.fault}: slowest interactive first tokens {row.interactive_slowest_s} s; "
+                     f"turns reported silent {row.turns_silent}"
+                     + ("" if row.out_of_rotation_s is None else
+                        f"; engine-b out of rotation {row.out_of_rotation_s} s after the fault, stalled after "
+                        f"{row.stalled_s} s"))
     cpu = row.where.get("cpu", {})
     if row.where:
         lines.append(f"{row.fault}: batch turns held {row.where.get('batch_held_mean')} on average; machine busy "

@@ -137,8 +137,12 @@ class RunEnded(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class TurnSilent(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class TurnEvent(_message.Message):
-    __slots__ = ("turn_id", "run_id", "trace_id", "started", "first_token", "usage", "finished", "failed", "abandoned", "run_ended")
+    __slots__ = ("turn_id", "run_id", "trace_id", "started", "first_token", "usage", "finished", "failed", "abandoned", "run_ended", "silent")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +153,7 @@ class TurnEvent(_message.Message):
     FAILED_FIELD_NUMBER: _ClassVar[int]
     ABANDONED_FIELD_NUMBER: _ClassVar[int]
     RUN_ENDED_FIELD_NUMBER: _ClassVar[int]
+    SILENT_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     trace_id: str
@@ -159,7 +164,8 @@ class TurnEvent(_message.Message):
     failed: TurnFailed
     abandoned: TurnAbandoned
     run_ended: RunEnded
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., started: _Optional[_Union[TurnStarted, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., finished: _Optional[_Union[TurnFinished, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ..., abandoned: _Optional[_Union[TurnAbandoned, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ...) -> None: ...
+    silent: TurnSilent
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., started: _Optional[_Union[TurnStarted, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., finished: _Optional[_Union[TurnFinished, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ..., abandoned: _Optional[_Union[TurnAbandoned, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ..., silent: _Optional[_Union[TurnSilent, _Mapping]] = ...) -> None: ...
 
 class TurnEventBatch(_message.Message):
     __slots__ = ("events",)
@@ -320,7 +326,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("name", "base_url", "kind", "models", "healthy", "load_known", "running", "queued", "in_flight", "capacity", "batch_reserve", "kv_used_tokens", "kv_total_tokens", "decode_ceiling", "leased_idle", "stalled", "unseen")
+    __slots__ = ("name", "base_url", "kind", "models", "healthy", "load_known", "running", "queued", "in_flight", "capacity", "batch_reserve", "kv_used_tokens", "kv_total_tokens", "decode_ceiling", "leased_idle", "stalled", "unseen", "silent")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BASE_URL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -338,6 +344,7 @@ class ReplicaStatus(_message.Message):
     LEASED_IDLE_FIELD_NUMBER: _ClassVar[int]
     STALLED_FIELD_NUMBER: _ClassVar[int]
     UNSEEN_FIELD_NUMBER: _ClassVar[int]
+    SILENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     base_url: str
     kind: str
@@ -355,7 +362,8 @@ class ReplicaStatus(_message.Message):
     leased_idle: int
     stalled: bool
     unseen: bool
-    def __init__(self, name: _Optional[str] = ..., base_url: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., healthy: _Optional[bool] = ..., load_known: _Optional[bool] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., batch_reserve: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_total_tokens: _Optional[int] = ..., decode_ceiling: _Optional[int] = ..., leased_idle: _Optional[int] = ..., stalled: _Optional[bool] = ..., unseen: _Optional[bool] = ...) -> None: ...
+    silent: int
+    def __init__(self, name: _Optional[str] = ..., base_url: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., healthy: _Optional[bool] = ..., load_known: _Optional[bool] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., batch_reserve: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_total_tokens: _Optional[int] = ..., decode_ceiling: _Optional[int] = ..., leased_idle: _Optional[int] = ..., stalled: _Optional[bool] = ..., unseen: _Optional[bool] = ..., silent: _Optional[int] = ...) -> None: ...
 
 class HeldGroup(_message.Message):
     __slots__ = ("key", "count", "longest_wait_ms")

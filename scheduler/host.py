@@ -201,11 +201,27 @@ class SchedulerHost:
         kind = event.WhichOneof("kind")
         if kind == "first_token":
             self.metrics.recent.first_token(event.first_token.ttft_ms)
+            placed = self.state.turns.get(event.turn_id)
+            if placed is not None and self.state.replicas[placed.replica].silent:  # it speaks (stalls.py)
+                self._speaks(placed.replica, core.TurnAnswered(event.turn_id, now))
+        elif kind == "silent":
+            placed = self.state.turns.get(event.turn_id)
+            if placed is not None:
+                was = self.state.replicas[placed.replica]
+                self.apply(core.TurnSilent(event.turn_id, now))
+                if not was.silent and self.state.replicas[placed.replica].silent:
+                    self.log.warning("replica_silent", replica=placed.replica, turn=event.turn_id,
+                                     effect="no new turns until a byte comes from it")
         elif kind == "usage":
             self.apply(core.TurnUsage(event.turn_id, event.usage.prompt_tokens, event.usage.completion_tokens, now))
         elif kind == "finished":
             tokens = None if usage is None else usage.prompt_tokens + usage.completion_tokens
-            self.apply(core.TurnFinished(event.turn_id, event.finished.finish_reason, now, tokens))
+            placed = self.state.turns.get(event.turn_id)
+            finished = core.TurnFinished(event.turn_id, event.finished.finish_reason, now, tokens)
+            if placed is not None and self.state.replicas[placed.replica].silent:
+                self._speaks(placed.replica, finished)
+            else:
+                self.apply(finished)
         elif kind == "failed":
             self.log.info("turn_failed", turn=event.turn_id, run=event.run_id, error=event.failed.error,
                           stalled=event.failed.stalled)
@@ -221,6 +237,12 @@ class SchedulerHost:
         elif kind == "run_ended":
             self.apply(core.RunEnded(event.run_id, now))
         # started changes nothing (this dataplane no longer sends it); first_token is counted above.
+
+    def _speaks(self, replica: str, event: core.Event) -> None:
+        """Apply a byte from a replica with silent turns (a first token, a finished turn)."""
+        self.apply(event)
+        if not self.state.replicas[replica].silent:
+            self.log.info("replica_speaks", replica=replica, effect="back in rotation")
 
     def resync(self, request: pb.ResyncRequest) -> None:
         """Apply one dataplane's snapshot (protocol 1's Resync, the Hello of protocols 2 and 3)."""
@@ -299,10 +321,11 @@ class SchedulerHost:
             self._discovered_apis[endpoint.name] = apis
 
     async def _probe(self, client: httpx.AsyncClient, endpoint: Endpoint) -> tuple[ProbeResult, bool | None]:
-        """Health and load; for a stalled replica that says it is healthy, also whether it
-        answers a probe generation (None: none sent)."""
+        """Health and load; for a stalled (or silent) replica that says it is healthy, also
+        whether it answers a probe generation (None: none sent)."""
         result = await probe(client, endpoint)
-        if not (result.healthy and self.state.replicas[endpoint.name].stalled):
+        known = self.state.replicas[endpoint.name]
+        if not (result.healthy and (known.stalled or known.silent)):
             return result, None
         return result, await answers(client, endpoint)
 
@@ -312,7 +335,7 @@ class SchedulerHost:
         self.metrics.probed(replica, result.healthy)
         if fast:
             self.log.info("engine_fast_batch", replica=replica, fast_batch=fast)
-        if answered and self.state.replicas[replica].stalled:
+        if answered and (self.state.replicas[replica].stalled or self.state.replicas[replica].silent):
             self.log.info("replica_answers", replica=replica, effect="back in rotation")
         known = self.state.replicas[replica]
         before = known.decode

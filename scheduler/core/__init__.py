@@ -12,7 +12,7 @@ in the events. Each file is one chapter of the policy, its rule at the top:
 * ``limit.py``: the admission limit, the decode ceiling and the batch reserve;
 * ``leases.py``: slots lent to dataplanes while nothing is held;
 * ``peers.py``: dataplanes as peers, each owning what it admitted; Resync;
-* ``stalls.py``: stalled replicas leave rotation until they answer;
+* ``stalls.py``: stalled replicas leave rotation until they answer, silent ones until they speak;
 * ``status.py``: the plain-value view for the status endpoints and the page.
 
 Chapters import the state and the events and the chapters before them (state, events,
@@ -38,8 +38,10 @@ from luftpause.scheduler.core.events import (
     Revoke,
     RunEnded,
     RunSnapshot,
+    TurnAnswered,
     TurnFailed,
     TurnFinished,
+    TurnSilent,
     TurnSnapshot,
     TurnUsage,
 )
@@ -66,6 +68,7 @@ __all__ = [
     "BATCH", "GENERATIVE", "INTERACTIVE", "ONE_PASS", "SERVICE_CLASSES", "TURN_TIME_WEIGHT",
     "Action", "AdmissionLimit", "AdmitCancelled", "AdmitRequested", "ClockTicked", "DataplaneGone", "DecodeCost", "DecodeCounters", "EngineProbed", "Event", "Grant",
     "HeldTurn", "Lease", "LeaseReturned", "LeaseTaking", "Place", "Reject", "Replica", "Resynced", "Revoke", "Run",
-    "RunEnded", "RunSnapshot", "Stage", "State", "Turn", "TurnFailed", "TurnFinished", "TurnSnapshot", "TurnUsage",
+    "RunEnded", "RunSnapshot", "Stage", "State", "Turn", "TurnAnswered", "TurnFailed", "TurnFinished", "TurnSilent",
+    "TurnSnapshot", "TurnUsage",
     "batch_reserve", "decide", "initial_state", "status", "validation_error",
 ]

@@ -27,8 +27,10 @@ from luftpause.scheduler.core.events import (
     Reject,
     Resynced,
     RunEnded,
+    TurnAnswered,
     TurnFailed,
     TurnFinished,
+    TurnSilent,
     TurnUsage,
 )
 from luftpause.scheduler.core.leases import _admit_leased, _lease_returned, _lease_taking, _settle_leases, _void_leases
@@ -47,7 +49,7 @@ from luftpause.scheduler.core.placement import (
 )
 from luftpause.scheduler.core.sight import _failed_out_of_sight
 from luftpause.scheduler.core.state import GENERATIVE, ONE_PASS, HeldTurn, Run, Stage, State
-from luftpause.scheduler.core.stalls import _stalled
+from luftpause.scheduler.core.stalls import _heard, _silent, _stalled, _unsilenced
 
 
 def decide(state: State, event: Event) -> tuple[State, list[Action]]:
@@ -60,19 +62,23 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
                 state, actions = _admit(state, event)
                 return _settle_leases(state, actions, event)
         case AdmitCancelled():
-            state = _cancel(state, event)
+            state = _cancel(_unsilenced(state, event.turn_id), event)
         case TurnUsage():
             state = _usage(state, event)
         case TurnFinished():
-            state = _timed(state, event.turn_id, event.now_ms)
+            state = _timed(_heard(state, event.turn_id), event.turn_id, event.now_ms)
             stage = Stage.PAUSED if event.finish_reason == "tool_calls" else Stage.IDLE
             state = _end_turn(state, event.turn_id, stage, event.now_ms, event.context_tokens)
         case TurnFailed():
             if event.stalled:
                 state = _stalled(state, event.turn_id)
             else:
-                state = _failed_out_of_sight(state, event.turn_id)
+                state = _failed_out_of_sight(_unsilenced(state, event.turn_id), event.turn_id)
             state = _end_turn(state, event.turn_id, Stage.IDLE, event.now_ms)
+        case TurnSilent():
+            state = _silent(state, event.turn_id)
+        case TurnAnswered():
+            state = _heard(state, event.turn_id)
         case RunEnded():
             state = _put_run(state, None, run_id=event.run_id)
         case EngineProbed():

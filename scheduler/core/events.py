@@ -60,6 +60,24 @@ class TurnFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnSilent:
+    """The turn's engine has sent nothing since the turn was sent, longer than its recent
+    first bytes predict (well within the turn's own bound, which it goes on waiting)."""
+
+    turn_id: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TurnAnswered:
+    """The turn's first token came. The host reports it only for a turn on a replica
+    with silent turns: a byte came from that replica."""
+
+    turn_id: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class RunEnded:
     run_id: str
     now_ms: int
@@ -163,8 +181,8 @@ class LeaseTaking:
 
 
 Event = (
-    AdmitRequested | AdmitCancelled | TurnUsage | TurnFinished | TurnFailed | RunEnded | EngineProbed | ClockTicked
-    | Resynced | DataplaneGone | LeaseReturned | LeaseTaking
+    AdmitRequested | AdmitCancelled | TurnUsage | TurnFinished | TurnFailed | TurnSilent | TurnAnswered | RunEnded
+    | EngineProbed | ClockTicked | Resynced | DataplaneGone | LeaseReturned | LeaseTaking
 )
 
 

@@ -195,6 +195,8 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
         # yet, the slow start's (an engine whose load cannot be read is not idle).
         value = limit.value or (0 if replica.ceiling else max(LIMIT_INITIAL, replica.in_flight))
         return limit._replace(value=value, calm_probes=0)
+    if replica.silent:  # out of rotation until it speaks (stalls.py): kept, grows nothing meanwhile
+        return limit._replace(calm_probes=0)
     if not replica.healthy or not replica.load_known:
         return limit._replace(value=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
     value, needed = limit.value, limit.calm_needed
@@ -309,10 +311,12 @@ def _probed(state: State, event: EngineProbed) -> State:
         return state
     load_known = event.running is not None and event.queued is not None
     stalled = replica.stalled and event.answers is not True
+    silent = frozenset() if event.answers is True else replica.silent  # it answered: it speaks (stalls.py)
     unseen = _out_of_sight(replica, event)
     updated = replica._replace(
-        healthy=event.healthy and not stalled,
+        healthy=event.healthy and not stalled and not silent,
         stalled=stalled,
+        silent=silent,
         unseen=unseen,
         load_known=load_known,
         running=event.running or 0,

@@ -118,6 +118,10 @@ class Replica(NamedTuple):
     fast_batch: int = 0  # the largest decode batch the engine runs at full speed, as it reports it; 0 = unknown
     leased_idle: int = 0  # slots lent to dataplanes and not in use: taken, as far as room goes
     stalled: bool = False  # a turn stalled here: out of rotation until it answers a probe generation
+    # Turns here a dataplane reported silent (stalls.py): the engine sent nothing since they
+    # were sent, longer than its recent first bytes predict. While any is, the replica is
+    # out of rotation (not healthy) with its limit kept; a byte from it brings it back.
+    silent: frozenset = frozenset()
     # Out of sight (sight.py): healthy until its health probe went unanswered; not healthy
     # (no new runs), but the runs pinned here stay and their turns still go here.
     unseen: bool = False

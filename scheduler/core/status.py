@@ -19,6 +19,7 @@ def status(state: State, now_ms: int) -> dict:
             "models": sorted(r.models),
             "healthy": r.healthy,
             "stalled": r.stalled,
+            "silent": len(r.silent),
             "unseen": r.unseen,
             "load_known": r.load_known,
             "running": r.running,

@@ -3,8 +3,16 @@ prompt and the prompts waiting there ahead of the turn; never one fixed number."
 
 from __future__ import annotations
 
-from luftpause.dataplane.constants import FIRST_BYTE_FLOOR_S_PER_TOKEN, FIRST_BYTE_MIN_S, REPLY_TOKENS_WITHOUT_MAX
-from luftpause.dataplane.timing import FirstByteBounds, Watch, prompt_tokens
+import asyncio
+
+from luftpause.dataplane.constants import (
+    FIRST_BYTE_FLOOR_S_PER_TOKEN,
+    FIRST_BYTE_MIN_S,
+    REPLY_TOKENS_WITHOUT_MAX,
+    SILENT_BOUND_SHARE,
+    SILENT_MIN_S,
+)
+from luftpause.dataplane.timing import FirstByteBounds, Watch, Watchdog, prompt_tokens
 
 
 def answered(bounds: FirstByteBounds, replica: str, tokens: int, seconds: float, stream: bool = True) -> None:
@@ -87,3 +95,60 @@ def test_a_whole_reply_counts_its_reply_tokens_so_a_long_reply_after_short_ones_
     # no stated max_tokens: counted as a typical reply, with no floor (a wedge is still left quickly)
     assert reply_tokens(b'{"messages": []}') == (REPLY_TOKENS_WITHOUT_MAX, False)
     assert bounds.start("d", False, 10, 0.0, *reply_tokens(b'{"messages": []}')).floor == 0.0
+
+
+# Silence: well before its bound, a turn whose replica has sent nothing since it was sent
+# is reported once, so the scheduler places nothing new there; the turn goes on waiting.
+
+
+async def test_a_turn_whose_replica_sends_nothing_is_reported_silent_once_well_before_its_bound():
+    loop = asyncio.get_running_loop()
+    bounds = FirstByteBounds()
+    answered(bounds, "a", 500, 0.05)  # a quick peer: b's bound is the floor
+    watch = bounds.start("b", True, 500, loop.time())
+    assert bounds.bound(watch) == FIRST_BYTE_MIN_S
+    reports: list[float] = []
+    dog = Watchdog(bounds, watch, lambda: reports.append(loop.time()))
+    try:
+        await asyncio.sleep(SILENT_MIN_S + 0.4)
+        assert len(reports) == 1 and reports[0] - watch.started >= SILENT_MIN_S - 0.01
+        assert bounds.is_silent("b") and not bounds.is_silent("a")
+        assert not watch.stalled and not watch.answered  # it waits on: nothing re-sent
+        await asyncio.sleep(0.6)
+        assert len(reports) == 1  # once per turn
+        bounds.heard("b", loop.time())  # a byte from b: it speaks
+        assert not bounds.is_silent("b")
+    finally:
+        dog.cancel()
+
+
+async def test_a_replica_that_keeps_sending_bytes_is_not_silent_while_a_turn_waits_there():
+    loop = asyncio.get_running_loop()
+    bounds = FirstByteBounds()
+    answered(bounds, "a", 500, 0.05)
+    watch = bounds.start("a", True, 500, loop.time())
+    reports: list[float] = []
+    dog = Watchdog(bounds, watch, lambda: reports.append(loop.time()))
+    try:
+        for _ in range(12):  # another turn's stream there goes on: the engine is busy, not wedged
+            await asyncio.sleep(0.1)
+            bounds.heard("a", loop.time())
+        assert reports == [] and not bounds.is_silent("a")
+        await asyncio.sleep(SILENT_MIN_S + 0.3)  # then it goes quiet
+        assert len(reports) == 1
+    finally:
+        dog.cancel()
+
+
+def test_silence_waits_for_what_the_replicas_recent_rate_predicts_a_quarter_of_a_long_bound():
+    bounds = FirstByteBounds()
+    for _ in range(3):
+        answered(bounds, "slow", 2000, 10.0)  # a slow replica: a long bound
+    watch = bounds.start("slow", True, 2000, 0.0)
+    assert bounds.bound(watch) > 4 * FIRST_BYTE_MIN_S
+    assert bounds.silent_after(watch) == SILENT_BOUND_SHARE * bounds.bound(watch)
+    quick = bounds.start("quick", True, 500, 0.0)
+    answered(bounds, "quick", 500, 0.02)
+    quick = bounds.start("quick", True, 500, 0.0)
+    assert bounds.bound(quick) == FIRST_BYTE_MIN_S  # the bound's least value ...
+    assert bounds.silent_after(quick) == SILENT_MIN_S < SILENT_BOUND_SHARE * FIRST_BYTE_MIN_S  # ... is not silence's

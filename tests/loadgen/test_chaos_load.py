@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from luftpause.loadgen.chaos_load import _repeated, chaos_load, parse_faults, pin_moves, table, where_time_goes
+from luftpause.loadgen.chaos_load import _left_rotation, _repeated, chaos_load, parse_faults, pin_moves, table, where_time_goes
 from luftpause.loadgen.records import RunRecord, TurnRecord
 from luftpause.scheduler.constants import PROBE_PERIOD_S
 
@@ -90,6 +90,21 @@ def test_pin_moves_count_turns_that_left_their_runs_replica_and_those_that_left_
     scheduler_log.append(at({"event": "replica_stalled", "replica": "engine-b"}, 12))
     names = {seed: run for seed, (run, _) in runs.items()}
     assert pin_moves(log, scheduler_log, records, names, (5, 20)) == (2, 1)
+    # a replica silent (from 12 until it spoke at 16) was out of rotation too
+    scheduler_log[-1] = at({"event": "replica_silent", "replica": "engine-b"}, 12)
+    scheduler_log.append(at({"event": "replica_speaks", "replica": "engine-b"}, 16))
+    assert pin_moves(log, scheduler_log, records, names, (5, 20)) == (2, 1)
+
+
+def test_a_hung_engine_leaves_rotation_counted_from_its_fault_silent_first_then_stalled():
+    engine_log = [{"event": "engine_faults_set", "faults": ["hang"], "timestamp": "2026-01-01T00:00:10.000000Z"}]
+    scheduler_log = [
+        {"event": "replica_silent", "replica": "engine-a", "timestamp": "2026-01-01T00:00:10.100000Z"},
+        {"event": "replica_silent", "replica": "engine-b", "timestamp": "2026-01-01T00:00:10.300000Z"},
+        {"event": "replica_stalled", "replica": "engine-b", "timestamp": "2026-01-01T00:00:12.050000Z"},
+    ]
+    assert _left_rotation(engine_log, scheduler_log) == (0.3, 2.05)
+    assert _left_rotation(engine_log, scheduler_log[2:]) == (2.05, 2.05)
 
 
 def test_a_round_is_repeated_when_the_dataplane_finished_more_turns_of_a_run_than_its_agent_received():
