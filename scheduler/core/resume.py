@@ -19,12 +19,14 @@ run is late beyond it, the slot goes back to batch.
 * at most half the ceiling is kept (as with ``interactive_slots``), and only under the
   decode ceiling (the learned limit already keeps KV room for paused runs: limit.py).
 
-Each replica lists its paused interactive runs with their expected return
-(``Replica.resumes``, kept by ``_put_run``); before every release the replicas' due
+Each replica lists its paused interactive runs by expected return (``Replica.resumes``,
+(ms, run id) in order, kept by ``_put_run``); before every release the replicas' due
 counts are brought to the event's time (:func:`due_now`).
 """
 
 from __future__ import annotations
+
+import bisect
 
 from luftpause.scheduler.constants import (
     RESUME_LEAD_MAX_MS,
@@ -34,6 +36,8 @@ from luftpause.scheduler.constants import (
 )
 from luftpause.scheduler.core.state import Replica, Run, Stage, State
 from luftpause.vocabulary import INTERACTIVE
+
+_LAST = "\U0010ffff"  # sorts after every run id: (t, _LAST) bounds every entry expected at t
 
 
 def expected_pause_ms(state: State, run: Run) -> int:
@@ -62,11 +66,13 @@ def lead_ms(replica: Replica) -> int:
 
 
 def due_count(replica: Replica, now_ms: int) -> int:
-    """The interactive runs paused here that are due at ``now_ms``."""
+    """The interactive runs paused here that are due at ``now_ms`` (``resumes`` is in
+    order of expected return: two bisections, however many runs are paused)."""
     if not replica.resumes:
         return 0
     lead = lead_ms(replica)
-    return sum(1 for _, back_ms in replica.resumes if back_ms - lead <= now_ms <= back_ms + lead)
+    return (bisect.bisect_right(replica.resumes, (now_ms + lead, _LAST))
+            - bisect.bisect_left(replica.resumes, (now_ms - lead, "")))
 
 
 def due_now(state: State, now_ms: int) -> State:
@@ -85,8 +91,9 @@ def due_now(state: State, now_ms: int) -> State:
 
 
 def with_resume(replica: Replica, run_id: str, back_ms: int | None) -> Replica:
-    """The replica's list of expected returns with ``run_id``'s set to ``back_ms`` (None: dropped)."""
-    kept = tuple(entry for entry in replica.resumes if entry[0] != run_id)
+    """The replica's expected returns, in order, with ``run_id``'s set to ``back_ms``
+    (None: dropped)."""
+    kept = [entry for entry in replica.resumes if entry[1] != run_id]
     if back_ms is not None:
-        kept += ((run_id, back_ms),)
-    return replica._replace(resumes=kept)
+        bisect.insort(kept, (back_ms, run_id))
+    return replica._replace(resumes=tuple(kept))

@@ -117,7 +117,7 @@ class Replica(NamedTuple):
     paused_interactive_tokens: int = 0  # their contexts, in tokens, where known
     # Those of them whose pause can be guessed, with when each is expected back (ms), and
     # how many are due now: a slot under the ceiling is kept for each (resume.py).
-    resumes: tuple[tuple[str, int], ...] = ()
+    resumes: tuple[tuple[int, str], ...] = ()  # (expected back, ms; run id), in that order
     due_interactive: int = 0
     fast_batch: int = 0  # the largest decode batch the engine runs at full speed, as it reports it; 0 = unknown
     leased_idle: int = 0  # slots lent to dataplanes and not in use: taken, as far as room goes

@@ -38,7 +38,7 @@ def paused_again(resume_slots: bool = True, affinity: bool = True) -> core.State
 
 def test_a_slot_that_frees_when_a_paused_interactive_run_is_due_back_waits_for_it():
     state = paused_again()
-    assert state.replicas["a"].resumes == (("ri", 4400),)
+    assert state.replicas["a"].resumes == ((4400, "ri"),)
     state, actions = core.decide(state, core.TurnFinished("x1", "stop", 4200))
     assert placed(actions) == {}  # ri is due (4400 less the lead): the slot is kept for it
     assert state.replicas["a"].due_interactive == 1
@@ -88,7 +88,7 @@ def test_a_new_runs_first_pause_is_guessed_from_other_interactive_runs():
     state, _ = core.decide(state, core.TurnFinished("x2", "stop", 2700))
     assert state.turns["j1"].replica == "a"
     state, _ = core.decide(state, core.TurnFinished("j1", "tool_calls", 2900))
-    assert ("rj", 2900 + 2000) in state.replicas["a"].resumes
+    assert (2900 + 2000, "rj") in state.replicas["a"].resumes
 
 
 def test_a_run_that_ends_or_goes_on_leaves_the_list():
