@@ -40,6 +40,7 @@ from rich.table import Table
 from luftpause import logs
 from luftpause.loadgen import peers
 from luftpause.loadgen.agents import Clock, Live, Target
+from luftpause.loadgen.breakdown import WindowProbe
 from luftpause.loadgen.driver import Group, run_load
 from luftpause.loadgen.peer_rows import CLASS_BLIND_BASELINE, DEFAULT_PEERS, PEER_ROWS, EngineFacts, compare, parse_peers
 from luftpause.loadgen.records import CpuMeter, RunRecord, write_results
@@ -48,6 +49,7 @@ from luftpause.loadgen.timeline import Timeline, plot_b2
 from luftpause.loadgen.workload import Workload
 from luftpause.dev.procs import free_port, free_ports
 from luftpause.dev.stack import MODEL, Ports, Stack, engine_name, write_configs
+from luftpause.runtime.constants import JOURNAL_FILE
 
 log = structlog.get_logger(service="bench")
 console = Console(width=240)
@@ -122,6 +124,7 @@ class Rig:
             key: row.process(self.engine_urls, self.logs / f"router-{key}.log", facts) for key, row in self.rows.items()
         }
         self._stack = ExitStack()
+        self.journals: dict[str, Path] = {}  # a runtime's MCP URL: its run journal (breakdown.py)
 
     def __enter__(self) -> Rig:
         try:
@@ -178,6 +181,7 @@ class Rig:
                            "LUFTPAUSE_PROBE_PERIOD_S": str(2.0 * self.config.time_scale)},
                       without=frozenset({*(engine_name(i) for i in range(self.config.replicas)), "fake-mcp"}), gateway=gateway)
         stack.start()
+        self.journals[stack.urls["runtime_mcp"]] = (stack.runtime_state_dir or stack.state_dir) / JOURNAL_FILE
         try:
             yield stack
         finally:
@@ -196,7 +200,9 @@ class Rig:
         process.start()
         try:
             process.wait_ready(30)
-            yield f"http://{peers.HOST}:{port}/mcp"
+            url = f"http://{peers.HOST}:{port}/mcp"
+            self.journals[url] = state / JOURNAL_FILE
+            yield url
         finally:
             process.stop()
 
@@ -460,24 +466,41 @@ async def _closed(rig: Rig, config: BenchConfig, part: str, variant: str, repeat
     rig.reset_engines()
     timeline = Timeline(rig.engine_urls, status_url, config.time_scale)
     sampling = asyncio.create_task(timeline.run())
+    probe = WindowProbe(
+        rig.engine_urls, scheduler_url=status_url.removesuffix("/status") if status_url else None,
+        dataplane_url=target.base_url.removesuffix("/v1") if target is not None and target.luftpause else None,
+        journal=rig.journals.get(spawn_target.runtime_url) if spawn_target is not None else None)
+    probing = asyncio.create_task(_probe_window(probe, config))
     try:
         async with rig.engine_sampler(config.warmup_s) as samples:
             result = await run_load(b2_groups(heavy, config.answer_keeps_tools), target=target,
                                     spawn_target=spawn_target, warmup_s=config.warmup_s, duration_s=config.window_s,
                                     time_scale=config.time_scale, name=name, seed=seed, console=console)
         diagnostics = await asyncio.to_thread(rig.peer_diagnostics, variant)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(probing), 10)
     finally:
         sampling.cancel()
+        probing.cancel()
     out = {"summary": result.summary, "peer_diagnostics": diagnostics, "cpu": result.cpu, **rig.engine_figures(samples),
            "engines_over_window": timeline.summary(result.window_s),
            "same_run": same_run_hits(result.records, result.window_s), "timeline": timeline.as_json(),
            "interactive_time": interactive_time(result.records, result.window_s),
+           "breakdown": probe.figures(config.time_scale),
            "interactive_records": [r.as_json() for r in result.records if r.service_class == "interactive"]}
     s = result.summary
     log.warning("b2.variant", name=name, interactive=round(s.get("interactive", {}).get("runs_per_min", 0), 1),
                 batch=round(s.get("batch", {}).get("runs_per_min", 0), 1), queue=out["engine_queue_mean"],
                 retractions=out["engine_retractions"])
     return out
+
+
+async def _probe_window(probe: WindowProbe, config: BenchConfig) -> None:
+    """Scrape at the measurement window's start and at its end (breakdown.py)."""
+    await asyncio.sleep(config.warmup_s * config.time_scale)
+    await probe.take()
+    await asyncio.sleep(config.window_s * config.time_scale)
+    await probe.take()
 
 
 # luftpause's rows per B2 part; the peers' rows come first, one per peer row of the invocation
@@ -628,6 +651,7 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
                       fmt([_percent((r.get("same_run") or {}).get("same_run_hit_share")) for r in rs], 0, " %"))
     console.print(table)
     print_interactive_time(part, results)
+    print_breakdown(part, results)
 
 
 def print_interactive_time(part: str, results: dict[str, list[dict[str, Any]]]) -> None:
@@ -647,6 +671,49 @@ def print_interactive_time(part: str, results: dict[str, list[dict[str, Any]]]) 
             return mean([t[key] for t in times])
         table.add_row(label, f"{avg('run_s'):.1f}", f"{avg('first_token_s'):.2f}", f"{avg('decode_s'):.1f}",
                       f"{avg('decode_ms_per_token'):.1f}", f"{avg('tool_calls'):.2f}", f"{avg('completion_tokens'):.0f}")
+    console.print(table)
+
+
+def print_breakdown(part: str, results: dict[str, list[dict[str, Any]]]) -> None:
+    """Per variant (means over the repeats), what the metrics and the runtime's journal show
+    of interactive turns and runs (breakdown.py): the hold at the gateway, the first token
+    of a streamed turn, the engines' queue wait and GPU shares; for MCP runs their span
+    split into turns, tools and the runtime's own loop."""
+    rows = [(label, [r["breakdown"] for r in results[key] if r.get("breakdown")])
+            for key, label in b2_variants(part, [k for k in results if k in PEER_ROWS])]
+    rows = [(label, figures) for label, figures in rows if figures]
+    if not rows:
+        return
+    table = Table(title=f"B2 {part}: interactive turns and runs from luftpause's and the engines' metrics "
+                        f"(model seconds; per turn, per run for MCP)")
+    columns = ("", "hold per turn", "first token per streamed turn", "engine queue wait (all)", "GPU prefill",
+               "GPU decode", "MCP run", "in turns", "in tools", "runtime loop", "turns", "s per turn",
+               "tokens")
+    for column in columns:
+        table.add_column(column)
+
+    def avg(figures: list[dict[str, Any]], *path: str) -> float | None:
+        values = []
+        for f in figures:
+            for step in path:
+                f = f.get(step) if isinstance(f, dict) else None
+            values.append(f)
+        return mean(values)
+
+    def show(value: float | None, digits: int = 2, unit: str = "") -> str:
+        return "—" if value is None else f"{value:.{digits}f}{unit}"
+
+    for label, figures in rows:
+        turns, turn_s = avg(figures, "runs", "interactive", "turns"), avg(figures, "runs", "interactive", "turn_s")
+        table.add_row(label, show(avg(figures, "interactive_hold_s")), show(avg(figures, "interactive_ttft_s")),
+                      show(avg(figures, "engine_queue_wait_s")),
+                      show(_percent(avg(figures, "gpu_prefill_share")), 0, " %"),
+                      show(_percent(avg(figures, "gpu_decode_share")), 0, " %"),
+                      show(avg(figures, "runs", "interactive", "span_s")), show(turn_s),
+                      show(avg(figures, "runs", "interactive", "tool_s")),
+                      show(avg(figures, "runs", "interactive", "loop_s")), show(turns),
+                      show(turn_s / turns if turn_s is not None and turns else None),
+                      show(avg(figures, "runs", "interactive", "completion_tokens"), 0))
     console.print(table)
 
 

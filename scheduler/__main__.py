@@ -42,6 +42,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                "with strict affinity, keep a slot under each replica's decode ceiling for every interactive run "
                "paused there on a tool (at most half the ceiling): its next turn starts at once instead of waiting "
                "for a batch turn to end, and batch throughput pays for the empty slot", choices=("on", "off"))
+    env_option(parser, "--resume-slots", "LUFTPAUSE_RESUME_SLOTS", "on",
+               "with strict affinity, keep a slot under a replica's decode ceiling for an interactive run paused "
+               "there while its tool call is due to return (its earlier pauses tell when), so its next turn need not "
+               "wait for a batch turn to end; the slot goes back to batch if the run is late (docs/admission.md)",
+               choices=("on", "off"))
     env_option(parser, "--lift-ceiling", "LUFTPAUSE_LIFT_CEILING", "off",
                "lift a replica's decode ceiling (SGLang's cuda_graph_max_bs) where the engine shows decoding above it "
                "costs little per token: its decode execution counters (GPU seconds, tokens, graph and eager passes) "
@@ -64,6 +69,7 @@ async def serve(args: argparse.Namespace, log) -> None:
     endpoints = load_pool(args.pool_file)
     host = SchedulerHost(endpoints, log, affinity=args.affinity == "on",
                          interactive_slots=args.interactive_slots == "on", lift_ceiling=args.lift_ceiling == "on",
+                         resume_slots=args.resume_slots == "on",
                          probe_period_s=args.probe_period)
     token = auth.token_from_env()
     if not token:
@@ -77,7 +83,7 @@ async def serve(args: argparse.Namespace, log) -> None:
     await web.TCPSite(runner, args.host, args.http_port).start()
     log.info("scheduler_started", grpc=f"{args.host}:{args.grpc_port}", http=f"{args.host}:{args.http_port}",
              replicas=[e.name for e in endpoints], affinity=args.affinity,
-             interactive_slots=args.interactive_slots, lift_ceiling=args.lift_ceiling)
+             interactive_slots=args.interactive_slots, lift_ceiling=args.lift_ceiling, resume_slots=args.resume_slots)
     tasks = [asyncio.create_task(host.probe_forever()), asyncio.create_task(host.tick_forever())]
     try:
         await stop_signalled()

@@ -61,6 +61,14 @@ LIMIT_SLOW_START_GROWTH = 2
 # Slots kept under the decode ceiling for paused interactive runs (when the operator asks
 # for them): at most 1/KEPT_SLOTS_CEILING_DIVISOR of the ceiling.
 KEPT_SLOTS_CEILING_DIVISOR = 2
+# A slot under the ceiling is kept for an interactive run paused on a tool while it is due
+# (core/resume.py): from RESUME_LEAD_SLOT_FREES times the interval between slot frees on
+# its replica before its expected return to as long after, that span bounded by these.
+RESUME_LEAD_SLOT_FREES = 2
+RESUME_LEAD_MIN_MS = 20
+RESUME_LEAD_MAX_MS = 1000
+# The moving average of interactive runs' tool pauses: weight 1/RESUME_PAUSE_WEIGHT.
+RESUME_PAUSE_WEIGHT = 8
 # Room kept under the learned limit for paused interactive runs: at most
 # 1/KEPT_ROOM_LIMIT_DIVISOR of the limit.
 KEPT_ROOM_LIMIT_DIVISOR = 2

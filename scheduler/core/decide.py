@@ -47,6 +47,7 @@ from luftpause.scheduler.core.placement import (
     _unhold,
     _usage,
 )
+from luftpause.scheduler.core.resume import observed_pause
 from luftpause.scheduler.core.sight import _failed_out_of_sight
 from luftpause.scheduler.core.state import GENERATIVE, ONE_PASS, HeldTurn, Run, Stage, State
 from luftpause.scheduler.core.stalls import _heard, _silent, _stalled, _unsilenced
@@ -131,6 +132,8 @@ def _admit(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:
     opens = run is None
     if run is None:
         run = Run(event.run_id, event.service_class, event.caller)
+    else:
+        state, run = observed_pause(state, run, event.now_ms)
     run = run._replace(service_class=event.service_class, caller=event.caller, last_seen_ms=event.now_ms)
     state = _put_run(state, run)
     held = HeldTurn(

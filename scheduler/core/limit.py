@@ -114,13 +114,14 @@ def _tokens_per_turn(replica: Replica) -> float | None:
 
 
 def _ceiling_reserve(replica: Replica, keep_slots: bool) -> int:
-    """Slots under the decode ceiling batch turns may not take on this replica, when
-    ``keep_slots`` (see :func:`_keeps_slots`): one for each interactive run paused
-    there, at most half the ceiling. Without it the resuming turn waits for a batch
-    turn to end."""
-    if not keep_slots or not replica.ceiling:
+    """Slots under the decode ceiling batch turns may not take on this replica: with
+    ``keep_slots`` (see :func:`_keeps_slots`) one for each interactive run paused there,
+    otherwise one for each of them due back from its tool call now (resume.py); at most
+    half the ceiling. Without either the resuming turn waits for a batch turn to end."""
+    if not replica.ceiling:
         return 0
-    return min(replica.paused_interactive, replica.ceiling // KEPT_SLOTS_CEILING_DIVISOR)
+    kept = replica.paused_interactive if keep_slots else replica.due_interactive
+    return min(kept, replica.ceiling // KEPT_SLOTS_CEILING_DIVISOR)
 
 
 def _keeps_slots(state: State) -> bool:

@@ -43,6 +43,7 @@ from immutables import Map
 
 from luftpause.scheduler.core.events import Action, AdmitCancelled, Place, TurnUsage
 from luftpause.scheduler.core.limit import _batch_capacity, _has_room, _keeps_slots
+from luftpause.scheduler.core.resume import due_now, expected_pause_ms, with_resume
 from luftpause.scheduler.core.state import (
     GENERATIVE,
     TURN_TIME_WEIGHT,
@@ -131,6 +132,7 @@ def _release_held(state: State, now_ms: int) -> tuple[State, list[Action]]:
     actions: list[Action] = []
     if _awaiting_first_probes(state, now_ms):
         return state, actions  # the pool is not known yet
+    state = due_now(state, now_ms)
     while state.held:
         homes = _homes_with_room(state)
         if homes is None:
@@ -373,12 +375,30 @@ def _put_run(state: State, run: Run | None, run_id: str | None = None) -> State:
                     paused_interactive=max(0, r.paused_interactive + sign),
                     paused_interactive_tokens=max(0, r.paused_interactive_tokens + sign * reserve[1]),
                 ))
+    if state.resume_slots and (before is not None or after is not None):
+        replicas = _resumes_after(state, replicas, key, before, run)
     pin_before = _pin(state, state.runs.get(key))
     runs = state.runs.set(key, run) if run is not None else (state.runs.delete(key) if key in state.runs else state.runs)
     state = state._replace(runs=runs, replicas=replicas)
     if key in state.held_by_run and _pin(state, run) != pin_before:
         state = _rehome(state, key)
     return state
+
+
+def _resumes_after(state: State, replicas: Map, run_id: str, before: tuple[str, int] | None,
+                   run: Run | None) -> Map:
+    """The replicas' lists of expected returns (resume.py) after a change of ``run_id``,
+    which was paused as ``before`` and is now ``run``."""
+    back_ms = None
+    if run is not None and _paused_interactive(run) is not None:
+        pause = expected_pause_ms(state, run)
+        back_ms = run.last_seen_ms + pause if pause else None
+    home = run.replica if back_ms is not None else None
+    if before is not None and before[0] != home and before[0] in replicas:
+        replicas = replicas.set(before[0], with_resume(replicas[before[0]], run_id, None))
+    if home is not None and home in replicas:
+        replicas = replicas.set(home, with_resume(replicas[home], run_id, back_ms))
+    return replicas
 
 
 def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int, context_tokens: int | None = None) -> State:

@@ -115,6 +115,10 @@ class Replica(NamedTuple):
     limit: AdmissionLimit = AdmissionLimit()  # learned from the engine's probes (limit.py)
     paused_interactive: int = 0  # interactive runs paused on a tool, last served here
     paused_interactive_tokens: int = 0  # their contexts, in tokens, where known
+    # Those of them whose pause can be guessed, with when each is expected back (ms), and
+    # how many are due now: a slot under the ceiling is kept for each (resume.py).
+    resumes: tuple[tuple[int, str], ...] = ()  # (expected back, ms; run id), in that order
+    due_interactive: int = 0
     fast_batch: int = 0  # the largest decode batch the engine runs at full speed, as it reports it; 0 = unknown
     leased_idle: int = 0  # slots lent to dataplanes and not in use: taken, as far as room goes
     stalled: bool = False  # a turn stalled here: out of rotation until it answers a probe generation
@@ -161,6 +165,7 @@ class Run(NamedTuple):
     stage: Stage = Stage.IDLE
     last_seen_ms: int = 0
     context_tokens: int = 0  # prompt + reply of its last turn, 0 when not reported
+    pause_ms: int = 0  # its tool pauses, a moving average (interactive runs; resume.py); 0 = none seen
 
 
 @_quick_replace
@@ -233,21 +238,25 @@ class State(NamedTuple):
     # The operator's choice: lift the engines' decode ceilings where their throughput shows
     # decoding above them is cheap (ceiling.py).
     lift_ceiling: bool = False
+    # With strict affinity, keep a slot under the ceiling for a paused interactive run
+    # while its tool call is due to return (resume.py), and the pauses seen so far.
+    resume_slots: bool = True
+    interactive_pause_ms: int = 0
 
 
 def initial_state(
     replicas: Iterable[Replica], affinity: bool = True, first_probe_deadline_ms: int | None = None,
-    interactive_slots: bool = False, lift_ceiling: bool = False,
+    interactive_slots: bool = False, lift_ceiling: bool = False, resume_slots: bool = True,
 ) -> State:
     """With ``first_probe_deadline_ms`` (a restarted scheduler), held turns wait until every
     replica has been probed once, or until that time."""
     replicas = Map({r.name: r for r in replicas})
     if first_probe_deadline_ms is None:
         return State(replicas=replicas, affinity=affinity, interactive_slots=interactive_slots,
-                     lift_ceiling=lift_ceiling)
+                     lift_ceiling=lift_ceiling, resume_slots=resume_slots)
     return State(replicas=replicas, affinity=affinity, unprobed=frozenset(replicas.keys()),
                  unprobed_until_ms=first_probe_deadline_ms, interactive_slots=interactive_slots,
-                 lift_ceiling=lift_ceiling)
+                 lift_ceiling=lift_ceiling, resume_slots=resume_slots)
 
 
 def _much_faster(peer: Replica, home: Replica) -> bool:
