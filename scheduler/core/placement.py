@@ -41,6 +41,7 @@ from collections.abc import Iterator
 
 from immutables import Map
 
+from luftpause.scheduler.constants import AFFINITY_SLOWER_FACTOR
 from luftpause.scheduler.core.events import Action, AdmitCancelled, Place, TurnUsage
 from luftpause.scheduler.core.limit import _batch_capacity, _has_room, _keeps_slots
 from luftpause.scheduler.core.resume import due_now, expected_pause_ms, with_resume
@@ -88,6 +89,19 @@ def _slower_than_a_peer(state: State, replica: Replica) -> bool:
                for r in state.replicas.values())
 
 
+def _slow_replicas(state: State) -> frozenset[str]:
+    """The generative replicas :func:`_slower_than_a_peer`, found in one pass when none is
+    (the usual case: no recent turn time is AFFINITY_SLOWER_FACTOR times the quickest
+    healthy one's), as the release loop asks for every held turn it places."""
+    quickest = min((r.turn_ms for r in state.replicas.values() if r.kind == GENERATIVE and r.healthy and r.turn_ms),
+                   default=None)
+    if quickest is None:
+        return frozenset()
+    return frozenset(r.name for r in state.replicas.values()
+                     if r.kind == GENERATIVE and r.turn_ms and quickest * AFFINITY_SLOWER_FACTOR <= r.turn_ms
+                     and _slower_than_a_peer(state, r))
+
+
 def _closed_to_free_turns(state: State) -> dict[str, frozenset[str]]:
     """Per class, the replicas much slower than a peer of known capacity that take no
     turn of that class such a peer could take: while the turns held are fewer than those
@@ -98,8 +112,9 @@ def _closed_to_free_turns(state: State) -> dict[str, frozenset[str]]:
         return {}
     keep = _keeps_slots(state)
     closed: dict[str, set[str]] = {INTERACTIVE: set(), BATCH: set()}
-    for slow in state.replicas.values():
-        if slow.kind != GENERATIVE or not slow.healthy or not slow.turn_ms:
+    for name in _slow_replicas(state):
+        slow = state.replicas[name]
+        if not slow.healthy:
             continue
         meanwhile = {INTERACTIVE: 0.0, BATCH: 0.0}
         for fast in state.replicas.values():
@@ -155,6 +170,7 @@ def _homes_with_room(state: State) -> dict[str, list[str]] | None:
     batch: list[str] = [""]
     slow: list[str] = []
     keep = _keeps_slots(state)
+    slower = _slow_replicas(state)
     for name, r in state.replicas.items():
         if r.kind != GENERATIVE:
             continue
@@ -166,7 +182,7 @@ def _homes_with_room(state: State) -> dict[str, list[str]] | None:
             interactive.append(name)
             if _has_room(r, BATCH, keep):
                 batch.append(name)
-        if r.turn_ms and _slower_than_a_peer(state, r):
+        if name in slower:
             slow.append(name)
     if len(interactive) == 1:
         return None
