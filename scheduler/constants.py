@@ -94,6 +94,17 @@ LIFT_EAGER_SHARE = 0.5
 # The lifted ceiling: at most this many times the fast batch; each step adds half of it.
 LIFT_MAX_FACTOR = 4
 LIFT_STEP_DIVISOR = 2
+# Where the engine reports its execution counters a reading is its own decode GPU time per
+# token, with no prefill pass, neighbour or host CPU in it: the first try waits for
+# LIFT_COUNTED_REFERENCE_MIN readings at the fast batch, a lift is judged on
+# LIFT_COUNTED_SAMPLES readings, and each step adds the whole fast batch (an eager step is
+# a cost per pass, spread over the batch: a step of half the fast batch read a 10 ms one
+# as dear where twice the fast batch pays for it; the testbed's 20 ms one reads 22 % dearer
+# at twice the fast batch). With the slower pace the ceiling reached the batch the engine
+# serves a third of the way into a two-minute window.
+LIFT_COUNTED_REFERENCE_MIN = 3
+LIFT_COUNTED_SAMPLES = 2
+LIFT_COUNTED_STEP_DIVISOR = 1
 
 # Leases (core/leases.py): a dataplane that asks while nothing is held is lent at
 # most 1/LEASE_ROOM_DIVISOR of each replica's free room (the rest stays for other

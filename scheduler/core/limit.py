@@ -83,7 +83,7 @@ from luftpause.scheduler.constants import (
     LIMIT_PATIENCE_FACTOR,
     LIMIT_SLOW_START_GROWTH,
 )
-from luftpause.scheduler.core.ceiling import _decode_cost_after, device_reading
+from luftpause.scheduler.core.ceiling import _decode_cost_after, device_reading, lifted_reserve
 from luftpause.scheduler.core.events import EngineProbed
 from luftpause.scheduler.core.sight import _out_of_sight
 from luftpause.scheduler.core.state import AdmissionLimit, Replica, State, _much_faster
@@ -114,13 +114,17 @@ def _tokens_per_turn(replica: Replica) -> float | None:
 
 
 def _ceiling_reserve(replica: Replica, keep_slots: bool) -> int:
-    """Slots under the decode ceiling batch turns may not take on this replica, when
-    ``keep_slots`` (see :func:`_keeps_slots`): one for each interactive run paused
-    there, at most half the ceiling. Without it the resuming turn waits for a batch
-    turn to end."""
-    if not keep_slots or not replica.ceiling:
+    """Slots under the decode ceiling batch turns may not take on this replica: when
+    ``keep_slots`` (see :func:`_keeps_slots`), one for each interactive run paused
+    there, at most half the ceiling (without it the resuming turn waits for a batch
+    turn to end); and, while the ceiling is lifted (ceiling.py), one of the lifted
+    slots for each of them whatever the operator chose. The lift is for batch
+    throughput, paid for in every token's step: an interactive run coming back from its
+    tool must not also wait there behind the batch turns the lift let in."""
+    if not replica.ceiling:
         return 0
-    return min(replica.paused_interactive, replica.ceiling // KEPT_SLOTS_CEILING_DIVISOR)
+    kept = min(replica.paused_interactive, replica.ceiling // KEPT_SLOTS_CEILING_DIVISOR) if keep_slots else 0
+    return max(kept, lifted_reserve(replica))
 
 
 def _keeps_slots(state: State) -> bool:
