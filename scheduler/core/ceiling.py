@@ -68,6 +68,8 @@ from __future__ import annotations
 from statistics import median
 
 from luftpause.scheduler.constants import (
+    LIFT_COUNTED_FULL_SHARE,
+    LIFT_COUNTED_GAIN,
     LIFT_COUNTED_REFERENCE_MIN,
     LIFT_COUNTED_SAMPLES,
     LIFT_COUNTED_STEP_DIVISOR,
@@ -142,6 +144,16 @@ def cost_growth(cost: DecodeCost) -> float:
 
 
 def is_cheap(cost: DecodeCost) -> bool:
+    """Whether the lift is worth keeping: on the engine's execution counters (exact), a
+    token must cost at least LIFT_COUNTED_GAIN less above the fast batch than at it (the
+    lift must buy throughput: every run there pays for it in a longer step); on the
+    throughput gauge (noisy), at most LIFT_TOLERANCE more (:func:`is_cheap_gauged`)."""
+    if cost.counters is not None:
+        return cost_growth(cost) <= -LIFT_COUNTED_GAIN
+    return is_cheap_gauged(cost)
+
+
+def is_cheap_gauged(cost: DecodeCost) -> bool:
     """Whether the requests above the fast batch cost the device at most LIFT_TOLERANCE
     more per token than at it: the readings hold prefill passes and other per-token work
     besides decode steps, so a batch that costs nothing extra per step still reads about
@@ -205,7 +217,7 @@ def _read_counters(cost: DecodeCost, replica: Replica, counters: DecodeCounters)
     ms, batch, eager_share = reading
     fast = replica.fast_batch
     if not cost.lift:
-        if eager_share == 0 and batch > fast / 2 and replica.in_flight >= fast:
+        if eager_share == 0 and batch >= fast * LIFT_COUNTED_FULL_SHARE and replica.in_flight >= fast:
             return cost._replace(lo_samples=cost.lo_samples + 1,
                                  lo_costs=(*cost.lo_costs, ms)[-LIFT_REFERENCE_SAMPLES:])
         return cost
