@@ -3,7 +3,8 @@ plot that makes the admission mechanism visible.
 
 :class:`Timeline` samples, every ``period_s`` wall seconds, each engine's running and
 queued requests (its ``/metrics``, as any scraper sees them) and, when luftpause is in
-front, the scheduler's held and in-flight turns (``/status``). Times are model seconds
+front, the scheduler's held turns (and the interactive ones among them), in-flight turns,
+and per replica its in-flight turns, capacity and decode ceiling (``/status``). Times are model seconds
 since the variant started, the same clock as the load generator's.
 
 ``python -m luftpause.loadgen.timeline B2_JSON PNG`` draws, from a B2 result file, the
