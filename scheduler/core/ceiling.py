@@ -52,9 +52,7 @@ lowering it raises the device's throughput whatever the neighbour runs. Such rea
 exact, so the rule goes at a quicker pace on them (:func:`pace`): the first try after
 LIFT_COUNTED_REFERENCE_MIN readings, a verdict on LIFT_COUNTED_SAMPLES, and steps of the
 whole fast batch (an eager step is a cost per pass: spread over 1.5 times the fast batch
-a small one reads dear where twice the fast batch pays for it). For the same reason a
-counted verdict that is flat (no dearer per token, short of the gain) lifts one step more
-on probation instead of stepping back; without the gain there, the lift goes entirely.
+a small one reads dear where twice the fast batch pays for it).
 
 The lift is for batch throughput: while a ceiling is lifted, batch turns leave one of the
 lifted slots for each interactive run paused on the replica (:func:`lifted_reserve`,
@@ -255,19 +253,9 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, 
     # at its ceiling: batch turns fill it up to the slots the lift keeps for paused interactive runs
     at_ceiling = replica.in_flight + replica.leased_idle + lifted_reserve(replica) >= fast + cost.lift
     if cost.lift and len(cost.hi_costs) >= samples:
-        if not is_cheap(cost):
-            if (counted and not cost.probation and cost_growth(cost) <= 0 and at_ceiling and turns_wait
-                    and fast + cost.lift + step <= LIFT_MAX_FACTOR * fast):
-                # flat: no dearer per token, no gain yet. Above the fast batch an eager step
-                # is a cost per pass, spread over more requests the larger the batch: one
-                # step more, on probation
-                return _relifted(cost, cost.lift + step)._replace(probation=True)
-            # dear (or no gain on probation: back to the wall); the next try waits longer
-            lift = 0 if cost.probation else max(0, cost.lift - step)
-            return _relifted(cost, lift)._replace(
-                retry_after=cost.retry_probes, retry_probes=min(LIFT_RETRY_MAX, 2 * cost.retry_probes),
-                probation=False)
-        cost = cost._replace(probation=False)
+        if not is_cheap(cost):  # dear: step back, and wait longer before trying again
+            return _relifted(cost, max(0, cost.lift - step))._replace(
+                retry_after=cost.retry_probes, retry_probes=min(LIFT_RETRY_MAX, 2 * cost.retry_probes))
         if at_ceiling and turns_wait and not cost.retry_after and fast + cost.lift + step <= LIFT_MAX_FACTOR * fast:
             return _relifted(cost, cost.lift + step)
         return _relifted(cost, cost.lift)  # kept: judged again on as many readings more

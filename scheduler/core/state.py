@@ -94,7 +94,6 @@ class DecodeCost(NamedTuple):
     retry_after: int = 0  # probes to wait before the next try
     retry_probes: int = LIFT_RETRY_PROBES  # the wait a dear verdict sets (doubles in a row)
     counters: DecodeCounters | None = None  # the engine's execution counters at the last probe, where it reports them
-    probation: bool = False  # lifted a step past a flat verdict: without a gain at its verdict, back to the wall
 
 
 @_quick_replace

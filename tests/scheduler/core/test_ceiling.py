@@ -413,20 +413,6 @@ def test_counted_readings_of_a_replica_filling_up_are_no_reference():
     assert state.replicas["a"].decode.lo_samples == 0 and not state.replicas["a"].decode.lift
 
 
-def test_a_flat_counted_verdict_looks_one_step_further_and_a_ten_ms_eager_step_pays_there():
-    """A 10 ms eager step: a token costs 5 % less at 16 than at 8 (no dearer, short of the
-    gain asked), 25 % less at 24. The flat verdict lifts one step more, on probation; the
-    gain there keeps it. Without a gain on probation the lift goes entirely (the engine
-    turned dearer meanwhile)."""
-    state = saturated(80)
-    state, now = run_counted(state, 10.0, LIFT_COUNTED_REFERENCE_MIN + 1 + LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, 1)
-    assert state.replicas["a"].ceiling == 3 * FAST and state.replicas["a"].decode.probation
-    kept, now2 = run_counted(state, 10.0, LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, now)
-    assert kept.replicas["a"].ceiling >= 3 * FAST and not kept.replicas["a"].decode.probation
-    dropped, _ = run_counted(state, 40.0, LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, now)
-    assert dropped.replicas["a"].ceiling == FAST and dropped.replicas["a"].decode.retry_after
-
-
 def test_counted_readings_try_within_a_few_probes_where_the_throughput_gauge_waits_for_fifteen():
     """The execution counters hold no prefill burst nor host stall: four probes at the
     fast batch (eight seconds at the 2 s period) are enough for a try; the wall-clock
