@@ -624,7 +624,7 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
         return "—" if value is None else f"{value:.2f}×"
 
     for key, label in labels.items():
-        rs = results[key]
+        rs = results.get(key)  # a policy row this run did not have
         if not rs:
             continue
         inter = [_cls(r, "interactive", "runs_per_min") for r in rs]
@@ -648,7 +648,7 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
 
 def print_interactive_time(part: str, results: dict[str, list[dict[str, Any]]]) -> None:
     """Per variant, where an interactive run's time goes (means over the repeats)."""
-    rows = [(label, [r["interactive_time"] for r in results[key] if r.get("interactive_time")])
+    rows = [(label, [r["interactive_time"] for r in results.get(key, ()) if r.get("interactive_time")])
             for key, label in b2_variants(part, [k for k in results if k in PEER_ROWS])]
     rows = [(label, times) for label, times in rows if times]
     if not rows:
