@@ -98,9 +98,8 @@ LIFT_STEP_DIVISOR = 2
 # token, with no prefill pass, neighbour or host CPU in it: the first try waits for
 # LIFT_COUNTED_REFERENCE_MIN readings at the fast batch, a lift is judged on
 # LIFT_COUNTED_SAMPLES readings, and each step adds the whole fast batch (an eager step is
-# a cost per pass, spread over the batch: a step of half the fast batch read a 10 ms one
-# as dear where twice the fast batch pays for it; the testbed's 20 ms one reads 22 % dearer
-# at twice the fast batch). With the slower pace the ceiling reached the batch the engine
+# a cost per pass, spread over the batch: a 6 ms one costs a token as much at 12 as at 8
+# and 16 % less at 16; the testbed's 20 ms one reads 22 % dearer at twice the fast batch). With the slower pace the ceiling reached the batch the engine
 # serves a third of the way into a two-minute window.
 LIFT_COUNTED_REFERENCE_MIN = 3
 LIFT_COUNTED_SAMPLES = 2

@@ -46,13 +46,14 @@ That is a decode token's cost apart from the prefill passes, the neighbours' pas
 shared GPU and the host's CPU, which all sit in a ``gen_throughput`` interval (on the
 busy development machine the host's share hid the eager step entirely). The passes say
 which side of the fast batch the interval was on: a reading at the fast batch has no
-eager pass and a mean batch above half of it; one above has at least LIFT_EAGER_SHARE of
+eager pass and a mean batch of at least LIFT_COUNTED_FULL_SHARE of it (the replica full); one above has at least LIFT_EAGER_SHARE of
 its passes eager. A replica's own cost per token is what its share of the device costs:
 lowering it raises the device's throughput whatever the neighbour runs. Such readings are
 exact, so the rule goes at a quicker pace on them (:func:`pace`): the first try after
 LIFT_COUNTED_REFERENCE_MIN readings, a verdict on LIFT_COUNTED_SAMPLES, and steps of the
 whole fast batch (an eager step is a cost per pass: spread over 1.5 times the fast batch
-a small one reads dear where twice the fast batch pays for it).
+a small one reads dear where twice the fast batch pays for it); and a lift is cheap only
+where a token costs at least LIFT_COUNTED_GAIN less than at the fast batch (:func:`is_cheap`).
 
 The lift is for batch throughput: while a ceiling is lifted, batch turns leave one of the
 lifted slots for each interactive run paused on the replica (:func:`lifted_reserve`,

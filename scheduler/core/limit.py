@@ -60,8 +60,8 @@ is seconds old cannot make it over-admit):
   launches every step) a step costs more for every request in it, so a larger batch
   buys little throughput and slows every token. In-flight turns stay at or below it
   whatever the limit says; the batch reserve comes off the limit, not the ceiling.
-  Where the engine's own throughput shows a step above that batch costs little more
-  per request, the ceiling is lifted (ceiling.py).
+  Where the engine's own figures show a larger batch buys throughput, the ceiling is
+  lifted (ceiling.py; on unless the operator turns it off).
 """
 
 from __future__ import annotations
