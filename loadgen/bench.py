@@ -166,9 +166,11 @@ class Rig:
         return path
 
     @contextmanager
-    def luftpause(self, affinity: bool = True, gateway: str = "dataplane") -> Iterator[Stack]:
+    def luftpause(self, affinity: bool = True, gateway: str = "dataplane",
+                  env: dict[str, str] | None = None) -> Iterator[Stack]:
         """Scheduler, dataplane and runtime in front of the rig's engines and fake MCP
-        (``gateway`` "envoy": the endpoint picker and Envoy in the dataplane's place)."""
+        (``gateway`` "envoy": the endpoint picker and Envoy in the dataplane's place;
+        ``env``: more settings for them, e.g. a policy variant's)."""
         ports = replace(Ports.free(engines=0), engines=self.engine_ports, fake_mcp=self.mcp_port)
         directory = self.dir / f"luftpause-{'strict' if affinity else 'roam'}-{time.monotonic_ns()}"
         # Replicas on one simulated GPU are declared so in the pool, as a user of that
@@ -178,7 +180,7 @@ class Rig:
         stack = Stack(ports, pool_file, tools_file, directory / "state",
                       env={"LUFTPAUSE_AFFINITY": "on" if affinity else "off", "LUFTPAUSE_LOG_LEVEL": "warning",
                            # the 2 s probe period is 2 s of *engine* time: scale it with the engines
-                           "LUFTPAUSE_PROBE_PERIOD_S": str(2.0 * self.config.time_scale)},
+                           "LUFTPAUSE_PROBE_PERIOD_S": str(2.0 * self.config.time_scale), **(env or {})},
                       without=frozenset({*(engine_name(i) for i in range(self.config.replicas)), "fake-mcp"}), gateway=gateway)
         stack.start()
         self.journals[stack.urls["runtime_mcp"]] = (stack.runtime_state_dir or stack.state_dir) / JOURNAL_FILE
@@ -511,6 +513,13 @@ LUFTPAUSE_VARIANTS = {
     "mcp": [("strict", "luftpause, load admission + strict affinity")],
     "light": [("strict", "luftpause, strict affinity (light load)")],
 }
+# B2 proxy rows of luftpause's strict affinity with a decode-ceiling policy set explicitly
+# (LUFTPAUSE_LIFT_CEILING), to compare policies in one invocation: key -> (label, settings)
+POLICY_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "strict-wall": ("luftpause strict, ceiling at the CUDA-graph batch (lifting off)", {"LUFTPAUSE_LIFT_CEILING": "off"}),
+    "strict-lift": ("luftpause strict, ceiling lifted where the engine shows it cheap (lifting on)",
+                    {"LUFTPAUSE_LIFT_CEILING": "on"}),
+}
 B2_METRICS = (("interactive_runs_per_min", True), ("interactive_p50_s", False), ("batch_runs_per_min", True))
 
 
@@ -518,7 +527,8 @@ def b2_variants(part: str, peer_keys: tuple[str, ...] | list[str]) -> list[tuple
     """(key, label) of every row of a B2 part: the peers, then luftpause."""
     where = "runtime direct to" if part == "mcp" else "direct to"
     light = " (light load)" if part == "light" else ""
-    return [*((k, f"{where} {PEER_ROWS[k].label}{light}") for k in peer_keys), *LUFTPAUSE_VARIANTS[part]]
+    policies = [(k, label) for k, (label, _) in POLICY_VARIANTS.items()] if part == "proxy" else []
+    return [*((k, f"{where} {PEER_ROWS[k].label}{light}") for k in peer_keys), *LUFTPAUSE_VARIANTS[part], *policies]
 
 
 B2_VARIANTS = {part: b2_variants(part, DEFAULT_PEERS) for part in LUFTPAUSE_VARIANTS}
@@ -526,7 +536,8 @@ B2_VARIANTS = {part: b2_variants(part, DEFAULT_PEERS) for part in LUFTPAUSE_VARI
 
 async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp", "light"),
                    proxy_variants: tuple[str, ...] = ("roam", "strict", "envoy")) -> dict[str, Any]:
-    """B2's parts, every peer row and luftpause's rows (``proxy_variants`` of the proxy's)."""
+    """B2's parts, every peer row and luftpause's rows (``proxy_variants`` of the proxy's:
+    roam, strict, envoy and the POLICY_VARIANTS)."""
     results: dict[str, dict[str, list[dict[str, Any]]]] = {
         p: {v: [] for v, _ in b2_variants(p, config.peers)} for p in parts}
     with Rig(config, "b2", config.peers) as rig:
@@ -558,6 +569,11 @@ async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = ("proxy", "mcp"
                         results["light"]["strict"].append(await _closed(
                             rig, config, "light", "strict", repeat,
                             target=luftpause_target(stack),
+                            status_url=stack.urls["scheduler_status"]))
+                for key in (k for k in POLICY_VARIANTS if k in proxy_variants and "proxy" in results):
+                    with rig.luftpause(affinity=True, env=POLICY_VARIANTS[key][1]) as stack:
+                        results["proxy"][key].append(await _closed(
+                            rig, config, "proxy", key, repeat, target=luftpause_target(stack),
                             status_url=stack.urls["scheduler_status"]))
                 if "proxy" in results and config.envoy and "envoy" in proxy_variants:
                     with rig.luftpause(affinity=True, gateway="envoy") as stack:
@@ -631,7 +647,7 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
         return "—" if value is None else f"{value:.2f}×"
 
     for key, label in labels.items():
-        rs = results[key]
+        rs = results.get(key)  # a policy row this run did not have
         if not rs:
             continue
         inter = [_cls(r, "interactive", "runs_per_min") for r in rs]
@@ -656,7 +672,7 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
 
 def print_interactive_time(part: str, results: dict[str, list[dict[str, Any]]]) -> None:
     """Per variant, where an interactive run's time goes (means over the repeats)."""
-    rows = [(label, [r["interactive_time"] for r in results[key] if r.get("interactive_time")])
+    rows = [(label, [r["interactive_time"] for r in results.get(key, ()) if r.get("interactive_time")])
             for key, label in b2_variants(part, [k for k in results if k in PEER_ROWS])]
     rows = [(label, times) for label, times in rows if times]
     if not rows:

@@ -22,6 +22,10 @@ JSON (``regimes-<time>.json``, each cell naming its full B2 result file) and as 
 PNG beside it (``python -m luftpause.loadgen.regimes --plot FILE.json`` redraws it).
 Cells run one invocation at a time (``--cell``) are put together into one map with
 ``--merge FILE.json ...`` (the table, the JSON and the heatmap, cells in the map's order).
+``--variants strict-wall`` (or ``strict-lift``) runs another luftpause row beside the
+strict one, its decode-ceiling policy set explicitly (``LUFTPAUSE_LIFT_CEILING=off`` /
+``on``): a policy against the other in the same invocation, its ratios in the cell's
+``other_rows``.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from luftpause import logs
-from luftpause.loadgen.bench import BenchConfig, bench_b2
+from luftpause.loadgen.bench import POLICY_VARIANTS, BenchConfig, bench_b2
 from luftpause.loadgen.peer_rows import DEFAULT_PEERS, PEER_ROWS, parse_peers
 from luftpause.loadgen.records import write_json
 from luftpause.loadgen.timeline import save_figure
@@ -139,6 +143,12 @@ def cell_summary(cell: Cell, payload: dict[str, Any], path: Path | None) -> dict
     interactive, p50, batch = (of(m) for m in ("interactive_runs_per_min", "interactive_p50_s",
                                                 "batch_runs_per_min"))
     blind = comparison["batch_vs_class_blind"]["ratios"].get("strict")
+    # the other luftpause rows run beside it (--variants: decode-ceiling policies)
+    others = {key: {"interactive": comparison["interactive_runs_per_min"]["ratios"].get(key),
+                    "p50": comparison["interactive_p50_s"]["ratios"].get(key),
+                    "batch": comparison["batch_runs_per_min"]["ratios"].get(key),
+                    "batch_vs_class_blind": comparison["batch_vs_class_blind"]["ratios"].get(key)}
+              for key in comparison["batch_vs_class_blind"]["ratios"] if key != "strict"}
     misses = []
     if interactive["ratio"] is not None and interactive["ratio"] < INTERACTIVE_FLOOR:
         misses.append("interactive")
@@ -147,14 +157,14 @@ def cell_summary(cell: Cell, payload: dict[str, Any], path: Path | None) -> dict
     return {"cell": cell.name, "layout": {"replicas": cell.replicas, "shared_gpu": cell.shared_gpu},
             "engine_overrides": dict(payload.get("engine_overrides") or {}),
             "interactive": interactive, "p50": p50, "batch": batch, "batch_vs_class_blind": blind,
-            "misses": misses, "repeats": payload["bench_config"]["repeats"], "b2_result": str(path) if path else None}
+            "misses": misses, "other_rows": others, "repeats": payload["bench_config"]["repeats"], "b2_result": str(path) if path else None}
 
 
-async def run_cells(cells: list[Cell], base: BenchConfig) -> list[dict[str, Any]]:
+async def run_cells(cells: list[Cell], base: BenchConfig, variants: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     out = []
     for cell in cells:
         console.rule(f"cell {cell.name}")
-        payload = await bench_b2(cell.config(base), ("proxy",), proxy_variants=("strict",))
+        payload = await bench_b2(cell.config(base), ("proxy",), proxy_variants=("strict", *variants))
         out.append(cell_summary(cell, payload, payload.get("result_path")))
     return out
 
@@ -174,6 +184,16 @@ def print_map(result: dict[str, Any]) -> None:
                       _ratio(c["p50"]["ratio"]), _ratio(c["batch"]["ratio"]), str(c["batch"]["best_row"]),
                       _ratio(c["batch_vs_class_blind"]), ", ".join(c["misses"]) or "—")
     console.print(table)
+    others = [(c["cell"], key, row) for c in result["cells"] for key, row in (c.get("other_rows") or {}).items()]
+    if others:
+        table = Table(title="Other luftpause rows in the same invocations (decode-ceiling policies)")
+        for column in ("cell", "row", "interactive ×best peer", "p50 ×best peer", "batch ×best peer",
+                       "batch ×class-blind"):
+            table.add_column(column)
+        for cell, key, row in others:
+            table.add_row(cell, key, _ratio(row["interactive"]), _ratio(row["p50"]), _ratio(row["batch"]),
+                          _ratio(row["batch_vs_class_blind"]))
+        console.print(table)
 
 
 HEATMAP_COLUMNS = (("interactive ×best peer", ("interactive", "ratio")), ("batch ×best peer", ("batch", "ratio")),
@@ -260,8 +280,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", default=BenchConfig.preset, help="fake engine preset the cells are taken around")
     p.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                    help=f"peer rows, comma-separated, among: {', '.join(PEER_ROWS)}")
+    p.add_argument("--variants", default="", metavar="ROWS",
+                   help="more luftpause rows beside the strict one, comma-separated, among: "
+                        f"{', '.join(POLICY_VARIANTS)} (the decode ceiling's policies set explicitly)")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"))
     a = p.parse_args(argv)
+    variants = tuple(v for v in a.variants.split(",") if v)
+    if unknown := [v for v in variants if v not in POLICY_VARIANTS]:
+        p.error(f"unknown --variants {', '.join(unknown)}: choose among {', '.join(POLICY_VARIANTS)}")
     if a.plot:
         console.print(f"heatmap: {plot_map(a.plot)}")
         return
@@ -287,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     base = BenchConfig(time_scale=a.time_scale, repeats=a.repeats, window_s=a.window_s, warmup_s=a.warmup_s,
                        preset=a.preset, peers=peer_keys, out_dir=a.out_dir, work_dir=a.out_dir / "work")
     started = time.monotonic()
-    summaries = asyncio.run(run_cells(cells, base))
+    summaries = asyncio.run(run_cells(cells, base, variants))
     result = {"benchmark": "regimes", "config": {k: str(v) if isinstance(v, Path) else v
                                                  for k, v in asdict(base).items()},
               "targets": {"interactive_vs_best_peer": INTERACTIVE_FLOOR, "batch_vs_class_blind": BATCH_FLOOR},

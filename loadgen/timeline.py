@@ -3,7 +3,8 @@ plot that makes the admission mechanism visible.
 
 :class:`Timeline` samples, every ``period_s`` wall seconds, each engine's running and
 queued requests (its ``/metrics``, as any scraper sees them) and, when luftpause is in
-front, the scheduler's held and in-flight turns (``/status``). Times are model seconds
+front, the scheduler's held turns (and the interactive ones among them), in-flight turns,
+and per replica its in-flight turns, capacity and decode ceiling (``/status``). Times are model seconds
 since the variant started, the same clock as the load generator's.
 
 ``python -m luftpause.loadgen.timeline B2_JSON PNG`` draws, from a B2 result file, the
@@ -39,6 +40,9 @@ class Timeline:
     engine_running: list[list[int]] = field(default_factory=list)
     held: list[int] = field(default_factory=list)
     in_flight: list[int] = field(default_factory=list)
+    # per sample, per replica (luftpause's /status): [in flight, capacity, decode ceiling]
+    replicas: list[list[list[int]]] = field(default_factory=list)
+    held_interactive: list[int] = field(default_factory=list)
 
     async def run(self) -> None:
         """Sample until cancelled; a sample that cannot be read is skipped."""
@@ -58,16 +62,23 @@ class Timeline:
                 load = parse_load(await response.text())
             queued.append(load.queued if load else 0)
             running.append(load.running if load else 0)
-        held = in_flight = 0
+        held = in_flight = held_interactive = 0
+        replicas: list[list[int]] = []
         if self.status_url:
             async with session.get(self.status_url) as response:
                 status = await response.json()
             held, in_flight = int(status["held"]), int(status["in_flight"])
+            replicas = [[int(r["in_flight"]), int(r["capacity"]), int(r["decode_ceiling"])]
+                        for r in status.get("replicas", ())]
+            held_interactive = sum(int(g["count"]) for g in status.get("held_by_class", ())
+                                   if g["key"] == "interactive")
         self.t.append((time.monotonic() - self.started) / self.time_scale)
         self.engine_queued.append(queued)
         self.engine_running.append(running)
         self.held.append(held)
         self.in_flight.append(in_flight)
+        self.replicas.append(replicas)
+        self.held_interactive.append(held_interactive)
 
     def summary(self, window: tuple[float, float]) -> dict[str, float | None]:
         """Means over the samples inside the window (model seconds)."""
@@ -87,7 +98,9 @@ class Timeline:
     def as_json(self) -> dict[str, Any]:
         return {"t": [round(t, 2) for t in self.t], "engine_queued": self.engine_queued,
                 "engine_running": self.engine_running, "held": self.held if self.status_url else None,
-                "in_flight": self.in_flight if self.status_url else None}
+                "in_flight": self.in_flight if self.status_url else None,
+                "replicas": self.replicas if self.status_url else None,
+                "held_interactive": self.held_interactive if self.status_url else None}
 
 
 def plot_b2(result_path: Path, png_path: Path, part: str = "proxy") -> Path:

@@ -47,11 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                "there while its tool call is due to return (its earlier pauses tell when), so its next turn need not "
                "wait for a batch turn to end; the slot goes back to batch if the run is late (docs/admission.md)",
                choices=("on", "off"))
-    env_option(parser, "--lift-ceiling", "LUFTPAUSE_LIFT_CEILING", "off",
+    env_option(parser, "--lift-ceiling", "LUFTPAUSE_LIFT_CEILING", "on",
                "lift a replica's decode ceiling (SGLang's cuda_graph_max_bs) where the engine shows decoding above it "
-               "costs little per token: its decode execution counters (GPU seconds, tokens, graph and eager passes) "
-               "where it reports them, else its gen_throughput; a try every 90 s at most (docs/admission.md)",
-               choices=("on", "off"))
+               "buys throughput: its decode execution counters (GPU seconds, tokens, graph and eager passes; a token "
+               "10 %% cheaper) where it reports them, else its gen_throughput (at most 15 %% dearer); a try every 90 s "
+               "at most; batch turns leave a lifted slot per paused interactive run (docs/admission.md). off: the "
+               "graph batch is the wall", choices=("on", "off"))
     env_option(parser, "--probe-period", "LUFTPAUSE_PROBE_PERIOD_S", PROBE_PERIOD_S,
                "seconds between engine probes (the probe timeout stays 2 s)", kind=float)
     parser.add_argument("--runtime-url", default=env("LUFTPAUSE_RUNTIME_URL") or None, type=runtime_url,

@@ -102,6 +102,26 @@ LIFT_EAGER_SHARE = 0.5
 # The lifted ceiling: at most this many times the fast batch; each step adds half of it.
 LIFT_MAX_FACTOR = 4
 LIFT_STEP_DIVISOR = 2
+# Where the engine reports its execution counters a reading is its own decode GPU time per
+# token, with no prefill pass, neighbour or host CPU in it: the first try waits for
+# LIFT_COUNTED_REFERENCE_MIN readings at the fast batch, a lift is judged on
+# LIFT_COUNTED_SAMPLES readings, and each step adds the whole fast batch (an eager step is
+# a cost per pass, spread over the batch: a 6 ms one costs a token as much at 12 as at 8
+# and 16 % less at 16; the testbed's 20 ms one reads 22 % dearer at twice the fast batch). With the slower pace the ceiling reached the batch the engine
+# serves a third of the way into a two-minute window.
+LIFT_COUNTED_REFERENCE_MIN = 3
+LIFT_COUNTED_SAMPLES = 2
+LIFT_COUNTED_STEP_DIVISOR = 1
+# A counted reading at the fast batch is one of the replica full: a mean batch of at least
+# this share of the fast batch (a token at a batch of 5 costs 3.2 ms on the testbed, at 8
+# 2.3: readings from the first prompts' ramp made the 20 ms eager step look cheap).
+LIFT_COUNTED_FULL_SHARE = 0.875
+# On counted readings a lift is cheap only where a token costs at most 1 - LIFT_COUNTED_GAIN
+# times what it does at the fast batch: every run on the replica, the interactive ones
+# included, pays for the larger batch in a longer step (2.4 times as long at 16 with the
+# testbed's 20 ms eager step, which costs a token 22 % more there and 7 % less at 24), so a
+# lift must buy throughput, not merely cost none (eager step 0: 33 % less at 16).
+LIFT_COUNTED_GAIN = 0.1
 
 # Leases (core/leases.py): a dataplane that asks while nothing is held is lent at
 # most 1/LEASE_ROOM_DIVISOR of each replica's free room (the rest stays for other

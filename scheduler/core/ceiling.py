@@ -46,9 +46,19 @@ That is a decode token's cost apart from the prefill passes, the neighbours' pas
 shared GPU and the host's CPU, which all sit in a ``gen_throughput`` interval (on the
 busy development machine the host's share hid the eager step entirely). The passes say
 which side of the fast batch the interval was on: a reading at the fast batch has no
-eager pass and a mean batch above half of it; one above has at least LIFT_EAGER_SHARE of
+eager pass and a mean batch of at least LIFT_COUNTED_FULL_SHARE of it (the replica full); one above has at least LIFT_EAGER_SHARE of
 its passes eager. A replica's own cost per token is what its share of the device costs:
-lowering it raises the device's throughput whatever the neighbour runs.
+lowering it raises the device's throughput whatever the neighbour runs. Such readings are
+exact, so the rule goes at a quicker pace on them (:func:`pace`): the first try after
+LIFT_COUNTED_REFERENCE_MIN readings, a verdict on LIFT_COUNTED_SAMPLES, and steps of the
+whole fast batch (an eager step is a cost per pass: spread over 1.5 times the fast batch
+a small one reads dear where twice the fast batch pays for it); and a lift is cheap only
+where a token costs at least LIFT_COUNTED_GAIN less than at the fast batch (:func:`is_cheap`).
+
+The lift is for batch throughput: while a ceiling is lifted, batch turns leave one of the
+lifted slots for each interactive run paused on the replica (:func:`lifted_reserve`,
+limit.py), so an interactive run back from its tool starts at once there, in a batch as
+large as the lift allows, instead of waiting behind the batch turns the lift let in.
 
 The pool file's ``max_batch`` is the operator's ceiling and is never lifted; an engine
 that reports neither throughput nor counters keeps its fast batch as the wall.
@@ -59,6 +69,11 @@ from __future__ import annotations
 from statistics import median
 
 from luftpause.scheduler.constants import (
+    LIFT_COUNTED_FULL_SHARE,
+    LIFT_COUNTED_GAIN,
+    LIFT_COUNTED_REFERENCE_MIN,
+    LIFT_COUNTED_SAMPLES,
+    LIFT_COUNTED_STEP_DIVISOR,
     LIFT_EAGER_SHARE,
     LIFT_MAX_FACTOR,
     LIFT_REFERENCE_MIN,
@@ -95,8 +110,26 @@ def device_cost_ms(throughput: float) -> float | None:
     return 1000.0 / throughput if throughput > 0 else None
 
 
-def lift_step(fast_batch: int) -> int:
-    return max(1, fast_batch // LIFT_STEP_DIVISOR)
+def lift_step(fast_batch: int, counted: bool = False) -> int:
+    """How much one step lifts the ceiling by: half the fast batch, the whole of it where
+    the readings are the engine's execution counters (``counted``)."""
+    return max(1, fast_batch // (LIFT_COUNTED_STEP_DIVISOR if counted else LIFT_STEP_DIVISOR))
+
+
+def lifted_reserve(replica: Replica) -> int:
+    """Slots of the lift batch turns may not take: one per interactive run paused on the
+    replica (limit.py's ceiling reserve)."""
+    return 0 if replica.max_batch else min(replica.paused_interactive, replica.decode.lift)
+
+
+def pace(cost: DecodeCost) -> tuple[int, int, bool]:
+    """(readings at the fast batch before the first try, readings above it a verdict
+    needs, whether the steps are counted ones): fewer, and larger steps, where the
+    readings come from the engine's execution counters (exact decode GPU time) than from
+    its wall-clock throughput gauge (prefill passes and host stalls in it)."""
+    if cost.counters is not None:
+        return LIFT_COUNTED_REFERENCE_MIN, LIFT_COUNTED_SAMPLES, True
+    return LIFT_REFERENCE_MIN, LIFT_SAMPLES, False
 
 
 def reference_ms(cost: DecodeCost) -> float:
@@ -112,6 +145,16 @@ def cost_growth(cost: DecodeCost) -> float:
 
 
 def is_cheap(cost: DecodeCost) -> bool:
+    """Whether the lift is worth keeping: on the engine's execution counters (exact), a
+    token must cost at least LIFT_COUNTED_GAIN less above the fast batch than at it (the
+    lift must buy throughput: every run there pays for it in a longer step); on the
+    throughput gauge (noisy), at most LIFT_TOLERANCE more (:func:`is_cheap_gauged`)."""
+    if cost.counters is not None:
+        return cost_growth(cost) <= -LIFT_COUNTED_GAIN
+    return is_cheap_gauged(cost)
+
+
+def is_cheap_gauged(cost: DecodeCost) -> bool:
     """Whether the requests above the fast batch cost the device at most LIFT_TOLERANCE
     more per token than at it: the readings hold prefill passes and other per-token work
     besides decode steps, so a batch that costs nothing extra per step still reads about
@@ -175,7 +218,7 @@ def _read_counters(cost: DecodeCost, replica: Replica, counters: DecodeCounters)
     ms, batch, eager_share = reading
     fast = replica.fast_batch
     if not cost.lift:
-        if eager_share == 0 and batch > fast / 2 and replica.in_flight >= fast:
+        if eager_share == 0 and batch >= fast * LIFT_COUNTED_FULL_SHARE and replica.in_flight >= fast:
             return cost._replace(lo_samples=cost.lo_samples + 1,
                                  lo_costs=(*cost.lo_costs, ms)[-LIFT_REFERENCE_SAMPLES:])
         return cost
@@ -206,15 +249,17 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, 
         cost = _read_counters(cost, replica, probe.decode_counters)
     else:
         cost = _read(cost, replica, probe, device_batch, device_throughput)
-    step = lift_step(fast)
-    at_ceiling = replica.in_flight + replica.leased_idle >= fast + cost.lift
-    if cost.lift and len(cost.hi_costs) >= LIFT_SAMPLES:
+    reference_min, samples, counted = pace(cost)
+    step = lift_step(fast, counted)
+    # at its ceiling: batch turns fill it up to the slots the lift keeps for paused interactive runs
+    at_ceiling = replica.in_flight + replica.leased_idle + lifted_reserve(replica) >= fast + cost.lift
+    if cost.lift and len(cost.hi_costs) >= samples:
         if not is_cheap(cost):  # dear: step back, and wait longer before trying again
-            return _relifted(cost, cost.lift - step)._replace(
+            return _relifted(cost, max(0, cost.lift - step))._replace(
                 retry_after=cost.retry_probes, retry_probes=min(LIFT_RETRY_MAX, 2 * cost.retry_probes))
         if at_ceiling and turns_wait and not cost.retry_after and fast + cost.lift + step <= LIFT_MAX_FACTOR * fast:
             return _relifted(cost, cost.lift + step)
         return _relifted(cost, cost.lift)  # kept: judged again on as many readings more
-    if not cost.lift and not cost.retry_after and cost.lo_samples >= LIFT_REFERENCE_MIN and at_ceiling and turns_wait:
+    if not cost.lift and not cost.retry_after and cost.lo_samples >= reference_min and at_ceiling and turns_wait:
         return _relifted(cost, step)
     return cost

@@ -60,8 +60,8 @@ is seconds old cannot make it over-admit):
   launches every step) a step costs more for every request in it, so a larger batch
   buys little throughput and slows every token. In-flight turns stay at or below it
   whatever the limit says; the batch reserve comes off the limit, not the ceiling.
-  Where the engine's own throughput shows a step above that batch costs little more
-  per request, the ceiling is lifted (ceiling.py).
+  Where the engine's own figures show a larger batch buys throughput, the ceiling is
+  lifted (ceiling.py; on unless the operator turns it off).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ from luftpause.scheduler.constants import (
     LIMIT_PATIENCE_FACTOR,
     LIMIT_SLOW_START_GROWTH,
 )
-from luftpause.scheduler.core.ceiling import _decode_cost_after, device_reading
+from luftpause.scheduler.core.ceiling import _decode_cost_after, device_reading, lifted_reserve
 from luftpause.scheduler.core.events import EngineProbed
 from luftpause.scheduler.core.sight import _out_of_sight
 from luftpause.scheduler.core.state import AdmissionLimit, Replica, State, _much_faster
@@ -117,11 +117,15 @@ def _ceiling_reserve(replica: Replica, keep_slots: bool) -> int:
     """Slots under the decode ceiling batch turns may not take on this replica: with
     ``keep_slots`` (see :func:`_keeps_slots`) one for each interactive run paused there,
     otherwise one for each of them due back from its tool call now (resume.py); at most
-    half the ceiling. Without either the resuming turn waits for a batch turn to end."""
+    half the ceiling. Without either the resuming turn waits for a batch turn to end.
+    And, while the ceiling is lifted (ceiling.py), one of the lifted slots for each
+    interactive run paused there whatever the operator chose: the lift is for batch
+    throughput, paid for in every token's step, and an interactive run coming back from
+    its tool must not also wait there behind the batch turns the lift let in."""
     if not replica.ceiling:
         return 0
     kept = replica.paused_interactive if keep_slots else replica.due_interactive
-    return min(kept, replica.ceiling // KEPT_SLOTS_CEILING_DIVISOR)
+    return max(min(kept, replica.ceiling // KEPT_SLOTS_CEILING_DIVISOR), lifted_reserve(replica))
 
 
 def _keeps_slots(state: State) -> bool:

@@ -62,8 +62,9 @@ async def test_engine_reporting_a_queue_caps_in_flight_and_holds_the_rest(slow_e
 async def test_the_decode_ceiling_an_engine_reports_bounds_what_it_is_sent(make_stack):
     """Engines that report a CUDA-graph batch size of 2 and keep no queue of their own: the
     live scheduler reads the ceiling from /get_server_info and never has more than 2 turns
-    in flight on either, holding the rest at the gateway."""
-    stack = make_stack(without=frozenset({"runtime", "fake-mcp"}),
+    in flight on either, holding the rest at the gateway. (Lifting is off: these engines
+    pay no eager step above 2, and a lifted ceiling is what test_ceiling.py covers.)"""
+    stack = make_stack(without=frozenset({"runtime", "fake-mcp"}), env={"LUFTPAUSE_LIFT_CEILING": "off"},
                        engine_args=["--cuda-graph-max-bs", "2", "--reply-tokens", "20", "--token-ms", "100"])
     assert wait_until(lambda: all(r["decode_ceiling"] == 2 for r in status(stack)["replicas"]), 10), status(stack)
     seen = {"held": 0, "in_flight": 0, "at_engine": 0}

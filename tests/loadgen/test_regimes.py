@@ -62,6 +62,20 @@ def test_a_cell_summary_holds_luftpause_against_the_best_peer_row_per_metric() -
     missed = json.loads(json.dumps(b2))  # the same run, had luftpause's batch been low
     missed["comparison"]["proxy"]["batch_vs_class_blind"]["ratios"]["strict"] = 0.9
     assert regimes.cell_summary(regimes.parse_cell("eager=0"), missed, None)["misses"] == ["batch"]
+    assert summary["other_rows"] == {}
+    lifted = json.loads(json.dumps(b2))  # a lifted-ceiling row run beside it (--variants strict-lift)
+    for metric, value in (("interactive_runs_per_min", 1.2), ("interactive_p50_s", 0.9), ("batch_runs_per_min", 1.0),
+                          ("batch_vs_class_blind", 0.97)):
+        lifted["comparison"]["proxy"][metric]["ratios"]["strict-lift"] = value
+    other = regimes.cell_summary(regimes.parse_cell("eager=0"), lifted, None)
+    assert other["other_rows"] == {"strict-lift": {"interactive": 1.2, "p50": 0.9, "batch": 1.0,
+                                                   "batch_vs_class_blind": 0.97}}
+    assert other["interactive"]["ratio"] == summary["interactive"]["ratio"]  # the strict row is still the cell's
+
+
+def test_the_command_takes_only_known_policy_rows() -> None:
+    with pytest.raises(SystemExit):
+        regimes.main(["--cell", "eager=0", "--variants", "strict-lift,strict-bogus"])
 
 
 def test_table_and_heatmap_from_a_maps_json(tmp_path: Path, capsys) -> None:
