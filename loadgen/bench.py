@@ -695,7 +695,7 @@ def print_breakdown(part: str, results: dict[str, list[dict[str, Any]]]) -> None
     of interactive turns and runs (breakdown.py): the hold at the gateway, the first token
     of a streamed turn, the engines' queue wait and GPU shares; for MCP runs their span
     split into turns, tools and the runtime's own loop."""
-    rows = [(label, [r["breakdown"] for r in results[key] if r.get("breakdown")])
+    rows = [(label, [r["breakdown"] for r in results.get(key, []) if r.get("breakdown")])
             for key, label in b2_variants(part, [k for k in results if k in PEER_ROWS])]
     rows = [(label, figures) for label, figures in rows if figures]
     if not rows:
