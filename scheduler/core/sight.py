@@ -26,7 +26,7 @@ already down, whose probe goes unanswered stays down, and a stalled one stays st
 from __future__ import annotations
 
 from luftpause.scheduler.core.events import EngineProbed
-from luftpause.scheduler.core.state import Replica, State
+from luftpause.scheduler.core.state import Replica, State, _turn_replica
 
 
 def _out_of_sight(replica: Replica, event: EngineProbed) -> bool:
@@ -38,8 +38,7 @@ def _out_of_sight(replica: Replica, event: EngineProbed) -> bool:
 def _failed_out_of_sight(state: State, turn_id: str) -> State:
     """A turn on an unseen replica failed: neither the scheduler nor the dataplane
     reaches it, so it is down (its pinned runs may move)."""
-    turn = state.turns.get(turn_id)
-    replica = state.replicas.get(turn.replica) if turn is not None else None
+    replica = _turn_replica(state, turn_id)
     if replica is None or not replica.unseen:
         return state
     return state._replace(replicas=state.replicas.set(replica.name, replica._replace(unseen=False)))

@@ -38,12 +38,11 @@ waiting for its bound. But the replica takes no new turns meanwhile:
 from __future__ import annotations
 
 from luftpause.scheduler.core.limit import _limit_after
-from luftpause.scheduler.core.state import Replica, State
+from luftpause.scheduler.core.state import Replica, State, _turn_replica
 
 
 def _stalled(state: State, turn_id: str) -> State:
-    turn = state.turns.get(turn_id)
-    replica = state.replicas.get(turn.replica) if turn is not None else None
+    replica = _turn_replica(state, turn_id)
     if replica is None:
         return state
     replica = replica._replace(healthy=False, stalled=True, unseen=False, silent=frozenset(),
@@ -55,8 +54,7 @@ def _silent(state: State, turn_id: str) -> State:
     """The turn's engine sent nothing since it was sent, longer than expected: its
     replica leaves rotation until a byte comes from it (a replica already out of
     rotation for another reason is left as it is)."""
-    turn = state.turns.get(turn_id)
-    replica = state.replicas.get(turn.replica) if turn is not None else None
+    replica = _turn_replica(state, turn_id)
     if replica is None or replica.stalled or (not replica.healthy and not replica.silent):
         return state
     replica = replica._replace(healthy=False, silent=replica.silent | {turn_id})
@@ -70,8 +68,7 @@ def _speaks(replica: Replica) -> Replica:
 
 def _heard(state: State, turn_id: str) -> State:
     """The turn's replica sent a byte (its first token, or the turn finished)."""
-    turn = state.turns.get(turn_id)
-    replica = state.replicas.get(turn.replica) if turn is not None else None
+    replica = _turn_replica(state, turn_id)
     if replica is None or not replica.silent:
         return state
     return state._replace(replicas=state.replicas.set(replica.name, _speaks(replica)))
@@ -80,8 +77,7 @@ def _heard(state: State, turn_id: str) -> State:
 def _unsilenced(state: State, turn_id: str) -> State:
     """The turn ended without a byte from its replica and not stalled (its client left):
     it is no longer silent there; with no silent turn left the replica is back."""
-    turn = state.turns.get(turn_id)
-    replica = state.replicas.get(turn.replica) if turn is not None else None
+    replica = _turn_replica(state, turn_id)
     if replica is None or turn_id not in replica.silent:
         return state
     left = replica.silent - {turn_id}

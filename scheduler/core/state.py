@@ -259,6 +259,12 @@ def initial_state(
                  lift_ceiling=lift_ceiling, resume_slots=resume_slots)
 
 
+def _turn_replica(state: State, turn_id: str) -> Replica | None:
+    """The replica the turn in flight was placed on (None: no such turn or replica)."""
+    turn = state.turns.get(turn_id)
+    return state.replicas.get(turn.replica) if turn is not None else None
+
+
 def _much_faster(peer: Replica, home: Replica) -> bool:
     """Whether ``peer``'s recent turns took under 1/AFFINITY_SLOWER_FACTOR of ``home``'s,
     both measured, on different accelerators (replicas sharing one are equally quick):
