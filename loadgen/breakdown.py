@@ -10,7 +10,7 @@ and at the end of a variant's measurement window:
   streamed turn's arrival to its first byte (the hold included; MCP turns do not stream);
 - every engine's queue-time histogram (``sglang:queue_time_seconds``: the time a request
   waited in the engine's queue, all classes) and its execution counters (simulated GPU
-  seconds in prefill and in decode passes, decode tokens).
+  seconds in prefill and in decode passes).
 
 and after the window, for MCP rows, the runtime's journal (``runs.jsonl``): per run its
 creation and finish times and its stats (turns, completion tokens, seconds spent in
@@ -37,7 +37,6 @@ QUEUE_TIME = "sglang:queue_time_seconds"
 HOLD = "luftpause_scheduler_hold_seconds"
 TTFT = "luftpause_dataplane_time_to_first_token_seconds"
 GPU_SECONDS = "sglang:gpu_execution_seconds"
-DECODE_TOKENS = "sglang:realtime_tokens"
 
 
 def scrape(url: str, timeout: float = 5.0) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -96,16 +95,16 @@ class WindowProbe:
             ttft = delta("dataplane", f"{TTFT}_count", **{"class": cls})  # streamed turns only
             if ttft:
                 out[f"{cls}_ttft_s"] = delta("dataplane", f"{TTFT}_sum", **{"class": cls}) / ttft / time_scale
-        engines = list(zip(start["engines"], end["engines"]))
-        waited = sum(summed(b, f"{QUEUE_TIME}_count") - summed(a, f"{QUEUE_TIME}_count") for a, b in engines)
+        def engines_delta(name: str, **labels: str) -> float:
+            return sum(summed(b, name, **labels) - summed(a, name, **labels)
+                       for a, b in zip(start["engines"], end["engines"]))
+
+        waited = engines_delta(f"{QUEUE_TIME}_count")
         if waited:
-            out["engine_queue_wait_s"] = sum(summed(b, f"{QUEUE_TIME}_sum") - summed(a, f"{QUEUE_TIME}_sum")
-                                             for a, b in engines) / waited / time_scale
+            out["engine_queue_wait_s"] = engines_delta(f"{QUEUE_TIME}_sum") / waited / time_scale
         # The execution counters are simulated-GPU seconds already (model time).
-        prefill = sum(summed(b, f"{GPU_SECONDS}_total", category="forward_extend")
-                      - summed(a, f"{GPU_SECONDS}_total", category="forward_extend") for a, b in engines)
-        decode = sum(summed(b, f"{GPU_SECONDS}_total", category="forward_decode")
-                     - summed(a, f"{GPU_SECONDS}_total", category="forward_decode") for a, b in engines)
+        prefill = engines_delta(f"{GPU_SECONDS}_total", category="forward_extend")
+        decode = engines_delta(f"{GPU_SECONDS}_total", category="forward_decode")
         window = (end["wall"] - start["wall"]) / time_scale
         if window > 0 and (prefill or decode):
             out["gpu_prefill_share"] = prefill / window
