@@ -670,11 +670,17 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
     print_breakdown(part, results)
 
 
+def _variant_records(part: str, results: dict[str, list[dict[str, Any]]],
+                     field: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Per B2 variant that has them (label, in table order), its repeats' ``field`` records."""
+    rows = [(label, [r[field] for r in results.get(key, ()) if r.get(field)])
+            for key, label in b2_variants(part, [k for k in results if k in PEER_ROWS])]
+    return [(label, records) for label, records in rows if records]
+
+
 def print_interactive_time(part: str, results: dict[str, list[dict[str, Any]]]) -> None:
     """Per variant, where an interactive run's time goes (means over the repeats)."""
-    rows = [(label, [r["interactive_time"] for r in results.get(key, ()) if r.get("interactive_time")])
-            for key, label in b2_variants(part, [k for k in results if k in PEER_ROWS])]
-    rows = [(label, times) for label, times in rows if times]
+    rows = _variant_records(part, results, "interactive_time")
     if not rows:
         return
     table = Table(title=f"B2 {part}: where a finished interactive run's time goes (model seconds per run, "
@@ -695,9 +701,7 @@ def print_breakdown(part: str, results: dict[str, list[dict[str, Any]]]) -> None
     of interactive turns and runs (breakdown.py): the hold at the gateway, the first token
     of a streamed turn, the engines' queue wait and GPU shares; for MCP runs their span
     split into turns, tools and the runtime's own loop."""
-    rows = [(label, [r["breakdown"] for r in results.get(key, []) if r.get("breakdown")])
-            for key, label in b2_variants(part, [k for k in results if k in PEER_ROWS])]
-    rows = [(label, figures) for label, figures in rows if figures]
+    rows = _variant_records(part, results, "breakdown")
     if not rows:
         return
     table = Table(title=f"B2 {part}: interactive turns and runs from luftpause's and the engines' metrics "
