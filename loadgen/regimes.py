@@ -44,6 +44,7 @@ from rich.table import Table
 from luftpause import logs
 from luftpause.loadgen.bench import POLICY_VARIANTS, BenchConfig, bench_b2
 from luftpause.loadgen.peer_rows import DEFAULT_PEERS, PEER_ROWS, parse_peers
+from luftpause.loadgen.proxy_bench import csv_choices
 from luftpause.loadgen.records import write_json
 from luftpause.loadgen.timeline import save_figure
 
@@ -280,14 +281,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", default=BenchConfig.preset, help="fake engine preset the cells are taken around")
     p.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                    help=f"peer rows, comma-separated, among: {', '.join(PEER_ROWS)}")
-    p.add_argument("--variants", default="", metavar="ROWS",
+    p.add_argument("--variants", type=csv_choices(tuple(POLICY_VARIANTS)), default=[], metavar="ROWS",
                    help="more luftpause rows beside the strict one, comma-separated, among: "
                         f"{', '.join(POLICY_VARIANTS)} (the decode ceiling's policies set explicitly)")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"))
     a = p.parse_args(argv)
-    variants = tuple(v for v in a.variants.split(",") if v)
-    if unknown := [v for v in variants if v not in POLICY_VARIANTS]:
-        p.error(f"unknown --variants {', '.join(unknown)}: choose among {', '.join(POLICY_VARIANTS)}")
+    variants = tuple(a.variants)
     if a.plot:
         console.print(f"heatmap: {plot_map(a.plot)}")
         return
