@@ -51,6 +51,12 @@ LIMIT_QUEUE_MEMORY = 1
 LIMIT_ARRIVAL_WAIT_FACTOR = 3
 LIMIT_CALM_WAIT_WEIGHT = 0.25
 LIMIT_MAX_STEP_DIVISOR = 2
+# A queue of luftpause's turns in the engine lowers the limit towards what the engine
+# serves, but by at most this factor at one probe (to limit // divisor): one probe's
+# reading can be a moment of a burst (a quick replica taking a peer's load showed 1
+# running beside 2 queued, and a cut to that 1 held batch at half its rate for 26 s);
+# a queue that persists halves it again at the next probe.
+LIMIT_MAX_CUT_DIVISOR = 2
 # Patience: a decrease right after an increase multiplies the calm probes the next
 # increase waits for by this (up to LIMIT_CALM_MAX); this many times as many calm probes
 # in a row divide them by it again.

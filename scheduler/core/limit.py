@@ -23,7 +23,9 @@ is seconds old cannot make it over-admit):
   more turns there than the engine runs, the excess is waiting in the engine (with
   every one of ours running the queue is someone else's, or an old gauge: it neither
   lowers the limit nor breaks a calm spell): the limit becomes what the engine serves of ours, the larger of what it
-  runs and our in-flight turns less its queue (never below 1). A queue that only turns
+  runs and our in-flight turns less its queue (never below 1), but falls by at most half
+  at one probe (one probe's reading may be a moment of a burst; a queue that persists
+  halves it again at the next). A queue that only turns
   placed in the last half turn time can explain may be an arrival waiting for the
   engine's next pass: it lowers nothing unless the probe before saw one too (then to
   what the engine serves), or the limit grew at one of the two probes before (the step
@@ -79,6 +81,7 @@ from luftpause.scheduler.constants import (
     LIMIT_FREE_KV_SHARE,
     LIMIT_INITIAL,
     LIMIT_QUEUE_MEMORY,
+    LIMIT_MAX_CUT_DIVISOR,
     LIMIT_MAX_STEP_DIVISOR,
     LIMIT_PATIENCE_FACTOR,
     LIMIT_SLOW_START_GROWTH,
@@ -218,6 +221,10 @@ def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> 
         # Our own excess waits in the engine: back to what it serves (or, for young turns
         # right after a growth, to the limit before it).
         lowered = max(serving, min(value, limit.before_growth)) if step_back else serving
+        # By at most half at one probe: a reading of one moment (a burst the engine is
+        # still taking in) must not cut a quick replica to 1; a queue that persists
+        # halves it again at the next probe.
+        lowered = max(lowered, value // LIMIT_MAX_CUT_DIVISOR)
         if ours_queued and lowered < value:
             # If the limit had just grown, that step overshot: probe for more room less
             # eagerly next time (LIMIT_PATIENCE_FACTOR times the calm probes, up to a ceiling).

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from luftpause.scheduler import core
 from luftpause.scheduler.constants import (LIMIT_ARRIVAL_TURN_SHARE, LIMIT_ARRIVAL_WAIT_FACTOR, LIMIT_CALM_PROBES,
-                                           LIMIT_INITIAL, LIMIT_QUEUE_MEMORY)
+                                           LIMIT_INITIAL, LIMIT_MAX_CUT_DIVISOR, LIMIT_QUEUE_MEMORY)
 
 from .drivers import EXAMPLES, REPLICAS, Driver, fresh_state, never_over_cap, operations, placements
 from .helpers import MODEL, admit, fill, placed, pool, probe
@@ -142,6 +142,25 @@ def test_limit_drops_to_what_the_engine_runs_when_it_queues_our_excess():
         state, _ = core.decide(state, core.TurnFinished(f"t{i}", "stop", 1))
     state, more = fill(state, 3, prefix="u")
     assert len(more) == 1  # 3 in flight + 1 = the limit of 4
+
+
+def test_a_queue_lowers_the_limit_by_at_most_half_at_one_probe():
+    # A quick replica at a limit of 12 shows 1 running beside 2 of ours queued (a moment
+    # of a burst it is still taking in): cutting to that 1 at once held batch there at
+    # half its rate for 26 s in a chaos run. One probe halves the limit; a queue that is
+    # still there at the next halves it again, down to what the engine serves.
+    state = pool("a")
+    state, _ = probe(state, running=12, queued=1)
+    state, first = fill(state, 12)
+    assert len(first) == 12
+    for turn in [f"t{i}" for i in range(9)]:
+        state, _ = core.decide(state, core.TurnFinished(turn, "stop", 1))
+    state, _ = probe(state, running=1, queued=2, now=2)  # ours: 3 in flight, settled, 1 running
+    assert state.replicas["a"].capacity == 6
+    state, _ = probe(state, running=1, queued=2, now=4)
+    assert state.replicas["a"].capacity == 3
+    state, _ = probe(state, running=1, queued=2, now=6)
+    assert state.replicas["a"].capacity == 1
 
 
 def test_a_queue_that_is_not_ours_does_not_lower_the_limit():
@@ -616,10 +635,13 @@ class QueueFollowed:
         settled = sum(1 for t in before.turns.values() if t.replica == event.replica
                       and event.now_ms - t.placed_ms >= LIMIT_ARRIVAL_TURN_SHARE * known.turn_ms)
         serving = max(1, event.running, known.in_flight - event.queued)
+        floor = known.limit.value // LIMIT_MAX_CUT_DIVISOR  # at most halved at one probe
+        assert replica.limit.value >= floor, (event, known, replica)
         if settled > event.running or (again and not passing):
-            assert replica.capacity is not None and replica.capacity <= serving, (event, replica)
+            assert replica.capacity is not None and replica.capacity <= max(serving, floor), (event, replica)
         elif just_grew and known.limit.value and not passing:  # the step overshot: back to the limit before it
-            assert replica.capacity is not None and replica.capacity <= max(serving, before_growth), (event, replica)
+            assert replica.capacity is not None and replica.capacity <= max(serving, before_growth, floor), \
+                (event, replica)
         elif known.limit.value:
             assert replica.limit.value == known.limit.value, (event, known, replica)
 
