@@ -113,7 +113,7 @@ def site_dir() -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "sitecustomize.py").write_text(
         "import os, sys\n"
-        f"if os.environ.get({ENV!r}) and any('fakes.engine' in a for a in sys.argv + sys.orig_argv):\n"
+        f"if os.environ.get({ENV!r}) and any('fakes.engine' in a for a in sys.orig_argv):\n"
         f"    from luftpause.loadgen.passtrace import install\n"
         f"    install(os.environ[{ENV!r}])\n")
     return path
