@@ -203,9 +203,9 @@ class SchedulerHost:
         kind = event.WhichOneof("kind")
         if kind == "first_token":
             self.metrics.recent.first_token(event.first_token.ttft_ms)
-            placed = self.state.turns.get(event.turn_id)
-            if placed is not None and self.state.replicas[placed.replica].silent:  # it speaks (stalls.py)
-                self._speaks(placed.replica, core.TurnAnswered(event.turn_id, now))
+            silent = self._silent_replica(event.turn_id)
+            if silent is not None:  # it speaks (stalls.py); reported only then, to keep first tokens cheap
+                self._speaks(silent, core.TurnAnswered(event.turn_id, now))
         elif kind == "silent":
             placed = self.state.turns.get(event.turn_id)
             if placed is not None:
@@ -218,12 +218,8 @@ class SchedulerHost:
             self.apply(core.TurnUsage(event.turn_id, event.usage.prompt_tokens, event.usage.completion_tokens, now))
         elif kind == "finished":
             tokens = None if usage is None else usage.prompt_tokens + usage.completion_tokens
-            placed = self.state.turns.get(event.turn_id)
-            finished = core.TurnFinished(event.turn_id, event.finished.finish_reason, now, tokens)
-            if placed is not None and self.state.replicas[placed.replica].silent:
-                self._speaks(placed.replica, finished)
-            else:
-                self.apply(finished)
+            self._speaks(self._silent_replica(event.turn_id),
+                         core.TurnFinished(event.turn_id, event.finished.finish_reason, now, tokens))
         elif kind == "failed":
             self.log.info("turn_failed", turn=event.turn_id, run=event.run_id, error=event.failed.error,
                           stalled=event.failed.stalled)
@@ -240,11 +236,17 @@ class SchedulerHost:
             self.apply(core.RunEnded(event.run_id, now))
         # started changes nothing (this dataplane no longer sends it); first_token is counted above.
 
-    def _speaks(self, replica: str, event: core.Event) -> None:
-        """Apply a byte from a replica with silent turns (a first token, a finished turn)."""
+    def _silent_replica(self, turn_id: str) -> str | None:
+        """The replica of the turn in flight if it has silent turns (stalls.py), else None."""
+        placed = self.state.turns.get(turn_id)
+        return placed.replica if placed is not None and self.state.replicas[placed.replica].silent else None
+
+    def _speaks(self, silent: str | None, event: core.Event) -> None:
+        """Apply a byte from the turn's replica (a first token, a finished turn); ``silent``:
+        that replica, when it had silent turns (:meth:`_silent_replica`), logged if now back."""
         self.apply(event)
-        if not self.state.replicas[replica].silent:
-            self.log.info("replica_speaks", replica=replica, effect="back in rotation")
+        if silent is not None and not self.state.replicas[silent].silent:
+            self.log.info("replica_speaks", replica=silent, effect="back in rotation")
 
     def resync(self, request: pb.ResyncRequest) -> None:
         """Apply one dataplane's snapshot (protocol 1's Resync, the Hello of protocols 2 and 3)."""
