@@ -519,6 +519,8 @@ POLICY_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "strict-wall": ("luftpause strict, ceiling at the CUDA-graph batch (lifting off)", {"LUFTPAUSE_LIFT_CEILING": "off"}),
     "strict-lift": ("luftpause strict, ceiling lifted where the engine shows it cheap (lifting on)",
                     {"LUFTPAUSE_LIFT_CEILING": "on"}),
+    "strict-throughput": ("luftpause strict, ceiling lifted wherever a token costs no more (throughput mode)",
+                          {"LUFTPAUSE_LIFT_CEILING": "throughput"}),
 }
 B2_METRICS = (("interactive_runs_per_min", True), ("interactive_p50_s", False), ("batch_runs_per_min", True))
 

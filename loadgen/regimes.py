@@ -22,10 +22,10 @@ JSON (``regimes-<time>.json``, each cell naming its full B2 result file) and as 
 PNG beside it (``python -m luftpause.loadgen.regimes --plot FILE.json`` redraws it).
 Cells run one invocation at a time (``--cell``) are put together into one map with
 ``--merge FILE.json ...`` (the table, the JSON and the heatmap, cells in the map's order).
-``--variants strict-wall`` (or ``strict-lift``) runs another luftpause row beside the
-strict one, its decode-ceiling policy set explicitly (``LUFTPAUSE_LIFT_CEILING=off`` /
-``on``): a policy against the other in the same invocation, its ratios in the cell's
-``other_rows``.
+``--variants strict-wall`` (or ``strict-lift``, ``strict-throughput``) runs another
+luftpause row beside the strict one, its decode-ceiling policy set explicitly
+(``LUFTPAUSE_LIFT_CEILING=off`` / ``on`` / ``throughput``): a policy against the other in
+the same invocation, its ratios in the cell's ``other_rows``.
 """
 
 from __future__ import annotations

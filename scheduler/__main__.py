@@ -52,7 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                "buys throughput: its decode execution counters (GPU seconds, tokens, graph and eager passes; a token "
                "10 %% cheaper) where it reports them, else its gen_throughput (at most 15 %% dearer); a try every 90 s "
                "at most; batch turns leave a lifted slot per paused interactive run (docs/admission.md). off: the "
-               "graph batch is the wall", choices=("on", "off"))
+               "graph batch is the wall. throughput: also keep, and take higher, a lift that costs a token no more "
+               "than at the graph batch (counters only): more batch throughput where a larger batch pays only "
+               "further up, every interactive run decoding in the longer step", choices=("on", "off", "throughput"))
     env_option(parser, "--probe-period", "LUFTPAUSE_PROBE_PERIOD_S", PROBE_PERIOD_S,
                "seconds between engine probes (the probe timeout stays 2 s)", kind=float)
     parser.add_argument("--runtime-url", default=env("LUFTPAUSE_RUNTIME_URL") or None, type=runtime_url,
@@ -69,8 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def serve(args: argparse.Namespace, log) -> None:
     endpoints = load_pool(args.pool_file)
     host = SchedulerHost(endpoints, log, affinity=args.affinity == "on",
-                         interactive_slots=args.interactive_slots == "on", lift_ceiling=args.lift_ceiling == "on",
-                         resume_slots=args.resume_slots == "on",
+                         interactive_slots=args.interactive_slots == "on", lift_ceiling=args.lift_ceiling != "off",
+                         lift_throughput=args.lift_ceiling == "throughput", resume_slots=args.resume_slots == "on",
                          probe_period_s=args.probe_period)
     token = auth.token_from_env()
     if not token:

@@ -128,6 +128,13 @@ LIFT_COUNTED_FULL_SHARE = 0.875
 # testbed's 20 ms eager step, which costs a token 22 % more there and 7 % less at 24), so a
 # lift must buy throughput, not merely cost none (eager step 0: 33 % less at 16).
 LIFT_COUNTED_GAIN = 0.1
+# In the operator's throughput mode (LUFTPAUSE_LIFT_CEILING=throughput), a counted lift that
+# buys less than that but costs a token at most LIFT_COUNTED_EXPLORE more than at the fast
+# batch is kept, and tried a step higher while turns wait: an eager step is a cost per pass,
+# so a 10 ms one costs a token 5 % less at 16 than at 8 and 17 % less at 20, where the
+# engine's KV lets the peers run (a mean batch a request short of full reads a few per cent
+# either way of that).
+LIFT_COUNTED_EXPLORE = 0.05
 
 # Leases (core/leases.py): a dataplane that asks while nothing is held is lent at
 # most 1/LEASE_ROOM_DIVISOR of each replica's free room (the rest stays for other

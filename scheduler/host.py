@@ -58,6 +58,7 @@ class SchedulerHost:
         affinity: bool = True,
         interactive_slots: bool = False,
         lift_ceiling: bool = False,
+        lift_throughput: bool = False,
         resume_slots: bool = True,
         probe_period_s: float = PROBE_PERIOD_S,
         first_probe_wait_s: float = FIRST_PROBE_WAIT_S,
@@ -72,7 +73,7 @@ class SchedulerHost:
         self.state = core.initial_state((e.replica() for e in endpoints), affinity=affinity,
                                         first_probe_deadline_ms=self.now_ms() + int(first_probe_wait_s * 1000),
                                         interactive_slots=interactive_slots, lift_ceiling=lift_ceiling,
-                                        resume_slots=resume_slots)
+                                        resume_slots=resume_slots, lift_throughput=lift_throughput)
         self.log = log
         self._streams: dict[str, int] = {}  # dataplane id -> open Connect and Report streams
         self._lenders: dict[str, object] = {}  # dataplane id -> its Connect stream that takes leases

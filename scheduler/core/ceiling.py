@@ -54,6 +54,12 @@ LIFT_COUNTED_REFERENCE_MIN readings, a verdict on LIFT_COUNTED_SAMPLES, and step
 whole fast batch (an eager step is a cost per pass: spread over 1.5 times the fast batch
 a small one reads dear where twice the fast batch pays for it); and a lift is cheap only
 where a token costs at least LIFT_COUNTED_GAIN less than at the fast batch (:func:`is_cheap`).
+A reading above it counts only with the replica full of what it may hold (the lifted
+ceiling, or the admission limit where lower): while a lift fills, the passes decode a
+batch between the two, where a small eager step reads dear. A dear verdict goes back to the
+last lift judged cheap (``kept``). In the operator's throughput mode a lift that buys less
+but costs a token no more (:func:`is_neutral`) is kept and tried a step higher while turns
+wait: batch throughput first, every run on the replica decoding in the longer step.
 
 The lift is for batch throughput: while a ceiling is lifted, batch turns leave one of the
 lifted slots for each interactive run paused on the replica (:func:`lifted_reserve`,
@@ -70,6 +76,7 @@ from statistics import median
 
 from luftpause.scheduler.constants import (
     LIFT_COUNTED_FULL_SHARE,
+    LIFT_COUNTED_EXPLORE,
     LIFT_COUNTED_GAIN,
     LIFT_COUNTED_REFERENCE_MIN,
     LIFT_COUNTED_SAMPLES,
@@ -154,6 +161,15 @@ def is_cheap(cost: DecodeCost) -> bool:
     return is_cheap_gauged(cost)
 
 
+def is_neutral(cost: DecodeCost) -> bool:
+    """Whether a counted lift that buys less than LIFT_COUNTED_GAIN costs a token no more
+    than at the fast batch (growth at most LIFT_COUNTED_EXPLORE), which the throughput mode
+    keeps: an eager step is a cost per pass, spread over the batch, so where one step buys
+    little but costs nothing the next may pay (a 10 ms step: 5 % less per token at 16 than
+    at 8, 17 % less at 20)."""
+    return cost_growth(cost) <= LIFT_COUNTED_EXPLORE
+
+
 def is_cheap_gauged(cost: DecodeCost) -> bool:
     """Whether the requests above the fast batch cost the device at most LIFT_TOLERANCE
     more per token than at it: the readings hold prefill passes and other per-token work
@@ -222,7 +238,11 @@ def _read_counters(cost: DecodeCost, replica: Replica, counters: DecodeCounters)
             return cost._replace(lo_samples=cost.lo_samples + 1,
                                  lo_costs=(*cost.lo_costs, ms)[-LIFT_REFERENCE_SAMPLES:])
         return cost
-    if cost.settle > LIFT_SETTLE_PROBES and eager_share >= LIFT_EAGER_SHARE:
+    # Above it: only with the replica full of what it may hold (the lifted ceiling, or the
+    # admission limit where that is lower): while a lift fills, the passes decode a batch
+    # between the two, where a small eager step reads dear and a large batch is not yet tried.
+    full = LIFT_COUNTED_FULL_SHARE * (replica.capacity or replica.ceiling)
+    if cost.settle > LIFT_SETTLE_PROBES and eager_share >= LIFT_EAGER_SHARE and batch >= full:
         return cost._replace(hi_costs=(*cost.hi_costs, ms))
     return cost
 
@@ -233,11 +253,12 @@ def _relifted(cost: DecodeCost, lift: int) -> DecodeCost:
 
 
 def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, device_batch: int = 0,
-                       device_throughput: float = 0.0) -> DecodeCost:
+                       device_throughput: float = 0.0, throughput_first: bool = False) -> DecodeCost:
     """The replica's decode cost and lift after the probe just recorded on it.
     ``turns_wait``: held turns could go to this replica; ``device_batch``,
     ``device_throughput``: what the replicas on its accelerator run and generate
-    (:func:`device_reading`)."""
+    (:func:`device_reading`); ``throughput_first``: the operator's throughput mode, where a
+    lift that costs a token no more is kept and taken higher (:func:`is_neutral`)."""
     cost = replica.decode
     fast = replica.fast_batch
     if not replica.healthy or not replica.load_known or not fast or replica.max_batch:
@@ -253,13 +274,20 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, 
     step = lift_step(fast, counted)
     # at its ceiling: batch turns fill it up to the slots the lift keeps for paused interactive runs
     at_ceiling = replica.in_flight + replica.leased_idle + lifted_reserve(replica) >= fast + cost.lift
+    room = at_ceiling and turns_wait and fast + cost.lift + step <= LIFT_MAX_FACTOR * fast
     if cost.lift and len(cost.hi_costs) >= samples:
-        if not is_cheap(cost):  # dear: step back, and wait longer before trying again
-            return _relifted(cost, max(0, cost.lift - step))._replace(
+        if not is_cheap(cost) and counted and throughput_first and is_neutral(cost):
+            if room:  # no dearer, no gain yet: one step higher
+                return _relifted(cost, cost.lift + step)
+            return _relifted(cost, cost.lift)  # no dearer: kept, judged again on as many readings more
+        if not is_cheap(cost):
+            # dear: back to the last lift judged cheap, and wait longer before trying again
+            return _relifted(cost, cost.kept)._replace(
+                kept=max(0, cost.kept - step),
                 retry_after=cost.retry_probes, retry_probes=min(LIFT_RETRY_MAX, 2 * cost.retry_probes))
-        if at_ceiling and turns_wait and not cost.retry_after and fast + cost.lift + step <= LIFT_MAX_FACTOR * fast:
-            return _relifted(cost, cost.lift + step)
+        if room and not cost.retry_after:
+            return _relifted(cost, cost.lift + step)._replace(kept=cost.lift)
         return _relifted(cost, cost.lift)  # kept: judged again on as many readings more
     if not cost.lift and not cost.retry_after and cost.lo_samples >= reference_min and at_ceiling and turns_wait:
-        return _relifted(cost, step)
+        return _relifted(cost, step)._replace(kept=0)
     return cost

@@ -353,7 +353,8 @@ def _probed(state: State, event: EngineProbed) -> State:
                                    calm_wait_ms=replica.calm_wait_ms)
     if state.lift_ceiling:
         updated = updated._replace(decode=_decode_cost_after(updated, event, _turns_wait_for(state, replica.name),
-                                                             *device_reading(state, updated, event)))
+                                                             *device_reading(state, updated, event),
+                                                             throughput_first=state.lift_throughput))
         if event.gen_throughput is not None and not event.load_stale:
             updated = updated._replace(gen_throughput=event.gen_throughput)
     updated = updated._replace(limit=_limit_after(state, updated, event))

@@ -86,6 +86,7 @@ class DecodeCost(NamedTuple):
     that batch. Changed only by ``_decode_cost_after`` (ceiling.py), after each probe."""
 
     lift: int = 0  # turns allowed above the engine's fast batch; 0 = the fast batch is the wall
+    kept: int = 0  # the lift a dear verdict goes back to: the last one judged cheap below this one (0 = the wall)
     # The device's milliseconds per generated token (1000 / its summed throughput), per reading:
     lo_costs: tuple[float, ...] = ()  # the last LIFT_REFERENCE_SAMPLES readings at the fast batch, the wall holding
     lo_samples: int = 0  # readings taken at the fast batch
@@ -238,6 +239,9 @@ class State(NamedTuple):
     # The operator's choice: lift the engines' decode ceilings where their throughput shows
     # decoding above them is cheap (ceiling.py).
     lift_ceiling: bool = False
+    # ... and where a larger batch costs a token no more, even without the gain that pays
+    # an interactive run's longer step: batch throughput first (ceiling.py, is_neutral).
+    lift_throughput: bool = False
     # With strict affinity, keep a slot under the ceiling for a paused interactive run
     # while its tool call is due to return (resume.py), and the pauses seen so far.
     resume_slots: bool = True
@@ -247,16 +251,17 @@ class State(NamedTuple):
 def initial_state(
     replicas: Iterable[Replica], affinity: bool = True, first_probe_deadline_ms: int | None = None,
     interactive_slots: bool = False, lift_ceiling: bool = False, resume_slots: bool = True,
+    lift_throughput: bool = False,
 ) -> State:
     """With ``first_probe_deadline_ms`` (a restarted scheduler), held turns wait until every
     replica has been probed once, or until that time."""
     replicas = Map({r.name: r for r in replicas})
     if first_probe_deadline_ms is None:
         return State(replicas=replicas, affinity=affinity, interactive_slots=interactive_slots,
-                     lift_ceiling=lift_ceiling, resume_slots=resume_slots)
+                     lift_ceiling=lift_ceiling, resume_slots=resume_slots, lift_throughput=lift_throughput)
     return State(replicas=replicas, affinity=affinity, unprobed=frozenset(replicas.keys()),
                  unprobed_until_ms=first_probe_deadline_ms, interactive_slots=interactive_slots,
-                 lift_ceiling=lift_ceiling, resume_slots=resume_slots)
+                 lift_ceiling=lift_ceiling, resume_slots=resume_slots, lift_throughput=lift_throughput)
 
 
 def _turn_replica(state: State, turn_id: str) -> Replica | None:

@@ -41,10 +41,11 @@ def engine(state, running: int, eager_ms: float, now: int, queued: int = 0):
                                                 gen_throughput=throughput(running, eager_ms)))
 
 
-def saturated(waiting: int = 30, lift: bool = True):
+def saturated(waiting: int = 30, lift: bool = True, throughput: bool = False):
     """One replica reporting a fast batch of 8, ``waiting`` batch turns admitted; ``lift``:
-    the operator turned lifting on."""
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))], lift_ceiling=lift)
+    the operator turned lifting on; ``throughput``: in the throughput mode."""
+    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))], lift_ceiling=lift,
+                               lift_throughput=throughput)
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0, 0, 100_000, FAST))
     state, sent = fill(state, waiting)
     assert len(sent) == FAST
@@ -382,6 +383,74 @@ def test_counted_readings_lift_past_a_small_eager_step_that_a_half_step_would_re
     state = saturated(60)
     state, now = run_counted(state, 6.0, LIFT_COUNTED_REFERENCE_MIN + 1 + LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, 1)
     assert state.replicas["a"].ceiling >= 2 * FAST and not state.replicas["a"].decode.retry_after
+
+
+def per_token_ms(batch: int, eager_ms: float) -> float:
+    return (BASE_MS + PER_REQUEST_MS * batch + (eager_ms if batch > FAST else 0.0)) / batch
+
+
+def test_a_10_ms_eager_step_keeps_the_wall_but_in_the_throughput_mode_the_lift_goes_higher():
+    """A 10 ms eager step: a token costs 5 % less at 16 than at 8 (no gain worth every
+    run's longer step) but 25 % less at 24. By default the wall stays. In the throughput
+    mode the counters read 16 as no dearer, so the ceiling goes a step higher, and stays."""
+    assert 1 - LIFT_COUNTED_GAIN < per_token_ms(2 * FAST, 10.0) / per_token_ms(FAST, 10.0) <= 1.0
+    assert per_token_ms(3 * FAST, 10.0) / per_token_ms(FAST, 10.0) < 1 - LIFT_COUNTED_GAIN
+    verdict = LIFT_COUNTED_REFERENCE_MIN + 1 + LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES
+    default, _ = run_counted(saturated(60), 10.0, verdict, 1)
+    assert default.replicas["a"].ceiling == FAST and default.replicas["a"].decode.retry_after
+    state = saturated(60, throughput=True)
+    state, now = run_counted(state, 10.0, LIFT_COUNTED_REFERENCE_MIN + 1, 1)
+    assert state.replicas["a"].ceiling == 2 * FAST
+    state, now = run_counted(state, 10.0, LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, now)
+    assert state.replicas["a"].ceiling == 3 * FAST and not state.replicas["a"].decode.retry_after
+    state, now = run_counted(state, 10.0, 3 * (LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES), now)
+    assert state.replicas["a"].ceiling >= 3 * FAST and not state.replicas["a"].decode.retry_after
+
+
+def test_the_throughput_mode_still_keeps_the_testbeds_eager_step_as_the_wall():
+    """The preset's 20 ms eager step reads 22 % dearer at 16: dear in either mode."""
+    state = saturated(60, throughput=True)
+    state, _ = run_counted(state, 20.0, LIFT_COUNTED_REFERENCE_MIN + 1 + LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, 1)
+    assert state.replicas["a"].ceiling == FAST and state.replicas["a"].decode.retry_after
+
+
+def test_a_step_taken_on_no_gain_that_reads_dear_goes_back_to_the_wall_not_to_the_step_below():
+    """Throughput mode: 16 read no dearer than 8 but no cheaper either, so 24 was tried; 24
+    reads dear (the engine pays more per pass there): the ceiling goes back to the fast
+    batch, the last one judged worth its step, and the next try waits."""
+    state = saturated(60, throughput=True)
+    state, now = run_counted(state, 10.0, LIFT_COUNTED_REFERENCE_MIN + 1 + LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, 1)
+    assert state.replicas["a"].ceiling == 3 * FAST
+    state, now = run_counted(state, 40.0, LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, now)
+    assert state.replicas["a"].ceiling == FAST and state.replicas["a"].decode.retry_after
+
+
+def test_a_lift_of_no_gain_that_cannot_go_higher_is_kept_until_it_reads_dear():
+    """Throughput mode, no turn waiting for the replica: a step higher could not be filled,
+    and a lift that costs a token no more is kept (batch turns arriving later still find
+    it); once the engine pays more per token there, the ceiling goes back to the fast batch."""
+    state = saturated(2 * FAST, throughput=True)  # the try at 16 takes every waiting turn
+    state, now = run_counted(state, 10.0, LIFT_COUNTED_REFERENCE_MIN + 1, 1)
+    assert state.replicas["a"].ceiling == 2 * FAST and not state.held
+    state, now = run_counted(state, 10.0, 2 * (LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES), now)
+    assert state.replicas["a"].ceiling == 2 * FAST and not state.replicas["a"].decode.retry_after
+    state, now = run_counted(state, 20.0, LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, now)
+    assert state.replicas["a"].ceiling == FAST and state.replicas["a"].decode.retry_after
+
+
+def test_counted_readings_of_a_lift_still_filling_are_not_judged():
+    """The lift to 16 let eight turns in, but the engine's passes decode 11 on average
+    while their prompts are prefilled: a 10 ms eager step reads 22 % dearer there than at
+    the fast batch, 5 % cheaper at 16. Such readings are not the lift's: no verdict."""
+    state = saturated(60)
+    state, now = run_counted(state, 10.0, LIFT_COUNTED_REFERENCE_MIN + 1, 1)
+    assert state.replicas["a"].ceiling == 2 * FAST
+    for i in range(LIFT_SETTLE_PROBES + 2 * LIFT_COUNTED_SAMPLES):
+        replica = state.replicas["a"]
+        counters = counters_after(replica.decode.counters, 11, 10.0)
+        state, _ = core.decide(state, core.EngineProbed("a", True, replica.in_flight, 0, now + i, 10_000, 100_000,
+                                                        decode_counters=counters))
+    assert state.replicas["a"].ceiling == 2 * FAST and not state.replicas["a"].decode.hi_costs
 
 
 def test_on_counted_readings_a_lift_must_buy_throughput_not_merely_cost_none():
