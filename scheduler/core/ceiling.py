@@ -75,8 +75,8 @@ from __future__ import annotations
 from statistics import median
 
 from luftpause.scheduler.constants import (
-    LIFT_COUNTED_FULL_SHARE,
     LIFT_COUNTED_EXPLORE,
+    LIFT_COUNTED_FULL_SHARE,
     LIFT_COUNTED_GAIN,
     LIFT_COUNTED_REFERENCE_MIN,
     LIFT_COUNTED_SAMPLES,
