@@ -276,11 +276,11 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, 
     at_ceiling = replica.in_flight + replica.leased_idle + lifted_reserve(replica) >= fast + cost.lift
     room = at_ceiling and turns_wait and fast + cost.lift + step <= LIFT_MAX_FACTOR * fast
     if cost.lift and len(cost.hi_costs) >= samples:
-        if not is_cheap(cost) and counted and throughput_first and is_neutral(cost):
-            if room:  # no dearer, no gain yet: one step higher
-                return _relifted(cost, cost.lift + step)
-            return _relifted(cost, cost.lift)  # no dearer: kept, judged again on as many readings more
         if not is_cheap(cost):
+            if counted and throughput_first and is_neutral(cost):
+                if room:  # no dearer, no gain yet: one step higher
+                    return _relifted(cost, cost.lift + step)
+                return _relifted(cost, cost.lift)  # no dearer: kept, judged again on as many readings more
             # dear: back to the last lift judged cheap, and wait longer before trying again
             return _relifted(cost, cost.kept)._replace(
                 kept=max(0, cost.kept - step),
@@ -289,5 +289,5 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, 
             return _relifted(cost, cost.lift + step)._replace(kept=cost.lift)
         return _relifted(cost, cost.lift)  # kept: judged again on as many readings more
     if not cost.lift and not cost.retry_after and cost.lo_samples >= reference_min and at_ceiling and turns_wait:
-        return _relifted(cost, step)._replace(kept=0)
+        return _relifted(cost, step)  # kept is 0 whenever the lift is
     return cost

@@ -30,10 +30,18 @@ FAST = 8
 BASE_MS, PER_REQUEST_MS = 12.0, 0.8  # the testbed's decode step: base + per request (+ eager above FAST)
 
 
+def step_ms(batch: int, eager_ms: float) -> float:
+    """A decode step of ``batch`` requests on the testbed's engine model."""
+    return BASE_MS + PER_REQUEST_MS * batch + (eager_ms if batch > FAST else 0.0)
+
+
+def per_token_ms(batch: int, eager_ms: float) -> float:
+    return step_ms(batch, eager_ms) / batch
+
+
 def throughput(batch: int, eager_ms: float) -> float:
     """Tokens per second an engine decoding ``batch`` requests reports."""
-    step = BASE_MS + PER_REQUEST_MS * batch + (eager_ms if batch > FAST else 0.0)
-    return 1000.0 * batch / step
+    return 1000.0 / per_token_ms(batch, eager_ms)
 
 
 def engine(state, running: int, eager_ms: float, now: int, queued: int = 0):
@@ -266,7 +274,7 @@ def run_shared(state, eager_ms: float, probes: int, now: int):
     reports its own batch over the device's step."""
     for i in range(probes):
         batches = {n: state.replicas[n].in_flight for n in "ab"}
-        device_step = sum(BASE_MS + PER_REQUEST_MS * b + (eager_ms if b > FAST else 0.0) for b in batches.values())
+        device_step = sum(step_ms(b, eager_ms) for b in batches.values())
         for name in "ab":
             state, _ = core.decide(state, core.EngineProbed(name, True, batches[name], 0, now + i, 10_000, 100_000,
                                                             gen_throughput=1000.0 * batches[name] / device_step))
@@ -317,7 +325,7 @@ def test_a_neighbours_eager_step_on_a_shared_gpu_reads_dear_whichever_replica_tr
     def run(state, eager_ms, probes):
         for i in range(probes):
             batches = {n: state.replicas[n].in_flight for n in "ab"}
-            step = sum(BASE_MS + PER_REQUEST_MS * b + (eager_ms if b > FAST else 0.0) for b in batches.values())
+            step = sum(step_ms(b, eager_ms) for b in batches.values())
             for name in "ab":
                 state, _ = core.decide(state, core.EngineProbed(name, True, batches[name], 0, i + 1, 10_000, 100_000,
                                                                 gen_throughput=1000.0 * batches[name] / step))
@@ -338,7 +346,7 @@ def counters_after(before: core.DecodeCounters | None, batch: int, eager_ms: flo
     """An engine's execution counters one probe interval on, its decode passes all at
     ``batch`` (each pass base + per request, + the eager step above FAST)."""
     before = before or core.DecodeCounters(0.0, 0, 0, 0)
-    step = BASE_MS + PER_REQUEST_MS * batch + (eager_ms if batch > FAST else 0.0)
+    step = step_ms(batch, eager_ms)
     passes = int(INTERVAL_MS // step)
     eager = batch > FAST
     return core.DecodeCounters(before.gpu_s + passes * step / 1000, before.tokens + passes * batch,
@@ -377,16 +385,10 @@ def test_counted_readings_lift_past_a_small_eager_step_that_a_half_step_would_re
     """A 6 ms eager step makes a token cost as much at 12 requests as at 8, but 16 % less
     at 16 (its cost per pass spread over twice the batch): the counters' step of a whole
     fast batch finds the larger batch pays, and the ceiling stays lifted."""
-    def per_token(batch: int) -> float:
-        return (BASE_MS + PER_REQUEST_MS * batch + (6.0 if batch > FAST else 0.0)) / batch
-    assert per_token(12) > (1 - LIFT_COUNTED_GAIN) * per_token(FAST) >= per_token(2 * FAST)
+    assert per_token_ms(12, 6.0) > (1 - LIFT_COUNTED_GAIN) * per_token_ms(FAST, 6.0) >= per_token_ms(2 * FAST, 6.0)
     state = saturated(60)
     state, now = run_counted(state, 6.0, LIFT_COUNTED_REFERENCE_MIN + 1 + LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, 1)
     assert state.replicas["a"].ceiling >= 2 * FAST and not state.replicas["a"].decode.retry_after
-
-
-def per_token_ms(batch: int, eager_ms: float) -> float:
-    return (BASE_MS + PER_REQUEST_MS * batch + (eager_ms if batch > FAST else 0.0)) / batch
 
 
 def test_a_10_ms_eager_step_keeps_the_wall_but_in_the_throughput_mode_the_lift_goes_higher():
@@ -458,13 +460,13 @@ def test_on_counted_readings_a_lift_must_buy_throughput_not_merely_cost_none():
     within the gauge's tolerance, while every step, an interactive run's included, takes
     2.8 times as long. On the engine's exact counters that is no gain worth it: dear. On
     the noisy throughput gauge the tolerance stays."""
-    at_fast = (BASE_MS + PER_REQUEST_MS * FAST) / FAST
-    at_24 = (BASE_MS + PER_REQUEST_MS * 24 + 20.0) / 24
+    at_fast = per_token_ms(FAST, 20.0)
+    at_24 = per_token_ms(24, 20.0)
     assert at_24 < at_fast
     readings = core.DecodeCost(lift=2 * FAST, lo_costs=(at_fast,) * 3, hi_costs=(at_24,) * 2)
     assert not is_cheap(readings._replace(counters=core.DecodeCounters(1.0, 100, 10, 10)))
     assert is_cheap(readings)  # the same figures from gen_throughput
-    free = (BASE_MS + PER_REQUEST_MS * 2 * FAST) / (2 * FAST)  # no eager step, 16 requests: 33 % less
+    free = per_token_ms(2 * FAST, 0.0)  # no eager step, 16 requests: 33 % less
     assert is_cheap(readings._replace(hi_costs=(free,) * 2, counters=core.DecodeCounters(1.0, 100, 10, 10)))
 
 
@@ -517,7 +519,7 @@ def test_a_counter_reading_needs_a_decode_pass_and_counters_that_only_grow():
     assert counters_reading(first, first) is None  # no decode pass between the probes
     later = counters_after(first, 12, 20.0)
     ms, batch, eager_share = counters_reading(first, later)
-    assert ms == pytest.approx((BASE_MS + PER_REQUEST_MS * 12 + 20.0) / 12) and batch == 12 and eager_share == 1.0
+    assert ms == pytest.approx(per_token_ms(12, 20.0)) and batch == 12 and eager_share == 1.0
     restarted = counters_after(None, FAST, 0.0)  # the engine restarted: its counters began again
     assert counters_reading(later, restarted) is None
 
