@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test proto proto-check clean help release lock chaos chaos-load
+.PHONY: run test test-stress proto proto-check clean help release lock chaos chaos-load
 
 help:
 	@echo "make run    start the whole stack as local processes on loopback (Ctrl-C stops it);"
@@ -12,6 +12,7 @@ help:
 	@echo "            ENGINE=llama: two real llama.cpp replicas of SmolLM2-135M instead of the fakes"
 	@echo "            GATEWAY=envoy: Envoy with luftpause's endpoint picker instead of the dataplane"
 	@echo "make test   install what the tests need and run every test"
+	@echo "make test-stress  make test on a fresh clone of HEAD: 3 rounds in a row, then 1 with every core busy (a CPU hog)"
 	@echo "make proto  regenerate the gRPC modules from proto/scheduler.proto"
 	@echo "make chaos  seeded chaos run: every process SIGKILLed under load, a table per seed"
 	@echo "make chaos-load  B2-shaped load while each fault (hang, stall, slow, metrics, partitions, disk-full) is injected"
@@ -52,6 +53,13 @@ test: $(STAMP)
 	$(if $(filter 1,$(LUFTPAUSE_SKIP_REAL_ENGINE)),,$(PY) -m luftpause.dev.llama build)
 	$(PY) -m compileall -q -j 0 luftpause proto scheduler dataplane runtime fakes loadgen
 	$(PY) -m pytest
+
+# The suite must be green every time on any machine: a fresh clone of HEAD, `make test` three
+# times in a row and once more with every core kept busy by a CPU hog; stops at the first
+# failure. STRESS_ARGS=... passes flags (--rounds, --hog-rounds, --hogs, --logs).
+STRESS_ARGS ?=
+test-stress: $(STAMP)
+	$(PY) -m luftpause.dev.stress $(STRESS_ARGS)
 
 proto: $(STAMP)
 	$(PY) -m luftpause.proto.generate

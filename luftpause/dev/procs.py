@@ -3,6 +3,8 @@ benchmarks); no service imports it (a service's event loop is ``luftpause.eventl
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import re
 import signal
@@ -74,6 +76,30 @@ def wait_until(predicate, timeout: float = 5.0, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return False
+
+
+# How long a test waits for something the services do asynchronously before it gives up:
+# a condition normally met in milliseconds may take seconds on two cores shared with a CPU hog
+# (`make test-stress`). A deadline is a bound on a hang, never a measurement.
+WAIT_S = 30.0
+
+
+async def eventually(predicate, timeout: float = WAIT_S, interval: float = 0.05, what: str = ""):
+    """Poll ``predicate`` (plain or async) until it returns something truthy, and return that;
+    raise ``AssertionError`` naming ``what`` when ``timeout`` seconds pass first.
+
+    The one way a test waits for the services: for the condition, never for a fixed time."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        if loop.time() >= deadline:
+            raise AssertionError(f"not reached within {timeout:g} s: {what or predicate}")
+        await asyncio.sleep(interval)
 
 
 def http_ok(url: str, timeout: float = 1.0, headers: dict[str, str] | None = None) -> bool:
