@@ -189,7 +189,8 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
     app[LOG] = log
     app[KEY_IDENTITIES] = key_identities or {}
     app[HOLD_TOOL_CALLS] = hold_tool_calls
-    app[METRICS] = DataplaneMetrics(lambda: LINK in app and app[LINK].synced)
+    app[METRICS] = DataplaneMetrics(lambda: LINK in app and app[LINK].synced,
+                                    lambda: app[LINK].waiting if LINK in app else 0)
 
     async def lifecycle(app: web.Application):
         app[LINK] = SchedulerLink(scheduler_address, app[BOOK], log, token=token or None)

@@ -123,6 +123,11 @@ class SchedulerLink:
         """The stream is up and the scheduler has applied this dataplane's snapshot."""
         return self._connected
 
+    @property
+    def waiting(self) -> int:
+        """Turns waiting for the scheduler's decision (held there, or waiting while it is away)."""
+        return len(self._pending)
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._connect_forever())
 

@@ -16,7 +16,7 @@ ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 class DataplaneMetrics:
     """One registry per app, so several apps can live in one test process."""
 
-    def __init__(self, scheduler_connected: Callable[[], bool]) -> None:
+    def __init__(self, scheduler_connected: Callable[[], bool], waiting: Callable[[], int] = lambda: 0) -> None:
         self.registry = r = CollectorRegistry()
         self._child = Children()
         self.turns = Counter("luftpause_dataplane_turns", "Proxied turns by outcome (finished, failed).",
@@ -37,6 +37,8 @@ class DataplaneMetrics:
         connected = Gauge("luftpause_dataplane_scheduler_connected", "1 while the Connect stream to the "
                           "scheduler is up.", registry=r)
         connected.set_function(lambda: 1.0 if scheduler_connected() else 0.0)
+        Gauge("luftpause_dataplane_turns_waiting", "Turns waiting for the scheduler's decision: held, or "
+              "waiting while it is away.", registry=r).set_function(waiting)
         ProcessCollector(registry=r)
 
     def turn_placed(self, by: str) -> None:

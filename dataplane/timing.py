@@ -196,8 +196,10 @@ class Watchdog:
 
     __slots__ = ("_loop", "_bounds", "_watch", "_timeout", "_handle", "_on_silent")
 
-    def __init__(self, bounds: FirstByteBounds, watch: Watch, on_silent: Callable[[], None] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
+    def __init__(self, bounds: FirstByteBounds, watch: Watch, on_silent: Callable[[], None] | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        # ``loop``: whose clock and timers it runs on (the running loop's; a test's own clock)
+        self._loop = loop or asyncio.get_running_loop()
         self._bounds, self._watch = bounds, watch
         self._on_silent = on_silent  # called once if the turn goes silent (its replica sends nothing)
         self._timeout: asyncio.Timeout | None = None

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from luftpause import vocabulary as h
-from luftpause.dev.procs import free_port, wait_until
+from luftpause.dev.procs import WAIT_S, free_port, wait_until
 from luftpause.dev.stack import MODEL
 
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
@@ -52,7 +52,7 @@ async def test_runs_paused_on_tools_keep_their_replicas_across_a_scheduler_resta
     scheduler.stop()
     scheduler.start()
     scheduler.wait_ready()
-    assert wait_until(lambda: status(stack)["resynced"], 10)
+    assert wait_until(lambda: status(stack)["resynced"], WAIT_S)
     paused = {g["stage"]: g["count"] for g in status(stack)["runs"]}
     assert paused.get("paused") == 4
 
@@ -92,7 +92,7 @@ def test_decide_goes_to_one_pass_replicas_outside_run_state(make_stack):
     def refused():
         return httpx.post(base(stack) + "/v1/decide", json={"model": "fake-classifier", "input": "x"}, timeout=10)
 
-    assert wait_until(lambda: refused().status_code == 503, 15, interval=0.5)
+    assert wait_until(lambda: refused().status_code == 503, WAIT_S, interval=0.5)
     down = refused()
     assert down.json() == {"error": {"message": "no healthy one-pass replica serves model 'fake-classifier'"}}
 
@@ -208,4 +208,5 @@ def test_random_bodies_and_headers_never_get_a_5xx_from_the_proxy(proxy_stack, c
 
 
 def test_after_random_input_nothing_is_left_in_flight(proxy_stack):
-    assert wait_until(lambda: status(proxy_stack)["in_flight"] == 0 and status(proxy_stack)["held"] == 0, 10)
+    assert wait_until(lambda: status(proxy_stack)["in_flight"] == 0 and status(proxy_stack)["held"] == 0,
+                      WAIT_S)

@@ -3,7 +3,6 @@ prompt and the prompts waiting there ahead of the turn; never one fixed number."
 
 from __future__ import annotations
 
-import asyncio
 
 from luftpause.dataplane.constants import (
     FIRST_BYTE_FLOOR_S_PER_TOKEN,
@@ -99,43 +98,83 @@ def test_a_whole_reply_counts_its_reply_tokens_so_a_long_reply_after_short_ones_
 
 # Silence: well before its bound, a turn whose replica has sent nothing since it was sent
 # is reported once, so the scheduler places nothing new there; the turn goes on waiting.
+# The watchdog runs on a clock the test moves (the durations are the point), not the wall's.
 
 
-async def test_a_turn_whose_replica_sends_nothing_is_reported_silent_once_well_before_its_bound():
-    loop = asyncio.get_running_loop()
+class Timer:
+    def __init__(self, when: float, callback) -> None:
+        self.when, self.callback, self.cancelled = when, callback, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualClock:
+    """A loop's clock and timers as the watchdog uses them (``time``, ``call_at``), where
+    time passes only when the test moves it: due timers run in order on the way."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._timers: list[Timer] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback) -> Timer:
+        timer = Timer(when, callback)
+        self._timers.append(timer)
+        return timer
+
+    def move_to(self, until: float) -> None:
+        while due := [t for t in self._timers if t.when <= until]:
+            timer = min(due, key=lambda t: t.when)
+            self._timers.remove(timer)
+            self.now = max(self.now, timer.when)
+            if not timer.cancelled:
+                timer.callback()
+        self.now = until
+
+
+def test_a_turn_whose_replica_sends_nothing_is_reported_silent_once_well_before_its_bound():
+    clock = ManualClock()
     bounds = FirstByteBounds()
     answered(bounds, "a", 500, 0.05)  # a quick peer: b's bound is the floor
-    watch = bounds.start("b", True, 500, loop.time())
+    watch = bounds.start("b", True, 500, clock.time())
     assert bounds.bound(watch) == FIRST_BYTE_MIN_S
     reports: list[float] = []
-    dog = Watchdog(bounds, watch, lambda: reports.append(loop.time()))
+    dog = Watchdog(bounds, watch, lambda: reports.append(clock.time()), loop=clock)
     try:
-        await asyncio.sleep(SILENT_MIN_S + 0.4)
-        assert len(reports) == 1 and reports[0] - watch.started >= SILENT_MIN_S - 0.01
+        clock.move_to(watch.started + SILENT_MIN_S - 0.01)
+        assert reports == [] and not bounds.is_silent("b")
+        clock.move_to(watch.started + SILENT_MIN_S)
+        assert reports == [watch.started + SILENT_MIN_S]  # well before its bound
         assert bounds.is_silent("b") and not bounds.is_silent("a")
         assert not watch.stalled and not watch.answered  # it waits on: nothing re-sent
-        await asyncio.sleep(0.6)
+        clock.move_to(watch.started + FIRST_BYTE_MIN_S - 0.01)  # up to its bound
         assert len(reports) == 1  # once per turn
-        bounds.heard("b", loop.time())  # a byte from b: it speaks
+        bounds.heard("b", clock.time())  # a byte from b: it speaks
         assert not bounds.is_silent("b")
     finally:
         dog.cancel()
 
 
-async def test_a_replica_that_keeps_sending_bytes_is_not_silent_while_a_turn_waits_there():
-    loop = asyncio.get_running_loop()
+def test_a_replica_that_keeps_sending_bytes_is_not_silent_while_a_turn_waits_there():
+    clock = ManualClock()
     bounds = FirstByteBounds()
     answered(bounds, "a", 500, 0.05)
-    watch = bounds.start("a", True, 500, loop.time())
+    watch = bounds.start("a", True, 500, clock.time())
     reports: list[float] = []
-    dog = Watchdog(bounds, watch, lambda: reports.append(loop.time()))
+    dog = Watchdog(bounds, watch, lambda: reports.append(clock.time()), loop=clock)
     try:
-        for _ in range(12):  # another turn's stream there goes on: the engine is busy, not wedged
-            await asyncio.sleep(0.1)
-            bounds.heard("a", loop.time())
+        for i in range(1, 13):  # another turn's stream there goes on: the engine is busy, not wedged
+            clock.move_to(watch.started + i / 10)
+            bounds.heard("a", clock.time())
         assert reports == [] and not bounds.is_silent("a")
-        await asyncio.sleep(SILENT_MIN_S + 0.3)  # then it goes quiet
-        assert len(reports) == 1
+        quiet_from = clock.time()  # then it goes quiet
+        clock.move_to(quiet_from + SILENT_MIN_S - 0.01)
+        assert reports == []
+        clock.move_to(quiet_from + SILENT_MIN_S)
+        assert reports == [quiet_from + SILENT_MIN_S]
     finally:
         dog.cancel()
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from luftpause.dev.procs import ManagedProcess, wait_until
+from luftpause.dev.procs import WAIT_S, ManagedProcess, wait_until
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 
@@ -30,7 +30,7 @@ async def test_unknown_model_is_not_found_at_once(scheduler):
     async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await pb_grpc.SchedulerStub(channel).Admit(
-                pb.AdmitRequest(turn_id="t", run_id="r", model="nope", service_class=pb.INTERACTIVE), timeout=2)
+                pb.AdmitRequest(turn_id="t", run_id="r", model="nope", service_class=pb.INTERACTIVE), timeout=WAIT_S)
     assert error.value.code() == grpc.StatusCode.NOT_FOUND
     assert error.value.details() == "no Generative replica serves model 'nope'"
 
@@ -39,7 +39,7 @@ async def test_malformed_admit_is_invalid_argument(scheduler):
     async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await pb_grpc.SchedulerStub(channel).Admit(
-                pb.AdmitRequest(turn_id="t", run_id="r", model=MODEL, caller="x" * 200), timeout=2)
+                pb.AdmitRequest(turn_id="t", run_id="r", model=MODEL, caller="x" * 200), timeout=WAIT_S)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -47,23 +47,23 @@ async def test_cancelled_admit_abandons_the_held_turn(scheduler):
     async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
         call = pb_grpc.SchedulerStub(channel).Admit(
             pb.AdmitRequest(turn_id="t1", run_id="r1", model=MODEL, service_class=pb.INTERACTIVE))
-        assert await asyncio.to_thread(wait_until, lambda: held(scheduler) == 1)
+        assert await asyncio.to_thread(wait_until, lambda: held(scheduler) == 1, WAIT_S)
         call.cancel()
-        assert await asyncio.to_thread(wait_until, lambda: held(scheduler) == 0)
+        assert await asyncio.to_thread(wait_until, lambda: held(scheduler) == 0, WAIT_S)
 
 
 async def test_held_turn_is_placed_once_an_engine_comes_up(scheduler):
     async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
         call = pb_grpc.SchedulerStub(channel).Admit(
             pb.AdmitRequest(turn_id="t1", run_id="r1", model=MODEL, service_class=pb.BATCH))
-        assert await asyncio.to_thread(wait_until, lambda: held(scheduler) == 1)
+        assert await asyncio.to_thread(wait_until, lambda: held(scheduler) == 1, WAIT_S)
         engine = ManagedProcess("engine", "luftpause.fakes.engine",
                                 ["--port", str(scheduler["engine_port"])],
                                 ready_url=f"http://127.0.0.1:{scheduler['engine_port']}/health")
         engine.start()
         try:
             engine.wait_ready(30)
-            reply = await asyncio.wait_for(call, timeout=10)
+            reply = await asyncio.wait_for(call, timeout=WAIT_S)
         finally:
             engine.stop()
     assert reply.replica == "engine-a"
@@ -72,7 +72,7 @@ async def test_held_turn_is_placed_once_an_engine_comes_up(scheduler):
 
 async def test_status_over_grpc_matches_the_http_status(scheduler):
     async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
-        reply = await pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=2)
+        reply = await pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=WAIT_S)
     http_status = httpx.get(scheduler["http"] + "/status").json()
     assert [r.name for r in reply.replicas] == [r["name"] for r in http_status["replicas"]] == ["engine-a"]
     assert reply.replicas[0].models == ["fake-llama-1b"] and reply.replicas[0].capacity == -1

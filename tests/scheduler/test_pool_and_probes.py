@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -13,7 +12,7 @@ from aiohttp import web
 
 from luftpause.fakes.engine import EngineConfig
 from luftpause.fakes.engine import create_app as create_engine_app
-from luftpause.dev.procs import ManagedProcess, free_port, free_ports, wait_until
+from luftpause.dev.procs import ManagedProcess, eventually, free_port, free_ports
 from luftpause.scheduler.pool import Endpoint, PoolError, parse_pool
 from luftpause.scheduler.core import DecodeCounters
 from luftpause.scheduler.probes import fast_batch, native_apis, parse_load, probe, probe_client
@@ -200,7 +199,9 @@ def test_load_is_read_in_llama_cpp_and_tgi_names():
 
 
 async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app)
+    """The app on a free loopback port; as the fake engine's own process serves it, a client
+    that hangs up cancels its handler."""
+    runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -241,29 +242,36 @@ async def test_metrics_without_a_known_load_metric_name_what_they_report():
     assert "llamacpp:requests_processing" in problem  # what it would have understood
 
 
-def test_scheduler_logs_a_replica_without_known_load_metrics_once(tmp_path):
-    engine_port, grpc_port, http_port = free_ports(3)
-    engine = ManagedProcess("engine", "luftpause.fakes.engine",
-                            ["--port", str(engine_port), "--metrics-format", "none"],
-                            ready_url=f"http://127.0.0.1:{engine_port}/health", log_path=tmp_path / "engine.log")
+async def test_scheduler_logs_a_replica_without_known_load_metrics_once(tmp_path):
+    engine = create_engine_app(EngineConfig(metrics_format="none"))
+    metrics_read = []  # the engine counts the scheduler's reads of its /metrics
+
+    async def count_metrics_reads(request, response):
+        if request.path == "/metrics":
+            metrics_read.append(request.path)
+
+    engine.on_response_prepare.append(count_metrics_reads)
+    runner, engine_url = await serve_app(engine)
+    grpc_port, http_port = free_ports(2)
     pool = tmp_path / "pool.yaml"
-    pool.write_text(f"endpoints:\n  - name: quiet\n    base_url: http://127.0.0.1:{engine_port}\n"
-                    "    models: [fake-llama-1b]\n")
+    pool.write_text(f"endpoints:\n  - name: quiet\n    base_url: {engine_url}\n    models: [fake-llama-1b]\n")
     scheduler = ManagedProcess("scheduler", "luftpause.scheduler",
                                ["--pool-file", str(pool), "--grpc-port", str(grpc_port), "--http-port",
                                 str(http_port), "--probe-period", "0.1"],
                                ready_url=f"http://127.0.0.1:{http_port}/health", log_path=tmp_path / "scheduler.log")
     try:
-        engine.start()
-        engine.wait_ready()
         scheduler.start()
-        scheduler.wait_ready()
-        status_url = f"http://127.0.0.1:{http_port}/status"
-        assert wait_until(lambda: httpx.get(status_url).json()["replicas"][0]["healthy"], 10)
-        time.sleep(0.5)  # several more probes
+        await asyncio.to_thread(scheduler.wait_ready)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}") as http:
+            async def healthy() -> bool:
+                return (await http.get("/status")).json()["replicas"][0]["healthy"]
+
+            await eventually(healthy, what="the replica probed healthy")
+        read_when_healthy = len(metrics_read)
+        await eventually(lambda: len(metrics_read) >= read_when_healthy + 5, what="five more probes")
     finally:
-        scheduler.stop()
-        engine.stop()
+        await asyncio.to_thread(scheduler.stop)
+        await runner.cleanup()
     lines = [line for line in (tmp_path / "scheduler.log").read_text().splitlines() if "no known load metric" in line]
     assert len(lines) == 1 and "quiet" in lines[0] and "engine_kv_cache_usage_ratio" in lines[0]
 
@@ -302,11 +310,11 @@ async def test_router_load_is_the_sum_of_the_engines_behind_it(engines):
         streams = [asyncio.create_task(hold_stream(url)) for url in engines for _ in range(2)]
         router = Endpoint("router", engines[0], ("m",), load_from=tuple(engines))
         async with probe_client() as client:
-            for _ in range(50):
-                result = await probe(client, router)
-                if (result.running, result.queued) == (2, 2):
-                    break
-                await asyncio.sleep(0.1)
+            async def summed():  # the engines' gauges are refreshed, not live
+                reading = await probe(client, router)
+                return reading if (reading.running, reading.queued) == (2, 2) else None
+
+            result = await eventually(summed, what="the router's load read as 2 running, 2 queued")
         for task in streams:
             task.cancel()
         await asyncio.gather(*streams, return_exceptions=True)
@@ -333,7 +341,6 @@ async def test_garbage_metrics_mean_no_load_and_name_the_problem():
         result = await probe(client, Endpoint("junk", f"http://127.0.0.1:{port}", ("m",)))
     assert result.healthy and result.running is None and result.queued is None
     assert result.problems and result.problems[0][0].endswith("/metrics")
-    await asyncio.sleep(0)
 
 
 def test_pool_max_batch_caps_the_replica():

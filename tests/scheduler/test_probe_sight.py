@@ -1,19 +1,18 @@
 """The scheduler's host probing two fake engines in process, one of them through a real
-TCP fault proxy on its probe_url: cut, it goes out of sight (not down) within a probe
-timeout and a period, its peer's readings go on at their own pace meanwhile, and it is
-back in rotation at once when the link heals."""
+TCP fault proxy on its probe_url: cut, it goes out of sight (not down) at its first
+unanswered probe, its peer's readings go on at their own pace meanwhile, and it is
+back in rotation at once when the link heals: the probe in flight then is answered."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import structlog
 
 from luftpause.dev.faultproxy import FaultProxy
+from luftpause.dev.procs import WAIT_S, eventually
 from luftpause.fakes.engine import EngineConfig
 from luftpause.fakes.engine import create_app as create_engine_app
-from luftpause.scheduler.constants import PROBE_TIMEOUT_S
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.pool import Endpoint
 
@@ -23,13 +22,19 @@ MODEL = "fake-llama-1b"
 PERIOD_S = 0.5  # a short probe period, so a's rounds are countable within one b timeout
 
 
-async def until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return False
+def reads_of_a_during_unanswered_probes_of_b(events: list[tuple]) -> list[int]:
+    """For each probe of b that went unanswered, the readings of a applied while it was out."""
+    counts, reads = [], None
+    for kind, replica, *result in events:
+        if replica == "b" and kind == "sent":
+            reads = 0
+        elif replica == "b" and kind == "read":
+            if result[0].unanswered and reads is not None:
+                counts.append(reads)
+            reads = None
+        elif replica == "a" and kind == "read" and reads is not None:
+            reads += 1
+    return counts
 
 
 async def test_a_cut_probe_path_puts_one_engine_out_of_sight_without_slowing_its_peers_probes():
@@ -39,29 +44,45 @@ async def test_a_cut_probe_path_puts_one_engine_out_of_sight_without_slowing_its
     host = SchedulerHost([Endpoint("a", url_a, (MODEL,)),
                           Endpoint("b", url_b, (MODEL,), probe_url=f"http://{proxy.address}")],
                          structlog.get_logger(), probe_period_s=PERIOD_S)
-    applied: list[tuple[str, float]] = []
-    record = host._probe_result
+    # In order: each probe sent, each reading applied (with b's sight right after it).
+    events: list[tuple] = []
+    b_sent = asyncio.Event()
+    send, record = host._probe, host._probe_result
 
-    def spy(replica, result, *args):  # counts the readings applied; the host's own code applies them
-        applied.append((replica, time.monotonic()))
+    async def sending(client, endpoint):
+        events.append(("sent", endpoint.name))
+        if endpoint.name == "b":
+            b_sent.set()
+        return await send(client, endpoint)
+
+    def reading(replica, result, *args):  # the host's own code applies them
         record(replica, result, *args)
+        events.append(("read", replica, result, host.state.replicas["b"].unseen))
 
-    host._probe_result = spy
+    host._probe, host._probe_result = sending, reading
     probing = asyncio.create_task(host.probe_forever())
     try:
-        assert await until(lambda: all(r.healthy for r in host.state.replicas.values()), 10)
+        await eventually(lambda: all(r.healthy for r in host.state.replicas.values()), what="both probed healthy")
+        cut = len(events)
         proxy.cut()
-        cut_at = time.monotonic()
-        assert await until(lambda: host.state.replicas["b"].unseen, PROBE_TIMEOUT_S + PERIOD_S + 2)
+        await eventually(lambda: host.state.replicas["b"].unseen, what="b out of sight")
         assert not host.state.replicas["b"].healthy and not host.state.replicas["b"].stalled
-        await asyncio.sleep(max(0.0, cut_at + PROBE_TIMEOUT_S + 0.5 - time.monotonic()))
-        # a was read about every period throughout (before, every round waited for b's timeout)
-        readings_of_a = [t for name, t in applied if name == "a" and t > cut_at]
-        assert len(readings_of_a) >= 3, readings_of_a
-        proxy.heal()
-        healed = time.monotonic()
-        assert await until(lambda: host.state.replicas["b"].healthy, PROBE_TIMEOUT_S + PERIOD_S)
-        assert time.monotonic() - healed < PERIOD_S + 0.5  # the probe in flight is answered at the heal
+        # out of sight at its first unanswered probe, not after several
+        [first_unanswered, *_] = [e for e in events[cut:] if e[:2] == ("read", "b") and e[2].unanswered]
+        assert first_unanswered[3]
+        # a was read about every period while a probe of b waited out its timeout (before,
+        # every round waited for b's timeout: a was read once a round)
+        await eventually(lambda: max(reads_of_a_during_unanswered_probes_of_b(events[cut:]), default=0) >= 3,
+                         what="three readings of a during one unanswered probe of b")
+
+        b_sent.clear()
+        await asyncio.wait_for(b_sent.wait(), WAIT_S)  # a probe of b goes out on the cut link ...
+        healed = len(events)
+        proxy.heal()  # ... and is in flight at the heal
+        await eventually(lambda: host.state.replicas["b"].healthy, what="b back in rotation")
+        # the probe in flight was answered: no timeout waited out, nothing sent again first
+        kind, _, *result = next(e for e in events[healed:] if e[1] == "b")
+        assert kind == "read" and result[0].healthy and not result[0].unanswered
         assert not host.state.replicas["b"].unseen
     finally:
         probing.cancel()

@@ -11,7 +11,7 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from luftpause.vocabulary import MAX_ID_BYTES
-from luftpause.dev.procs import ManagedProcess, free_port, free_ports
+from luftpause.dev.procs import WAIT_S, ManagedProcess, free_port, free_ports
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 
@@ -68,10 +68,10 @@ async def test_grpc_calls_need_the_token_but_health_checks_do_not(scheduler):
     async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
         stub = pb_grpc.SchedulerStub(channel)
         calls = {
-            "Status": lambda metadata: stub.Status(pb.StatusRequest(), timeout=2, metadata=metadata),
-            "Resync": lambda metadata: stub.Resync(pb.ResyncRequest(), timeout=2, metadata=metadata),
+            "Status": lambda metadata: stub.Status(pb.StatusRequest(), timeout=WAIT_S, metadata=metadata),
+            "Resync": lambda metadata: stub.Resync(pb.ResyncRequest(), timeout=WAIT_S, metadata=metadata),
             "Admit": lambda metadata: stub.Admit(
-                pb.AdmitRequest(turn_id="t", run_id="r", model="nope", caller="c"), timeout=2, metadata=metadata),
+                pb.AdmitRequest(turn_id="t", run_id="r", model="nope", caller="c"), timeout=WAIT_S, metadata=metadata),
         }
         for name, call in calls.items():
             for metadata in [(), (("authorization", "Bearer wrong"),), (("authorization", TOKEN),)]:
@@ -84,7 +84,7 @@ async def test_grpc_calls_need_the_token_but_health_checks_do_not(scheduler):
             await calls["Admit"](WITH_TOKEN)
         assert error.value.code() == grpc.StatusCode.NOT_FOUND  # past the guard: the model is unknown
 
-        health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+        health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=WAIT_S)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
 
 
@@ -128,7 +128,7 @@ async def test_runtime_tree_comes_from_the_configured_runtime_only(scheduler, ru
 async def test_admit_with_empty_or_oversize_ids_is_invalid_argument(scheduler, request_):
     async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as error:
-            await pb_grpc.SchedulerStub(channel).Admit(request_, timeout=2, metadata=WITH_TOKEN)
+            await pb_grpc.SchedulerStub(channel).Admit(request_, timeout=WAIT_S, metadata=WITH_TOKEN)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     status = httpx.get(scheduler["http"] + "/status", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert status["held"] == 0
@@ -138,12 +138,12 @@ async def test_resync_with_empty_or_oversize_ids_is_invalid_argument_and_changes
     good = pb.RunSnapshot(run_id="kept", replica="engine-a", stage=pb.PAUSED, caller="c")
     async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
         stub = pb_grpc.SchedulerStub(channel)
-        await stub.Resync(pb.ResyncRequest(runs=[good]), timeout=2, metadata=WITH_TOKEN)
+        await stub.Resync(pb.ResyncRequest(runs=[good]), timeout=WAIT_S, metadata=WITH_TOKEN)
         for bad in [pb.ResyncRequest(runs=[pb.RunSnapshot(run_id="")]),
                     pb.ResyncRequest(runs=[pb.RunSnapshot(run_id="x" * (MAX_ID_BYTES + 1))]),
                     pb.ResyncRequest(turns=[pb.TurnSnapshot(turn_id="", run_id="r", replica="engine-a", model=MODEL)])]:
             with pytest.raises(grpc.aio.AioRpcError) as error:
-                await stub.Resync(bad, timeout=2, metadata=WITH_TOKEN)
+                await stub.Resync(bad, timeout=WAIT_S, metadata=WITH_TOKEN)
             assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     status = httpx.get(scheduler["http"] + "/status", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert sum(group["count"] for group in status["runs"]) == 1  # the good Resync's run is still there
