@@ -55,15 +55,18 @@ class Runtime:
         compact_at_bytes: int = constants.COMPACT_AT_BYTES,
         max_runs_per_caller: int = constants.MAX_RUNS_PER_CALLER,
         forked_compaction: ForkedCompaction | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        # The wall clock runs are stamped and budgets measured with (tests move it on).
+        self._clock = clock
         self.runs = RunRegistry()
         self.max_runs_per_caller = max_runs_per_caller
         self.toolbox = toolbox
-        self.budgets = Budgets(self.runs, self._budget_exceeded)
+        self.budgets = Budgets(self.runs, self._budget_exceeded, clock)
         self._dataplane = dataplane
         self._journal = journal
         self.approvals = Approvals(
-            journal, on_waiting_changed=self._waiting_changed, decision_extras=self.budgets.paused_record
+            journal, on_waiting_changed=self._waiting_changed, clock=clock, decision_extras=self.budgets.paused_record
         )
         self._agent = AgentLoop(
             dataplane, toolbox, recorder=journal, approval_gate=self.approvals.gate, guard=self.budgets
@@ -132,7 +135,7 @@ class Runtime:
             if handle in self.runs and isinstance(at, int | float) and not self.runs.get(handle).status.finished:
                 open_since[handle] = min(open_since.get(handle, at), at)
         waited: dict[str, float] = {}
-        now = time.time()
+        now = self._clock()
         for handle, since in open_since.items():
             for owner in self.budgets.owners(self.runs.get(handle)):
                 waited[owner.handle] = max(waited.get(owner.handle, 0.0), now - since)
@@ -205,7 +208,8 @@ class Runtime:
                 f"caller {caller!r} has {running} unfinished runs, the limit (LUFTPAUSE_MAX_RUNS_PER_CALLER); "
                 "await or cancel some first"
             )
-        run = Run(handle=new_handle(), spec=spec, caller=caller, messages=initial_messages(spec))
+        run = Run(handle=new_handle(), spec=spec, caller=caller, created_at=self._clock(),
+                  messages=initial_messages(spec))
         if self._journal is not None:
             try:
                 await self._journal.created(run)  # durable before the handle is handed out
@@ -306,7 +310,7 @@ class Runtime:
     ) -> None:
         # Journaled before anyone waiting is told, so a result once seen survives a crash.
         self._concluding.add(run.handle)
-        finished_at = time.time()
+        finished_at = self._clock()
         if self._journal is not None:
             try:
                 await self._journal.finished(run.handle, status, result, error, run.stats, finished_at)

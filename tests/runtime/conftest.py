@@ -7,13 +7,14 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp import Client
 from npm_packages import NpmUnavailable, install_npm_packages
-from runtime_doubles import MODEL, RuntimeProcess, ScriptedDataplane, build_upstream_server
+from runtime_doubles import MODEL, InFlight, RuntimeProcess, ScriptedDataplane, build_upstream_server
 
-from luftpause.dev.procs import ManagedProcess, start_on_free_ports
+from luftpause.dev.procs import WAIT_S, ManagedProcess, start_on_free_ports
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.service import Runtime
 from luftpause.runtime.upstream import Toolbox, UpstreamConnection
@@ -30,8 +31,14 @@ def upstream_calls() -> list[str]:
 
 
 @pytest.fixture
-async def toolbox(upstream_calls: list[str]) -> AsyncIterator[Toolbox]:
-    server = build_upstream_server(upstream_calls)
+def slow_search_calls() -> InFlight:
+    """The in-process upstream's ``slow_search`` calls in flight (a test may hold them)."""
+    return InFlight()
+
+
+@pytest.fixture
+async def toolbox(upstream_calls: list[str], slow_search_calls: InFlight) -> AsyncIterator[Toolbox]:
+    server = build_upstream_server(upstream_calls, slow_search_calls)
     box = Toolbox([UpstreamConnection("test", lambda: Client(server))])
     await box.start()
     try:
@@ -44,11 +51,12 @@ async def toolbox(upstream_calls: list[str]) -> AsyncIterator[Toolbox]:
 async def make_runtime(
     dataplane: ScriptedDataplane, toolbox: Toolbox, tmp_path: Path
 ) -> AsyncIterator[Callable[..., Awaitable[Runtime]]]:
-    """Started runtimes over the scripted dataplane, stopped at the end of the test."""
+    """Started runtimes over the scripted dataplane, stopped at the end of the test;
+    ``options`` are more of `Runtime`'s keyword arguments (e.g. its ``clock``)."""
     started: list[Runtime] = []
 
-    async def make(journal: Journal | None = None, default_model: str | None = MODEL) -> Runtime:
-        runtime = Runtime(dataplane.client(default_model=default_model), toolbox, journal)
+    async def make(journal: Journal | None = None, default_model: str | None = MODEL, **options: Any) -> Runtime:
+        runtime = Runtime(dataplane.client(default_model=default_model), toolbox, journal, **options)
         await runtime.start()
         started.append(runtime)
         return runtime
@@ -74,7 +82,7 @@ def start_process(name: str, module: str, args: list[str], log_dir: Path, ready_
     )
     process.start()
     try:
-        process.wait_ready(timeout=20)
+        process.wait_ready(timeout=WAIT_S)
     except BaseException:
         process.kill()
         raise
@@ -90,13 +98,13 @@ def _fake_engine(logs: Path) -> tuple[ManagedProcess, list[int]]:
     return start_on_free_ports(lambda ports: ManagedProcess(
         "engine", "luftpause.fakes.engine",
         ["--host", "127.0.0.1", "--port", str(ports[0]), "--name", "e1", "--models", MODEL, "--tool-calls", "2"],
-        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=logs / f"engine-{ports[0]}.log"), timeout=20)
+        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=logs / f"engine-{ports[0]}.log"), timeout=WAIT_S)
 
 
 def _fake_mcp(logs: Path) -> tuple[ManagedProcess, list[int]]:
     return start_on_free_ports(lambda ports: ManagedProcess(
         "fake-mcp", "luftpause.fakes.mcp", ["--host", "127.0.0.1", "--port", str(ports[0]), "--delay-s", "0.2"],
-        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=logs / f"fake-mcp-{ports[0]}.log"), timeout=20)
+        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=logs / f"fake-mcp-{ports[0]}.log"), timeout=WAIT_S)
 
 
 class FakeServers:
@@ -168,7 +176,7 @@ def start_runtime(process_logs: Path) -> Iterator[Callable[..., RuntimeProcess]]
                 log_path=process_logs / f"runtime-{ports[0]}.log",
             )
 
-        process, (port,) = start_on_free_ports(runtime, timeout=30)
+        process, (port,) = start_on_free_ports(runtime, timeout=WAIT_S)
         started.append(process)
         return RuntimeProcess(process, port, state_dir)
 

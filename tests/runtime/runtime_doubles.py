@@ -1,15 +1,17 @@
-"""Test doubles for the runtime: a scripted dataplane (httpx MockTransport) and a small
-in-process upstream MCP server."""
+"""Test doubles for the runtime: a scripted dataplane (httpx MockTransport), a small
+in-process upstream MCP server, and a dataplane on a loopback port for runtime processes."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+from aiohttp import web
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
@@ -83,9 +85,113 @@ class ScriptedDataplane:
         )
 
 
-def build_upstream_server(calls: list[str]) -> MCPServer:
-    """Tools for unit tests: a quick lookup, a slow one, one that fails, one with an integer."""
+def task_of(body: dict[str, Any]) -> str:
+    """The task of the run a chat turn belongs to: its first user message."""
+    return next((str(m.get("content")) for m in body["messages"] if m.get("role") == "user"), "")
+
+
+def tool_results(body: dict[str, Any]) -> int:
+    """How many tool results a chat turn's conversation holds (the run's calls so far)."""
+    return sum(1 for m in body["messages"] if m.get("role") == "tool")
+
+
+class LocalDataplane:
+    """A stand-in dataplane for a runtime process, on a loopback port, served from the
+    test's own event loop: records every turn and every run's end; answers a turn with a
+    call of the first offered tool while the run has made fewer than ``calls`` and may call
+    more (no ``tool_choice: "none"``), else with text. While ``hold`` is an event not yet
+    set, the turns ``holds`` picks wait for it, so a test sees them arrive (``held``) and
+    decides when they go on."""
+
+    def __init__(self, calls: int = 1) -> None:
+        self.calls = calls
+        self.turns: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.deleted: list[str] = []
+        self.hold: asyncio.Event | None = None
+        self.holds: Callable[[dict[str, Any]], bool] = lambda body: True
+        self.held = 0  # turns waiting for `hold` now
+
+    async def chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.turns.append((dict(request.headers), body))
+        if self.hold is not None and not self.hold.is_set() and self.holds(body):
+            self.held += 1
+            try:
+                await self.hold.wait()
+            finally:
+                self.held -= 1
+        tools = body.get("tools") or []
+        if tools and tool_results(body) < self.calls and body.get("tool_choice") != "none":
+            function = tools[0]["function"]
+            arguments = {name: "q" for name in (function.get("parameters") or {}).get("required", [])}
+            call = {"id": f"call_{len(self.turns)}", "type": "function",
+                    "function": {"name": function["name"], "arguments": json.dumps(arguments)}}
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+            finish_reason = "tool_calls"
+        else:
+            message, finish_reason = {"role": "assistant", "content": "recorded answer"}, "stop"
+        usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+        return web.json_response({"object": "chat.completion", "model": body.get("model") or MODEL, "usage": usage,
+                                  "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}]})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def delete_run(self, request: web.Request) -> web.Response:
+        self.deleted.append(request.match_info["run_id"])
+        return web.Response(status=204)
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[str]:
+        """Serve on a port the system picks; yields the OpenAI-style base URL (".../v1")."""
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_delete("/v1/runs/{run_id}", self.delete_run)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+        finally:
+            if self.hold is not None:
+                self.hold.set()  # no turn left waiting: the server can stop
+            await runner.cleanup()
+
+
+class InFlight:
+    """Calls of one tool: how many are running now and the most that ever ran at once.
+    While ``hold`` is an event not yet set, every call waits for it before doing its work,
+    so a test can see calls arrive together before it lets them go on."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.most = 0
+        self.hold: asyncio.Event | None = None
+
+    async def __aenter__(self) -> None:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        if self.hold is not None:
+            try:
+                await self.hold.wait()
+            except BaseException:
+                self.now -= 1
+                raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.now -= 1
+
+
+def build_upstream_server(calls: list[str], slow_calls: InFlight | None = None) -> MCPServer:
+    """Tools for unit tests: a quick lookup, a slow one, one that fails, one with an integer;
+    ``slow_calls`` counts (and may hold) the slow one's calls."""
     server = MCPServer("test-upstream")
+    slow_calls = InFlight() if slow_calls is None else slow_calls
 
     @server.tool(description="Look something up.", structured_output=False)
     async def lookup(query: str) -> str:
@@ -95,7 +201,8 @@ def build_upstream_server(calls: list[str]) -> MCPServer:
     @server.tool(description="Slow search.", structured_output=False)
     async def slow_search(query: str) -> str:
         calls.append("slow_search")
-        await asyncio.sleep(0.2)
+        async with slow_calls:
+            await asyncio.sleep(0.2)
         return f"slowly found {query}"
 
     @server.tool(description="Always fails.", structured_output=False)

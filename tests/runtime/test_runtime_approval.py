@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from runtime_doubles import RuntimeProcess, journal_records, tool_messages
 from tasks_client import TasksClient, get_task
 from test_runtime_processes import call, upstream_calls
 
-from luftpause.dev.procs import ManagedProcess, free_port
+from luftpause.dev.procs import WAIT_S, ManagedProcess, eventually, start_on_free_ports
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,13 +43,16 @@ class Human:
         return ElicitResult(action=self.action, content=content)
 
 
-async def wait_for_status(client: Client, handle: str, status: str, timeout: float = 10) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        (record,) = (await call(client, "status", {"handles": [handle]}))["runs"]
-        if record["status"] == status or time.monotonic() > deadline:
-            return record
-        await asyncio.sleep(0.05)
+async def record_in(client: Client, handle: str, status: str) -> dict[str, Any] | None:
+    """The run's status record if its status is ``status`` now, else None (for `eventually`)."""
+    (record,) = (await call(client, "status", {"handles": [handle]}))["runs"]
+    return record if record["status"] == status else None
+
+
+async def awaiting_approval(client: Client, handle: str) -> dict[str, Any]:
+    """The run's status record once it waits for approval."""
+    return await eventually(lambda: record_in(client, handle, "AwaitingApproval"),
+                            what=f"{handle} awaiting approval")
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"], ids=["session", "sessionless"])
@@ -91,13 +93,13 @@ async def test_a_client_without_elicitation_sees_the_pending_call_and_answers_wi
     before = upstream_calls(fake_mcp)["delete_note"]
     async with Client(runtime_server.mcp_url) as client:
         handle = (await call(client, "spawn", {"task": "delete a note", **DELETE}))["handle"]
-        waiting = await wait_for_status(client, handle, "AwaitingApproval")
+        waiting = await awaiting_approval(client, handle)
         awaited = await call(client, "await", {"handles": [handle], "timeout": 0.3})
         report = httpx.get(f"{runtime_server.url}/status").json()
         metrics = httpx.get(f"{runtime_server.url}/metrics").text
         wrong_run = await client.call_tool("approve", {"handle": "run-unknown", "allow": True})
         answer = await call(client, "approve", {"handle": handle, "allow": True})
-        done = await call(client, "await", {"handles": [handle], "timeout": 10})
+        done = await call(client, "await", {"handles": [handle], "timeout": WAIT_S})
         nothing_pending = await client.call_tool("approve", {"handle": handle, "allow": True})
 
     pending = waiting["pendingApproval"]
@@ -120,10 +122,10 @@ async def test_approve_tools_guards_a_read_only_tool_too(runtime_server: Runtime
         guarded = (await call(client, "spawn", {"task": "look up", "tools": ["lookup"], "maxToolCalls": 1,
                                                  "approveTools": ["lookup"]}))["handle"]
         free = (await call(client, "spawn", {"task": "look up", "tools": ["lookup"], "maxToolCalls": 1}))["handle"]
-        waiting = await wait_for_status(client, guarded, "AwaitingApproval")
-        unguarded = await call(client, "await", {"handles": [free], "timeout": 10})
+        waiting = await awaiting_approval(client, guarded)
+        unguarded = await call(client, "await", {"handles": [free], "timeout": WAIT_S})
         await call(client, "approve", {"handle": guarded, "allow": False})
-        refused = await call(client, "await", {"handles": [guarded], "timeout": 10})
+        refused = await call(client, "await", {"handles": [guarded], "timeout": WAIT_S})
 
     assert waiting["pendingApproval"]["tool"] == "lookup"
     assert unguarded["runs"][0]["status"] == "Completed" and unguarded["runs"][0]["failedToolCalls"] == 0
@@ -135,10 +137,10 @@ async def test_one_await_asks_each_pending_approval_of_its_runs_once(runtime_ser
     async with Client(runtime_server.mcp_url) as spawner:
         handles = [(await call(spawner, "spawn", {"task": f"delete {i}", **DELETE}))["handle"] for i in range(3)]
         for handle in handles:
-            await wait_for_status(spawner, handle, "AwaitingApproval")
+            await awaiting_approval(spawner, handle)
     human = Human(allow=True)
     async with Client(runtime_server.mcp_url, mode=mode, elicitation_callback=human) as client:
-        answer = await call(client, "await", {"handles": handles, "timeout": 20})
+        answer = await call(client, "await", {"handles": handles, "timeout": WAIT_S})
 
     assert [run["status"] for run in answer["runs"]] == ["Completed"] * 3
     asked_runs = sorted(h for h in handles for q in human.questions if h in q.message)
@@ -146,16 +148,20 @@ async def test_one_await_asks_each_pending_approval_of_its_runs_once(runtime_ser
 
 
 async def test_waiting_for_a_human_does_not_use_up_budget_seconds(runtime_server: RuntimeProcess) -> None:
+    budget = 3.0  # far more than the run takes to ask
     async with Client(runtime_server.mcp_url) as client:
-        handle = (await call(client, "spawn", {"task": "delete", **DELETE, "budgetSeconds": 1.5}))["handle"]
-        await wait_for_status(client, handle, "AwaitingApproval")
-        await asyncio.sleep(2.0)  # longer than the budget, all of it waiting for the human
+        handle = (await call(client, "spawn", {"task": "delete", **DELETE, "budgetSeconds": budget}))["handle"]
+        asked = await awaiting_approval(client, handle)
+        used = asked["budget"]["used"]["seconds"]  # until it asked
+        # Longer than the rest of the budget, all of it waiting for the human (a wait in
+        # real time, as the runtime's clock is the real one: load only lengthens it).
+        await asyncio.sleep(budget - used + 0.5)
         waiting = (await call(client, "status", {"handles": [handle]}))["runs"][0]
         await call(client, "approve", {"handle": handle, "allow": True})
-        done = await call(client, "await", {"handles": [handle], "timeout": 10})
+        done = await call(client, "await", {"handles": [handle], "timeout": WAIT_S})
 
     assert waiting["status"] == "AwaitingApproval" and waiting["budget"]["exceeded"] is None
-    assert waiting["budget"]["used"]["seconds"] < 1.5
+    assert used < budget and waiting["budget"]["used"]["seconds"] == pytest.approx(used, abs=0.002)  # stood still
     assert done["runs"][0]["status"] == "Completed", done
 
 
@@ -165,15 +171,12 @@ async def test_waiting_for_a_human_does_not_use_up_budget_seconds(runtime_server
 @pytest.fixture(scope="module")
 def slow_tools_file(process_logs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A fake MCP whose calls take 2 s, so a crash can fall between an answer and the call's end."""
-    port = free_port()
-    process = ManagedProcess(
+    process, (port,) = start_on_free_ports(lambda ports: ManagedProcess(
         name="slow-fake-mcp", module="luftpause.fakes.mcp",
-        args=["--host", "127.0.0.1", "--port", str(port), "--delay-s", "2"],
-        ready_url=f"http://127.0.0.1:{port}/health", log_path=process_logs / f"slow-fake-mcp-{port}.log",
-    )
-    process.start()
+        args=["--host", "127.0.0.1", "--port", str(ports[0]), "--delay-s", "2"],
+        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=process_logs / f"slow-fake-mcp-{ports[0]}.log",
+    ), timeout=WAIT_S)
     try:
-        process.wait_ready(timeout=20)
         path = tmp_path_factory.mktemp("slow-config") / "tools.yaml"
         path.write_text(f"servers:\n  - name: fake\n    url: http://127.0.0.1:{port}/mcp\n")
         yield path
@@ -192,14 +195,14 @@ async def test_an_unanswered_approval_is_asked_again_after_kill_9(
     first = start_runtime(fake_engine, tools_file, state_dir)
     async with Client(first.mcp_url) as client:
         handle = (await call(client, "spawn", {"task": "delete after a crash", **DELETE}))["handle"]
-        before_crash = await wait_for_status(client, handle, "AwaitingApproval")
+        before_crash = await awaiting_approval(client, handle)
     first.process.kill()
     before = upstream_calls(fake_mcp)["delete_note"]
 
     second = start_runtime(fake_engine, tools_file, state_dir)
     human = Human(allow=True)
     async with Client(second.mcp_url, mode="legacy", elicitation_callback=human) as client:
-        answer = await call(client, "await", {"handles": [handle], "timeout": 20})
+        answer = await call(client, "await", {"handles": [handle], "timeout": WAIT_S})
 
     assert before_crash["pendingApproval"]["tool"] == "delete_note"
     assert answer["runs"][0]["status"] == "Completed" and answer["runs"][0]["failedToolCalls"] == 0
@@ -215,7 +218,7 @@ async def test_an_answer_given_just_before_kill_9_is_not_asked_again(
     first = start_runtime(fake_engine, slow_tools_file, state_dir)
     async with Client(first.mcp_url) as client:
         handle = (await call(client, "spawn", {"task": "delete once", **DELETE}))["handle"]
-        await wait_for_status(client, handle, "AwaitingApproval")
+        await awaiting_approval(client, handle)
         await call(client, "approve", {"handle": handle, "allow": True})
     first.process.kill()  # the allowed call takes 2 s: its round is not journaled yet
     assert [r["type"] for r in journal_records(state_dir, handle)] == [
@@ -223,7 +226,7 @@ async def test_an_answer_given_just_before_kill_9_is_not_asked_again(
 
     second = start_runtime(fake_engine, slow_tools_file, state_dir)
     async with Client(second.mcp_url) as client:  # no elicitation, nobody approves: must not be asked
-        answer = await call(client, "await", {"handles": [handle], "timeout": 20})
+        answer = await call(client, "await", {"handles": [handle], "timeout": WAIT_S})
 
     run = answer["runs"][0]
     assert run["status"] == "Completed" and run["toolCalls"] == 1 and run["failedToolCalls"] == 0
@@ -274,10 +277,12 @@ async def test_a_task_open_at_kill_9_fails_after_the_restart_while_its_run_resum
     async with Client(first.mcp_url, extensions=[TasksClient()]) as client:
         created = await client.session.call_tool("run", {"task": "delete across a crash", **DELETE},
                                                  allow_claimed=True)
-        deadline = time.monotonic() + 10
-        while (task := await get_task(client.session, created.task_id))["status"] != "input_required":
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+
+        async def task_asking() -> dict[str, Any] | None:
+            task = await get_task(client.session, created.task_id)
+            return task if task["status"] == "input_required" else None
+
+        task = await eventually(task_asking, what="the task waiting for input")
     first.process.kill()
 
     second = start_runtime(fake_engine, tools_file, state_dir)
@@ -285,9 +290,9 @@ async def test_a_task_open_at_kill_9_fails_after_the_restart_while_its_run_resum
         after = await get_task(client.session, created.task_id)
         (run,) = (await call(client, "status", {}))["runs"]
         handle = run["handle"]
-        await wait_for_status(client, handle, "AwaitingApproval")  # resumed, and asks again
+        await awaiting_approval(client, handle)  # resumed, and asks again
         await call(client, "approve", {"handle": handle, "allow": True})
-        done = await call(client, "await", {"handles": [handle], "timeout": 10})
+        done = await call(client, "await", {"handles": [handle], "timeout": WAIT_S})
 
     assert task["inputRequests"] and all(k.startswith(handle) for k in task["inputRequests"])
     assert after["status"] == "failed" and handle in after["error"]["message"]

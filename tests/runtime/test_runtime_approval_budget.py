@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from runtime_doubles import ScriptedDataplane, tool_call_reply
 
+from luftpause.dev.procs import WAIT_S, eventually
 from luftpause.runtime.journal import Journal
-from luftpause.runtime.runs import Run, RunSpec, RunStatus
+from luftpause.runtime.runs import RunSpec, RunStatus
 from luftpause.runtime.service import Runtime
-
-
-async def wait_status(run: Run, status: RunStatus, timeout: float = 5) -> None:
-    deadline = time.monotonic() + timeout
-    while run.status is not status and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    assert run.status is status
 
 
 async def test_a_question_open_across_a_restart_does_not_use_up_budget_seconds(
@@ -30,7 +23,7 @@ async def test_a_question_open_across_a_restart_does_not_use_up_budget_seconds(
     dataplane.script = [tool_call_reply(("lookup", {"query": "q"}))] * 2
     first = await make_runtime(Journal(path))
     run = await first.spawn(spec, "c")
-    await wait_status(run, RunStatus.AWAITING_APPROVAL)
+    await eventually(lambda: run.status is RunStatus.AWAITING_APPROVAL, what="the run waiting for approval")
     await first.stop()
     # As if the run was created 45 s ago and its question has been open for 40 s (more
     # than the budget), the runtime down for part of it.
@@ -44,9 +37,10 @@ async def test_a_question_open_across_a_restart_does_not_use_up_budget_seconds(
 
     second = await make_runtime(Journal(path))
     resumed = second.runs.get(run.handle)
-    await wait_status(resumed, RunStatus.AWAITING_APPROVAL)  # asked again, not cancelled
+    # Asked again, not cancelled.
+    await eventually(lambda: resumed.status is RunStatus.AWAITING_APPROVAL, what="the resumed run asking again")
     report = second.budgets.report(resumed)
     assert report is not None and report["exceeded"] is None and report["used"]["seconds"] < 30
     await second.approvals.answer(resumed, True, by="test")
-    await asyncio.wait_for(resumed.finished.wait(), 5)
+    await asyncio.wait_for(resumed.finished.wait(), WAIT_S)
     assert resumed.status is RunStatus.COMPLETED and resumed.stats.failed_tool_calls == 0

@@ -21,12 +21,12 @@ from mcp import Client
 from runtime_doubles import MODEL, RuntimeProcess, ScriptedDataplane, tool_call_reply
 from test_runtime_processes import call
 
-from luftpause.dev.procs import ManagedProcess, free_port
+from luftpause.dev.procs import WAIT_S, ManagedProcess, eventually, free_port, start_on_free_ports, wait_until
 from luftpause.runtime import constants
 from luftpause.runtime.agent import initial_messages
 from luftpause.runtime.compaction import SUFFIX, compact, read_records, retained
 from luftpause.runtime.journal import Journal, encoded, restore_runs
-from luftpause.runtime.runs import RunSpec
+from luftpause.runtime.runs import RunSpec, RunStatus
 from luftpause.runtime.service import Runtime
 from luftpause.runtime.upstream import Toolbox
 
@@ -145,19 +145,24 @@ async def test_a_growing_journal_is_compacted_while_serving_and_status_pages_liv
         await runtime.start()  # compaction on start drops the 30 old runs
         assert len(runtime.runs) == 0 and path.stat().st_size == 0
         write_journal(path, old)  # as if they had just been appended... and then runs finish:
-        dataplane.script = [tool_call_reply(("slow_search", {"query": "q"}))]
+        unanswered = asyncio.Event()  # the live run's second turn waits for it (never set)
+
+        async def held(request: httpx.Request) -> httpx.Response:
+            await unanswered.wait()
+            raise AssertionError("unreachable")
+
+        dataplane.script = [tool_call_reply(("slow_search", {"query": "q"})), held]
         live = await runtime.spawn(RunSpec(task="still running", max_tool_calls=5), "c")
+        await eventually(lambda: len(dataplane.chat_requests) == 2, what="the live run's second turn in flight")
         done = [await runtime.spawn(RunSpec(task=f"quick {i}", max_tool_calls=0), "c") for i in range(3)]
-        await runtime.wait(done, "all", 5)
-        deadline = time.monotonic() + 5
-        while path.stat().st_size > 20_000 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        assert await runtime.wait(done, "all", WAIT_S) is False
+        await eventually(lambda: path.stat().st_size < 20_000, what="the journal compacted below 20,000 bytes")
         listed = runtime.listed()
     finally:
         await runtime.stop()
         await runtime.close()
 
-    assert path.stat().st_size < 20_000
+    assert path.stat().st_size < 20_000 and live.status is RunStatus.RUNNING
     assert not any(r["handle"].startswith("run-old") for r in read_records(path))
     assert listed[0] is live and {run.handle for run in listed[1:]} == {run.handle for run in done}
     assert [run.finished_at for run in listed[1:]] == sorted((run.finished_at for run in done), reverse=True)
@@ -200,9 +205,8 @@ def test_compaction_killed_at_random_points_loses_nothing(tmp_path: Path) -> Non
             started = time.monotonic()
             child.stdin.write("go\n")
             child.stdin.flush()
-            if delay is None:
-                while child.stdout.readline().strip() != "done":  # (its log lines come first)
-                    assert child.poll() is None or time.monotonic() - started < 60
+            if delay is None:  # (its log lines come first; the end of its output is its death)
+                assert "done" in (line.strip() for line in child.stdout), "the compaction died"
             else:
                 time.sleep(delay)
                 child.send_signal(signal.SIGKILL)
@@ -330,11 +334,9 @@ def test_a_runtime_killed_during_its_start_leaves_no_compactor_behind_and_loses_
         try:
             time.sleep(rng.uniform(0.1, 1.2))
             os.kill(process.process.pid, signal.SIGKILL)  # the runtime only, not its group
-            process.process.wait(10)
-            deadline = time.monotonic() + 5
-            while group_members(process.process.pid) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert group_members(process.process.pid) == []  # the compacting child went with it
+            process.process.wait(WAIT_S)
+            # The compacting child went with it.
+            assert wait_until(lambda: group_members(process.process.pid) == [], timeout=WAIT_S)
         finally:
             process.kill()
         state = state_of(read_records(state_dir / "runs.jsonl"))
@@ -364,29 +366,25 @@ def test_a_journal_of_20000_finished_runs_compacts_to_the_retention_window_at_st
     tmp_path: Path, process_logs: Path,
 ) -> None:
     """The runtime process on a journal of 20,000 finished runs serves the newest 10,000
-    and leaves the journal holding exactly those. Prints the start-up figures; how fast
-    the start is, is measured by `make bench-startup` (loadgen/runtime_startup.py), not
-    asserted here: a shared test machine stretches every clock."""
+    and leaves the journal holding exactly those. Prints the figures the runtime logs for
+    its start; how fast the start is, is measured by `make bench-startup`
+    (loadgen/runtime_startup.py), not here: a shared test machine stretches every clock."""
     state_dir = tmp_path / "state"
     now = time.time()
     records = [r for i in range(20_000)
                for r in run_records(f"run-{i:05d}", finished_at=now - i * 6.0, created_at=now - i * 6.0 - 30)]
     write_journal(state_dir / "runs.jsonl", records)
     size_before = (state_dir / "runs.jsonl").stat().st_size
-    port = free_port()
-    log_path = process_logs / f"runtime-big-journal-{port}.log"
-    process = ManagedProcess(
+    process, (port,) = start_on_free_ports(lambda ports: ManagedProcess(
         name="runtime", module="luftpause.runtime",
-        args=["--host", "127.0.0.1", "--port", str(port), "--dataplane-url", "http://127.0.0.1:9",
+        args=["--host", "127.0.0.1", "--port", str(ports[0]), "--dataplane-url", "http://127.0.0.1:9",
               "--tools-file", str(tmp_path / "none.yaml"), "--state-dir", str(state_dir)],
-        env={"LUFTPAUSE_TOKEN": "", "LUFTPAUSE_LOG_FORMAT": "json"}, ready_url=f"http://127.0.0.1:{port}/health",
-        log_path=log_path,
-    )
-    started = time.monotonic()
-    process.start()
+        env={"LUFTPAUSE_TOKEN": "", "LUFTPAUSE_LOG_FORMAT": "json"}, ready_url=f"http://127.0.0.1:{ports[0]}/health",
+        log_path=process_logs / f"runtime-big-journal-{ports[0]}.log",
+    ), timeout=60)
+    log_path = process.log_path
+    assert log_path is not None
     try:
-        process.wait_ready(timeout=60)
-        startup = time.monotonic() - started
         assert process.process is not None
         cpu = cpu_seconds(process.process.pid)
         handles, cursor = set(), None
@@ -405,7 +403,7 @@ def test_a_journal_of_20000_finished_runs_compacts_to_the_retention_window_at_st
                                                              log_path.read_text().splitlines()))}
     ready = events["runtime_ready"]
     print(f"\n20,000 finished runs, journal {size_before / 1e6:.1f} MB -> {size_after / 1e6:.1f} MB; runtime ready "
-          f"after {startup:.2f} s wall, {cpu:.2f} s CPU (imports {events['runtime_starting']['imports_seconds']} s, "
+          f"after {cpu:.2f} s CPU (imports {events['runtime_starting']['imports_seconds']} s, "
           f"compaction {ready['compaction_seconds']} s, replay {ready['replay_seconds']} s; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
     newest = {f"run-{i:05d}" for i in range(constants.RETENTION_RUNS)}  # 20,000 runs within 24 h: the newest 10,000

@@ -4,6 +4,7 @@ itself when space returns. Needs root (mount); skipped with the reason otherwise
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import json
@@ -16,8 +17,10 @@ import httpx
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from runtime_doubles import RuntimeProcess, journal_records
-from test_runtime_journal_truth import call, wait_for
+from runtime_doubles import LocalDataplane, RuntimeProcess, journal_records, task_of
+from test_runtime_journal_truth import call
+
+from luftpause.dev.procs import WAIT_S, eventually
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -66,47 +69,54 @@ def intact_lines(journal: Path) -> list[dict]:
 
 
 async def test_a_full_disk_fails_spawns_naming_it_runs_wait_and_everything_resumes_when_room_returns(
-    start_runtime: Callable[..., RuntimeProcess], fake_engine: str, tools_file: Path, fake_mcp: str,
-    small_disk: Path,
+    start_runtime: Callable[..., RuntimeProcess], tools_file: Path, small_disk: Path,
 ) -> None:
-    runtime = start_runtime(fake_engine, tools_file, small_disk / "state")
-    journal = runtime.state_dir / "runs.jsonl"
-    health = lambda: httpx.get(f"{runtime.url}/health")  # noqa: E731
-    async with Client(runtime.mcp_url) as client:
-        before = (await call(client, "spawn", {"task": "done before", "tools": ["lookup"], "maxToolCalls": 1}))
-        await call(client, "await", {"handles": [before["handle"]], "timeout": 30})
-        running = (await call(client, "spawn", {"task": "dig", "tools": ["lookup"], "maxToolCalls": 2}))["handle"]
-        journaled = journal.read_bytes()
-        filler = fill(small_disk)
+    dataplane = LocalDataplane(calls=2)  # each run calls its tool up to its maxToolCalls
+    async with dataplane.serving() as base_url:
+        runtime = start_runtime(base_url, tools_file, small_disk / "state")
+        journal = runtime.state_dir / "runs.jsonl"
+        health = lambda: httpx.get(f"{runtime.url}/health")  # noqa: E731
+        async with Client(runtime.mcp_url) as client:
+            before = (await call(client, "spawn", {"task": "done before", "tools": ["lookup"], "maxToolCalls": 1}))
+            await call(client, "await", {"handles": [before["handle"]], "timeout": WAIT_S})
+            dataplane.hold = asyncio.Event()  # the running run's first turn waits until the disk is full
+            dataplane.holds = lambda body: task_of(body) == "dig"
+            running = (await call(client, "spawn",
+                                  {"task": "dig", "tools": ["lookup"], "maxToolCalls": 2}))["handle"]
+            await eventually(lambda: dataplane.held == 1, what="the running run's first turn at the dataplane")
+            journaled = journal.read_bytes()
+            filler = fill(small_disk)
 
-        # The journal's last page has room left (a filesystem allocates whole blocks): the
-        # first spawns fill it, then a spawn finds the disk full.
-        slack: list[str] = []
-        refused: MCPError | None = None
-        for i in range(40):
-            try:
-                spawned = await call(client, "spawn", {"task": f"slack {i}", "tools": ["lookup"], "maxToolCalls": 1})
-            except MCPError as exc:
-                refused = exc
-                break
-            slack.append(spawned["handle"])
-        assert refused is not None
-        assert "is full" in str(refused) and str(small_disk / "state") in str(refused), str(refused)
-        assert await wait_for(lambda: health().status_code == 503, 15)
-        assert "is full" in health().json()["problem"]
-        waited = await call(client, "await", {"handles": [running], "timeout": 1.5})
-        assert waited["timedOut"] is True and waited["runs"][0]["status"] == "Running"
-        assert journal.read_bytes().startswith(journaled)  # nothing already on disk changed
+            # The journal's last page has room left (a filesystem allocates whole blocks): the
+            # first spawns fill it, then a spawn finds the disk full.
+            slack: list[str] = []
+            refused: MCPError | None = None
+            for i in range(40):
+                try:
+                    spawned = await call(client, "spawn",
+                                         {"task": f"slack {i}", "tools": ["lookup"], "maxToolCalls": 1})
+                except MCPError as exc:
+                    refused = exc
+                    break
+                slack.append(spawned["handle"])
+            assert refused is not None
+            assert "is full" in str(refused) and str(small_disk / "state") in str(refused), str(refused)
+            dataplane.hold.set()  # the running run goes on, into the full disk
+            await eventually(lambda: health().status_code == 503, what="/health answering 503")
+            assert "is full" in health().json()["problem"]
+            waited = await call(client, "await", {"handles": [running], "timeout": 1.5})
+            assert waited["timedOut"] is True and waited["runs"][0]["status"] == "Running"
+            assert journal.read_bytes().startswith(journaled)  # nothing already on disk changed
 
-        filler.unlink()  # room again: no restart, no operator
-        done = await call(client, "await", {"handles": [running], "timeout": 30})
-        assert done["runs"][0]["status"] == "Completed", done
-        if slack:
-            others = await call(client, "await", {"handles": slack, "mode": "all", "timeout": 30})
-            assert {r["status"] for r in others["runs"]} == {"Completed"}, others
-        assert await wait_for(lambda: health().status_code == 200, 10)
-        after = await call(client, "spawn", {"task": "after", "tools": ["lookup"], "maxToolCalls": 1})
-        await call(client, "await", {"handles": [after["handle"]], "timeout": 30})
+            filler.unlink()  # room again: no restart, no operator
+            done = await call(client, "await", {"handles": [running], "timeout": WAIT_S})
+            assert done["runs"][0]["status"] == "Completed", done
+            if slack:
+                others = await call(client, "await", {"handles": slack, "mode": "all", "timeout": WAIT_S})
+                assert {r["status"] for r in others["runs"]} == {"Completed"}, others
+            await eventually(lambda: health().status_code == 200, what="/health answering 200 again")
+            after = await call(client, "spawn", {"task": "after", "tools": ["lookup"], "maxToolCalls": 1})
+            await call(client, "await", {"handles": [after["handle"]], "timeout": WAIT_S})
 
     records = intact_lines(journal)  # every line whole: no torn or half-written batch left behind
     kinds = [r["type"] for r in records if r["handle"] == running]

@@ -5,7 +5,6 @@ tools are the fake MCP (HTTP) and a strictly typed stdio server."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 from mcp import Client
 from runtime_doubles import RuntimeProcess, journal_records, round_messages, tool_call_arguments, tool_messages
 
+from luftpause.dev.procs import WAIT_S, eventually
 from luftpause.runtime.constants import TURN_RETRY_ATTEMPTS
 
 pytestmark = pytest.mark.timeout(60)
@@ -109,17 +109,21 @@ async def test_an_engine_error_fails_the_run_with_its_message(runtime: RuntimePr
 
 
 async def test_a_hung_turn_is_cancelled_promptly(runtime: RuntimeProcess, fake_engine: str) -> None:
+    # The engine never answers the turn: only the cancel ends the run, and the turn's
+    # request is closed rather than left waiting.
+    requests_before = engine_stats(fake_engine)["requests"]
     async with Client(runtime.mcp_url) as client:
         handle = (await call(client, "spawn", {"task": "stuck [[fake:hang]]"}))["handle"]
-        await asyncio.sleep(0.3)
+        await eventually(lambda: engine_stats(fake_engine)["requests"] > requests_before,
+                         what="the run's turn at the engine")
         assert (await call(client, "status", {"handles": [handle]}))["runs"][0]["status"] == "Running"
         closed_before = engine_stats(fake_engine)["closed_early"]
-        started = time.monotonic()
         cancelled = await call(client, "cancel", {"handles": [handle]})
 
-    assert cancelled["runs"][0]["status"] == "Cancelled" and time.monotonic() - started < 2
-    await asyncio.sleep(0.2)
-    assert engine_stats(fake_engine)["closed_early"] == closed_before + 1  # the turn's request was closed
+    assert cancelled["runs"][0]["status"] == "Cancelled"
+    # The turn's request was closed.
+    await eventually(lambda: engine_stats(fake_engine)["closed_early"] == closed_before + 1,
+                     what="the engine seeing the hung turn's request closed")
 
 
 async def test_a_connection_dropped_mid_turn_is_retried_then_fails_the_run(
@@ -201,13 +205,12 @@ async def test_tool_call_budget_cancels_the_run_before_the_extra_call(runtime: R
 
 async def test_seconds_budget_stops_an_idle_subtree(runtime: RuntimeProcess) -> None:
     async with Client(runtime.mcp_url) as client:
+        # Turns the engine never answers: only the budget's timer ends these runs.
         parent = (await call(client, "spawn", {"task": "stuck [[fake:hang]]", "budgetSeconds": 0.5}))["handle"]
         child = (await call(client, "spawn", {"task": "stuck too [[fake:hang]]", "parent": parent}))["handle"]
-        started = time.monotonic()
-        awaited = await call(client, "await", {"handles": [parent, child], "timeout": 10})
-        elapsed = time.monotonic() - started
+        awaited = await call(client, "await", {"handles": [parent, child], "timeout": WAIT_S})
 
-    assert awaited["timedOut"] is False and elapsed < 3
+    assert awaited["timedOut"] is False
     for run in awaited["runs"]:
         assert run["status"] == "Cancelled" and run["error"].startswith("budget exceeded: seconds ")
         assert run["budget"]["owner"] == parent and run["budget"]["exceeded"]["kind"] == "seconds"
@@ -215,7 +218,9 @@ async def test_seconds_budget_stops_an_idle_subtree(runtime: RuntimeProcess) -> 
     by_handle = {run["handle"]: run for run in report["runs"]}
     assert by_handle[parent]["children"] == [child]
     assert by_handle[parent]["budget"]["exceeded"]["limit"] == 0.5
-    excess = [r for r in journal_records(runtime.state_dir, parent) if r["type"] == "budgetExceeded"]
+    excess = await eventually(  # (journaled in the background)
+        lambda: [r for r in journal_records(runtime.state_dir, parent) if r["type"] == "budgetExceeded"],
+        what="the budgetExceeded record in the journal")
     assert len(excess) == 1 and excess[0]["kind"] == "seconds"
 
 

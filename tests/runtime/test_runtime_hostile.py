@@ -21,6 +21,7 @@ from raw_mcp import ACCEPT, RawSession, initialize, messages
 from runtime_doubles import RuntimeProcess, ScriptedDataplane
 
 from luftpause import vocabulary
+from luftpause.dev.procs import WAIT_S, eventually
 from luftpause.runtime.app import build_app
 from luftpause.runtime.config import RuntimeSettings
 from luftpause.runtime.journal import Journal
@@ -41,15 +42,9 @@ def event_loop_policy() -> asyncio.AbstractEventLoopPolicy:
 
 
 async def hang(request: httpx.Request) -> httpx.Response:
-    await asyncio.sleep(30)
+    """A turn that never ends (unless cancelled)."""
+    await asyncio.Event().wait()
     raise AssertionError("unreachable")
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 @pytest.mark.parametrize("seconds", [1e-9, 1e-6, 1e-3])
@@ -60,7 +55,7 @@ async def test_a_budget_that_expires_before_the_run_starts_ends_the_run(
     dataplane.script = [hang]
 
     run = await runtime.spawn(RunSpec(task="x", budget_seconds=seconds), "c")
-    await asyncio.wait_for(run.finished.wait(), 5)
+    await asyncio.wait_for(run.finished.wait(), WAIT_S)
 
     assert run.status is RunStatus.CANCELLED and run.error.startswith("budget exceeded: seconds")
 
@@ -103,7 +98,7 @@ async def test_non_ascii_callers_reach_the_dataplane_as_utf8(
     runtime = await make_runtime()
 
     run = await runtime.spawn(RunSpec(task="x"), caller)
-    await asyncio.wait_for(run.finished.wait(), 5)
+    await asyncio.wait_for(run.finished.wait(), WAIT_S)
 
     assert run.status is RunStatus.COMPLETED, run.error
     sent = dataplane.chat_requests[0].headers.raw
@@ -118,10 +113,16 @@ async def test_cancelling_a_run_call_cancels_the_sub_agent(
     dataplane.script = [hang]
 
     async with Client(build_mcp_server(runtime)) as client:
-        with anyio.move_on_after(0.5):  # the client gives up: notifications/cancelled
+        async with anyio.create_task_group() as calling:
+
+            async def give_up_once_the_run_is_under_way() -> None:
+                await eventually(lambda: dataplane.chat_requests, what="the run's turn at the dataplane")
+                calling.cancel_scope.cancel()  # the client gives up: notifications/cancelled
+
+            calling.start_soon(give_up_once_the_run_is_under_way)
             await client.call_tool("run", {"task": "never answered"})
         (run,) = list(runtime.runs)
-        await until(lambda: run.status.finished)
+        await eventually(lambda: run.status.finished, what="the run ending")
 
     assert run.status is RunStatus.CANCELLED and run.error == "cancelled"
 
@@ -154,10 +155,10 @@ FLOOD_CAP = 40
 def runtime_process(start_runtime: Callable[..., RuntimeProcess], tmp_path_factory: pytest.TempPathFactory
                     ) -> RuntimeProcess:
     """No dataplane behind it (nothing here starts a run); a small session cap, a floor
-    far above how long a client in use pauses between calls."""
+    far above how long a client in use pauses between calls (and than any flood lasts)."""
     state = tmp_path_factory.mktemp("hostile-state")
     return start_runtime("http://127.0.0.1:9", state / "no-tools.yaml", state,
-                         env={"LUFTPAUSE_MAX_SESSIONS": str(FLOOD_CAP), "LUFTPAUSE_SESSION_EVICT_IDLE_S": "60"})
+                         env={"LUFTPAUSE_MAX_SESSIONS": str(FLOOD_CAP), "LUFTPAUSE_SESSION_EVICT_IDLE_S": "600"})
 
 
 @pytest.fixture
@@ -343,7 +344,7 @@ async def test_http_status_pages_like_the_status_tool_with_task_previews(make_ru
     long_task = "summarise this: " + "x" * 20_000
     runs = [await runtime.spawn(RunSpec(task=long_task if i % 2 else f"short {i}"), "c") for i in range(7)]
     for run in runs:
-        await asyncio.wait_for(run.finished.wait(), 5)
+        await asyncio.wait_for(run.finished.wait(), WAIT_S)
     app = build_app(RuntimeSettings(), runtime)
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://127.0.0.1") as http:

@@ -14,7 +14,9 @@ from typing import Any
 import httpx
 import pytest
 from mcp import Client
-from runtime_doubles import RuntimeProcess, journal_records
+from runtime_doubles import LocalDataplane, RuntimeProcess, journal_records
+
+from luftpause.dev.procs import WAIT_S, eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,46 +28,42 @@ async def call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[str
     return result.structured_content
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.05)
-    return False
-
-
 async def test_an_unwritable_journal_degrades_health_and_runs_wait_instead_of_failing(
-    start_runtime: Callable[..., RuntimeProcess], fake_engine: str, tools_file: Path, fake_mcp: str,
-    tmp_path: Path,
+    start_runtime: Callable[..., RuntimeProcess], tools_file: Path, tmp_path: Path,
 ) -> None:
-    runtime = start_runtime(fake_engine, tools_file, tmp_path / "state")
-    journal = runtime.state_dir / "runs.jsonl"
-    aside = runtime.state_dir / "runs.jsonl.aside"
-    async with Client(runtime.mcp_url) as client:
-        handle = (await call(client, "spawn", {"task": "dig", "tools": ["lookup"], "maxToolCalls": 2}))["handle"]
-        # Writes to the journal fail from now on (a directory where the file was: as root,
-        # permissions would not stop us).
-        journal.rename(aside)
-        journal.mkdir()
-        health = lambda: httpx.get(f"{runtime.url}/health")  # noqa: E731
-        assert await wait_for(lambda: health().status_code == 503, 15)
-        assert str(journal) in health().json()["problem"]
-        ready = httpx.get(f"{runtime.url}/ready")
-        assert ready.status_code == 503 and any(str(journal) in p for p in ready.json()["problems"])
-        waited = await call(client, "await", {"handles": [handle], "timeout": 1.5})
-        assert waited["timedOut"] is True and waited["runs"][0]["status"] == "Running"
+    dataplane = LocalDataplane(calls=2)
+    dataplane.hold = asyncio.Event()  # the run's first turn waits until the journal is unwritable
+    async with dataplane.serving() as base_url:
+        runtime = start_runtime(base_url, tools_file, tmp_path / "state")
+        journal = runtime.state_dir / "runs.jsonl"
+        aside = runtime.state_dir / "runs.jsonl.aside"
+        async with Client(runtime.mcp_url) as client:
+            handle = (await call(client, "spawn",
+                                 {"task": "dig", "tools": ["lookup"], "maxToolCalls": 2}))["handle"]
+            await eventually(lambda: dataplane.held == 1, what="the run's first turn at the dataplane")
+            # Writes to the journal fail from now on (a directory where the file was: as root,
+            # permissions would not stop us).
+            journal.rename(aside)
+            journal.mkdir()
+            dataplane.hold.set()
+            health = lambda: httpx.get(f"{runtime.url}/health")  # noqa: E731
+            await eventually(lambda: health().status_code == 503, what="/health answering 503")
+            assert str(journal) in health().json()["problem"]
+            ready = httpx.get(f"{runtime.url}/ready")
+            assert ready.status_code == 503 and any(str(journal) in p for p in ready.json()["problems"])
+            waited = await call(client, "await", {"handles": [handle], "timeout": 1.5})
+            assert waited["timedOut"] is True and waited["runs"][0]["status"] == "Running"
 
-        journal.rmdir()
-        aside.rename(journal)
-        done = await call(client, "await", {"handles": [handle], "timeout": 30})
+            journal.rmdir()
+            aside.rename(journal)
+            done = await call(client, "await", {"handles": [handle], "timeout": WAIT_S})
 
-    run = done["runs"][0]
-    assert run["status"] == "Completed", run
-    assert health().status_code == 200
-    records = journal_records(runtime.state_dir, handle)
-    assert [r["type"] for r in records] == ["created", "round", "round", "finished"]
-    assert records[-1]["stats"]["tool_calls"] == run["toolCalls"] == 2
+        run = done["runs"][0]
+        assert run["status"] == "Completed", run
+        assert health().status_code == 200
+        records = journal_records(runtime.state_dir, handle)
+        assert [r["type"] for r in records] == ["created", "round", "round", "finished"]
+        assert records[-1]["stats"]["tool_calls"] == run["toolCalls"] == 2
 
 
 async def test_a_finished_record_alone_restores_a_finished_run(

@@ -1,6 +1,7 @@
 """End to end with real processes: the runtime serving MCP over HTTP, the fake engine
 as its dataplane (OpenAI-compatible, so the runtime can talk to it directly) and the
-fake MCP tool server upstream."""
+fake MCP tool server upstream; where a test must see turns arrive or hold them, a
+stand-in dataplane in the test's own process (`LocalDataplane`)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,12 @@ from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from runtime_doubles import RuntimeProcess, journal_records
+from runtime_doubles import LocalDataplane, RuntimeProcess, journal_records, tool_results
 
-from luftpause.dev.procs import free_port
+from luftpause.dev.procs import WAIT_S, eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,13 +38,22 @@ def upstream_calls(fake_mcp: str) -> dict[str, int]:
     return httpx.get(f"{fake_mcp}/stats").json()["calls"]
 
 
-async def test_four_sub_agents_run_in_parallel(runtime_server: RuntimeProcess, fake_mcp: str) -> None:
+async def test_four_sub_agents_run_in_parallel(
+    start_runtime: Callable[..., RuntimeProcess], tools_file: Path, fake_mcp: str, tmp_path: Path
+) -> None:
+    dataplane = LocalDataplane(calls=1)
+    dataplane.hold = asyncio.Event()  # first turns wait here until the test lets them go on
+    dataplane.holds = lambda body: tool_results(body) == 0
     before = upstream_calls(fake_mcp)["lookup"]
-    async with Client(runtime_server.mcp_url) as client:
-        handles = [(await call(client, "spawn", {"task": f"question {i}"}))["handle"] for i in range(4)]
-        started = time.monotonic()
-        answer = await call(client, "await", {"handles": handles, "mode": "all", "timeout": 30})
-        elapsed = time.monotonic() - started
+    async with dataplane.serving() as base_url:
+        runtime = start_runtime(base_url, tools_file, tmp_path / "state")
+        async with Client(runtime.mcp_url) as client:
+            handles = [(await call(client, "spawn", {"task": f"question {i}"}))["handle"] for i in range(4)]
+            # Together, not one after another: one after another, the first run's turn would
+            # wait for the other three for good.
+            await eventually(lambda: dataplane.held == 4, what="the four runs' first turns in flight together")
+            dataplane.hold.set()
+            answer = await call(client, "await", {"handles": handles, "mode": "all", "timeout": WAIT_S})
 
     assert answer["timedOut"] is False
     assert [run["handle"] for run in answer["runs"]] == handles
@@ -53,7 +62,6 @@ async def test_four_sub_agents_run_in_parallel(runtime_server: RuntimeProcess, f
         assert run["toolCalls"] >= 1 and run["failedToolCalls"] == 0
         assert run["result"]
     assert upstream_calls(fake_mcp)["lookup"] - before == sum(run["toolCalls"] for run in answer["runs"])
-    assert elapsed < 4 * 2 * 0.2  # together, not one after another
 
 
 async def test_tools_lists_the_upstream_tools(runtime_server: RuntimeProcess) -> None:
@@ -132,7 +140,7 @@ async def test_spawn_takes_every_argument_and_status_shows_them(runtime_server: 
             "approveTools": ["delete_note"],
         }
         handle = (await call(client, "spawn", arguments))["handle"]
-        awaited = await call(client, "await", {"handles": [handle], "timeout": 10})
+        awaited = await call(client, "await", {"handles": [handle], "timeout": WAIT_S})
         (status,) = (await call(client, "status", {"handles": [handle]}))["runs"]
 
     assert awaited["runs"][0]["status"] == "Completed"
@@ -146,12 +154,11 @@ async def test_spawn_takes_every_argument_and_status_shows_them(runtime_server: 
 
 
 async def test_cancel_a_parent_cancels_its_running_child(runtime_server: RuntimeProcess) -> None:
-    slow = {"tools": ["deep_search"]}  # 0.4 s per call, two calls per run
-    async with Client(runtime_server.mcp_url) as client:
-        parent = (await call(client, "spawn", {"task": "parent", **slow}))["handle"]
-        child = (await call(client, "spawn", {"task": "child", "parent": parent, **slow}))["handle"]
+    async with Client(runtime_server.mcp_url) as client:  # (the fake engine never answers a turn that says hang)
+        parent = (await call(client, "spawn", {"task": "parent [[fake:hang]]"}))["handle"]
+        child = (await call(client, "spawn", {"task": "child [[fake:hang]]", "parent": parent}))["handle"]
         cancelled = await call(client, "cancel", {"handles": [parent]})
-        awaited = await call(client, "await", {"handles": [parent, child], "timeout": 5})
+        awaited = await call(client, "await", {"handles": [parent, child], "timeout": WAIT_S})
         status = await call(client, "status", {"handles": [parent, child]})
 
     assert set(cancelled["cancelled"]) == {parent, child}
@@ -194,8 +201,8 @@ async def test_run_blocks_until_the_sub_agent_finished(runtime_server: RuntimePr
 async def test_await_any_returns_when_one_run_finished(runtime_server: RuntimeProcess) -> None:
     async with Client(runtime_server.mcp_url) as client:
         quick = (await call(client, "spawn", {"task": "quick", "maxToolCalls": 0}))["handle"]
-        slow = (await call(client, "spawn", {"task": "slow", "tools": ["deep_search"]}))["handle"]
-        answer = await call(client, "await", {"handles": [slow, quick], "mode": "any", "timeout": 10})
+        slow = (await call(client, "spawn", {"task": "slow [[fake:hang]]"}))["handle"]  # never answered
+        answer = await call(client, "await", {"handles": [slow, quick], "mode": "any", "timeout": WAIT_S})
         await call(client, "cancel", {"handles": [slow]})
 
     by_handle = {run["handle"]: run for run in answer["runs"]}
@@ -253,33 +260,41 @@ async def test_without_a_tools_file_sub_agents_get_no_tools(
 
 
 async def test_runs_survive_kill_9_mid_round_without_repeating_finished_rounds(
-    start_runtime: Callable[..., RuntimeProcess], fake_engine: str, fake_mcp: str, tools_file: Path, tmp_path: Path
+    start_runtime: Callable[..., RuntimeProcess], fake_mcp: str, tools_file: Path, tmp_path: Path
 ) -> None:
     state_dir = tmp_path / "state"
-    first = start_runtime(fake_engine, tools_file, state_dir)
+    dataplane = LocalDataplane(calls=2)
+    dataplane.hold = asyncio.Event()  # in the first life, every run's second turn waits here
+    dataplane.holds = lambda body: tool_results(body) == 1
     slow = {"tools": ["deep_search"]}  # 0.4 s per call, two calls per run
-    async with Client(first.mcp_url) as client:
-        finished_before = await call(client, "run", {"task": "finished before the crash", "maxToolCalls": 0})
-        handles = [(await call(client, "spawn", {"task": f"survive a crash {i}", **slow}))["handle"] for i in range(4)]
+    async with dataplane.serving() as base_url:
+        first = start_runtime(base_url, tools_file, state_dir)
+        async with Client(first.mcp_url) as client:
+            finished_before = await call(client, "run", {"task": "finished before the crash", "maxToolCalls": 0})
+            handles = [(await call(client, "spawn", {"task": f"survive a crash {i}", **slow}))["handle"]
+                       for i in range(4)]
 
-    def journaled_rounds() -> dict[str, list[dict[str, Any]]]:
-        records = journal_records(state_dir)
-        return {h: [r for r in records if r["type"] == "round" and r["handle"] == h] for h in handles}
+        def journaled_rounds() -> dict[str, list[dict[str, Any]]]:
+            records = journal_records(state_dir)
+            return {h: [r for r in records if r["type"] == "round" and r["handle"] == h] for h in handles}
 
-    while not all(journaled_rounds().values()):  # every run has a complete round...
-        await asyncio.sleep(0.02)
-    first.process.kill()  # ...and is in the middle of its next one: SIGKILL, no shutdown
-    await asyncio.sleep(0.3)  # let the fake MCP take any request already on the wire
-    calls_at_crash = upstream_calls(fake_mcp)["deep_search"]
-    rounds_at_crash = journaled_rounds()
-    journaled_calls = sum(rounds[-1]["stats"]["tool_calls"] for rounds in rounds_at_crash.values())
-    assert journaled_calls < 2 * len(handles)  # work was left to do
-    with (state_dir / "runs.jsonl").open("ab") as journal:
-        journal.write(b'{"type":"round","handle":"' + handles[0].encode() + b'","mess')  # as if torn mid-write
+        # Every run has a complete round and is in the middle of its next one (its turn is
+        # held, so no tool call is on the wire)...
+        await eventually(lambda: dataplane.held == len(handles), what="every run's second turn in flight")
+        assert all(journaled_rounds().values())
+        first.process.kill()  # ...: SIGKILL, no shutdown
+        dataplane.hold.set()  # (the held turns' answers go nowhere; the next life's turns pass)
+        calls_at_crash = upstream_calls(fake_mcp)["deep_search"]
+        rounds_at_crash = journaled_rounds()
+        journaled_calls = sum(rounds[-1]["stats"]["tool_calls"] for rounds in rounds_at_crash.values())
+        assert journaled_calls < 2 * len(handles)  # work was left to do
+        with (state_dir / "runs.jsonl").open("ab") as journal:
+            journal.write(b'{"type":"round","handle":"' + handles[0].encode() + b'","mess')  # as if torn mid-write
 
-    second = start_runtime(fake_engine, tools_file, state_dir)
-    async with Client(second.mcp_url) as client:
-        answer = await call(client, "await", {"handles": [*handles, finished_before["handle"]], "timeout": 20})
+        second = start_runtime(base_url, tools_file, state_dir)
+        async with Client(second.mcp_url) as client:
+            answer = await call(client, "await", {"handles": [*handles, finished_before["handle"]],
+                                                  "timeout": WAIT_S})
 
     *resumed, kept = answer["runs"]
     assert kept == finished_before  # a finished run answers the same after the restart
@@ -295,51 +310,10 @@ async def test_runs_survive_kill_9_mid_round_without_repeating_finished_rounds(
     assert "journal_line_skipped" in second.process.log_path.read_text()
 
 
-class RecordingDataplane:
-    """A stand-in dataplane on a free port: records what the runtime sends, answers one
-    tool call per run and then text."""
-
-    def __init__(self) -> None:
-        self.turns: list[tuple[dict[str, str], dict[str, Any]]] = []
-        self.deleted: list[str] = []
-        self.port = free_port()
-
-    async def chat(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.turns.append((dict(request.headers), body))
-        used_a_tool = any(m.get("role") == "tool" for m in body["messages"])
-        if body.get("tools") and not used_a_tool:
-            call = {"id": f"call_{len(self.turns)}", "type": "function",
-                    "function": {"name": "lookup", "arguments": '{"query": "q"}'}}
-            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
-        else:
-            message = {"role": "assistant", "content": "recorded answer"}
-        usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
-        return web.json_response({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                                  "usage": usage})
-
-    async def delete_run(self, request: web.Request) -> web.Response:
-        self.deleted.append(request.match_info["run_id"])
-        return web.Response(status=204)
-
-    @asynccontextmanager
-    async def serving(self) -> AsyncIterator[str]:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self.chat)
-        app.router.add_delete("/v1/runs/{run_id}", self.delete_run)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", self.port).start()
-        try:
-            yield f"http://127.0.0.1:{self.port}/v1"
-        finally:
-            await runner.cleanup()
-
-
 async def test_turns_carry_run_class_caller_and_token_and_runs_end_with_delete(
     start_runtime: Callable[..., RuntimeProcess], tools_file: Path, tmp_path: Path
 ) -> None:
-    dataplane = RecordingDataplane()
+    dataplane = LocalDataplane(calls=1)  # records what the runtime sends
     token = {"Authorization": "Bearer tok"}
     async with dataplane.serving() as base_url:
         runtime = start_runtime(base_url, tools_file, tmp_path / "state",

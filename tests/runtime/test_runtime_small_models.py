@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from runtime_doubles import ScriptedDataplane, text_reply, tool_call_reply
 from structlog.testing import capture_logs
 
+from luftpause.dev.procs import WAIT_S
 from luftpause.runtime.runs import RunSpec, RunStatus
 from luftpause.runtime.service import Runtime
 
@@ -18,7 +19,7 @@ MakeRuntime = Callable[..., Awaitable[Runtime]]
 
 async def finish(runtime: Runtime, spec: RunSpec):
     run = await runtime.spawn(spec, "session-1")
-    await asyncio.wait_for(run.finished.wait(), 5)
+    await asyncio.wait_for(run.finished.wait(), WAIT_S)
     return run
 
 

@@ -12,6 +12,7 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, ListToolsResult, TextContent, Tool
 
+from luftpause.dev.procs import WAIT_S
 from luftpause.runtime.config import UpstreamServerConfig
 from luftpause.runtime import constants
 from luftpause.runtime.upstream import (
@@ -119,7 +120,10 @@ server.run("stdio")
 '''
 
 
-async def test_stdio_server_from_the_tools_file_is_restarted_when_it_dies(tmp_path: Path) -> None:
+async def test_stdio_server_from_the_tools_file_is_restarted_when_it_dies(tmp_path: Path, monkeypatch: Any) -> None:
+    # Each restart is a new Python process importing the MCP SDK: seconds on a loaded
+    # machine, so calls wait for it as long as a test waits for anything.
+    monkeypatch.setattr(constants, "UPSTREAM_CONNECT_WAIT_S", WAIT_S)
     script = tmp_path / "stdio_server.py"
     script.write_text(STDIO_SERVER)
     config = UpstreamServerConfig(name="local", command=sys.executable, args=[str(script)], env={"GREETER": "stdio"})
