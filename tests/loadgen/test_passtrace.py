@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from luftpause.dev.procs import eventually
 from luftpause.loadgen import passtrace
 
 
@@ -89,10 +90,7 @@ def test_install_records_the_engines_passes_without_changing_their_cost(tmp_path
     async def drive() -> None:
         simulator = engine_state.Simulator(params, time_scale=0.001)
         request, _ = simulator.submit("m", "Task b2-proxy-0-interactive-0-0-0: " + "x" * 400, 2, 8)
-        for _ in range(100):
-            if request.state == "finished":
-                break
-            await asyncio.sleep(0.001)
+        await eventually(lambda: request.state == "finished", what="the request's passes run")
         await simulator.stop()
 
     asyncio.run(drive())

@@ -8,16 +8,18 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 
 import aiohttp
 import pytest
 
+from luftpause.dev.procs import WAIT_S, wait_until
 from luftpause.loadgen import proxy_bench as pb
 
-# A parent that waits for a line on stdin, then has a child of its own burn ~0.3 s of CPU.
+# A parent that says it has started, waits for a line on stdin, then has a child of its
+# own burn ~0.3 s of CPU.
 BURNER = """
 import subprocess, sys
+print("ready", flush=True)
 sys.stdin.readline()
 subprocess.run([sys.executable, "-c",
                 "import time\\nend = time.process_time() + 0.3\\nwhile time.process_time() < end: pass"])
@@ -29,7 +31,8 @@ sys.stdin.readline()
 def test_cpu_account_counts_a_process_and_its_children() -> None:
     parent = subprocess.Popen([sys.executable, "-c", BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)  # the interpreter's own start-up is not part of the measurement
+        # the interpreter's own start-up is not part of the measurement
+        assert parent.stdout.readline().strip() == "ready"
         account = pb.CpuAccount({"burner": [parent.pid]})
         before = account.read()
         parent.stdin.write("go\n")
@@ -50,9 +53,7 @@ def test_process_tree_finds_a_live_grandchild() -> None:
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
                                "subprocess.run([sys.executable, '-c', 'import time; time.sleep(30)'])"])
     try:
-        deadline = time.monotonic() + 10
-        while len(pb.process_tree(parent.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert wait_until(lambda: len(pb.process_tree(parent.pid)) == 2, timeout=WAIT_S)
         tree = pb.process_tree(parent.pid)
         assert tree[0] == parent.pid and len(tree) == 2
         assert pb.tree_rss_bytes(parent.pid) > pb.tree_rss_bytes(tree[1]) > 0
@@ -74,7 +75,7 @@ def test_closed_loop_counts_every_turn_the_engine_served_and_its_cpu(tmp_path) -
         figures = asyncio.run(run())
     finally:
         engine.stop()
-    assert figures["errors"] == 0 and figures["requests"] >= 10
+    assert figures["errors"] == 0 and figures["requests"] >= 3  # each of the three clients' turns
     assert figures["engine_requests"] == figures["requests"]  # nothing lost, nothing sent twice
     assert figures["requests_per_s"] == pytest.approx(figures["requests"] / figures["duration_s"], rel=0.02)
     assert figures["p50_ms"] <= figures["p99_ms"]

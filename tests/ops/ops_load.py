@@ -10,15 +10,18 @@ import json
 import httpx
 from mcp import Client
 
+from luftpause.dev.procs import eventually
 from luftpause.dev.stack import MODEL, Stack
 
 # Fake engines that queue beyond two requests, so the scheduler caps and holds turns.
 ENGINE_ARGS = ["--max-running", "2", "--reply-tokens", "30", "--token-ms", "15"]
 
 
-async def _turn(client: httpx.AsyncClient, stack: Stack, i: int, content: str = "hello") -> int:
-    headers = {"x-luftpause-run-id": f"load-{i % 12}", "x-luftpause-class": ("batch", "interactive")[i % 2],
-               "x-luftpause-caller": f"caller-{i % 3}"}
+async def _turn(client: httpx.AsyncClient, stack: Stack, i: int, content: str = "hello", *, caller: str = "",
+                service_class: str = "", run: str = "") -> int:
+    headers = {"x-luftpause-run-id": run or f"load-{i % 12}",
+               "x-luftpause-class": service_class or ("batch", "interactive")[i % 2],
+               "x-luftpause-caller": caller or f"caller-{i % 3}"}
     body = {"model": MODEL, "stream": True, "max_tokens": 48,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": f"{content} {i}"}]}
@@ -28,14 +31,60 @@ async def _turn(client: httpx.AsyncClient, stack: Stack, i: int, content: str = 
         return response.status_code
 
 
-async def _abandon(client: httpx.AsyncClient, stack: Stack, i: int) -> None:
-    """A turn whose client gives up quickly (abandoned if it was still held), sent
-    once the load has filled the engines."""
-    await asyncio.sleep(1.5 + (i % 10) * 0.3)
-    try:
-        await asyncio.wait_for(_turn(client, stack, i), timeout=0.1)
-    except (TimeoutError, httpx.HTTPError):
-        pass
+async def _held_by_caller(client: httpx.AsyncClient, stack: Stack, prefix: str) -> int:
+    """Turns the scheduler holds now of the callers whose names start with ``prefix``."""
+    status = (await client.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status")).json()
+    return sum(g["count"] for g in status["held_by_caller"] if g["key"].startswith(prefix))
+
+
+async def _abandoned(client: httpx.AsyncClient, stack: Stack) -> float:
+    """The scheduler's count of turns abandoned while held."""
+    text = (await client.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("luftpause_scheduler_turns_abandoned_total{"))
+
+
+BURST = 8  # batch turns queued ahead of the one abandoned
+TRIES = 5
+
+
+async def _abandon(stack: Stack) -> None:
+    """A turn whose client gives up while the scheduler holds it, until the scheduler has
+    counted one abandoned. Each try sends a burst of batch turns, each of a caller of its
+    own, and once half of them wait, one more of another new caller: held turns of
+    callers with nothing running go in arrival order, so it is held until those ahead of
+    it have found room. Its client gives up once the scheduler shows it held."""
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=BURST + 4),
+                                 trust_env=False) as client:
+        before = await _abandoned(client, stack)
+        for attempt in range(TRIES):
+            ahead = f"ahead-{attempt}-"
+            burst = [asyncio.create_task(_turn(client, stack, 2000 + k, caller=f"{ahead}{k}", service_class="batch",
+                                               run=f"{ahead}{k}")) for k in range(BURST)]
+            try:
+                async def waiting() -> bool:
+                    return await _held_by_caller(client, stack, ahead) >= BURST // 2
+
+                await eventually(waiting, what="the burst waiting for room")
+                caller = f"abandoning-{attempt}"
+                turn = asyncio.create_task(_turn(client, stack, 3000 + attempt, caller=caller, service_class="batch",
+                                                 run=caller))
+                await eventually(lambda: turn.done() or _held_by_caller(client, stack, caller),
+                                 what="the turn held (or answered)")
+                held = not turn.done()
+                turn.cancel()  # the client gives up
+                await asyncio.gather(turn, return_exceptions=True)
+
+                async def let_go() -> bool:
+                    return await _held_by_caller(client, stack, caller) == 0
+
+                if held:
+                    await eventually(let_go, what="the scheduler let the abandoned turn go")
+            finally:
+                await asyncio.gather(*burst, return_exceptions=True)
+            if await _abandoned(client, stack) > before:
+                return
+    raise AssertionError(f"no turn abandoned while held in {TRIES} tries")
 
 
 async def _sub_agents(stack: Stack) -> None:
@@ -65,7 +114,6 @@ async def drive(stack: Stack, turns: int = 60, concurrency: int = 12) -> list[in
                 return await _turn(client, stack, i, "[[fake:status=503]]" if i % 10 == 9 else "hello")
 
         agents = asyncio.create_task(_sub_agents(stack))
-        codes = await asyncio.gather(*(one(i) for i in range(turns)),
-                                     *(_abandon(client, stack, 1000 + i) for i in range(6)))
+        codes = await asyncio.gather(*(one(i) for i in range(turns)), _abandon(stack))
         await asyncio.wait_for(agents, timeout=90)
     return [c for c in codes if c is not None]

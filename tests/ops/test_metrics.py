@@ -4,6 +4,7 @@ parser before and after real load through the whole stack."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 from ops_load import drive
@@ -35,9 +36,11 @@ def urls(stack):
 
 async def test_every_metric_moves_under_load(ops_stack):
     before = {name: scrape(url) for name, url in urls(ops_stack).items()}
+    began = time.monotonic()
     codes = await drive(ops_stack)
     assert codes.count(200) >= 40 and 503 in codes
     after = {name: scrape(url) for name, url in urls(ops_stack).items()}
+    since_before = time.monotonic() - began
 
     s0, s1 = before["scheduler"], after["scheduler"]
     for service_class in ("interactive", "batch"):
@@ -51,7 +54,8 @@ async def test_every_metric_moves_under_load(ops_stack):
     assert total(s1, "luftpause_scheduler_hold_seconds_sum") > 0  # some turns really waited
     for replica in ("engine-a", "engine-b"):
         assert total(s1, "luftpause_scheduler_replica_healthy", replica=replica) == 1
-        assert 0 <= total(s1, "luftpause_scheduler_probe_age_seconds", replica=replica) < 10
+        # an age in seconds, of a probe during the load (probes keep running)
+        assert 0 <= total(s1, "luftpause_scheduler_probe_age_seconds", replica=replica) < since_before
         assert ("replica", replica) in next(iter(k for k in s1["luftpause_scheduler_replica_capacity"]
                                                  if ("replica", replica) in k))
         assert (("replica", replica),) in s1["luftpause_scheduler_replica_in_flight"]

@@ -4,12 +4,10 @@ every panel of the Grafana dashboard is executed against it and must return data
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -17,7 +15,7 @@ import pytest
 import yaml
 from ops_load import drive
 
-from luftpause.dev.procs import free_port
+from luftpause.dev.procs import eventually, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "config" / "monitoring" / "grafana" / "dashboards" / "luftpause.json"
@@ -80,18 +78,25 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(ops_sta
     base = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient(base_url=base, timeout=5, trust_env=False) as client:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if (await client.get("/-/ready")).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, "prometheus did not become ready"
+            async def ready() -> bool:
                 assert process.poll() is None, (tmp_path / "prometheus.log").read_text()
-                await asyncio.sleep(0.2)
+                try:
+                    return (await client.get("/-/ready")).status_code == 200
+                except httpx.HTTPError:
+                    return False
 
-            await asyncio.sleep(3)  # a few scrapes before the load, so rates have a baseline
+            async def values(query: str) -> list[dict]:
+                answer = (await client.get("/api/v1/query", params={"query": query})).json()
+                assert answer["status"] == "success", (query, answer)
+                return answer["data"]["result"]
+
+            async def scraped_three_times() -> bool:
+                counts = await values("count_over_time(up[1m])")
+                return len(counts) == 3 and all(float(c["value"][1]) >= 3 for c in counts)
+
+            await eventually(ready, what="prometheus ready")
+            # a few scrapes before the load, so rates have a baseline
+            await eventually(scraped_three_times, what="three scrapes of each service")
             codes = await drive(ops_stack)
             assert codes.count(200) >= 40
 
@@ -100,14 +105,21 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(ops_sta
                 "luftpause-dataplane", "luftpause-runtime", "luftpause-scheduler"]
             assert all(t["health"] == "up" for t in targets), targets
 
-            empty = []
-            for title, expr in panel_queries():
-                query = expr.replace("$__rate_interval", RATE_INTERVAL)
-                answer = (await client.get("/api/v1/query", params={"query": query})).json()
-                assert answer["status"] == "success", (title, query, answer)
-                if not answer["data"]["result"]:
-                    empty.append((title, query))
-            assert not empty, f"panels without data: {empty}"
+            empty: list[tuple[str, str]] = []
+
+            async def every_panel_has_data() -> bool:
+                empty.clear()
+                for title, expr in panel_queries():
+                    query = expr.replace("$__rate_interval", RATE_INTERVAL)
+                    if not await values(query):
+                        empty.append((title, query))
+                return not empty
+
+            # the load's last samples reach the rates at the scrapes after it
+            try:
+                await eventually(every_panel_has_data, what="data in every panel")
+            except AssertionError as timeout:
+                raise AssertionError(f"panels without data: {empty}") from timeout
     finally:
         process.terminate()
         try:

@@ -16,6 +16,8 @@ import pytest
 from mcp import Client
 from ops_load import drive
 
+from luftpause.dev.procs import WAIT_S, eventually
+
 
 def chromium() -> str:
     for name in ("chromium", "chromium-browser"):
@@ -87,29 +89,39 @@ async def spawn(client: Client, **arguments) -> str:
     return json.loads(result.content[0].text)["handle"]
 
 
-async def settled(runtime_status: str, timeout: float = 40.0) -> None:
+async def settled(runtime_status: str) -> None:
     """Until one of the load's sub-agents has completed and one has exceeded its budget
-    (what the page must show), or ``timeout``: on a fast machine 5 s of load may not
-    see one finish."""
+    (what the page must show)."""
     async with httpx.AsyncClient(timeout=5, trust_env=False) as http:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while asyncio.get_running_loop().time() < deadline:
+        async def shown() -> bool:
             runs = (await http.get(runtime_status)).json().get("runs", [])
-            if any(r.get("status") == "Completed" for r in runs) and \
-                    any((r.get("budget") or {}).get("exceeded") for r in runs):
-                return
-            await asyncio.sleep(0.5)
+            return any(r.get("status") == "Completed" for r in runs) and \
+                any((r.get("budget") or {}).get("exceeded") for r in runs)
+
+        # the load's sub-agents wait up to 60 s for their runs (ops_load.py)
+        await eventually(shown, timeout=3 * WAIT_S, what="a sub-agent completed and one over its budget")
 
 
-async def awaiting_approval(runtime_status: str, handle: str, timeout: float = 30.0) -> None:
+async def awaiting_approval(runtime_status: str, handle: str) -> None:
     async with httpx.AsyncClient(timeout=5, trust_env=False) as http:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while asyncio.get_running_loop().time() < deadline:
+        async def waiting() -> bool:
             (run,) = (await http.get(runtime_status, params={"handle": handle})).json()["runs"]
-            if run["status"] == "AwaitingApproval":
-                return
-            await asyncio.sleep(0.2)
-    pytest.fail(f"{handle} never waited for approval")
+            return run["status"] == "AwaitingApproval"
+
+        await eventually(waiting, what=f"{handle} waiting for approval")
+
+
+async def load_shown(scheduler_status: str) -> None:
+    """Until the scheduler's status has what the page shows of the load: turns placed and
+    first tokens in the last minute, every replica probed and up."""
+    async with httpx.AsyncClient(timeout=5, trust_env=False) as http:
+        async def shown() -> bool:
+            status = (await http.get(scheduler_status)).json()
+            recent = status["last_minute"]
+            return recent["turns"] > 0 and recent["ttft_ms"]["p50"] is not None and \
+                all(r["healthy"] and r["probe_age_s"] is not None for r in status["replicas"])
+
+        await eventually(shown, what="the load in the scheduler's status")
 
 
 LONG_TASK = "wait too [[fake:hang]] " + "y" * 500
@@ -127,9 +139,9 @@ async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first
         waiting = await spawn(client, task="delete a note", tools=["delete_note"], maxToolCalls=1)
         load = asyncio.create_task(drive(ops_stack))
         try:
-            await asyncio.sleep(5)
             await settled(f"{url}runtime-status")
             await awaiting_approval(f"{url}runtime-status", waiting)
+            await load_shown(f"{url}status")
             page = await asyncio.to_thread(render, url, "--dump-dom")
             shot = tmp_path / "page.png"
             await asyncio.to_thread(render, url, "--window-size=1400,1100", f"--screenshot={shot}")
