@@ -45,46 +45,40 @@ async def _abandoned(client: httpx.AsyncClient, stack: Stack) -> float:
 
 
 BURST = 8  # batch turns queued ahead of the one abandoned
-TRIES = 5
 
 
 async def _abandon(stack: Stack) -> None:
-    """A turn whose client gives up while the scheduler holds it, until the scheduler has
-    counted one abandoned. Each try sends a burst of batch turns, each of a caller of its
-    own, and once half of them wait, one more of another new caller: held turns of
-    callers with nothing running go in arrival order, so it is held until those ahead of
-    it have found room. Its client gives up once the scheduler shows it held."""
+    """A turn whose client gives up while the scheduler holds it. A burst of batch turns,
+    each of a caller of its own, fills the engines (two running a replica, each reply
+    30 tokens of 15 ms); once half of them wait, one more of another new caller is sent:
+    held turns of callers with nothing running go in arrival order, so it is held behind
+    those still waiting, for at least one reply's time. Its client gives up once the
+    scheduler shows it held."""
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=BURST + 4),
                                  trust_env=False) as client:
         before = await _abandoned(client, stack)
-        for attempt in range(TRIES):
-            ahead = f"ahead-{attempt}-"
-            burst = [asyncio.create_task(_turn(client, stack, 2000 + k, caller=f"{ahead}{k}", service_class="batch",
-                                               run=f"{ahead}{k}")) for k in range(BURST)]
-            try:
-                async def waiting() -> bool:
-                    return await _held_by_caller(client, stack, ahead) >= BURST // 2
+        burst = [asyncio.create_task(_turn(client, stack, 2000 + k, caller=f"ahead-{k}", service_class="batch",
+                                           run=f"ahead-{k}")) for k in range(BURST)]
+        try:
+            async def waiting() -> bool:
+                return await _held_by_caller(client, stack, "ahead-") >= BURST // 2
 
-                await eventually(waiting, what="the burst waiting for room")
-                caller = f"abandoning-{attempt}"
-                turn = asyncio.create_task(_turn(client, stack, 3000 + attempt, caller=caller, service_class="batch",
-                                                 run=caller))
-                await eventually(lambda: turn.done() or _held_by_caller(client, stack, caller),
-                                 what="the turn held (or answered)")
-                held = not turn.done()
-                turn.cancel()  # the client gives up
-                await asyncio.gather(turn, return_exceptions=True)
+            await eventually(waiting, what="the burst waiting for room")
+            turn = asyncio.create_task(_turn(client, stack, 3000, caller="abandoning", service_class="batch",
+                                             run="abandoning"))
+            await eventually(lambda: turn.done() or _held_by_caller(client, stack, "abandoning"),
+                             what="the turn held (or answered)")
+            assert not turn.done(), "the turn behind the burst was answered without being held"
+            turn.cancel()  # the client gives up
+            await asyncio.gather(turn, return_exceptions=True)
 
-                async def let_go() -> bool:
-                    return await _held_by_caller(client, stack, caller) == 0
+            async def let_go() -> bool:
+                return (await _held_by_caller(client, stack, "abandoning") == 0
+                        and await _abandoned(client, stack) > before)
 
-                if held:
-                    await eventually(let_go, what="the scheduler let the abandoned turn go")
-            finally:
-                await asyncio.gather(*burst, return_exceptions=True)
-            if await _abandoned(client, stack) > before:
-                return
-    raise AssertionError(f"no turn abandoned while held in {TRIES} tries")
+            await eventually(let_go, what="the scheduler let the abandoned turn go and counted it")
+        finally:
+            await asyncio.gather(*burst, return_exceptions=True)
 
 
 async def _sub_agents(stack: Stack) -> None:
