@@ -7,8 +7,9 @@ bounded batch, a FIFO queue, a KV budget and a prefix cache, driven here by one 
 per engine in (scaled) real time. Around that: Prometheus ``/metrics`` in SGLang's or
 vLLM's names (or llama.cpp's, TGI's, or none that tell load), the endpoints the SGLang router probes, vLLM's ``/classify``,
 a native ``/v1/responses`` (OpenAI's Responses API over the same chat machinery, as vLLM
-serves it), fault directives (:mod:`luftpause.fakes.faults`) and counters at ``/stats`` that tests use to
-see what really reached the engine. It knows nothing about luftpause's headers.
+serves it), fault directives (:mod:`luftpause.fakes.faults`), counters at ``/stats`` that tests use to
+see what really reached the engine, and a decode gate (``PUT /gate``) a test closes to hold
+the batch still while it looks. It knows nothing about luftpause's headers.
 
 Run it with ``python -m luftpause.fakes.engine --help``.
 
@@ -190,6 +191,23 @@ async def set_faults(request: web.Request) -> web.Response:
     return web.json_response({"faults": options})
 
 
+async def set_gate(request: web.Request) -> web.Response:
+    """``PUT /gate`` ``{"open": false}``: no decode step runs until ``{"open": true}``.
+    Requests are still admitted and prefilled (a stream sends its first chunk), so the
+    batch, the queue and the gauges hold still: for a test that must see a state which
+    would otherwise pass while it looks (/stats shows ``gate_open``)."""
+    state = request.app[STATE_KEY]
+    try:
+        body = await request.json()
+        if not isinstance(body, dict) or not isinstance(body.get("open"), bool):
+            raise ValueError("'open' must be true or false")
+    except ValueError as err:
+        return web.json_response({"error": {"message": f"bad gate: {err}"}}, status=400)
+    state.sim.set_gate(body["open"])
+    log.info("engine_gate", open=body["open"])
+    return web.json_response({"open": body["open"]})
+
+
 async def reset(request: web.Request) -> web.Response:
     """``POST /reset``: an empty cache and zero counters, as after a restart (409 while busy)."""
     state = request.app[STATE_KEY]
@@ -246,6 +264,7 @@ def create_app(config: EngineConfig, gpu: Gpu | None = None) -> web.Application:
     app.router.add_post("/v1/chat/completions/render", render_chat)
     app.router.add_post("/reset", reset)
     app.router.add_put("/faults", set_faults)
+    app.router.add_put("/gate", set_gate)
     app.router.add_get("/metrics", metrics)
     if config.openapi:
         app.router.add_get("/openapi.json", openapi)

@@ -50,6 +50,25 @@ class QueueTimes:
         return family
 
 
+class Clock:
+    """The engine's time: the event loop's clock. A test gives :class:`Gpu` a clock of its
+    own with the same three methods, to drive the engine's time itself."""
+
+    def time(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def wait(self, event: asyncio.Event, seconds: float) -> bool:
+        """Until ``event`` is set (True) or ``seconds`` pass (False)."""
+        try:
+            await asyncio.wait_for(event.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
+
 class Gpu:
     """One GPU's timeline, shared by the replicas served from one process.
 
@@ -64,8 +83,9 @@ class Gpu:
 
     MAX_LAG_S = 0.02
 
-    def __init__(self, time_scale: float) -> None:
+    def __init__(self, time_scale: float, clock: Clock | None = None) -> None:
         self.time_scale = time_scale
+        self.clock = clock if clock is not None else Clock()
         self._lock = asyncio.Lock()
         self._free_at = 0.0
         self.busy_s = 0.0  # wall seconds of passes run, all replicas together
@@ -75,8 +95,7 @@ class Gpu:
         """Hold the GPU for one pass of ``model_ms`` model milliseconds; ``continuing``:
         the caller has had work since its last pass (it was not idle)."""
         async with self._lock:
-            loop = asyncio.get_running_loop()
-            now = loop.time()
+            now = self.clock.time()
             if continuing and self.busy_s > 0:  # behind its clock: catch up at most MAX_LAG_S, the rest is lost
                 start = max(self._free_at, now - self.MAX_LAG_S)
                 self.lost_s += max(0.0, now - self.MAX_LAG_S - self._free_at)
@@ -86,16 +105,16 @@ class Gpu:
             end = start + duration
             self.busy_s += duration
             if end > now:
-                await asyncio.sleep(end - now)
+                await self.clock.sleep(end - now)
             else:
                 await asyncio.sleep(0)
             self._free_at = end
 
 
 class Simulator:
-    """Drives :class:`EngineModel` in real time: one loop per replica runs prefill passes
-    and decode steps on its (possibly shared) :class:`Gpu`, and wakes the handlers of
-    requests that made progress. When idle, the gauges refresh after ``IDLE_METRICS_S``
+    """Drives :class:`EngineModel` in real time (its :class:`Gpu`'s clock): one loop per
+    replica runs prefill passes and decode steps on its (possibly shared) GPU, and wakes
+    the handlers of requests that made progress. When idle, the gauges refresh after ``IDLE_METRICS_S``
     model seconds, as SGLang's idle self-check logs metrics every 30 s."""
 
     IDLE_METRICS_S = 30.0
@@ -104,9 +123,11 @@ class Simulator:
         self.model = EngineModel(params)
         self.time_scale = time_scale
         self.gpu = gpu if gpu is not None else Gpu(time_scale)
+        self.clock = self.gpu.clock
         self._wake = asyncio.Event()
         self._progress: dict[int, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
+        self.gate_open = True  # PUT /gate: closed, no decode step runs (a test holds the batch as it is)
         self.tokens_generated = 0
         # SGLang's ``gen_throughput``: decode tokens since the last decode log over the
         # wall time since then (in model seconds), set at each decode log.
@@ -133,6 +154,13 @@ class Simulator:
         self.queue_times, self._queued_at = QueueTimes(), {}
         return True
 
+    def set_gate(self, open_: bool) -> None:
+        """Close (False) or open the decode gate: while closed, requests are still admitted
+        and prefilled, and no decode step runs, so the batch, the queue and the gauges stay
+        as they are until a test has looked at them."""
+        self.gate_open = open_
+        self._wake.set()
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-sim")
@@ -150,7 +178,7 @@ class Simulator:
                reply_text: str = "") -> tuple[SimRequest, asyncio.Event]:
         self.start()
         request = self.model.submit(model, prompt_text, reply_tokens, max_tokens, reply_text)
-        self._queued_at[request.id] = asyncio.get_running_loop().time()
+        self._queued_at[request.id] = self.clock.time()
         progress = asyncio.Event()
         self._progress[request.id] = progress
         self._wake.set()
@@ -172,9 +200,7 @@ class Simulator:
 
     async def _idle(self) -> None:
         self._wake.clear()
-        try:
-            await asyncio.wait_for(self._wake.wait(), self.IDLE_METRICS_S * self.time_scale)
-        except TimeoutError:
+        if not await self.clock.wait(self._wake, self.IDLE_METRICS_S * self.time_scale):
             self.model.refresh_gauges()
             await self._wake.wait()
 
@@ -183,7 +209,7 @@ class Simulator:
         As SGLang's, the interval is wall time: prefill passes, the other replica's passes
         on a shared GPU and idle time count in it."""
         self._log_tokens += tokens
-        now = asyncio.get_running_loop().time()
+        now = self.clock.time()
         if self._log_at is None:
             self._log_at = now
         if not self.model.decode_logged():
@@ -201,7 +227,7 @@ class Simulator:
 
     def _observe_waits(self, admitted: Sequence[SimRequest]) -> None:
         """Each request's wait in the queue, at its first admission (not after a retraction)."""
-        now = asyncio.get_running_loop().time()
+        now = self.clock.time()
         for request in admitted:
             queued_at = self._queued_at.pop(request.id, None)
             if queued_at is not None:
@@ -224,6 +250,10 @@ class Simulator:
                 self.model.finish_prefill(admitted)
                 self.tokens_generated += sum(1 for r in admitted if r.prefilled)
                 self._notify(admitted)
+            elif not self.gate_open and self.model.decoding():  # held until the gate opens (or news)
+                self._wake.clear()
+                await self._wake.wait()
+                continuing = False
             elif self.model.decoding():
                 batch = self.model.prepare_decode()
                 pass_ms = self.model.decode_ms()
@@ -275,6 +305,7 @@ class EngineState:
             "reported_queued": sum(model.gauges.queued.values()),
             "gpu_busy_s": round(self.sim.gpu.busy_s, 3),  # the shared GPU's, when replicas share one
             "gpu_lost_s": round(self.sim.gpu.lost_s, 3),  # wall time the simulated GPU fell behind (busy CPU)
+            "gate_open": self.sim.gate_open,  # PUT /gate
         }
 
 

@@ -1,19 +1,19 @@
 """The continuous-batching model of the fake engine, driven with plain values (one test
 per SGLang behaviour it reproduces), and its time scale and shared GPU measured through
-the running app."""
+the running app on a clock the test moves on (``fake_engine_clock.FakeClock``)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 import urllib.request
 from collections.abc import Callable
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from fake_engine_clock import FakeClock, Requests, passing
 
-from luftpause.fakes.engine import EngineConfig, Gpu, create_app, parse_args
-from luftpause.dev.procs import free_port
+from luftpause.fakes.engine import STATE_KEY, EngineConfig, Gpu, create_app, parse_args
+from luftpause.dev.procs import eventually, free_port
 from luftpause.fakes.sim import EngineModel, ModelParams, PrefixCache, block_hashes
 
 BLOCK = 16  # tokens per block = 64 characters
@@ -318,39 +318,48 @@ def test_preset_and_overrides() -> None:
     assert (sglang.chunked_prefill_tokens, sglang.cuda_graph_max_bs, sglang.metrics_interval_steps) == (2048, 8, 40)
 
 
-async def test_time_scale_speeds_the_engine_up() -> None:
-    async def duration(scale: float) -> float:
-        config = EngineConfig(latency_ms=100, token_ms=50, reply_tokens=4, time_scale=scale)
-        async with TestClient(TestServer(create_app(config))) as client:
-            started = time.monotonic()
-            body = {"model": "fake-llama-1b", "messages": [{"role": "user", "content": "hi"}]}
-            response = await client.post("/v1/chat/completions", json=body)
-            assert response.status == 200
-            await response.json()
-            return time.monotonic() - started
-
-    full, quarter = await duration(1.0), await duration(0.25)
-    assert 0.2 < full < 0.5  # prefill 100 ms (first token) + 3 steps of 50 ms
-    assert quarter < full / 2.5
-
-
 CHAT = {"model": "fake-llama-1b", "messages": [{"role": "user", "content": "hi"}]}
 
 
-async def test_replicas_on_one_gpu_delay_each_other() -> None:
-    async def two_at_once(gpu: Gpu | None) -> float:
-        config = EngineConfig(latency_ms=100, token_ms=50, reply_tokens=4)
-        async with TestClient(TestServer(create_app(config, gpu))) as a, \
-                TestClient(TestServer(create_app(config, gpu))) as b:
-            started = time.monotonic()
-            responses = await asyncio.gather(a.post("/v1/chat/completions", json=CHAT),
-                                             b.post("/v1/chat/completions", json=CHAT))
-            assert [r.status for r in responses] == [200, 200]
-            return time.monotonic() - started
+async def ask(client: TestClient) -> None:
+    response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status == 200
+    await response.json()
 
-    own_gpus = await two_at_once(None)  # each replica's 250 ms run in parallel
-    one_gpu = await two_at_once(Gpu(1.0))  # the passes take turns: ~500 ms
-    assert own_gpus < 0.45 and one_gpu > 1.6 * own_gpus
+
+async def test_time_scale_speeds_the_engine_up() -> None:
+    async def duration(scale: float) -> float:
+        clock = FakeClock()
+        config = EngineConfig(latency_ms=100, token_ms=50, reply_tokens=4, time_scale=scale)
+        app = create_app(config, Gpu(scale, clock))
+        async with TestClient(TestServer(app)) as client:
+            requests = Requests(clock)
+            sent = requests.send(app[STATE_KEY].sim, ask(client))
+            await requests.results()
+        return requests.answered[sent]
+
+    full, quarter = await duration(1.0), await duration(0.25)
+    assert full == pytest.approx(0.25)  # prefill 100 ms (first token) + 3 steps of 50 ms
+    assert quarter == pytest.approx(full / 4)
+
+
+async def test_replicas_on_one_gpu_delay_each_other() -> None:
+    async def two_at_once(shared: bool) -> list[float]:
+        clock = FakeClock()
+        config = EngineConfig(latency_ms=100, token_ms=50, reply_tokens=4)
+        gpu = Gpu(1.0, clock)
+        apps = [create_app(config, gpu if shared else Gpu(1.0, clock)) for _ in range(2)]
+        async with TestClient(TestServer(apps[0])) as a, TestClient(TestServer(apps[1])) as b:
+            requests = Requests(clock)
+            sent = [requests.send(app[STATE_KEY].sim, ask(client)) for app, client in zip(apps, (a, b), strict=True)]
+            await requests.results()
+        return sorted(requests.answered[task] for task in sent)
+
+    own_gpus = await two_at_once(shared=False)
+    one_gpu = await two_at_once(shared=True)
+    assert own_gpus == pytest.approx([0.25, 0.25])  # each replica's 250 ms, in parallel
+    # the passes take turns (prefill a, prefill b, then a decode step each in turn): 500 ms
+    assert one_gpu == pytest.approx([0.45, 0.5])
 
 
 def test_one_process_serves_replicas_on_extra_ports(start_engine: Callable[..., str]) -> None:
@@ -373,35 +382,39 @@ def test_one_process_serves_replicas_on_extra_ports(start_engine: Callable[..., 
 
 
 async def test_metrics_are_stale_until_a_refresh_and_refresh_after_30_idle_seconds() -> None:
-    # 100 ms of wall time = 30 model seconds at time scale 1/300
-    config = EngineConfig(latency_ms=30, token_ms=30, reply_tokens=4, metrics_interval_steps=1000,
-                          time_scale=1 / 300)
-    async with TestClient(TestServer(create_app(config))) as client:
+    scale = 1 / 300  # a model second is scale seconds on the engine's clock
+    clock = FakeClock()
+    config = EngineConfig(latency_ms=30, token_ms=30, reply_tokens=4, metrics_interval_steps=1000, time_scale=scale)
+    app = create_app(config, Gpu(scale, clock))
+    async with TestClient(TestServer(app)) as client:
         async def running_gauge() -> float:
             text = await (await client.get("/metrics")).text()
             line = next(x for x in text.splitlines() if x.startswith("sglang:num_running_reqs{"))
             return float(line.rsplit(" ", 1)[1])
 
-        response = await client.post("/v1/chat/completions", json=CHAT)
-        assert response.status == 200
-        await response.json()
+        async def refreshed() -> bool:
+            return await running_gauge() == 0
+
+        requests = Requests(clock)
+        requests.send(app[STATE_KEY].sim, ask(client))
+        await requests.results()
         stats = await (await client.get("/stats")).json()
         assert stats["running"] == 0 and stats["reported_running"] == 1  # as of the last prefill pass
         assert await running_gauge() == 1
-        for _ in range(50):  # bounded: 30 idle model seconds are 0.1 s here
-            await asyncio.sleep(0.02)
-            if await running_gauge() == 0:
-                break
-        assert await running_gauge() == 0
+        clock.advance(29 * scale)  # idle for 29 model seconds: still stale
+        assert await running_gauge() == 1
+        clock.advance(2 * scale)  # past 30
+        await eventually(refreshed, what="the gauges refreshed after 30 idle model seconds")
 
 
 async def test_gpu_counts_time_lost_to_a_busy_cpu_but_not_idle_time() -> None:
-    gpu = Gpu(1.0)
-    await gpu.run(10)
-    time.sleep(0.1)  # the event loop is held up, as by a saturated CPU, while work is pending
-    await gpu.run(10, continuing=True)
-    assert 0.07 < gpu.lost_s < 0.2  # 0.1 s behind, 0.02 s of it caught up
+    clock = FakeClock()
+    gpu = Gpu(1.0, clock)
+    await passing(clock, gpu.run(10))
+    clock.advance(0.1)  # the event loop is held up, as by a saturated CPU, while work is pending
+    await passing(clock, gpu.run(10, continuing=True))
+    assert gpu.lost_s == pytest.approx(0.08)  # 0.1 s behind, 0.02 s of it caught up
     lost = gpu.lost_s
-    await asyncio.sleep(0.1)  # idle: nothing pending
-    await gpu.run(10, continuing=False)
+    clock.advance(0.1)  # idle: nothing pending
+    await passing(clock, gpu.run(10, continuing=False))
     assert gpu.lost_s == lost

@@ -12,9 +12,11 @@ import aiohttp
 import openai
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from fake_engine_clock import FakeClock, Requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from luftpause.fakes.engine import EngineConfig, create_app
+from luftpause.dev.procs import eventually
+from luftpause.fakes.engine import STATE_KEY, EngineConfig, Gpu, create_app
 from luftpause.scheduler.probes import parse_load
 
 MODEL = "fake-llama-1b"
@@ -52,6 +54,13 @@ def engine(start_engine: Callable[..., str]) -> str:
 def slow_engine(start_engine: Callable[..., str]) -> str:
     """A batch of two with slow decoding, so requests visibly run and queue."""
     return start_engine("--max-running", "2", "--latency-ms", "100", "--token-ms", "40", "--reply-tokens", "12")
+
+
+@pytest.fixture(scope="module")
+def long_engine(start_engine: Callable[..., str]) -> str:
+    """A batch of two whose replies last minutes (1000 tokens of 0.5 s), so a request
+    stays running, or queued behind two, until its client leaves."""
+    return start_engine("--max-running", "2", "--latency-ms", "5", "--token-ms", "500", "--reply-tokens", "1000")
 
 
 @pytest.fixture
@@ -153,17 +162,6 @@ async def execution(http: aiohttp.ClientSession, url: str) -> dict[tuple[str, st
                 if sample.name.endswith("_total"):
                     values[(sample.name, sample.labels[EXECUTION_COUNTERS[family.name]])] = sample.value
     return values
-
-
-async def wait_for(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    """Poll an async ``check`` until it returns something truthy."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 def content_of(chunks: list[dict[str, Any]]) -> str:
@@ -323,40 +321,47 @@ async def test_openai_sdk_streams(engine: str) -> None:
 # --- batching, queueing, disconnects -------------------------------------------------
 
 
-async def test_metrics_show_running_and_queue(slow_engine: str, http: aiohttp.ClientSession) -> None:
-    idle = await gauges(http, slow_engine)
-    assert set(idle) == {
-        "sglang:num_running_reqs",
-        "sglang:num_queue_reqs",
-        "sglang:token_usage",
-        "sglang:cache_hit_rate",
-        "sglang:num_retracted_reqs_total",
-        "sglang:max_total_num_tokens",
-        "sglang:num_used_tokens",
-        "sglang:gen_throughput",
-        "sglang:queue_time_seconds_sum",
-        "sglang:queue_time_seconds_count",
-    }
-    assert idle["sglang:num_running_reqs"] == 0 and idle["sglang:num_queue_reqs"] == 0
-    assert idle["sglang:num_used_tokens"] == 0 and idle["sglang:max_total_num_tokens"] > 0
+async def test_metrics_show_running_and_queue() -> None:
+    """The gauges of a slow engine (a batch of two, 40 ms tokens) idle, busy and done; in
+    process on a clock the test moves on, which stands still while the batch is full."""
+    clock = FakeClock()
+    config = EngineConfig(max_running=2, latency_ms=100, token_ms=40, reply_tokens=12)
+    app = create_app(config, Gpu(config.time_scale, clock))
+    sim = app[STATE_KEY].sim
+    async with TestServer(app) as server, aiohttp.ClientSession() as http:
+        url = f"http://{server.host}:{server.port}"
+        idle = await gauges(http, url)
+        assert set(idle) == {
+            "sglang:num_running_reqs",
+            "sglang:num_queue_reqs",
+            "sglang:token_usage",
+            "sglang:cache_hit_rate",
+            "sglang:num_retracted_reqs_total",
+            "sglang:max_total_num_tokens",
+            "sglang:num_used_tokens",
+            "sglang:gen_throughput",
+            "sglang:queue_time_seconds_sum",
+            "sglang:queue_time_seconds_count",
+        }
+        assert idle["sglang:num_running_reqs"] == 0 and idle["sglang:num_queue_reqs"] == 0
+        assert idle["sglang:num_used_tokens"] == 0 and idle["sglang:max_total_num_tokens"] > 0
 
-    streams = [asyncio.create_task(post_stream(http, slow_engine, chat())) for _ in range(5)]
+        requests = Requests(clock)
+        for _ in range(5):
+            requests.send(sim, post_stream(http, url, chat()))
+        await requests.until(lambda: sim.model.gauges.queued == {MODEL: 3})  # two running, three queued
+        busy = await gauges(http, url)
+        assert busy["sglang:num_queue_reqs"] == 3
+        assert busy["sglang:num_running_reqs"] == 2  # max_running 2
+        assert 0 < busy["sglang:token_usage"] < 1
+        # The scheduler reads the KV pool from these: the same share, in tokens.
+        assert busy["sglang:num_used_tokens"] == round(busy["sglang:token_usage"] * busy["sglang:max_total_num_tokens"])
+        stats = await get_json(http, f"{url}/stats")
+        assert stats["running"] == 2 and stats["queued"] == 3
 
-    async def batch_full() -> dict[str, float] | None:
-        now = await gauges(http, slow_engine)
-        return now if now["sglang:num_queue_reqs"] == 3 else None
-
-    busy = await wait_for(batch_full)
-    assert busy["sglang:num_running_reqs"] == 2  # --max-running 2
-    assert 0 < busy["sglang:token_usage"] < 1
-    # The scheduler reads the KV pool from these: the same share, in tokens.
-    assert busy["sglang:num_used_tokens"] == round(busy["sglang:token_usage"] * busy["sglang:max_total_num_tokens"])
-    stats = await get_json(http, f"{slow_engine}/stats")
-    assert stats["running"] == 2 and stats["queued"] == 3
-
-    for chunks in await asyncio.gather(*streams):
-        assert finish_reasons(chunks) == ["stop"]
-    done = await gauges(http, slow_engine)
+        for chunks in await requests.results():
+            assert finish_reasons(chunks) == ["stop"]
+        done = await gauges(http, url)
     assert done["sglang:num_running_reqs"] == 0 and done["sglang:num_queue_reqs"] == 0
     # Tokens per second of its last decode-log interval, as SGLang's: none before any decode.
     assert idle["sglang:gen_throughput"] == 0 and done["sglang:gen_throughput"] > 0
@@ -384,32 +389,38 @@ async def test_execution_counters_are_the_simulated_gpus_time(slow_engine: str, 
     assert grew[("sglang:gpu_execution_seconds_total", "forward_extend")] > 0  # the prompts' prefill passes
 
 
-async def test_client_disconnect_closes_engine_request(slow_engine: str, http: aiohttp.ClientSession) -> None:
-    async def stats() -> dict[str, Any]:
-        return await get_json(http, f"{slow_engine}/stats")
+async def test_client_disconnect_closes_engine_request(long_engine: str) -> None:
+    async with aiohttp.ClientSession() as http:  # no deadline of its own: its streams last minutes
+        async def stats() -> dict[str, Any]:
+            return await get_json(http, f"{long_engine}/stats")
 
-    before = (await stats())["closed_early"]
-    response = await http.post(f"{slow_engine}/v1/chat/completions", json=chat(stream=True))
-    first = await response.content.readline()  # the role chunk: generation has started
-    assert b"chat.completion.chunk" in first
-    assert (await stats())["running"] == 1
-    response.close()  # drop the connection mid-stream
-    await wait_for(lambda: _closed(stats, before + 1))
-    assert (await stats())["running"] == 0
+        before = (await stats())["closed_early"]
+        response = await http.post(f"{long_engine}/v1/chat/completions", json=chat(stream=True))
+        first = await response.content.readline()  # the role chunk: generation has started
+        assert b"chat.completion.chunk" in first
+        assert (await stats())["running"] == 1
+        response.close()  # drop the connection mid-stream
+        await eventually(lambda: _closed(stats, before + 1), what="the engine counted the disconnect")
+        assert (await stats())["running"] == 0
 
 
-async def test_disconnect_while_queued_frees_the_place(slow_engine: str, http: aiohttp.ClientSession) -> None:
-    async def stats() -> dict[str, Any]:
-        return await get_json(http, f"{slow_engine}/stats")
+async def test_disconnect_while_queued_frees_the_place(long_engine: str) -> None:
+    async with aiohttp.ClientSession() as http:  # no deadline of its own: its streams last minutes
+        async def stats() -> dict[str, Any]:
+            return await get_json(http, f"{long_engine}/stats")
 
-    before = (await stats())["closed_early"]
-    runners = [asyncio.create_task(post_stream(http, slow_engine, chat())) for _ in range(2)]
-    await wait_for(lambda: _has(stats, running=2))
-    waiting = await http.post(f"{slow_engine}/v1/chat/completions", json=chat(stream=True))
-    await wait_for(lambda: _has(stats, queued=1))
-    waiting.close()
-    await wait_for(lambda: _has(stats, queued=0, closed_early=before + 1))
-    await asyncio.gather(*runners)
+        before = (await stats())["closed_early"]
+        runners = [asyncio.create_task(post_stream(http, long_engine, chat())) for _ in range(2)]
+        await eventually(lambda: _has(stats, running=2), what="two requests running")
+        waiting = await http.post(f"{long_engine}/v1/chat/completions", json=chat(stream=True))
+        await eventually(lambda: _has(stats, queued=1), what="a third queued behind them")
+        waiting.close()
+        await eventually(lambda: _has(stats, queued=0, closed_early=before + 1), what="the queued one gone")
+        assert await _has(stats, running=2)  # the batch went on
+        for runner in runners:
+            runner.cancel()
+        await asyncio.gather(*runners, return_exceptions=True)
+        await eventually(lambda: _has(stats, running=0, closed_early=before + 3), what="the runners gone too")
 
 
 async def _closed(stats: Callable[[], Any], count: int) -> bool:

@@ -7,12 +7,16 @@ import asyncio
 import json
 import math
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp.test_utils import TestServer
 
+from luftpause.dev.procs import eventually
 from luftpause.fakes import faults, replies
+from luftpause.fakes.engine import EngineConfig, create_app
 from luftpause.fakes.faults import FaultError, Faults
 
 MODEL = "fake-llama-1b"
@@ -167,15 +171,20 @@ async def test_die_after_non_streaming_drops_the_connection(engine: str, http: a
     assert status == 200
 
 
-async def test_hang_never_answers_and_counts_closed_early(engine: str, http: aiohttp.ClientSession) -> None:
+async def test_hang_never_answers_and_counts_closed_early(engine: str, engine_logs: dict[str, Path],
+                                                          http: aiohttp.ClientSession) -> None:
     before = (await stats(http, engine))["closed_early"]
+    log = engine_logs[engine]
+    seen = log.read_text().count("chat_request")
+    call = asyncio.create_task(post(http, engine, chat("wait forever [[fake:hang]]", stream=True)))
+    await eventually(lambda: log.read_text().count("chat_request") > seen, what="the engine took the request")
     with pytest.raises(asyncio.TimeoutError):
-        await asyncio.wait_for(post(http, engine, chat("wait forever [[fake:hang]]", stream=True)), 0.5)
-    for _ in range(100):
-        if (await stats(http, engine))["closed_early"] == before + 1:
-            break
-        await asyncio.sleep(0.02)
-    assert (await stats(http, engine))["closed_early"] == before + 1
+        await asyncio.wait_for(call, 0.5)  # no answer; the client gives up and disconnects
+    await eventually(lambda: _closed_early(http, engine, before + 1), what="the engine counted the disconnect")
+
+
+async def _closed_early(http: aiohttp.ClientSession, url: str, count: int) -> bool:
+    return (await stats(http, url))["closed_early"] == count
 
 
 async def test_tool_call_as_text(engine: str, http: aiohttp.ClientSession) -> None:
@@ -281,21 +290,22 @@ async def test_parallel_calls_directive_puts_several_calls_in_one_message(
         assert [c["function"]["name"] for c in body["choices"][0]["message"]["tool_calls"]] == ["lookup"]
 
 
-async def test_stall_after_can_fall_between_two_calls(engine: str, http: aiohttp.ClientSession) -> None:
+async def test_stall_after_can_fall_between_two_calls(http: aiohttp.ClientSession) -> None:
     """stall-after counts the calls' chunks: past the first call and the second's head,
-    the stream stops with the second call announced and none of its arguments."""
-    _, _, body = await post(http, engine, chat("find cats [[fake:parallel-calls=2]]", tools=[TOOL, OTHER]))
-    first = body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
-    after = 1 + math.ceil(len(first) / 4) + 1  # the first call's head and slices, the second's head
-    seen: list[dict[str, Any]] = []
-    async with http.post(f"{engine}/v1/chat/completions", json=chat(
-            f"find cats [[fake:parallel-calls=2]] [[fake:stall-after={after}]]", tools=[TOOL, OTHER],
-            stream=True)) as response:
-        with pytest.raises(asyncio.TimeoutError):
-            async with asyncio.timeout(1.0):
-                async for raw in response.content:
-                    if raw.startswith(b"data: {"):
-                        seen.append(json.loads(raw.removeprefix(b"data: ")))
+    the stream stops with the second call announced and none of its arguments. In process,
+    its stall cut short (``hang_limit_s``): the stream breaks after its stall, and all it
+    sent is read."""
+    config = EngineConfig(latency_ms=5, token_ms=1, hang_limit_s=0.2)
+    async with TestServer(create_app(config)) as server:
+        engine = f"http://{server.host}:{server.port}"
+        _, _, body = await post(http, engine, chat("find cats [[fake:parallel-calls=2]]", tools=[TOOL, OTHER]))
+        first = body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+        after = 1 + math.ceil(len(first) / 4) + 1  # the first call's head and slices, the second's head
+        async with http.post(f"{engine}/v1/chat/completions", json=chat(
+                f"find cats [[fake:parallel-calls=2]] [[fake:stall-after={after}]]", tools=[TOOL, OTHER],
+                stream=True)) as response:
+            seen, done, broke = await read_raw_stream(response)
+    assert broke and not done  # it stalled, then was dropped: no more chunks, no end
     calls = calls_by_index(seen)
     assert json.loads(calls[0]["arguments"]) == json.loads(first)
     assert calls[1]["names"] == ["exec_command"] and calls[1]["arguments"] == ""
