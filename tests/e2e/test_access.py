@@ -13,6 +13,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from luftpause.proto import scheduler_pb2 as pb
+from luftpause.dev.procs import WAIT_S
 from luftpause.dev.stack import Stack
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 
@@ -89,8 +90,8 @@ def test_without_the_token_only_health_and_the_static_page_answer(stack) -> None
 async def test_scheduler_grpc_refuses_calls_without_the_token(stack) -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.scheduler_grpc}") as channel:
         stub = pb_grpc.SchedulerStub(channel)
-        for call in (stub.Status(pb.StatusRequest(), timeout=2), stub.Resync(pb.ResyncRequest(), timeout=2),
-                     stub.Admit(pb.AdmitRequest(turn_id="t", run_id="r", model="fake-llama-1b"), timeout=2)):
+        for call in (stub.Status(pb.StatusRequest(), timeout=WAIT_S), stub.Resync(pb.ResyncRequest(), timeout=WAIT_S),
+                     stub.Admit(pb.AdmitRequest(turn_id="t", run_id="r", model="fake-llama-1b"), timeout=WAIT_S)):
             with pytest.raises(grpc.aio.AioRpcError) as error:
                 await call
             assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED

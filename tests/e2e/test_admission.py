@@ -4,18 +4,35 @@ engine leaving rotation within one probe period."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause import vocabulary as h
-from luftpause.dev.procs import wait_until
+from luftpause.dev.procs import WAIT_S, eventually, wait_until
 from luftpause.dev.stack import MODEL
 
 
 def status(stack) -> dict:
     return httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()
+
+
+async def status_async(stack) -> dict:
+    return await asyncio.to_thread(status, stack)
+
+
+async def nothing_left(stack) -> bool:
+    """No turn in flight or held (each turn's end reaches the scheduler a moment after its answer)."""
+    final = await status_async(stack)
+    return final["in_flight"] == 0 and final["held"] == 0
+
+
+def set_gates(stack, open_: bool) -> None:
+    """Close (or open) every engine's decode gate: requests are admitted and prefilled, and
+    none finishes while it is closed (the fake engine's PUT /gate)."""
+    for port in stack.ports.engines:
+        httpx.put(f"http://127.0.0.1:{port}/gate", json={"open": open_}, timeout=5).raise_for_status()
 
 
 async def batch_turn(client: httpx.AsyncClient, stack, run_id: str) -> int:
@@ -28,35 +45,33 @@ async def batch_turn(client: httpx.AsyncClient, stack, run_id: str) -> int:
 
 @pytest.fixture
 def slow_engines(make_stack):
-    """Engines that run at most 2 requests at once and take ~3 s per reply."""
+    """Engines that run at most 2 requests at once (a reply takes ~0.6 s once their decode
+    gates open)."""
     return make_stack(without=frozenset({"runtime", "fake-mcp"}),
-                      engine_args=["--max-running", "2", "--reply-tokens", "30", "--token-ms", "100"])
+                      engine_args=["--max-running", "2", "--reply-tokens", "30", "--token-ms", "20"])
 
 
 async def test_engine_reporting_a_queue_caps_in_flight_and_holds_the_rest(slow_engines):
-    seen = {"held": 0, "capacities": set()}
+    async def capped() -> bool:  # at the engine's running count
+        return 2 in {r["capacity"] for r in (await status_async(slow_engines))["replicas"]}
 
-    async def watch():
-        while True:
-            snapshot = await asyncio.to_thread(status, slow_engines)
-            seen["held"] = max(seen["held"], snapshot["held"])
-            seen["capacities"].update(r["capacity"] for r in snapshot["replicas"])
-            await asyncio.sleep(0.2)
+    async def all_held() -> bool:
+        return (await status_async(slow_engines))["held"] == 6
 
-    watcher = asyncio.create_task(watch())
+    set_gates(slow_engines, False)  # no turn ends until the second wave has been seen held
     async with httpx.AsyncClient(timeout=120) as client:
-        # The first wave fills both engines (queue appears); the second arrives once the
-        # scheduler has probed the queue and must be held rather than sent.
-        first = [asyncio.create_task(batch_turn(client, slow_engines, f"run-{i}")) for i in range(8)]
-        await asyncio.sleep(3)
-        second = [asyncio.create_task(batch_turn(client, slow_engines, f"run-{i}")) for i in range(8, 14)]
+        try:
+            # The first wave fills both engines (queue appears); the second arrives once the
+            # scheduler has probed the queue and must be held rather than sent.
+            first = [asyncio.create_task(batch_turn(client, slow_engines, f"run-{i}")) for i in range(8)]
+            await eventually(capped, what="a replica capped at 2 from the engine's queue")
+            second = [asyncio.create_task(batch_turn(client, slow_engines, f"run-{i}")) for i in range(8, 14)]
+            await eventually(all_held, what="the second wave held")
+        finally:
+            set_gates(slow_engines, True)
         codes = await asyncio.gather(*first, *second)
-    watcher.cancel()
     assert codes == [200] * 14
-    assert 2 in seen["capacities"], seen  # capped at the engine's running count
-    assert seen["held"] > 0, seen
-    final = status(slow_engines)
-    assert final["in_flight"] == 0 and final["held"] == 0
+    await eventually(lambda: nothing_left(slow_engines), what="nothing in flight or held")
 
 
 async def test_the_decode_ceiling_an_engine_reports_bounds_what_it_is_sent(make_stack):
@@ -66,42 +81,71 @@ async def test_the_decode_ceiling_an_engine_reports_bounds_what_it_is_sent(make_
     pay no eager step above 2, and a lifted ceiling is what test_ceiling.py covers.)"""
     stack = make_stack(without=frozenset({"runtime", "fake-mcp"}), env={"LUFTPAUSE_LIFT_CEILING": "off"},
                        engine_args=["--cuda-graph-max-bs", "2", "--reply-tokens", "20", "--token-ms", "100"])
-    assert wait_until(lambda: all(r["decode_ceiling"] == 2 for r in status(stack)["replicas"]), 10), status(stack)
-    seen = {"held": 0, "in_flight": 0, "at_engine": 0}
+    assert wait_until(lambda: all(r["decode_ceiling"] == 2 for r in status(stack)["replicas"]), WAIT_S), status(stack)
+    seen = {"in_flight": 0, "at_engine": 0}
 
     def engine_load(port: int) -> int:
         stats = httpx.get(f"http://127.0.0.1:{port}/stats").json()
         return stats["running"] + stats["queued"]
 
-    async def watch():
+    def load() -> tuple[int, list[int], list[int]]:
+        """Turns held, turns in flight per replica, requests at each engine."""
+        snapshot = status(stack)
+        return (snapshot["held"], [r["in_flight"] for r in snapshot["replicas"]],
+                [engine_load(p) for p in stack.ports.engines])
+
+    async def watch():  # the most ever in flight on a replica, and at an engine
         while True:
-            snapshot = await asyncio.to_thread(status, stack)
-            seen["held"] = max(seen["held"], snapshot["held"])
-            seen["in_flight"] = max(seen["in_flight"], *(r["in_flight"] for r in snapshot["replicas"]))
-            loads = await asyncio.gather(*(asyncio.to_thread(engine_load, p) for p in stack.ports.engines))
-            seen["at_engine"] = max(seen["at_engine"], *loads)
+            _, in_flight, at_engine = await asyncio.to_thread(load)
+            seen["in_flight"] = max(seen["in_flight"], *in_flight)
+            seen["at_engine"] = max(seen["at_engine"], *at_engine)
             await asyncio.sleep(0.1)
 
     watcher = asyncio.create_task(watch())
+    set_gates(stack, False)
     async with httpx.AsyncClient(timeout=120) as client:
-        codes = await asyncio.gather(*(batch_turn(client, stack, f"ceiling-{i}") for i in range(10)))
+        turns = [asyncio.create_task(batch_turn(client, stack, f"ceiling-{i}")) for i in range(10)]
+        try:
+            # With the engines' batches held still: 2 turns on each, the other 6 held at the gateway.
+            await eventually(lambda: asyncio.to_thread(lambda: load() == (6, [2, 2], [2, 2])),
+                             what="6 held, 2 in flight on each replica and at each engine")
+        finally:
+            set_gates(stack, True)
+        codes = await asyncio.gather(*turns)
     watcher.cancel()
     assert codes == [200] * 10
-    assert seen["held"] > 0 and 0 < seen["in_flight"] <= 2 and 0 < seen["at_engine"] <= 2, seen
+    assert seen["in_flight"] <= 2 and seen["at_engine"] <= 2, seen
     served = [httpx.get(f"http://127.0.0.1:{port}/stats").json()["requests"] for port in stack.ports.engines]
     assert all(n > 0 for n in served), served  # both engines took turns
-    final = status(stack)
-    assert final["in_flight"] == 0 and final["held"] == 0
+    await eventually(lambda: nothing_left(stack), what="nothing in flight or held")
+
+
+def probe_failures(stack, replica: str) -> float:
+    """Probes of the replica that found it unhealthy or unreachable (the scheduler's /metrics)."""
+    text = httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "luftpause_scheduler_probe_failures_total" and s.labels.get("replica") == replica)
 
 
 def test_killed_engine_leaves_rotation_within_a_probe_period(make_stack):
     stack = make_stack(without=frozenset({"runtime", "fake-mcp"}))
-    assert wait_until(lambda: all(r["healthy"] for r in status(stack)["replicas"]), 10)
+    assert wait_until(lambda: all(r["healthy"] for r in status(stack)["replicas"]), WAIT_S)
+    before = probe_failures(stack, "engine-a")
     stack.process("engine-a").kill()
-    killed_at = time.monotonic()
-    assert wait_until(lambda: not next(r for r in status(stack)["replicas"] if r["name"] == "engine-a")["healthy"],
-                      6)
-    assert time.monotonic() - killed_at <= 2.0 + 2.0 + 0.5  # one probe period plus the probe timeout
+    failed: list[float] = []
+
+    def out_of_rotation() -> bool:
+        counted = probe_failures(stack, "engine-a")  # read on both sides: the same probes as the health
+        healthy = next(r for r in status(stack)["replicas"] if r["name"] == "engine-a")["healthy"]
+        if healthy or probe_failures(stack, "engine-a") != counted:
+            return False
+        failed.append(counted - before)
+        return True
+
+    assert wait_until(out_of_rotation, WAIT_S)
+    # The first probe that failed took it out: the next probe after the kill, which starts
+    # within one probe period and ends within its timeout.
+    assert failed == [1], failed
     url = f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
     for i in range(6):
         response = httpx.post(url, headers={h.RUN_ID: f"after-kill-{i}"},

@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 
 import httpx
 import pytest
 
 from luftpause import vocabulary as h
-from luftpause.dev.procs import wait_until
+from luftpause.dev.procs import WAIT_S, eventually, wait_until
 from luftpause.dev.stack import CLASSIFIER_MODEL, MODEL, Stack, write_configs
 
 WITHOUT = frozenset({"runtime", "fake-mcp"})
@@ -32,6 +31,23 @@ def status(stack) -> dict:
 def nothing_left(stack) -> bool:
     snapshot = status(stack)
     return snapshot["held"] == 0 and snapshot["in_flight"] == 0
+
+
+def in_flight_and_held(stack) -> tuple[int, int]:
+    snapshot = status(stack)
+    return snapshot["in_flight"], snapshot["held"]
+
+
+def off_loop(predicate):
+    """``predicate`` (blocking HTTP) as a coroutine on a thread, for ``eventually`` in a test's loop."""
+    return lambda: asyncio.to_thread(predicate)
+
+
+def set_gates(stack, open_: bool) -> None:
+    """Close (or open) every engine's decode gate: requests are admitted and prefilled, and
+    none finishes while it is closed (the fake engine's PUT /gate)."""
+    for port in stack.ports.engines:
+        httpx.put(f"http://127.0.0.1:{port}/gate", json={"open": open_}, timeout=5).raise_for_status()
 
 
 def chat(stack, content: str = "hi", headers: dict | None = None, **body) -> httpx.Response:
@@ -75,7 +91,7 @@ async def test_a_run_stays_on_its_replica_across_turns(envoy_stack):
         await asyncio.gather(*(run(client, f"pinned-{i}") for i in range(6)))
     assert all(len(served) == 1 for served in replicas.values()), replicas
     assert set.union(*replicas.values()) == {"engine-a", "engine-b"}, replicas
-    assert await asyncio.to_thread(wait_until, lambda: nothing_left(envoy_stack), 5)
+    assert await asyncio.to_thread(wait_until, lambda: nothing_left(envoy_stack), WAIT_S)
 
 
 def test_a_run_is_recognised_from_a_returned_tool_call_id(envoy_stack):
@@ -109,14 +125,14 @@ def test_streamed_bytes_are_the_engines(envoy_stack):
     assert through.headers["content-type"].startswith("text/event-stream")
     assert b"data: [DONE]" in through.content
     assert _normalised(through.content) == _normalised(direct.content)
-    assert wait_until(lambda: nothing_left(envoy_stack), 5)
+    assert wait_until(lambda: nothing_left(envoy_stack), WAIT_S)
 
 
 def test_the_end_of_each_turn_reaches_the_scheduler(envoy_stack):
     """Turns finished through Envoy free their slots and leave the run paused or idle as
     the engine's reply says (the run book the scheduler keeps)."""
     chat(envoy_stack, "use a tool", {h.RUN_ID: "paused-run"}, tools=TOOLS)
-    assert wait_until(lambda: nothing_left(envoy_stack), 5)
+    assert wait_until(lambda: nothing_left(envoy_stack), WAIT_S)
     runs = {(g["stage"], g["service_class"]): g["count"] for g in status(envoy_stack)["runs"]}
     assert runs.get(("paused", "interactive"), 0) >= 1, runs
 
@@ -169,27 +185,32 @@ async def test_interactive_turns_go_before_batch_under_saturation(make_stack):
     pool = {"endpoints": [{"name": name, "base_url": "{" + name + "}", "models": [MODEL], "max_batch": 1}
                           for name in ("engine-a", "engine-b")]}
     stack = make_stack(gateway="envoy", without=WITHOUT, pool=pool,
-                       engine_args=["--reply-tokens", "10", "--token-ms", "60"])
-    done: list[tuple[str, float]] = []
+                       engine_args=["--reply-tokens", "10", "--token-ms", "100"])
+    done: list[str] = []  # service classes, in the order the turns were answered
 
     async def turn(client: httpx.AsyncClient, run: str, service_class: str) -> int:
         response = await client.post(url(stack) + "/v1/chat/completions",
                                      headers={h.RUN_ID: run, h.SERVICE_CLASS: service_class},
                                      json={"model": MODEL, "messages": [{"role": "user", "content": run}]})
-        done.append((service_class, time.monotonic()))
+        done.append(service_class)
         return response.status_code
 
+    set_gates(stack, False)  # the first two batch turns keep running until every turn has arrived
     async with httpx.AsyncClient(timeout=120) as client:
-        batch = [asyncio.create_task(turn(client, f"batch-{i}", "batch")) for i in range(6)]
-        assert await asyncio.to_thread(wait_until, lambda: status(stack)["held"] >= 4, 10)
-        interactive = [asyncio.create_task(turn(client, f"chat-{i}", "interactive")) for i in range(2)]
+        try:
+            batch = [asyncio.create_task(turn(client, f"batch-{i}", "batch")) for i in range(6)]
+            await eventually(off_loop(lambda: in_flight_and_held(stack) == (2, 4)),
+                             what="2 batch turns running, 4 held")
+            interactive = [asyncio.create_task(turn(client, f"chat-{i}", "interactive")) for i in range(2)]
+            await eventually(off_loop(lambda: status(stack)["held"] == 6), what="the interactive turns held too")
+        finally:
+            set_gates(stack, True)
         codes = await asyncio.gather(*batch, *interactive)
     assert codes == [200] * 8
-    order = [service_class for service_class, _ in sorted(done, key=lambda d: d[1])]
     # Two batch turns were running when the interactive ones arrived; the interactive ones
     # come next, before the four batch turns held before them.
-    assert order[2:4] == ["interactive", "interactive"], order
-    assert nothing_left(stack)
+    assert done[2:4] == ["interactive", "interactive"], done
+    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), WAIT_S)
 
 
 def test_a_killed_engine_sends_the_runs_next_turn_to_the_fallback_and_picker_loss_fails_closed(make_stack):
@@ -200,7 +221,7 @@ def test_a_killed_engine_sends_the_runs_next_turn_to_the_fallback_and_picker_los
     second = chat(stack, headers={h.RUN_ID: "survivor"})
     assert second.status_code == 200, second.text
     assert second.headers[h.REPLICA] != home
-    assert wait_until(lambda: nothing_left(stack), 5)
+    assert wait_until(lambda: nothing_left(stack), WAIT_S)
     # The picker gone: Envoy answers 500 (fail-closed by default), in luftpause's error shape.
     stack.process("picker").kill()
     refused = chat(stack, headers={h.RUN_ID: "survivor"})
@@ -232,7 +253,7 @@ async def test_the_mcp_runtime_works_through_envoy_unchanged(envoy_stack):
     assert [run["status"] for run in answer["runs"]] == ["Completed", "Completed"], answer
     assert all(run["toolCalls"] >= 1 for run in answer["runs"])
     # Every turn was admitted by the scheduler through the picker, and ended there.
-    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), 5)
+    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), WAIT_S)
     served = [httpx.get(f"http://127.0.0.1:{port}/stats").json()["requests"] for port in stack.ports.engines]
     assert sum(served) - sum(before) >= sum(run["toolCalls"] + 1 for run in answer["runs"])
 
@@ -248,6 +269,20 @@ def picker_streams_served(stack) -> list[int]:
 def picker_down(stack, port: int) -> bool:
     clusters = httpx.get(f"http://127.0.0.1:{stack.ports.envoy_admin}/clusters").text
     return f"picker::127.0.0.1:{port}::health_flags::/failed_active_hc" in clusters
+
+
+async def spread_over_pickers(stack) -> None:
+    """Until Envoy's balancer sends streams to every picker: right after the start it may
+    know only the one that turned healthy first (the others' health checks pass a moment
+    later, and its workers learn of that later still). Asks for /v1/models, which a picker
+    answers over its own ext_proc stream, until every picker has answered one."""
+    before = picker_streams_served(stack)
+
+    def spread() -> bool:
+        assert httpx.get(url(stack) + "/v1/models").status_code == 200
+        return all(now > then for now, then in zip(picker_streams_served(stack), before, strict=True))
+
+    await eventually(off_loop(spread), what="Envoy sends streams to every picker")
 
 
 async def test_two_pickers_keep_every_run_on_its_replica_when_one_is_killed(make_stack):
@@ -272,21 +307,20 @@ async def test_two_pickers_keep_every_run_on_its_replica_when_one_is_killed(make
 
     async with httpx.AsyncClient(timeout=60) as client:
         await asyncio.gather(*(turn(client, run) for run in conversations))
-        # Right after the start Envoy's balancer may still know only the picker that
-        # turned healthy first; a few seconds later it spreads streams over both.
-        await asyncio.sleep(3)
+        await spread_over_pickers(stack)
+        before = picker_streams_served(stack)
         await asyncio.gather(*(turn(client, run) for run in conversations))
-        streams = picker_streams_served(stack)
+        streams = [now - then for now, then in zip(picker_streams_served(stack), before, strict=True)]
         assert all(count >= 1 for count in streams), streams  # both pickers served turns
         stack.process("picker").kill()
         # Until Envoy's health check takes the dead picker out (about a second), requests
         # Envoy sends it fail closed (500): clients send them again. Then all go to the other.
-        assert await asyncio.to_thread(wait_until, lambda: picker_down(stack, stack.ports.picker_grpc[0]), 10)
+        assert await asyncio.to_thread(wait_until, lambda: picker_down(stack, stack.ports.picker_grpc[0]), WAIT_S)
         await asyncio.gather(*(turn(client, run) for run in conversations))
     moved = {run: served for run, served in replicas.items() if len(set(served)) != 1}
     assert moved == {}, moved
     assert set().union(*map(set, replicas.values())) == {"engine-a", "engine-b"}
-    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), 10)
+    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), WAIT_S)
 
 
 # ------------------------------------------- the protocol, spoken to the picker as Envoy does
@@ -330,18 +364,18 @@ def test_the_subset_hint_bounds_the_pick(envoy_stack):
     assert _destination(answers) == keys[home]
     metadata = answers[1].dynamic_metadata.fields["envoy.lb"].struct_value.fields
     assert metadata["x-gateway-destination-endpoint"].string_value == keys[home]
-    assert wait_until(lambda: nothing_left(envoy_stack), 5)
+    assert wait_until(lambda: nothing_left(envoy_stack), WAIT_S)
     # Pinned to home, which the gateway now excludes: the scheduler places it on the other.
     pinned_to = chat(envoy_stack, "use a tool", {h.RUN_ID: "moved-run"}, tools=TOOLS).headers[h.REPLICA]
     other = "engine-b" if pinned_to == "engine-a" else "engine-a"
     moved = _exchange(envoy_stack, [keys[other]], "moved-run")
     assert _destination(moved) == keys[other]
-    assert wait_until(lambda: nothing_left(envoy_stack), 5)
+    assert wait_until(lambda: nothing_left(envoy_stack), WAIT_S)
     # No endpoint of the subset serves the model at all: 503 before anything is admitted.
     refused = _exchange(envoy_stack, ["10.0.0.9:8000"], "subset-none")
     assert refused[-1].immediate_response.status.code == 503
     assert "subset" in json.loads(refused[-1].immediate_response.body)["error"]["message"]
-    assert wait_until(lambda: nothing_left(envoy_stack), 5)
+    assert wait_until(lambda: nothing_left(envoy_stack), WAIT_S)
 
 
 def _destination(answers: list) -> str:
@@ -354,7 +388,7 @@ def test_without_a_hint_the_answer_lists_the_fallbacks_after_the_runs_replica(en
     listed = next(o.header.raw_value.decode() for o in answers[1].request_body.response.header_mutation.set_headers
                   if o.header.key == "x-gateway-destination-endpoint").split(",")
     assert sorted(listed) == sorted(f"127.0.0.1:{port}" for port in envoy_stack.ports.engines)
-    assert wait_until(lambda: nothing_left(envoy_stack), 5)
+    assert wait_until(lambda: nothing_left(envoy_stack), WAIT_S)
 
 
 async def test_turns_held_by_the_surviving_picker_are_placed_when_the_other_is_killed(make_stack):
@@ -382,53 +416,62 @@ async def test_turns_held_by_the_surviving_picker_are_placed_when_the_other_is_k
                           if line.startswith(f"picker::127.0.0.1:{port}::rq_active::")), "0"))
                 for port in stack.ports.picker_grpc]
 
-    await asyncio.sleep(3)  # Envoy's balancer knows both pickers (see the test above)
+    await spread_over_pickers(stack)
+    set_gates(stack, False)  # no turn ends before the picker is killed: 2 in flight, 8 held
     async with httpx.AsyncClient(timeout=120) as client:
-        turns = [asyncio.create_task(turn(client, i)) for i in range(10)]
-        assert await asyncio.to_thread(wait_until, lambda: status(stack)["held"] >= 6, 15)
-        streams = open_streams()
-        assert all(count >= 1 for count in streams), streams
-        stack.process("picker").kill()
+        try:
+            turns = [asyncio.create_task(turn(client, i)) for i in range(10)]
+            await eventually(off_loop(lambda: in_flight_and_held(stack) == (2, 8)),
+                             what="2 turns in flight, 8 held")
+            streams = open_streams()
+            assert all(count >= 1 for count in streams), streams
+            stack.process("picker").kill()
+        finally:
+            set_gates(stack, True)
         codes = await asyncio.gather(*turns)
     assert set(codes) <= {200, 500, 0}, codes
     assert codes.count(200) >= streams[1], (codes, streams)  # every turn the surviving picker had
     assert codes.count(200) < len(codes), codes  # the killed picker's did not get through
-    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), 15)
+    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), WAIT_S)
 
 
 async def test_batch_turns_are_shed_with_a_429_and_interactive_never_is(make_stack):
     """One slow turn at a time per engine; the picker sheds batch beyond two held turns
-    and batch held over two seconds. A batch turn over the bound is answered 429 at once,
+    and batch held over five seconds. A batch turn over the bound is answered 429 at once,
     the two held ones 429 after their wait, an interactive turn waits for its slot; each
     429 carries Retry-After and a JSON message, nothing stays held, and the picker's
     /metrics counts it all."""
     pool = {"endpoints": [{"name": name, "base_url": "{" + name + "}", "models": [MODEL], "max_batch": 1}
                           for name in ("engine-a", "engine-b")]}
     stack = make_stack(gateway="envoy", without=WITHOUT, pool=pool,
-                       env={"LUFTPAUSE_PICKER_SHED_BATCH_HELD": "2", "LUFTPAUSE_PICKER_SHED_BATCH_WAIT_S": "2"},
-                       engine_args=["--reply-tokens", "10", "--token-ms", "400"])
+                       env={"LUFTPAUSE_PICKER_SHED_BATCH_HELD": "2", "LUFTPAUSE_PICKER_SHED_BATCH_WAIT_S": "5"},
+                       engine_args=["--reply-tokens", "10", "--token-ms", "100"])
 
     async def turn(client: httpx.AsyncClient, run: str, service_class: str) -> httpx.Response:
         return await client.post(url(stack) + "/v1/chat/completions",
                                  headers={h.RUN_ID: run, h.SERVICE_CLASS: service_class},
                                  json={"model": MODEL, "messages": [{"role": "user", "content": run}]})
 
+    set_gates(stack, False)  # the two running turns run until the held ones have been shed
     async with httpx.AsyncClient(timeout=120) as client:
-        running = [asyncio.create_task(turn(client, f"running-{i}", "batch")) for i in range(2)]
-        assert await asyncio.to_thread(wait_until, lambda: status(stack)["in_flight"] == 2, 10)
-        held = [asyncio.create_task(turn(client, f"held-{i}", "batch")) for i in range(2)]
-        assert await asyncio.to_thread(wait_until, lambda: status(stack)["held"] == 2, 5)
-        over = await turn(client, "over", "batch")
-        chat_turn = asyncio.create_task(turn(client, "chat", "interactive"))
-        held_answers = await asyncio.gather(*held)
+        try:
+            running = [asyncio.create_task(turn(client, f"running-{i}", "batch")) for i in range(2)]
+            await eventually(off_loop(lambda: status(stack)["in_flight"] == 2), what="2 turns running")
+            held = [asyncio.create_task(turn(client, f"held-{i}", "batch")) for i in range(2)]
+            await eventually(off_loop(lambda: status(stack)["held"] == 2), what="2 batch turns held")
+            over = await turn(client, "over", "batch")  # while those two are held (for 5 s)
+            chat_turn = asyncio.create_task(turn(client, "chat", "interactive"))
+            held_answers = await asyncio.gather(*held)
+        finally:
+            set_gates(stack, True)
         assert (await chat_turn).status_code == 200
         assert [r.status_code for r in await asyncio.gather(*running)] == [200, 200]
-    for response, why in ((over, "batch turns are waiting"), *((r, "held 2 s") for r in held_answers)):
+    for response, why in ((over, "batch turns are waiting"), *((r, "held 5 s") for r in held_answers)):
         assert response.status_code == 429, response.text
         assert response.headers["retry-after"] == "1"
         assert response.headers[h.RUN_ID]
         assert why in response.json()["error"]["message"]
-    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), 5)
+    assert await asyncio.to_thread(wait_until, lambda: nothing_left(stack), WAIT_S)
     metrics = httpx.get(f"http://127.0.0.1:{stack.ports.picker_http[0]}/metrics").text
     for line in ('luftpause_picker_shed_total{why="held"} 1.0', 'luftpause_picker_shed_total{why="waited"} 2.0',
                  'luftpause_picker_refused_total{status="429"} 3.0', 'luftpause_picker_picked_total{class="batch"} 2.0',

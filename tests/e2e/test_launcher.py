@@ -14,7 +14,7 @@ import httpx
 import pytest
 from mcp import Client
 
-from luftpause.dev.procs import ManagedProcess, free_ports, port_is_listening, wait_until
+from luftpause.dev.procs import WAIT_S, ManagedProcess, free_ports, port_is_listening, wait_until
 
 
 
@@ -81,9 +81,9 @@ def test_decide_works_out_of_the_box_and_a_dead_child_is_restarted(tmp_path):
 
         os.killpg(stack["pids"]["engine-a"], signal.SIGKILL)
         engine_a = stack["urls"]["engine-a"] + "/health"
-        assert wait_until(lambda: not port_is_listening(stack["ports"]["engines"][0]), 10)
+        assert wait_until(lambda: not port_is_listening(stack["ports"]["engines"][0]), WAIT_S)
         assert wait_until(lambda: httpx.get(engine_a).status_code == 200 if port_is_listening(
-            stack["ports"]["engines"][0]) else False, 30), "engine-a was not started again"
+            stack["ports"]["engines"][0]) else False, WAIT_S), "engine-a was not started again"
         assert launcher.poll() is None, "the stack stopped when one child died"
         launcher.send_signal(signal.SIGTERM)
         output, _ = launcher.communicate(timeout=30)
@@ -127,7 +127,7 @@ def test_free_ports_honour_a_given_pool_file_and_tools_file(tmp_path):
         models = httpx.get(stack["urls"]["dataplane"] + "/models").json()["data"]
         assert [m["id"] for m in models] == ["my-model"]
         runtime_log = state / "logs" / "runtime.log"
-        assert wait_until(lambda: "upstream_connected" in runtime_log.read_text(), 20)
+        assert wait_until(lambda: "upstream_connected" in runtime_log.read_text(), WAIT_S)
         assert [line for line in runtime_log.read_text().splitlines()
                 if "upstream_connected" in line and "server=mine" in line]
     finally:

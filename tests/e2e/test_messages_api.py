@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from luftpause import vocabulary as h
-from luftpause.dev.procs import free_port
+from luftpause.dev.procs import eventually, free_port
 from luftpause.dev.stack import MODEL
 
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
@@ -260,8 +260,12 @@ async def test_an_engine_serving_the_messages_api_gets_the_request_unchanged(mak
             # The native reply was observed: the run is paused on its tool call, and the
             # tool_use id it produced names the run when the client sends the result back.
             run_id = reply.headers[h.RUN_ID]
-            paused = {g["stage"]: g["count"] for g in (await asyncio.to_thread(status, stack))["runs"]}
-            assert paused == {"paused": 1}
+
+            def stages() -> dict[str, int]:
+                return {g["stage"]: g["count"] for g in status(stack)["runs"]}
+
+            # (the turn's end reaches the scheduler a moment after the client has the reply)
+            await eventually(lambda: asyncio.to_thread(lambda: stages() == {"paused": 1}), what="the run paused")
             follow = {"model": MODEL, "max_tokens": 100, "stream": True, "messages": [
                 {"role": "user", "content": "x"},
                 {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_native_1", "name": "lookup",
@@ -281,7 +285,6 @@ async def test_a_claude_code_session_idle_past_the_run_timeout_ends_its_run_on_t
 
     from luftpause.dataplane import app as dataplane_app
     from luftpause.vocabulary import RUN_IDLE_TIMEOUT_S
-    from luftpause.dev.procs import wait_until
 
     stack = await asyncio.to_thread(make_stack, without=NO_RUNTIME | {"dataplane"})
     app = dataplane_app.create_app(f"127.0.0.1:{stack.ports.scheduler_grpc}", "", structlog.get_logger())
@@ -290,7 +293,7 @@ async def test_a_claude_code_session_idle_past_the_run_timeout_ends_its_run_on_t
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        assert await asyncio.to_thread(wait_until, lambda: app[dataplane_app.LINK].synced, 10)
+        await eventually(lambda: app[dataplane_app.LINK].synced, what="the dataplane synced")
         async with httpx.AsyncClient(timeout=30) as http:
             for session in ("session-idle", "session-busy"):
                 reply = await http.post(f"http://127.0.0.1:{port}/v1/messages", headers={
@@ -301,11 +304,13 @@ async def test_a_claude_code_session_idle_past_the_run_timeout_ends_its_run_on_t
         def runs() -> int:
             return sum(g["count"] for g in status(stack)["runs"])
 
-        assert await asyncio.to_thread(wait_until, lambda: runs() == 2, 5)
+        await eventually(lambda: asyncio.to_thread(lambda: runs() == 2), what="2 runs")
         book = app[dataplane_app.BOOK]
         book.runs["session-busy"].last_seen += 60  # seen a minute later: not idle long enough yet
-        dataplane_app.sweep(app, book.runs["session-idle"].last_seen + RUN_IDLE_TIMEOUT_S)
-        assert await asyncio.to_thread(wait_until, lambda: runs() == 1, 5)  # told at once, not after its own timeout
+        # a second past the idle one's timeout (exactly at it, float rounding may leave it short)
+        dataplane_app.sweep(app, book.runs["session-idle"].last_seen + RUN_IDLE_TIMEOUT_S + 1)
+        # told at once, not after its own timeout (RUN_IDLE_TIMEOUT_S, far longer than WAIT_S)
+        await eventually(lambda: asyncio.to_thread(lambda: runs() == 1), what="1 run")
         assert set(book.runs) == {"session-busy"}
     finally:
         await runner.cleanup()

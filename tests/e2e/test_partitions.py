@@ -2,7 +2,10 @@
 from the scheduler (2 s; `make chaos-load` runs 10 s and 30 s), and the scheduler cut
 off from one engine while the dataplane still reaches it (2 s and 10 s; `make
 chaos-load` adds 30 s). Turns wait or go where they may, none is placed twice, a run's
-pin survives, and service resumes within a probe period of healing."""
+pin survives, and service resumes after the heal: the scheduler sees the engine again at
+the first probe answered after it, within a probe period. (How many seconds each
+resumption takes is `make chaos-load`'s measure: its partition rows report it against
+a one-probe-period target.)"""
 
 from __future__ import annotations
 
@@ -11,10 +14,11 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause import vocabulary as h
 from luftpause.dev.faultproxy import FaultProxy, probe_through
-from luftpause.dev.procs import wait_until
+from luftpause.dev.procs import WAIT_S, eventually, wait_until
 from luftpause.dev.stack import MODEL, Stack
 
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
@@ -63,20 +67,18 @@ async def test_a_two_second_partition_from_the_scheduler_loses_nothing_and_keeps
             "model": MODEL, "stream": i % 2 == 0, "messages": [{"role": "user", "content": f"question {i}"}]})
             for i in range(6)]
         sent = [asyncio.ensure_future(t) for t in turns]
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(2.0)  # the partition itself: how long the link stays cut
         proxy.heal()
         healed = time.monotonic()
         responses = await asyncio.gather(*sent)
-        resumed_within = time.monotonic() - healed
     assert [r.status_code for r in responses] == [200] * 7, [r.text for r in responses]
     assert responses[0].headers[h.REPLICA] == home  # the pin survived the partition
-    assert resumed_within < PROBE_PERIOD_S, resumed_within
     assert healed - cut_at >= 2.0
     # Nothing placed twice: every turn reached exactly one engine once, and the
     # scheduler holds none of them any more.
     assert engine_requests(stack) - before == 1 + 7
     assert wait_until(lambda: httpx.get(
-        f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()["in_flight"] == 0, 10)
+        f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()["in_flight"] == 0, WAIT_S)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +99,13 @@ def probes_cut_off(tmp_path_factory):
 def engine_b(stack) -> dict:
     status = httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()
     return next(r for r in status["replicas"] if r["name"] == "engine-b")
+
+
+def probe_failures(stack, replica: str) -> float:
+    """Probes of the replica that found it unhealthy or went unanswered (the scheduler's /metrics)."""
+    text = httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "luftpause_scheduler_probe_failures_total" and s.labels.get("replica") == replica)
 
 
 async def pinned_on_b(client, url, run_prefix) -> tuple[str, list]:
@@ -126,7 +135,7 @@ async def test_the_scheduler_cut_off_from_an_engine_keeps_its_pins_and_sees_it_a
         cut_at = time.monotonic()
         long_cut = cut_s > 2 * PROBE_PERIOD_S
         if long_cut:  # long enough for a probe to go unanswered: out of sight
-            assert await asyncio.to_thread(wait_until, lambda: engine_b(stack)["unseen"], 2 * PROBE_PERIOD_S + 2)
+            await eventually(lambda: asyncio.to_thread(lambda: engine_b(stack)["unseen"]), what="engine-b unseen")
             assert not engine_b(stack)["healthy"]
         # The pinned run's next turn, and new runs, while the scheduler cannot see engine-b.
         turns = [client.post(url, headers={h.RUN_ID: run}, json={"model": MODEL, "messages": resumed,
@@ -140,14 +149,14 @@ async def test_the_scheduler_cut_off_from_an_engine_keeps_its_pins_and_sees_it_a
         if long_cut:  # new runs went where the scheduler can see (a 2 s cut may pass unseen)
             assert engine_b(stack)["unseen"]
             assert {r.headers[h.REPLICA] for r in responses[1:]} == {"engine-a"}
-        await asyncio.sleep(max(0.0, cut_s - (time.monotonic() - cut_at)))
+        await asyncio.sleep(max(0.0, cut_s - (time.monotonic() - cut_at)))  # the rest of the partition
         proxy.heal()
-        healed = time.monotonic()
-        assert await asyncio.to_thread(wait_until, lambda: engine_b(stack)["healthy"], 2 * PROBE_PERIOD_S, 0.02)
-        # The probe in flight at the heal is answered then: back well within one period
-        # (the full period is the tolerance for a loaded machine).
-        resumed_within = time.monotonic() - healed
-        assert resumed_within <= PROBE_PERIOD_S, resumed_within
+        failed_at_heal = probe_failures(stack, "engine-b")
+        await eventually(lambda: asyncio.to_thread(lambda: engine_b(stack)["healthy"]), what="engine-b healthy")
+        # Back at the first probe answered after the heal: the probe in flight at the heal
+        # (unanswered through the cut) is answered then, or times out and the next one,
+        # sent at once, is. No later probe was needed: back within one period.
+        assert probe_failures(stack, "engine-b") - failed_at_heal <= 1
         assert not engine_b(stack)["unseen"]
         # Nothing placed twice: every turn reached exactly one engine once.
         assert engine_requests(stack) - before == 7
@@ -156,4 +165,4 @@ async def test_the_scheduler_cut_off_from_an_engine_keeps_its_pins_and_sees_it_a
             "model": MODEL, "messages": [{"role": "user", "content": "again"}]}) for i in range(4)))
         assert "engine-b" in {r.headers[h.REPLICA] for r in after}
     assert wait_until(lambda: httpx.get(
-        f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()["in_flight"] == 0, 10)
+        f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()["in_flight"] == 0, WAIT_S)

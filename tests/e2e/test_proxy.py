@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from luftpause import vocabulary as h
-from luftpause.dev.procs import wait_until
+from luftpause.dev.procs import WAIT_S, wait_until
 from luftpause.dev.stack import MODEL
 
 
@@ -29,7 +29,8 @@ def test_openai_client_streams_text_through_the_proxy(proxy_stack):
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert text.strip()
-    assert scheduler_status(proxy_stack)["in_flight"] == 0
+    # the turn's end reaches the scheduler a moment after the client has the stream
+    assert wait_until(lambda: scheduler_status(proxy_stack)["in_flight"] == 0, WAIT_S)
 
 
 def test_non_streaming_reply_is_passed_through_with_a_run_id(proxy_stack):
@@ -82,7 +83,7 @@ def test_a_runs_later_turns_go_out_on_lent_slots_without_asking(proxy_stack):
     assert len(set(replicas)) == 1  # the run keeps its replica (and its cached prefix)
     assert metric(dataplane_metrics, "luftpause_dataplane_turns_placed_total", 'by="lease"') - leased_before >= 5
     assert metric(scheduler_metrics, "luftpause_scheduler_lease_slots_granted_total", f'replica="{replicas[0]}"') >= 1
-    assert wait_until(lambda: scheduler_status(proxy_stack)["in_flight"] == 0)
+    assert wait_until(lambda: scheduler_status(proxy_stack)["in_flight"] == 0, WAIT_S)
     finished = metric(scheduler_metrics, "luftpause_scheduler_turns_finished_total",
                       f'class="interactive",replica="{replicas[0]}"')
     assert finished >= 6  # the scheduler saw every turn end, leased or not
@@ -100,7 +101,7 @@ def test_unknown_model_is_404_before_queueing(proxy_stack):
                           json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 404
     assert response.json() == {"error": {"message": "no Generative replica serves model 'no-such-model'"}}
-    assert scheduler_status(proxy_stack)["held"] == 0
+    assert wait_until(lambda: scheduler_status(proxy_stack)["held"] == 0, WAIT_S)
 
 
 @pytest.mark.parametrize(
@@ -120,7 +121,7 @@ def test_bad_input_gets_a_clear_json_error(proxy_stack, content, headers, status
     response = httpx.post(base_url(proxy_stack) + "/v1/chat/completions", content=content, headers=headers)
     assert response.status_code == status
     assert response.json()["error"]["message"]
-    assert scheduler_status(proxy_stack)["in_flight"] == 0
+    assert wait_until(lambda: scheduler_status(proxy_stack)["in_flight"] == 0, WAIT_S)
 
 
 def test_models_lists_what_the_pool_serves(proxy_stack):
@@ -140,4 +141,4 @@ def test_run_ended_forgets_the_run_at_once(proxy_stack):
     assert before >= 1
     response = httpx.delete(base_url(proxy_stack) + "/v1/runs/ending-run")
     assert response.status_code == 200
-    assert wait_until(lambda: run_count(proxy_stack) == before - 1)
+    assert wait_until(lambda: run_count(proxy_stack) == before - 1, WAIT_S)

@@ -20,7 +20,7 @@ from mcp import Client
 
 from luftpause import vocabulary as h
 from luftpause.dev import llama
-from luftpause.dev.procs import wait_until
+from luftpause.dev.procs import WAIT_S, eventually, wait_until
 from luftpause.dev.stack import Ports, Stack, write_configs
 
 pytestmark = [
@@ -101,7 +101,7 @@ def test_plain_and_streamed_turns_through_the_proxy(llama_stack: Stack, client: 
     assert text.strip()
     assert [c.usage for c in chunks if c.usage]
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert wait_until(lambda: status(llama_stack)["in_flight"] == 0, 10)
+    assert wait_until(lambda: status(llama_stack)["in_flight"] == 0, WAIT_S)
     assert "turn_failed" not in dataplane_log(llama_stack)  # the openai client closing after [DONE] is fine
 
 
@@ -161,15 +161,10 @@ async def test_turns_are_held_while_llama_cpp_defers_requests(llama_stack: Stack
     """Each replica runs 4 at once (-np 4): 12 long turns make it defer some; once the
     scheduler has read llamacpp:requests_deferred, further turns wait in luftpause."""
     url = f"http://127.0.0.1:{llama_stack.ports.dataplane}/v1/chat/completions"
-    seen = {"held": 0, "deferred": 0, "known": False}
 
-    async def watch():
-        while True:
-            snapshot = await asyncio.to_thread(status, llama_stack)
-            seen["held"] = max(seen["held"], snapshot["held"])
-            seen["deferred"] = max(seen["deferred"], sum(r.get("queued", 0) for r in snapshot["replicas"]))
-            seen["known"] = seen["known"] or all(r["load_known"] for r in snapshot["replicas"])
-            await asyncio.sleep(0.2)
+    def seen(condition):
+        """``condition`` on the scheduler's status, as a predicate for ``eventually``."""
+        return lambda: asyncio.to_thread(lambda: condition(status(llama_stack)))
 
     async def turn(http: httpx.AsyncClient, i: int) -> int:
         body = {"model": MODEL, "max_tokens": 96, "messages": [
@@ -178,16 +173,13 @@ async def test_turns_are_held_while_llama_cpp_defers_requests(llama_stack: Stack
         response = await http.post(url, json=body, headers={h.RUN_ID: f"load-{i}", h.SERVICE_CLASS: "batch"})
         return response.status_code
 
-    watcher = asyncio.create_task(watch())
-    try:
-        async with httpx.AsyncClient(timeout=300) as http:
-            first = [asyncio.create_task(turn(http, i)) for i in range(12)]
-            await asyncio.sleep(4)
-            second = [asyncio.create_task(turn(http, i)) for i in range(12, 16)]
-            codes = await asyncio.gather(*first, *second)
-    finally:
-        watcher.cancel()
+    async with httpx.AsyncClient(timeout=300) as http:
+        first = [asyncio.create_task(turn(http, i)) for i in range(12)]
+        await eventually(seen(lambda s: all(r["load_known"] for r in s["replicas"])), what="llama.cpp's load read")
+        await eventually(seen(lambda s: s["held"] > 0), what="turns held in luftpause")
+        await eventually(seen(lambda s: sum(r.get("queued", 0) for r in s["replicas"]) > 0), timeout=120,
+                         what="llamacpp:requests_deferred read")
+        second = [asyncio.create_task(turn(http, i)) for i in range(12, 16)]
+        codes = await asyncio.gather(*first, *second)
     assert codes == [200] * 16
-    assert seen["known"], seen  # llama.cpp's load is read
-    assert seen["deferred"] > 0 and seen["held"] > 0, seen
-    assert wait_until(lambda: status(llama_stack)["in_flight"] == 0 and status(llama_stack)["held"] == 0, 30)
+    assert wait_until(lambda: status(llama_stack)["in_flight"] == 0 and status(llama_stack)["held"] == 0, WAIT_S)

@@ -1,10 +1,10 @@
 """An engine that goes wedged under traffic (it accepts requests and never answers, its
 /health still ok) is left well before the first turn there reaches its first-byte
-bound: once that turn has heard nothing from it for what the engine's recent first
-bytes predict, the dataplane reports it silent and the scheduler places nothing new
-there, so the runs pinned to it go on at its peer at once instead of each waiting out a
-bound there. The silent turn itself waits for its bound, then goes to the peer.
-Real processes on loopback."""
+bound: once that turn has heard nothing from it for a quarter of that bound (what the
+engine's recent first bytes, or the reply the turn asks for, predict), the dataplane
+reports it silent and the scheduler places nothing new there, so the runs pinned to it
+go on at its peer at once instead of each waiting out a bound there. The silent turn
+itself waits for its bound, then goes to the peer. Real processes on loopback."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause import vocabulary as h
-from luftpause.dev.procs import wait_until
+from luftpause.dev.procs import WAIT_S, eventually, wait_until
 from luftpause.dev.stack import MODEL
 
 
@@ -36,11 +36,12 @@ TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "loo
                                                           "required": ["query"]}}}]
 
 
-async def chat(client: httpx.AsyncClient, stack, run_id: str, messages: list | None = None) -> httpx.Response:
+async def chat(client: httpx.AsyncClient, stack, run_id: str, messages: list | None = None,
+               **body) -> httpx.Response:
     return await client.post(
         f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions", headers={h.RUN_ID: run_id},
         json={"model": MODEL, "tools": TOOLS,
-              "messages": messages or [{"role": "user", "content": f"research {run_id}"}]})
+              "messages": messages or [{"role": "user", "content": f"research {run_id}"}], **body})
 
 
 def after_tool(run_id: str, reply: httpx.Response) -> list:
@@ -63,9 +64,13 @@ async def test_runs_pinned_to_an_engine_that_goes_silent_move_before_the_first_t
         httpx.put(f"http://127.0.0.1:{stack.ports.engines[1]}/faults", json={"faults": ["hang"]},
                   timeout=5).raise_for_status()
         runs = list(on_b)
-        first = asyncio.create_task(chat(client, stack, runs[0], on_b[runs[0]]))  # meets the wedge
-        # Silent after half a second (its bound is 2 s next to a quick peer): out of rotation, not stalled.
-        assert await asyncio.to_thread(wait_until, lambda: not replica(stack, "engine-b")["healthy"], 1.5)
+        # The turn that meets the wedge asks for up to 40 tokens: a bound of 8 s (0.2 s a
+        # token; a quick peer's first bytes alone would give 2 s), so it is silent after
+        # 2 s and stays silent, not stalled, for 6 s more: ample time to look.
+        first = asyncio.create_task(chat(client, stack, runs[0], on_b[runs[0]], max_tokens=40))
+        # Silent: out of rotation, not stalled.
+        await eventually(lambda: asyncio.to_thread(lambda: not replica(stack, "engine-b")["healthy"]),
+                         what="engine-b out of rotation")
         b = replica(stack, "engine-b")
         assert b["silent"] == 1 and not b["stalled"] and not first.done()
         # The other runs pinned there go on at engine-a: none of them waits on engine-b.
@@ -80,4 +85,4 @@ async def test_runs_pinned_to_an_engine_that_goes_silent_move_before_the_first_t
     assert b["stalled"] and not b["healthy"] and b["silent"] == 0
     # Healed: it answers a probe generation and is back in rotation.
     httpx.put(f"http://127.0.0.1:{stack.ports.engines[1]}/faults", json={"faults": []}, timeout=5).raise_for_status()
-    assert wait_until(lambda: replica(stack, "engine-b")["healthy"], 10)
+    assert wait_until(lambda: replica(stack, "engine-b")["healthy"], WAIT_S)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from luftpause import vocabulary as h
-from luftpause.dev.procs import ManagedProcess, PortTaken, free_ports, start_on_free_ports, wait_until
+from luftpause.dev.procs import WAIT_S, ManagedProcess, PortTaken, free_ports, start_on_free_ports, wait_until
 from luftpause.dev.stack import MODEL, Ports, Stack, write_configs
 
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
@@ -54,7 +54,7 @@ def test_a_stack_whose_ports_are_taken_before_it_binds_them_moves_those_services
                 chosen.engines[1], chosen.scheduler_http, chosen.dataplane)
             # The scheduler found engine-a at its new address (the pool file followed it) ...
             status_url = f"http://127.0.0.1:{moved.scheduler_http}/status"
-            assert wait_until(lambda: all(r["healthy"] for r in httpx.get(status_url).json()["replicas"]), 20, 0.1)
+            assert wait_until(lambda: all(r["healthy"] for r in httpx.get(status_url).json()["replicas"]), WAIT_S, 0.1)
             # ... the dataplane the scheduler at its new gRPC port, and what the stack reports is true.
             reply = httpx.post(f"http://127.0.0.1:{moved.dataplane}/v1/chat/completions", timeout=30,
                                json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
