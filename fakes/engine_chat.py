@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -61,11 +62,31 @@ def request_error(err: RequestError) -> web.Response:
     return web.json_response(err.body(), status=err.status)
 
 
+# A JSON escape of a UTF-16 surrogate (``\ud800``): valid JSON, and lone it is no text.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _text_only(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings replaced by U+FFFD, as a tokenizer
+    reading bytes does: such a string cannot be encoded, and the engine must still serve it."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [_text_only(item) for item in value]
+    if isinstance(value, dict):
+        return {_text_only(key): _text_only(item) for key, item in value.items()}
+    return value
+
+
 async def read_json(request: web.Request) -> Any:
+    raw = await request.read()
     try:
-        return json.loads(await request.read())
+        document = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(f"malformed JSON body: {exc}") from exc
+    except RecursionError as exc:
+        raise RequestError("malformed JSON body: nested too deep") from exc
+    return _text_only(document) if SURROGATE_ESCAPE.search(raw) else document
 
 
 def _seeded_rng(seed: int, text: str) -> random.Random:

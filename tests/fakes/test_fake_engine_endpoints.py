@@ -106,3 +106,22 @@ async def test_router_probe_endpoints(client: TestClient) -> None:
     load = await (await client.get("/get_load")).json()
     assert load[0]["num_tokens"] == 0 and load[0]["num_reqs"] == 0
     assert (await client.get("/health")).status == 200
+
+
+async def test_a_lone_surrogate_is_served_and_the_engine_goes_on(client: TestClient) -> None:
+    """A lone UTF-16 surrogate is valid JSON and no text; the engine answers it (read as
+    U+FFFD) and keeps serving, on chat and on the Responses API over it."""
+    raw = (b'{"model": "%s", "messages": [{"role": "user", "content": "hi \\ud800 there"}], "max_tokens": 4}'
+           % MODEL.encode())
+    response = await client.post("/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"})
+    assert response.status == 200, await response.text()
+    assert (await client.post("/v1/responses", data=b'{"model": "%s", "input": "\\ud800"}' % MODEL.encode(),
+                              headers={"Content-Type": "application/json"})).status == 200
+    await chat(client, messages=[{"role": "user", "content": "still here?"}], max_tokens=4)
+
+
+async def test_json_nested_past_the_parser_depth_is_a_400(client: TestClient) -> None:
+    response = await client.post("/v1/chat/completions", data=b"[" * 100_000 + b"]" * 100_000,
+                                 headers={"Content-Type": "application/json"})
+    assert response.status == 400
+    assert "nested too deep" in (await response.json())["error"]["message"]
