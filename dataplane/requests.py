@@ -76,6 +76,8 @@ def json_document(body: bytes) -> tuple[dict, str]:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "request body is not valid JSON: nested too deep") from None
     if not isinstance(document, dict):
         raise ApiError(400, "request body must be a JSON object")
     model = document.get("model")

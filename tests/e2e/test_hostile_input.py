@@ -120,6 +120,16 @@ def test_the_proxy_answers_arbitrary_headers_and_bodies_without_a_server_error(
         assert response.json()["error"]["message"], response.text[:500]
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
+                                  "/v1/responses", "/v1/decide"])
+def test_json_nested_past_the_parser_depth_is_a_400_with_a_message(proxy_stack, path: str) -> None:
+    body = b'{"model": "fake-llama-1b", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    response = httpx.post(f"http://127.0.0.1:{proxy_stack.ports.dataplane}{path}", content=body,
+                          headers={"Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == 400, response.text[:300]
+    assert response.json()["error"]["message"] == "request body is not valid JSON: nested too deep"
+
+
 REBINDING_ROUTES = {
     "runtime": ["GET /status", "POST /mcp", "GET /metrics"],
     "dataplane": ["GET /v1/models", "POST /v1/chat/completions", "GET /metrics"],
