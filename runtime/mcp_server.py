@@ -34,7 +34,7 @@ from luftpause.runtime.arguments import (
     tighten_arguments,
 )
 from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS, DecideError, checked_labels, decide
-from luftpause.runtime.runs import InvalidPage, RunSpec, RunStatus, UnknownRunError, page_of
+from luftpause.runtime.runs import InvalidPage, RunSpec, RunStatus, UnknownRunError, page_of, previewed
 from luftpause.runtime.service import InvalidRequest, JournalUnavailable, Runtime
 from luftpause.runtime.tasks import TASK_START, TaskStore, TasksExtension
 
@@ -402,7 +402,8 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         description=(
             "Status of runs with parent, children, stats, budget and pending approval. Without handles: "
             "every kept run, live ones first, then finished ones newest first, a page at a time "
-            "(pass nextCursor back as cursor)."
+            f"(pass nextCursor back as cursor), each task cut to {constants.STATUS_TASK_PREVIEW_CHARS} "
+            "characters (taskChars is its whole length; name the handle for the whole text)."
         ),
         annotations=read_only,
     )
@@ -424,7 +425,8 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
             page, next_cursor = page_of(listed, limit, cursor, constants.STATUS_PAGE_MAX)
         except InvalidPage as exc:
             raise argument_error(str(exc)) from exc
-        return {"runs": [runtime.status_record(run) for run in page], "total": len(listed), "nextCursor": next_cursor}
+        records = [previewed(runtime.status_record(run), constants.STATUS_TASK_PREVIEW_CHARS) for run in page]
+        return {"runs": records, "total": len(listed), "nextCursor": next_cursor}
 
     @server.tool(
         description="Cancel runs; cancelling a parent cancels all its running descendants.",

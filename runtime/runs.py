@@ -265,6 +265,12 @@ def preview(text: str, chars: int) -> str:
     return text if len(text) <= chars else text[: max(chars - 1, 0)] + "…"
 
 
+def previewed(record: dict[str, Any], chars: int) -> dict[str, Any]:
+    """A status record whose task is cut to at most ``chars`` characters, ``taskChars``
+    telling its whole length (a page of runs stays small however long their tasks)."""
+    return {**record, "task": preview(record["task"], chars), "taskChars": len(record["task"])}
+
+
 class InvalidPage(ValueError):
     """A `status` page asked for with a limit or cursor out of range (the message says which)."""
 
@@ -359,10 +365,7 @@ class RunRegistry:
         records = []
         for run in page:
             record = {**run.status_record(budget_of(run), approval_of(run)), "subtree": subtree[run.handle].to_json()}
-            if task_preview is not None:
-                record["taskChars"] = len(run.spec.task)
-                record["task"] = preview(run.spec.task, task_preview)
-            records.append(record)
+            records.append(record if task_preview is None else previewed(record, task_preview))
         total = RunStats()
         for root in self.roots():
             total = total.plus(subtree[root.handle])

@@ -19,6 +19,7 @@ from runtime_doubles import RuntimeProcess, ScriptedDataplane
 from luftpause.dev.procs import WAIT_S
 from luftpause.runtime import constants
 from luftpause.runtime.mcp_server import build_mcp_server
+from luftpause.runtime.runs import RunSpec
 from luftpause.runtime.service import Runtime
 
 MakeRuntime = Callable[..., Awaitable[Runtime]]
@@ -181,3 +182,24 @@ def test_abandoned_sessions_lock_no_client_out_longer_than_the_eviction_floor(
         # which a client starts a new session), the newest is still open.
         assert flood[0].call("tools", {})[0].status_code == 404
         assert flood[-1].call("tools", {})[0].status_code == 200
+
+
+async def test_the_status_tool_cuts_each_listed_task_and_gives_the_whole_one_by_handle(
+    make_runtime: MakeRuntime,
+) -> None:
+    # 40 runs with 4 MiB tasks once made a 168 MB `status` reply.
+    runtime = await make_runtime()
+    long_task = "summarise this: " + "x" * 50_000
+    runs = [await runtime.spawn(RunSpec(task=long_task if i % 2 else f"short {i}"), "c") for i in range(4)]
+    async with Client(build_mcp_server(runtime)) as client:
+        page = (await client.call_tool("status", {"limit": 4})).structured_content
+        whole = (await client.call_tool("status", {"handles": [runs[1].handle]})).structured_content
+        await runtime.cancel(run.handle for run in runs)
+
+    assert page["total"] == 4 and len(json.dumps(page)) < 10_000
+    for record in page["runs"]:
+        task = runtime.runs.get(record["handle"]).spec.task
+        assert record["taskChars"] == len(task) and len(record["task"]) <= constants.STATUS_TASK_PREVIEW_CHARS
+        assert record["task"] == task if len(task) <= constants.STATUS_TASK_PREVIEW_CHARS else (
+            record["task"].endswith("…") and task.startswith(record["task"][:-1]))
+    assert [record["task"] for record in whole["runs"]] == [long_task]
