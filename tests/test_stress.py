@@ -32,13 +32,17 @@ def hogs_running() -> list[Path]:
     return found
 
 
-def test_every_round_runs_on_a_fresh_clone_and_the_hog_only_during_hog_rounds(tmp_path: Path, capsys) -> None:
+def test_every_round_runs_on_a_fresh_clone_and_the_hog_only_during_hog_rounds(tmp_path: Path, capsys,
+                                                                                monkeypatch) -> None:
     # The suite stands in as a target that records whether a hog was running beside it.
     source = repository(tmp_path / "source", (
         "test:\n"
         "\t@touch untracked-by-git\n"
+        f"\t@test \"$$MAKELEVEL\" = 1 || echo \"sub-make $$MAKELEVEL\" >> {tmp_path}/seen\n"  # a top make's recipe
         f"\t@pgrep -fx '{re.escape(sys.executable)} -c while True: pass' > /dev/null && echo hog >> {tmp_path}/seen || echo plain >> {tmp_path}/seen\n"
         "\t@echo '=========== 3 passed, 1 skipped in 0.12s ==========='\n"))
+    # As under `make test-stress`: each round is still a top-level make, as CI runs it.
+    monkeypatch.setenv("MAKELEVEL", "1")
     status = stress.main(["--rounds", "2", "--hog-rounds", "1", "--hogs", "2",
                           "--source", str(source), "--logs", str(tmp_path / "logs")])
     assert status == 0

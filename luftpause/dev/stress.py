@@ -63,10 +63,17 @@ def summary_of(output: str) -> str:
     return "no pytest summary (see the log)"
 
 
+# What an enclosing make (`make test-stress`) tells the makes below it: a round is a
+# top-level `make test`, as CI runs it, not a sub-make (which prints its directories).
+MAKE_VARIABLES = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
+
+
 def run_round(checkout: Path, log_file: Path, make: str) -> tuple[int, str, float]:
     started = time.monotonic()
+    env = {name: value for name, value in os.environ.items() if name not in MAKE_VARIABLES}
     with log_file.open("w") as out:
-        status = subprocess.run([make, "test"], cwd=checkout, stdout=out, stderr=subprocess.STDOUT).returncode
+        status = subprocess.run([make, "test"], cwd=checkout, stdout=out, stderr=subprocess.STDOUT,
+                                env=env).returncode
     took = time.monotonic() - started
     return status, summary_of(log_file.read_text(errors="replace")), took
 
