@@ -23,7 +23,7 @@ import ipaddress
 import os
 import re
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse
@@ -35,6 +35,16 @@ if TYPE_CHECKING:
 ENV = "LUFTPAUSE_ALLOWED_HOSTS"
 LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
 EXEMPT_PATHS = frozenset({"/health"})
+# Stands for a header sent more than once: which one a check reads would differ between
+# servers (the first, the last), so none is read and the request is refused.
+DUPLICATED = "\x00duplicated"
+
+
+def only_value(values: Sequence[str]) -> str | None:
+    """A header's one value, None when absent, ``DUPLICATED`` when sent more than once."""
+    return None if not values else values[0] if len(values) == 1 else DUPLICATED
+
+
 INVALID_REQUEST = -32600  # JSON-RPC's code for a request the server will not take
 
 
@@ -101,6 +111,8 @@ class AllowedHosts:
         """(status, message) when the request must be refused, else None."""
         if path in EXEMPT_PATHS:
             return None
+        if host == DUPLICATED or origin == DUPLICATED:
+            return 400, f"more than one {'Host' if host == DUPLICATED else 'Origin'} header"
         if not self.allows_host(host):
             return 421, f"Host {host!r} is not allowed here (set {ENV})"
         if not self.allows_origin(origin):
@@ -127,8 +139,10 @@ class HostOriginGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
-            problem = self._allowed.problem(scope["path"], headers.get("host"), headers.get("origin"))
+            values: dict[str, list[str]] = {"host": [], "origin": []}
+            for name, value in scope["headers"]:
+                values.get(name.decode("latin-1").lower(), []).append(value.decode("latin-1"))
+            problem = self._allowed.problem(scope["path"], only_value(values["host"]), only_value(values["origin"]))
             if problem is not None:
                 await refusal(scope["path"], *problem, self._jsonrpc_paths)(scope, receive, send)
                 return
@@ -140,7 +154,8 @@ def aiohttp_middleware(allowed: AllowedHosts) -> Callable[..., Any]:
 
     @web.middleware
     async def check_host_and_origin(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
-        problem = allowed.problem(request.path, request.headers.get("Host"), request.headers.get("Origin"))
+        problem = allowed.problem(request.path, only_value(request.headers.getall("Host", [])),
+                                  only_value(request.headers.getall("Origin", [])))
         if problem is not None:
             status, message = problem
             return web.json_response({"error": {"message": message}}, status=status)

@@ -174,3 +174,27 @@ async def test_runtime_refuses_userinfo_hosts(runtime_http: httpx.AsyncClient, m
     assert mcp.status_code == 421 and mcp.json()["jsonrpc"] == "2.0" and "not allowed" in mcp.json()["error"]["message"]
     origin = await runtime_http.post("/mcp", json={}, headers={"Host": "localhost", "Origin": f"http://{EVIL}"})
     assert origin.status_code == 403 and origin.json()["error"]["code"] == -32600
+
+
+DUPLICATES = [[("Origin", "http://localhost:7000"), ("Origin", f"http://{EVIL}")],
+              [("Origin", f"http://{EVIL}"), ("Origin", "http://localhost:7000")]]
+
+
+@pytest.mark.parametrize("origins", DUPLICATES)
+async def test_runtime_refuses_a_duplicated_origin_whichever_comes_first(
+    runtime_http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, origins: list[tuple[str, str]]
+) -> None:
+    # One server reading the first and another the last would let one order through.
+    monkeypatch.delenv("LUFTPAUSE_ALLOWED_HOSTS", raising=False)
+    response = await runtime_http.get("/status", headers=[("Host", "localhost:7000"), *origins])
+    assert response.status_code == 400 and response.json()["error"]["message"] == "more than one Origin header"
+
+
+@pytest.mark.parametrize("origins", DUPLICATES)
+def test_dataplane_and_scheduler_refuse_a_duplicated_origin_whichever_comes_first(
+    proxy_stack, origins: list[tuple[str, str]]
+) -> None:
+    for port, path in ((proxy_stack.ports.dataplane, "/v1/models"), (proxy_stack.ports.scheduler_http, "/status")):
+        response = httpx.get(f"http://127.0.0.1:{port}{path}", headers=origins)
+        assert response.status_code == 400, (path, response.text)
+        assert response.json()["error"]["message"] == "more than one Origin header"
