@@ -161,10 +161,23 @@ async def test_turns_are_held_while_llama_cpp_defers_requests(llama_stack: Stack
     """Each replica runs 4 at once (-np 4): 12 long turns make it defer some; once the
     scheduler has read llamacpp:requests_deferred, further turns wait in luftpause."""
     url = f"http://127.0.0.1:{llama_stack.ports.dataplane}/v1/chat/completions"
+    # What the scheduler shows comes and goes (a turn is held for a moment, a deferral
+    # lasts while llama.cpp's slots are full): a watcher keeps the most it has seen, and
+    # the test waits on that, in whatever order the moments come.
+    seen = {"held": 0, "deferred": 0, "known": False}
 
-    def seen(condition):
-        """``condition`` on the scheduler's status, as a predicate for ``eventually``."""
-        return lambda: asyncio.to_thread(lambda: condition(status(llama_stack)))
+    async def watch() -> None:
+        while True:
+            snapshot = await asyncio.to_thread(status, llama_stack)
+            seen["held"] = max(seen["held"], snapshot["held"])
+            seen["deferred"] = max(seen["deferred"], sum(r.get("queued", 0) for r in snapshot["replicas"]))
+            seen["known"] = seen["known"] or all(r["load_known"] for r in snapshot["replicas"])
+            await asyncio.sleep(0.05)  # the watcher's sampling interval
+
+    def held_total() -> float:
+        text = httpx.get(f"http://127.0.0.1:{llama_stack.ports.scheduler_http}/metrics").text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("luftpause_scheduler_turns_held_total{"))
 
     async def turn(http: httpx.AsyncClient, i: int) -> int:
         body = {"model": MODEL, "max_tokens": 96, "messages": [
@@ -173,13 +186,18 @@ async def test_turns_are_held_while_llama_cpp_defers_requests(llama_stack: Stack
         response = await http.post(url, json=body, headers={h.RUN_ID: f"load-{i}", h.SERVICE_CLASS: "batch"})
         return response.status_code
 
-    async with httpx.AsyncClient(timeout=300) as http:
-        first = [asyncio.create_task(turn(http, i)) for i in range(12)]
-        await eventually(seen(lambda s: all(r["load_known"] for r in s["replicas"])), what="llama.cpp's load read")
-        await eventually(seen(lambda s: s["held"] > 0), what="turns held in luftpause")
-        await eventually(seen(lambda s: sum(r.get("queued", 0) for r in s["replicas"]) > 0), timeout=120,
-                         what="llamacpp:requests_deferred read")
-        second = [asyncio.create_task(turn(http, i)) for i in range(12, 16)]
-        codes = await asyncio.gather(*first, *second)
+    held_before = held_total()
+    watcher = asyncio.create_task(watch())
+    try:
+        async with httpx.AsyncClient(timeout=300) as http:
+            first = [asyncio.create_task(turn(http, i)) for i in range(12)]
+            await eventually(lambda: seen["known"] and seen["deferred"] > 0, timeout=120,
+                             what="llama.cpp's load and llamacpp:requests_deferred read")
+            second = [asyncio.create_task(turn(http, i)) for i in range(12, 16)]
+            codes = await asyncio.gather(*first, *second)
+    finally:
+        watcher.cancel()
     assert codes == [200] * 16
+    # Turns waited in luftpause (the counter keeps what a sample may miss).
+    assert held_total() > held_before, seen
     assert wait_until(lambda: status(llama_stack)["in_flight"] == 0 and status(llama_stack)["held"] == 0, WAIT_S)
