@@ -19,7 +19,8 @@ from luftpause import vocabulary as h
 from luftpause import auth, origins, tracing
 from luftpause.dataplane.constants import MAX_BODY_BYTES, TOOL_CALL_SWEEP_S
 from luftpause.dataplane.context import (BOOK, DIALECT, ENGINES, HOLD_TOOL_CALLS, KEY_IDENTITIES, LINK, LOG, METRICS,
-                                         TOKEN, TRACER, error_response, new_id)
+                                         SUSPECTS, TOKEN, TRACER, error_response, new_id)
+from luftpause.dataplane.suspects import Suspects
 from luftpause.dataplane.answers import MODEL_KINDS, model_list, probe_routes
 from luftpause.dataplane.dialects import ApiError, Dialect
 from luftpause.dataplane.engines import Engines
@@ -73,8 +74,8 @@ async def json_errors(request: web.Request, handler):
         run_id = request.get("run_id")
         if run_id is None and request.path == "/v1/chat/completions":
             run_id = request.headers.get(h.RUN_ID, "").strip() or new_id()
-        return error_response(exc.status, exc.message, {h.RUN_ID: run_id} if run_id else None,
-                              _path_dialect(request), exc.kind)
+        headers = {**({h.RUN_ID: run_id} if run_id else {}), **(exc.headers or {})}
+        return error_response(exc.status, exc.message, headers or None, _path_dialect(request), exc.kind)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -185,6 +186,7 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
     app = web.Application(middlewares=[origins.aiohttp_middleware(origins.AllowedHosts.from_env()), json_errors,
                                        bearer_auth], client_max_size=max_body_bytes)
     app[BOOK] = RunBook()
+    app[SUSPECTS] = Suspects()
     app[TOKEN] = token
     app[LOG] = log
     app[KEY_IDENTITIES] = key_identities or {}

@@ -19,6 +19,15 @@ STALE_CONNECTION_RETRIES = 2
 ENGINE_RETRY_ATTEMPTS = 3
 ENGINE_RETRY_DELAY_S = 0.1
 ENGINE_RETRY_WINDOW_S = 1.0
+# A request whose engine stalled on it or dropped it after it arrived may be a query of
+# death (dataplane/suspects.py): it is sent at most once more, and one that did so on
+# SUSPECT_REPLICAS replicas is refused at once for SUSPECT_MEMORY_S (long enough to
+# outlast a client's retries and a replica's restart; the same request after that is
+# sent again). At most SUSPECT_MEMORY_ENTRIES such requests are remembered (16-byte
+# fingerprints: well under a megabyte).
+SUSPECT_REPLICAS = 2
+SUSPECT_MEMORY_S = 600.0
+SUSPECT_MEMORY_ENTRIES = 4096
 # How long a turn waits for its engine's first byte, and in any pause of its stream
 # (dataplane/timing.py): FIRST_BYTE_MARGIN times the slowest seconds per pending token
 # of the replica's last FIRST_BYTE_HISTORY first bytes (its peers' while it has none;

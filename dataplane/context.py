@@ -14,11 +14,13 @@ from luftpause.dataplane.engines import Engines
 from luftpause.dataplane.link import SchedulerLink
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.runs import RunBook
+from luftpause.dataplane.suspects import Suspects
 
 TRACER = trace.get_tracer("luftpause.dataplane")
 BOOK = web.AppKey("book", RunBook)
 LINK = web.AppKey("link", SchedulerLink)
 ENGINES = web.AppKey("engines", Engines)
+SUSPECTS = web.AppKey("suspects", Suspects)  # requests that took a replica down (suspects.py)
 TOKEN = web.AppKey("token", str)
 LOG = web.AppKey("log", object)
 METRICS = web.AppKey("metrics", DataplaneMetrics)

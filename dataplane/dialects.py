@@ -19,13 +19,15 @@ import orjson
 
 class ApiError(Exception):
     """A request the dataplane answers with an error: ``status`` and a message for the client.
-    ``kind`` is the error's type where the client API names one (e.g. ``invalid_request_error``)."""
+    ``kind`` is the error's type where the client API names one (e.g. ``invalid_request_error``);
+    ``headers`` go with the answer (a ``Retry-After``)."""
 
-    def __init__(self, status: int, message: str, kind: str = "") -> None:
+    def __init__(self, status: int, message: str, kind: str = "", headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
+        self.headers = headers
 
 
 def encode_json(document: Any) -> bytes:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import grpc
 
 from luftpause import auth, tracing
+from luftpause import vocabulary as h
 from luftpause.dataplane.constants import (
     EVENT_LINGER_S,
     HELLO_TIMEOUT_S,
@@ -63,6 +64,15 @@ class AdmitRefused(Exception):
     @property
     def status(self) -> int:
         return REJECT_CODES[self.reason].http
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        """A Retry-After where the reason names one; no replica in rotation is marked so."""
+        seconds = REJECT_CODES[self.reason].retry_after_s
+        headers = {"Retry-After": str(seconds)} if seconds else {}
+        if self.reason is RejectReason.NO_HEALTHY_REPLICA:
+            headers[h.ENGINE_FAILURE] = h.ENGINE_NONE_IN_ROTATION
+        return headers or None
 
 
 @dataclass(frozen=True)

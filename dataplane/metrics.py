@@ -34,6 +34,9 @@ class DataplaneMetrics:
                               "cached).", ["kind"], registry=r)
         self.continued = Counter("luftpause_dataplane_streams_continued", "Streams that stalled after bytes "
                                  "reached the client, continued on another replica.", registry=r)
+        self.suspects = Counter("luftpause_dataplane_turns_refused_as_suspect", "Turns answered 502 without "
+                                "being sent again: their request stalled or dropped two replicas (a possible "
+                                "query of death).", registry=r)
         connected = Gauge("luftpause_dataplane_scheduler_connected", "1 while the Connect stream to the "
                           "scheduler is up.", registry=r)
         connected.set_function(lambda: 1.0 if scheduler_connected() else 0.0)
@@ -46,6 +49,9 @@ class DataplaneMetrics:
 
     def stream_continued(self) -> None:
         self.continued.inc()
+
+    def turn_refused_as_suspect(self) -> None:
+        self.suspects.inc()
 
     def turn_ended(self, log, *, run: str, turn: str, service_class: str, caller: str, replica: str,
                    hold_ms: int, ttft_ms: int | None, outcome: str, prompt_tokens: int, completion_tokens: int,

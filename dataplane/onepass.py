@@ -32,7 +32,7 @@ async def admit_one_pass(link: SchedulerLink, model: str, caller: str) -> Placem
     try:
         return await link.admit(new_id(), "", model, h.DEFAULT_SERVICE_CLASS, caller, one_pass=True)
     except AdmitRefused as exc:
-        raise ApiError(exc.status, str(exc)) from None
+        raise ApiError(exc.status, str(exc), headers=exc.headers) from None
 
 
 async def decide(request: web.Request) -> web.Response:

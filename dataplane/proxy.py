@@ -38,11 +38,14 @@ class EngineUnreachable(Exception):
     """The engine could not be reached, or failed before any byte reached the client:
     the turn had no effect and may be sent again."""
 
-    def __init__(self, replica: str, message: str, stalled: bool = False) -> None:
+    def __init__(self, replica: str, message: str, stalled: bool = False, suspect: bool = False) -> None:
         super().__init__(message)
         self.replica = replica
         self.message = message
         self.stalled = stalled  # the replica overran its bound: the scheduler took it out of rotation
+        # The request reached the engine, which stalled on it or dropped it: the request
+        # itself may be why (dataplane/suspects.py). Not so for a refused connection.
+        self.suspect = suspect or stalled
 
 
 def passed_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
@@ -140,6 +143,7 @@ async def _exchange(request: web.Request, turn: Turn, placement: Placement, watc
             return await _stream(request, turn, upstream, {**passed, **run_header},
                                  observer=None if dialect is None else dialect.native_observer())
         engines.bounds.first_byte(watch, loop.time())  # a whole reply: its headers came with it
+        turn.answered()
         watch.waiting = loop.time()
         async with turn.watchdog.guard():
             body = await upstream.read()
@@ -182,7 +186,8 @@ def _unreachable(turn: Turn, replica: str, exc: BaseException) -> EngineUnreacha
     stalled = turn.watch is not None and turn.watch.stalled
     if stalled:
         turn.failed(message, stalled=True)
-    return EngineUnreachable(replica, message, stalled)
+    not_reached = isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
+    return EngineUnreachable(replica, message, stalled, suspect=not not_reached)
 
 
 class _EventStream(web.StreamResponse):
@@ -229,6 +234,7 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
                 if not answered:
                     bounds.first_byte(watch, loop.time())
                     answered = True
+                    turn.answered()
                     if response is None:
                         response = _EventStream(status=200, headers=headers)
                         await response.prepare(request)
@@ -262,7 +268,8 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
         if watch.stalled:
             turn.failed(f"engine {turn.replica}: {error}", stalled=True)
             raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error}", stalled=True)
-        raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error} (before its first byte)")
+        raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error} (before its first byte)",
+                                suspect=True)
     assert response is not None
     if observer.done:
         turn.finished(observer)

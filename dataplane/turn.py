@@ -15,9 +15,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from luftpause import vocabulary as h
+from luftpause.vocabulary import ENGINE_REPEATED, ENGINE_UNREACHABLE
 from luftpause import tracing
-from luftpause.dataplane.constants import ENGINE_RETRY_ATTEMPTS, ENGINE_RETRY_DELAY_S, ENGINE_RETRY_WINDOW_S
-from luftpause.dataplane.context import BOOK, ENGINES, LINK, LOG, METRICS, TRACER, error_response, new_id
+from luftpause.dataplane.constants import (ENGINE_RETRY_ATTEMPTS, ENGINE_RETRY_DELAY_S, ENGINE_RETRY_WINDOW_S,
+                                           SUSPECT_MEMORY_S, SUSPECT_REPLICAS)
+from luftpause.dataplane.context import BOOK, ENGINES, LINK, LOG, METRICS, SUSPECTS, TRACER, error_response, new_id
+from luftpause.dataplane.suspects import fingerprint
 from luftpause.dataplane.dialects import ApiError
 from luftpause.dataplane.link import AdmitRefused, Placement, SchedulerLink
 from luftpause.dataplane.observe import TurnObserver
@@ -48,6 +51,7 @@ class Turn:
         self.lease: tuple[str, int] | None = None  # the lent slot it fills, if it took one
         self.watch: Watch | None = None  # its wait on the engine, bounded (dataplane/timing.py)
         self.watchdog: Watchdog | None = None
+        self.lane: asyncio.Lock | None = None  # a re-send's turn to go (dataplane/suspects.py), until its first byte
 
     def event(self, urgent: bool = False, **kind) -> None:
         self.link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.req.run_id, trace_id=self.trace_id, **kind),
@@ -76,6 +80,12 @@ class Turn:
                            waited_s=None if watch is None else round(watch.silent - watch.started, 3),
                            bound_s=None if watch is None else round(watch.bound, 3))
         self.event(True, silent=pb.TurnSilent())
+
+    def answered(self) -> None:
+        """The engine's first byte came (or the turn is over): the next re-send may go."""
+        if self.lane is not None:
+            self.lane.release()
+            self.lane = None
 
     def release(self) -> None:
         if self.lease is not None:
@@ -129,12 +139,23 @@ async def run_turn(request: web.Request, req: TurnRequest) -> web.StreamResponse
     """Admit and proxy the turn; if its engine cannot be reached (or fails before the
     client got a byte) admit it again as a new turn of the now idle run, so it may go to
     another replica: ENGINE_RETRY_ATTEMPTS within ENGINE_RETRY_WINDOW_S, then a 502 (a
-    turn re-sent after a stall waits for its admission as long as a new one would)."""
+    turn re-sent after a stall waits for its admission as long as a new one would). A
+    request that stalled or dropped its engine is sent at most once more, and one that
+    did so on two replicas is not sent again for a while (dataplane/suspects.py)."""
+    suspects = request.app[SUSPECTS]
+    key = fingerprint(req.model, req.body) if suspects else None
+    if key is not None and suspects.refused(key):
+        return _refused_as_suspect(request, req, suspects.replicas(key))
     first_failure: float | None = None
     failure: EngineUnreachable | None = None
+    suspect_failures = 0
+    lane: asyncio.Lock | None = None
     delay = ENGINE_RETRY_DELAY_S
     for attempt in range(1, ENGINE_RETRY_ATTEMPTS + 1):
         turn = Turn(request.app, req)
+        if lane is not None:  # re-sent after it stalled or dropped a replica: one at a time from there
+            await lane.acquire()
+            turn.lane, lane = lane, None
         # A turn re-sent after a stall waits to be admitted like any turn: the stalled
         # replica is out of rotation, so a hold is the healthy ones' queue (busier now),
         # not the failed engine. After an unreachable engine the scheduler cannot know
@@ -142,31 +163,59 @@ async def run_turn(request: web.Request, req: TurnRequest) -> web.StreamResponse
         stalled = failure is not None and failure.stalled
         deadline = None if first_failure is None or stalled else first_failure + ENGINE_RETRY_WINDOW_S
         # A retry asks the scheduler: the run's replica is the one that just failed.
-        placement = (_on_lease(turn) if first_failure is None else None) or await _admit(turn, deadline)
-        if placement is None:  # still held when the retry window closed
-            break
-        turn.placed(placement)
         try:
-            return await proxy(request, turn, placement)
-        except StreamStalled as stall:  # bytes reached the client: continued, not re-sent
-            return await _continue(request, req, stall)
-        except EngineUnreachable as exc:
-            turn.failed(exc.message)
-            failure = exc
-        except asyncio.CancelledError:
-            turn.failed("client disconnected")
-            raise
-        except Exception as exc:  # never leave a slot taken behind an unexpected error
-            turn.failed(f"dataplane error: {exc!r}")
-            raise
+            placement = (_on_lease(turn) if first_failure is None else None) or await _admit(turn, deadline)
+            if placement is None:  # still held when the retry window closed
+                break
+            turn.placed(placement)
+            try:
+                return await proxy(request, turn, placement)
+            except StreamStalled as stall:  # bytes reached the client: continued, not re-sent
+                turn.answered()
+                return await _continue(request, req, stall)
+            except EngineUnreachable as exc:
+                turn.failed(exc.message)
+                failure = exc
+            except asyncio.CancelledError:
+                turn.failed("client disconnected")
+                raise
+            except Exception as exc:  # never leave a slot taken behind an unexpected error
+                turn.failed(f"dataplane error: {exc!r}")
+                raise
+        finally:
+            turn.answered()
+        if failure.suspect:
+            suspect_failures += 1
+            key = key or fingerprint(req.model, req.body)
+            took_down = suspects.failed_on(key, failure.replica)
+            if suspect_failures >= SUSPECT_REPLICAS or suspects.refused(key):
+                return _refused_as_suspect(request, req, took_down, failure)
+            lane = suspects.lane(failure.replica)
         first_failure = first_failure or time.monotonic()
         if attempt == ENGINE_RETRY_ATTEMPTS or time.monotonic() + delay >= first_failure + ENGINE_RETRY_WINDOW_S:
             break
         request.app[LOG].info("turn_retried", run=req.run_id, attempt=attempt + 1, failed_on=failure.replica)
         await asyncio.sleep(delay)
         delay *= 2
-    headers = {h.RUN_ID: req.run_id, h.REPLICA: failure.replica, h.ENGINE_FAILURE: "unreachable"}
+    headers = {h.RUN_ID: req.run_id, h.REPLICA: failure.replica, h.ENGINE_FAILURE: ENGINE_UNREACHABLE}
     return error_response(502, failure.message, headers, req.dialect, "api_error")
+
+
+def _refused_as_suspect(request: web.Request, req: TurnRequest, replicas: frozenset[str],
+                        failure: EngineUnreachable | None = None) -> web.Response:
+    """The 502 of a request that stalled or dropped its engine and is not sent again."""
+    names = " and ".join(sorted(replicas))
+    message = (f"this request stalled or dropped {names} (within the last {SUSPECT_MEMORY_S:.0f} s) and is not "
+               f"sent to another replica: it may be what brings engines down")
+    if failure is not None:
+        message = f"{failure.message}; {message}"
+    request.app[LOG].warning("turn_refused_as_suspect", run=req.run_id, replicas=sorted(replicas),
+                             model=req.model, body_bytes=len(req.body))
+    request.app[METRICS].turn_refused_as_suspect()
+    headers = {h.RUN_ID: req.run_id, h.ENGINE_FAILURE: ENGINE_REPEATED}
+    if failure is not None:
+        headers[h.REPLICA] = failure.replica
+    return error_response(502, message, headers, req.dialect, "api_error")
 
 
 async def _continue(request: web.Request, req: TurnRequest, stall: StreamStalled) -> web.StreamResponse:
@@ -240,7 +289,7 @@ async def _admit(turn: Turn, deadline: float | None) -> Placement | None:
             return await admit
         return await asyncio.wait_for(admit, max(0.0, deadline - time.monotonic()))
     except AdmitRefused as exc:
-        raise ApiError(exc.status, str(exc)) from None
+        raise ApiError(exc.status, str(exc), headers=exc.headers) from None
     except TimeoutError:
         turn.event(True, abandoned=pb.TurnAbandoned())
         return None

@@ -188,8 +188,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     turn = Turn(request, state, body, reply, Envelope.new(body["model"]), faults, top_logprobs, offset=offset)
     started = time.monotonic()
     log.info("chat_request", id=turn.envelope.id, model=turn.envelope.model, stream=bool(body.get("stream")))
+    if faults.wedge:
+        log.warning("engine_wedged", id=turn.envelope.id)
+        state.faults = state.faults.merged(Faults(hang=True))
+        state.sim.set_gate(False)
     try:
-        if faults.hang or (faults.stall_after is not None and not body.get("stream")):
+        if faults.hang or faults.wedge or (faults.stall_after is not None and not body.get("stream")):
             response = await _hang(request, state)
         elif body.get("stream"):
             response = await _stream(turn, prompt_text, replies.wants_usage_chunk(body))

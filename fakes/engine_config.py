@@ -251,7 +251,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
                         f"and whether it continues a final assistant message [env {ENV_PREFIX}OPENAPI]")
     p.add_argument("--fault", action="append", default=[], metavar="DIRECTIVE",
                    help="engine-wide fault directive, repeatable: status=503, status-times=429:2, "
-                        "retry-after=3, die-after=4, stall-after=4, linger-after-done=500, hang, metrics-hang, "
+                        "retry-after=3, die-after=4, stall-after=4, linger-after-done=500, hang, wedge, metrics-hang, "
                         "tool-call-as-text, schema-as-arguments, string-scalars (the same as [[fake:...]] in a "
                         "message); PUT /faults {\"faults\": [...]} replaces them while it runs")
     a = p.parse_args(argv)

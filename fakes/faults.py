@@ -14,6 +14,12 @@ Directives (``[[fake:NAME]]`` or ``[[fake:NAME=VALUE]]``):
 - ``die-after=N``: stream N chunks after the role chunk, then abort the connection;
   non-streaming requests are aborted without a response.
 - ``hang``: accept the request and never answer.
+- ``wedge``: a query of death: the request hangs and the whole engine with it, as an
+  engine whose loop is stuck on one input: no decode step runs any more (the decode gate
+  closes) and every later request is accepted and never answered (engine-wide ``hang``),
+  probe generations included, while its health route still says ok. It stays so until
+  ``PUT /faults {"faults": []}`` and ``PUT /gate {"open": true}`` (a restart, to a real
+  engine).
 - ``stall-after=N``: stream N chunks after the role chunk, then send nothing more while
   keeping the connection open (a wedged engine mid-stream); non-streaming requests hang.
   ``die-after`` and ``stall-after`` count the reply's chunks from its start: a request
@@ -44,7 +50,7 @@ from typing import Any
 DIRECTIVE = re.compile(r"\[\[fake:([a-z][a-z-]*)(?:=([^\]]*))?\]\]")
 RETRY_AFTER_STATUSES = frozenset({429, 503})
 DEFAULT_RETRY_AFTER = "1"
-_FLAGS = ("hang", "metrics-hang", "tool-call-as-text", "schema-as-arguments", "string-scalars")
+_FLAGS = ("hang", "wedge", "metrics-hang", "tool-call-as-text", "schema-as-arguments", "string-scalars")
 _VALUED = ("status", "status-times", "retry-after", "die-after", "stall-after", "linger-after-done", "tool",
            "parallel-calls")
 KNOWN = frozenset(_FLAGS + _VALUED)
@@ -65,6 +71,7 @@ class Faults:
     stall_after: int | None = None
     linger_after_done_ms: int = 0
     hang: bool = False
+    wedge: bool = False
     metrics_hang: bool = False
     tool_call_as_text: bool = False
     schema_as_arguments: bool = False

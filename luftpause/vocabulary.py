@@ -22,9 +22,16 @@ RUN_ID = "x-luftpause-run-id"
 SERVICE_CLASS = "x-luftpause-class"
 CALLER = "x-luftpause-caller"
 REPLICA = "x-luftpause-replica"  # which replica served the turn (responses only)
-# On a dataplane's own 502: the engine could not be reached or died before answering;
-# the turn had no effect and may be sent again (responses only).
+# On a dataplane's own 502 or 503, why (responses only): ENGINE_UNREACHABLE (502), the
+# engine could not be reached or died before answering, the turn had no effect and may
+# be sent again; ENGINE_REPEATED (502), the request stalled or dropped two replicas and
+# is not sent again for a while (a possible query of death): sending it again gets the
+# same answer; ENGINE_NONE_IN_ROTATION (503, with Retry-After), no replica of the model
+# was in rotation: send it again after Retry-After.
 ENGINE_FAILURE = "x-luftpause-engine-failure"
+ENGINE_UNREACHABLE = "unreachable"
+ENGINE_REPEATED = "repeated"
+ENGINE_NONE_IN_ROTATION = "none-in-rotation"
 
 # Headers an agent harness sends with every request of one session, the same across its
 # turns (and when the session is resumed): each names the run of a Messages or Responses
@@ -58,7 +65,9 @@ class RejectReason(StrEnum):
 
     UNKNOWN_MODEL = "unknown_model"  # no replica of the turn's kind serves its model
     INVALID = "invalid"  # the admission is malformed (ids, class, caller)
-    NO_HEALTHY_REPLICA = "no_healthy_replica"  # a one-pass call whose replicas are all unhealthy
+    # A one-pass call whose replicas are all unhealthy, or a turn held past a bound while no
+    # replica of its model was in rotation.
+    NO_HEALTHY_REPLICA = "no_healthy_replica"
     SATURATED = "saturated"  # a sheddable (batch) turn shed: too many batch turns held already
 
 
@@ -72,9 +81,12 @@ class RejectCodes(NamedTuple):
 REJECT_CODES: dict[RejectReason, RejectCodes] = {
     RejectReason.UNKNOWN_MODEL: RejectCodes("NOT_FOUND", "UNKNOWN_MODEL", 404),
     RejectReason.INVALID: RejectCodes("INVALID_ARGUMENT", "MALFORMED", 400),
+    retry_after_s: int = 0  # the Retry-After sent with it (seconds; 0: none)
     # Not UNAVAILABLE: that code means "the scheduler is away" and callers retry it.
-    RejectReason.NO_HEALTHY_REPLICA: RejectCodes("FAILED_PRECONDITION", "NO_HEALTHY_REPLICA", 503),
-    RejectReason.SATURATED: RejectCodes("RESOURCE_EXHAUSTED", "SATURATED", 429),
+    # Retry-After: a replica comes back at a probe (the scheduler probes every 2 s).
+    RejectReason.NO_HEALTHY_REPLICA: RejectCodes("FAILED_PRECONDITION", "NO_HEALTHY_REPLICA", 503, 2),
+    # Retry-After: the MCP runtime and the openai SDK wait this long and send it again.
+    RejectReason.SATURATED: RejectCodes("RESOURCE_EXHAUSTED", "SATURATED", 429, 1),
 }
 
 

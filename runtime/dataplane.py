@@ -170,14 +170,20 @@ class DataplaneClient:
                 log.warning("turn_dropped", run=identity.run_handle, attempt=retry.attempts, error=repr(exc))
                 await asyncio.sleep(delay)
                 continue
-            if response.status_code == 429:
+            failure = response.headers.get(vocabulary.ENGINE_FAILURE)
+            if response.status_code == 429 or (response.status_code == 503
+                                               and failure == vocabulary.ENGINE_NONE_IN_ROTATION):
+                # Rate limited, or no replica of the model in rotation: the pool may take
+                # it later; the run waits (until cancelled).
                 delay = retry_after_seconds(response.headers.get("retry-after"))
-                log.info("turn_rate_limited", run=identity.run_handle, retry_after_s=delay)
+                log.info("turn_rate_limited" if response.status_code == 429 else "turn_no_replica",
+                         run=identity.run_handle, retry_after_s=delay)
                 await asyncio.sleep(delay)
                 continue
-            if response.status_code == 502 and response.headers.get(vocabulary.ENGINE_FAILURE):
+            if response.status_code == 502 and failure == vocabulary.ENGINE_UNREACHABLE:
                 # The engine could not be reached or died before answering; engine errors
-                # proper (4xx, 5xx passed through) are final.
+                # proper (4xx, 5xx passed through) are final, and so is a request that
+                # took two replicas down (ENGINE_REPEATED: it is not sent again).
                 delay = retry.next_delay()
                 if delay is None:
                     raise TurnError(f"{error_message(response)} ({retry.attempts} attempts)")

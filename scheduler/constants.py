@@ -13,6 +13,13 @@ FIRST_PROBE_WAIT_S = 2 * PROBE_TIMEOUT_S + 1.0
 DATAPLANE_GONE_S = 5.0
 # Clock tick that drives expiry.
 CLOCK_TICK_S = 1.0
+# A held turn whose model no replica in rotation serves (each unhealthy, stalled or
+# silent) is answered after this long, from when the last one left rotation or from its
+# arrival if later: a 503 with a Retry-After of a probe period, the soonest a replica
+# can come back (core/stranded.py). Long enough to wait through a stalled replica's
+# return (its next answered probe generation, a probe period or two) and a quick engine
+# restart; short enough that a client is told, not left waiting on a pool that is gone.
+HELD_WITHOUT_REPLICA_MS = 15_000
 # A turn whose end was never reported is dropped and its slot freed.
 TURN_TIMEOUT_MS = 10 * 60 * 1000
 # A run with no turn for this long is forgotten; its next turn starts without affinity.

@@ -52,7 +52,7 @@ from luftpause.dataplane.requests import check_chat, json_document, returned_too
 from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.scheduler.envoy import DESTINATION, LB_NAMESPACE, SUBSET_NAMESPACE
-from luftpause.vocabulary import RejectReason
+from luftpause.vocabulary import REJECT_CODES, RejectReason
 
 if TYPE_CHECKING:
     from luftpause.scheduler.picker import Picker
@@ -62,8 +62,6 @@ CHAT = "/v1/chat/completions"
 # Request headers the engine never sees: the client's credentials (a replica's own key,
 # when the pool names one, replaces them).
 STRIPPED = ("authorization",)
-# A shed turn's Retry-After: the MCP runtime and the openai SDK wait this long and send it again.
-SHED_RETRY_AFTER_S = 1
 
 
 class Refused(Exception):
@@ -76,7 +74,7 @@ class Refused(Exception):
 
 def shed(message: str, run_id: str) -> Refused:
     """A batch turn shed (429): the client may send it again after Retry-After."""
-    return Refused(429, message, run_id, {"retry-after": str(SHED_RETRY_AFTER_S)})
+    return Refused(429, message, run_id, {"retry-after": str(REJECT_CODES[RejectReason.SATURATED].retry_after_s)})
 
 
 # --------------------------------------------------------------------- answers
@@ -299,7 +297,8 @@ class Exchange:
             if exc.reason is RejectReason.SATURATED:
                 picker.metrics.shed("held")
                 raise shed(str(exc), self.run_id) from None
-            raise Refused(exc.status, str(exc), self.run_id) from None
+            headers = {name.lower(): value for name, value in (exc.headers or {}).items()}
+            raise Refused(exc.status, str(exc), self.run_id, headers or None) from None
         except TimeoutError:
             # Held past the bound: given up (nothing stays held) and shed.
             link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.run_id, abandoned=pb.TurnAbandoned()), True)

@@ -111,6 +111,18 @@ def http_ok(url: str, timeout: float = 1.0, headers: dict[str, str] | None = Non
         return False
 
 
+def metric_total(url: str, name: str, timeout: float = 5.0, **labels: str) -> float:
+    """The sum of a Prometheus metric's samples named ``name`` (a counter's ``_total``
+    included in the name) whose labels include ``labels``, from the ``/metrics`` at ``url``;
+    0 when there are none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        text = response.read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
 class PortTaken(RuntimeError):
     """A process exited at start because a port it was to listen on was taken (its log says so)."""
 

@@ -13,10 +13,11 @@ in the events. Each file is one chapter of the policy, its rule at the top:
 * ``leases.py``: slots lent to dataplanes while nothing is held;
 * ``peers.py``: dataplanes as peers, each owning what it admitted; Resync;
 * ``stalls.py``: stalled replicas leave rotation until they answer, silent ones until they speak;
+* ``stranded.py``: turns held with no replica of their model in rotation are answered within a bound;
 * ``status.py``: the plain-value view for the status endpoints and the page.
 
 Chapters import the state and the events and the chapters before them (state, events,
-ceiling, limit, placement, peers, leases, stalls, status, decide): never a later one.
+ceiling, limit, placement, peers, leases, stalls, stranded, status, decide): never a later one.
 """
 
 from luftpause.vocabulary import BATCH, INTERACTIVE, SERVICE_CLASSES

@@ -5,8 +5,9 @@ capacity (or changed who may use it), held turns are released and leases settled
 Admit is checked here (malformed: rejected; unknown model, or none of the replicas it
 may go to serving it: rejected at once; one-pass: placed in rotation, never held) before
 it is held; a batch turn that asks to be shed rather than wait behind a full batch
-queue (``shed_batch_held``) is refused instead of held. Turns never reported finished
-expire after 10 min, idle runs after 30 min.
+queue (``shed_batch_held``) is refused instead of held. At each clock tick turns never
+reported finished expire after 10 min, idle runs after 30 min, and turns held with no
+replica of their model in rotation are answered after a bound (stranded.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from luftpause.scheduler.core.limit import _probed
 from luftpause.scheduler.core.peers import _dataplane_gone, _own, _prune_owners, _resync
 from luftpause.scheduler.core.placement import (
     _cancel,
+    _drop_held,
     _end_turn,
     _first_probe_in,
     _hold,
@@ -50,11 +52,13 @@ from luftpause.scheduler.core.placement import (
 from luftpause.scheduler.core.resume import observed_pause
 from luftpause.scheduler.core.sight import _failed_out_of_sight
 from luftpause.scheduler.core.state import GENERATIVE, ONE_PASS, HeldTurn, Run, Stage, State
+from luftpause.scheduler.core.stranded import _answer_stranded
 from luftpause.scheduler.core.stalls import _heard, _silent, _stalled, _unsilenced
 
 
 def decide(state: State, event: Event) -> tuple[State, list[Action]]:
     """Apply one event; return the new state and the actions the host performs."""
+    answered: list[Action] = []
     match event:
         case AdmitRequested():
             if event.leased_replica:
@@ -85,7 +89,7 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
         case EngineProbed():
             state = _first_probe_in(_probed(state, event), event.replica)
         case ClockTicked():
-            state = _expire(state, event.now_ms)
+            state, answered = _answer_stranded(_expire(state, event.now_ms), event.now_ms)
         case Resynced():  # a new stream starts without leases
             state = _resync(_void_leases(state, event.dataplane), event)
         case DataplaneGone():
@@ -98,7 +102,7 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
             raise TypeError(f"unknown event {event!r}")
     # Every event may have freed capacity (or changed who may use it).
     state, actions = _release_held(state, event.now_ms)
-    return _settle_leases(state, actions, event)
+    return _settle_leases(state, [*answered, *actions] if answered else actions, event)
 
 
 def validation_error(model: str, service_class: str, caller: str) -> str | None:
@@ -146,7 +150,7 @@ def _admit(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:
     if event.shed_batch_held and event.turn_id in state.held and _sheds(state, event):
         # Not placed, and the batch queue is at its bound: shed instead of held. Turns
         # this admission's release placed stay placed; this one leaves no trace.
-        return _shed(state, event, opens), [*actions, Reject(
+        return _drop_held(state, state.held[event.turn_id]), [*actions, Reject(
             event.turn_id, RejectReason.SATURATED,
             f"saturated: {event.shed_batch_held} batch turns are waiting already; try again later")]
     return state, actions
@@ -158,17 +162,6 @@ def _sheds(state: State, event: AdmitRequested) -> bool:
         return False
     others = sum(1 for t in state.held.values() if t.service_class == BATCH) - 1
     return others >= event.shed_batch_held
-
-
-def _shed(state: State, event: AdmitRequested, opened: bool) -> State:
-    """The turn out of the queue and its ownership dropped; a run this turn opened is
-    forgotten (it never ran)."""
-    state = _unhold(state, event.turn_id)
-    state = state._replace(turn_owner=state.turn_owner.delete(event.turn_id))
-    if opened:
-        state = _put_run(state, None, run_id=event.run_id)
-        state = state._replace(run_owner=state.run_owner.delete(event.run_id))
-    return state
 
 
 def _serves(state: State, model: str, among: frozenset[str] | None = None) -> bool:

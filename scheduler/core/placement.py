@@ -316,6 +316,19 @@ def _unhold(state: State, turn_id: str) -> State:
     )
 
 
+def _drop_held(state: State, turn: HeldTurn) -> State:
+    """A held turn given up (shed, or answered without a place): out of the queue, its
+    ownership dropped; a run it opened, if none of its turns was placed and none is
+    held, forgotten (it never ran)."""
+    state = _unhold(state, turn.turn_id)
+    state = state._replace(turn_owner=_set_or_drop(state.turn_owner, turn.turn_id, None))
+    run = state.runs.get(turn.run_id)
+    if turn.opens and run is not None and not run.replica and turn.run_id not in state.held_by_run:
+        state = _put_run(state, None, run_id=turn.run_id)
+        state = state._replace(run_owner=_set_or_drop(state.run_owner, turn.run_id, None))
+    return state
+
+
 def _rehome(state: State, run_id: str) -> State:
     """Refile a run's held turns after its pin changed (stage or replica)."""
     for turn_id in state.held_by_run.get(run_id, ()):

@@ -246,6 +246,9 @@ class State(NamedTuple):
     # while its tool call is due to return (resume.py), and the pauses seen so far.
     resume_slots: bool = True
     interactive_pause_ms: int = 0
+    # Models no replica in rotation serves, and since when (ms, as of a clock tick):
+    # turns held for them are answered after a bound (stranded.py).
+    unserved_since: Map = Map()
 
 
 def initial_state(

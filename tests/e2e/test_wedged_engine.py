@@ -102,6 +102,9 @@ async def test_a_turn_no_replica_answers_gets_a_clear_502(wedged):
     assert response.status_code == 502
     message = response.json()["error"]["message"]
     assert "no first byte within" in message and "engine-a" in message, message
-    assert response.headers[h.ENGINE_FAILURE] == "unreachable"
+    # It stalled engine-a, was sent once more (to engine-a again, back from its stall:
+    # engine-b is wedged) and stalled it again: not sent a third time, nor again later.
+    assert response.headers[h.ENGINE_FAILURE] == h.ENGINE_REPEATED
+    assert "is not sent to another replica" in message, message
     assert wait_until(lambda: not replica(wedged, "engine-a")["stalled"], WAIT_S)  # it answers probes
     assert wait_until(lambda: status(wedged)["in_flight"] == 0, WAIT_S)

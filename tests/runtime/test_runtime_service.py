@@ -422,6 +422,38 @@ async def test_a_dropped_turn_is_sent_again_a_few_times(
     assert len(dataplane.chat_requests) == 2 + attempts
 
 
+async def test_a_turn_with_no_replica_in_rotation_waits_and_a_query_of_death_is_not_sent_again(
+    make_runtime: MakeRuntime, dataplane: ScriptedDataplane
+) -> None:
+    async def none_in_rotation(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, headers={vocabulary.ENGINE_FAILURE: vocabulary.ENGINE_NONE_IN_ROTATION,
+                                            "Retry-After": "0"},
+                              json={"error": {"message": "no replica serving model 'm' is in rotation"}})
+
+    async def repeated(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(502, headers={vocabulary.ENGINE_FAILURE: vocabulary.ENGINE_REPEATED},
+                              json={"error": {"message": "this request stalled or dropped engine-a and engine-b"}})
+
+    async def engine_503(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, headers={"Retry-After": "0"}, json={"error": {"message": "engine overloaded"}})
+
+    runtime = await make_runtime()
+    # More answers than the retries of an unreachable engine: the run waits for the pool.
+    dataplane.script = [none_in_rotation] * (constants.TURN_RETRY_ATTEMPTS + 2) + [text_reply("served")]
+    waited = await finish(runtime, RunSpec(task="t"))
+    assert waited.status is RunStatus.COMPLETED and waited.result == "served"
+
+    dataplane.script = [repeated, text_reply("never sent")]
+    final = await finish(runtime, RunSpec(task="t"))
+    assert final.status is RunStatus.FAILED
+    assert final.error == "dataplane answered 502: this request stalled or dropped engine-a and engine-b"
+
+    dataplane.script = [engine_503, text_reply("never sent")]  # an engine's own 503 is its answer
+    final = await finish(runtime, RunSpec(task="t"))
+    assert final.status is RunStatus.FAILED and final.error == "dataplane answered 503: engine overloaded"
+    assert len(dataplane.chat_requests) == constants.TURN_RETRY_ATTEMPTS + 3 + 1 + 1
+
+
 async def test_a_turn_whose_engine_could_not_be_reached_is_sent_again_but_engine_errors_are_final(
     make_runtime: MakeRuntime, dataplane: ScriptedDataplane, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,0 +1,87 @@
+"""Requests that took a replica down, remembered briefly, so that a query of death
+reaches at most two replicas.
+
+A turn whose engine stalled on it (no first byte within its bound) or dropped the
+connection after the request reached it may have been brought down *by* that request:
+some inputs crash or wedge an engine, and every copy of the engine alike. Sending such a
+turn again elsewhere, as :func:`~luftpause.dataplane.turn.run_turn` does for a failed
+engine, would take the replicas down one after another, and with them every other turn
+of the pool. So such a failure is remembered by the request's fingerprint (its model and
+the body sent to the engine) for ``SUSPECT_MEMORY_S``:
+
+* a turn is sent at most once more after such a failure, and such re-sends go one at a
+  time per replica they failed on (:meth:`Suspects.lane`), each until its first byte:
+  a wedge takes down every turn on its replica that had no byte yet, the culprit and its
+  victims alike, and all of them are re-sent at about the same moment; sent together
+  they would meet the culprit again on the next replica it wedges, and be refused with
+  it. One at a time, the culprit wedges that replica alone and is refused there, and
+  the rest go where the pool is still in rotation;
+* a request that failed so on ``SUSPECT_REPLICAS`` replicas is not sent again while it
+  is remembered: it is answered at once with a 502 that says so (marked
+  ``x-luftpause-engine-failure: repeated``, which clients must not retry).
+
+A connection refused (the engine was down before the request came) says nothing about
+the request and is not counted. Memory is bounded: the oldest entries go first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from luftpause.dataplane.constants import SUSPECT_MEMORY_ENTRIES, SUSPECT_MEMORY_S, SUSPECT_REPLICAS
+
+
+def fingerprint(model: str, body: bytes) -> bytes:
+    """The request as an engine sees it: its model and the exact body sent."""
+    digest = hashlib.blake2b(model.encode(), digest_size=16)
+    digest.update(b"\0")
+    digest.update(body)
+    return digest.digest()
+
+
+class Suspects:
+    """Fingerprints of requests that stalled or dropped a replica, and where."""
+
+    def __init__(self, memory_s: float = SUSPECT_MEMORY_S, entries: int = SUSPECT_MEMORY_ENTRIES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.memory_s, self.entries, self.clock = memory_s, entries, clock
+        self._seen: OrderedDict[bytes, tuple[float, frozenset[str]]] = OrderedDict()
+        self._lanes: dict[str, asyncio.Lock] = {}  # one per replica of the pool: a few
+
+    def __bool__(self) -> bool:
+        return bool(self._seen)
+
+    def replicas(self, key: bytes) -> frozenset[str]:
+        """The replicas the request took down within the memory, none if not remembered."""
+        entry = self._seen.get(key)
+        if entry is None:
+            return frozenset()
+        if self.clock() - entry[0] >= self.memory_s:
+            del self._seen[key]
+            return frozenset()
+        return entry[1]
+
+    def refused(self, key: bytes) -> bool:
+        """Whether the request is not to be sent again."""
+        return len(self.replicas(key)) >= SUSPECT_REPLICAS
+
+    def failed_on(self, key: bytes, replica: str) -> frozenset[str]:
+        """Count a stall or drop of ``replica`` on the request; the replicas so far."""
+        replicas = self.replicas(key) | {replica}
+        self._seen[key] = (self.clock(), replicas)
+        self._seen.move_to_end(key)
+        while len(self._seen) > self.entries:
+            self._seen.popitem(last=False)
+        return replicas
+
+    def lane(self, replica: str) -> asyncio.Lock:
+        """Held by a turn re-sent after such a failure on ``replica`` until its first byte
+        (or its end): the others re-sent from there wait for it."""
+        lane = self._lanes.get(replica)
+        if lane is None:
+            lane = self._lanes[replica] = asyncio.Lock()
+        return lane
