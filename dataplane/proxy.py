@@ -53,8 +53,8 @@ def passed_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
     return {k: upstream.headers[k] for k in PASSED_HEADERS if k in upstream.headers}
 
 
-def engine_error(replica: str, exc: BaseException) -> str:
-    return f"engine {replica}: {_describe(exc)}"
+def engine_error(replica: str, exc: BaseException, received: int = 0) -> str:
+    return f"engine {replica}: {_describe(exc, received)}"
 
 
 @functools.cache
@@ -170,10 +170,10 @@ def _retry_after(upstream: aiohttp.ClientResponse) -> dict[str, str]:
     return {"Retry-After": value} if value else {}
 
 
-def _engine_problem(turn: Turn, replica: str, exc: BaseException) -> str:
+def _engine_problem(turn: Turn, replica: str, exc: BaseException, received: int = 0) -> str:
     watch = turn.watch
     if watch is None or not watch.stalled:
-        return engine_error(replica, exc)
+        return engine_error(replica, exc, received)
     if not watch.answered:
         return f"engine {replica}: no first byte within {watch.bound:.1f}s (its bound from recent first bytes there)"
     return f"engine {replica}: stream stalled, nothing for {watch.bound:.1f}s"
@@ -209,6 +209,7 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
     first stream's."""
     response: web.StreamResponse | None = continuing.response if continuing is not None else None
     answered = False  # the engine's first chunk came
+    received = 0  # bytes of the engine's stream so far
     observer = observer or TurnObserver()
     error = "stream ended before [DONE]"
     content = upstream.content
@@ -230,6 +231,7 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
                 watch.waiting = None
                 if not chunk:
                     break
+                received += len(chunk)
                 bounds.heard(turn.replica, loop.time())  # the replica speaks (a silent one is back here)
                 if not answered:
                     bounds.first_byte(watch, loop.time())
@@ -259,7 +261,7 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
                 if chunk:
                     await response.write(chunk)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-        error = _engine_problem(turn, turn.replica, exc).removeprefix(f"engine {turn.replica}: ")
+        error = _engine_problem(turn, turn.replica, exc, received).removeprefix(f"engine {turn.replica}: ")
     except (asyncio.CancelledError, ConnectionResetError):
         if observer.finish_reason:  # the client left after the finish: the reply was whole
             turn.finished(observer)
@@ -306,8 +308,20 @@ async def abandon(request: web.Request, response: web.StreamResponse, translator
     return response
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, received: int = 0) -> str:
+    """What the engine did, in words a user reads (not aiohttp's: a broken chunked stream
+    is its ``TransferEncodingError: 400``, which reads as the client's fault);
+    ``received``: the bytes of its reply that came before."""
+    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError)):
+        if received:
+            return f"closed the stream after {received} bytes"
+        return "closed the connection before answering"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        error = exc.os_error
+        reason = os.strerror(error.errno) if isinstance(error.errno, int) else (error.strerror or str(error))
+        return f"cannot connect to {exc.host}:{exc.port} ({reason.lower()})"
     if isinstance(exc, asyncio.TimeoutError):
         return f"connect timeout after {ENGINE_CONNECT_TIMEOUT_S:g}s"
-    text = str(exc) or type(exc).__name__
-    return text
+    if isinstance(exc, (ConnectionResetError, aiohttp.ClientOSError)):
+        return f"reset the connection after {received} bytes" if received else "reset the connection"
+    return str(exc) or type(exc).__name__

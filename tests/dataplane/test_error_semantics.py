@@ -131,6 +131,7 @@ def test_engine_refusing_connections_is_a_502_at_once(stale_pool):
     # At once: on the refusal itself, no connect timeout waited out, after no more attempts
     # than the retry allows.
     assert "timeout" not in message
+    assert message.endswith("(connection refused)") and ": cannot connect to 127.0.0.1:" in message, message
     log = dataplane_log(stale_pool).splitlines()
     assert len([line for line in log if "turn_retried" in line and "run=refused" in line]) < ENGINE_RETRY_ATTEMPTS
     assert wait_until(lambda: idle_again(stale_pool), WAIT_S)
