@@ -1,6 +1,7 @@
 """Benchmark of the scheduler: decisions/s of the pure core at 100, 1,000 and 10,000
-live runs with 200 held turns on saturated engines, and the Admit round trip over
-gRPC on loopback when capacity is free.
+live runs with 200 held turns on saturated engines, the Admit round trip over
+gRPC on loopback when capacity is free, and a page of the per-run view
+(``/status?runs=100``) over HTTP with 10,000 runs known (target: 50 ms a page).
 
     python -m luftpause.loadgen.scheduler_bench [--events N] [--admits N] [--json PATH]
 
@@ -178,12 +179,55 @@ async def admit_round_trips(count: int) -> dict:
     }
 
 
+async def run_pages(runs: int, requests: int) -> list[dict]:
+    """``/status?runs=100`` pages (first, deep, filtered) from the scheduler's HTTP app on
+    loopback, its state ``runs`` runs at saturation: milliseconds per answer, client side."""
+    import httpx
+    import structlog
+    from aiohttp import web
+
+    from luftpause.scheduler.host import SchedulerHost, http_app
+    from luftpause.scheduler.pool import Endpoint
+
+    host = SchedulerHost([Endpoint(f"r{i}", f"http://r{i}", (MODEL,)) for i in range(REPLICAS)],
+                         structlog.get_logger(component="bench"))
+    host.state, _ = saturated_state(runs, 200, random.Random(7))
+    runner = web.AppRunner(http_app(host))
+    await runner.setup()
+    port = free_ports(1)[0]
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    queries = {"first page": {"runs": 100}, "page 100 (cursor 9,900)": {"runs": 100, "cursor": runs - 100},
+               "one caller's (1 in 16)": {"runs": 100, "caller": "caller-3"},
+               "paused, batch": {"runs": 100, "stage": "paused", "class": "batch"}}
+    rows = []
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            for name, query in queries.items():
+                times = []
+                for _ in range(requests):
+                    started = time.perf_counter()
+                    response = await client.get("/status", params=query)
+                    times.append((time.perf_counter() - started) * 1000)
+                    assert response.status_code == 200, response.text
+                page = response.json()["run_page"]
+                times.sort()
+                rows.append({"query": name, "params": query, "runs_known": runs, "matching": page["total"],
+                             "shown": len(page["runs"]), "requests": requests,
+                             "p50_ms": round(statistics.median(times), 2),
+                             "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))], 2)})
+    finally:
+        await runner.cleanup()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.scheduler_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=20000, help="decisions per run size (default 20000)")
     parser.add_argument("--held", type=int, default=200, help="held turns at start (default 200)")
     parser.add_argument("--admits", type=int, default=1000, help="gRPC Admit round trips (default 1000)")
+    parser.add_argument("--pages", type=int, default=50, help="requests per per-run-view query (default 50)")
     parser.add_argument("--json", default="bench-results/scheduler.json", help="where to write the results")
     args = parser.parse_args(argv)
     console = Console()
@@ -202,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     admit = results["admit"]
     console.print(f"Admit round trip over gRPC on loopback, capacity free ({admit['admits']} calls): "
                   f"p50 {admit['p50_ms']} ms, p90 {admit['p90_ms']} ms, p99 {admit['p99_ms']} ms")
+    results["run_pages"] = asyncio.run(run_pages(10_000, args.pages))
+    table = Table(title="/status?runs=100 over HTTP on loopback, 10,000 runs known (target: 50 ms a page)")
+    for column in ("query", "matching", "shown", "p50 ms", "p99 ms"):
+        table.add_column(column, justify="right")
+    for row in results["run_pages"]:
+        table.add_row(row["query"], f"{row['matching']:,}", str(row["shown"]), str(row["p50_ms"]), str(row["p99_ms"]))
+    console.print(table)
     console.print(f"JSON: {write_json(args.json, results)}")
     return 0
 

@@ -8,7 +8,8 @@ import re
 import time
 import urllib.parse
 from statistics import median
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -31,7 +32,7 @@ from luftpause.scheduler.metrics import SchedulerMetrics, status_view
 from luftpause.scheduler.pool import Endpoint
 from luftpause.scheduler.probes import ProbeResult, answers, fast_batch, native_apis, probe, probe_client
 from luftpause.scheduler.validation import admit_problem, resync_problem
-from luftpause.vocabulary import BATCH, DATAPLANE_METADATA, INTERACTIVE, REJECT_CODES
+from luftpause.vocabulary import BATCH, DATAPLANE_METADATA, INTERACTIVE, MAX_CALLER_BYTES, REJECT_CODES, SERVICE_CLASSES
 
 TRACER = trace.get_tracer("luftpause.scheduler")
 CLASS_NAMES = {pb.INTERACTIVE: INTERACTIVE, pb.BATCH: BATCH}
@@ -220,7 +221,8 @@ class SchedulerHost:
         elif kind == "finished":
             tokens = None if usage is None else usage.prompt_tokens + usage.completion_tokens
             self._speaks(self._silent_replica(event.turn_id),
-                         core.TurnFinished(event.turn_id, event.finished.finish_reason, now, tokens))
+                         core.TurnFinished(event.turn_id, event.finished.finish_reason, now, tokens,
+                                           0 if usage is None else usage.completion_tokens))
         elif kind == "failed":
             self.log.info("turn_failed", turn=event.turn_id, run=event.run_id, error=event.failed.error,
                           stalled=event.failed.stalled)
@@ -285,6 +287,10 @@ class SchedulerHost:
 
     def status(self) -> dict:
         return core.status(self.state, self.now_ms())
+
+    def run_page(self, query: RunQuery) -> dict:
+        return core.run_page(self.state, self.now_ms(), query.limit, query.cursor, query.caller, query.stage,
+                             query.service_class)
 
     async def probe_forever(self) -> None:
         """Every endpoint on its own clock: one whose probe waits out the timeout (a
@@ -477,6 +483,41 @@ async def mark_serving(servicer: health.aio.HealthServicer) -> None:
 
 
 PAGE = Path(__file__).with_name("page.html")
+RUN_PAGE_MAX = 1000  # runs in one page of /status?runs=N
+
+
+@dataclass(frozen=True)
+class RunQuery:
+    """``/status?runs=N[&cursor=C][&caller=…][&stage=…][&class=…]``: a page of runs."""
+
+    limit: int
+    cursor: int = 0
+    caller: str | None = None
+    stage: str | None = None
+    service_class: str | None = None
+
+    @classmethod
+    def from_query(cls, query: Mapping[str, str]) -> RunQuery | None:
+        """None without ``runs``; ValueError naming what is wrong."""
+        if "runs" not in query:
+            return None
+        limit, cursor = query.get("runs", ""), query.get("cursor", "0")
+        if not limit.isdigit() or not 1 <= int(limit) <= RUN_PAGE_MAX:
+            raise ValueError(f"runs must be a number of runs from 1 to {RUN_PAGE_MAX}")
+        if not cursor.isdigit() or len(cursor) > 9:
+            raise ValueError("cursor must be the next_cursor of the page before (a number)")
+        stage, service_class = query.get("stage"), query.get("class")
+        if stage is not None and stage not in STAGES:
+            raise ValueError(f"stage must be one of {', '.join(STAGES)}")
+        if service_class is not None and service_class not in SERVICE_CLASSES:
+            raise ValueError(f"class must be one of {', '.join(SERVICE_CLASSES)}")
+        caller = query.get("caller")
+        if caller is not None and len(caller.encode()) > MAX_CALLER_BYTES:
+            raise ValueError(f"caller is over {MAX_CALLER_BYTES} bytes")
+        return cls(int(limit), int(cursor), caller, stage, service_class)
+
+
+STAGES = tuple(stage.value for stage in core.Stage)
 # What /runtime-status passes on to the runtime's /status: a page of runs, or runs by handle.
 RUNTIME_STATUS_PARAMS = frozenset({"limit", "cursor", "handle"})
 RUNTIME_STATUS_VALUE = re.compile(r"[A-Za-z0-9._:-]{1,256}")
@@ -497,7 +538,16 @@ def http_app(host: SchedulerHost, token: str | None = None, runtime_url: str | N
     runtime_status = runtime_status_url(runtime_url) if runtime_url else None
 
     async def get_status(request: web.Request) -> web.Response:
-        return web.json_response(status_view(host.status(), host.metrics))
+        """The pool's picture; with ``?runs=N`` also a page of the runs (``run_page``),
+        filtered by ``caller``, ``stage`` and ``class``, from ``cursor``."""
+        try:
+            query = RunQuery.from_query(request.query)
+        except ValueError as exc:
+            return web.json_response({"error": {"message": str(exc)}}, status=400)
+        view = status_view(host.status(), host.metrics)
+        if query is not None:
+            view["run_page"] = host.run_page(query)
+        return web.json_response(view)
 
     async def get_page(request: web.Request) -> web.Response:
         return web.Response(text=PAGE.read_text(), content_type="text/html")

@@ -63,7 +63,7 @@ from luftpause.scheduler.core.state import (
     Turn,
     initial_state,
 )
-from luftpause.scheduler.core.status import status
+from luftpause.scheduler.core.status import run_page, status
 
 __all__ = [
     "BATCH", "GENERATIVE", "INTERACTIVE", "ONE_PASS", "SERVICE_CLASSES", "TURN_TIME_WEIGHT",
@@ -71,5 +71,5 @@ __all__ = [
     "HeldTurn", "Lease", "LeaseReturned", "LeaseTaking", "Place", "Reject", "Replica", "Resynced", "Revoke", "Run",
     "RunEnded", "RunSnapshot", "Stage", "State", "Turn", "TurnAnswered", "TurnFailed", "TurnFinished", "TurnSilent",
     "TurnSnapshot", "TurnUsage",
-    "batch_reserve", "decide", "initial_state", "status", "validation_error",
+    "batch_reserve", "decide", "initial_state", "run_page", "status", "validation_error",
 ]

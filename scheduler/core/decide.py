@@ -73,7 +73,7 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
         case TurnFinished():
             state = _timed(_heard(state, event.turn_id), event.turn_id, event.now_ms)
             stage = Stage.PAUSED if event.finish_reason == "tool_calls" else Stage.IDLE
-            state = _end_turn(state, event.turn_id, stage, event.now_ms, event.context_tokens)
+            state = _end_turn(state, event.turn_id, stage, event.now_ms, event.context_tokens, event.generated_tokens)
         case TurnFailed():
             if event.stalled:
                 state = _stalled(state, event.turn_id)
@@ -135,7 +135,7 @@ def _admit(state: State, event: AdmitRequested) -> tuple[State, list[Action]]:
     run = state.runs.get(event.run_id)
     opens = run is None
     if run is None:
-        run = Run(event.run_id, event.service_class, event.caller)
+        run = Run(event.run_id, event.service_class, event.caller, started_ms=event.now_ms)
     else:
         state, run = observed_pause(state, run, event.now_ms)
     run = run._replace(service_class=event.service_class, caller=event.caller, last_seen_ms=event.now_ms)

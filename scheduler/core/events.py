@@ -46,9 +46,10 @@ class TurnFinished:
     turn_id: str
     finish_reason: str
     now_ms: int
-    # The turn's usage when it came with the finish (prompt + completion tokens): the
-    # same as a TurnUsage just before, in one step.
+    # The turn's usage when it came with the finish (prompt + completion tokens, and the
+    # completion tokens): the same as a TurnUsage just before, in one step.
     context_tokens: int | None = None
+    generated_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

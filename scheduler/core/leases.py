@@ -59,9 +59,10 @@ def _admit_leased(state: State, event: AdmitRequested) -> State:
         return state
     if event.turn_id in state.held:  # placed by the dataplane after all: not ours to place
         state = _unhold(state, event.turn_id)
-    run = state.runs.get(event.run_id) or Run(event.run_id, event.service_class, event.caller)
+    run = state.runs.get(event.run_id) or Run(event.run_id, event.service_class, event.caller,
+                                               started_ms=event.now_ms)
     run = run._replace(service_class=event.service_class, caller=event.caller, replica=event.leased_replica,
-                       stage=Stage.GENERATING, last_seen_ms=event.now_ms)
+                       stage=Stage.GENERATING, last_seen_ms=event.now_ms, turns=run.turns + 1)
     state = _put_run(state, run)
     lease = state.leases.get((event.dataplane, event.leased_replica))
     leased_by = event.dataplane if lease is not None and lease.busy < lease.slots else ""

@@ -49,8 +49,12 @@ def _resync(state: State, event: Resynced) -> State:
         if state.run_owner.get(snap.run_id, sender) != sender and snap.run_id in state.runs:
             continue  # another dataplane has seen this run since: its view is newer
         known = state.runs.get(snap.run_id)
-        run = Run(snap.run_id, snap.service_class, snap.caller, snap.replica, snap.stage, event.now_ms,
-                  known.context_tokens if known is not None else 0)
+        run = Run(snap.run_id, snap.service_class, snap.caller, snap.replica, snap.stage, event.now_ms)
+        if known is not None:  # what the snapshot does not carry: as this scheduler knew it
+            run = run._replace(context_tokens=known.context_tokens, started_ms=known.started_ms, turns=known.turns,
+                               generated_tokens=known.generated_tokens)
+        else:
+            run = run._replace(started_ms=event.now_ms)
         state = _own(_put_run(state, run), sender, snap.run_id)
     for snap in event.turns:
         if snap.turn_id in state.turns:

@@ -345,8 +345,9 @@ def _set_or_drop(mapping: Map, key: str, value: object) -> Map:
 
 
 def _place(state: State, turn: HeldTurn, replica: Replica, now_ms: int) -> State:
-    run = state.runs.get(turn.run_id) or Run(turn.run_id, turn.service_class, turn.caller)
-    state = _put_run(state, run._replace(replica=replica.name, stage=Stage.GENERATING, last_seen_ms=now_ms))
+    run = state.runs.get(turn.run_id) or Run(turn.run_id, turn.service_class, turn.caller, started_ms=now_ms)
+    state = _put_run(state, run._replace(replica=replica.name, stage=Stage.GENERATING, last_seen_ms=now_ms,
+                                         turns=run.turns + 1))
     placed = Turn(turn.turn_id, turn.run_id, turn.model, turn.service_class, turn.caller, replica.name, now_ms)
     state = _unhold(state, turn.turn_id)
     state = state._replace(turns=state.turns.set(turn.turn_id, placed))
@@ -430,7 +431,8 @@ def _resumes_after(state: State, replicas: Map, run_id: str, before: tuple[str, 
     return replicas
 
 
-def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int, context_tokens: int | None = None) -> State:
+def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int, context_tokens: int | None = None,
+              generated_tokens: int = 0) -> State:
     turn = state.turns.get(turn_id)
     if turn is None:
         return state
@@ -443,6 +445,8 @@ def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int, context_tok
         ended = {"replica": turn.replica, "stage": stage, "last_seen_ms": now_ms}
         if context_tokens is not None:
             ended["context_tokens"] = max(0, context_tokens)
+        if generated_tokens > 0:
+            ended["generated_tokens"] = run.generated_tokens + generated_tokens
         state = _put_run(state, run._replace(**ended))
     return state
 
@@ -460,4 +464,5 @@ def _usage(state: State, event: TurnUsage) -> State:
     run = state.runs.get(turn.run_id) if turn is not None else None
     if run is None:
         return state
-    return _put_run(state, run._replace(context_tokens=max(0, event.prompt_tokens + event.completion_tokens)))
+    return _put_run(state, run._replace(context_tokens=max(0, event.prompt_tokens + event.completion_tokens),
+                                        generated_tokens=run.generated_tokens + max(0, event.completion_tokens)))

@@ -167,6 +167,11 @@ class Run(NamedTuple):
     last_seen_ms: int = 0
     context_tokens: int = 0  # prompt + reply of its last turn, 0 when not reported
     pause_ms: int = 0  # its tool pauses, a moving average (interactive runs; resume.py); 0 = none seen
+    # For the per-run view (status.py) only: when it was first seen, its turns placed, and
+    # the reply tokens its engines reported.
+    started_ms: int = 0
+    turns: int = 0
+    generated_tokens: int = 0
 
 
 @_quick_replace

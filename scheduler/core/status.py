@@ -58,3 +58,38 @@ def status(state: State, now_ms: int) -> dict:
         "in_flight": len(state.turns),
         "resynced": state.resynced,
     }
+
+
+def run_page(state: State, now_ms: int, limit: int, cursor: int = 0, caller: str | None = None,
+             stage: str | None = None, service_class: str | None = None) -> dict:
+    """One page of the runs, most recently active first, with what each is doing: its
+    stage, class, caller, replica, turns placed, turns held now, its context and the reply
+    tokens it was served, its age and how long since its last turn. ``caller``, ``stage``
+    and ``service_class`` filter (exact values); ``cursor`` is the offset of the page (the
+    last page's ``next_cursor``), None past the last page."""
+    runs = [r for r in state.runs.values()
+            if (caller is None or r.caller == caller) and (stage is None or r.stage.value == stage)
+            and (service_class is None or r.service_class == service_class)]
+    runs.sort(key=lambda r: (-r.last_seen_ms, r.run_id))
+    page = runs[cursor:cursor + limit]
+    end = cursor + len(page)
+    return {
+        "runs": [
+            {
+                "run_id": r.run_id,
+                "stage": r.stage.value,
+                "class": r.service_class,
+                "caller": r.caller,
+                "replica": r.replica,
+                "turns": r.turns,
+                "held": len(state.held_by_run.get(r.run_id, ())),
+                "context_tokens": r.context_tokens,
+                "generated_tokens": r.generated_tokens,
+                "age_s": round(max(0, now_ms - (r.started_ms or r.last_seen_ms)) / 1000, 1),
+                "idle_s": round(max(0, now_ms - r.last_seen_ms) / 1000, 1),
+            }
+            for r in page
+        ],
+        "total": len(runs),
+        "next_cursor": end if end < len(runs) else None,
+    }

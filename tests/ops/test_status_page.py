@@ -188,8 +188,17 @@ async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first
     assert any("budget exceeded" in r["cells"][13] for r in tree)
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    # The scheduler's own runs, each with what it is doing, a page at a time.
+    runs = [r for r in dom.rows["run-list"] if r["cells"]]
+    assert runs and all(r["cells"][1] in ("generating", "paused", "idle") for r in runs)
+    served = [r for r in runs if r["cells"][4] in ("engine-a", "engine-b")]
+    assert served and all(int(r["cells"][5]) >= 1 and r["cells"][9].endswith(" s") for r in served)
+    assert re.fullmatch(r"runs 1–\d+ of \d+", dom.text["run-range"]), dom.text["run-range"]
+
     # Pages: two runs each, linked to each other.
     first, second = parse(first_page.stdout), parse(second_page.stdout)
+    assert len([r for r in first.rows["run-list"] if r["cells"]]) == 2
+    assert first.text["run-range"].startswith("runs 1–2 of ") and "hidden" not in first.attrs["run-older"]
     total = int(dom.text["runtime-range"].split(" of ")[1])
     assert total > 4 and first.text["runtime-range"] == f"runs 1–2 of {total}"
     assert second.text["runtime-range"] == f"runs 3–4 of {total}"

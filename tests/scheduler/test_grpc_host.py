@@ -94,3 +94,35 @@ def test_status_page_is_served(scheduler):
     # No runtime configured: nothing to show, whatever the query string names.
     none = httpx.get(scheduler["http"] + "/runtime-status", params={"runtime": "file:///etc/passwd"})
     assert none.status_code == 404 and "no runtime configured" in none.json()["error"]["message"]
+
+
+async def test_status_lists_the_runs_a_page_at_a_time_filtered_by_caller_stage_and_class(scheduler):
+    status = scheduler["http"] + "/status"
+    async with grpc.aio.insecure_channel(scheduler["grpc"]) as channel:
+        stub = pb_grpc.SchedulerStub(channel)
+        calls = [stub.Admit(pb.AdmitRequest(turn_id=f"t{i}", run_id=f"run-{i}", model=MODEL,
+                                            service_class=pb.BATCH if i % 2 else pb.INTERACTIVE,
+                                            caller="alice" if i < 3 else "bob")) for i in range(5)]
+        try:
+            assert await asyncio.to_thread(wait_until, lambda: held(scheduler) == 5, WAIT_S)  # no engine is up
+            pages, cursor = [], 0
+            while cursor is not None:
+                page = httpx.get(status, params={"runs": 2, "cursor": cursor}).json()["run_page"]
+                pages.append(page)
+                cursor = page["next_cursor"]
+            assert [len(p["runs"]) for p in pages] == [2, 2, 1] and {p["total"] for p in pages} == {5}
+            assert sorted(r["run_id"] for p in pages for r in p["runs"]) == [f"run-{i}" for i in range(5)]
+            alice = httpx.get(status, params={"runs": 10, "caller": "alice"}).json()["run_page"]["runs"]
+            assert sorted(r["run_id"] for r in alice) == ["run-0", "run-1", "run-2"]
+            assert all(r["caller"] == "alice" and r["held"] == 1 and r["turns"] == 0 and r["stage"] == "idle"
+                       and r["replica"] == "" for r in alice)
+            assert httpx.get(status, params={"runs": 10, "class": "batch"}).json()["run_page"]["total"] == 2
+            assert httpx.get(status, params={"runs": 10, "stage": "generating"}).json()["run_page"]["runs"] == []
+            assert "run_page" not in httpx.get(status).json()  # only when asked for
+            for bad in ({"runs": 0}, {"runs": "all"}, {"runs": 5000}, {"runs": 2, "cursor": "-1"},
+                        {"runs": 2, "stage": "wizard"}, {"runs": 2, "class": "vip"}, {"runs": 2, "caller": "x" * 200}):
+                refused = httpx.get(status, params=bad)
+                assert refused.status_code == 400 and refused.json()["error"]["message"], bad
+        finally:
+            for call in calls:
+                call.cancel()

@@ -60,6 +60,6 @@ def test_a_finish_carrying_its_usage_is_the_usage_then_the_finish():
     state, _ = admit(state, "i1", "interactive-run")
     two, _ = core.decide(state, core.TurnUsage("i1", 2900, 100, 1))
     two, _ = core.decide(two, core.TurnFinished("i1", "tool_calls", 1))
-    one, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 1, context_tokens=3000))
+    one, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 1, context_tokens=3000, generated_tokens=100))
     assert one == two
     assert one.replicas["a"].paused_interactive_tokens == 3000 and one.runs["interactive-run"].context_tokens == 3000
