@@ -507,8 +507,8 @@ class RunQuery:
         if not cursor.isdigit() or len(cursor) > 9:
             raise ValueError("cursor must be the next_cursor of the page before (a number)")
         stage, service_class = query.get("stage"), query.get("class")
-        if stage is not None and stage not in STAGES:
-            raise ValueError(f"stage must be one of {', '.join(STAGES)}")
+        if stage is not None and stage not in RUN_STAGES:
+            raise ValueError(f"stage must be one of {', '.join(RUN_STAGES)}")
         if service_class is not None and service_class not in SERVICE_CLASSES:
             raise ValueError(f"class must be one of {', '.join(SERVICE_CLASSES)}")
         caller = query.get("caller")
@@ -517,7 +517,7 @@ class RunQuery:
         return cls(int(limit), int(cursor), caller, stage, service_class)
 
 
-STAGES = tuple(stage.value for stage in core.Stage)
+RUN_STAGES = tuple(stage.value for stage in core.Stage)  # as /status?stage= names them
 # What /runtime-status passes on to the runtime's /status: a page of runs, or runs by handle.
 RUNTIME_STATUS_PARAMS = frozenset({"limit", "cursor", "handle"})
 RUNTIME_STATUS_VALUE = re.compile(r"[A-Za-z0-9._:-]{1,256}")
