@@ -9,6 +9,7 @@ import sys
 from aiohttp import web
 
 from luftpause import logs, tracing
+from luftpause.aiohttp_server import JsonErrorsRunner
 from luftpause.options import env_option
 from luftpause.eventloop import run_event_loop, stop_signalled
 from luftpause.dataplane.app import create_app
@@ -53,7 +54,7 @@ async def serve(args: argparse.Namespace, log) -> None:
                      warm_up=args.messages_warm_up == "on", hold_tool_calls=args.tool_calls == "whole")
     # handler_cancellation: a client that disconnects cancels its handler, which
     # abandons a held turn or closes the engine request.
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    runner = JsonErrorsRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
     log.info("dataplane_started", address=f"http://{args.host}:{args.port}", scheduler=args.scheduler)

@@ -86,37 +86,74 @@ def json_document(body: bytes) -> tuple[dict, str]:
     return document, model
 
 
+# The roles of openai's ChatCompletionMessageParam (developer, system, user, assistant,
+# tool, and the deprecated function), and ipython, which vLLM takes for Llama 3's tool
+# results (its chat templates render it).
+CHAT_ROLES = frozenset({"developer", "system", "user", "assistant", "tool", "function", "ipython"})
+
+
 def check_chat(document: dict) -> None:
-    """A 400 unless a chat completion's ``messages`` is a list and ``stream`` a boolean."""
-    if not isinstance(document.get("messages"), list):
+    """A 400 unless a chat completion's ``messages`` is a list of messages, each an object
+    with one of ``ChatCompletionMessageParam``'s roles and a content that is text, a list
+    of parts or null, and ``stream`` a boolean. The rest of the body is the engine's to
+    judge (engines take settings of their own beyond OpenAI's)."""
+    messages = document.get("messages")
+    if not isinstance(messages, list):
         raise ApiError(400, "'messages' is required and must be a list")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ApiError(400, f"messages[{i}] must be an object")
+        role = message.get("role")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise ApiError(400, f"messages[{i}].content must be a string, a list of content parts or null")
     if not isinstance(document.get("stream", False), bool):
         raise ApiError(400, "'stream' must be a boolean")
 
 
 async def parse_turn(request: web.Request) -> TurnRequest:
-    """Validate a chat completion request; name its run (header, returned tool_call
-    ids, or a new run)."""
-    request["run_id"] = new_id()  # named in error responses until the header is known good
-    header_run_id = _identity_header(request, h.RUN_ID, h.MAX_ID_BYTES)
-    request["run_id"] = header_run_id or request["run_id"]
+    """Validate a chat completion request; name its run (_name_run: x-luftpause-run-id,
+    the harness's session header, returned tool_call ids, or a new run)."""
+    named, session = _name_run(request)
     body, document, model = await json_request(request)
     check_chat(document)
     stream = document.get("stream", False)
     service_class, caller = identity_headers(request)
-    if not header_run_id:
-        known = request.app[BOOK].run_for_tool_calls(returned_tool_call_ids(document), time.monotonic())
-        if known:
-            request["run_id"] = known
-    return TurnRequest(body, model, stream, request["run_id"], service_class, caller)
+    if not named:
+        _join_by_tool_calls(request, document)
+    return TurnRequest(body, model, stream, request["run_id"], service_class, caller, session=session)
 
 
 def _session_id(request: web.Request) -> str:
-    """The harness's session id (the first of h.SESSION_HEADERS sent), or ""."""
+    """The harness's session id (the first of h.SESSION_HEADERS sent with a value), or ""."""
     for name in h.SESSION_HEADERS:
         if name in request.headers:
-            return _identity_header(request, name, h.MAX_ID_BYTES)
+            value = _identity_header(request, name, h.MAX_ID_BYTES)
+            if value:
+                return value
     return ""
+
+
+def _name_run(request: web.Request) -> tuple[bool, bool]:
+    """Name the turn's run from its headers, on every API: x-luftpause-run-id, else the
+    harness's session header (the run then ends when the session goes idle), else a new
+    id, which returned tool_call ids may still replace (_join_by_tool_calls). Sets
+    request["run_id"]; returns (named by a header, named by a session header). A malformed
+    header is a 400 naming it."""
+    request["run_id"] = new_id()  # named in error responses until the headers are known good
+    header_run_id = _identity_header(request, h.RUN_ID, h.MAX_ID_BYTES)
+    session = "" if header_run_id else _session_id(request)
+    request["run_id"] = header_run_id or session or request["run_id"]
+    return bool(header_run_id or session), bool(session)
+
+
+def _join_by_tool_calls(request: web.Request, chat: dict) -> None:
+    """A turn no header named joins the run whose tool calls it returns, if one is known."""
+    known = request.app[BOOK].run_for_tool_calls(returned_tool_call_ids(chat), time.monotonic())
+    if known:
+        request["run_id"] = known
 
 
 def _harness_identity(request: web.Request) -> tuple[str, str]:
@@ -135,21 +172,15 @@ def _harness_identity(request: web.Request) -> tuple[str, str]:
 
 async def parse_dialect_turn(request: web.Request, dialect: Dialect) -> TurnRequest:
     """Validate a dialect's request and translate it to a chat-completions turn; name
-    its run: x-luftpause-run-id, else the harness's session header (the run then ends
-    when the session goes idle), else returned tool_call ids, else a new run."""
+    its run as a chat completion's (_name_run)."""
     request[DIALECT] = dialect
-    request["run_id"] = new_id()
-    header_run_id = _identity_header(request, h.RUN_ID, h.MAX_ID_BYTES)
-    session = "" if header_run_id else _session_id(request)
-    request["run_id"] = header_run_id or session or request["run_id"]
+    named, session = _name_run(request)
     native, document, model = await json_request(request)
     translated = dialect.translate(document)
     chat = translated.chat
     service_class, caller = _harness_identity(request)
-    if not header_run_id and not session:
-        known = request.app[BOOK].run_for_tool_calls(returned_tool_call_ids(chat), time.monotonic())
-        if known:
-            request["run_id"] = known
+    if not named:
+        _join_by_tool_calls(request, chat)
     body = encode_json(chat)
     return TurnRequest(body, model, translated.stream, request["run_id"], service_class, caller, dialect,
-                       translated, native, bool(session))
+                       translated, native, session)

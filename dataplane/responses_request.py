@@ -2,10 +2,23 @@
 items to messages, tools (function, namespaced, freeform; hosted ones left out) to
 functions, and the request's settings to their chat-completions fields; what needs
 state this proxy does not keep is refused with a 400 (:class:`ResponsesError`).
-dataplane/responses_api.py has the whole picture."""
+dataplane/responses_api.py has the whole picture.
+
+A field the request sends is checked against the type the ``openai`` SDK's params give it
+(``openai.types.responses.ResponseCreateParamsBase``: ``temperature: Optional[float]``
+0–2, ``top_p`` 0–1, ``max_output_tokens: Optional[int]``, ``parallel_tool_calls`` and
+``store: Optional[bool]``, ``include: Optional[List[str]]``, ``metadata: Dict[str, str]``;
+``ResponseInputTextParam.text: str``, ``ResponseInputImageParam.detail``,
+``ResponseFunctionToolCallParam.arguments: str``, ``FunctionToolParam.parameters:
+Optional[Dict]``, ...), written out here because that SDK is a test dependency only: a
+wrong type is a 400 naming the field, before anything reaches an engine. Fields and item
+types this translation does not know are not checked (Codex sends new ones before any SDK
+lists them)."""
 
 from __future__ import annotations
 
+import binascii
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +51,13 @@ _REFUSED = {
 }
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
+IMAGE_DETAILS = frozenset({"low", "high", "auto", "original"})  # openai.types.responses.ImageDetail
+MAX_OUTPUT_TOKENS = 2**31 - 1  # an engine's 32-bit integer: anything above is no count of tokens
+_OPTIONAL_TYPES: dict[str, tuple[type, str]] = {  # ResponseCreateParamsBase fields passed on or echoed
+    "parallel_tool_calls": (bool, "a boolean"), "store": (bool, "a boolean"), "stream_options": (dict, "an object"),
+    "user": (str, "a string"), "prompt_cache_key": (str, "a string"), "safety_identifier": (str, "a string"),
+    "prompt_cache_retention": (str, "a string"), "service_tier": (str, "a string"), "truncation": (str, "a string"),
+}
 TOOL_RESULT_PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]"}
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
 
@@ -95,6 +115,7 @@ def to_chat(document: dict[str, Any]) -> ChatRequest:
     stream = document.get("stream", False)
     if not isinstance(stream, bool):
         raise ResponsesError("'stream' must be a boolean", param="stream")
+    _check_settings(document)
     tools, names, ignored = _tools(document.get("tools"))
     messages = _instructions(document.get("instructions")) + _messages(document.get("input"), names)
     if not messages:
@@ -120,6 +141,26 @@ def to_chat(document: dict[str, Any]) -> ChatRequest:
     return ChatRequest(body, ResponseShell.for_request(document, names), ignored, ignored_fields)
 
 
+def _check_settings(document: dict[str, Any]) -> None:
+    """The request's settings of the types ``ResponseCreateParamsBase`` gives them; a
+    ResponsesError naming the first that is not."""
+    for key, (kind, what) in _OPTIONAL_TYPES.items():
+        value = document.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise ResponsesError(f"'{key}' must be {what}", param=key)
+    include = document.get("include")
+    if include is not None and (not isinstance(include, list) or not all(isinstance(i, str) for i in include)):
+        raise ResponsesError("'include' must be a list of strings", param="include")
+    metadata = document.get("metadata")
+    if metadata is not None and (not isinstance(metadata, dict) or not all(
+            isinstance(value, str) for value in metadata.values())):
+        raise ResponsesError("'metadata' must be an object of strings", param="metadata")
+    for key, low, high in (("top_logprobs", 0, 20), ("max_tool_calls", 0, MAX_OUTPUT_TOKENS)):
+        value = document.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            raise ResponsesError(f"'{key}' must be a whole number from {low} to {high}", param=key)
+
+
 def _instructions(instructions: Any) -> list[dict[str, Any]]:
     if instructions is None or instructions == "":
         return []
@@ -142,14 +183,48 @@ def _text(content: Any, param: str, in_tool_result: bool = False) -> str:
             raise ResponsesError("content parts must be objects", param=param)
         kind = part.get("type")
         if kind in _TEXT_PARTS:
-            texts.append(str(part.get("text", "")))
+            texts.append(_part_string(part, "text", param))
         elif kind == "refusal":
-            texts.append(str(part.get("refusal", "")))
+            texts.append(_part_string(part, "refusal", param))
         elif in_tool_result and kind in TOOL_RESULT_PLACEHOLDERS:
             texts.append(TOOL_RESULT_PLACEHOLDERS[kind])
         else:
             raise ResponsesError(f"content part type {kind!r} is not supported here", param=param)
     return "".join(texts)
+
+
+def _part_string(part: dict[str, Any], key: str, param: str) -> str:
+    """A content part's text (``ResponseInputTextParam.text: Required[str]``, and the same
+    of output text, refusal and reasoning parts)."""
+    value = part.get(key)
+    if not isinstance(value, str):
+        raise ResponsesError(f"a {part.get('type')} part's '{key}' must be a string", param=param)
+    return value
+
+
+def _image_url(part: dict[str, Any], param: str) -> dict[str, Any]:
+    """An ``input_image`` part as a chat ``image_url``: a URL, or a data URL of base64 image
+    bytes (a broken one is a 400 here rather than an engine's error)."""
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        raise ResponsesError("input_image needs an 'image_url' (file_id is not supported: nothing is "
+                             "stored)", param=param)
+    if url[:5].lower() == "data:":
+        header, comma, data = url[5:].partition(",")
+        media_type, _, encoding = header.partition(";")
+        if not comma or encoding.lower() != "base64" or not media_type.lower().startswith("image/") or not data:
+            raise ResponsesError("an input_image data URL must be data:image/<type>;base64,<data>", param=param)
+        try:
+            binascii.a2b_base64(data, strict_mode=True)
+        except (binascii.Error, ValueError):
+            raise ResponsesError("an input_image data URL's data is not valid base64", param=param) from None
+    detail = part.get("detail")
+    if detail is not None and (not isinstance(detail, str) or detail not in IMAGE_DETAILS):
+        raise ResponsesError(f"input_image 'detail' must be one of {', '.join(sorted(IMAGE_DETAILS))}", param=param)
+    image: dict[str, Any] = {"url": url}
+    if detail in ("low", "high", "auto"):
+        image["detail"] = detail
+    return image
 
 
 def _user_content(content: Any, param: str) -> str | list[dict[str, Any]]:
@@ -158,14 +233,7 @@ def _user_content(content: Any, param: str) -> str | list[dict[str, Any]]:
         parts: list[dict[str, Any]] = []
         for part in content:
             if isinstance(part, dict) and part.get("type") == "input_image":
-                url = part.get("image_url")
-                if not isinstance(url, str) or not url:
-                    raise ResponsesError("input_image needs an 'image_url' (file_id is not supported: nothing is "
-                                         "stored)", param=param)
-                image: dict[str, Any] = {"url": url}
-                if part.get("detail") in ("low", "high", "auto"):
-                    image["detail"] = part["detail"]
-                parts.append({"type": "image_url", "image_url": image})
+                parts.append({"type": "image_url", "image_url": _image_url(part, param)})
             else:
                 parts.append({"type": "text", "text": _text([part], param)})
         return parts
@@ -188,12 +256,15 @@ def _messages(items: Any, names: ToolNames) -> list[dict[str, Any]]:
         if kind == "message":
             _message(item, param, messages)
         elif kind in ("function_call", "custom_tool_call"):
-            if kind == "function_call":
-                arguments = item.get("arguments") if isinstance(item.get("arguments"), str) else ""
-            else:  # a freeform tool's input, as the one argument of its function
-                arguments = to_json({CUSTOM_INPUT: item.get("input") if isinstance(item.get("input"), str) else ""})
+            # ResponseFunctionToolCallParam.arguments and ResponseCustomToolCallParam.input: Required[str]
+            sent = _item_string(item, "arguments" if kind == "function_call" else "input", param)
+            # a freeform tool's input is the one argument of its function
+            arguments = sent if kind == "function_call" else to_json({CUSTOM_INPUT: sent})
+            namespace = item.get("namespace")
+            if namespace is not None and not isinstance(namespace, str):
+                raise ResponsesError("'namespace' must be a string", param=f"{param}.namespace")
             call = {"id": _string(item, "call_id", param), "type": "function",
-                    "function": {"name": names.flat(_string(item, "name", param), item.get("namespace")),
+                    "function": {"name": names.flat(_string(item, "name", param), namespace),
                                  "arguments": arguments}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":  # parallel calls, or text then calls
@@ -230,6 +301,14 @@ def _message(item: dict[str, Any], param: str, messages: list[dict[str, Any]]) -
     else:
         raise ResponsesError(f"message role {role!r} is not supported: user, assistant, system or developer",
                              param=param)
+
+
+def _item_string(item: dict[str, Any], key: str, param: str) -> str:
+    """A required string of an input item (may be empty)."""
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise ResponsesError(f"'{key}' is required and must be a string", param=f"{param}.{key}")
+    return value
 
 
 def _string(item: dict[str, Any], key: str, param: str) -> str:
@@ -274,6 +353,7 @@ def _function(tool: dict[str, Any], names: ToolNames, namespace: str | None, par
     name = tool.get("name")
     if not isinstance(name, str) or not name:
         raise ResponsesError("a function tool needs a 'name'", param=param)
+    _tool_fields(tool, param)
     function: dict[str, Any] = {"name": names.add(name, namespace)}
     description = tool.get("description")
     if isinstance(description, str) and description:
@@ -285,12 +365,24 @@ def _function(tool: dict[str, Any], names: ToolNames, namespace: str | None, par
     return {"type": "function", "function": function}
 
 
+def _tool_fields(tool: dict[str, Any], param: str) -> None:
+    """A function or custom tool's optional fields of their params' types (``FunctionToolParam``:
+    ``description: Optional[str]``, ``parameters: Optional[Dict]``, ``strict: Optional[bool]``;
+    ``CustomToolParam.format``: an object)."""
+    for key, kind, what in (("description", str, "a string"), ("parameters", dict, "an object"),
+                            ("strict", bool, "a boolean"), ("format", dict, "an object")):
+        value = tool.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise ResponsesError(f"a tool's '{key}' must be {what}", param=f"{param}.{key}")
+
+
 def _custom(tool: dict[str, Any], names: ToolNames, param: str) -> dict[str, Any]:
     """A freeform tool as a function taking its whole input as one string; a grammar in
     its ``format`` is described to the model, not enforced (chat engines take none)."""
     name = tool.get("name")
     if not isinstance(name, str) or not name:
         raise ResponsesError("a custom tool needs a 'name'", param=param)
+    _tool_fields(tool, param)
     flat = names.add(name)
     names.custom.add(flat)
     description = str(tool.get("description") or "")
@@ -359,16 +451,18 @@ def _tool_choice(choice: Any, names: ToolNames) -> Any:
 
 
 def _sampling(document: dict[str, Any], body: dict[str, Any]) -> None:
-    for key in ("temperature", "top_p"):
+    for key, high in (("temperature", 2), ("top_p", 1)):
         value = document.get(key)
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ResponsesError(f"'{key}' must be a number", param=key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or \
+                    (isinstance(value, float) and not math.isfinite(value)) or not 0 <= value <= high:
+                raise ResponsesError(f"'{key}' must be a number from 0 to {high}", param=key)
             body[key] = value
     cap = document.get("max_output_tokens")
     if cap is not None:
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-            raise ResponsesError("'max_output_tokens' must be a positive integer", param="max_output_tokens")
+        if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_OUTPUT_TOKENS:
+            raise ResponsesError(f"'max_output_tokens' must be a whole number from 1 to {MAX_OUTPUT_TOKENS}",
+                                 param="max_output_tokens")
         body["max_completion_tokens"] = cap
 
 
@@ -379,6 +473,9 @@ def _reasoning(reasoning: Any, body: dict[str, Any]) -> list[str]:
         return []
     if not isinstance(reasoning, dict):
         raise ResponsesError("'reasoning' must be an object", param="reasoning")
+    for key in ("effort", "summary", "generate_summary"):  # Reasoning: Optional[Literal[...]] each
+        if reasoning.get(key) is not None and not isinstance(reasoning[key], str):
+            raise ResponsesError(f"reasoning.{key} must be a string", param=f"reasoning.{key}")
     effort = reasoning.get("effort")
     if isinstance(effort, str) and effort != "none":
         body["reasoning_effort"] = effort
@@ -390,6 +487,8 @@ def _text_format(text: Any, body: dict[str, Any]) -> None:
         return
     if not isinstance(text, dict):
         raise ResponsesError("'text' must be an object", param="text")
+    if text.get("verbosity") is not None and not isinstance(text["verbosity"], str):
+        raise ResponsesError("text.verbosity must be a string", param="text.verbosity")
     fmt = text.get("format")
     if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
         return

@@ -34,11 +34,17 @@ ENGINE_REPEATED = "repeated"
 ENGINE_NONE_IN_ROTATION = "none-in-rotation"
 
 # Headers an agent harness sends with every request of one session, the same across its
-# turns (and when the session is resumed): each names the run of a Messages or Responses
-# turn that has no x-luftpause-run-id. Checked in this order; the first one present counts.
+# turns (and when the session is resumed): each names the run of a turn that has no
+# x-luftpause-run-id, on every API (chat completions, Messages, Responses). Checked in
+# this order; the first one sent with a value counts. docs/harness-apis.md lists which
+# client sends which, and how that was verified.
 SESSION_HEADERS = (
     "x-claude-code-session-id",  # Claude Code
     "session-id",                # Codex CLI (its thread-id header carries the same value)
+    "x-session-id",              # opencode (and vllm-router's sticky-session key)
+    "x-session-affinity",        # opencode (the same value as its x-session-id)
+    "agent-session-id",          # Goose
+    "session_id",                # Roo Code's OpenAI provider (the task id, on /v1/responses)
 )
 
 ANONYMOUS_CALLER = "anonymous"
@@ -75,13 +81,13 @@ class RejectCodes(NamedTuple):
     grpc: str  # the unary Admit's status code (a grpc.StatusCode name)
     refusal: str  # the Connect stream's Refusal.reason (a RefusalReason name in the proto)
     http: int  # the status the client gets from the dataplane or the picker
+    retry_after_s: int = 0  # the Retry-After sent with it (seconds; 0: none)
 
 
 # Each reason as it crosses the gRPC contract and reaches the HTTP client.
 REJECT_CODES: dict[RejectReason, RejectCodes] = {
     RejectReason.UNKNOWN_MODEL: RejectCodes("NOT_FOUND", "UNKNOWN_MODEL", 404),
     RejectReason.INVALID: RejectCodes("INVALID_ARGUMENT", "MALFORMED", 400),
-    retry_after_s: int = 0  # the Retry-After sent with it (seconds; 0: none)
     # Not UNAVAILABLE: that code means "the scheduler is away" and callers retry it.
     # Retry-After: a replica comes back at a probe (the scheduler probes every 2 s).
     RejectReason.NO_HEALTHY_REPLICA: RejectCodes("FAILED_PRECONDITION", "NO_HEALTHY_REPLICA", 503, 2),

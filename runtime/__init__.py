@@ -3,6 +3,7 @@
 Modules, outside in:
 
 - ``__main__``: command line, logging, uvicorn.
+- ``http_protocol``: uvicorn's h11 protocol, answering a request it cannot read in JSON.
 - ``app``: the ASGI app (``/mcp``, ``GET /status``, ``GET /health``), bearer-token guard,
   start-up and shutdown.
 - ``mcp_server``: the MCP tools (spawn, await, run, status, cancel, approve, tools, decide) and their errors.

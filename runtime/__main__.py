@@ -40,6 +40,7 @@ def _serve(settings: RuntimeSettings, log: Any, forked: ForkedCompaction | None)
     import uvicorn
 
     from luftpause.runtime.app import build_app
+    from luftpause.runtime.http_protocol import JsonErrorsH11Protocol
 
     imported = time.monotonic()
     # What the imports made lives as long as the process: the cyclic collector need not
@@ -66,6 +67,7 @@ def _serve(settings: RuntimeSettings, log: Any, forked: ForkedCompaction | None)
         app,
         host=settings.host,
         port=settings.port,
+        http=JsonErrorsH11Protocol,  # a request h11 cannot read is answered in JSON (431 / 400)
         log_level="warning",
         access_log=False,
         lifespan="on",

@@ -11,6 +11,8 @@ JSON-RPC 2.0 and MCP's transport say (docs/security.md lists every refusal):
   version a batch is refused with ``-32600`` naming the version;
 - ``initialize`` on a session that is already open: ``-32600``;
 - an ``MCP-Protocol-Version`` this server does not speak: 400 naming the versions it does;
+- a ``POST`` whose ``Content-Type`` is not ``application/json``: 415 (the SDK's own check
+  answered plain text);
 - a body over the limit: 413; no room for a new session: 503 with ``Retry-After``.
 All as JSON-RPC error bodies.
 """
@@ -47,6 +49,7 @@ BATCH_VERSIONS = frozenset({"2025-03-26"})  # the one revision whose transport t
 MAX_BATCH = 100  # messages in one batch (each is served as a request of its own, all at once)
 KNOWN_VERSIONS = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
 PROTOCOL_VERSION_HEADER = "mcp-protocol-version"
+JSON_CONTENT_TYPE = "application/json"
 
 
 def error_body(code: int, message: str, request_id: Any = None, data: Any = None) -> dict[str, Any]:
@@ -119,6 +122,10 @@ class JsonRpcGate:
         opens_session = session_id is None and (version is None or version in HANDSHAKE_PROTOCOL_VERSIONS)
         if scope["method"] != "POST":
             await self._app(scope, receive, self._refusing_without_room(send) if opens_session else send)
+            return
+        if not headers.get("content-type", "").lower().startswith(JSON_CONTENT_TYPE):  # as the SDK checks it
+            await error_response(415, INVALID_REQUEST, "Unsupported Media Type: Content-Type must be "
+                                                       f"{JSON_CONTENT_TYPE}")(scope, receive, send)
             return
         body = await self._read_body(headers, receive)
         if body is None:

@@ -12,6 +12,7 @@ import sys
 from aiohttp import web
 
 from luftpause import auth, logs, tracing
+from luftpause.aiohttp_server import JsonErrorsRunner
 from luftpause.options import env_option
 from luftpause.eventloop import run_event_loop, stop_signalled
 from luftpause.scheduler.constants import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, PROBE_PERIOD_S
@@ -81,7 +82,7 @@ async def serve(args: argparse.Namespace, log) -> None:
     await server.start()
     await mark_serving(health_servicer)
     host.serving = True
-    runner = web.AppRunner(http_app(host, token, args.runtime_url), access_log=None)
+    runner = JsonErrorsRunner(http_app(host, token, args.runtime_url), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.http_port).start()
     log.info("scheduler_started", grpc=f"{args.host}:{args.grpc_port}", http=f"{args.host}:{args.http_port}",

@@ -6,9 +6,9 @@ Per request:
 * request headers: the route (``POST /v1/chat/completions`` is a turn; ``/v1/models``,
   ``DELETE /v1/runs/{id}``, ``/health`` and ``/ready`` are answered here; ``/v1/decide``
   goes to a one-pass replica), the bearer token and the run identity headers (the
-  dataplane's: run id, class, caller) are checked; a bad one is answered at once;
-* request body: JSON checked like the dataplane does, the run named (header, returned
-  tool_call ids, or new), the turn admitted (it may be held: Envoy waits), and the
+  dataplane's: run id, harness session, class, caller) are checked; a bad one is answered at once;
+* request body: JSON checked like the dataplane does, the run named (header, session
+  header, returned tool_call ids, or new), the turn admitted (it may be held: Envoy waits), and the
   answer is the destination: ``x-gateway-destination-endpoint: <ip:port>,<fallback>...``
   as a header and the same under ``envoy.lb`` dynamic metadata. The gateway's subset
   hint (``envoy.lb.subset_hint``) bounds the choice; an unknown model is a 404, no
@@ -126,6 +126,7 @@ class Exchange:
         self.route = ""
         self.headers: dict[str, str] = {}
         self.run_id = ""
+        self.session = False  # the run is named by a harness's session header (it ends when that idles)
         self.service_class = h.DEFAULT_SERVICE_CLASS
         self.caller = h.ANONYMOUS_CALLER
         self.model = ""
@@ -180,6 +181,10 @@ class Exchange:
         self.route = path
         if path == CHAT:
             self.run_id = _text_header(headers, h.RUN_ID, h.MAX_ID_BYTES)
+            if not self.run_id:  # else the harness's session header, as the dataplane reads it
+                self.run_id = next(filter(None, (_text_header(headers, name, h.MAX_ID_BYTES)
+                                                 for name in h.SESSION_HEADERS if name in headers)), "")
+                self.session = bool(self.run_id)
         try:
             self.service_class = h.service_class(headers.get(h.SERVICE_CLASS))
         except h.BadIdentity as exc:
@@ -316,6 +321,8 @@ class Exchange:
         self.placement, self.ended = placement, False
         self.picker.book.turn_placed(InFlightTurn(self.turn_id, self.run_id, placement.replica, self.model,
                                                   self.service_class, self.caller), time.monotonic())
+        if self.session:
+            self.picker.book.mark_session(self.run_id)
 
     # ---------------------------------------------------------- response
 

@@ -26,6 +26,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from luftpause import logs
+from luftpause.aiohttp_server import JsonErrorsRunner
 from luftpause.options import env_option
 from luftpause.prom import Children, metrics_response
 from luftpause.dataplane.answers import probe_routes
@@ -212,12 +213,12 @@ async def serve(args: argparse.Namespace, log) -> None:
     server, health_servicer = grpc_server(picker, f"{args.host}:{args.grpc_port}")
     link.start()
     await server.start()
-    runner = web.AppRunner(http_app(picker), access_log=None)
+    runner = JsonErrorsRunner(http_app(picker), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.http_port).start()
     tasks = [asyncio.create_task(picker.refresh_forever()),
              asyncio.create_task(track_readiness(picker, health_servicer)),
-             asyncio.create_task(_sweep_forever(book))]
+             asyncio.create_task(_sweep_forever(book, link, log))]
     log.info("picker_started", grpc=f"{args.host}:{args.grpc_port}", http=f"{args.host}:{args.http_port}",
              scheduler=args.scheduler, picker=link.dataplane_id, shed_batch_held=args.shed_batch_held,
              shed_batch_wait_s=args.shed_batch_wait)
@@ -232,10 +233,14 @@ async def serve(args: argparse.Namespace, log) -> None:
         await link.close()
 
 
-async def _sweep_forever(book: RunBook) -> None:
+async def _sweep_forever(book: RunBook, link: SchedulerLink, log) -> None:
+    """Forget idle runs and stale tool_call ids; a harness session idle past the run
+    timeout is over: the scheduler is told at once, as the dataplane tells it."""
     while True:
         await asyncio.sleep(TOOL_CALL_SWEEP_S)
-        book.sweep(time.monotonic())
+        for run_id in book.sweep(time.monotonic()):
+            link.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
+            log.info("session_run_ended", run=run_id, reason="idle")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,9 @@ def post(proxy_stack, extra: dict[str, str | bytes]) -> httpx.Response:
         ({h.RUN_ID: "r" * (MAX_ID_BYTES + 1)}, h.RUN_ID),
         ({h.RUN_ID: b"run-\xff\xfe"}, h.RUN_ID),
         ({h.CALLER: b"caf\xe9"}, h.CALLER),  # Latin-1, not UTF-8
+        # A harness's session header names the run as x-luftpause-run-id does: held to the same rules.
+        ({"x-session-id": "s" * (MAX_ID_BYTES + 1)}, "x-session-id"),
+        ({"x-session-affinity": b"ses_\xff\xfe"}, "x-session-affinity"),
     ],
 )
 def test_malformed_identity_headers_are_400(proxy_stack, extra: dict[str, str | bytes], named: str) -> None:

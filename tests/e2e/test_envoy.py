@@ -109,6 +109,20 @@ def test_a_run_is_recognised_from_a_returned_tool_call_id(envoy_stack):
     assert second.headers[h.REPLICA] == first.headers[h.REPLICA]
 
 
+def test_a_harness_session_header_names_the_run_as_through_the_dataplane(envoy_stack):
+    """opencode's x-session-id and x-session-affinity (docs/harness-apis.md): every turn of
+    the session, its title request included, is the session's run, on one replica."""
+    session = {"x-session-id": "ses_envoy1", "x-session-affinity": "ses_envoy1"}
+    replies = [chat(envoy_stack, "Generate a title for this conversation", session),
+               chat(envoy_stack, "what is in this directory?", session, stream=True),
+               chat(envoy_stack, "and then?", {"x-session-affinity": "ses_envoy1"})]
+    assert [r.status_code for r in replies] == [200] * 3
+    assert [r.headers[h.RUN_ID] for r in replies] == ["ses_envoy1"] * 3
+    assert len({r.headers[h.REPLICA] for r in replies}) == 1
+    assert chat(envoy_stack, headers={h.RUN_ID: "explicit-run", **session}).headers[h.RUN_ID] == "explicit-run"
+    assert chat(envoy_stack, headers={"x-session-id": "s" * (h.MAX_ID_BYTES + 1)}).status_code == 400
+
+
 def _normalised(stream: bytes) -> bytes:
     """The fake engine's per-request id and timestamp replaced; every other byte kept."""
     return re.sub(rb'"created": \d+', b'"created": 0', re.sub(rb"chatcmpl-[0-9a-f]+", b"chatcmpl-X", stream))

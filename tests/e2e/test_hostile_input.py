@@ -1,12 +1,16 @@
 """Hostile input, generated: arbitrary JSON as MCP tool arguments and arbitrary headers and
 bodies on the proxy. Whatever comes in: no 5xx, every run final after `cancel`, and the
-runtime's /status always valid JSON. And DNS rebinding against the laptop set-up (no
-token): a page on a foreign name reads nothing from any service."""
+runtime's /status always valid JSON. Wrong types in a turn are a 400 in the API's own
+error shape before an engine sees anything; a request no HTTP parser reads (headers too
+large, a broken request line) is answered in JSON by every service. And DNS rebinding
+against the laptop set-up (no token): a page on a foreign name reads nothing from any
+service."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 from pathlib import Path
 
 import httpx
@@ -15,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from luftpause import vocabulary as h
+from luftpause.dev.stack import MODEL
 
 
 def _raw_mcp():
@@ -128,6 +133,139 @@ def test_json_nested_past_the_parser_depth_is_a_400_with_a_message(proxy_stack, 
                           headers={"Content-Type": "application/json"}, timeout=30)
     assert response.status_code == 400, response.text[:300]
     assert response.json()["error"]["message"] == "request body is not valid JSON: nested too deep"
+
+
+USER = [{"role": "user", "content": "hi"}]
+BASES = {"/v1/chat/completions": {"model": MODEL, "messages": USER},
+         "/v1/messages": {"model": MODEL, "max_tokens": 16, "messages": USER},
+         "/v1/responses": {"model": MODEL, "input": "hi"}}
+BAD_BASE64 = "iVBORw0KGgo=!!"
+
+
+def user_blocks(*blocks: dict) -> dict:
+    return {"messages": [{"role": "user", "content": list(blocks)}]}
+
+
+def responses_parts(*parts: dict) -> dict:
+    return {"input": [{"role": "user", "content": list(parts)}]}
+
+
+def base64_image(data: str, media_type: str = "image/png") -> dict:
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+
+
+WRONG_TYPES = [  # (path, what replaces the base body's fields, words of the message)
+    ("/v1/messages", user_blocks({"type": "text", "text": 5}), "content[0].text must be a string"),
+    ("/v1/messages", {"temperature": "hot"}, "temperature"),
+    ("/v1/messages", {"temperature": 7}, "temperature"),
+    ("/v1/messages", {"top_k": 2.5}, "top_k"),
+    ("/v1/messages", {"stop_sequences": "x"}, "stop_sequences"),
+    ("/v1/messages", {"max_tokens": 1e30}, "max_tokens"),
+    ("/v1/messages", {"max_tokens": 10**30}, "max_tokens"),
+    ("/v1/messages", {"max_tokens": 8.0}, "max_tokens"),
+    ("/v1/messages", user_blocks(base64_image(BAD_BASE64)), "not valid base64"),
+    ("/v1/messages", user_blocks(base64_image("iVBORw0KGgo=", "image/bmp")), "media_type"),
+    ("/v1/messages", {"messages": [{"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "lookup", "input": "q"}]}]}, "input must be an object"),
+    ("/v1/messages", {"metadata": {"user_id": 5}}, "metadata.user_id"),
+    ("/v1/messages", {"tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"}},
+     "disable_parallel_tool_use"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": ["hi"]}, "messages[0] must be an object"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ("/v1/responses", responses_parts({"type": "input_text", "text": 5}), "'text' must be a string"),
+    ("/v1/responses", {"input": [{"role": "wizard", "content": "hi"}]}, "role"),
+    ("/v1/responses", {"temperature": "hot"}, "temperature"),
+    ("/v1/responses", {"max_output_tokens": 10**30}, "max_output_tokens"),
+    ("/v1/responses", {"include": "reasoning.encrypted_content"}, "include"),
+    ("/v1/responses", {"metadata": {"k": 1}}, "metadata"),
+    ("/v1/responses", responses_parts({"type": "input_image", "detail": "auto",
+                                       "image_url": f"data:image/png;base64,{BAD_BASE64}"}), "not valid base64"),
+    ("/v1/responses", {"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": {"a": 1}}]},
+     "arguments"),
+    ("/v1/responses", {"tools": [{"type": "function", "name": "f", "parameters": "{}"}]}, "parameters"),
+]
+
+
+def engine_requests(stack) -> int:
+    """Requests the engines received, valid or not."""
+    return sum(httpx.get(f"http://127.0.0.1:{port}/stats", timeout=30).json()["requests"]
+               for port in stack.ports.engines)
+
+
+@pytest.mark.parametrize(("path", "change", "words"), WRONG_TYPES)
+def test_a_wrong_type_is_a_400_in_the_apis_shape_before_any_engine_sees_it(proxy_stack, path: str, change: dict,
+                                                                              words: str) -> None:
+    sent_before = engine_requests(proxy_stack)
+    response = httpx.post(f"http://127.0.0.1:{proxy_stack.ports.dataplane}{path}",
+                          content=json.dumps({**BASES[path], **change}),
+                          headers={"Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == 400, response.text[:300]
+    body = response.json()
+    assert words in body["error"]["message"], body
+    if path != "/v1/chat/completions":  # the Messages and Responses APIs name the error's type
+        assert body["error"]["type"] == "invalid_request_error", body
+    if path == "/v1/messages":
+        assert body["type"] == "error", body
+    assert engine_requests(proxy_stack) == sent_before
+
+
+def test_what_harnesses_send_beside_the_wrong_types_is_still_served(proxy_stack) -> None:
+    """The checks refuse types, not fields: settings of the right type, unknown fields and
+    a real image pass."""
+    url = f"http://127.0.0.1:{proxy_stack.ports.dataplane}"
+    image = base64_image("iVBORw0KGgo=")
+    messages = httpx.post(f"{url}/v1/messages", timeout=30, json={
+        **BASES["/v1/messages"], "temperature": 1, "top_p": 0.9, "top_k": 40, "stop_sequences": ["END"],
+        "metadata": {"user_id": "u"}, "thinking": {"type": "adaptive"}, "brand_new_field": {"x": [1]},
+        **user_blocks({"type": "text", "text": "look", "cache_control": {"type": "ephemeral"}}, image)})
+    assert messages.status_code == 200, messages.text[:300]
+    responses = httpx.post(f"{url}/v1/responses", timeout=30, json={
+        **BASES["/v1/responses"], "temperature": 1.5, "max_output_tokens": 64, "store": False,
+        "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low", "summary": "auto"},
+        "parallel_tool_calls": False, "brand_new_field": 1,
+        **responses_parts({"type": "input_text", "text": "look"},
+                          {"type": "input_image", "detail": "original", "image_url": "data:image/png;base64,AAAA"})})
+    assert responses.status_code == 200, responses.text[:300]
+    chat = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
+        **BASES["/v1/chat/completions"], "messages": [{"role": "developer", "content": "be brief"}, *USER]})
+    assert chat.status_code == 200, chat.text[:300]
+
+
+def raw_exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``request`` as it is (it need not be HTTP) and read the answer to its end (the
+    server closes the connection after a refusal of this kind): status, headers, body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+# A head still unfinished past every parser's limit (aiohttp: 8190 bytes a header field;
+# h11, the runtime's: 16 KiB not yet a whole head), and a request line no parser reads.
+UNREADABLE = {"header too large": (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20000, 431,
+                                   "request header fields too large"),
+              "broken request line": (b"NOT HTTP AT ALL\r\n\r\n", 400, "malformed HTTP request")}
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE))
+@pytest.mark.parametrize("service", ["runtime", "dataplane", "scheduler"])
+def test_a_request_no_http_parser_reads_is_answered_in_json_by_every_service(full_stack, service: str,
+                                                                             case: str) -> None:
+    ports = full_stack.ports
+    port = {"runtime": ports.runtime, "dataplane": ports.dataplane, "scheduler": ports.scheduler_http}[service]
+    request, status, words = UNREADABLE[case]
+    got, headers, body = raw_exchange(port, request)
+    assert got == status, (service, got, body[:200])
+    assert headers["content-type"].startswith("application/json"), (service, headers)
+    assert json.loads(body)["error"]["message"].startswith(words), (service, body[:200])
+    # The service goes on.
+    assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200
 
 
 REBINDING_ROUTES = {

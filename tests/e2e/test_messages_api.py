@@ -282,8 +282,9 @@ async def test_an_engine_serving_the_messages_api_gets_the_request_unchanged(mak
         await runner.cleanup()
 
 
-async def test_a_claude_code_session_idle_past_the_run_timeout_ends_its_run_on_the_scheduler(make_stack):
-    """The dataplane runs in this process (to move its sweep's clock), against the
+async def test_a_harness_session_idle_past_the_run_timeout_ends_its_run_on_the_scheduler(make_stack):
+    """A Claude Code session (Messages) and an opencode one (chat completions, x-session-id)
+    end alike. The dataplane runs in this process (to move its sweep's clock), against the
     stack's real scheduler and engines."""
     import structlog
 
@@ -304,14 +305,20 @@ async def test_a_claude_code_session_idle_past_the_run_timeout_ends_its_run_on_t
                     "X-Claude-Code-Session-Id": session}, json={"model": MODEL, "max_tokens": 16, "messages": [
                         {"role": "user", "content": "hello"}]})
                 assert reply.status_code == 200 and reply.headers[h.RUN_ID] == session
+            reply = await http.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers={
+                "x-session-id": "ses_idle_chat"}, json={"model": MODEL, "messages": [
+                    {"role": "user", "content": "hello"}]})
+            assert reply.status_code == 200 and reply.headers[h.RUN_ID] == "ses_idle_chat"
 
         def runs() -> int:
             return sum(g["count"] for g in status(stack)["runs"])
 
-        await eventually(lambda: asyncio.to_thread(lambda: runs() == 2), what="2 runs")
+        await eventually(lambda: asyncio.to_thread(lambda: runs() == 3), what="3 runs")
         book = app[dataplane_app.BOOK]
+        await eventually(lambda: not book.turns, what="no turn in flight")  # a run with one is never idle
         book.runs["session-busy"].last_seen += 60  # seen a minute later: not idle long enough yet
-        # a second past the idle one's timeout (exactly at it, float rounding may leave it short)
+        book.runs["ses_idle_chat"].last_seen = book.runs["session-idle"].last_seen
+        # a second past the idle ones' timeout (exactly at it, float rounding may leave it short)
         dataplane_app.sweep(app, book.runs["session-idle"].last_seen + RUN_IDLE_TIMEOUT_S + 1)
         # told at once, not after its own timeout (RUN_IDLE_TIMEOUT_S, far longer than WAIT_S)
         await eventually(lambda: asyncio.to_thread(lambda: runs() == 1), what="1 run")

@@ -96,6 +96,44 @@ def test_run_id_header_is_kept(proxy_stack):
     assert response.headers[h.RUN_ID] == "my-run-1"
 
 
+def chat(stack, headers: dict[str, str], content: str = "hi", **fields) -> httpx.Response:
+    response = httpx.post(base_url(stack) + "/v1/chat/completions", headers=headers, timeout=30,
+                          json={"model": MODEL, "messages": [{"role": "user", "content": content}], **fields})
+    assert response.status_code == 200, response.text
+    return response
+
+
+@pytest.mark.parametrize(("header", "session"), [("x-session-id", "ses_demo123"),
+                                                 ("x-session-affinity", "ses_affinity456")])
+def test_a_harness_session_header_names_the_run_of_chat_completions(proxy_stack, header, session):
+    """What opencode sends on every turn (its title request included): the session is one
+    run, on one replica."""
+    before = run_count(proxy_stack)
+    title = chat(proxy_stack, {header: session}, "Generate a title for this conversation")
+    turn = chat(proxy_stack, {header: session}, "what is in this directory?", stream=True)
+    assert title.headers[h.RUN_ID] == turn.headers[h.RUN_ID] == session
+    assert title.headers[h.REPLICA] == turn.headers[h.REPLICA]
+    assert wait_until(lambda: run_count(proxy_stack) - before == 1, WAIT_S)
+
+
+def test_luftpause_run_id_wins_over_a_session_header_which_wins_over_tool_call_ids(proxy_stack):
+    explicit = chat(proxy_stack, {h.RUN_ID: "explicit-run", "x-session-id": "ses_overridden"})
+    assert explicit.headers[h.RUN_ID] == "explicit-run"
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}]
+    first = chat(proxy_stack, {}, "find luftpause", tools=tools)
+    message = first.json()["choices"][0]["message"]
+    returned = httpx.post(base_url(proxy_stack) + "/v1/chat/completions", headers={"x-session-id": "ses_named"},
+                          json={"model": MODEL, "tools": tools, "messages": [
+                              {"role": "user", "content": "find luftpause"}, message,
+                              {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "found"}]})
+    assert returned.headers[h.RUN_ID] == "ses_named" != first.headers[h.RUN_ID]
+    # The first of the session headers sent with a value counts (luftpause.vocabulary.SESSION_HEADERS).
+    both = chat(proxy_stack, {"x-session-affinity": "ses_second", "x-session-id": "ses_first"})
+    assert both.headers[h.RUN_ID] == "ses_first"
+    assert chat(proxy_stack, {"x-session-id": "", "x-session-affinity": "ses_kept"}).headers[h.RUN_ID] == "ses_kept"
+
+
 def test_unknown_model_is_404_before_queueing(proxy_stack):
     response = httpx.post(base_url(proxy_stack) + "/v1/chat/completions",
                           json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})

@@ -243,6 +243,17 @@ def test_an_unknown_protocol_version_is_named_with_the_versions_spoken(session: 
     assert set(body["error"]["data"]["supported"]) >= {"2025-03-26", "2025-06-18", "2025-11-25"}
 
 
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_post_not_sent_as_json_is_a_json_rpc_415(session: RawSession, content_type: str | None) -> None:
+    headers = {name: value for name, value in session.headers.items() if name.lower() != "content-type"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    body = refusal(session.http.post(session.url, content=ping, headers=headers), 415, -32600)
+    assert body["error"]["message"] == "Unsupported Media Type: Content-Type must be application/json"
+    assert session.call("tools", {})[0].status_code == 200  # the session goes on
+
+
 def test_a_body_over_the_limit_is_a_json_rpc_413(session: RawSession) -> None:
     body = refusal(session.post_text('{"jsonrpc": "2.0", "id": 1, "method": "ping", "pad": "'
                                      + "x" * (4 * 1024 * 1024) + '"}'), 413, -32600)
