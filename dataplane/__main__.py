@@ -14,8 +14,7 @@ from luftpause.options import env_option
 from luftpause.eventloop import run_event_loop, stop_signalled
 from luftpause.dataplane.app import create_app
 from luftpause.dataplane.constants import DEFAULT_PORT, DEFAULT_SCHEDULER_ADDR, MAX_BODY_BYTES
-from luftpause.dataplane.harness import (KEY_IDENTITIES_ENV, KEY_IDENTITIES_HELP, KeyIdentitiesError,
-                                        parse_key_identities)
+from luftpause.keys import KEY_IDENTITIES_HELP, KeyIdentitiesError, Keys
 
 TOOL_CALLS = ("whole", "live")
 
@@ -50,7 +49,7 @@ async def serve(args: argparse.Namespace, log) -> None:
     token = os.environ.get("LUFTPAUSE_TOKEN", "")
     if not token:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set: every client is accepted")
-    app = create_app(args.scheduler, token, log, args.max_body_bytes, args.key_identities,
+    app = create_app(args.scheduler, token, log, args.max_body_bytes, args.keys,
                      warm_up=args.messages_warm_up == "on", hold_tool_calls=args.tool_calls == "whole")
     # handler_cancellation: a client that disconnects cancels its handler, which
     # abandons a held turn or closes the engine request.
@@ -68,7 +67,7 @@ async def serve(args: argparse.Namespace, log) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        args.key_identities = parse_key_identities(os.environ.get(KEY_IDENTITIES_ENV, ""))
+        args.keys = Keys.from_env(os.environ, os.environ.get("LUFTPAUSE_TOKEN", ""))
     except KeyIdentitiesError as exc:
         print(f"python -m luftpause.dataplane: error: {exc}", file=sys.stderr)
         return 2

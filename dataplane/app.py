@@ -18,13 +18,13 @@ from opentelemetry.trace import SpanKind
 from luftpause import vocabulary as h
 from luftpause import auth, origins, tracing
 from luftpause.dataplane.constants import MAX_BODY_BYTES, TOOL_CALL_SWEEP_S
-from luftpause.dataplane.context import (BOOK, DIALECT, ENGINES, HOLD_TOOL_CALLS, KEY_IDENTITIES, LINK, LOG, METRICS,
+from luftpause.dataplane.context import (BOOK, DIALECT, ENGINES, HOLD_TOOL_CALLS, KEYS, LINK, LOG, METRICS, TENANT,
                                          SUSPECTS, TOKEN, TRACER, error_response, new_id)
 from luftpause.dataplane.suspects import Suspects
 from luftpause.dataplane.answers import MODEL_KINDS, model_list, probe_routes
 from luftpause.dataplane.dialects import ApiError, Dialect
 from luftpause.dataplane.engines import Engines
-from luftpause.dataplane.harness import KeyIdentity
+from luftpause.keys import Keys, contradiction
 from luftpause.dataplane.link import SchedulerLink
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.onepass import decide
@@ -85,13 +85,22 @@ async def json_errors(request: web.Request, handler):
 
 @web.middleware
 async def bearer_auth(request: web.Request, handler):
+    """On /v1: a tenant key (luftpause/keys.py) is its caller, its identity headers must
+    agree (else 403); else the token, when set (else 401)."""
     token = request.app[TOKEN]
-    if token and request.path.startswith("/v1"):
-        key = request.headers.get("x-api-key")
-        # Anthropic clients send their key as x-api-key: the token there counts too.
-        if not auth.presented_matches(request.headers.get("Authorization"), token) and not (
-                key is not None and auth.presented_matches(auth.bearer(key), token)):
-            raise ApiError(401, auth.REFUSAL, "authentication_error")
+    if request.path.startswith("/v1"):
+        tenant = request.app[KEYS].of_request(request.headers)
+        if tenant is not None:
+            refusal = contradiction(tenant, request.headers)
+            if refusal is not None:
+                raise ApiError(403, refusal.message, "permission_error")
+            request[TENANT] = tenant
+        elif token:
+            key = request.headers.get("x-api-key")
+            # Anthropic clients send their key as x-api-key: the token there counts too.
+            if not auth.presented_matches(request.headers.get("Authorization"), token) and not (
+                    key is not None and auth.presented_matches(auth.bearer(key), token)):
+                raise ApiError(401, auth.REFUSAL, "authentication_error")
     return await handler(request)
 
 
@@ -144,7 +153,14 @@ async def hello(request: web.Request) -> web.Response:
 
 
 async def delete_run(request: web.Request) -> web.Response:
+    """The run ended: forget it now. A tenant ends only its own runs (another's, or one
+    this dataplane has not seen, is not found to it)."""
     run_id = request.match_info["run_id"]
+    tenant = request.get(TENANT)
+    if tenant is not None:
+        record = request.app[BOOK].runs.get(run_id)
+        if record is None or record.caller != tenant.caller:
+            raise ApiError(404, f"no run {run_id!r} of this caller")
     request.app[BOOK].forget_run(run_id)
     request.app[LINK].report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
     return web.json_response({"id": run_id, "deleted": True}, headers={h.RUN_ID: run_id})
@@ -181,7 +197,7 @@ async def _sweep_forever(app: web.Application) -> None:
 
 
 def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MAX_BODY_BYTES,
-               key_identities: dict[str, KeyIdentity] | None = None, warm_up: bool = True,
+               keys: Keys | None = None, warm_up: bool = True,
                hold_tool_calls: bool = True) -> web.Application:
     app = web.Application(middlewares=[origins.aiohttp_middleware(origins.AllowedHosts.from_env()), json_errors,
                                        bearer_auth], client_max_size=max_body_bytes)
@@ -189,7 +205,7 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
     app[SUSPECTS] = Suspects()
     app[TOKEN] = token
     app[LOG] = log
-    app[KEY_IDENTITIES] = key_identities or {}
+    app[KEYS] = keys if keys is not None else Keys()
     app[HOLD_TOOL_CALLS] = hold_tool_calls
     app[METRICS] = DataplaneMetrics(lambda: LINK in app and app[LINK].synced,
                                     lambda: app[LINK].waiting if LINK in app else 0)

@@ -15,6 +15,7 @@ from luftpause.dataplane.link import SchedulerLink
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.runs import RunBook
 from luftpause.dataplane.suspects import Suspects
+from luftpause.keys import Keys
 
 TRACER = trace.get_tracer("luftpause.dataplane")
 BOOK = web.AppKey("book", RunBook)
@@ -24,7 +25,8 @@ SUSPECTS = web.AppKey("suspects", Suspects)  # requests that took a replica down
 TOKEN = web.AppKey("token", str)
 LOG = web.AppKey("log", object)
 METRICS = web.AppKey("metrics", DataplaneMetrics)
-KEY_IDENTITIES = web.AppKey("key_identities", dict)
+KEYS = web.AppKey("keys", Keys)  # tenant keys (luftpause/keys.py)
+TENANT = "tenant"  # request key: the KeyIdentity a tenant key authenticated, if one did
 HOLD_TOOL_CALLS = web.AppKey("hold_tool_calls", bool)  # False: --tool-calls live
 DIALECT = web.RequestKey("dialect", Dialect)  # the client API of a dialect route, for its error shape
 

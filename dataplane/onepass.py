@@ -14,7 +14,7 @@ from luftpause.dataplane.context import ENGINES, LINK, new_id
 from luftpause.dataplane.dialects import ApiError
 from luftpause.dataplane.link import AdmitRefused, Placement, SchedulerLink
 from luftpause.dataplane.proxy import engine_error, engine_headers, passed_headers
-from luftpause.dataplane.requests import identity_headers, json_request
+from luftpause.dataplane.requests import json_request, turn_identity
 
 
 def check_inputs(document: dict) -> None:
@@ -40,7 +40,7 @@ async def decide(request: web.Request) -> web.Response:
     replica outside run state: it takes no generative slot and never waits."""
     body, document, model = await json_request(request)
     check_inputs(document)
-    _, caller = identity_headers(request)
+    _, caller = turn_identity(request)
     placement = await admit_one_pass(request.app[LINK], model, caller)
     headers = engine_headers(placement, request)
     try:

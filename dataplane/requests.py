@@ -1,5 +1,5 @@
-"""Reading a client's turn: the JSON body checked, the identity headers (class, caller,
-API-key identities) read, and the run named (header, harness session, returned tool_call
+"""Reading a client's turn: the JSON body checked, the identity (class, caller: a tenant
+key's, else the headers) read, and the run named (header, harness session, returned tool_call
 ids, or a new run). A dialect's request is translated to its chat-completions turn here."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from luftpause import vocabulary as h
-from luftpause.dataplane.context import BOOK, DIALECT, KEY_IDENTITIES, new_id
+from luftpause.dataplane.context import BOOK, DIALECT, TENANT, new_id
 from luftpause.dataplane.dialects import ApiError, Dialect, Translated, encode_json
-from luftpause.dataplane.harness import KeyIdentity, api_key
 
 
 @dataclass(frozen=True)
@@ -116,13 +115,13 @@ def check_chat(document: dict) -> None:
 async def parse_turn(request: web.Request) -> TurnRequest:
     """Validate a chat completion request; name its run (_name_run: x-luftpause-run-id,
     the harness's session header, returned tool_call ids, or a new run)."""
-    named, session = _name_run(request)
+    service_class, caller = turn_identity(request)
+    named, session = _name_run(request, caller)
     body, document, model = await json_request(request)
     check_chat(document)
     stream = document.get("stream", False)
-    service_class, caller = identity_headers(request)
     if not named:
-        _join_by_tool_calls(request, document)
+        _join_by_tool_calls(request, document, caller)
     return TurnRequest(body, model, stream, request["run_id"], service_class, caller, session=session)
 
 
@@ -136,37 +135,48 @@ def _session_id(request: web.Request) -> str:
     return ""
 
 
-def _name_run(request: web.Request) -> tuple[bool, bool]:
+def _name_run(request: web.Request, caller: str) -> tuple[bool, bool]:
     """Name the turn's run from its headers, on every API: x-luftpause-run-id, else the
     harness's session header (the run then ends when the session goes idle), else a new
     id, which returned tool_call ids may still replace (_join_by_tool_calls). Sets
     request["run_id"]; returns (named by a header, named by a session header). A malformed
-    header is a 400 naming it."""
+    header is a 400 naming it; a tenant's turn naming another caller's run, a 403."""
     request["run_id"] = new_id()  # named in error responses until the headers are known good
     header_run_id = _identity_header(request, h.RUN_ID, h.MAX_ID_BYTES)
     session = "" if header_run_id else _session_id(request)
-    request["run_id"] = header_run_id or session or request["run_id"]
-    return bool(header_run_id or session), bool(session)
+    named = header_run_id or session
+    if named and not _may_join(request, named, caller):
+        which = h.RUN_ID if header_run_id else "the session header"
+        raise ApiError(403, f"{which} names a run of another caller: a tenant's turns join only its own runs",
+                       "permission_error")
+    request["run_id"] = named or request["run_id"]
+    return bool(named), bool(session)
 
 
-def _join_by_tool_calls(request: web.Request, chat: dict) -> None:
-    """A turn no header named joins the run whose tool calls it returns, if one is known."""
+def _may_join(request: web.Request, run_id: str, caller: str) -> bool:
+    """A tenant's turn joins only runs this dataplane has seen of the same caller (or new
+    ones); without tenant keys every turn may join any run."""
+    if request.get(TENANT) is None:
+        return True
+    record = request.app[BOOK].runs.get(run_id)
+    return record is None or record.caller == caller
+
+
+def _join_by_tool_calls(request: web.Request, chat: dict, caller: str) -> None:
+    """A turn no header named joins the run whose tool calls it returns, if one is known
+    (a tenant's: one of its own; another caller's tool_call ids start a run of its own)."""
     known = request.app[BOOK].run_for_tool_calls(returned_tool_call_ids(chat), time.monotonic())
-    if known:
+    if known and _may_join(request, known, caller):
         request["run_id"] = known
 
 
-def _harness_identity(request: web.Request) -> tuple[str, str]:
-    """Class and caller: the luftpause headers, else what the API key maps to, else the defaults."""
+def turn_identity(request: web.Request) -> tuple[str, str]:
+    """Class and caller: a tenant key's (docs/security.md; bearer_auth refused headers that
+    contradict it), else the luftpause headers, else the defaults."""
     service_class, caller = identity_headers(request)
-    identities: dict[str, KeyIdentity] = request.app[KEY_IDENTITIES]
-    if identities and (h.SERVICE_CLASS not in request.headers or h.CALLER not in request.headers):
-        known = identities.get(api_key(request.headers))
-        if known is not None:
-            if h.SERVICE_CLASS not in request.headers and known.service_class:
-                service_class = known.service_class
-            if h.CALLER not in request.headers and known.caller:
-                caller = known.caller
+    tenant = request.get(TENANT)
+    if tenant is not None:
+        return tenant.service_class or service_class, tenant.caller
     return service_class, caller
 
 
@@ -174,13 +184,13 @@ async def parse_dialect_turn(request: web.Request, dialect: Dialect) -> TurnRequ
     """Validate a dialect's request and translate it to a chat-completions turn; name
     its run as a chat completion's (_name_run)."""
     request[DIALECT] = dialect
-    named, session = _name_run(request)
+    service_class, caller = turn_identity(request)
+    named, session = _name_run(request, caller)
     native, document, model = await json_request(request)
     translated = dialect.translate(document)
     chat = translated.chat
-    service_class, caller = _harness_identity(request)
     if not named:
-        _join_by_tool_calls(request, chat)
+        _join_by_tool_calls(request, chat, caller)
     body = encode_json(chat)
     return TurnRequest(body, model, translated.stream, request["run_id"], service_class, caller, dialect,
                        translated, native, session)

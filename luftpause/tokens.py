@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from luftpause.keys import Keys, contradiction
 from luftpause.origins import refusal
 
 ENV = "LUFTPAUSE_TOKEN"
@@ -43,18 +44,29 @@ def presented_matches(presented: str | bytes | None, token: str) -> bool:
 
 
 class BearerGuard:
-    """Pure ASGI (MCP's SSE responses stream untouched): requires the token on every path
-    starting with one of ``protected``; 401 with a JSON message (JSON-RPC on ``jsonrpc_paths``)."""
+    """Pure ASGI (MCP's SSE responses stream untouched): requires the token, or a tenant
+    key of ``keys`` (luftpause/keys.py), on every path starting with one of ``protected``;
+    401 with a JSON message (JSON-RPC on ``jsonrpc_paths``). A tenant key whose request's
+    identity headers name another caller or class is refused with 403."""
 
     def __init__(self, app: ASGIApp, token: str, protected: tuple[str, ...],
-                 jsonrpc_paths: Iterable[str] = ()) -> None:
+                 jsonrpc_paths: Iterable[str] = (), keys: Keys | None = None) -> None:
         self._app, self._token, self._protected = app, token, protected
         self._jsonrpc_paths = frozenset(jsonrpc_paths)
+        self._keys = keys if keys is not None else Keys()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(self._protected):
-            presented = next((value for name, value in scope["headers"] if name.lower() == b"authorization"), None)
-            if not presented_matches(presented, self._token):
+            headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+            tenant = self._keys.of_request(headers)
+            if tenant is not None:
+                refused = contradiction(tenant, headers)
+                if refused is not None:
+                    await refusal(scope["path"], 403, refused.message, self._jsonrpc_paths)(scope, receive, send)
+                    return
+            elif not presented_matches(
+                    next((value for name, value in scope["headers"] if name.lower() == b"authorization"), None),
+                    self._token):
                 await refusal(scope["path"], 401, REFUSAL, self._jsonrpc_paths, CHALLENGE)(scope, receive, send)
                 return
         await self._app(scope, receive, send)

@@ -7,6 +7,8 @@ Modules, outside in:
 - ``app``: the ASGI app (``/mcp``, ``GET /status``, ``GET /health``), bearer-token guard,
   start-up and shutdown.
 - ``mcp_server``: the MCP tools (spawn, await, run, status, cancel, approve, tools, decide) and their errors.
+- ``principals``: who is asking: a tenant key's caller (its own runs only), else the
+  caller header or an opaque name for the MCP session.
 - ``tasks``: the MCP Tasks extension (`run` as a task, ``tasks.jsonl``).
 - ``asking``: asking the human about approvals through the waiting client (elicitation,
   input-required results).

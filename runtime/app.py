@@ -20,6 +20,7 @@ from starlette.types import ASGIApp
 
 from luftpause.origins import AllowedHosts, HostOriginGuard
 from luftpause.tokens import BearerGuard
+from luftpause.runtime.principals import principal_of
 from luftpause.runtime import constants
 from luftpause.runtime.compaction import ForkedCompaction
 from luftpause.runtime.config import RuntimeSettings, load_tools_file
@@ -28,7 +29,7 @@ from luftpause.runtime.journal import Journal
 from luftpause.runtime.jsonrpc import MCP_PATH, JsonRpcGate
 from luftpause.runtime.mcp_server import build_mcp_server
 from luftpause.runtime.metrics import build_registry, exposition
-from luftpause.runtime.runs import InvalidPage, page_of
+from luftpause.runtime.runs import InvalidPage, UnknownRunError, page_of
 from luftpause.runtime.service import Runtime
 from luftpause.runtime.sessions import evict_idle_at_cap
 from luftpause.runtime.tasks import TASKS_FILE, TaskStore
@@ -65,7 +66,7 @@ def build_app(
     figures the ``runtime_ready`` line reports."""
     runtime = runtime or build_runtime(settings, forked_compaction)
     tasks = TaskStore(settings.state_dir / TASKS_FILE)
-    mcp_server = build_mcp_server(runtime, tasks)
+    mcp_server = build_mcp_server(runtime, tasks, settings.keys)
     # Host/Origin are checked for every route below (HostOriginGuard), not by the SDK,
     # whose check covers /mcp only and only on loopback binds.
     mcp_app = mcp_server.streamable_http_app(
@@ -111,16 +112,18 @@ def build_app(
         """A page of runs as the MCP `status` tool pages them (``limit``, ``cursor``), each
         task cut to a preview; ``handle=<run>`` (repeatable) gives those runs whole."""
         query = request.query_params
+        asking = principal_of(request.headers, settings.keys)  # a tenant sees its own runs only
         handles = list(dict.fromkeys(query.getlist("handle")))
         if handles:
             if len(handles) > constants.MAX_HANDLES:
                 return http_error(400, f"handle may name at most {constants.MAX_HANDLES} runs")
-            unknown = [handle for handle in handles if handle not in runtime.runs]
-            if unknown:
-                return http_error(404, f"unknown run handle(s): {', '.join(unknown[:10])}")
-            report: dict[str, Any] = runtime.page_report([runtime.runs.get(handle) for handle in handles])
+            try:
+                shown = asking.require(runtime.runs, handles)
+            except UnknownRunError as exc:
+                return http_error(404, f"unknown run handle(s): {', '.join(exc.handles[:10])}")
+            report: dict[str, Any] = runtime.page_report(shown, among=asking.sees)
         else:
-            listed = runtime.listed()
+            listed = asking.visible(runtime.listed())
             limit = query.get("limit", str(constants.STATUS_PAGE_DEFAULT))
             try:
                 if not (limit.isascii() and limit.isdigit()):
@@ -128,7 +131,7 @@ def build_app(
                 page, next_cursor = page_of(listed, int(limit), query.get("cursor"), constants.STATUS_PAGE_MAX)
             except InvalidPage as exc:
                 return http_error(400, str(exc))
-            report = runtime.page_report(page, task_preview=constants.STATUS_TASK_PREVIEW_CHARS)
+            report = runtime.page_report(page, task_preview=constants.STATUS_TASK_PREVIEW_CHARS, among=asking.sees)
             report.update(total=len(listed), nextCursor=next_cursor)
         report["tools"] = [tool.name for tool in runtime.toolbox.tools()]
         return JSONResponse(report)
@@ -167,7 +170,7 @@ def build_app(
     app = JsonRpcGate(app, mcp_server.session_manager, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE,
                       evict_idle_s=settings.session_evict_idle_s)
     if settings.token:
-        app = BearerGuard(app, settings.token, PROTECTED_PREFIXES, JSONRPC_PATHS)
+        app = BearerGuard(app, settings.token, PROTECTED_PREFIXES, JSONRPC_PATHS, settings.keys)
     else:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set; /mcp and /status accept everyone")
     return HostOriginGuard(app, AllowedHosts.from_env(), JSONRPC_PATHS)

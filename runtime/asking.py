@@ -146,9 +146,13 @@ def read_state(ctx: Context) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-async def take_input_responses(runtime: Runtime, ctx: Context) -> None:
+async def take_input_responses(runtime: Runtime, ctx: Context, handles: Sequence[str]) -> None:
+    """The answers this call carries to approvals of the runs it waits on (an answer to
+    another run's approval, another caller's perhaps, is not this call's to give)."""
     for approval_id, response in (ctx.input_responses or {}).items():
-        await record_answer(runtime, approval_id, decision_of(response), by="elicitation")
+        pending = runtime.approvals.get(approval_id)
+        if pending is not None and pending.handle in handles:
+            await record_answer(runtime, approval_id, decision_of(response), by="elicitation")
 
 
 def asks_by_input_required(ctx: Context) -> bool:
@@ -162,7 +166,7 @@ async def wait_or_ask(
     """For a sessionless client with elicitation: wait like ``runtime.wait``, but return an
     input-required result as soon as one of ``runs`` has an approval this call has not
     asked about yet. ``state`` (from `read_state`) is extended and sealed into the result."""
-    await take_input_responses(runtime, ctx)
+    await take_input_responses(runtime, ctx, [run.handle for run in runs])
     asked = set(state.get("asked") or [])
     deadline = state.get("deadline")
     if not isinstance(deadline, int | float):

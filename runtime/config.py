@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from luftpause.keys import KEY_IDENTITIES_HELP, KeyIdentitiesError, Keys
 from luftpause.logs import LOG_SETTINGS_HELP
 from luftpause.options import env_option
 from luftpause.peer_identity import STYLES
@@ -63,6 +64,7 @@ class RuntimeSettings:
     session_idle_s: float = constants.SESSION_IDLE_S
     peer_identity: str = "none"  # run identity for an agent-aware router in place of the dataplane
     session_evict_idle_s: float = constants.SESSION_EVICT_IDLE_S
+    keys: Keys = field(default_factory=Keys)  # tenant keys (luftpause/keys.py); none: no tenants
 
 
 def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> RuntimeSettings:
@@ -79,7 +81,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
             "comma-separated Host names clients may use (host or host:port, * = any; unset = "
             "localhost, 127.0.0.1, [::1]); other Host headers get 421, other Origins 403."
         ),
-        epilog=LOG_SETTINGS_HELP,
+        epilog=KEY_IDENTITIES_HELP + " " + LOG_SETTINGS_HELP,
     )
     def option(flag: str, env_name: str, default: Any, text: str, **extra: Any) -> None:
         env_option(parser, flag, env_name, default, text, environ=env, **extra)
@@ -112,6 +114,10 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         parser.error("--max-runs-per-caller and --max-sessions must be >= 1, --session-idle > 0")
     if not 0 <= args.session_evict_idle < float("inf"):
         parser.error("--session-evict-idle must be a finite number of seconds >= 0")
+    try:
+        keys = Keys.from_env(env, env.get("LUFTPAUSE_TOKEN") or None)
+    except KeyIdentitiesError as exc:
+        parser.error(str(exc))
     return RuntimeSettings(
         host=args.host,
         port=args.port,
@@ -126,6 +132,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         session_idle_s=args.session_idle,
         peer_identity=args.peer_identity,
         session_evict_idle_s=args.session_evict_idle,
+        keys=keys,
     )
 
 

@@ -34,6 +34,8 @@ from luftpause.runtime.arguments import (
     tighten_arguments,
 )
 from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS, DecideError, checked_labels, decide
+from luftpause.keys import Keys
+from luftpause.runtime.principals import Principal, principal_of_context
 from luftpause.runtime.runs import InvalidPage, RunSpec, RunStatus, UnknownRunError, page_of, previewed
 from luftpause.runtime.service import InvalidRequest, JournalUnavailable, Runtime
 from luftpause.runtime.tasks import TASK_START, TaskStore, TasksExtension
@@ -218,33 +220,6 @@ def answers_bad_requests_as_tool_errors(tool: Callable[P, Awaitable[R]]) -> Call
     return wrapper
 
 
-def caller_of(ctx: Context) -> str:
-    """Who is spawning: the fairness key (``x-luftpause-caller``) of its sub-agents' turns.
-
-    A client that names itself with the ``x-luftpause-caller`` header (as own-loop agents
-    do on the dataplane) is that caller; otherwise its MCP session is. Sessionless
-    (2026-07-28) requests have no session, so they fall back to the client's
-    self-reported name, which at least keeps different client programs apart.
-    """
-    request_headers = ctx.headers or {}
-    named = request_headers.get(vocabulary.CALLER) or request_headers.get("mcp-session-id")
-    if named:
-        return header_text(named)
-    client_params = getattr(ctx.session, "client_params", None)
-    client_info = getattr(client_params, "client_info", None)
-    name = getattr(client_info, "name", None)
-    return f"{constants.SESSIONLESS_CALLER}:{name}" if name else constants.SESSIONLESS_CALLER
-
-
-def header_text(value: str) -> str:
-    """A header value as the client meant it: ASGI servers decode header bytes as
-    Latin-1, so a UTF-8 name ("café") arrives garbled; undecodable bytes stay as they are."""
-    try:
-        return value.encode("latin-1").decode("utf-8")
-    except UnicodeError:
-        return value
-
-
 def checked_spec(spec: RunSpec) -> RunSpec:
     """The spec, if its values are in range (messages use the wire names)."""
     if not spec.task.strip():
@@ -287,13 +262,19 @@ def checked_handles(handles: list[str]) -> list[str]:
     return list(dict.fromkeys(handles))  # a handle named twice is reported once
 
 
-def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPServer:
-    """The runtime's MCP server; ``tasks`` holds `run`'s tasks for clients with the Tasks extension."""
+def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Keys | None = None) -> MCPServer:
+    """The runtime's MCP server; ``tasks`` holds `run`'s tasks for clients with the Tasks
+    extension; with tenant ``keys`` each tool answers a tenant about its own runs only
+    (runtime/principals.py)."""
     tasks = tasks if tasks is not None else TaskStore(None)
+    keys = keys if keys is not None else Keys()
     server = MCPServer(
         "luftpause-runtime", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING",
-        extensions=[TasksExtension(runtime, tasks)],
+        extensions=[TasksExtension(runtime, tasks, keys)],
     )
+
+    def principal(ctx: Context) -> Principal:
+        return principal_of_context(ctx, keys)
     read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
     # A sub-agent calls the upstream tools (open world); starting one changes nothing existing.
     starts_runs = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
@@ -334,7 +315,10 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
             approve_tools=tuple(approveTools or ()),
             temperature=temperature,
         )
-        run = await runtime.spawn(checked_spec(spec), caller_of(ctx))
+        asking = principal(ctx)
+        if spec.parent is not None and spec.parent in runtime.runs:
+            asking.get(runtime.runs, spec.parent)  # another caller's parent is unknown to a tenant
+        run = await runtime.spawn(checked_spec(spec), asking.caller)
         return {"handle": run.handle, "status": run.status.value}
 
     @server.tool(
@@ -354,7 +338,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         mode: Literal["all", "any"] = "all",
         timeout: Timeout = constants.DEFAULT_AWAIT_TIMEOUT_S,
     ) -> AwaitResult | InputRequiredResult:
-        runs = runtime.runs.require(checked_handles(handles))
+        runs = principal(ctx).require(runtime.runs, checked_handles(handles))
         if asks_by_input_required(ctx):
             outcome = await wait_or_ask(runtime, ctx, runs, mode, checked_timeout(timeout), read_state(ctx))
             if isinstance(outcome, InputRequiredResult):
@@ -372,7 +356,9 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
             return runtime.await_record(task_start.run)
         if asks_by_input_required(ctx):
             state = read_state(ctx)  # on a retry: the run this call started
-            if not isinstance(state.get("handle"), str) or state["handle"] not in runtime.runs:
+            handle = state.get("handle")
+            if not isinstance(handle, str) or handle not in runtime.runs or \
+                    not principal(ctx).sees(runtime.runs.get(handle)):  # a state naming another's run
                 state = {"handle": (await spawn(**arguments))["handle"]}
             run = runtime.runs.get(state["handle"])
             outcome = await wait_or_ask(runtime, ctx, [run], "all", None, state)
@@ -409,6 +395,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
     )
     @answers_bad_requests_as_tool_errors
     async def status(
+        ctx: Context,
         handles: Annotated[
             list[str] | None,
             Field(description="Run handles; default: every run.", json_schema_extra=bounds(max_items=constants.MAX_HANDLES)),
@@ -418,9 +405,10 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         ] = constants.STATUS_PAGE_DEFAULT,
         cursor: Annotated[str | None, Field(description="nextCursor of the previous page.")] = None,
     ) -> StatusResult:
+        asking = principal(ctx)
         if handles:
-            return {"runs": [runtime.status_record(run) for run in runtime.runs.require(checked_handles(handles))]}
-        listed = runtime.listed()
+            return {"runs": [runtime.status_record(run) for run in asking.require(runtime.runs, checked_handles(handles))]}
+        listed = asking.visible(runtime.listed())
         try:
             page, next_cursor = page_of(listed, limit, cursor, constants.STATUS_PAGE_MAX)
         except InvalidPage as exc:
@@ -434,8 +422,8 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
                                     open_world_hint=False),
     )
     @answers_bad_requests_as_tool_errors
-    async def cancel(handles: Handles) -> CancelResult:
-        requested = runtime.runs.require(checked_handles(handles))
+    async def cancel(handles: Handles, ctx: Context) -> CancelResult:
+        requested = principal(ctx).require(runtime.runs, checked_handles(handles))
         cancelled = await runtime.cancel(run.handle for run in requested)
         return {
             "runs": [runtime.await_record(run) for run in requested],
@@ -455,8 +443,9 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
     async def approve(
         handle: Annotated[str, Field(description="Handle of the run awaiting approval.")],
         allow: Annotated[bool, Field(description="true: run the tool call; false: decline it.")],
+        ctx: Context,
     ) -> ApproveResult:
-        run = runtime.runs.get(handle)
+        run = principal(ctx).get(runtime.runs, handle)
         try:
             pending = await runtime.approvals.answer(run, allow, by="approve")
         except AlreadyAnswered as exc:
@@ -486,7 +475,8 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None) -> MCPSer
         if not input.strip():
             raise argument_error("input must not be empty")
         try:
-            return await decide(runtime.dataplane, input, checked_labels(labels), model or None, caller_of(ctx))
+            return await decide(runtime.dataplane, input, checked_labels(labels), model or None,
+                                principal(ctx).caller)
         except DecideError as exc:
             raise argument_error(str(exc)) from exc
         except TurnError as exc:

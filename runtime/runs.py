@@ -355,10 +355,11 @@ class RunRegistry:
 
     def page_report(
         self, page: list[Run], budget_of: BudgetReporter = no_budget, approval_of: BudgetReporter = no_budget,
-        task_preview: int | None = None,
+        task_preview: int | None = None, among: Callable[[Run], bool] | None = None,
     ) -> dict[str, Any]:
         """`GET /status` for some runs: their records with their subtree totals, the page's
-        roots (runs without a parent), and counts and totals over every kept run.
+        roots (runs without a parent), and counts and totals over every kept run (``among``:
+        every kept run it accepts, a tenant's own).
         ``task_preview``: cut each task to at most that many characters (``taskChars``
         tells the whole length; `GET /status?handle=` gives the whole text)."""
         subtree = self.subtree_stats()
@@ -368,11 +369,13 @@ class RunRegistry:
             records.append(record if task_preview is None else previewed(record, task_preview))
         total = RunStats()
         for root in self.roots():
-            total = total.plus(subtree[root.handle])
+            if among is None or among(root):
+                total = total.plus(subtree[root.handle])
+        kept = self._runs.values() if among is None else [run for run in self._runs.values() if among(run)]
         return {
             "roots": [run.handle for run in page if run.parent is None],
             "runs": records,
-            "counts": dict(Counter(run.status.value for run in self._runs.values())),
+            "counts": dict(Counter(run.status.value for run in kept)),
             "totals": total.to_json(),
         }
 

@@ -437,8 +437,9 @@ class Runtime:
     def tree_report(self) -> dict[str, Any]:
         return self.runs.tree_report(self.budgets.report, self._approval_record)
 
-    def page_report(self, page: list[Run], task_preview: int | None = None) -> dict[str, Any]:
-        return self.runs.page_report(page, self.budgets.report, self._approval_record, task_preview)
+    def page_report(self, page: list[Run], task_preview: int | None = None,
+                    among: Callable[[Run], bool] | None = None) -> dict[str, Any]:
+        return self.runs.page_report(page, self.budgets.report, self._approval_record, task_preview, among)
 
 
 def _paused_budgets(records: list[dict[str, Any]]) -> dict[str, float]:

@@ -35,6 +35,8 @@ from mcp_types import INVALID_PARAMS, CallToolRequestParams, CallToolResult, Req
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
+from luftpause.keys import Keys
+from luftpause.runtime.principals import principal_of_context
 from luftpause.runtime import constants
 from luftpause.runtime.asking import decision_of, elicit_request, record_answer
 from luftpause.runtime.compaction import write_atomically
@@ -162,9 +164,10 @@ def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
 class TasksExtension(Extension):
     identifier = IDENTIFIER
 
-    def __init__(self, runtime: Runtime, store: TaskStore) -> None:
+    def __init__(self, runtime: Runtime, store: TaskStore, keys: Keys | None = None) -> None:
         self._runtime = runtime
         self._store = store
+        self._keys = keys if keys is not None else Keys()
         self._watchers: set[asyncio.Task[None]] = set()
 
     def settings(self) -> dict[str, Any]:
@@ -208,17 +211,23 @@ class TasksExtension(Extension):
 
     # --- methods ---------------------------------------------------------------------
 
-    def _task(self, params: TaskParams) -> Task:
+    def _task(self, params: TaskParams, ctx: ServerRequestContext[Any, Any]) -> Task:
+        """The task, if the asking client may see its run (runtime/principals.py): a
+        tenant's, its own; else unknown, as a task that never was."""
         task = self._store.tasks.get(params.task_id)
+        runs = self._runtime.runs
+        if task is not None and task.handle in runs and not principal_of_context(ctx, self._keys).sees(
+                runs.get(task.handle)):
+            task = None
         if task is None:
             raise MCPError(code=INVALID_PARAMS, message=f"unknown task: {params.task_id}")
         return task
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
-        return self._wire(self._task(params))
+        return self._wire(self._task(params, ctx))
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams) -> dict[str, Any]:
-        task = self._task(params)
+        task = self._task(params, ctx)
         for approval_id, response in (params.input_responses or {}).items():
             pending = self._runtime.approvals.get(approval_id)
             if pending is None or pending.handle != task.handle:
@@ -227,7 +236,7 @@ class TasksExtension(Extension):
         return self._wire(task)
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
-        task = self._task(params)
+        task = self._task(params, ctx)
         if task.failed is None and not task.cancelled and task.handle in self._runtime.runs:
             self._store.close(task, cancelled=True)
             await self._runtime.cancel([task.handle])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from luftpause.dataplane.harness import KeyIdentitiesError, KeyIdentity, api_key, parse_key_identities
+from luftpause.keys import KeyIdentitiesError, KeyIdentity, api_key, parse_key_identities
 from luftpause.dataplane.runs import PAUSED, InFlightTurn, RunBook
 from luftpause.vocabulary import RUN_IDLE_TIMEOUT_S
 
