@@ -4,6 +4,12 @@ Kept free of I/O and clocks so the reply rules (tool call or text, token counts,
 ``max_tokens`` caps) can be tested with plain values and reused by any server shell.
 Tokens are approximated the same way everywhere: about four characters per token for
 prompts and tool-call arguments, one token per word of a text reply.
+
+The user's request (the words a tool call's arguments and a text reply are made of) is
+read as a model reads its prompt: the last user message that holds words the user typed,
+without the blocks a harness adds to user messages (``<system-reminder>`` of Claude Code
+and opencode, ``<environment_context>`` and AGENTS.md ``<INSTRUCTIONS>`` of Codex, ...;
+see :data:`HARNESS_BLOCK`).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -167,16 +174,50 @@ def render_prompt(body: dict[str, Any]) -> str:
     return head + "".join(render_message(m) for m in body["messages"])
 
 
-def last_user_text(messages: list[dict[str, Any]]) -> str:
+# Blocks a harness writes into user messages beside (or instead of) what the user typed,
+# as recorded on the wire from the pinned CLIs (tests/fakes/test_user_request.py):
+# - Claude Code 2.1.x: ``<system-reminder>`` blocks before the prompt (attribution, CLAUDE.md
+#   context, a background task's ``<task-notification>``), a text block of their own or
+#   inline in one string (the dataplane joins a user turn's text blocks);
+# - opencode: ``<system-reminder>`` (plan mode, a file the user opened, a moved directory);
+#   its own goal extraction drops them the same way (``SYSTEM_REMINDER_RE``);
+# - Codex: its contextual user messages, ``<environment_context>``, ``# AGENTS.md
+#   instructions for <dir>`` with ``<INSTRUCTIONS>``, ``<user_instructions>`` (older
+#   versions), ``<user_shell_command>``, ``<turn_aborted>``, ``<subagent_notification>``.
+HARNESS_BLOCK = re.compile(
+    r"<(system-reminder|environment_context|user_instructions|user_shell_command|turn_aborted"
+    r"|subagent_notification)>.*?</\1>"
+    r"|# AGENTS\.md instructions for [^\n]*\s*<INSTRUCTIONS>.*?</INSTRUCTIONS>",
+    re.DOTALL,
+)
+
+
+def request_text(text: str) -> str:
+    """What the user typed in one user message's ``text``: without harness blocks, and
+    without the double quotes ``opencode run`` puts around a message argument that holds
+    spaces (``"echo hello"``); "" when the message is harness blocks only."""
+    text = " ".join(HARNESS_BLOCK.sub(" ", text).split())
+    if len(text) >= 2 and text[0] == text[-1] == '"' and '"' not in text[1:-1]:
+        text = text[1:-1].strip()
+    return text
+
+
+def user_request(messages: list[dict[str, Any]]) -> str:
+    """The user's request: the text of the last user message that holds any besides what
+    a harness adds. A user message of harness blocks only (a reminder sent beside tool
+    results, a background task's notification) is not a new request: the one before it
+    still stands, as a model reading the conversation takes it."""
     for message in reversed(messages):
         if message.get("role") == "user":
-            return content_text(message.get("content"))
+            text = request_text(content_text(message.get("content")))
+            if text:
+                return text
     return ""
 
 
 def topic_phrase(messages: list[dict[str, Any]], words: int = 6) -> str:
-    """A short phrase from the last user message, so replies visibly relate to the ask."""
-    phrase = " ".join(fault_directives.strip(last_user_text(messages)).split()[:words])
+    """A short phrase from the user's request, so replies visibly relate to the ask."""
+    phrase = " ".join(fault_directives.strip(user_request(messages)).split()[:words])
     return phrase or "the question"
 
 
@@ -438,9 +479,9 @@ def logprob_entries(tokens: list[str], candidates: list[str], top: int, seed: st
 
 
 def logprob_candidates(messages: list[dict[str, Any]]) -> list[str]:
-    """Distinct words of the last user message, in order (the likely "vocabulary")."""
+    """Distinct words of the user's request, in order (the likely "vocabulary")."""
     words: list[str] = []
-    for raw in fault_directives.strip(last_user_text(messages)).split():
+    for raw in fault_directives.strip(user_request(messages)).split():
         word = raw.strip(".,;:!?()[]{}\"'")
         if word and word not in words:
             words.append(word)

@@ -13,18 +13,25 @@ on 2 cores; it needs cmake and a C++ compiler).
 A child that dies is started again after 1 s, doubling up to 30 s while it keeps
 dying (logged as process_exited / process_restarting). Ctrl-C or SIGTERM stops every
 process it started.
+
+Once the stack is up it prints its URLs and, per harness, the shell lines that connect
+it (``connect_lines``; the README's "Connect a client" shows them for the default ports,
+tests/e2e/test_connect.py runs them as printed with the real CLIs).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-from luftpause import logs
+import yaml
+
+from luftpause import auth, logs
 from luftpause.dev import llama
 from luftpause.dev.stack import MODEL, Ports, Stack, engine_name, write_configs
 from luftpause.dev.supervise import Supervisor
@@ -64,6 +71,77 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.gateway == "envoy" and args.dataplanes != 1:
         parser.error("--dataplanes is for --gateway dataplane")
     return args
+
+
+# The prompt of the examples: a real model runs it with the shell tool, and so do the fake
+# engines, which call the first tool offered with the prompt's words as its arguments.
+EXAMPLE_PROMPT = "echo hello from luftpause"
+
+
+def served_model(pool_file: Path) -> str:
+    """The first model of the pool's first generative endpoint (what the examples ask for)."""
+    try:
+        endpoints = (yaml.safe_load(pool_file.read_text()) or {}).get("endpoints") or []
+    except (OSError, yaml.YAMLError, AttributeError):
+        endpoints = []
+    for endpoint in endpoints:
+        if isinstance(endpoint, dict) and endpoint.get("kind", "generative") == "generative" and endpoint.get("models"):
+            return str(endpoint["models"][0])
+    return MODEL
+
+
+def connect_lines(proxy: str, mcp: str, model: str, token: bool = False, harness_apis: bool = True) -> str:
+    """Per harness, a title line and the shell lines (indented two spaces) that connect it
+    to the stack at ``proxy`` (the OpenAI base URL, ending in /v1) and ``mcp`` (the runtime).
+
+    ``token``: the services require ``LUFTPAUSE_TOKEN``, which the lines then read from the
+    shell's environment rather than print. ``harness_apis``: the proxy serves the Messages
+    and Responses APIs (the dataplane does; Envoy with the endpoint picker serves chat
+    completions only), so Claude Code's and Codex's own loops can go through it."""
+    key = '"$LUFTPAUSE_TOKEN"' if token else "unused"
+    bearer = ' --header "Authorization: Bearer $LUFTPAUSE_TOKEN"' if token else ""
+    loop = "its own loop through the proxy, sub-agents through the MCP runtime" if harness_apis else \
+        "sub-agents through the MCP runtime; its own loop needs the dataplane, not --gateway envoy"
+    opencode_key = "{env:LUFTPAUSE_TOKEN}" if token else "unused"  # opencode reads {env:NAME} in its config
+    opencode = {
+        "provider": {"luftpause": {"npm": "@ai-sdk/openai-compatible",
+                                   "options": {"baseURL": proxy, "apiKey": opencode_key}, "models": {model: {}}}},
+        "model": f"luftpause/{model}", "small_model": f"luftpause/{model}",
+        "mcp": {"luftpause": {"type": "remote", "url": mcp,
+                              **({"headers": {"Authorization": "Bearer {env:LUFTPAUSE_TOKEN}"}} if token else {})}},
+    }
+    codex_provider = f'{{name="luftpause", base_url="{proxy}", wire_api="responses", env_key="LUFTPAUSE_API_KEY"}}'
+    request = {"model": model, "messages": [{"role": "user", "content": "hello"}]}
+    sections = {
+        f"Claude Code ({loop})": [
+            *([f"export ANTHROPIC_BASE_URL={proxy.removesuffix('/v1')} ANTHROPIC_API_KEY={key} "
+               f"ANTHROPIC_MODEL={model} ANTHROPIC_SMALL_FAST_MODEL={model}"] if harness_apis else []),
+            f"claude mcp add --transport http luftpause {mcp}{bearer}",
+            *([f'claude -p "{EXAMPLE_PROMPT}" --tools Bash --allowedTools Bash'] if harness_apis else []),
+        ],
+        f"Codex CLI ({loop})": [
+            f"export LUFTPAUSE_API_KEY={key}",
+            f"codex mcp add luftpause --url {mcp}" + (" --bearer-token-env-var LUFTPAUSE_API_KEY" if token else ""),
+            *([f"codex exec --skip-git-repo-check -m {model} -c model_provider=luftpause "
+               f"-c 'model_providers.luftpause={codex_provider}' \"{EXAMPLE_PROMPT}\""] if harness_apis else []),
+        ],
+        "opencode (its own loop through the proxy, sub-agents through the MCP runtime)": [
+            f"export OPENCODE_CONFIG_CONTENT='{json.dumps(opencode)}'",
+            f'opencode run "{EXAMPLE_PROMPT}"',
+        ],
+        "An OpenAI-compatible client (the openai SDK, LangChain and the Agents SDK read these two)": [
+            f"export OPENAI_BASE_URL={proxy} OPENAI_API_KEY={key}",
+            'curl -s "$OPENAI_BASE_URL/chat/completions" -H "Authorization: Bearer $OPENAI_API_KEY" '
+            f"-H 'content-type: application/json' -d '{json.dumps(request)}'",
+        ],
+        "Gemini CLI (sub-agents through the MCP runtime; its own loop speaks Gemini's API)": [
+            f"gemini mcp add --transport http luftpause {mcp}{bearer}",
+            '# listed "Disabled" in a folder it does not trust: /permissions in gemini trusts it, '
+            "GEMINI_CLI_TRUST_WORKSPACE=true for one session",
+        ],
+    }
+    return 'Connect a harness (paste a block into a shell; README, "Connect a client"):\n' + "".join(
+        f"{title}:\n" + "".join(f"  {line}\n" for line in lines) for title, lines in sections.items())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         f"  scheduler page   {urls['scheduler_status'].removesuffix('status')}\n"
         f"  runtime status   {urls['runtime_status']}\n"
         f"  logs             {state_dir / 'logs'}\n\n"
-        "Connect Claude Code:\n"
-        f"  claude mcp add --transport http luftpause {urls['runtime_mcp']}\n\n"
+        + connect_lines(urls["dataplane"], urls["runtime_mcp"], served_model(pool_file),
+                        token=auth.token_from_env() is not None, harness_apis=args.gateway == "dataplane")
+        + "\n"
     )
     sys.stdout.flush()
     supervisor = Supervisor(lambda: stack.processes, log)

@@ -27,6 +27,7 @@ from luftpause.dev.stack import MODEL, Stack
 
 CLI_TIMEOUT_S = 120
 # Pinned, so a run today and one in a year exercise the same CLI; Node 22 comes from npm.
+# LUFTPAUSE_NPM_LATEST=1 runs the newest Claude Code in the registry instead (npm_packages.py).
 CLAUDE_CODE_PACKAGES = {"node": "22.23.3", "@anthropic-ai/claude-code": "2.1.332"}
 
 
@@ -45,7 +46,7 @@ def claude_code() -> Path:
     npm = _npm_packages()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "luftpause-tests" / "npm-claude-code"
     try:
-        npm.install_npm_packages(cache, CLAUDE_CODE_PACKAGES)
+        npm.install_npm_packages(cache, npm.versions_under_test(CLAUDE_CODE_PACKAGES))
     except npm.NpmUnavailable as exc:
         if os.environ.get("LUFTPAUSE_SKIP_NPM_TESTS") == "1":
             pytest.skip(str(exc))
@@ -85,10 +86,8 @@ def new_home(tmp_path: Path) -> Path:
     home = tmp_path / "home"
     (home / ".claude").mkdir(parents=True)
     (home / "work").mkdir()
-    # No attribution reminder in the prompt: the user's words are the last user text,
-    # which the fake engine turns into the tool call's arguments.
-    (home / ".claude" / "settings.json").write_text(json.dumps({"includeCoAuthoredBy": False,
-                                                                 "attribution": {"commit": "", "pr": ""}}))
+    # Claude Code's settings as they come: the <system-reminder> blocks it puts before the
+    # user's words (attribution, CLAUDE.md) are skipped by the fake engine, as by a model.
     return home
 
 

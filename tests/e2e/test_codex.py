@@ -18,9 +18,9 @@ import pytest
 from luftpause.dev.stack import MODEL
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from npm_packages import NpmUnavailable, install_npm_packages  # noqa: E402
+from npm_packages import NpmUnavailable, install_npm_packages, versions_under_test  # noqa: E402
 
-CODEX_PACKAGES = {"@openai/codex": "0.171.0"}  # pinned: the wire format this suite was built against
+CODEX_PACKAGES = {"@openai/codex": "0.171.0"}  # pinned (LUFTPAUSE_NPM_LATEST=1: the newest, npm_packages.py)
 CODEX_TIMEOUT_S = 120
 
 
@@ -29,7 +29,7 @@ def codex() -> Path:
     """The ``codex`` executable (a native binary; the npm wrapper runs on the system node)."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "luftpause-tests" / "npm-codex"
     try:
-        install_npm_packages(cache, CODEX_PACKAGES)
+        install_npm_packages(cache, versions_under_test(CODEX_PACKAGES))
     except NpmUnavailable as exc:
         if os.environ.get("LUFTPAUSE_SKIP_NPM_TESTS") == "1":
             pytest.skip(str(exc))

@@ -21,10 +21,10 @@ from luftpause.dev.procs import WAIT_S, wait_until
 from luftpause.dev.stack import MODEL
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from npm_packages import NpmUnavailable, install_npm_packages  # noqa: E402
+from npm_packages import NpmUnavailable, install_npm_packages, versions_under_test  # noqa: E402
 
 OPENCODE_VERSION = "1.18.33"
-OPENCODE_PACKAGES = {"opencode-ai": OPENCODE_VERSION}  # pinned: the wire format this suite was built against
+OPENCODE_PACKAGES = {"opencode-ai": OPENCODE_VERSION}  # pinned (LUFTPAUSE_NPM_LATEST=1: the newest)
 OPENCODE_TIMEOUT_S = 120
 CALLER = "opencode-e2e"  # sent by the provider's `headers` on every request, the title request too
 
@@ -34,7 +34,7 @@ def opencode() -> Path:
     """The ``opencode`` executable (a native binary, put in place by the package's postinstall)."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "luftpause-tests" / "npm-opencode"
     try:
-        install_npm_packages(cache, OPENCODE_PACKAGES)
+        install_npm_packages(cache, versions_under_test(OPENCODE_PACKAGES))
     except NpmUnavailable as exc:
         if os.environ.get("LUFTPAUSE_SKIP_NPM_TESTS") == "1":
             pytest.skip(str(exc))

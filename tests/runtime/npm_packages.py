@@ -2,18 +2,25 @@
 
 Installs go into one cache directory shared by test runs; a file lock keeps two test
 runs in the same tree from installing into it at once.
+
+The harness CLIs' tests run pinned versions; ``LUFTPAUSE_NPM_LATEST=1`` runs them with the
+newest version of each CLI in the registry instead (``versions_under_test``), to find out
+whether a newer CLI still works before moving a pin. CI never sets it.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
 NPM_INSTALL_TIMEOUT_S = 240
+NPM_VIEW_TIMEOUT_S = 60
+LATEST_ENV = "LUFTPAUSE_NPM_LATEST"
 
 
 class NpmUnavailable(RuntimeError):
@@ -49,3 +56,22 @@ def install_npm_packages(directory: Path, packages: Mapping[str, str]) -> None:
             raise NpmUnavailable(f"npm install took longer than {NPM_INSTALL_TIMEOUT_S} s") from exc
         except subprocess.CalledProcessError as exc:
             raise NpmUnavailable(f"npm install failed: {exc.stderr[-2000:]}") from exc
+
+
+def versions_under_test(packages: Mapping[str, str]) -> dict[str, str]:
+    """``packages`` as pinned; with ``LUFTPAUSE_NPM_LATEST=1``, each but ``node`` (the
+    runtime the CLIs run on) at the newest version the registry has (``npm view``)."""
+    if os.environ.get(LATEST_ENV) != "1":
+        return dict(packages)
+    newest = {}
+    for name, pinned in packages.items():
+        if name == "node":
+            newest[name] = pinned
+            continue
+        try:
+            viewed = subprocess.run(["npm", "view", name, "version"], capture_output=True, text=True,
+                                    timeout=NPM_VIEW_TIMEOUT_S, check=True)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise NpmUnavailable(f"npm view {name} version failed: {exc}") from exc
+        newest[name] = viewed.stdout.strip()
+    return newest
