@@ -31,7 +31,7 @@ from luftpause.runtime.mcp_server import build_mcp_server
 from luftpause.runtime.metrics import build_registry, exposition
 from luftpause.runtime.runs import InvalidPage, UnknownRunError, page_of
 from luftpause.runtime.service import Runtime
-from luftpause.runtime.sessions import evict_idle_at_cap
+from luftpause.runtime.sessions import SessionActivity, evict_idle_at_cap
 from luftpause.runtime.tasks import TASKS_FILE, TaskStore
 from luftpause.runtime.upstream import Toolbox
 
@@ -74,7 +74,8 @@ def build_app(
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         max_sessions=settings.max_sessions, session_idle_timeout=settings.session_idle_s,
     )
-    evict_idle_at_cap(mcp_server.session_manager, settings.session_evict_idle_s)
+    activity = SessionActivity()  # sessions' POSTs, so that open GET streams cannot hold the cap
+    evict_idle_at_cap(mcp_server.session_manager, settings.session_evict_idle_s, activity)
     started_at = time.time()
     registry = build_registry(runtime)
     journal_path = settings.state_dir / constants.JOURNAL_FILE
@@ -168,7 +169,7 @@ def build_app(
         lifespan=lifespan,
     )
     app = JsonRpcGate(app, mcp_server.session_manager, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE,
-                      evict_idle_s=settings.session_evict_idle_s)
+                      evict_idle_s=settings.session_evict_idle_s, activity=activity)
     if settings.token:
         app = BearerGuard(app, settings.token, PROTECTED_PREFIXES, JSONRPC_PATHS, settings.keys)
     else:

@@ -40,7 +40,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from luftpause.runtime.sessions import at_cap, retry_after
+from luftpause.runtime.sessions import SessionActivity, at_cap, retry_after
 
 log = structlog.get_logger(service="runtime")
 
@@ -98,9 +98,10 @@ class JsonRpcGate:
     """Pure ASGI in front of the runtime's app; only ``POST``/``GET``/``DELETE /mcp`` are looked at."""
 
     def __init__(self, app: ASGIApp, manager: StreamableHTTPSessionManager, *, max_body_bytes: int,
-                 evict_idle_s: float) -> None:
+                 evict_idle_s: float, activity: SessionActivity | None = None) -> None:
         self._app, self._manager = app, manager
         self._max_body_bytes, self._evict_idle_s = max_body_bytes, evict_idle_s
+        self._activity = activity if activity is not None else SessionActivity()
         self._versions: dict[str, str] = {}  # session id -> protocol version negotiated by its initialize
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -121,6 +122,8 @@ class JsonRpcGate:
         # 2026-07-28 requests never do), so only its 503 can mean the cap is full.
         opens_session = session_id is None and (version is None or version in HANDSHAKE_PROTOCOL_VERSIONS)
         if scope["method"] != "POST":
+            if session_id is not None and session_id in self._manager._server_instances:  # noqa: SLF001
+                self._activity.seen(session_id)  # a GET stream opening: quiet from now until a POST
             await self._app(scope, receive, self._refusing_without_room(send) if opens_session else send)
             return
         if not headers.get("content-type", "").lower().startswith(JSON_CONTENT_TYPE):  # as the SDK checks it
@@ -138,7 +141,14 @@ class JsonRpcGate:
             await error_response(400, PARSE_ERROR, f"Parse error: {exc}")(scope, receive, send)
             return
         if isinstance(parsed, list):
-            await self._batch(scope, receive, send, parsed, session_id, version)
+            tracked = session_id is not None and session_id in self._manager._server_instances  # noqa: SLF001
+            if tracked:
+                self._activity.post_began(session_id)
+            try:
+                await self._batch(scope, receive, send, parsed, session_id, version)
+            finally:
+                if tracked:
+                    self._activity.post_ended(session_id)
             return
         if (problem := message_problem(parsed)) is not None:
             await error_response(400, INVALID_REQUEST, f"Invalid Request: {problem[0]}", problem[1])(scope, receive, send)
@@ -152,7 +162,14 @@ class JsonRpcGate:
         replay = _replaying(body, receive)
         if parsed.get("method") == "initialize":
             send = self._recording_version(send)
-        await self._app(scope, replay, self._refusing_without_room(send) if opens_session else send)
+        tracked = session_id is not None and session_id in self._manager._server_instances  # noqa: SLF001
+        if tracked:
+            self._activity.post_began(session_id)
+        try:
+            await self._app(scope, replay, self._refusing_without_room(send) if opens_session else send)
+        finally:
+            if tracked:
+                self._activity.post_ended(session_id)
 
     # ------------------------------------------------------------------ reading
 
@@ -212,7 +229,7 @@ class JsonRpcGate:
             nonlocal refused
             if message["type"] == "http.response.start" and message["status"] == 503 and at_cap(self._manager):
                 refused = True
-                wait = retry_after(self._manager, self._evict_idle_s)
+                wait = retry_after(self._manager, self._evict_idle_s, self._activity)
                 text = (f"too many open sessions ({self._manager.max_sessions}), none idle for "
                         f"{self._evict_idle_s:g} s; retry in {wait} s")
                 body = json.dumps(error_body(INTERNAL_ERROR, text)).encode()

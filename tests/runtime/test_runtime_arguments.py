@@ -4,6 +4,7 @@ finite numbers in documented ranges, schemas that state them, annotations on eve
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -182,6 +183,53 @@ def test_abandoned_sessions_lock_no_client_out_longer_than_the_eviction_floor(
         # which a client starts a new session), the newest is still open.
         assert flood[0].call("tools", {})[0].status_code == 404
         assert flood[-1].call("tools", {})[0].status_code == 200
+
+
+def _hold_get_stream(url: str, headers: dict[str, str], opened: threading.Event, ended: list[int]) -> None:
+    """Open the session's GET stream and read it until the server ends it."""
+    with httpx.Client(timeout=httpx.Timeout(WAIT_S, read=4 * WAIT_S)) as http:
+        try:
+            with http.stream("GET", url, headers={**headers, "Accept": "text/event-stream"}) as response:
+                opened.set()
+                for _ in response.iter_bytes():
+                    pass
+                ended.append(response.status_code)
+        except httpx.HTTPError:
+            ended.append(-1)
+        finally:
+            opened.set()
+
+
+def test_sessions_holding_open_streams_do_not_hold_the_cap(
+    start_runtime: Callable[..., RuntimeProcess], fake_engine: str, tools_file, tmp_path
+) -> None:
+    # 1,000 sessions each holding a GET /mcp stream once kept every newcomer at 503 for
+    # good: a session with an open stream never counted idle. Now one whose last POST
+    # ended the floor ago is idle, stream or not.
+    runtime = start_runtime(fake_engine, tools_file, tmp_path / "state",
+                            env={"LUFTPAUSE_MAX_SESSIONS": "3", "LUFTPAUSE_SESSION_EVICT_IDLE_S": "3"})
+    with httpx.Client(timeout=WAIT_S) as http:
+        flood = [RawSession(http, runtime.mcp_url).open() for _ in range(3)]
+        streams = []
+        for session in flood:
+            opened, ended = threading.Event(), []
+            thread = threading.Thread(target=_hold_get_stream, args=(runtime.mcp_url, dict(session.headers), opened,
+                                                                     ended), daemon=True)
+            thread.start()
+            assert opened.wait(WAIT_S)
+            streams.append((thread, ended))
+        refused = RawSession(http, runtime.mcp_url).post_json(INITIALIZE)
+        assert refused.status_code == 503
+        wait = int(refused.headers["Retry-After"])
+        assert 1 <= wait <= 3  # the streams' sessions will be idle within the floor
+        time.sleep(wait + 0.2)  # the newcomer comes back when told (a wait load only lengthens)
+        newcomer = RawSession(http, runtime.mcp_url).open()
+        response, reply = newcomer.call("tools", {})
+        assert response.status_code == 200 and reply is not None and "result" in reply
+        assert flood[0].call("tools", {})[0].status_code == 404  # the longest-quiet session made room
+        thread, ended = streams[0]
+        thread.join(WAIT_S)
+        assert not thread.is_alive()  # and its stream was ended with it
 
 
 async def test_the_status_tool_cuts_each_listed_task_and_gives_the_whole_one_by_handle(
