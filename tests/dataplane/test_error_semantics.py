@@ -10,11 +10,10 @@ import time
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause import vocabulary as h
 from luftpause.dataplane.constants import ENGINE_RETRY_ATTEMPTS
-from luftpause.dev.procs import WAIT_S, wait_until
+from luftpause.dev.procs import WAIT_S, metric_total, wait_until
 from luftpause.dev.stack import MODEL
 
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
@@ -38,9 +37,7 @@ def body(text: str = "hello", stream: bool = False) -> dict:
 
 def turns_waiting(stack) -> float:
     """The dataplane's turns waiting for the scheduler's decision (its /metrics)."""
-    text = httpx.get(f"http://127.0.0.1:{stack.ports.dataplane}/metrics").text
-    [family] = [f for f in text_string_to_metric_families(text) if f.name == "luftpause_dataplane_turns_waiting"]
-    return family.samples[0].value
+    return metric_total(f"http://127.0.0.1:{stack.ports.dataplane}/metrics", "luftpause_dataplane_turns_waiting")
 
 
 def dataplane_log(stack) -> str:

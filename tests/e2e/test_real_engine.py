@@ -20,7 +20,7 @@ from mcp import Client
 
 from luftpause import vocabulary as h
 from luftpause.dev import llama
-from luftpause.dev.procs import WAIT_S, eventually, wait_until
+from luftpause.dev.procs import WAIT_S, eventually, metric_total, wait_until
 from luftpause.dev.stack import Ports, Stack, write_configs
 
 pytestmark = [
@@ -175,9 +175,8 @@ async def test_turns_are_held_while_llama_cpp_defers_requests(llama_stack: Stack
             await asyncio.sleep(0.05)  # the watcher's sampling interval
 
     def held_total() -> float:
-        text = httpx.get(f"http://127.0.0.1:{llama_stack.ports.scheduler_http}/metrics").text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("luftpause_scheduler_turns_held_total{"))
+        return metric_total(f"http://127.0.0.1:{llama_stack.ports.scheduler_http}/metrics",
+                            "luftpause_scheduler_turns_held_total")
 
     async def turn(http: httpx.AsyncClient, i: int) -> int:
         body = {"model": MODEL, "max_tokens": 96, "messages": [

@@ -10,7 +10,7 @@ import json
 import httpx
 from mcp import Client
 
-from luftpause.dev.procs import eventually
+from luftpause.dev.procs import eventually, metric_total
 from luftpause.dev.stack import MODEL, Stack
 
 # Fake engines that queue beyond two requests, so the scheduler caps and holds turns.
@@ -39,9 +39,8 @@ async def _held_by_caller(client: httpx.AsyncClient, stack: Stack, prefix: str) 
 
 async def _abandoned(client: httpx.AsyncClient, stack: Stack) -> float:
     """The scheduler's count of turns abandoned while held."""
-    text = (await client.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("luftpause_scheduler_turns_abandoned_total{"))
+    return await asyncio.to_thread(metric_total, f"http://127.0.0.1:{stack.ports.scheduler_http}/metrics",
+                                   "luftpause_scheduler_turns_abandoned_total")
 
 
 BURST = 8  # batch turns queued ahead of the one abandoned
