@@ -6,9 +6,10 @@ is "unknown" to it in every tool (the same answer as a handle that never existed
 parent it names must be its own. The operator (``LUFTPAUSE_TOKEN``), and every client
 when no keys are set, sees every run, as before.
 
-A client's caller, when no key names it: its ``x-luftpause-caller`` header, else an opaque
-name for its MCP session (``mcp-`` and 12 hex digits of a keyed hash of the session id,
-the key random per process), never the session id itself: a caller is shown to other
+A client's caller, when no key names it: its ``x-luftpause-caller`` header, else a
+readable, opaque name for its MCP session (the client's self-reported name, e.g.
+``claude-code``, and 12 hex digits of a keyed hash of the session id, the key random per
+process), never the session id itself: a caller is shown to other
 clients (the ``status`` tool, ``/status``, the scheduler's page), and a session id is
 what lets a client act as that session. Sessionless requests (2026-07-28) fall back to
 the client's self-reported name.
@@ -17,6 +18,7 @@ the client's self-reported name.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from luftpause.runtime import constants
 from luftpause.runtime.runs import Run, RunRegistry, UnknownRunError
 
 _SESSION_NAME_KEY = secrets.token_bytes(16)  # per process: the names cannot be turned back into ids
+CLIENT_NAME_CHARS = 32  # of a client's self-reported name, in its session's caller name
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,12 @@ class Principal:
         return listed if not self.tenant else [run for run in listed if self.sees(run)]
 
 
-def session_caller(session_id: str) -> str:
-    """The opaque caller name of an MCP session that names none."""
+def session_caller(session_id: str, client_name: str | None = None) -> str:
+    """The caller name of an MCP session that names none: the client's own name (as its
+    initialize gave it, e.g. ``claude-code``; else ``mcp``) and an opaque mark of the session."""
     digest = hashlib.blake2b(session_id.encode(), key=_SESSION_NAME_KEY, digest_size=6).hexdigest()
-    return f"mcp-{digest}"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", client_name or "").strip("-.")[:CLIENT_NAME_CHARS] or "mcp"
+    return f"{name}-{digest}"
 
 
 def header_text(value: str) -> str:
@@ -81,7 +86,7 @@ def principal_of(headers: Mapping[str, str] | None, keys: Keys, session_id: str 
         return Principal(header_text(named))
     session = session_id or headers.get("mcp-session-id")
     if session:
-        return Principal(session_caller(session))
+        return Principal(session_caller(session, client_name))
     if client_name:
         return Principal(f"{constants.SESSIONLESS_CALLER}:{client_name}")
     return Principal(constants.SESSIONLESS_CALLER)

@@ -183,7 +183,7 @@ def sse_messages(response: httpx.Response) -> list[dict]:
 
 def test_an_unnamed_client_is_never_shown_by_its_session_id(stack):
     """A session-era client (initialize, Mcp-Session-Id) that names no caller: its runs
-    carry an opaque name, and its session id appears in no reply or page."""
+    carry its own name and an opaque mark, and its session id appears in no reply or page."""
     url = f"http://127.0.0.1:{stack.ports.runtime}/mcp"
     headers = {**OPERATOR, "Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
     with httpx.Client(timeout=30) as http:
@@ -205,7 +205,7 @@ def test_an_unnamed_client_is_never_shown_by_its_session_id(stack):
         (run,) = [r for r in httpx.get(f"http://127.0.0.1:{stack.ports.runtime}/status", headers=OPERATOR,
                                        params={"handle": handle}).json()["runs"]]
         http.delete(url, headers=headers)
-    assert re.fullmatch(r"mcp-[0-9a-f]{12}", run["caller"]), run["caller"]
+    assert re.fullmatch(r"raw-[0-9a-f]{12}", run["caller"]), run["caller"]  # its clientInfo name, and a mark
     runtime_page = httpx.get(f"http://127.0.0.1:{stack.ports.runtime}/status", headers=OPERATOR).text
     scheduler_page = httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status", headers=OPERATOR,
                                params={"runs": 1000}).text
