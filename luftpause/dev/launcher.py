@@ -16,7 +16,7 @@ process it started.
 
 Once the stack is up it prints its URLs and, per harness, the shell lines that connect
 it (``connect_lines``; the README's "Connect a client" shows them for the default ports,
-tests/e2e/test_connect.py runs them as printed with the real CLIs).
+tests/e2e/test_harness_banner.py runs them as printed with the real CLIs).
 """
 
 from __future__ import annotations
