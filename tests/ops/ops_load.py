@@ -43,13 +43,18 @@ async def _abandoned(client: httpx.AsyncClient, stack: Stack) -> float:
                                    "luftpause_scheduler_turns_abandoned_total")
 
 
-BURST = 8  # batch turns queued ahead of the one abandoned
+# Batch turns queued ahead of the one abandoned: far more than the engines take at once
+# (2 running each; the learned limit may be 3 or 4 a replica at that moment, having grown
+# at calm probes: with a burst of 8 that left fewer than WAITING held, and the wait for
+# them failed under load).
+BURST = 16
+WAITING = 4  # of them held when the abandoning turn is sent
 
 
 async def _abandon(stack: Stack) -> None:
     """A turn whose client gives up while the scheduler holds it. A burst of batch turns,
     each of a caller of its own, fills the engines (two running a replica, each reply
-    30 tokens of 15 ms); once half of them wait, one more of another new caller is sent:
+    30 tokens of 15 ms); once WAITING of them wait, one more of another new caller is sent:
     held turns of callers with nothing running go in arrival order, so it is held behind
     those still waiting, for at least one reply's time. Its client gives up once the
     scheduler shows it held."""
@@ -60,7 +65,7 @@ async def _abandon(stack: Stack) -> None:
                                            run=f"ahead-{k}")) for k in range(BURST)]
         try:
             async def waiting() -> bool:
-                return await _held_by_caller(client, stack, "ahead-") >= BURST // 2
+                return await _held_by_caller(client, stack, "ahead-") >= WAITING
 
             await eventually(waiting, what="the burst waiting for room")
             turn = asyncio.create_task(_turn(client, stack, 3000, caller="abandoning", service_class="batch",
