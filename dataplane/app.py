@@ -24,6 +24,7 @@ from luftpause.dataplane.suspects import Suspects
 from luftpause.dataplane.answers import MODEL_KINDS, model_list, probe_routes
 from luftpause.dataplane.dialects import ApiError, Dialect
 from luftpause.dataplane.engines import Engines
+from luftpause.dataplane.heap import trim_after_large_bodies
 from luftpause.keys import Keys, contradiction
 from luftpause.dataplane.link import SchedulerLink
 from luftpause.dataplane.metrics import DataplaneMetrics
@@ -199,7 +200,8 @@ async def _sweep_forever(app: web.Application) -> None:
 def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MAX_BODY_BYTES,
                keys: Keys | None = None, warm_up: bool = True,
                hold_tool_calls: bool = True) -> web.Application:
-    app = web.Application(middlewares=[origins.aiohttp_middleware(origins.AllowedHosts.from_env()), json_errors,
+    app = web.Application(middlewares=[trim_after_large_bodies,
+                                       origins.aiohttp_middleware(origins.AllowedHosts.from_env()), json_errors,
                                        bearer_auth], client_max_size=max_body_bytes)
     app[BOOK] = RunBook()
     app[SUSPECTS] = Suspects()

@@ -95,6 +95,12 @@ TOOL_CALL_MEMORY_S = 30 * 60
 TOOL_CALL_SWEEP_S = 60
 # Largest request body accepted (413 above it). Agent contexts are large; 32 MiB is ample.
 MAX_BODY_BYTES = 32 * 1024 * 1024
+# After a request that brought at least this many bytes the C heap is trimmed (dataplane/heap.py):
+# a body this large leaves megabytes the allocator would keep; an agent's turn is rarely
+# over 1 MiB (200k tokens of context are about 800 kB), so ordinary turns never cost a trim.
+TRIM_AFTER_BYTES = 1024 * 1024
+# ... this long after it ended: the requests of a burst ending within it share one trim.
+TRIM_DELAY_S = 1.0
 
 DEFAULT_PORT = 8080
 DEFAULT_SCHEDULER_ADDR = "127.0.0.1:5000"

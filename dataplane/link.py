@@ -169,6 +169,9 @@ class SchedulerLink:
             return await future
         finally:
             self._pending.pop(turn_id, None)
+            # A refusal's traceback holds this frame, which would hold the future holding the
+            # refusal: a reference cycle keeping the caller's frames (the turn's body) until collected.
+            del future
 
     def _send_admit(self, request: pb.AdmitRequest) -> None:
         self._out.items.add().admit.CopyFrom(request)

@@ -47,6 +47,14 @@ class EngineUnreachable(Exception):
         # itself may be why (dataplane/suspects.py). Not so for a refused connection.
         self.suspect = suspect or stalled
 
+    def kept(self) -> EngineUnreachable:
+        """This failure, to be kept past its ``except`` block (run_turn keeps the last):
+        without its traceback and the aiohttp error it was raised from, whose frames hold
+        the turn's locals (its request's bodies) and would hold them in a reference cycle
+        with the frame keeping it, until the garbage collector ran."""
+        self.__context__ = None
+        return self.with_traceback(None)
+
 
 def passed_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
     """The engine's response headers a client may rely on."""
@@ -107,8 +115,12 @@ async def _exchange(request: web.Request, turn: Turn, placement: Placement, watc
     run_header = {h.RUN_ID: turn.req.run_id, h.REPLICA: placement.replica}
     engines = request.app[ENGINES]
     dialect = turn.req.dialect
-    # A continuation is a chat completion whatever the replica serves natively.
-    translated = dialect is not None and (continuing is not None or dialect.name not in placement.native_apis)
+    # A continuation is a chat completion whatever the replica serves natively, and so is a
+    # turn sent again after its translation went to another replica (its own body is gone).
+    translated = dialect is not None and (continuing is not None or dialect.name not in placement.native_apis
+                                          or not turn.req.native)
+    if translated:
+        turn.req.native = b""  # the client's own body is not needed from here: one copy of the turn, not two
     if continuing is not None:
         turn.streaming = True  # the client holds the first part: never sent whole again
     try:
@@ -171,12 +183,26 @@ def _retry_after(upstream: aiohttp.ClientResponse) -> dict[str, str]:
 
 
 def _engine_problem(turn: Turn, replica: str, exc: BaseException, received: int = 0) -> str:
+    """What went wrong with the engine, in words; the error is done with then (_forget_frames)."""
+    _forget_frames(exc)
     watch = turn.watch
     if watch is None or not watch.stalled:
         return engine_error(replica, exc, received)
     if not watch.answered:
         return f"engine {replica}: no first byte within {watch.bound:.1f}s (its bound from recent first bytes there)"
     return f"engine {replica}: stream stalled, nothing for {watch.bound:.1f}s"
+
+
+def _forget_frames(exc: BaseException | None) -> None:
+    """Drop the tracebacks of an engine error and of the errors it was raised from: aiohttp's
+    connector (and aiohappyeyeballs under it) keeps the error it raises in a local of a frame
+    of its traceback, a reference cycle, and those frames hold the request's body (the
+    client's ``data``) until the garbage collector runs."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
 
 
 def _unreachable(turn: Turn, replica: str, exc: BaseException) -> EngineUnreachable:

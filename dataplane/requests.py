@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiohttp import web
 
@@ -15,7 +15,7 @@ from luftpause.dataplane.context import BOOK, DIALECT, TENANT, new_id
 from luftpause.dataplane.dialects import ApiError, Dialect, Translated, encode_json
 
 
-@dataclass(frozen=True)
+@dataclass
 class TurnRequest:
     body: bytes
     model: str
@@ -24,11 +24,17 @@ class TurnRequest:
     service_class: str
     caller: str
     # A dialect's turn: ``body`` is its chat-completions translation, ``native`` the
-    # client's own request (for a replica that serves the dialect's API itself).
+    # client's own request (for a replica that serves the dialect's API itself) until
+    # the translation goes to an engine (dataplane/proxy.py lets it go then).
     dialect: Dialect | None = None
-    translated: Translated | None = None
+    translated: Translated | None = None  # its context only: the translated document is ``body`` now
     native: bytes = b""
     session: bool = False  # the run is a harness's session (it ends when the session idles)
+
+    def release(self) -> None:
+        """The turn is over: its bodies go now, not when whatever still refers to this
+        request (a reference cycle through a kept exception's frames) is collected."""
+        self.body = self.native = b""
 
 
 def _identity_header(request: web.Request, name: str, limit: int) -> str:
@@ -63,9 +69,27 @@ async def json_request(request: web.Request) -> tuple[bytes, dict, str]:
     """The body, its JSON object and its model, or a 4xx."""
     if request.content_type != "application/json":
         raise ApiError(415, "Content-Type must be application/json")
-    body = await request.read()
+    body = await read_body(request)
     document, model = json_document(body)
     return body, document, model
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body, or a 413 past the application's ``client_max_size`` (at once when
+    Content-Length says so). Not ``request.read()``, which keeps the body on the request
+    as long as the request lives: a whole turn, and a dialect's turn needs it only until
+    its translation goes to an engine."""
+    limit = request.client_max_size
+    if limit and request.content_length is not None and request.content_length > limit:
+        raise web.HTTPRequestEntityTooLarge(limit, request.content_length)
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if limit and size > limit:
+            raise web.HTTPRequestEntityTooLarge(limit, size)
+        chunks.append(chunk)
+    return b"".join(chunks)  # (one chunk is returned as it is)
 
 
 def json_document(body: bytes) -> tuple[dict, str]:
@@ -192,5 +216,6 @@ async def parse_dialect_turn(request: web.Request, dialect: Dialect) -> TurnRequ
     if not named:
         _join_by_tool_calls(request, chat, caller)
     body = encode_json(chat)
+    # The translated document lives on as its encoding only: a turn keeps one copy of it.
     return TurnRequest(body, model, translated.stream, request["run_id"], service_class, caller, dialect,
-                       translated, native, session)
+                       replace(translated, chat={}), native, session)

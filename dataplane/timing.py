@@ -238,4 +238,7 @@ class Watchdog:
         self._handle = self._loop.call_at(due, self._check)
 
     def cancel(self) -> None:
+        """Stop watching, and let go of the turn (``on_silent``) and the task it guarded:
+        a turn keeps its watchdog, which would keep the turn in a reference cycle."""
         self._handle.cancel()
+        self._on_silent = self._timeout = None

@@ -141,7 +141,15 @@ async def run_turn(request: web.Request, req: TurnRequest) -> web.StreamResponse
     another replica: ENGINE_RETRY_ATTEMPTS within ENGINE_RETRY_WINDOW_S, then a 502 (a
     turn re-sent after a stall waits for its admission as long as a new one would). A
     request that stalled or dropped its engine is sent at most once more, and one that
-    did so on two replicas is not sent again for a while (dataplane/suspects.py)."""
+    did so on two replicas is not sent again for a while (dataplane/suspects.py).
+    When it returns or raises, the request's bodies are let go (TurnRequest.release)."""
+    try:
+        return await _run_turn(request, req)
+    finally:
+        req.release()
+
+
+async def _run_turn(request: web.Request, req: TurnRequest) -> web.StreamResponse:
     suspects = request.app[SUSPECTS]
     key = fingerprint(req.model, req.body) if suspects else None
     if key is not None and suspects.refused(key):
@@ -175,7 +183,7 @@ async def run_turn(request: web.Request, req: TurnRequest) -> web.StreamResponse
                 return await _continue(request, req, stall)
             except EngineUnreachable as exc:
                 turn.failed(exc.message)
-                failure = exc
+                failure = exc.kept()  # (no traceback: it would hold this frame, and so itself)
             except asyncio.CancelledError:
                 turn.failed("client disconnected")
                 raise

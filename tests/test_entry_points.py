@@ -44,6 +44,7 @@ DOCUMENTED = {
     "luftpause.loadgen.floor_proxy": ["--engine", "--port"],
     "luftpause.loadgen.grpc_transport_bench": ["--rounds", "GRPC_EXPERIMENTS"],
     "luftpause.loadgen.scheduler_bench": ["--events"],
+    "luftpause.loadgen.body_memory_bench": ["--size-mib", "--concurrency", "--cases", "--json"],
 }
 
 
