@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from luftpause.dev import stress
@@ -76,3 +78,37 @@ def test_bad_round_counts_are_refused(tmp_path: Path) -> None:
         assert exit.code == 2
     else:
         raise AssertionError("no rounds at all was accepted")
+
+
+def test_a_terminated_run_stops_its_round_and_what_the_round_started(tmp_path: Path) -> None:
+    # The suite stands in as a target that starts a long child and waits on it: stopping
+    # the run used to leave the round (pytest and its services) running on.
+    seconds = f"600.{os.getpid()}{time.monotonic_ns() % 10**6}"  # a sleep no other process runs
+    marker = re.escape(f"sleep {seconds}")
+    source = repository(tmp_path / "source", (
+        "test:\n"
+        f"\t@echo started > {tmp_path}/started; sleep {seconds}\n"))
+    run = subprocess.Popen([sys.executable, "-m", "luftpause.dev.stress", "--rounds", "1", "--hog-rounds", "0",
+                            "--source", str(source), "--logs", str(tmp_path / "logs")])
+    try:
+        for _ in range(600):  # bounded: the round starts within seconds (a clone and a make)
+            if (tmp_path / "started").exists() and subprocess.run(["pgrep", "-f", marker],
+                                                                  capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the round never started")
+        run.terminate()
+        assert run.wait(30) == 128 + 15
+        gone = False
+        for _ in range(300):
+            if subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0:
+                gone = True
+                break
+            time.sleep(0.1)
+        assert gone, "the round's child outlived the run"
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        subprocess.run(["pkill", "-f", marker])

@@ -15,6 +15,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -68,14 +69,45 @@ def summary_of(output: str) -> str:
 MAKE_VARIABLES = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
 
 
+# A round stopped early (the run was interrupted or terminated) is asked to stop as Ctrl-C
+# asks it (pytest then runs its fixtures' teardown, which stops the services a test
+# started), and killed with everything it started if it has not within this long.
+ROUND_STOP_S = 60.0
+
+
 def run_round(checkout: Path, log_file: Path, make: str) -> tuple[int, str, float]:
+    """``make test`` in its own process group: stopping the run stops the round too."""
     started = time.monotonic()
     env = {name: value for name, value in os.environ.items() if name not in MAKE_VARIABLES}
     with log_file.open("w") as out:
-        status = subprocess.run([make, "test"], cwd=checkout, stdout=out, stderr=subprocess.STDOUT,
-                                env=env).returncode
+        process = subprocess.Popen([make, "test"], cwd=checkout, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+        try:
+            status = process.wait()
+        finally:
+            if process.poll() is None:
+                _stop_group(process)
     took = time.monotonic() - started
     return status, summary_of(log_file.read_text(errors="replace")), took
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGINT)
+        process.wait(ROUND_STOP_S)
+    except subprocess.TimeoutExpired:
+        pass
+    except ProcessLookupError:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds: the round's group and the hogs are stopped on the way
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if make is None:
         parser.error("make is not on PATH")
     args.logs.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     plan = ["plain"] * args.rounds + ["hog"] * args.hog_rounds
     with tempfile.TemporaryDirectory(prefix="luftpause-stress-") as folder:
         checkout = fresh_clone(args.source.resolve(), Path(folder) / "luftpause")
