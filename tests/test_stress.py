@@ -99,7 +99,7 @@ def test_a_terminated_run_stops_its_round_and_what_the_round_started(tmp_path: P
         else:
             raise AssertionError("the round never started")
         run.terminate()
-        assert run.wait(30) == 128 + 15
+        assert run.wait(stress.ROUND_STOP_S + 30) == 128 + 15
         gone = False
         for _ in range(300):
             if subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0:

@@ -81,7 +81,7 @@ def run_round(checkout: Path, log_file: Path, make: str) -> tuple[int, str, floa
     env = {name: value for name, value in os.environ.items() if name not in MAKE_VARIABLES}
     with log_file.open("w") as out:
         process = subprocess.Popen([make, "test"], cwd=checkout, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)
+                                   start_new_session=True, preexec_fn=_hear_ctrl_c)
         try:
             status = process.wait()
         finally:
@@ -89,6 +89,12 @@ def run_round(checkout: Path, log_file: Path, make: str) -> tuple[int, str, floa
                 _stop_group(process)
     took = time.monotonic() - started
     return status, summary_of(log_file.read_text(errors="replace")), took
+
+
+def _hear_ctrl_c() -> None:
+    """In the round's process, before make starts: Ctrl-C's signal as by default, even
+    when this run was started in the background (where a shell ignores it for its jobs)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _stop_group(process: subprocess.Popen) -> None:
