@@ -75,13 +75,17 @@ def parse_key_identities(text: str, source: str = KEY_IDENTITIES_ENV) -> dict[st
     return out
 
 
-def api_key(headers: Mapping[str, str]) -> str:
-    """The client's API key: Anthropic's x-api-key, else an Authorization bearer token."""
+def presented_keys(headers: Mapping[str, str]) -> list[str]:
+    """The keys a request presents, in the order they count: Anthropic's x-api-key, then
+    an Authorization bearer token."""
+    keys = []
     key = headers.get("x-api-key", "").strip()
     if key:
-        return key
+        keys.append(key)
     authorization = headers.get("Authorization", "") or headers.get("authorization", "")
-    return authorization[7:].strip() if authorization[:7].lower() == "bearer " else ""
+    if authorization[:7].lower() == "bearer " and authorization[7:].strip():
+        keys.append(authorization[7:].strip())
+    return keys
 
 
 class Keys:
@@ -115,12 +119,10 @@ class Keys:
         """The tenant a request's headers authenticate: its x-api-key, else its bearer token."""
         if not self:
             return None
-        identity = self.identify(headers.get("x-api-key", "").strip())
-        if identity is not None:
-            return identity
-        authorization = headers.get("authorization", "")
-        if authorization[:7].lower() == "bearer ":
-            return self.identify(authorization[7:].strip())
+        for key in presented_keys(headers):
+            identity = self.identify(key)
+            if identity is not None:
+                return identity
         return None
 
     @classmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from luftpause.keys import KeyIdentitiesError, KeyIdentity, api_key, parse_key_identities
+from luftpause.keys import KeyIdentitiesError, KeyIdentity, parse_key_identities, presented_keys
 from luftpause.dataplane.runs import PAUSED, InFlightTurn, RunBook
 from luftpause.vocabulary import RUN_IDLE_TIMEOUT_S
 
@@ -48,6 +48,6 @@ def test_malformed_key_identities_are_refused(text):
 
 
 def test_the_api_key_is_x_api_key_else_the_bearer_token():
-    assert api_key({"x-api-key": "sk-1", "Authorization": "Bearer other"}) == "sk-1"
-    assert api_key({"Authorization": "Bearer sk-2"}) == "sk-2"
-    assert api_key({}) == ""
+    assert presented_keys({"x-api-key": "sk-1", "Authorization": "Bearer other"})[0] == "sk-1"
+    assert presented_keys({"Authorization": "Bearer sk-2"}) == ["sk-2"]
+    assert presented_keys({}) == []
