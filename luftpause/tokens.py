@@ -57,8 +57,9 @@ class BearerGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(self._protected):
-            headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
-            tenant = self._keys.of_request(headers)
+            headers = {name.decode("latin-1").lower(): value.decode("latin-1")
+                       for name, value in scope["headers"]} if self._keys else {}
+            tenant = self._keys.of_request(headers)  # (None without tenant keys: nothing read)
             if tenant is not None:
                 refused = contradiction(tenant, headers)
                 if refused is not None:
