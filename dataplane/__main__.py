@@ -14,6 +14,7 @@ from luftpause.options import env_option
 from luftpause.eventloop import run_event_loop, stop_signalled
 from luftpause.dataplane.app import create_app
 from luftpause.dataplane.constants import DEFAULT_PORT, DEFAULT_SCHEDULER_ADDR, MAX_BODY_BYTES
+from luftpause.dataplane.runs import session_idle_option
 from luftpause.keys import KEY_IDENTITIES_HELP, KeyIdentitiesError, Keys
 
 TOOL_CALLS = ("whole", "live")
@@ -42,6 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                "deltas held and sent together once the calls are complete (a stream that stalls inside or "
                "between calls can be continued on another replica); 'live', passed on as they come (a stall "
                "inside a call breaks the stream off)", choices=TOOL_CALLS)
+    session_idle_option(parser)
     return parser.parse_args(argv)
 
 
@@ -50,7 +52,8 @@ async def serve(args: argparse.Namespace, log) -> None:
     if not token:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set: every client is accepted")
     app = create_app(args.scheduler, token, log, args.max_body_bytes, args.keys,
-                     warm_up=args.messages_warm_up == "on", hold_tool_calls=args.tool_calls == "whole")
+                     warm_up=args.messages_warm_up == "on", hold_tool_calls=args.tool_calls == "whole",
+                     session_done_idle_s=args.harness_session_idle)
     # handler_cancellation: a client that disconnects cancels its handler, which
     # abandons a held turn or closes the engine request.
     runner = JsonErrorsRunner(app, access_log=None, handler_cancellation=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from opentelemetry.trace import SpanKind
 
 from luftpause import vocabulary as h
 from luftpause import auth, origins, tracing
-from luftpause.dataplane.constants import MAX_BODY_BYTES, TOOL_CALL_SWEEP_S
+from luftpause.dataplane.constants import MAX_BODY_BYTES, SESSION_DONE_IDLE_S
 from luftpause.dataplane.context import (BOOK, DIALECT, ENGINES, HOLD_TOOL_CALLS, KEYS, LINK, LOG, METRICS, TENANT,
                                          SUSPECTS, TOKEN, TRACER, error_response, new_id)
 from luftpause.dataplane.suspects import Suspects
@@ -167,6 +168,24 @@ async def delete_run(request: web.Request) -> web.Response:
     return web.json_response({"id": run_id, "deleted": True}, headers={h.RUN_ID: run_id})
 
 
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+async def run_by_task(request: web.Request) -> web.Response:
+    """Which run handed out this task in a tool call (the hex SHA-256 of the task's UTF-8):
+    luftpause's runtime asks when a harness spawns a sub-agent, so the sub-agent's tree
+    starts at the harness's run. 404 when no run still known did (within the tool_call
+    memory) or, to a tenant, when it was another caller's."""
+    digest = request.match_info["digest"]
+    if not _DIGEST.fullmatch(digest):
+        raise ApiError(400, "the task digest must be 64 lowercase hex digits (SHA-256 of the task's UTF-8)")
+    record = request.app[BOOK].run_for_task(digest, time.monotonic())
+    tenant = request.get(TENANT)
+    if record is None or (tenant is not None and record.caller != tenant.caller):
+        raise ApiError(404, "no run known here handed out that task", "not_found_error")
+    return web.json_response({"run_id": record.run_id, "caller": record.caller, "class": record.service_class})
+
+
 async def list_models(request: web.Request) -> web.Response:
     """The pool's generative models; ``?kind=one-pass`` (or ``all``) lists classifiers."""
     kinds = MODEL_KINDS.get(request.query.get("kind", "generative"))
@@ -184,8 +203,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def sweep(app: web.Application, now: float) -> None:
-    """Forget idle runs and stale tool_call ids; a harness session idle past the run
-    timeout is over: the scheduler is told at once, as by DELETE /v1/runs/{id}."""
+    """Forget idle runs and stale tool_call ids; a harness session that is over (RunBook.sweep)
+    is told to the scheduler at once, as by DELETE /v1/runs/{id}."""
     for run_id in app[BOOK].sweep(now):
         app[LINK].report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
         app[LOG].info("session_run_ended", run=run_id, reason="idle")
@@ -193,17 +212,17 @@ def sweep(app: web.Application, now: float) -> None:
 
 async def _sweep_forever(app: web.Application) -> None:
     while True:
-        await asyncio.sleep(TOOL_CALL_SWEEP_S)
+        await asyncio.sleep(app[BOOK].sweep_period_s)
         sweep(app, time.monotonic())
 
 
 def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MAX_BODY_BYTES,
                keys: Keys | None = None, warm_up: bool = True,
-               hold_tool_calls: bool = True) -> web.Application:
+               hold_tool_calls: bool = True, session_done_idle_s: float = SESSION_DONE_IDLE_S) -> web.Application:
     app = web.Application(middlewares=[trim_after_large_bodies,
                                        origins.aiohttp_middleware(origins.AllowedHosts.from_env()), json_errors,
                                        bearer_auth], client_max_size=max_body_bytes)
-    app[BOOK] = RunBook()
+    app[BOOK] = RunBook(session_done_idle_s)
     app[SUSPECTS] = Suspects()
     app[TOKEN] = token
     app[LOG] = log
@@ -235,6 +254,7 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
         web.post("/v1/responses", functools.partial(dialect_turn, dialect=ResponsesDialect(log))),
         web.post("/v1/decide", decide),
         web.delete("/v1/runs/{run_id}", delete_run),
+        web.get("/v1/runs/by-task/{digest}", run_by_task),
         web.get("/v1/models", list_models),
         # Ready once the Connect stream to the scheduler is up (turns can be admitted).
         *probe_routes(lambda: app[LINK].synced),

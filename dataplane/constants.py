@@ -13,8 +13,9 @@ STALE_CONNECTION_RETRIES = 2
 # is admitted again (its run idle, so it may move to another replica): at most this many
 # attempts in all, the first retry after ENGINE_RETRY_DELAY_S (doubling), none started
 # later than ENGINE_RETRY_WINDOW_S after the first failure (a turn re-sent after its
-# replica stalled waits for admission like a new turn: the scheduler already took that
-# replica out of rotation). Longer outages are the client's to retry (the runtime does,
+# replica stalled goes at once, having waited out a whole first-byte bound, and waits
+# for admission like a new turn: the scheduler already took that replica out of
+# rotation). Longer outages are the client's to retry (the runtime does,
 # marked by the ENGINE_FAILURE header on the 502).
 ENGINE_RETRY_ATTEMPTS = 3
 ENGINE_RETRY_DELAY_S = 0.1
@@ -93,6 +94,13 @@ SCHEDULER_RECONNECT_MAX_S = 0.5
 # tool_call ids an engine produced identify their run when an agent sends them back.
 TOOL_CALL_MEMORY_S = 30 * 60
 TOOL_CALL_SWEEP_S = 60
+# A harness session (a run named by a session header) whose last turn answered, with no
+# tool call pending, is over after this long without a turn: the scheduler is told (the
+# run leaves its view) as by DELETE /v1/runs/{id}. Its affinity already ended with the
+# answer (a run idle on its user is not pinned); what goes is the run's record. A user
+# who comes back later opens the run again under the same id. Paused sessions (a tool
+# running) wait the whole run timeout. Set per dataplane: --harness-session-idle.
+SESSION_DONE_IDLE_S = 120.0
 # Largest request body accepted (413 above it). Agent contexts are large; 32 MiB is ample.
 MAX_BODY_BYTES = 32 * 1024 * 1024
 # After a request that brought at least this many bytes the C heap is trimmed (dataplane/heap.py):

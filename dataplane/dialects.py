@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from luftpause.dataplane.observe import CallTasks
+
 
 class ApiError(Exception):
     """A request the dataplane answers with an error: ``status`` and a message for the client.
@@ -61,6 +63,7 @@ class Observer(Protocol):
     usage_seen: bool
     done: bool
     tool_call_ids: list[str]
+    call_tasks: CallTasks  # the task argument of its tool calls (observe.CallTasks)
 
     def feed_sse(self, chunk: bytes) -> bool: ...
 

@@ -277,8 +277,13 @@ class NativeObserver(TurnObserver):
             block = data.get("content_block") or {}
             if block.get("type") == "tool_use" and block.get("id"):
                 self.tool_call_ids.append(block["id"])
+                if block.get("input"):
+                    self.call_tasks.add(data.get("index"), block["input"])
             self.first_token = True
         elif kind == "content_block_delta":
+            delta = data.get("delta") or {}
+            if delta.get("type") == "input_json_delta":
+                self.call_tasks.add(data.get("index"), delta.get("partial_json"))
             self.first_token = True
         elif kind == "message_delta":
             reason = (data.get("delta") or {}).get("stop_reason")
@@ -303,9 +308,10 @@ class NativeObserver(TurnObserver):
     def observe_body(self, body: bytes) -> None:
         try:
             document = json.loads(body)
-            for block in document.get("content") or []:
+            for position, block in enumerate(document.get("content") or []):
                 if block.get("type") == "tool_use" and block.get("id"):
                     self.tool_call_ids.append(block["id"])
+                    self.call_tasks.add(position, block.get("input"))
             self.finish_reason = FINISH_REASONS.get(document.get("stop_reason") or "end_turn", "stop")
             self._observe_anthropic_usage(document.get("usage"))
         except (ValueError, TypeError, AttributeError):

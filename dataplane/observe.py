@@ -1,10 +1,11 @@
 """Watch an engine's reply go by without touching the bytes the client receives:
-first token, usage, finish reason and new tool_call ids."""
+first token, usage, finish reason, new tool_call ids and the tasks its tool calls hand out."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 
@@ -24,6 +25,38 @@ _VALUE_AFTER_KEY = re.compile(rb"\s*:\s*")
 _DECODER = json.JSONDecoder()
 
 
+class CallTasks:
+    """The ``task`` argument of each tool call in a reply, whatever the tool is called:
+    a harness that hands a task to luftpause's runtime (its ``spawn`` or ``run`` tool, named
+    ``mcp__luftpause__spawn`` by Claude Code, ``luftpause_spawn`` by opencode, ...) made the
+    call in this reply, so the runtime can find the harness's run from the task alone
+    (RunBook.run_for_task). Arguments arrive whole or in streamed pieces, by call."""
+
+    def __init__(self) -> None:
+        self._pieces: defaultdict[object, list[str]] = defaultdict(list)
+
+    def add(self, call: object, arguments: object) -> None:
+        """A call's arguments, or the next piece of them (a string of JSON, or an object)."""
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments)
+        if isinstance(arguments, str) and arguments:
+            self._pieces[call].append(arguments)
+
+    def tasks(self) -> list[str]:
+        found = []
+        for pieces in self._pieces.values():
+            text = "".join(pieces)
+            if '"task"' not in text:
+                continue
+            try:
+                arguments = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(arguments, dict) and isinstance(arguments.get("task"), str) and arguments["task"]:
+                found.append(arguments["task"])
+        return found
+
+
 @dataclass
 class TurnObserver:
     first_token: bool = False
@@ -34,6 +67,7 @@ class TurnObserver:
     usage_seen: bool = False
     done: bool = False  # the stream ended with [DONE] (or a whole body arrived)
     tool_call_ids: list[str] = field(default_factory=list)
+    call_tasks: CallTasks = field(default_factory=CallTasks)
     _partial: bytes = b""
 
     def whole_lines(self, chunk: bytes) -> list[bytes]:
@@ -110,10 +144,12 @@ class TurnObserver:
         tool_calls = message.get("tool_calls") or []
         if message.get("content") or message.get("reasoning_content") or tool_calls:
             self.first_token = True
-        for call in tool_calls:
+        for position, call in enumerate(tool_calls):
             call_id = call.get("id")
             if call_id and call_id not in self.tool_call_ids:
                 self.tool_call_ids.append(call_id)
+            # streamed: pieces by the call's index; whole: one per position
+            self.call_tasks.add(call.get("index", position), (call.get("function") or {}).get("arguments"))
         if finish_reason:
             self.finish_reason = finish_reason
 

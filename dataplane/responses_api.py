@@ -32,6 +32,7 @@ import json
 from typing import Any
 
 from luftpause.dataplane.dialects import ApiError, Translated
+from luftpause.dataplane.observe import CallTasks
 from luftpause.dataplane.responses_reply import EventTranslator, ResponseShell, SseData
 from luftpause.dataplane.responses_request import ResponsesError, error_body, error_kind, to_chat
 
@@ -49,6 +50,7 @@ class ResponsesObserver:
         self.usage_seen = False
         self.done = False
         self.tool_call_ids: list[str] = []
+        self.call_tasks = CallTasks()
         self._sse = SseData()
 
     def feed_sse(self, chunk: bytes) -> bool:
@@ -82,6 +84,7 @@ class ResponsesObserver:
             if isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call") and \
                     item.get("call_id"):
                 self.tool_call_ids.append(str(item["call_id"]))
+                self.call_tasks.add(item["call_id"], item.get("arguments") or item.get("input"))
             if isinstance(item, dict) and item.get("type") in ("message", "function_call", "custom_tool_call",
                                                                "reasoning"):
                 self.first_token = True

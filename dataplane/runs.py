@@ -3,12 +3,29 @@ returned tool_call id belongs to."""
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 from dataclasses import dataclass
 
-from luftpause.dataplane.constants import TOOL_CALL_MEMORY_S
+from luftpause.dataplane.constants import SESSION_DONE_IDLE_S, TOOL_CALL_MEMORY_S, TOOL_CALL_SWEEP_S
+from luftpause.options import env_option, positive_float
 from luftpause.vocabulary import RUN_IDLE_TIMEOUT_S
 
 IDLE, GENERATING, PAUSED = "idle", "generating", "paused"
+
+
+def session_idle_option(parser: argparse.ArgumentParser) -> None:
+    """--harness-session-idle, for every front door that keeps a RunBook (dataplane, picker)."""
+    env_option(parser, "--harness-session-idle", "LUFTPAUSE_HARNESS_SESSION_IDLE_S", SESSION_DONE_IDLE_S,
+               "seconds after which a harness session (a run named by a session header) whose last turn "
+               "answered is over: its run leaves the scheduler (a session paused on a tool call waits the "
+               f"run timeout, {RUN_IDLE_TIMEOUT_S // 60} minutes); its next turn opens it again",
+               kind=positive_float)
+
+
+def task_digest(task: str) -> str:
+    """How a task is named when the runtime asks whose it was: the hex SHA-256 of its UTF-8."""
+    return hashlib.sha256(task.encode()).hexdigest()
 
 
 @dataclass
@@ -34,10 +51,12 @@ class InFlightTurn:
 class RunBook:
     """Mutable on purpose: this is the shell, touched only from the event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, session_done_idle_s: float = SESSION_DONE_IDLE_S) -> None:
+        self.session_done_idle_s = session_done_idle_s
         self.runs: dict[str, RunRecord] = {}
         self.turns: dict[str, InFlightTurn] = {}
         self._tool_calls: dict[str, tuple[str, float]] = {}  # tool_call id -> (run id, seen at)
+        self._tasks: dict[str, tuple[str, float]] = {}  # task_digest(a tool call's task) -> (run id, seen at)
         self.sessions: set[str] = set()  # runs named by a harness's session header
 
     def run_for_tool_calls(self, tool_call_ids: list[str], now: float) -> str | None:
@@ -50,6 +69,19 @@ class RunBook:
     def remember_tool_calls(self, run_id: str, tool_call_ids: list[str], now: float) -> None:
         for call_id in tool_call_ids:
             self._tool_calls[call_id] = (run_id, now)
+
+    def remember_tasks(self, run_id: str, tasks: list[str], now: float) -> None:
+        """The run's reply handed out these tasks in tool calls (observe.CallTasks)."""
+        for task in tasks:
+            self._tasks[task_digest(task)] = (run_id, now)
+
+    def run_for_task(self, digest: str, now: float) -> RunRecord | None:
+        """The run whose reply most recently handed out the task with this digest (as
+        recently as tool_call ids are remembered), if this dataplane still knows it."""
+        entry = self._tasks.get(digest)
+        if entry is None or now - entry[1] >= TOOL_CALL_MEMORY_S:
+            return None
+        return self.runs.get(entry[0])
 
     def touch(self, run_id: str, service_class: str, caller: str, now: float) -> RunRecord:
         record = self.runs.get(run_id)
@@ -79,16 +111,34 @@ class RunBook:
         self.runs.pop(run_id, None)
         self.sessions.discard(run_id)
 
+    @property
+    def sweep_period_s(self) -> float:
+        """How often sweep() runs: often enough that a finished session ends within half
+        its idle window more."""
+        return min(TOOL_CALL_SWEEP_S, self.session_done_idle_s / 2)
+
     def sweep(self, now: float) -> list[str]:
-        """Drop idle runs and stale tool_call ids; the harness sessions among the dropped
-        runs, which are over."""
+        """Drop idle runs and stale tool_call ids; return the harness sessions that are
+        over: idle past the run timeout, or past ``session_done_idle_s`` after a turn that
+        answered (a finished ``claude -p``, a closed Codex thread, a user who walked away).
+        A session paused on a tool call keeps its run for the whole run timeout (tools may
+        take long). An answered session's record stays until the run timeout so its caller
+        keeps the name (a tenant's session id is not another's to take); its next turn opens
+        the run again on the scheduler."""
         busy = {t.run_id for t in self.turns.values()}
         ended = []
-        for run_id in [r for r, rec in self.runs.items() if r not in busy and now - rec.last_seen >= RUN_IDLE_TIMEOUT_S]:
-            del self.runs[run_id]
+        for run_id, record in list(self.runs.items()):
+            if run_id in busy:
+                continue
+            idle = now - record.last_seen
+            if idle >= RUN_IDLE_TIMEOUT_S:
+                del self.runs[run_id]
+            elif not (record.stage == IDLE and idle >= self.session_done_idle_s):
+                continue
             if run_id in self.sessions:
                 self.sessions.discard(run_id)
                 ended.append(run_id)
-        for call_id in [c for c, (_, seen) in self._tool_calls.items() if now - seen >= TOOL_CALL_MEMORY_S]:
-            del self._tool_calls[call_id]
+        for memory in (self._tool_calls, self._tasks):
+            for key in [k for k, (_, seen) in memory.items() if now - seen >= TOOL_CALL_MEMORY_S]:
+                del memory[key]
         return ended

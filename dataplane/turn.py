@@ -117,6 +117,7 @@ class Turn:
                                   "luftpause.cached_tokens": observer.cached_tokens})
         now = time.monotonic()
         self.book.remember_tool_calls(self.req.run_id, observer.tool_call_ids, now)
+        self.book.remember_tasks(self.req.run_id, observer.call_tasks.tasks(), now)
         self.book.turn_ended(self.turn_id, PAUSED if reason == "tool_calls" else IDLE, now)
         self.event(finished=pb.TurnFinished(finish_reason=reason, tool_call_ids=observer.tool_call_ids))
         self.release()

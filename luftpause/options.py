@@ -31,3 +31,11 @@ def env_option(parser: argparse.ArgumentParser, flag: str, env_name: str, defaul
             parser.error(f"{env_name}={raw!r}: choose from {', '.join(map(str, choices))}")
     parser.add_argument(flag, type=kind, default=kind(value) if raw is None else value,
                         help=f"{text} (env {env_name}, default %(default)s)", **extra)
+
+
+def positive_float(raw: Any) -> float:
+    """An option's kind for durations and the like: a number above zero."""
+    value = float(raw)
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number above 0, not {raw!r}")
+    return value

@@ -61,6 +61,10 @@ TURN_RETRY_WINDOW_S = 30.0
 
 # Telling the dataplane a run ended is best effort; it must not hold a run open.
 RUN_END_NOTICE_TIMEOUT_S = 5.0
+# A spawn without a parent asks the dataplane which harness run handed out its task (the
+# run tree starts at the harness); a dataplane that does not answer by then costs the link,
+# not the spawn.
+HARNESS_LOOKUP_TIMEOUT_S = 1.0
 
 # Upstream MCP tool servers: one tool call may be slow (deep_search, Wikipedia with
 # retries), but not forever.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import hashlib
 import ssl
 import time
 from dataclasses import dataclass
@@ -209,6 +210,24 @@ class DataplaneClient:
             return
         if response.status_code >= 400:
             log.info("run_end_notice_refused", run=handle, status=response.status_code)
+
+    async def run_of_task(self, task: str) -> dict[str, str] | None:
+        """The dataplane's run whose reply handed out ``task`` in a tool call, as
+        ``{"run_id", "caller", "class"}`` (a harness spawning a sub-agent: its session's
+        run); None when none did, or the dataplane cannot say. Asks at most
+        HARNESS_LOOKUP_TIMEOUT_S; peer routers in its place know no runs."""
+        if self._peer_identity != "none":
+            return None
+        digest = hashlib.sha256(task.encode()).hexdigest()
+        try:
+            response = await self._http.get(f"/v1/runs/by-task/{digest}", timeout=constants.HARNESS_LOOKUP_TIMEOUT_S)
+            found = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            log.info("harness_lookup_failed", error=repr(exc))
+            return None
+        if not isinstance(found, dict) or not isinstance(found.get("run_id"), str):
+            return None
+        return {key: str(found.get(key) or "") for key in ("run_id", "caller", "class")}
 
     async def default_model(self) -> str:
         """LUFTPAUSE_DEFAULT_MODEL, else the first model the dataplane lists (asked once)."""

@@ -14,6 +14,7 @@ import functools
 import inspect
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Annotated, Any, Literal, ParamSpec, TypeVar
 
 from mcp import MCPError
@@ -156,6 +157,7 @@ class StatusRecord(TypedDict):
     status: RunStatusName
     activity: str | None
     parent: str | None
+    harnessRun: str | None  # the harness session's run (proxy run id) that spawned it, if known
     children: list[str]
     task: str
     model: str | None
@@ -275,6 +277,14 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Key
 
     def principal(ctx: Context) -> Principal:
         return principal_of_context(ctx, keys)
+
+    async def harness_run(task: str, asking: Principal) -> str | None:
+        """The harness session whose reply handed out this task (the dataplane saw the tool
+        call go by): a tenant's own only."""
+        found = await runtime.dataplane.run_of_task(task)
+        if found is None or (asking.tenant and found["caller"] != asking.caller):
+            return None
+        return found["run_id"]
     read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
     # A sub-agent calls the upstream tools (open world); starting one changes nothing existing.
     starts_runs = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
@@ -318,6 +328,8 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Key
         asking = principal(ctx)
         if spec.parent is not None and spec.parent in runtime.runs:
             asking.get(runtime.runs, spec.parent)  # another caller's parent is unknown to a tenant
+        elif spec.parent is None:
+            spec = replace(spec, harness_run=await harness_run(spec.task, asking))
         run = await runtime.spawn(checked_spec(spec), asking.caller)
         return {"handle": run.handle, "status": run.status.value}
 

@@ -91,6 +91,9 @@ class RunSpec:
     budget_seconds: float | None = None
     approve_tools: tuple[str, ...] = ()
     temperature: float | None = None  # None = the engine's default sampling
+    # The proxy's run (a harness session) whose reply handed out this task, when a harness
+    # spawned it through MCP: the root of its tree (a sub-agent's parent is a run handle).
+    harness_run: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -234,6 +237,7 @@ class Run:
             budget, pending_approval,
             activity=None if self.status.finished else self.activity,
             parent=self.parent,
+            harnessRun=self.spec.harness_run,
             children=list(self.children),
             task=self.spec.task,
             model=self.model or self.spec.model,

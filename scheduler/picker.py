@@ -30,11 +30,10 @@ from luftpause.aiohttp_server import JsonErrorsRunner
 from luftpause.options import env_option
 from luftpause.prom import Children, metrics_response
 from luftpause.dataplane.answers import probe_routes
-from luftpause.dataplane.constants import TOOL_CALL_SWEEP_S
 from luftpause.eventloop import run_event_loop, stop_signalled
 from luftpause.grpc_env import EXCLUSIVE_PORT
 from luftpause.dataplane.link import Placement, SchedulerLink
-from luftpause.dataplane.runs import RunBook
+from luftpause.dataplane.runs import RunBook, session_idle_option
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.scheduler.envoy import EXT_PROC_SERVICE, endpoint_key
 from luftpause.scheduler import extproc
@@ -197,6 +196,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                "shed load: a batch turn held this many seconds is given up and answered 429 with Retry-After "
                "(0: it waits as long as it takes)", kind=float)
     env_option(parser, "--scheduler", "LUFTPAUSE_SCHEDULER_ADDR", "127.0.0.1:5000", "scheduler gRPC address")
+    session_idle_option(parser)
     return parser.parse_args(argv)
 
 
@@ -204,7 +204,7 @@ async def serve(args: argparse.Namespace, log) -> None:
     token = os.environ.get("LUFTPAUSE_TOKEN", "")
     if not token:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set: every client is accepted")
-    book = RunBook()
+    book = RunBook(args.harness_session_idle)
     link = SchedulerLink(args.scheduler, book, log, token or None)
     if args.shed_batch_held < 0 or args.shed_batch_wait < 0:
         raise SystemExit("--shed-batch-held and --shed-batch-wait must be 0 (off) or more")
@@ -234,10 +234,10 @@ async def serve(args: argparse.Namespace, log) -> None:
 
 
 async def _sweep_forever(book: RunBook, link: SchedulerLink, log) -> None:
-    """Forget idle runs and stale tool_call ids; a harness session idle past the run
-    timeout is over: the scheduler is told at once, as the dataplane tells it."""
+    """Forget idle runs and stale tool_call ids; a harness session that is over
+    (RunBook.sweep) is told to the scheduler at once, as the dataplane tells it."""
     while True:
-        await asyncio.sleep(TOOL_CALL_SWEEP_S)
+        await asyncio.sleep(book.sweep_period_s)
         for run_id in book.sweep(time.monotonic()):
             link.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
             log.info("session_run_ended", run=run_id, reason="idle")

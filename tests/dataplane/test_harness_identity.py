@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from luftpause.keys import KeyIdentitiesError, KeyIdentity, parse_key_identities, presented_keys
-from luftpause.dataplane.runs import PAUSED, InFlightTurn, RunBook
+from luftpause.dataplane.constants import TOOL_CALL_SWEEP_S
+from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
 from luftpause.vocabulary import RUN_IDLE_TIMEOUT_S
 
 
@@ -23,6 +24,35 @@ def test_a_harness_session_idle_past_the_run_timeout_is_over_and_only_it():
     assert book.sweep(10.0 + RUN_IDLE_TIMEOUT_S - 1) == []
     assert book.sweep(10.0 + RUN_IDLE_TIMEOUT_S) == ["session-1"]  # the plain run is dropped, not ended
     assert book.runs == {} and book.sessions == set()
+
+
+def test_a_session_whose_last_turn_answered_is_over_after_the_short_window_a_paused_one_is_not():
+    book = RunBook(session_done_idle_s=120.0)
+    for run_id in ("answered", "paused", "plain-answered"):
+        _turn(book, f"t-{run_id}", run_id, 0.0)
+    book.mark_session("answered")
+    book.mark_session("paused")
+    book.turn_ended("t-answered", IDLE, 10.0)
+    book.turn_ended("t-paused", PAUSED, 10.0)
+    book.turn_ended("t-plain-answered", IDLE, 10.0)
+    assert book.sweep(129.0) == []
+    assert book.sweep(130.0) == ["answered"]  # only the answered harness session, and once
+    assert book.sweep(131.0) == []
+    # its record stays (its caller keeps the name) until the run timeout; the others too
+    assert set(book.runs) == {"answered", "paused", "plain-answered"}
+    # the user comes back: the same run, a session again, over again after another quiet window
+    _turn(book, "t2", "answered", 500.0)
+    book.mark_session("answered")
+    book.turn_ended("t2", IDLE, 501.0)
+    assert book.sweep(620.0) == []
+    assert book.sweep(621.0) == ["answered"]
+    assert book.sweep(10.0 + RUN_IDLE_TIMEOUT_S) == ["paused"]
+    assert set(book.runs) == {"answered"}  # seen at 501: its run timeout is later
+
+
+def test_the_sweep_comes_often_enough_for_a_short_session_window():
+    assert RunBook(session_done_idle_s=1.0).sweep_period_s == 0.5
+    assert RunBook().sweep_period_s == TOOL_CALL_SWEEP_S
 
 
 def test_a_session_with_a_turn_in_flight_is_not_over():

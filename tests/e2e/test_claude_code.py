@@ -195,3 +195,7 @@ def test_claude_code_with_the_luftpause_mcp_runtime_spawns_sub_agents(stack, cla
     assert len({t["replica"] for t in turns[session]}) == 1 and len(turns[session]) == len(calls) + 1
     sub_agents = {r["handle"] for r in records}
     assert sub_agents <= set(turns) - before - {session}  # the sub-agents' turns went through the dataplane too
+    # and their tree starts at the session's run: the runtime found it by the task handed out
+    shown = httpx.get(f"http://127.0.0.1:{stack.ports.runtime}/status",
+                      params=[("handle", h) for h in sorted(sub_agents)]).json()["runs"]
+    assert {r["handle"]: r["harnessRun"] for r in shown} == dict.fromkeys(sub_agents, session)

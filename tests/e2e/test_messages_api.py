@@ -282,46 +282,62 @@ async def test_an_engine_serving_the_messages_api_gets_the_request_unchanged(mak
         await runner.cleanup()
 
 
-async def test_a_harness_session_idle_past_the_run_timeout_ends_its_run_on_the_scheduler(make_stack):
+async def test_a_harness_session_ends_its_run_on_the_scheduler_soon_after_its_answer_or_idle_past_the_timeout(
+        make_stack):
     """A Claude Code session (Messages) and an opencode one (chat completions, x-session-id)
-    end alike. The dataplane runs in this process (to move its sweep's clock), against the
-    stack's real scheduler and engines."""
+    that answered leave the scheduler's runs after the dataplane's --session-idle (1 s
+    here), and come back under the same id with their next turn; a session paused on a tool
+    call stays until the run timeout. The dataplane runs in this process (to move its sweep's
+    clock for the timeout), against the stack's real scheduler and engines."""
     import structlog
 
     from luftpause.dataplane import app as dataplane_app
     from luftpause.vocabulary import RUN_IDLE_TIMEOUT_S
 
     stack = await asyncio.to_thread(make_stack, without=NO_RUNTIME | {"dataplane"})
-    app = dataplane_app.create_app(f"127.0.0.1:{stack.ports.scheduler_grpc}", "", structlog.get_logger())
+    app = dataplane_app.create_app(f"127.0.0.1:{stack.ports.scheduler_grpc}", "", structlog.get_logger(),
+                                   session_done_idle_s=1.0)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
+    lookup = {"name": "lookup", "input_schema": {"type": "object", "properties": {"q": {"type": "string"}},
+                                                 "required": ["q"]}}
     try:
         await eventually(lambda: app[dataplane_app.LINK].synced, what="the dataplane synced")
         async with httpx.AsyncClient(timeout=30) as http:
-            for session in ("session-idle", "session-busy"):
+            async def messages(session: str, **extra) -> dict:
                 reply = await http.post(f"http://127.0.0.1:{port}/v1/messages", headers={
                     "X-Claude-Code-Session-Id": session}, json={"model": MODEL, "max_tokens": 16, "messages": [
-                        {"role": "user", "content": "hello"}]})
+                        {"role": "user", "content": "hello"}], **extra})
                 assert reply.status_code == 200 and reply.headers[h.RUN_ID] == session
+                return reply.json()
+
+            assert (await messages("session-paused", tools=[lookup]))["stop_reason"] == "tool_use"
+            assert (await messages("session-answered"))["stop_reason"] == "end_turn"
             reply = await http.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers={
-                "x-session-id": "ses_idle_chat"}, json={"model": MODEL, "messages": [
+                "x-session-id": "ses_answered_chat"}, json={"model": MODEL, "messages": [
                     {"role": "user", "content": "hello"}]})
-            assert reply.status_code == 200 and reply.headers[h.RUN_ID] == "ses_idle_chat"
+            assert reply.status_code == 200 and reply.headers[h.RUN_ID] == "ses_answered_chat"
 
-        def runs() -> int:
-            return sum(g["count"] for g in status(stack)["runs"])
+            def listed() -> set[str]:
+                page = httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status?runs=100").json()
+                return {run["run_id"] for run in page["run_page"]["runs"]}
 
-        await eventually(lambda: asyncio.to_thread(lambda: runs() == 3), what="3 runs")
+            async def shows(*runs: str) -> bool:
+                return await asyncio.to_thread(listed) == set(runs)
+
+            await eventually(lambda: shows("session-paused"), what="the answered sessions gone")
+            await messages("session-answered")  # its user comes back: the same run, on the scheduler again
+            assert await asyncio.to_thread(listed) >= {"session-paused", "session-answered"}
+            await eventually(lambda: shows("session-paused"), what="gone again after its answer")
+
         book = app[dataplane_app.BOOK]
         await eventually(lambda: not book.turns, what="no turn in flight")  # a run with one is never idle
-        book.runs["session-busy"].last_seen += 60  # seen a minute later: not idle long enough yet
-        book.runs["ses_idle_chat"].last_seen = book.runs["session-idle"].last_seen
-        # a second past the idle ones' timeout (exactly at it, float rounding may leave it short)
-        dataplane_app.sweep(app, book.runs["session-idle"].last_seen + RUN_IDLE_TIMEOUT_S + 1)
+        # a second past the paused one's run timeout (exactly at it, float rounding may leave it short)
+        dataplane_app.sweep(app, book.runs["session-paused"].last_seen + RUN_IDLE_TIMEOUT_S + 1)
         # told at once, not after its own timeout (RUN_IDLE_TIMEOUT_S, far longer than WAIT_S)
-        await eventually(lambda: asyncio.to_thread(lambda: runs() == 1), what="1 run")
-        assert set(book.runs) == {"session-busy"}
+        await eventually(lambda: shows(), what="no run left")
+        assert "session-paused" not in book.runs
     finally:
         await runner.cleanup()

@@ -4,6 +4,7 @@ operator sees everything. Real processes on loopback."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -159,6 +160,24 @@ def test_a_tenant_ends_only_its_own_runs(stack):
     ended = httpx.delete(f"http://127.0.0.1:{stack.ports.dataplane}/v1/runs/bobs-other", headers=ALICE)
     assert ended.status_code == 404
     assert httpx.delete(f"http://127.0.0.1:{stack.ports.dataplane}/v1/runs/bobs-other", headers=BOB).status_code == 200
+
+
+async def test_a_sub_agents_tree_starts_only_at_its_own_callers_harness_run(stack):
+    spawn_tool = {"type": "function", "function": {"name": "luftpause_spawn", "parameters": {
+        "type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]}}}
+    asked = chat(stack, {**BOB, "x-session-id": "ses_bob_harness"}, tools=[spawn_tool],
+                 messages=[{"role": "user", "content": "count the gulls"}])
+    task = json.loads(asked.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])["task"]
+    digest = hashlib.sha256(task.encode()).hexdigest()
+    lookup = f"http://127.0.0.1:{stack.ports.dataplane}/v1/runs/by-task/{digest}"
+    assert httpx.get(lookup, headers=ALICE).status_code == 404  # bob's run is not alice's to find
+    assert httpx.get(lookup, headers=BOB).json()["run_id"] == "ses_bob_harness"
+    async with Mcp(stack, ALICE) as alice, Mcp(stack, BOB) as bob:
+        hers = await alice.ok("spawn", task=task, maxToolCalls=0)
+        his = await bob.ok("spawn", task=task, maxToolCalls=0)
+        (her_run,) = (await alice.ok("status", handles=[hers["handle"]]))["runs"]
+        (his_run,) = (await bob.ok("status", handles=[his["handle"]]))["runs"]
+    assert her_run["harnessRun"] is None and his_run["harnessRun"] == "ses_bob_harness"
 
 
 async def test_the_runtimes_status_shows_a_tenant_its_own_and_the_operator_everything(stack, bobs):

@@ -125,6 +125,23 @@ async def load_shown(scheduler_status: str) -> None:
 
 
 LONG_TASK = "wait too [[fake:hang]] " + "y" * 500
+HARNESS_SESSION = "ses_page_harness"
+SPAWN_TOOL = {"type": "function", "function": {"name": "luftpause_spawn", "parameters": {
+    "type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]}}}
+
+
+async def harness_spawns(client: Client, dataplane_port: int) -> str:
+    """What a harness does (opencode here): its turn, through the proxy, calls luftpause's
+    spawn tool; it then calls that tool over MCP with the arguments the model chose."""
+    async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+        reply = await http.post(f"http://127.0.0.1:{dataplane_port}/v1/chat/completions",
+                                headers={"x-session-id": HARNESS_SESSION},
+                                json={"model": "fake-llama-1b", "tools": [SPAWN_TOOL], "messages": [
+                                    {"role": "user", "content": "tally the harbour tides"}]})
+    assert reply.status_code == 200, reply.text
+    (call,) = reply.json()["choices"][0]["message"]["tool_calls"]
+    # live while the page is read: its one tool call (a destructive one) waits for approval
+    return await spawn(client, **json.loads(call["function"]["arguments"]), tools=["delete_note"], maxToolCalls=1)
 
 
 async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first(ops_stack, tmp_path):
@@ -137,6 +154,7 @@ async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first
         child = await spawn(client, task=LONG_TASK, maxToolCalls=0, parent=parent)
         # A run whose destructive tool call waits for a person's approval.
         waiting = await spawn(client, task="delete a note", tools=["delete_note"], maxToolCalls=1)
+        spawned_by_harness = await harness_spawns(client, p.dataplane)
         load = asyncio.create_task(drive(ops_stack))
         try:
             await settled(f"{url}runtime-status")
@@ -149,7 +167,7 @@ async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first
             second_page = await asyncio.to_thread(render, url + "?runs=2&cursor=2", "--dump-dom")
         finally:
             await load
-            await client.call_tool("cancel", {"handles": [parent, waiting]})
+            await client.call_tool("cancel", {"handles": [parent, waiting, spawned_by_harness]})
     assert page.returncode == 0, page.stderr[-2000:]
     dom = parse(page.stdout)
 
@@ -166,22 +184,26 @@ async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first
 
     assert dom.text.get("runtime-error", "") == ""
     tree = [r for r in dom.rows["runtime"] if r["cells"]]
-    at = next(i for i, r in enumerate(tree) if r["data-handle"] == parent)
+    at = next(i for i, r in enumerate(tree) if r.get("data-handle") == parent)
     assert tree[at]["data-status"] == "Running" and tree[at]["data-depth"] == "0"
     below = tree[at + 1]  # the child sits under its parent, indented
     assert below["data-handle"] == child and below["data-depth"] == "1" and "└" in below["cells"][0]
     # Each run's task, cut to a preview that says how long the whole is.
     assert tree[at]["cells"][3] == "wait [[fake:hang]]"
     assert below["cells"][3].startswith(LONG_TASK[:150]) and f"… ({len(LONG_TASK)} characters)" in below["cells"][3]
+    # A sub-agent a harness spawned hangs under a row for the harness's session.
+    at = next(i for i, r in enumerate(tree) if r.get("data-harness-run") == HARNESS_SESSION)
+    assert tree[at]["data-depth"] == "0" and tree[at]["cells"][1] == "harness session"
+    assert tree[at + 1]["data-handle"] == spawned_by_harness and tree[at + 1]["data-depth"] == "1"
     # What a run awaiting approval waits on: the tool call and its arguments.
-    pending = next(r for r in tree if r["data-handle"] == waiting)
+    pending = next(r for r in tree if r.get("data-handle") == waiting)
     assert pending["data-status"] == "AwaitingApproval"
     assert pending["cells"][2].startswith("approval: delete_note {") and "note_id" in pending["cells"][2]
-    statuses = [r["data-status"] for r in tree if r["data-depth"] == "0"]
+    statuses = [r["data-status"] for r in tree if r["data-depth"] == "0" and "data-status" in r]
     live = [s in ("Running", "AwaitingApproval") for s in statuses]
     assert live == sorted(live, reverse=True), statuses  # live roots first
     assert "Completed" in statuses
-    completed = next(r for r in tree if r["data-status"] == "Completed")
+    completed = next(r for r in tree if r.get("data-status") == "Completed")
     cells = completed["cells"]  # class, caller, model, elapsed, turns, tool calls, turn/tool time
     assert cells[4] == "batch" and cells[5] and cells[6] == "fake-llama-1b" and cells[7].endswith(" s")
     assert int(cells[8]) >= 1 and cells[10].endswith(" s") and cells[11].endswith(" s")
@@ -204,8 +226,8 @@ async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first
     assert second.text["runtime-range"] == f"runs 3–4 of {total}"
     assert first.attrs["runtime-older"]["href"] == "?runs=2&cursor=2" and "hidden" in first.attrs["runtime-newer"]
     assert second.attrs["runtime-newer"]["href"] == "?runs=2" and second.attrs["runtime-older"]["href"] == "?runs=2&cursor=4"
-    on_first = {r["data-handle"] for r in first.rows["runtime"] if r["cells"]}
-    on_second = {r["data-handle"] for r in second.rows["runtime"] if r["cells"]}
+    on_first = {r["data-handle"] for r in first.rows["runtime"] if r["cells"] and "data-handle" in r}
+    on_second = {r["data-handle"] for r in second.rows["runtime"] if r["cells"] and "data-handle" in r}
     assert len(on_first) == len(on_second) == 2 and not on_first & on_second
 
 

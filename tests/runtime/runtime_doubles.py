@@ -60,6 +60,7 @@ class ScriptedDataplane:
         self.chat_requests: list[httpx.Request] = []
         self.deleted: list[str] = []
         self.model_lists = 0
+        self.task_runs: dict[str, dict[str, str]] = {}  # task digest -> the run that handed it out
 
     @property
     def chat_bodies(self) -> list[dict[str, Any]]:
@@ -69,6 +70,9 @@ class ScriptedDataplane:
         if request.method == "DELETE" and request.url.path.startswith("/v1/runs/"):
             self.deleted.append(request.url.path.rsplit("/", 1)[-1])
             return httpx.Response(204)
+        if request.method == "GET" and request.url.path.startswith("/v1/runs/by-task/"):
+            found = self.task_runs.get(request.url.path.rsplit("/", 1)[-1])
+            return httpx.Response(200, json=found) if found else httpx.Response(404, json={"error": {"message": "no"}})
         if request.url.path == "/v1/models":
             self.model_lists += 1
             return httpx.Response(200, json={"object": "list", "data": [{"id": MODEL, "object": "model"}]})
