@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from luftpause.dev.procs import WAIT_S, wait_until
 from luftpause.dev.stack import MODEL, Stack
 
 CLI_TIMEOUT_S = 120
@@ -57,8 +58,9 @@ def claude_code() -> Path:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """The whole stack (runtime and fake MCP too), its dataplane logging JSON lines."""
-    started = Stack.on_free_ports(tmp_path_factory.mktemp("claude-code"), env={"LUFTPAUSE_LOG_FORMAT": "json"},
-                                   fake_mcp_args=["--delay-s", "0.05"])
+    started = Stack.on_free_ports(tmp_path_factory.mktemp("claude-code"),
+                                  env={"LUFTPAUSE_LOG_FORMAT": "json", "LUFTPAUSE_HARNESS_SESSION_IDLE_S": "3"},
+                                  fake_mcp_args=["--delay-s", "0.05"])
     started.start()
     try:
         yield started
@@ -133,16 +135,10 @@ def turns_by_run(stack) -> dict[str, list[dict]]:
     return out
 
 
-def run_count(stack) -> int:
-    status = httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()
-    assert status["in_flight"] == 0
-    return sum(group["count"] for group in status["runs"])
-
-
 @pytest.mark.timeout(300)
 def test_claude_code_runs_its_session_through_luftpause_with_bash_calls(stack, claude_code, tmp_path):
     home = new_home(tmp_path)
-    runs_before = run_count(stack)
+    runs_before = set(turns_by_run(stack))
     env = {**claude_env(home, claude_code, stack.ports.dataplane),
            "ANTHROPIC_CUSTOM_HEADERS": "x-luftpause-caller: claude-test\nx-luftpause-class: batch"}
     completed = run_claude(env, home, [
@@ -163,7 +159,12 @@ def test_claude_code_runs_its_session_through_luftpause_with_bash_calls(stack, c
     assert len(turns) == 3 and {t["status"] for t in turns} == {"finished"}
     assert {(t["caller"], t["service_class"]) for t in turns} == {("claude-test", "batch")}
     assert len({t["replica"] for t in turns}) == 1  # pinned: every turn on one replica
-    assert run_count(stack) == runs_before + 1  # one run for the whole session
+    assert set(turns_by_run(stack)) - runs_before == {session}  # one run for the whole session
+    # Its session over (it answered, and -p exited), its run leaves the scheduler's runs soon
+    # (LUFTPAUSE_HARNESS_SESSION_IDLE_S, 3 s here), not after the 30-minute run timeout.
+    runs_page = f"http://127.0.0.1:{stack.ports.scheduler_http}/status"
+    assert wait_until(lambda: session not in {r["run_id"] for r in httpx.get(
+        runs_page, params={"runs": 1000, "caller": "claude-test"}).json()["run_page"]["runs"]}, timeout=WAIT_S)
     # What Claude Code sends that a chat-completions engine has no use for was seen and logged.
     ignored = {line["feature"] for line in dataplane_log(stack) if line.get("event") == "messages_feature_ignored"}
     assert {"cache_control", "defer_loading", "thinking", "context_management", "output_config.effort"} <= ignored
