@@ -146,3 +146,7 @@ def test_codex_spawns_a_luftpause_sub_agent_through_the_mcp_runtime(codex, full_
     assert httpx.get(fake_mcp_stats).json()["calls"]["lookup"] - lookups_before >= 2
     turns = session_turns(full_stack, session)
     assert len(turns) == 3 and len(set(turns)) == 1
+    # the sub-agents' tree starts at the session's run (the runtime found it by the task handed out)
+    shown = httpx.get(f"http://127.0.0.1:{full_stack.ports.runtime}/status",
+                      params=[("handle", r["handle"]) for r in records]).json()["runs"]
+    assert [r["harnessRun"] for r in shown] == [session] * len(records)

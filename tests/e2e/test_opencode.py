@@ -171,3 +171,7 @@ def test_opencode_spawns_luftpause_sub_agents_through_the_mcp_runtime(opencode, 
     assert wait_until(lambda: len(turns(full_stack, run=session)) >= 4, WAIT_S)
     sent = turns(full_stack, run=session)
     assert len(sent) == 4 and len({replica for _, replica, _ in sent}) == 1, sent
+    # the sub-agents' tree starts at the session's run (the runtime found it by the task handed out)
+    shown = httpx.get(f"http://127.0.0.1:{full_stack.ports.runtime}/status",
+                      params=[("handle", r["handle"]) for r in records]).json()["runs"]
+    assert [r["harnessRun"] for r in shown] == [session] * len(records)
