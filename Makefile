@@ -16,6 +16,18 @@ help:
 	@echo "make proto  regenerate the gRPC modules from proto/scheduler.proto"
 	@echo "make chaos  seeded chaos run: every process SIGKILLed under load, a table per seed"
 	@echo "make chaos-load  B2-shaped load while each fault (hang, stall, slow, metrics, partitions, disk-full) is injected"
+	@echo "benchmarks (docs/benchmarks.md; tables on stdout, JSON in bench-results/; BENCH_ARGS=... passes flags):"
+	@echo "  make bench-b1 | bench-b2 | bench-b3   fan-out, interactive under batch load, routing: luftpause vs its peers"
+	@echo "  make bench-b4       the proxy's cost (B4_ARGS=... passes flags); make bench runs B1 to B4"
+	@echo "  make bench-regimes  the regime map: B2 through the proxy, cell by cell around the engine preset"
+	@echo "  make bench-picker   the endpoint picker behind Envoy, CPU per turn, against constant ext_proc servers"
+	@echo "  make bench-admission  where the queue lives: engines limited to 3 running, batch + interactive clients"
+	@echo "  make bench-real     B2's shape on two real llama.cpp replicas"
+	@echo "  make bench-messages | bench-responses  what translating the Messages / Responses API adds per turn"
+	@echo "  make bench-scheduler  decisions/s of the scheduler's core, the Admit round trip, the per-run view"
+	@echo "  make bench-grpc     CPU and time per message on a gRPC stream, gRPC's two transports"
+	@echo "  make bench-startup  the runtime's start on a journal of 20,000 finished runs"
+	@echo "  make bench-body-memory  the dataplane's RSS around concurrent 31 MiB requests that fail"
 
 # The virtualenv is (re)built when pyproject.toml changes. uv installs it: it fetches and
 # unpacks the wheels side by side (about a minute on 2 cores where pip took over three) and
@@ -108,7 +120,8 @@ release:
 # --- benchmarks (docs/benchmarks.md); they install the bench extra (sglang-router, vllm-router) -
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
-.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-picker bench-responses bench-scheduler bench-admission
+.PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-picker bench-messages bench-responses bench-scheduler
+.PHONY: bench-admission
 .PHONY: bench-real bench-startup bench-grpc bench-regimes bench-body-memory
 
 $(BENCH_STAMP): $(STAMP)
@@ -136,7 +149,7 @@ bench-b4: $(BENCH_STAMP)
 
 # The endpoint picker behind Envoy: CPU per turn, with the response phase and without it.
 bench-picker: $(STAMP)
-	$(PY) -m luftpause.loadgen.picker_bench $(BENCH_ARGS)
+	$(PY) -m luftpause.loadgen.proxy_bench picker $(BENCH_ARGS)
 
 bench-admission: $(STAMP)
 	$(PY) -m luftpause.loadgen.admission $(BENCH_ARGS)
@@ -145,11 +158,16 @@ bench-admission: $(STAMP)
 bench-real: $(BENCH_STAMP)
 	$(PY) -m luftpause.loadgen.real_bench b2 $(BENCH_ARGS)
 
+# What translating a client API adds per turn against the same chat completion: the
+# Messages API (a Claude Code-sized turn), the Responses API (a short and a Codex-sized turn).
+bench-messages: $(STAMP)
+	$(PY) -m luftpause.loadgen.translation_bench messages $(BENCH_ARGS)
+
 bench-responses: $(STAMP)
-	$(PY) -m luftpause.loadgen.responses_bench
+	$(PY) -m luftpause.loadgen.translation_bench responses $(BENCH_ARGS)
 
 bench-scheduler: $(STAMP)
-	$(PY) -m luftpause.loadgen.scheduler_bench
+	$(PY) -m luftpause.loadgen.scheduler_bench $(BENCH_ARGS)
 
 # CPU and time per message on a Connect-shaped gRPC stream, gRPC's default transport
 # against the one the scheduler and the dataplane choose (luftpause/grpc_env.py).
@@ -162,7 +180,7 @@ bench-startup: $(STAMP)
 	$(PY) -m luftpause.loadgen.runtime_startup $(BENCH_ARGS)
 
 # The dataplane's RSS around 16 concurrent 31 MiB requests that fail (engine 413, unknown
-# model) on each client API, 3 rounds: what it keeps after them (issue #47);
+# model) on each client API, 3 rounds: what it keeps after them;
 # BENCH_ARGS="--cases messages-413 --rounds 1" (see --help).
 bench-body-memory: $(STAMP)
 	$(PY) -m luftpause.loadgen.body_memory_bench $(BENCH_ARGS)

@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from luftpause import logs
 from luftpause.loadgen.agents import Clock, Live, Target
 from luftpause.loadgen.driver import Group, run_load, workload_json
+from luftpause.loadgen.records import new_table
 from luftpause.loadgen.spawn import SpawnTarget, fan_out
 from luftpause.loadgen.workload import Workload
 
@@ -92,9 +92,8 @@ def workload(args: argparse.Namespace, cls: str) -> Workload:
 
 
 def print_summary(console: Console, summary: dict, cpu: dict) -> None:
-    table = Table(title="loadgen result (model seconds)")
-    for column in ("class", "runs", "runs/min", "p50 s", "p90 s", "TTFT p50 s", "cached share", "errors"):
-        table.add_column(column, justify="right")
+    table = new_table("loadgen result (model seconds)",
+                      ("class", "runs", "runs/min", "p50 s", "p90 s", "TTFT p50 s", "cached share", "errors"), left=())
     for cls, s in summary.items():
         def f(v: float | None) -> str:
             return "—" if v is None else f"{v:.2f}"

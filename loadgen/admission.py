@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from luftpause import logs
-from luftpause.loadgen.records import percentile, write_results
+from luftpause.loadgen.records import new_table, percentile, write_results
 from luftpause.scheduler.probes import parse_load
 from luftpause.dev.stack import MODEL, Stack
 from luftpause.vocabulary import CALLER, RUN_ID, SERVICE_CLASS
@@ -142,10 +142,9 @@ def _wait_drained(engine_urls: list[str], timeout: float = 60.0) -> None:
 
 
 def _table(results: dict[str, dict[str, Any]]) -> Table:
-    table = Table(title="Where the queue lives: engines with max-running per replica, streaming clients")
-    for column in ("variant", "engine queue mean / max", "luftpause held mean", "in flight mean",
-                   "ttft p50 interactive", "ttft p50 batch", "interactive / batch", "turns i / b", "errors"):
-        table.add_column(column)
+    table = new_table("Where the queue lives: engines with max-running per replica, streaming clients",
+                      ("variant", "engine queue mean / max", "luftpause held mean", "in flight mean",
+                       "ttft p50 interactive", "ttft p50 batch", "interactive / batch", "turns i / b", "errors"))
 
     def seconds(value: float | None) -> str:
         return "—" if value is None else f"{value:.3f} s"

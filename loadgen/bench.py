@@ -35,7 +35,6 @@ from typing import Any
 
 import structlog
 from rich.console import Console
-from rich.table import Table
 
 from luftpause import logs
 from luftpause.loadgen import peers
@@ -43,7 +42,7 @@ from luftpause.loadgen.agents import Clock, Live, Target
 from luftpause.loadgen.breakdown import WindowProbe
 from luftpause.loadgen.driver import Group, run_load
 from luftpause.loadgen.peer_rows import CLASS_BLIND_BASELINE, DEFAULT_PEERS, PEER_ROWS, EngineFacts, compare, parse_peers
-from luftpause.loadgen.records import CpuMeter, RunRecord, write_results
+from luftpause.loadgen.records import CpuMeter, RunRecord, new_table, write_results
 from luftpause.loadgen.spawn import SpawnTarget, fan_out
 from luftpause.loadgen.timeline import Timeline, plot_b2
 from luftpause.loadgen.workload import Workload
@@ -380,10 +379,9 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
     comparison = compare({"luftpause": means["luftpause"]}, {k: means[k] for k in config.peers},
                          (("all_done_s", False),))
     best = comparison["all_done_s"]
-    table = Table(title=f"B1 fan-out: 16 sub-agents, ~2.8k-token tasks, lookup 2 s, ≤ 3 tool calls "
-                        f"({config.repeats} repeats, model seconds)")
-    for column in ("", "all 16 done", "vs sequential", "time ×best peer"):
-        table.add_column(column)
+    table = new_table(f"B1 fan-out: 16 sub-agents, ~2.8k-token tasks, lookup 2 s, ≤ 3 tool calls "
+                      f"({config.repeats} repeats, model seconds)",
+                      ("", "all 16 done", "vs sequential", "time ×best peer"))
     rows = [("sequential (spawn, await, next)", "sequential"), ("parallel through luftpause", "luftpause"),
             *((f"parallel, runtime direct to {PEER_ROWS[k].label}", k) for k in config.peers)]
     for label, key in rows:
@@ -633,12 +631,11 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
     heavy = part != "light"
     title = {"proxy": "B2 own-loop agents through the proxy", "mcp": "B2 MCP sub-agents",
              "light": "B2 light load (2,000-char contexts, 24 batch runs)"}[part]
-    table = Table(title=f"{title}: 4 interactive + {48 if heavy else 24} batch, closed loop, "
-                        f"{config.window_s:.0f} s window, {config.repeats} repeats (model seconds)")
-    for column in ("", "interactive runs/min", "interactive p50", "batch runs/min", "cached", "engine queue",
-                   "retractions", "interactive ×best peer", "p50 ×best peer", "batch ×best peer",
-                   "batch ×class-blind", "luftpause held", "same-run hits"):
-        table.add_column(column)
+    table = new_table(f"{title}: 4 interactive + {48 if heavy else 24} batch, closed loop, "
+                      f"{config.window_s:.0f} s window, {config.repeats} repeats (model seconds)",
+                      ("", "interactive runs/min", "interactive p50", "batch runs/min", "cached", "engine queue",
+                       "retractions", "interactive ×best peer", "p50 ×best peer", "batch ×best peer",
+                       "batch ×class-blind", "luftpause held", "same-run hits"))
     comparison = b2_comparison(results)
     best_rows = {comparison[m]["best_row"] for m, _ in B2_METRICS}
     peer_keys = [k for k in results if k in PEER_ROWS]
@@ -685,11 +682,10 @@ def print_interactive_time(part: str, results: dict[str, list[dict[str, Any]]]) 
     rows = _variant_records(part, results, "interactive_time")
     if not rows:
         return
-    table = Table(title=f"B2 {part}: where a finished interactive run's time goes (model seconds per run, "
-                        f"mean of repeats)")
-    for column in ("", "run", "waiting for first tokens", "decoding", "decode ms per token", "tool calls",
-                   "completion tokens"):
-        table.add_column(column)
+    table = new_table(f"B2 {part}: where a finished interactive run's time goes (model seconds per run, "
+                      f"mean of repeats)",
+                      ("", "run", "waiting for first tokens", "decoding", "decode ms per token", "tool calls",
+                       "completion tokens"))
     for label, times in rows:
         def avg(key: str) -> float:
             return mean([t[key] for t in times])
@@ -706,13 +702,11 @@ def print_breakdown(part: str, results: dict[str, list[dict[str, Any]]]) -> None
     rows = _variant_records(part, results, "breakdown")
     if not rows:
         return
-    table = Table(title=f"B2 {part}: interactive turns and runs from luftpause's and the engines' metrics "
-                        f"(model seconds; per turn, per run for MCP)")
-    columns = ("", "hold per turn", "first token per streamed turn", "engine queue wait (all)", "GPU prefill",
-               "GPU decode", "MCP run", "in turns", "in tools", "runtime loop", "turns", "s per turn",
-               "tokens")
-    for column in columns:
-        table.add_column(column)
+    table = new_table(f"B2 {part}: interactive turns and runs from luftpause's and the engines' metrics "
+                      f"(model seconds; per turn, per run for MCP)",
+                      ("", "hold per turn", "first token per streamed turn", "engine queue wait (all)", "GPU prefill",
+                       "GPU decode", "MCP run", "in turns", "in tools", "runtime loop", "turns", "s per turn",
+                       "tokens"))
 
     def avg(figures: list[dict[str, Any]], *path: str) -> float | None:
         values = []
@@ -808,11 +802,10 @@ async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
                  "cached_share": mean([r["engine_cached_share"] for r in rs])} for k, rs in results.items() if rs}
     comparison = compare({k: means[k] for k in ("luftpause",) if k in means},
                          {k: means[k] for k in keys if k in means}, (("runs_per_min", True), ("cached_share", True)))
-    table = Table(title=f"B3 routing: N = {concurrency} concurrent sub-agents, {config.repeats} repeats "
-                        f"(model seconds)")
-    for column in ("", "runs/min", "prompt tokens from cache", "engine queue", "retractions", "runs/min ×best peer",
-                   "cached − best peer"):
-        table.add_column(column)
+    table = new_table(f"B3 routing: N = {concurrency} concurrent sub-agents, {config.repeats} repeats "
+                      f"(model seconds)",
+                      ("", "runs/min", "prompt tokens from cache", "engine queue", "retractions", "runs/min ×best peer",
+                       "cached − best peer"))
     best_rate, best_cache = comparison["runs_per_min"], comparison["cached_share"]
     for key, label in (("luftpause", "luftpause affinity"),
                        *((k, f"runtime direct to {PEER_ROWS[k].label}") for k in keys)):

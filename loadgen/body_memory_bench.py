@@ -21,7 +21,7 @@ Reported per case and round: the RSS before the round, its peak while the reques
 in flight (16 bodies of 31 MiB are 520 MB held at once, and each is decoded: the peak is
 the price of reading bodies whole), at the end of the round, and ``--settle`` seconds
 later; what the dataplane kept (the RSS then against the case's baseline) and how long
-it took to come back within ``--back-mb`` of the baseline. The target (issue #47):
+it took to come back within ``--back-mb`` of the baseline. The target:
 31 MiB x 16 x 3 rounds leave the dataplane at most 300 MB larger, back to its baseline
 within 10 s. Two tables (rich) and ``bench-results/body-memory.json``.
 A benchmark, not a test: about 8 minutes on 2 cores for the six cases.
@@ -41,18 +41,17 @@ from pathlib import Path
 
 import aiohttp
 from rich.console import Console
-from rich.table import Table
 
 from luftpause.dev.procs import rss_bytes
 from luftpause.dev.stack import MODEL, Stack
-from luftpause.loadgen.records import write_json
+from luftpause.loadgen.records import new_table, write_json
 
 INSTANT = ["--latency-ms", "0", "--token-ms", "0", "--reply-tokens", "4"]
 UNKNOWN_MODEL = "no-such-model"
 MB = 1_000_000
 SAMPLE_S = 0.02
 WARM_UP = 4  # small requests of the case's kind before its baseline
-TARGET_MB, TARGET_S = 300, 10  # issue #47: kept at most, back within
+TARGET_MB, TARGET_S = 300, 10  # kept at most, back within
 
 # case -> (path, model)
 CASES: dict[str, tuple[str, str]] = {
@@ -222,11 +221,10 @@ def run_case(name: str, base: str, pid: int, args: argparse.Namespace) -> Case:
 
 
 def report(console: Console, cases: list[Case], args: argparse.Namespace) -> None:
-    table = Table(title=f"Dataplane RSS (MB): {args.concurrency} concurrent requests of {args.size_mib:g} MiB that "
-                        f"fail, {args.rounds} rounds, {args.settle:g} s after each")
-    for column in ("case", "round", "answers", "before", "peak", "end of round", f"+{args.settle:g} s",
-                   f"back within {args.back_mb:g} MB", "kept"):
-        table.add_column(column, justify="left" if column in ("case", "answers") else "right")
+    table = new_table(f"Dataplane RSS (MB): {args.concurrency} concurrent requests of {args.size_mib:g} MiB that "
+                      f"fail, {args.rounds} rounds, {args.settle:g} s after each",
+                      ("case", "round", "answers", "before", "peak", "end of round", f"+{args.settle:g} s",
+                       f"back within {args.back_mb:g} MB", "kept"), left=("case", "answers"))
     for case in cases:
         for i, r in enumerate(case.rounds, start=1):
             answers = ", ".join(f"{n}x {s}" for s, n in sorted(r.statuses.items()))
@@ -235,11 +233,10 @@ def report(console: Console, cases: list[Case], args: argparse.Namespace) -> Non
                           "no" if r.back_s is None else f"{r.back_s:.1f} s",
                           f"{r.settled_mb - case.baseline_mb:+.0f}")
     console.print(table)
-    summary = Table(title=f"Per case: target {TARGET_MB} MB kept at most, back within {args.back_mb:g} MB "
-                          f"of the baseline in {TARGET_S} s")
-    for column in ("case", "body MiB", "baseline", "peak", f"kept (+{args.settle:g} s, worst round)",
-                   "back in (worst round)", "target"):
-        summary.add_column(column, justify="left" if column == "case" else "right")
+    summary = new_table(f"Per case: target {TARGET_MB} MB kept at most, back within {args.back_mb:g} MB "
+                        f"of the baseline in {TARGET_S} s",
+                        ("case", "body MiB", "baseline", "peak", f"kept (+{args.settle:g} s, worst round)",
+                         "back in (worst round)", "target"), left=("case",))
     for case in cases:
         summary.add_row(case.name, f"{case.body_bytes / 2**20:.1f}", f"{case.baseline_mb:.0f}", f"{case.peak_mb:.0f}",
                         f"{case.kept_mb:+.0f}", "no" if case.back_s is None else f"{case.back_s:.1f} s",

@@ -556,7 +556,3 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(f"JSON: {path}\n")
     return 0 if all(r.lost == 0 and r.rounds_repeated == 0 and not r.resume_target_missed
                     and not chaos_runtime.check(r) for r in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

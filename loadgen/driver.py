@@ -16,7 +16,7 @@ from rich.table import Table
 
 from luftpause.loadgen import agents, spawn
 from luftpause.loadgen.agents import Clock, Live, Target
-from luftpause.loadgen.records import CpuMeter, RunRecord, summarise
+from luftpause.loadgen.records import CpuMeter, RunRecord, new_table, summarise
 from luftpause.loadgen.spawn import SpawnTarget
 from luftpause.loadgen.workload import Workload
 
@@ -49,9 +49,8 @@ def _turns_in_flight(live: Live) -> str:
 
 
 def progress_table(live: Live, clock: Clock, until: float, label: str) -> Table:
-    table = Table(title=f"{label}  t={clock.now():.0f}/{until:.0f} s (model time)", expand=False)
-    for column in ("runs started", "runs done", "turns in flight", "errors"):
-        table.add_column(column, justify="right")
+    table = new_table(f"{label}  t={clock.now():.0f}/{until:.0f} s (model time)",
+                      ("runs started", "runs done", "turns in flight", "errors"), left=(), expand=False)
     table.add_row(str(live.runs_started), str(live.runs_done), _turns_in_flight(live), str(live.errors))
     return table
 

@@ -1,4 +1,4 @@
-"""The floor of the endpoint picker's stack, for ``picker_bench``: an ext_proc server on
+"""The floor of the endpoint picker's stack, for ``proxy_bench picker``: an ext_proc server on
 grpc.aio and uvloop, as the picker is, that answers every message Envoy sends with a
 constant (the request body with one fixed destination, everything else "go on") and does
 nothing else. No route, identity, JSON, admission, observation, scheduler link, metrics or

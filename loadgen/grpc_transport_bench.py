@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from luftpause import grpc_env
-from luftpause.loadgen.records import write_json
+from luftpause.loadgen.records import new_table, write_json
 from luftpause.dev.procs import free_port, wait_until
 
 TRANSPORTS = {"gRPC's default (EventEngine)": "", "luftpause's choice": grpc_env.LEGACY_TRANSPORT}
@@ -128,10 +127,10 @@ def run(rounds: int, messages: int) -> dict:
 
 
 def print_report(console: Console, results: dict) -> None:
-    table = Table(title=f"One message each way on a gRPC stream, {results['messages']} round trips × "
-                        f"{results['rounds']} rounds (median; µs)")
-    for column in ("transport", "GRPC_EXPERIMENTS", "client CPU", "server CPU", "wall"):
-        table.add_column(column, justify="left" if column in ("transport", "GRPC_EXPERIMENTS") else "right")
+    table = new_table(f"One message each way on a gRPC stream, {results['messages']} round trips × "
+                      f"{results['rounds']} rounds (median; µs)",
+                      ("transport", "GRPC_EXPERIMENTS", "client CPU", "server CPU", "wall"),
+                      left=("transport", "GRPC_EXPERIMENTS"))
     for name, entry in results["transports"].items():
         table.add_row(name, entry["GRPC_EXPERIMENTS"] or "(unset)", f"{entry['median_client_cpu_us']:.0f}",
                       f"{entry['median_server_cpu_us']:.0f}", f"{entry['median_wall_us']:.0f}")

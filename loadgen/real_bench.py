@@ -26,15 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from luftpause import logs
 from luftpause.dev import llama
 from luftpause.loadgen import peers
 from luftpause.loadgen.agents import Target
-from luftpause.loadgen.bench import fmt, mean, ratio
+from luftpause.loadgen.bench import _cls, fmt, mean, ratio
 from luftpause.loadgen.driver import Group, run_load
-from luftpause.loadgen.records import write_results
+from luftpause.loadgen.records import new_table, write_results
 from luftpause.loadgen.workload import Workload
 from luftpause.dev.procs import ManagedProcess, free_ports
 from luftpause.dev.stack import Ports, Stack, write_configs
@@ -127,11 +126,10 @@ async def mixed(runs: int, duration_s: float, out_dir: Path) -> dict[str, Any]:
             rows.append({"run": run, "runs": len(result.records), "failed_runs": len(errors),
                          "dataplane_turn_failures": turn_failures(stack) - failures_before, "errors": errors[:5],
                          "summary": result.summary})
-    table = Table(title=f"12 batch + 1 interactive own-loop agents through luftpause on two llama.cpp replicas, "
-                        f"{duration_s:.0f} s, {runs} runs")
-    for column in ("run", "runs finished", "failed runs", "failed turns (dataplane)", "interactive p50",
-                   "batch runs/min"):
-        table.add_column(column)
+    table = new_table(f"12 batch + 1 interactive own-loop agents through luftpause on two llama.cpp replicas, "
+                      f"{duration_s:.0f} s, {runs} runs",
+                      ("run", "runs finished", "failed runs", "failed turns (dataplane)", "interactive p50",
+                       "batch runs/min"))
     for row in rows:
         s = row["summary"]
         table.add_row(str(row["run"]), str(row["runs"]), str(row["failed_runs"]), str(row["dataplane_turn_failures"]),
@@ -168,16 +166,11 @@ async def b2(repeats: int, window_s: float, warmup_s: float, out_dir: Path) -> d
     return payload
 
 
-def _cls(r: dict[str, Any], cls: str, key: str) -> float | None:
-    return (r["summary"].get(cls) or {}).get(key)
-
-
 def print_b2(results: dict[str, list[dict[str, Any]]], repeats: int, window_s: float) -> None:
-    table = Table(title=f"B2 on two llama.cpp replicas (SmolLM2-135M, 2 CPUs): 2 interactive + 12 batch own-loop "
-                        f"agents, closed loop, {window_s:.0f} s window, {repeats} repeats (wall seconds)")
-    for column in ("", "interactive runs/min", "interactive p50", "interactive p90", "batch runs/min",
-                   "failed runs", "interactive ×router", "p50 ×router", "batch ×router"):
-        table.add_column(column)
+    table = new_table(f"B2 on two llama.cpp replicas (SmolLM2-135M, 2 CPUs): 2 interactive + 12 batch own-loop "
+                      f"agents, closed loop, {window_s:.0f} s window, {repeats} repeats (wall seconds)",
+                      ("", "interactive runs/min", "interactive p50", "interactive p90", "batch runs/min",
+                       "failed runs", "interactive ×router", "p50 ×router", "batch ×router"))
     base = results["router"]
     base_i = mean([_cls(r, "interactive", "runs_per_min") for r in base])
     base_p = mean([_cls(r, "interactive", "latency_p50_s") for r in base])

@@ -1,4 +1,5 @@
-"""What the load generator measures, and the per-class summary it reports."""
+"""What the load generator measures, the per-class summary it reports, and how every
+benchmark writes its figures out (JSON files, rich tables)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import math
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rich.table import Table
 
 
 @dataclass
@@ -89,12 +92,18 @@ def summarise(records: list[RunRecord], window: tuple[float, float]) -> dict[str
     return out
 
 
+def own_cpu_seconds() -> float:
+    """User + system CPU seconds of this process (the load generator) so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 class CpuMeter:
     """Machine-wide CPU busy share (from /proc/stat) and this process's own CPU use."""
 
     def __init__(self) -> None:
         self._stat = self._read_stat()
-        self._own = self._own_cpu()
+        self._own = own_cpu_seconds()
         self._wall = time.monotonic()
 
     @staticmethod
@@ -107,11 +116,6 @@ class CpuMeter:
         idle = fields_[3] + (fields_[4] if len(fields_) > 4 else 0)
         return sum(fields_), idle
 
-    @staticmethod
-    def _own_cpu() -> float:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return usage.ru_utime + usage.ru_stime
-
     def read(self) -> dict[str, Any]:
         now = self._read_stat()
         wall = max(1e-9, time.monotonic() - self._wall)
@@ -122,7 +126,7 @@ class CpuMeter:
         return {
             "cpus": os.cpu_count(),
             "machine_busy": machine,  # share of all CPUs busy during the measurement
-            "loadgen_cpu_share": (self._own_cpu() - self._own) / wall,  # of one CPU
+            "loadgen_cpu_share": (own_cpu_seconds() - self._own) / wall,  # of one CPU
         }
 
 
@@ -138,3 +142,12 @@ def write_json(path: str | Path, payload: dict[str, Any], default: Callable[[Any
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=default))
     return path
+
+
+def new_table(title: str, columns: Iterable[str], left: Collection[str] | None = None, **options: Any) -> Table:
+    """A rich table with these columns: all left-justified (rich's default), or, given
+    ``left``, right-justified but for the columns named in it. ``options`` go to ``Table``."""
+    table = Table(title=title, **options)
+    for column in columns:
+        table.add_column(column, justify="left" if left is None or column in left else "right")
+    return table

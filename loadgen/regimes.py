@@ -39,13 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from luftpause import logs
 from luftpause.loadgen.bench import POLICY_VARIANTS, BenchConfig, bench_b2
 from luftpause.loadgen.peer_rows import DEFAULT_PEERS, PEER_ROWS, parse_peers
 from luftpause.loadgen.proxy_bench import csv_choices
-from luftpause.loadgen.records import write_json
+from luftpause.loadgen.records import new_table, write_json
 from luftpause.loadgen.timeline import save_figure
 
 console = Console(width=200)
@@ -175,11 +174,10 @@ def _ratio(value: float | None) -> str:
 
 
 def print_map(result: dict[str, Any]) -> None:
-    table = Table(title=f"Regime map: B2 through the proxy, luftpause strict affinity against the best peer row "
-                        f"({result['config']['repeats']} repeat(s), {result['config']['window_s']:.0f} s window)")
-    for column in ("cell", "interactive ×best peer", "best interactive row", "p50 ×best peer", "batch ×best peer",
-                   "best batch row", "batch ×class-blind", "misses"):
-        table.add_column(column)
+    table = new_table(f"Regime map: B2 through the proxy, luftpause strict affinity against the best peer row "
+                      f"({result['config']['repeats']} repeat(s), {result['config']['window_s']:.0f} s window)",
+                      ("cell", "interactive ×best peer", "best interactive row", "p50 ×best peer", "batch ×best peer",
+                       "best batch row", "batch ×class-blind", "misses"))
     for c in result["cells"]:
         table.add_row(c["cell"], _ratio(c["interactive"]["ratio"]), str(c["interactive"]["best_row"]),
                       _ratio(c["p50"]["ratio"]), _ratio(c["batch"]["ratio"]), str(c["batch"]["best_row"]),
@@ -187,10 +185,9 @@ def print_map(result: dict[str, Any]) -> None:
     console.print(table)
     others = [(c["cell"], key, row) for c in result["cells"] for key, row in (c.get("other_rows") or {}).items()]
     if others:
-        table = Table(title="Other luftpause rows in the same invocations (decode-ceiling policies)")
-        for column in ("cell", "row", "interactive ×best peer", "p50 ×best peer", "batch ×best peer",
-                       "batch ×class-blind"):
-            table.add_column(column)
+        table = new_table("Other luftpause rows in the same invocations (decode-ceiling policies)",
+                          ("cell", "row", "interactive ×best peer", "p50 ×best peer", "batch ×best peer",
+                           "batch ×class-blind"))
         for cell, key, row in others:
             table.add_row(cell, key, _ratio(row["interactive"]), _ratio(row["p50"]), _ratio(row["batch"]),
                           _ratio(row["batch_vs_class_blind"]))

@@ -42,10 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
-from luftpause.loadgen.records import write_results
-from luftpause.dev.procs import free_port
+from luftpause.loadgen.records import new_table, write_results
+from luftpause.dev.procs import cpu_seconds, free_port
 from luftpause.runtime import constants
 from luftpause.runtime.compaction import read_records
 from luftpause.runtime.journal import created_record, finished_record, round_record
@@ -191,12 +190,6 @@ def _messages(text: str) -> list[dict[str, Any]]:
     return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:") and line[5:].strip()]
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and of its children it waited for (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
 def log_events(path: Path) -> dict[str, dict[str, Any]]:
     """The runtime's JSON log lines by event name (the last of each)."""
     events: dict[str, dict[str, Any]] = {}
@@ -337,10 +330,9 @@ def print_tables(result: dict[str, Any]) -> None:
     titles = {"first": f"start with {result['runs']:,} finished runs (compacts to {result['kept']:,})",
               "restart": "next start, on the compacted journal"}
     for kind, rows in result["starts"].items():
-        table = Table(title=titles[kind])
-        for column in ("#", "ready (wall)", "CPU", "imports", "compaction", "replay", "journal MB",
-                       "runs served", "journal ok", "load avg"):
-            table.add_column(column, justify="right")
+        table = new_table(titles[kind],
+                          ("#", "ready (wall)", "CPU", "imports", "compaction", "replay", "journal MB",
+                           "runs served", "journal ok", "load avg"), left=())
         for number, row in enumerate(rows, start=1):
             table.add_row(
                 str(number), f"{row['ready_s']:.2f} s", f"{row['cpu_s']:.2f} s", _seconds(row["imports_s"]),

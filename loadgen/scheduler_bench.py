@@ -26,9 +26,8 @@ from pathlib import Path
 import grpc
 import yaml
 from rich.console import Console
-from rich.table import Table
 
-from luftpause.loadgen.records import write_json
+from luftpause.loadgen.records import new_table, write_json
 from luftpause.dev.procs import ManagedProcess, free_ports
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
@@ -232,9 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console()
     results = {"python": platform.python_version(), "machine": platform.machine(), "core": [], "admit": None}
-    table = Table(title=f"decide() at saturation, {args.held} held turns, {REPLICAS} capped replicas")
-    for column in ("live runs", "decisions/s", "µs/decision", "held at end", "state memory"):
-        table.add_column(column, justify="right")
+    table = new_table(f"decide() at saturation, {args.held} held turns, {REPLICAS} capped replicas",
+                      ("live runs", "decisions/s", "µs/decision", "held at end", "state memory"), left=())
     for runs in (100, 1000, 10000):
         row = run_core(runs, args.held, args.events)
         row["state_bytes"] = state_memory(runs, args.held)
@@ -247,9 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"Admit round trip over gRPC on loopback, capacity free ({admit['admits']} calls): "
                   f"p50 {admit['p50_ms']} ms, p90 {admit['p90_ms']} ms, p99 {admit['p99_ms']} ms")
     results["run_pages"] = asyncio.run(run_pages(10_000, args.pages))
-    table = Table(title="/status?runs=100 over HTTP on loopback, 10,000 runs known (target: 50 ms a page)")
-    for column in ("query", "matching", "shown", "p50 ms", "p99 ms"):
-        table.add_column(column, justify="right")
+    table = new_table("/status?runs=100 over HTTP on loopback, 10,000 runs known (target: 50 ms a page)",
+                      ("query", "matching", "shown", "p50 ms", "p99 ms"), left=())
     for row in results["run_pages"]:
         table.add_row(row["query"], f"{row['matching']:,}", str(row["shown"]), str(row["p50_ms"]), str(row["p99_ms"]))
     console.print(table)

@@ -7,14 +7,13 @@ front, the scheduler's held turns (and the interactive ones among them), in-flig
 and per replica its in-flight turns, capacity and decode ceiling (``/status``). Times are model seconds
 since the variant started, the same clock as the load generator's.
 
-``python -m luftpause.loadgen.timeline B2_JSON PNG`` draws, from a B2 result file, the
-engines' summed queue and luftpause's held and in-flight turns over time for the router
-and for luftpause (first repeat of the proxy part).
+:func:`plot_b2` draws, from a B2 result file, the engines' summed queue and luftpause's
+held and in-flight turns over time, a panel per row (first repeat of a part); ``bench b2``
+draws it for every part it runs.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -141,18 +140,3 @@ def save_figure(figure: Any, png_path: Path) -> Path:
     figure.savefig(png_path, dpi=110)
     plt.close(figure)
     return png_path
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.timeline",
-                                     description="Plot engine queue and luftpause in-flight over time from a B2 JSON.")
-    parser.add_argument("result", type=Path, help="bench-results/b2-*.json")
-    parser.add_argument("png", type=Path, help="where the PNG goes")
-    parser.add_argument("--part", default="proxy", help="which B2 part (proxy, mcp, light)")
-    args = parser.parse_args(argv)
-    print(plot_b2(args.result, args.png, args.part))  # noqa: T201 - the command's output is the path
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -161,7 +161,7 @@ def config(endpoints: list[Endpoint], *, port: int, admin_port: int, pickers: li
 
     ``fail_open``: when no picker answers, requests go on to an engine chosen by Envoy
     (least request) instead of a 500. ``observe_response`` False is for measuring what
-    the response phase costs (``luftpause.loadgen.picker_bench``) and nothing else: the
+    the response phase costs (``luftpause.loadgen.proxy_bench picker``) and nothing else: the
     picker then takes every turn's stream ending after the request as a failed turn (no
     finish reason, no usage, no pause on tool calls reach the scheduler)."""
     pool_hosts = [{"endpoint": {"address": _address(*socket_address(e.base_url))}} for e in endpoints]

@@ -1,8 +1,11 @@
-"""The docs a user reads point at files that exist: every `docs/...` path they name (result
-files, figures, other pages) and every relative Markdown link or image."""
+"""The docs a user reads point at files that exist: every `docs/...` and `bench-archive/...` path
+they name (figures, other pages, the archived benchmark results) and every relative Markdown
+link or image; and the archived results are gzipped JSON that reads."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
 from pathlib import Path
 
@@ -10,7 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
-DOCS_PATH = re.compile(r"(?<![\w/.-])docs/[\w./-]+")
+DOCS_PATH = re.compile(r"(?<![\w/.-])(?:docs|bench-archive)/[\w./-]+")
+ARCHIVE = ROOT / "bench-archive"
 MARKDOWN_LINK = re.compile(r"\]\(([^)#\s]+)\)")
 
 
@@ -33,5 +37,24 @@ def test_every_file_a_page_names_exists(page):
 def test_the_pages_name_result_files_and_the_check_sees_them():
     """The check above is not vacuous: the benchmarks page names its raw results."""
     names = [name for name, _ in named_paths(ROOT / "docs/benchmarks.md")]
-    assert any(name.startswith("docs/results/") for name in names)
+    assert any(name.startswith("bench-archive/") and name.endswith(".json.gz") for name in names)
     assert "b2-timeline-proxy.png" in names
+
+
+def test_every_archived_result_is_cited_and_reads():
+    """bench-archive/ holds gzipped JSON that a page cites: by path, inside a folder a page names,
+    by file name, by a short form (`-080638`, `-212339.json.gz` after a sibling's full name), or
+    as a regime map's cell result."""
+    text = "\n".join(page.read_text() for page in PAGES)
+    named = {name.rstrip("/") for page in PAGES for name, _ in named_paths(page)}
+    files = sorted(path for path in ARCHIVE.rglob("*") if path.is_file())
+    assert files
+    results = {path: json.loads(gzip.decompress(path.read_bytes())) for path in files}
+    in_maps = {Path(cell.get("b2_result", "")).name for data in results.values() for cell in data.get("cells", ())}
+    for path in files:
+        relative = path.relative_to(ROOT).as_posix()
+        stem = path.name.removesuffix(".json.gz")
+        cited = (relative in named or any(relative.startswith(name + "/") for name in named) or path.name in text
+                 or re.search(rf"`-{re.escape(stem.rsplit('-', 1)[-1])}(?:\.json(?:\.gz)?)?`", text)
+                 or path.name in in_maps)
+        assert cited, f"{relative} is cited by no page"

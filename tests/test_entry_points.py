@@ -21,7 +21,8 @@ DOCUMENTED = {
     "luftpause.dev.llama": ["build", "LUFTPAUSE_LLAMA_CACHE"],
     "luftpause.scheduler.picker": ["LUFTPAUSE_PICKER_GRPC_PORT", "LUFTPAUSE_PICKER_HTTP_PORT", "LUFTPAUSE_SCHEDULER_ADDR",
                                    "LUFTPAUSE_TOKEN", "LUFTPAUSE_PICKER_SHED_BATCH_HELD",
-                                   "LUFTPAUSE_PICKER_SHED_BATCH_WAIT_S"],
+                                   "LUFTPAUSE_PICKER_SHED_BATCH_WAIT_S", "LUFTPAUSE_KEY_IDENTITIES",
+                                   "LUFTPAUSE_KEYS_FILE"],
     "luftpause.scheduler.envoy": ["install", "config", "LUFTPAUSE_ENVOY_CACHE"],
     "luftpause.scheduler": ["LUFTPAUSE_SCHEDULER_HOST", "LUFTPAUSE_SCHEDULER_GRPC_PORT",
                             "LUFTPAUSE_SCHEDULER_HTTP_PORT", "LUFTPAUSE_POOL_FILE", "LUFTPAUSE_AFFINITY",
@@ -37,9 +38,11 @@ DOCUMENTED = {
     "luftpause.fakes.engine": ["--max-running", "--tool-calls", "--metrics-format", "--fault", "--idle-close-s"],
     "luftpause.fakes.mcp": ["--delay-s"],
     "luftpause.loadgen": ["--agents", "--spawn"],
-    "luftpause.loadgen.proxy_bench": ["--streams", "--no-floor", "--no-envoy", "--extproc-floor"],
-    "luftpause.loadgen.picker_bench": ["--requests", "--concurrency", "--no-floor", "--json", "--floor-impl",
-                                       "--floor-modes"],
+    "luftpause.loadgen.proxy_bench": ["--streams", "--no-floor", "--no-envoy", "--extproc-floor", "picker"],
+    "luftpause.loadgen.proxy_bench picker": ["--requests", "--concurrency", "--no-floor", "--json", "--floor-impl",
+                                             "--floor-modes"],
+    "luftpause.loadgen.translation_bench": ["--requests", "--reply-tokens", "responses"],
+    "luftpause.loadgen.translation_bench responses": ["--requests", "--repetitions", "--json"],
     "luftpause.loadgen.floor_extproc": ["--port", "--destination"],
     "luftpause.loadgen.floor_proxy": ["--engine", "--port"],
     "luftpause.loadgen.grpc_transport_bench": ["--rounds", "GRPC_EXPERIMENTS"],
@@ -64,8 +67,8 @@ def run_side_by_side(commands: dict) -> dict[object, subprocess.CompletedProcess
 
 @pytest.fixture(scope="module")
 def helps() -> dict[str, subprocess.CompletedProcess]:
-    """``python -m <module> --help`` of every documented entry point."""
-    return run_side_by_side({module: ([sys.executable, "-m", module, "--help"], {}) for module in DOCUMENTED})
+    """``python -m <module> [mode] --help`` of every documented entry point."""
+    return run_side_by_side({module: ([sys.executable, "-m", *module.split(), "--help"], {}) for module in DOCUMENTED})
 
 
 @pytest.mark.parametrize("module", sorted(DOCUMENTED))

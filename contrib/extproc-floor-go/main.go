@@ -1,5 +1,5 @@
 // extproc-floor-go: the floor of an endpoint picker written in Go, for
-// luftpause.loadgen.picker_bench. An Envoy ext_proc server (grpc-go) that answers every
+// luftpause.loadgen.proxy_bench picker. An Envoy ext_proc server (grpc-go) that answers every
 // message Envoy sends with a constant, exactly as luftpause.loadgen.floor_extproc does on
 // grpc.aio: the request body with one fixed destination (the x-gateway-destination-endpoint
 // header and the envoy.lb dynamic metadata), every other message "go on", nothing to the

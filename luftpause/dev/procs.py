@@ -68,6 +68,49 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds a process has used so far (Linux ``/proc/<pid>/stat``): user + system
+    time of all its threads, and of the children it has waited for (cutime + cstime: a
+    forked compaction, a finished helper). Children still running are not counted: see
+    :func:`tree_cpu_seconds`. ``OSError`` when the process is gone."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # after the comm field: state(0) ... utime(11) stime(12) cutime(13) cstime(14)
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (from the ppid field of /proc/*/stat)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    tree, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        tree.append(current)
+        pending.extend(children.get(current, ()))
+    return tree
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """:func:`cpu_seconds` of ``pid`` and of each of its live descendants, so children
+    count whether they are still running or already waited for; a process that ends
+    while it is read counts 0."""
+    total = 0.0
+    for member in process_tree(pid):
+        try:
+            total += cpu_seconds(member)
+        except OSError:
+            pass
+    return total
+
+
 def wait_until(predicate, timeout: float = 5.0, interval: float = 0.05) -> bool:
     """Poll ``predicate`` until it is true (True) or ``timeout`` seconds pass (False)."""
     deadline = time.monotonic() + timeout

@@ -121,7 +121,7 @@ class Stack:
     # "envoy": Envoy on the dataplane's port with luftpause's endpoint picker(s) instead of the dataplane
     gateway: str = "dataplane"
     fail_open: bool = False  # gateway "envoy": requests go on to an engine when no picker answers
-    envoy_observes_response: bool = True  # False only to measure the response phase's cost (loadgen.picker_bench)
+    envoy_observes_response: bool = True  # False only to measure the response phase's cost (loadgen.proxy_bench picker)
     # The ports were chosen free (tests, benchmarks, `--free-ports`): a service whose port was taken
     # between choosing and binding (its log says so) gets another and starts again.
     free_ports: bool = False

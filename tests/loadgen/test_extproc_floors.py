@@ -41,9 +41,9 @@ def test_a_floor_behind_envoy_sends_every_request_to_its_one_destination(tmp_pat
     assert [a - b for a, b in zip(after, before, strict=True)] == [10, 0]
 
 
-def test_without_go_the_picker_bench_skips_the_go_floor_and_says_what_to_install(tmp_path):
+def test_without_go_the_picker_mode_skips_the_go_floor_and_says_what_to_install(tmp_path):
     out = tmp_path / "picker.json"
-    result = subprocess.run([sys.executable, "-m", "luftpause.loadgen.picker_bench", "--floor-only",
+    result = subprocess.run([sys.executable, "-m", "luftpause.loadgen.proxy_bench", "picker", "--floor-only",
                              "--floor-impl", "go", "--json", str(out)],
                             env={"PATH": str(tmp_path), "HOME": str(tmp_path)}, capture_output=True, text=True,
                             timeout=120)

@@ -1,6 +1,6 @@
 """B4's pieces at tiny scale, on real processes: the CPU accounting from /proc, the
-closed loop against a real fake engine, and the whole report (JSON and goals) from a
-short run through luftpause with one and two dataplanes."""
+closed loop against a real fake engine, the whole report (JSON and goals) from a short
+run through luftpause with one and two dataplanes, and the picker mode's floor rows."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import aiohttp
 import pytest
 
-from luftpause.dev.procs import WAIT_S, wait_until
+from luftpause.dev.procs import WAIT_S, cpu_seconds, process_tree, tree_cpu_seconds, wait_until
 from luftpause.loadgen import proxy_bench as pb
 
 # A parent that says it has started, waits for a line on stdin, then has a child of its
@@ -49,16 +49,36 @@ def test_cpu_account_counts_a_process_and_its_children() -> None:
         parent.wait()
 
 
+# A parent whose child burns ~0.3 s of CPU, says so, and stays alive.
+LIVE_BURNER = """
+import subprocess, sys
+subprocess.run([sys.executable, "-c", "import time\\nend = time.process_time() + 0.3\\n"
+                "while time.process_time() < end: pass\\nprint('burnt', flush=True)\\ntime.sleep(30)"])
+"""
+
+
+def test_a_live_childs_cpu_counts_in_the_tree_not_in_its_parents_cpu_seconds() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", LIVE_BURNER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "burnt"
+        own, tree = cpu_seconds(parent.pid), tree_cpu_seconds(parent.pid)
+        assert tree - own >= 0.28, (own, tree)  # the child, still running: not in the parent's cutime yet
+    finally:
+        for pid in reversed(process_tree(parent.pid)):
+            subprocess.run(["kill", "-9", str(pid)], check=False)
+        parent.wait()
+
+
 def test_process_tree_finds_a_live_grandchild() -> None:
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
                                "subprocess.run([sys.executable, '-c', 'import time; time.sleep(30)'])"])
     try:
-        assert wait_until(lambda: len(pb.process_tree(parent.pid)) == 2, timeout=WAIT_S)
-        tree = pb.process_tree(parent.pid)
+        assert wait_until(lambda: len(process_tree(parent.pid)) == 2, timeout=WAIT_S)
+        tree = process_tree(parent.pid)
         assert tree[0] == parent.pid and len(tree) == 2
         assert pb.tree_rss_bytes(parent.pid) > pb.tree_rss_bytes(tree[1]) > 0
     finally:
-        for pid in reversed(pb.process_tree(parent.pid)):
+        for pid in reversed(process_tree(parent.pid)):
             subprocess.run(["kill", "-9", str(pid)], check=False)
         parent.wait()
 
@@ -139,3 +159,23 @@ def test_a_tiny_run_through_one_and_two_dataplanes_reports_cpu_memory_and_goals(
                                             ["picker"]["us_per_turn"], abs=1e-3)
     flat = [g for g in results["goals"] if g["goal"].startswith("scheduler CPU per decision")]
     assert len(flat) == 2 and all(g["value"] >= 1.0 for g in flat)
+
+
+def test_a_tiny_picker_run_measures_the_floor_in_each_processing_mode(tmp_path) -> None:
+    out = tmp_path / "picker.json"
+    assert pb.main(["picker", "--floor-only", "--floor-modes", "picker,body-only", "--requests", "20",
+                    "--warmup", "5", "--concurrency", "2", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["options"]["floor_modes"] == ["picker", "body-only"] and results["skipped"] == {}
+    assert list(results["rows"]) == [pb.floor_row_name("python", "picker"), pb.floor_row_name("python", "body-only")]
+    rows = [results["rows"][name] for name in results["rows"]]
+    for row in rows:
+        for mode in ("non-streaming", "streaming"):
+            figures = row[mode]
+            assert figures["requests"] == 20 and figures["errors"] == 0
+            assert figures["picker_us_per_turn"] > 0 and figures["envoy_us_per_turn"] > 0
+            assert "scheduler_us_per_turn" not in figures  # a floor has no scheduler
+    picker, body_only = rows
+    # the body alone is one message each way; luftpause's processing mode sends more
+    assert body_only["non-streaming"]["messages_per_turn"] == 1.0
+    assert picker["non-streaming"]["messages_per_turn"] > body_only["non-streaming"]["messages_per_turn"]

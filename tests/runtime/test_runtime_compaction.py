@@ -21,7 +21,8 @@ from mcp import Client
 from runtime_doubles import MODEL, RuntimeProcess, ScriptedDataplane, tool_call_reply
 from test_runtime_processes import call
 
-from luftpause.dev.procs import WAIT_S, ManagedProcess, eventually, free_port, start_on_free_ports, wait_until
+from luftpause.dev.procs import (WAIT_S, ManagedProcess, cpu_seconds, eventually, free_port, start_on_free_ports,
+                                  wait_until)
 from luftpause.runtime import constants
 from luftpause.runtime.agent import initial_messages
 from luftpause.runtime.compaction import SUFFIX, compact, read_records, retained
@@ -412,13 +413,6 @@ def test_a_journal_of_20000_finished_runs_compacts_to_the_retention_window_at_st
     assert {r["handle"] for r in kept} == newest
     by_handle = {r["handle"]: r for r in records if r["type"] == "finished"}
     assert all(r == by_handle[r["handle"]] for r in kept if r["type"] == "finished")  # outcomes as journaled
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process and the children it waited for (the forked
-    compaction) have used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 async def test_status_without_handles_pages_live_runs_first_then_the_newest_finished(
