@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from aiohttp import web
 
+from luftpause import keys
 from luftpause import vocabulary as h
 from luftpause.dataplane.context import BOOK, DIALECT, TENANT, new_id
 from luftpause.dataplane.dialects import ApiError, Dialect, Translated, encode_json
@@ -140,12 +141,12 @@ async def parse_turn(request: web.Request) -> TurnRequest:
     """Validate a chat completion request; name its run (_name_run: x-luftpause-run-id,
     the harness's session header, returned tool_call ids, or a new run)."""
     service_class, caller = turn_identity(request)
-    named, session = _name_run(request, caller)
+    named, session = _name_run(request)
     body, document, model = await json_request(request)
     check_chat(document)
     stream = document.get("stream", False)
     if not named:
-        _join_by_tool_calls(request, document, caller)
+        _join_by_tool_calls(request, document)
     return TurnRequest(body, model, stream, request["run_id"], service_class, caller, session=session)
 
 
@@ -159,7 +160,7 @@ def _session_id(request: web.Request) -> str:
     return ""
 
 
-def _name_run(request: web.Request, caller: str) -> tuple[bool, bool]:
+def _name_run(request: web.Request) -> tuple[bool, bool]:
     """Name the turn's run from its headers, on every API: x-luftpause-run-id, else the
     harness's session header (the run then ends when the session goes idle), else a new
     id, which returned tool_call ids may still replace (_join_by_tool_calls). Sets
@@ -169,39 +170,32 @@ def _name_run(request: web.Request, caller: str) -> tuple[bool, bool]:
     header_run_id = _identity_header(request, h.RUN_ID, h.MAX_ID_BYTES)
     session = "" if header_run_id else _session_id(request)
     named = header_run_id or session
-    if named and not _may_join(request, named, caller):
+    if named and not _may_join(request, named):
         which = h.RUN_ID if header_run_id else "the session header"
-        raise ApiError(403, f"{which} names a run of another caller: a tenant's turns join only its own runs",
-                       "permission_error")
+        raise ApiError(403, keys.named_other_callers_run(which), "permission_error")
     request["run_id"] = named or request["run_id"]
     return bool(named), bool(session)
 
 
-def _may_join(request: web.Request, run_id: str, caller: str) -> bool:
+def _may_join(request: web.Request, run_id: str) -> bool:
     """A tenant's turn joins only runs this dataplane has seen of the same caller (or new
-    ones); without tenant keys every turn may join any run."""
-    if request.get(TENANT) is None:
-        return True
-    record = request.app[BOOK].runs.get(run_id)
-    return record is None or record.caller == caller
+    ones); without tenant keys every turn may join any run (luftpause/keys.py)."""
+    tenant = request.get(TENANT)
+    return tenant is None or keys.may_join(tenant, request.app[BOOK].runs.get(run_id))
 
 
-def _join_by_tool_calls(request: web.Request, chat: dict, caller: str) -> None:
+def _join_by_tool_calls(request: web.Request, chat: dict) -> None:
     """A turn no header named joins the run whose tool calls it returns, if one is known
     (a tenant's: one of its own; another caller's tool_call ids start a run of its own)."""
     known = request.app[BOOK].run_for_tool_calls(returned_tool_call_ids(chat), time.monotonic())
-    if known and _may_join(request, known, caller):
+    if known and _may_join(request, known):
         request["run_id"] = known
 
 
 def turn_identity(request: web.Request) -> tuple[str, str]:
     """Class and caller: a tenant key's (docs/security.md; bearer_auth refused headers that
     contradict it), else the luftpause headers, else the defaults."""
-    service_class, caller = identity_headers(request)
-    tenant = request.get(TENANT)
-    if tenant is not None:
-        return tenant.service_class or service_class, tenant.caller
-    return service_class, caller
+    return keys.turn_identity(request.get(TENANT), *identity_headers(request))
 
 
 async def parse_dialect_turn(request: web.Request, dialect: Dialect) -> TurnRequest:
@@ -209,12 +203,12 @@ async def parse_dialect_turn(request: web.Request, dialect: Dialect) -> TurnRequ
     its run as a chat completion's (_name_run)."""
     request[DIALECT] = dialect
     service_class, caller = turn_identity(request)
-    named, session = _name_run(request, caller)
+    named, session = _name_run(request)
     native, document, model = await json_request(request)
     translated = dialect.translate(document)
     chat = translated.chat
     if not named:
-        _join_by_tool_calls(request, chat, caller)
+        _join_by_tool_calls(request, chat)
     body = encode_json(chat)
     # The translated document lives on as its encoding only: a turn keeps one copy of it.
     return TurnRequest(body, model, translated.stream, request["run_id"], service_class, caller, dialect,

@@ -15,7 +15,11 @@ the body sent to the engine) for ``SUSPECT_MEMORY_S``:
   victims alike, and all of them are re-sent at about the same moment; sent together
   they would meet the culprit again on the next replica it wedges, and be refused with
   it. One at a time, the culprit wedges that replica alone and is refused there, and
-  the rest go where the pool is still in rotation;
+  the rest go where the pool is still in rotation. The streams the wedge stalled after
+  bytes reached their clients are continued elsewhere (dataplane/continuation.py) at
+  that moment too: such continuations go side by side, but never beside a re-send from
+  the same replica, each until its first byte (:class:`Lane`), so the culprit's re-send
+  does not wedge a replica a continuation has just gone to;
 * a request that failed so on ``SUSPECT_REPLICAS`` replicas is not sent again while it
   is remembered: it is answered at once with a 502 that says so (marked
   ``x-luftpause-engine-failure: repeated``, which clients must not retry).
@@ -50,7 +54,7 @@ class Suspects:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.memory_s, self.entries, self.clock = memory_s, entries, clock
         self._seen: OrderedDict[bytes, tuple[float, frozenset[str]]] = OrderedDict()
-        self._lanes: dict[str, asyncio.Lock] = {}  # one per replica of the pool: a few
+        self._lanes: dict[str, Lane] = {}  # one per replica of the pool: a few
 
     def __bool__(self) -> bool:
         return bool(self._seen)
@@ -78,10 +82,45 @@ class Suspects:
             self._seen.popitem(last=False)
         return replicas
 
-    def lane(self, replica: str) -> asyncio.Lock:
-        """Held by a turn re-sent after such a failure on ``replica`` until its first byte
-        (or its end): the others re-sent from there wait for it."""
+    def lane(self, replica: str) -> Lane:
+        """The turns sent again from ``replica`` after it failed them (:class:`Lane`)."""
         lane = self._lanes.get(replica)
         if lane is None:
-            lane = self._lanes[replica] = asyncio.Lock()
+            lane = self._lanes[replica] = Lane()
         return lane
+
+
+class Lane:
+    """The turns sent again from one replica that failed them, each holding its place
+    until its first byte (or its end), in the order they came: a turn re-sent after a
+    stall or drop there goes alone (:meth:`resend`); continuations of streams that
+    stalled there go side by side (:meth:`continuation`), but not beside a re-send.
+    Each returns the call that gives its place up."""
+
+    def __init__(self) -> None:
+        self._order = asyncio.Lock()  # held by a re-send; a continuation passes it to take its place
+        self._continuing = 0  # continuations before their first byte
+        self._clear = asyncio.Event()  # none is
+        self._clear.set()
+
+    async def resend(self) -> Callable[[], None]:
+        """Wait until the re-sends and continuations before it have their first byte."""
+        await self._order.acquire()
+        try:
+            await self._clear.wait()
+        except BaseException:
+            self._order.release()
+            raise
+        return self._order.release
+
+    async def continuation(self) -> Callable[[], None]:
+        """Wait until the re-sends before it have their first byte."""
+        async with self._order:
+            self._continuing += 1
+            self._clear.clear()
+        return self._continued
+
+    def _continued(self) -> None:
+        self._continuing -= 1
+        if not self._continuing:
+            self._clear.set()

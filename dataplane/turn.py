@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from aiohttp import web
@@ -20,7 +21,7 @@ from luftpause import tracing
 from luftpause.dataplane.constants import (ENGINE_RETRY_ATTEMPTS, ENGINE_RETRY_DELAY_S, ENGINE_RETRY_WINDOW_S,
                                            SUSPECT_MEMORY_S, SUSPECT_REPLICAS)
 from luftpause.dataplane.context import BOOK, ENGINES, LINK, LOG, METRICS, SUSPECTS, TRACER, error_response, new_id
-from luftpause.dataplane.suspects import fingerprint
+from luftpause.dataplane.suspects import Lane, fingerprint
 from luftpause.dataplane.dialects import ApiError
 from luftpause.dataplane.link import AdmitRefused, Placement, SchedulerLink
 from luftpause.dataplane.observe import TurnObserver
@@ -51,7 +52,9 @@ class Turn:
         self.lease: tuple[str, int] | None = None  # the lent slot it fills, if it took one
         self.watch: Watch | None = None  # its wait on the engine, bounded (dataplane/timing.py)
         self.watchdog: Watchdog | None = None
-        self.lane: asyncio.Lock | None = None  # a re-send's turn to go (dataplane/suspects.py), until its first byte
+        # Gives up its place in a failed replica's lane (dataplane/suspects.py): a re-send's or a
+        # continuation's, at its first byte.
+        self.lane: Callable[[], None] | None = None
 
     def event(self, urgent: bool = False, **kind) -> None:
         self.link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.req.run_id, trace_id=self.trace_id, **kind),
@@ -84,8 +87,8 @@ class Turn:
     def answered(self) -> None:
         """The engine's first byte came (or the turn is over): the next re-send may go."""
         if self.lane is not None:
-            self.lane.release()
-            self.lane = None
+            leave, self.lane = self.lane, None
+            leave()
 
     def release(self) -> None:
         if self.lease is not None:
@@ -140,9 +143,10 @@ async def run_turn(request: web.Request, req: TurnRequest) -> web.StreamResponse
     """Admit and proxy the turn; if its engine cannot be reached (or fails before the
     client got a byte) admit it again as a new turn of the now idle run, so it may go to
     another replica: ENGINE_RETRY_ATTEMPTS within ENGINE_RETRY_WINDOW_S, then a 502 (a
-    turn re-sent after a stall waits for its admission as long as a new one would). A
-    request that stalled or dropped its engine is sent at most once more, and one that
-    did so on two replicas is not sent again for a while (dataplane/suspects.py).
+    turn re-sent after a stall goes at once, without the retry delay, and waits for its
+    admission as long as a new one would). A request that stalled or dropped its engine
+    is sent at most once more, and one that did so on two replicas is not sent again for
+    a while (dataplane/suspects.py).
     When it returns or raises, the request's bodies are let go (TurnRequest.release)."""
     try:
         return await _run_turn(request, req)
@@ -158,13 +162,12 @@ async def _run_turn(request: web.Request, req: TurnRequest) -> web.StreamRespons
     first_failure: float | None = None
     failure: EngineUnreachable | None = None
     suspect_failures = 0
-    lane: asyncio.Lock | None = None
+    lane: Lane | None = None
     delay = ENGINE_RETRY_DELAY_S
     for attempt in range(1, ENGINE_RETRY_ATTEMPTS + 1):
         turn = Turn(request.app, req)
         if lane is not None:  # re-sent after it stalled or dropped a replica: one at a time from there
-            await lane.acquire()
-            turn.lane, lane = lane, None
+            turn.lane, lane = await lane.resend(), None
         # A turn re-sent after a stall waits to be admitted like any turn: the stalled
         # replica is out of rotation, so a hold is the healthy ones' queue (busier now),
         # not the failed engine. After an unreachable engine the scheduler cannot know
@@ -204,8 +207,9 @@ async def _run_turn(request: web.Request, req: TurnRequest) -> web.StreamRespons
         if attempt == ENGINE_RETRY_ATTEMPTS or time.monotonic() + delay >= first_failure + ENGINE_RETRY_WINDOW_S:
             break
         request.app[LOG].info("turn_retried", run=req.run_id, attempt=attempt + 1, failed_on=failure.replica)
-        await asyncio.sleep(delay)
-        delay *= 2
+        if not failure.stalled:  # a stall waited out a whole first-byte bound already: re-sent at once
+            await asyncio.sleep(delay)
+            delay *= 2
     headers = {h.RUN_ID: req.run_id, h.REPLICA: failure.replica, h.ENGINE_FAILURE: ENGINE_UNREACHABLE}
     return error_response(502, failure.message, headers, req.dialect, "api_error")
 
@@ -231,10 +235,21 @@ async def _continue(request: web.Request, req: TurnRequest, stall: StreamStalled
     """Finish a stream that stalled after bytes reached the client on another replica
     (dataplane/continuation.py): a new turn of the run, admitted as a stalled turn re-sent
     is (the stalled replica is out of rotation), with the sent text to continue. Where
-    that cannot be, the client's stream ends as one that broke off."""
+    that cannot be, the client's stream ends as one that broke off. It goes in the
+    stalled replica's lane, as the turns re-sent from there do (dataplane/suspects.py):
+    the stall may be a query of death's, whose own re-send, as quick, would otherwise
+    wedge the replica this continuation went to."""
+    turn = Turn(request.app, replace(req, body=continuation_body(req.body, stall.sent)))
+    turn.lane = await request.app[SUSPECTS].lane(stall.replica).continuation()
+    try:
+        return await _continued(request, req, stall, turn)
+    finally:
+        turn.answered()
+
+
+async def _continued(request: web.Request, req: TurnRequest, stall: StreamStalled,
+                     turn: Turn) -> web.StreamResponse:
     log = request.app[LOG]
-    creq = replace(req, body=continuation_body(req.body, stall.sent))
-    turn = Turn(request.app, creq)
     try:
         placement = await _admit(turn, None)
     except ApiError as exc:

@@ -12,8 +12,10 @@ dataplane and the runtime refuse an ``x-luftpause-caller`` (or an ``x-luftpause-
 where the key names a class) that differs (403), and show and let it touch only that
 caller's runs. ``LUFTPAUSE_TOKEN`` is then the operator's key: the services present it to
 each other, and a client presenting it sees every caller (as without keys). Tenant keys
-need the token (the runtime's sub-agent turns reach the dataplane with it). Stdlib only:
-the runtime imports this at start.
+need the token (the runtime's sub-agent turns reach the dataplane with it). The rules a
+turn follows (its identity, the runs it may join or end) are here too, for the
+dataplane and the Envoy endpoint picker alike. Stdlib only: the runtime imports this at
+start.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from luftpause import vocabulary as h
 
@@ -160,3 +163,43 @@ def contradiction(identity: KeyIdentity, headers: Mapping[str, str]) -> Refusal 
     if identity.service_class and service_class is not None and service_class.strip() != identity.service_class:
         return Refusal(f"this API key is class {identity.service_class!r}: {h.SERVICE_CLASS} cannot name another")
     return None
+
+
+# ------------------------------------------------------------------ a tenant's turns
+
+
+class OwnedRun(Protocol):
+    """A run as a run book knows it: the caller whose turns it carries."""
+
+    caller: str
+
+
+def turn_identity(tenant: KeyIdentity | None, service_class: str, caller: str) -> tuple[str, str]:
+    """A turn's class and caller: a tenant's are its key's (the class only where the key
+    names one), whatever its headers say; anyone else's (``tenant`` None) as its headers
+    say (``service_class`` and ``caller``, read from them)."""
+    if tenant is None:
+        return service_class, caller
+    return tenant.service_class or service_class, tenant.caller
+
+
+def may_join(tenant: KeyIdentity | None, run: OwnedRun | None) -> bool:
+    """Whether a turn may join ``run`` (None: a run not known here, which the turn starts):
+    a tenant's only its own caller's runs; anyone else's (``tenant`` None) any run."""
+    return tenant is None or run is None or run.caller == tenant.caller
+
+
+def may_end(tenant: KeyIdentity | None, run: OwnedRun | None) -> bool:
+    """Whether a request may end ``run`` (None: a run not known here): a tenant only one of
+    its own caller's; anyone else any run."""
+    return tenant is None or (run is not None and run.caller == tenant.caller)
+
+
+def named_other_callers_run(which: str) -> str:
+    """The 403's message when a tenant's turn names (by ``which`` header) another caller's run."""
+    return f"{which} names a run of another caller: a tenant's turns join only its own runs"
+
+
+def no_run_of_this_caller(run_id: str) -> str:
+    """The 404's message when a tenant ends a run that is not its own (or not known here)."""
+    return f"no run {run_id!r} of this caller"

@@ -5,10 +5,14 @@ Per request:
 
 * request headers: the route (``POST /v1/chat/completions`` is a turn; ``/v1/models``,
   ``DELETE /v1/runs/{id}``, ``/health`` and ``/ready`` are answered here; ``/v1/decide``
-  goes to a one-pass replica), the bearer token and the run identity headers (the
-  dataplane's: run id, harness session, class, caller) are checked; a bad one is answered at once;
+  goes to a one-pass replica), the bearer token or tenant key and the run identity
+  headers (the dataplane's: run id, harness session, class, caller) are checked; a bad
+  one is answered at once. A tenant key is its caller, as on the dataplane
+  (luftpause/keys.py): a header naming another caller or class is a 403, and so is a run
+  id or session header naming another caller's run;
 * request body: JSON checked like the dataplane does, the run named (header, session
-  header, returned tool_call ids, or new), the turn admitted (it may be held: Envoy waits), and the
+  header, returned tool_call ids, a tenant's only of its own runs, or new), the turn
+  admitted (it may be held: Envoy waits), and the
   answer is the destination: ``x-gateway-destination-endpoint: <ip:port>,<fallback>...``
   as a header and the same under ``envoy.lb`` dynamic metadata. The gateway's subset
   hint (``envoy.lb.subset_hint``) bounds the choice; an unknown model is a 404, no
@@ -40,7 +44,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep  # noqa: E402
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc  # noqa: E402
 from envoy.type.v3 import http_status_pb2  # noqa: E402
 
-from luftpause import auth
+from luftpause import auth, keys
 from luftpause import vocabulary as h
 from luftpause.dataplane.answers import MODEL_KINDS, health_body, model_list, readiness
 from luftpause.dataplane.context import new_id
@@ -59,9 +63,9 @@ if TYPE_CHECKING:
 
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 CHAT = "/v1/chat/completions"
-# Request headers the engine never sees: the client's credentials (a replica's own key,
-# when the pool names one, replaces them).
-STRIPPED = ("authorization",)
+# Request headers the engine never sees: the client's credentials, a token or tenant key
+# (a replica's own key, when the pool names one, replaces them).
+STRIPPED = ("authorization", "x-api-key")
 
 
 class Refused(Exception):
@@ -129,6 +133,7 @@ class Exchange:
         self.session = False  # the run is named by a harness's session header (it ends when that idles)
         self.service_class = h.DEFAULT_SERVICE_CLASS
         self.caller = h.ANONYMOUS_CALLER
+        self.tenant: keys.KeyIdentity | None = None  # the tenant whose key the request presents, if any
         self.model = ""
         self.subset: set[str] | None = None
         self.turn_id = ""
@@ -166,13 +171,14 @@ class Exchange:
         if path in ("/health", "/ready"):
             synced = picker.link.synced
             return immediate(200, health_body(synced)) if path == "/health" else immediate(*readiness(synced))
-        if picker.token and path.startswith("/v1"):
-            if not auth.presented_matches(headers.get("authorization"), picker.token):
-                raise Refused(401, auth.REFUSAL)
+        if path.startswith("/v1"):
+            self.authenticate(headers)
         if method == "GET" and path == "/v1/models":
             return await self.models(headers.get(":path", ""))
         if method == "DELETE" and path.startswith("/v1/runs/") and path.count("/") == 3:
             run_id = path.rsplit("/", 1)[1]
+            if not keys.may_end(self.tenant, picker.book.runs.get(run_id)):
+                raise Refused(404, keys.no_run_of_this_caller(run_id))
             picker.book.forget_run(run_id)
             picker.link.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
             return immediate(200, {"id": run_id, "deleted": True}, {h.RUN_ID: run_id})
@@ -185,11 +191,16 @@ class Exchange:
                 self.run_id = next(filter(None, (_text_header(headers, name, h.MAX_ID_BYTES)
                                                  for name in h.SESSION_HEADERS if name in headers)), "")
                 self.session = bool(self.run_id)
+            if self.run_id and not keys.may_join(self.tenant, picker.book.runs.get(self.run_id)):
+                which = "the session header" if self.session else h.RUN_ID
+                self.run_id, self.session = "", False  # the error names a new run, not the other caller's
+                raise Refused(403, keys.named_other_callers_run(which), self._run_id())
         try:
-            self.service_class = h.service_class(headers.get(h.SERVICE_CLASS))
+            service_class = h.service_class(headers.get(h.SERVICE_CLASS))
         except h.BadIdentity as exc:
             raise Refused(400, str(exc), self._run_id()) from None
-        self.caller = _text_header(headers, h.CALLER, h.MAX_CALLER_BYTES) or h.ANONYMOUS_CALLER
+        caller = _text_header(headers, h.CALLER, h.MAX_CALLER_BYTES) or h.ANONYMOUS_CALLER
+        self.service_class, self.caller = keys.turn_identity(self.tenant, service_class, caller)
         if headers.get("content-type", "").split(";", 1)[0].strip().lower() != "application/json":
             raise Refused(415, "Content-Type must be application/json", self._run_id())
         if message.request_headers.end_of_stream:
@@ -198,6 +209,19 @@ class Exchange:
         if subset is not None and SUBSET_KEY in subset.fields:
             self.subset = {v.string_value for v in subset.fields[SUBSET_KEY].list_value.values}
         return CONTINUE_REQUEST_HEADERS
+
+    def authenticate(self, headers: dict[str, str]) -> None:
+        """A /v1 request's credentials, as the dataplane checks them: a tenant key is its
+        caller (its identity headers must agree: else 403); anything else must be the
+        token, when one is set (else 401)."""
+        picker = self.picker
+        self.tenant = picker.keys.of_request(headers)
+        if self.tenant is not None:
+            refusal = keys.contradiction(self.tenant, headers)
+            if refusal is not None:
+                raise Refused(403, refusal.message)
+        elif picker.token and not auth.presented_matches(headers.get("authorization"), picker.token):
+            raise Refused(401, auth.REFUSAL)
 
     def _run_id(self) -> str:
         """The run an error response names (a new one when the request named none)."""
@@ -226,9 +250,9 @@ class Exchange:
         if self.route != CHAT:
             return await self.decide(document)
         picker = self.picker
-        if not self.run_id:
-            returned = returned_tool_call_ids(document)
-            self.run_id = picker.book.run_for_tool_calls(returned, time.monotonic()) or new_id()
+        if not self.run_id:  # the run whose tool calls it returns (a tenant's: one of its own), or a new one
+            known = picker.book.run_for_tool_calls(returned_tool_call_ids(document), time.monotonic())
+            self.run_id = known if known and keys.may_join(self.tenant, picker.book.runs.get(known)) else new_id()
         allowed: tuple[str, ...] = ()
         if self.subset is not None:
             # The gateway's subset bounds the scheduler's choice: only its replicas that serve the model.

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 
 from luftpause import logs
 from luftpause.aiohttp_server import JsonErrorsRunner
+from luftpause.keys import KEY_IDENTITIES_HELP, KeyIdentitiesError, Keys
 from luftpause.options import env_option
 from luftpause.prom import Children, metrics_response
 from luftpause.dataplane.answers import probe_routes
@@ -122,11 +123,12 @@ class PickerMetrics:
 
 class Picker:
     """What every Process stream shares: the link to the scheduler, the run book, the view
-    of the pool, the load-shedding bounds (0: off) and the metrics."""
+    of the pool, the token and tenant keys, the load-shedding bounds (0: off) and the metrics."""
 
-    def __init__(self, link: SchedulerLink, book: RunBook, log, token: str = "", *, shed_batch_held: int = 0,
-                 shed_batch_wait_s: float = 0.0) -> None:
+    def __init__(self, link: SchedulerLink, book: RunBook, log, token: str = "", *, keys: Keys | None = None,
+                 shed_batch_held: int = 0, shed_batch_wait_s: float = 0.0) -> None:
         self.link, self.book, self.log, self.token = link, book, log, token
+        self.keys = keys if keys is not None else Keys()
         self.shed_batch_held, self.shed_batch_wait_s = shed_batch_held, shed_batch_wait_s
         self.replicas = Replicas()
         self.metrics = PickerMetrics(book, lambda: link.synced)
@@ -184,7 +186,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="LUFTPAUSE_TOKEN, when set, is the bearer token every /v1 request "
                                             "must carry; the picker also presents it to the scheduler. "
-                                            + logs.LOG_SETTINGS_HELP)
+                                            + KEY_IDENTITIES_HELP + " " + logs.LOG_SETTINGS_HELP)
     env_option(parser, "--host", "LUFTPAUSE_PICKER_HOST", "127.0.0.1", "bind address")
     env_option(parser, "--grpc-port", "LUFTPAUSE_PICKER_GRPC_PORT", 5002, "ext_proc and gRPC health port Envoy calls",
                kind=int)
@@ -208,7 +210,7 @@ async def serve(args: argparse.Namespace, log) -> None:
     link = SchedulerLink(args.scheduler, book, log, token or None)
     if args.shed_batch_held < 0 or args.shed_batch_wait < 0:
         raise SystemExit("--shed-batch-held and --shed-batch-wait must be 0 (off) or more")
-    picker = Picker(link, book, log, token, shed_batch_held=args.shed_batch_held,
+    picker = Picker(link, book, log, token, keys=args.keys, shed_batch_held=args.shed_batch_held,
                     shed_batch_wait_s=args.shed_batch_wait)
     server, health_servicer = grpc_server(picker, f"{args.host}:{args.grpc_port}")
     link.start()
@@ -245,6 +247,10 @@ async def _sweep_forever(book: RunBook, link: SchedulerLink, log) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:  # the tenant keys, as the dataplane reads them (malformed, or without the token: it does not start)
+        args.keys = Keys.from_env(os.environ, os.environ.get("LUFTPAUSE_TOKEN", ""))
+    except KeyIdentitiesError as exc:
+        raise SystemExit(f"python -m luftpause.scheduler.picker: error: {exc}") from None
     log = logs.configure("picker")
     run_event_loop(serve(args, log))
     return 0

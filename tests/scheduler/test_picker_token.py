@@ -1,10 +1,14 @@
 """The Envoy picker checks LUFTPAUSE_TOKEN as every other surface does: the Bearer scheme
-in any case, 401 with a JSON message otherwise. A real picker process, spoken to over
+in any case, 401 with a JSON message otherwise; it reads tenant keys as the dataplane
+does, and does not start with ones it cannot use. A real picker process, spoken to over
 its ext_proc stream as Envoy does; no scheduler is needed to be refused."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -61,3 +65,17 @@ def test_the_token_passes_with_the_scheme_in_any_case(picker, authorization):
 def test_a_missing_or_wrong_token_is_401(picker, authorization):
     status, body = answer(picker, authorization)
     assert (status, body) == (401, {"error": {"message": "missing or invalid bearer token"}})
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"LUFTPAUSE_KEY_IDENTITIES": '{"sk-alice": {"caller": "alice"}}'}, "need LUFTPAUSE_TOKEN"),
+    ({"LUFTPAUSE_TOKEN": TOKEN, "LUFTPAUSE_KEY_IDENTITIES": '{"sk-alice": {"class": "vip"}}'}, "'caller'"),
+], ids=["keys-without-token", "malformed"])
+def test_tenant_keys_it_cannot_use_stop_the_picker_at_start(env, named):
+    grpc_port, http_port = free_ports(2)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("LUFTPAUSE_")} | env
+    result = subprocess.run([sys.executable, "-m", "luftpause.scheduler.picker", "--grpc-port", str(grpc_port),
+                             "--http-port", str(http_port), "--scheduler", f"127.0.0.1:{free_port()}"],
+                            env=environ, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert named in result.stderr and "Traceback" not in result.stderr, result.stderr
