@@ -26,7 +26,8 @@ from luftpause.dataplane.answers import MODEL_KINDS, model_list, probe_routes
 from luftpause.dataplane.dialects import ApiError, Dialect
 from luftpause.dataplane.engines import Engines
 from luftpause.dataplane.heap import trim_after_large_bodies
-from luftpause.keys import Keys, contradiction
+from luftpause import keys
+from luftpause.keys import Keys
 from luftpause.dataplane.link import SchedulerLink
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.onepass import decide
@@ -88,21 +89,15 @@ async def json_errors(request: web.Request, handler):
 @web.middleware
 async def bearer_auth(request: web.Request, handler):
     """On /v1: a tenant key (luftpause/keys.py) is its caller, its identity headers must
-    agree (else 403); else the token, when set (else 401)."""
-    token = request.app[TOKEN]
+    agree (else 403); else the token, when set (else 401): auth.authenticate."""
     if request.path.startswith("/v1"):
-        tenant = request.app[KEYS].of_request(request.headers)
+        try:
+            tenant = auth.authenticate(request.app[KEYS], request.app[TOKEN], request.headers)
+        except auth.LoginRefused as refused:
+            raise ApiError(refused.status, refused.message,
+                           "permission_error" if refused.status == 403 else "authentication_error") from None
         if tenant is not None:
-            refusal = contradiction(tenant, request.headers)
-            if refusal is not None:
-                raise ApiError(403, refusal.message, "permission_error")
             request[TENANT] = tenant
-        elif token:
-            key = request.headers.get("x-api-key")
-            # Anthropic clients send their key as x-api-key: the token there counts too.
-            if not auth.presented_matches(request.headers.get("Authorization"), token) and not (
-                    key is not None and auth.presented_matches(auth.bearer(key), token)):
-                raise ApiError(401, auth.REFUSAL, "authentication_error")
     return await handler(request)
 
 
@@ -158,11 +153,8 @@ async def delete_run(request: web.Request) -> web.Response:
     """The run ended: forget it now. A tenant ends only its own runs (another's, or one
     this dataplane has not seen, is not found to it)."""
     run_id = request.match_info["run_id"]
-    tenant = request.get(TENANT)
-    if tenant is not None:
-        record = request.app[BOOK].runs.get(run_id)
-        if record is None or record.caller != tenant.caller:
-            raise ApiError(404, f"no run {run_id!r} of this caller")
+    if not keys.may_end(request.get(TENANT), request.app[BOOK].runs.get(run_id)):
+        raise ApiError(404, keys.no_run_of_this_caller(run_id))
     request.app[BOOK].forget_run(run_id)
     request.app[LINK].report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
     return web.json_response({"id": run_id, "deleted": True}, headers={h.RUN_ID: run_id})
@@ -180,8 +172,7 @@ async def run_by_task(request: web.Request) -> web.Response:
     if not _DIGEST.fullmatch(digest):
         raise ApiError(400, "the task digest must be 64 lowercase hex digits (SHA-256 of the task's UTF-8)")
     record = request.app[BOOK].run_for_task(digest, time.monotonic())
-    tenant = request.get(TENANT)
-    if record is None or (tenant is not None and record.caller != tenant.caller):
+    if record is None or not keys.sees(request.get(TENANT), record):
         raise ApiError(404, "no run known here handed out that task", "not_found_error")
     return web.json_response({"run_id": record.run_id, "caller": record.caller, "class": record.service_class})
 

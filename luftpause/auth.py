@@ -22,6 +22,8 @@ from luftpause.tokens import (  # noqa: F401 - re-exported: this module is the s
     OPEN_HTTP_PATHS,
     REFUSAL,
     BearerGuard,
+    LoginRefused,
+    authenticate,
     bearer,
     presented_matches,
     token_from_env,

@@ -189,10 +189,16 @@ def may_join(tenant: KeyIdentity | None, run: OwnedRun | None) -> bool:
     return tenant is None or run is None or run.caller == tenant.caller
 
 
+def sees(tenant: KeyIdentity | None, run: OwnedRun) -> bool:
+    """Whether a request may see (or end) ``run``: a tenant only its own caller's runs;
+    anyone else every run."""
+    return tenant is None or run.caller == tenant.caller
+
+
 def may_end(tenant: KeyIdentity | None, run: OwnedRun | None) -> bool:
     """Whether a request may end ``run`` (None: a run not known here): a tenant only one of
     its own caller's; anyone else any run."""
-    return tenant is None or (run is not None and run.caller == tenant.caller)
+    return tenant is None or (run is not None and sees(tenant, run))
 
 
 def named_other_callers_run(which: str) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from luftpause.keys import Keys, contradiction
+from luftpause.keys import KeyIdentity, Keys, contradiction, presented_keys
 from luftpause.origins import refusal
 
 ENV = "LUFTPAUSE_TOKEN"
@@ -71,3 +71,28 @@ class BearerGuard:
                 await refusal(scope["path"], 401, REFUSAL, self._jsonrpc_paths, CHALLENGE)(scope, receive, send)
                 return
         await self._app(scope, receive, send)
+
+
+class LoginRefused(Exception):
+    """A front door's request refused by its credentials: ``status`` 401 (neither a tenant
+    key nor the token) or 403 (a header contradicts the tenant key)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def authenticate(keys: Keys, token: str, headers: Mapping[str, str]) -> KeyIdentity | None:
+    """Who a /v1 request on a front door (dataplane, endpoint picker) is: the tenant its key
+    names (its identity headers must agree), else None — the operator presenting the token
+    as a bearer token or as x-api-key (Anthropic clients), or anyone when no token is set.
+    Raises LoginRefused otherwise."""
+    tenant = keys.of_request(headers)
+    if tenant is not None:
+        refusal = contradiction(tenant, headers)
+        if refusal is not None:
+            raise LoginRefused(403, refusal.message)
+        return tenant
+    if token and not any(presented_matches(bearer(key), token) for key in presented_keys(headers)):
+        raise LoginRefused(401, REFUSAL)
+    return None

@@ -213,15 +213,11 @@ class Exchange:
     def authenticate(self, headers: dict[str, str]) -> None:
         """A /v1 request's credentials, as the dataplane checks them: a tenant key is its
         caller (its identity headers must agree: else 403); anything else must be the
-        token, when one is set (else 401)."""
-        picker = self.picker
-        self.tenant = picker.keys.of_request(headers)
-        if self.tenant is not None:
-            refusal = keys.contradiction(self.tenant, headers)
-            if refusal is not None:
-                raise Refused(403, refusal.message)
-        elif picker.token and not auth.presented_matches(headers.get("authorization"), picker.token):
-            raise Refused(401, auth.REFUSAL)
+        token, when one is set, as a bearer token or x-api-key (else 401)."""
+        try:
+            self.tenant = auth.authenticate(self.picker.keys, self.picker.token, headers)
+        except auth.LoginRefused as refused:
+            raise Refused(refused.status, refused.message) from None
 
     def _run_id(self) -> str:
         """The run an error response names (a new one when the request named none)."""

@@ -41,9 +41,9 @@ def picker(tmp_path_factory):
         process.stop()
 
 
-def answer(address: str, authorization: str | None) -> tuple[int, dict]:
+def answer(address: str, authorization: str | None, **more: str) -> tuple[int, dict]:
     """The picker's immediate answer to request headers for a /v1 path it has no route for."""
-    pairs = {":method": "POST", ":path": "/v1/nothing-here", "content-type": "application/json"}
+    pairs = {":method": "POST", ":path": "/v1/nothing-here", "content-type": "application/json", **more}
     if authorization is not None:
         pairs["authorization"] = authorization
     headers = ep.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
@@ -59,6 +59,11 @@ def answer(address: str, authorization: str | None) -> tuple[int, dict]:
 def test_the_token_passes_with_the_scheme_in_any_case(picker, authorization):
     status, body = answer(picker, authorization)
     assert (status, body) == (404, {"error": {"message": "no route POST /v1/nothing-here"}})
+
+
+def test_the_token_passes_as_an_anthropic_clients_x_api_key_as_on_the_dataplane(picker):
+    assert answer(picker, None, **{"x-api-key": TOKEN})[0] == 404
+    assert answer(picker, None, **{"x-api-key": "wrong"})[0] == 401
 
 
 @pytest.mark.parametrize("authorization", [None, "", f"Basic {TOKEN}", "Bearer wrong", TOKEN])
