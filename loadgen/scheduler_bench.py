@@ -40,7 +40,7 @@ RUNNING_PER_REPLICA = 32  # what each engine reports running: the cap once it qu
 
 def saturated_state(runs: int, held: int, rng: random.Random) -> tuple[core.State, list[str]]:
     """Engines capped and full, ``held`` turns waiting, ``runs`` runs known."""
-    replicas = [core.Replica(f"r{i}", f"http://r{i}", frozenset({MODEL})) for i in range(REPLICAS)]
+    replicas = [core.Replica(f"r{i}", frozenset({MODEL})) for i in range(REPLICAS)]
     state = core.initial_state(replicas)
     for r in replicas:
         state, _ = core.decide(state, core.EngineProbed(r.name, True, RUNNING_PER_REPLICA, 5, 0))

@@ -16,8 +16,53 @@ from luftpause.aiohttp_server import JsonErrorsRunner
 from luftpause.options import env_option
 from luftpause.eventloop import run_event_loop, stop_signalled
 from luftpause.scheduler.constants import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, PROBE_PERIOD_S
+from luftpause.scheduler.core import LiftMode, Policy
 from luftpause.scheduler.host import SchedulerHost, grpc_server, http_app, mark_serving, runtime_status_url
 from luftpause.scheduler.pool import PoolError, load_pool
+
+
+# The policy's switches on the command line, the one place their words become a Policy
+# (policy_from_args); each defaults to what Policy ships. Field -> (flag, env, choices, help).
+POLICY_OPTIONS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
+    "affinity": ("--affinity", "LUFTPAUSE_AFFINITY", ("on", "off"),
+                 "strict affinity of generating/paused runs to their replica (off lets runs roam, for benchmarks "
+                 "that measure what affinity is worth)"),
+    "interactive_slots": (
+        "--interactive-slots", "LUFTPAUSE_INTERACTIVE_SLOTS", ("on", "off"),
+        "with strict affinity, keep a slot under each replica's decode ceiling for every interactive run "
+        "paused there on a tool (at most half the ceiling): its next turn starts at once instead of waiting "
+        "for a batch turn to end, and batch throughput pays for the empty slot"),
+    "resume_slots": (
+        "--resume-slots", "LUFTPAUSE_RESUME_SLOTS", ("on", "off"),
+        "with strict affinity, keep a slot under a replica's decode ceiling for an interactive run paused "
+        "there while its tool call is due to return (its earlier pauses tell when), so its next turn need not "
+        "wait for a batch turn to end; the slot goes back to batch if the run is late (docs/admission.md)"),
+    "lift": (
+        "--lift-ceiling", "LUFTPAUSE_LIFT_CEILING", ("on", "off", "throughput"),
+        "lift a replica's decode ceiling (SGLang's cuda_graph_max_bs) where the engine shows decoding above it "
+        "buys throughput: its decode execution counters (GPU seconds, tokens, graph and eager passes; a token "
+        "10 %% cheaper) where it reports them, else its gen_throughput (at most 15 %% dearer); a try every 90 s "
+        "at most; batch turns leave a lifted slot per paused interactive run (docs/admission.md). off: the "
+        "graph batch is the wall. throughput: also keep, and take higher, a lift that costs a token no more "
+        "than at the graph batch (counters only): more batch throughput where a larger batch pays only "
+        "further up, every interactive run decoding in the longer step"),
+}
+
+
+def _word(value: bool | LiftMode) -> str:
+    """A switch's value as the command line spells it."""
+    if isinstance(value, LiftMode):
+        return value.value
+    return "on" if value else "off"
+
+
+def policy_from_args(args: argparse.Namespace) -> Policy:
+    """The Policy the parsed switches ask for."""
+    values = {}
+    for field, (flag, _, _, _) in POLICY_OPTIONS.items():
+        word = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        values[field] = LiftMode(word) if field == "lift" else word == "on"
+    return Policy(**values)
 
 
 def runtime_url(value: str) -> str:
@@ -36,26 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env_option(parser, "--grpc-port", "LUFTPAUSE_SCHEDULER_GRPC_PORT", DEFAULT_GRPC_PORT, "gRPC port", kind=int)
     env_option(parser, "--http-port", "LUFTPAUSE_SCHEDULER_HTTP_PORT", DEFAULT_HTTP_PORT, "HTTP status port", kind=int)
     env_option(parser, "--pool-file", "LUFTPAUSE_POOL_FILE", "config/pool.yaml", "engine pool YAML")
-    env_option(parser, "--affinity", "LUFTPAUSE_AFFINITY", "on",
-               "strict affinity of generating/paused runs to their replica (off lets runs roam, for benchmarks "
-               "that measure what affinity is worth)", choices=("on", "off"))
-    env_option(parser, "--interactive-slots", "LUFTPAUSE_INTERACTIVE_SLOTS", "off",
-               "with strict affinity, keep a slot under each replica's decode ceiling for every interactive run "
-               "paused there on a tool (at most half the ceiling): its next turn starts at once instead of waiting "
-               "for a batch turn to end, and batch throughput pays for the empty slot", choices=("on", "off"))
-    env_option(parser, "--resume-slots", "LUFTPAUSE_RESUME_SLOTS", "on",
-               "with strict affinity, keep a slot under a replica's decode ceiling for an interactive run paused "
-               "there while its tool call is due to return (its earlier pauses tell when), so its next turn need not "
-               "wait for a batch turn to end; the slot goes back to batch if the run is late (docs/admission.md)",
-               choices=("on", "off"))
-    env_option(parser, "--lift-ceiling", "LUFTPAUSE_LIFT_CEILING", "on",
-               "lift a replica's decode ceiling (SGLang's cuda_graph_max_bs) where the engine shows decoding above it "
-               "buys throughput: its decode execution counters (GPU seconds, tokens, graph and eager passes; a token "
-               "10 %% cheaper) where it reports them, else its gen_throughput (at most 15 %% dearer); a try every 90 s "
-               "at most; batch turns leave a lifted slot per paused interactive run (docs/admission.md). off: the "
-               "graph batch is the wall. throughput: also keep, and take higher, a lift that costs a token no more "
-               "than at the graph batch (counters only): more batch throughput where a larger batch pays only "
-               "further up, every interactive run decoding in the longer step", choices=("on", "off", "throughput"))
+    for field, (flag, env_name, choices, text) in POLICY_OPTIONS.items():
+        env_option(parser, flag, env_name, _word(getattr(Policy(), field)), text, choices=choices)
     env_option(parser, "--probe-period", "LUFTPAUSE_PROBE_PERIOD_S", PROBE_PERIOD_S,
                "seconds between engine probes (the probe timeout stays 2 s)", kind=float)
     parser.add_argument("--runtime-url", default=env("LUFTPAUSE_RUNTIME_URL") or None, type=runtime_url,
@@ -71,10 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace, log) -> None:
     endpoints = load_pool(args.pool_file)
-    host = SchedulerHost(endpoints, log, affinity=args.affinity == "on",
-                         interactive_slots=args.interactive_slots == "on", lift_ceiling=args.lift_ceiling != "off",
-                         lift_throughput=args.lift_ceiling == "throughput", resume_slots=args.resume_slots == "on",
-                         probe_period_s=args.probe_period)
+    host = SchedulerHost(endpoints, log, policy=policy_from_args(args), probe_period_s=args.probe_period)
     token = auth.token_from_env()
     if not token:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set; gRPC and HTTP accept everyone")

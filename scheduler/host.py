@@ -49,18 +49,15 @@ def class_name(value: int) -> str:
 
 
 class SchedulerHost:
-    """Owns the state; every change goes through :meth:`apply` on the event loop."""
+    """Owns the state; every change goes through :meth:`apply` on the event loop.
+    ``policy``: the operator's switches (the shipped ones unless told otherwise)."""
 
     def __init__(
         self,
         endpoints: list[Endpoint],
         log,
         clock: Callable[[], float] = time.monotonic,
-        affinity: bool = True,
-        interactive_slots: bool = False,
-        lift_ceiling: bool = False,
-        lift_throughput: bool = False,
-        resume_slots: bool = True,
+        policy: core.Policy = core.Policy(),
         probe_period_s: float = PROBE_PERIOD_S,
         first_probe_wait_s: float = FIRST_PROBE_WAIT_S,
         dataplane_gone_s: float = DATAPLANE_GONE_S,
@@ -71,10 +68,8 @@ class SchedulerHost:
         # Client APIs an engine serves itself, read from it when its pool entry lists none.
         self._discovered_apis: dict[str, tuple[str, ...]] = {}
         self._clock = clock
-        self.state = core.initial_state((e.replica() for e in endpoints), affinity=affinity,
-                                        first_probe_deadline_ms=self.now_ms() + int(first_probe_wait_s * 1000),
-                                        interactive_slots=interactive_slots, lift_ceiling=lift_ceiling,
-                                        resume_slots=resume_slots, lift_throughput=lift_throughput)
+        self.state = core.initial_state((e.replica() for e in endpoints), policy,
+                                        first_probe_deadline_ms=self.now_ms() + int(first_probe_wait_s * 1000))
         self.log = log
         self._streams: dict[str, int] = {}  # dataplane id -> open Connect and Report streams
         self._lenders: dict[str, object] = {}  # dataplane id -> its Connect stream that takes leases
@@ -286,7 +281,11 @@ class SchedulerHost:
         task.add_done_callback(self._tasks.discard)
 
     def status(self) -> dict:
-        return core.status(self.state, self.now_ms())
+        """The core's picture, with each replica's address from the pool after its name."""
+        view = core.status(self.state, self.now_ms())
+        view["replicas"] = [{"name": r["name"], "base_url": self.endpoints[r["name"]].base_url, **r}
+                            for r in view["replicas"]]
+        return view
 
     def run_page(self, query: RunQuery) -> dict:
         return core.run_page(self.state, self.now_ms(), query.limit, query.cursor, query.caller, query.stage,

@@ -74,8 +74,8 @@ class Endpoint:
         return self.probe_url or self.base_url
 
     def replica(self) -> Replica:
-        return Replica(self.name, self.base_url, frozenset(self.models), self.kind, self.api_key_env,
-                       device=self.device, max_batch=self.max_batch)
+        """The core's replica: what its rules read of this entry (not how it is reached)."""
+        return Replica(self.name, frozenset(self.models), self.kind, device=self.device, max_batch=self.max_batch)
 
 
 def _expand(value: str, where: str) -> str:

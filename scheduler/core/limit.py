@@ -88,7 +88,7 @@ from luftpause.scheduler.constants import (
 )
 from luftpause.scheduler.core.ceiling import _decode_cost_after, device_reading, lifted_reserve
 from luftpause.scheduler.core.events import EngineProbed
-from luftpause.scheduler.core.sight import _out_of_sight
+from luftpause.scheduler.core.health import SILENT, UNSEEN, after_probe
 from luftpause.scheduler.core.state import AdmissionLimit, Replica, State, _much_faster
 from luftpause.vocabulary import BATCH
 
@@ -136,7 +136,7 @@ def _keeps_slots(state: State) -> bool:
     operator asked for it and affinity is strict (a roaming run's next turn takes a
     free slot anywhere). A kept slot is empty while the tool runs: interactive runs go
     on at once, at some cost in batch throughput (docs/admission.md)."""
-    return state.affinity and state.interactive_slots
+    return state.policy.keeps_slots
 
 
 def _batch_capacity(replica: Replica, keep_slots: bool) -> int | None:
@@ -322,14 +322,12 @@ def _probed(state: State, event: EngineProbed) -> State:
     if replica is None:
         return state
     load_known = event.running is not None and event.queued is not None
-    stalled = replica.stalled and event.answers is not True
-    silent = frozenset() if event.answers is True else replica.silent  # it answered: it speaks (stalls.py)
-    unseen = _out_of_sight(replica, event)
+    health = after_probe(replica.health, event.healthy, event.answers, event.unanswered)
+    unseen = health is UNSEEN
     updated = replica._replace(
-        healthy=event.healthy and not stalled and not silent,
-        stalled=stalled,
-        silent=silent,
-        unseen=unseen,
+        health=health,
+        # still silent, or it answered a probe generation: it speaks (stalls.py)
+        silent_turns=replica.silent_turns if health is SILENT else frozenset(),
         load_known=load_known,
         running=event.running or 0,
         queued=event.queued or 0,
@@ -351,10 +349,10 @@ def _probed(state: State, event: EngineProbed) -> State:
                                    kv_used=replica.kv_used, kv_total=replica.kv_total,
                                    queue_waits_read=replica.queue_waits_read, recent_wait_ms=None,
                                    calm_wait_ms=replica.calm_wait_ms)
-    if state.lift_ceiling:
+    if state.policy.lifts:
         updated = updated._replace(decode=_decode_cost_after(updated, event, _turns_wait_for(state, replica.name),
                                                              *device_reading(state, updated, event),
-                                                             throughput_first=state.lift_throughput))
+                                                             throughput_first=state.policy.throughput_first))
         if event.gen_throughput is not None and not event.load_stale:
             updated = updated._replace(gen_throughput=event.gen_throughput)
     updated = updated._replace(limit=_limit_after(state, updated, event))

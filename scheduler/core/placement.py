@@ -43,6 +43,7 @@ from immutables import Map
 
 from luftpause.scheduler.constants import AFFINITY_SLOWER_FACTOR
 from luftpause.scheduler.core.events import Action, AdmitCancelled, Place, TurnUsage
+from luftpause.scheduler.core.health import UNSEEN, UP
 from luftpause.scheduler.core.limit import _batch_capacity, _has_room, _keeps_slots
 from luftpause.scheduler.core.resume import due_now, expected_pause_ms, with_resume
 from luftpause.scheduler.core.state import (
@@ -61,7 +62,7 @@ from luftpause.vocabulary import BATCH, INTERACTIVE
 
 def _pin(state: State, run: Run | None) -> str:
     """The replica a run's turns must go to while it is healthy, or "" (strict affinity)."""
-    if state.affinity and run is not None and run.stage is not Stage.IDLE and run.replica:
+    if state.policy.affinity and run is not None and run.stage is not Stage.IDLE and run.replica:
         return run.replica
     return ""
 
@@ -71,12 +72,12 @@ def _candidates(state: State, turn: HeldTurn) -> list[Replica]:
     replica (while healthy, or only out of the scheduler's sight: sight.py), last, after
     the peers much faster than it (see :func:`_much_faster`)."""
     allowed = turn.allowed
-    serving = [r for r in state.replicas.values() if r.kind == GENERATIVE and r.healthy and turn.model in r.models
-               and (not allowed or r.name in allowed)]
+    serving = [r for r in state.replicas.values() if r.kind == GENERATIVE and r.health is UP and turn.model in r.models
+               and (not allowed or r.name in allowed)]  # r.healthy, spelt out in the release loop's hot path
     pin = _pin(state, state.runs.get(turn.run_id))
     if pin and (not allowed or pin in allowed):  # pinned outside the allowed ones: it moves within them
         r = state.replicas.get(pin)
-        if r is not None and r.kind == GENERATIVE and (r.healthy or r.unseen) and turn.model in r.models:
+        if r is not None and r.kind == GENERATIVE and r.holds_pins and turn.model in r.models:
             # strict affinity while the run's replica is healthy (or out of sight only) and not much slower than a peer
             return [p for p in serving if _much_faster(p, r)] + [r]
     return serving
@@ -93,8 +94,9 @@ def _slow_replicas(state: State) -> frozenset[str]:
     """The generative replicas :func:`_slower_than_a_peer`, found in one pass when none is
     (the usual case: no recent turn time is AFFINITY_SLOWER_FACTOR times the quickest
     healthy one's), as the release loop asks for every held turn it places."""
-    quickest = min((r.turn_ms for r in state.replicas.values() if r.kind == GENERATIVE and r.healthy and r.turn_ms),
-                   default=None)
+    # (r.healthy, spelt out in the release loop's hot path)
+    quickest = min((r.turn_ms for r in state.replicas.values()
+                    if r.kind == GENERATIVE and r.health is UP and r.turn_ms), default=None)
     if quickest is None:
         return frozenset()
     return frozenset(r.name for r in state.replicas.values()
@@ -174,7 +176,7 @@ def _homes_with_room(state: State) -> dict[str, list[str]] | None:
     for name, r in state.replicas.items():
         if r.kind != GENERATIVE:
             continue
-        if not r.healthy and not r.unseen:
+        if r.health is not UP and r.health is not UNSEEN:  # not r.holds_pins, spelt out in the hot path
             interactive.append(name)
             batch.append(name)
             continue
@@ -196,7 +198,7 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
     """The best-ranked held turn that fits somewhere now. A turn that does not fit keeps
     every lower-ranked turn off the replicas it is waiting for."""
     open_replicas = {name for name in homes[INTERACTIVE]
-                     if name and (state.replicas[name].healthy or state.replicas[name].unseen)}
+                     if name and state.replicas[name].health in (UP, UNSEEN)}  # holds_pins, spelt out in the hot path
     blocked: set[str] = set()
     keep = _keeps_slots(state)
     closed = _closed_to_free_turns(state)
@@ -405,7 +407,7 @@ def _put_run(state: State, run: Run | None, run_id: str | None = None) -> State:
                     paused_interactive=max(0, r.paused_interactive + sign),
                     paused_interactive_tokens=max(0, r.paused_interactive_tokens + sign * reserve[1]),
                 ))
-    if state.resume_slots and (before is not None or after is not None):
+    if state.policy.resume_slots and (before is not None or after is not None):
         replicas = _resumes_after(state, replicas, key, before, run)
     pin_before = _pin(state, state.runs.get(key))
     runs = state.runs.set(key, run) if run is not None else (state.runs.delete(key) if key in state.runs else state.runs)

@@ -3,7 +3,7 @@
 With strict affinity an interactive run paused on a tool comes back to its replica, and
 if every slot there is taken its turn waits for a batch turn to end (on the B2 testbed
 under batch load about a third of a second a turn, a slot freeing there every 0.36 s).
-Keeping a slot for it for the whole pause (``interactive_slots``) costs batch the slot
+Keeping a slot for it for the whole pause (``Policy.interactive_slots``) costs batch the slot
 for the whole tool call. But a run's tool calls take about as long as its earlier
 ones (and as other interactive runs' recently): so a slot is kept only while the run
 is **due**, from a little before its pause is expected to end to as long after it. A
@@ -16,7 +16,7 @@ run is late beyond it, the slot goes back to batch.
 * the span before and after: twice the time between slot frees on the replica (its
   recent turn time over its ceiling), between RESUME_LEAD_MIN_MS and RESUME_LEAD_MAX_MS:
   a slot is likely to free inside it, and held idle for less than that on average;
-* at most half the ceiling is kept (as with ``interactive_slots``), and only under the
+* at most half the ceiling is kept (as with ``Policy.interactive_slots``), and only under the
   decode ceiling (the learned limit already keeps KV room for paused runs: limit.py).
 
 Each replica lists its paused interactive runs by expected return (``Replica.resumes``,
@@ -78,7 +78,7 @@ def due_count(replica: Replica, now_ms: int) -> int:
 def due_now(state: State, now_ms: int) -> State:
     """Every replica's due count at ``now_ms`` (only replicas whose count changed are
     rewritten)."""
-    if not state.resume_slots or not state.affinity:
+    if not state.policy.resumes:
         return state
     replicas = state.replicas
     for name, replica in state.replicas.items():

@@ -21,18 +21,13 @@ whose probe goes unanswered:
 A turn there that fails outright (not stalled: the dataplane could not reach it either)
 makes an unseen replica down: neither path reaches it. A replica never seen healthy, or
 already down, whose probe goes unanswered stays down, and a stalled one stays stalled.
+(The state is ``Health.UNSEEN``; health.py has every state and transition.)
 """
 
 from __future__ import annotations
 
-from luftpause.scheduler.core.events import EngineProbed
-from luftpause.scheduler.core.state import Replica, State, _turn_replica
-
-
-def _out_of_sight(replica: Replica, event: EngineProbed) -> bool:
-    """Whether the replica is unseen after this probe: unanswered, and it was healthy
-    (or unseen already) and has not stalled."""
-    return event.unanswered and not replica.stalled and (replica.healthy or replica.unseen)
+from luftpause.scheduler.core.health import Health
+from luftpause.scheduler.core.state import State, _turn_replica
 
 
 def _failed_out_of_sight(state: State, turn_id: str) -> State:
@@ -41,4 +36,4 @@ def _failed_out_of_sight(state: State, turn_id: str) -> State:
     replica = _turn_replica(state, turn_id)
     if replica is None or not replica.unseen:
         return state
-    return state._replace(replicas=state.replicas.set(replica.name, replica._replace(unseen=False)))
+    return state._replace(replicas=state.replicas.set(replica.name, replica._replace(health=Health.DOWN)))

@@ -33,10 +33,14 @@ waiting for its bound. But the replica takes no new turns meanwhile:
   stalled one); a silent turn that ends otherwise (its client left) is forgotten, and
   with none left the replica is back;
 * a silent turn that reaches its bound is reported stalled, and the replica is stalled.
+
+(The states are ``Health.STALLED`` and ``Health.SILENT``, with the silent turns in
+``Replica.silent_turns``; health.py has every state and transition.)
 """
 
 from __future__ import annotations
 
+from luftpause.scheduler.core.health import Health
 from luftpause.scheduler.core.limit import _limit_after
 from luftpause.scheduler.core.state import Replica, State, _turn_replica
 
@@ -45,8 +49,7 @@ def _stalled(state: State, turn_id: str) -> State:
     replica = _turn_replica(state, turn_id)
     if replica is None:
         return state
-    replica = replica._replace(healthy=False, stalled=True, unseen=False, silent=frozenset(),
-                               limit=_limit_after(state, replica, None))
+    replica = replica._replace(health=Health.STALLED, silent_turns=frozenset(), limit=_limit_after(state, replica, None))
     return state._replace(replicas=state.replicas.set(replica.name, replica))
 
 
@@ -55,15 +58,15 @@ def _silent(state: State, turn_id: str) -> State:
     replica leaves rotation until a byte comes from it (a replica already out of
     rotation for another reason is left as it is)."""
     replica = _turn_replica(state, turn_id)
-    if replica is None or replica.stalled or (not replica.healthy and not replica.silent):
+    if replica is None or not (replica.healthy or replica.silent):
         return state
-    replica = replica._replace(healthy=False, silent=replica.silent | {turn_id})
+    replica = replica._replace(health=Health.SILENT, silent_turns=replica.silent_turns | {turn_id})
     return state._replace(replicas=state.replicas.set(replica.name, replica))
 
 
 def _speaks(replica: Replica) -> Replica:
     """A byte came from the replica: no turn there is silent any more, back in rotation."""
-    return replica._replace(silent=frozenset(), healthy=not replica.stalled and not replica.unseen)
+    return replica._replace(health=Health.UP, silent_turns=frozenset())
 
 
 def _heard(state: State, turn_id: str) -> State:
@@ -78,8 +81,8 @@ def _unsilenced(state: State, turn_id: str) -> State:
     """The turn ended without a byte from its replica and not stalled (its client left):
     it is no longer silent there; with no silent turn left the replica is back."""
     replica = _turn_replica(state, turn_id)
-    if replica is None or turn_id not in replica.silent:
+    if replica is None or turn_id not in replica.silent_turns:
         return state
-    left = replica.silent - {turn_id}
-    replica = replica._replace(silent=left) if left else _speaks(replica)
+    left = replica.silent_turns - {turn_id}
+    replica = replica._replace(silent_turns=left) if left else _speaks(replica)
     return state._replace(replicas=state.replicas.set(replica.name, replica))

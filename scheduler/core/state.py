@@ -15,6 +15,8 @@ from typing import NamedTuple
 from immutables import Map
 
 from luftpause.scheduler.constants import AFFINITY_SLOWER_FACTOR, LIFT_RETRY_PROBES, LIMIT_CALM_MAX, LIMIT_CALM_PROBES
+from luftpause.scheduler.core.health import DOWN, SILENT, STALLED, UNSEEN, UP, Health
+from luftpause.scheduler.core.policy import SHIPPED, Policy
 
 TURN_TIME_WEIGHT = 8  # a replica's turn time: moving average over about this many turns
 GENERATIVE = "generative"
@@ -99,15 +101,20 @@ class DecodeCost(NamedTuple):
 
 @_quick_replace
 class Replica(NamedTuple):
+    """What the core knows of a replica: what its rules read of the pool file's entry
+    (the first five fields, fixed), then what it learns over time. How the replica is
+    reached (its base URL, its API key's variable, its probe paths) is the host's: the
+    pool's ``Endpoint`` (scheduler/pool.py)."""
+
     name: str
-    base_url: str
     models: frozenset[str]
     kind: str = GENERATIVE
-    api_key_env: str = ""
     device: str = ""  # replicas with the same device share one accelerator; "" = their own
     max_batch: int = 0  # the pool file's ceiling on turns in flight here; 0 = none set
-    healthy: bool = False
-    load_known: bool = False
+    # In rotation or not, and why (health.py: the states and the transitions between them);
+    # read through ``healthy``, ``unseen``, ``silent``, ``stalled`` and ``holds_pins``.
+    health: Health = DOWN
+    load_known: bool = False  # the engine reports its load (running and queued)
     running: int = 0  # engine-reported, as of the last probe
     queued: int = 0  # engine-reported, as of the last probe
     kv_used: int = 0  # KV tokens the engine holds, 0 when it does not say
@@ -122,14 +129,10 @@ class Replica(NamedTuple):
     due_interactive: int = 0
     fast_batch: int = 0  # the largest decode batch the engine runs at full speed, as it reports it; 0 = unknown
     leased_idle: int = 0  # slots lent to dataplanes and not in use: taken, as far as room goes
-    stalled: bool = False  # a turn stalled here: out of rotation until it answers a probe generation
     # Turns here a dataplane reported silent (stalls.py): the engine sent nothing since they
-    # were sent, longer than its recent first bytes predict. While any is, the replica is
-    # out of rotation (not healthy) with its limit kept; a byte from it brings it back.
-    silent: frozenset = frozenset()
-    # Out of sight (sight.py): healthy until its health probe went unanswered; not healthy
-    # (no new runs), but the runs pinned here stay and their turns still go here.
-    unseen: bool = False
+    # were sent, longer than its recent first bytes predict. There are some exactly while
+    # the replica is SILENT (out of rotation with its limit kept; a byte from it brings it back).
+    silent_turns: frozenset = frozenset()
     turn_ms: int = 0  # recent placed-to-finished time of turns here (moving average); 0 = none finished yet
     decode: DecodeCost = DecodeCost()  # the cost of decoding above the fast batch, and the lift (ceiling.py)
     gen_throughput: float = 0.0  # tokens/s the engine last reported (its last decode-log interval); 0 = none
@@ -139,6 +142,33 @@ class Replica(NamedTuple):
     queue_waits_read: tuple[float, int] | None = None
     recent_wait_ms: float | None = None
     calm_wait_ms: float = 0.0  # that wait at probes that showed no queue of ours (moving average); 0 = none yet
+
+    @property
+    def healthy(self) -> bool:
+        """In rotation: new runs, held turns and leases may go here."""
+        return self.health is UP
+
+    @property
+    def unseen(self) -> bool:
+        """Out of the scheduler's sight (sight.py): not in rotation, but the runs pinned
+        here stay and their turns still go here."""
+        return self.health is UNSEEN
+
+    @property
+    def silent(self) -> bool:
+        """Turns here were reported silent (stalls.py): out of rotation until it speaks."""
+        return self.health is SILENT
+
+    @property
+    def stalled(self) -> bool:
+        """A turn stalled here (stalls.py): out of rotation until it answers a probe generation."""
+        return self.health is STALLED
+
+    @property
+    def holds_pins(self) -> bool:
+        """Whether the turns of runs pinned here go here: in rotation, or only out of sight."""
+        health = self.health
+        return health is UP or health is UNSEEN
 
     @property
     def ceiling(self) -> int:
@@ -213,6 +243,9 @@ class HeldTurn(NamedTuple):
 
 @_quick_replace
 class State(NamedTuple):
+    # The operator's switches (policy.py): set once, never changed by an event.
+    policy: Policy = SHIPPED
+    # Everything below changes with events.
     replicas: Map = Map()  # name -> Replica
     runs: Map = Map()  # run_id -> Run
     turns: Map = Map()  # turn_id -> Turn (placed, in flight)
@@ -225,8 +258,6 @@ class State(NamedTuple):
     running_by_caller: Map = Map()  # caller -> in-flight turns
     next_seq: int = 0
     resynced: bool = False
-    # Strict affinity is the policy; off only to measure what it is worth.
-    affinity: bool = True
     # Which dataplane admitted each run and turn ("" for one that names none).
     run_owner: Map = Map()  # run_id -> dataplane id
     turn_owner: Map = Map()  # turn_id -> dataplane id (held or placed turns)
@@ -238,38 +269,24 @@ class State(NamedTuple):
     # (dataplane, replica) -> Lease.
     lease_takers: frozenset = frozenset()
     leases: Map = Map()
-    # The operator's choice: with strict affinity, keep a slot under the decode ceiling
-    # for each interactive run paused on a replica (at most half the ceiling).
-    interactive_slots: bool = False
-    # The operator's choice: lift the engines' decode ceilings where their throughput shows
-    # decoding above them is cheap (ceiling.py).
-    lift_ceiling: bool = False
-    # ... and where a larger batch costs a token no more, even without the gain that pays
-    # an interactive run's longer step: batch throughput first (ceiling.py, is_neutral).
-    lift_throughput: bool = False
-    # With strict affinity, keep a slot under the ceiling for a paused interactive run
-    # while its tool call is due to return (resume.py), and the pauses seen so far.
-    resume_slots: bool = True
+    # The interactive pauses seen so far (a moving average): a run's expected pause before
+    # its first (resume.py).
     interactive_pause_ms: int = 0
     # Models no replica in rotation serves, and since when (ms, as of a clock tick):
     # turns held for them are answered after a bound (stranded.py).
     unserved_since: Map = Map()
 
 
-def initial_state(
-    replicas: Iterable[Replica], affinity: bool = True, first_probe_deadline_ms: int | None = None,
-    interactive_slots: bool = False, lift_ceiling: bool = False, resume_slots: bool = True,
-    lift_throughput: bool = False,
-) -> State:
-    """With ``first_probe_deadline_ms`` (a restarted scheduler), held turns wait until every
+def initial_state(replicas: Iterable[Replica], policy: Policy = SHIPPED,
+                  first_probe_deadline_ms: int | None = None) -> State:
+    """The pool's replicas under ``policy`` (the shipped one unless told otherwise). With
+    ``first_probe_deadline_ms`` (a restarted scheduler), held turns wait until every
     replica has been probed once, or until that time."""
     replicas = Map({r.name: r for r in replicas})
     if first_probe_deadline_ms is None:
-        return State(replicas=replicas, affinity=affinity, interactive_slots=interactive_slots,
-                     lift_ceiling=lift_ceiling, resume_slots=resume_slots, lift_throughput=lift_throughput)
-    return State(replicas=replicas, affinity=affinity, unprobed=frozenset(replicas.keys()),
-                 unprobed_until_ms=first_probe_deadline_ms, interactive_slots=interactive_slots,
-                 lift_ceiling=lift_ceiling, resume_slots=resume_slots, lift_throughput=lift_throughput)
+        return State(policy=policy, replicas=replicas)
+    return State(policy=policy, replicas=replicas, unprobed=frozenset(replicas.keys()),
+                 unprobed_until_ms=first_probe_deadline_ms)
 
 
 def _turn_replica(state: State, turn_id: str) -> Replica | None:

@@ -10,16 +10,16 @@ from luftpause.scheduler.core.state import State
 
 
 def status(state: State, now_ms: int) -> dict:
-    """A plain-value picture of the state for the status endpoints."""
+    """A plain-value picture of the state for the status endpoints (the host adds each
+    replica's ``base_url`` from the pool, after its name: SchedulerHost.status)."""
     replicas = [
         {
             "name": r.name,
-            "base_url": r.base_url,
             "kind": r.kind,
             "models": sorted(r.models),
             "healthy": r.healthy,
             "stalled": r.stalled,
-            "silent": len(r.silent),
+            "silent": len(r.silent_turns),
             "unseen": r.unseen,
             "load_known": r.load_known,
             "running": r.running,

@@ -1,7 +1,10 @@
 """Random agents for the core's property tests (hypothesis): generated operations turned
 into events, every step checked.
 
-Agents here behave as real ones do: a run has at most one turn held or in flight.
+Agents here behave as real ones do: a run has at most one turn held or in flight. The
+state starts on the shipped policy (``core.Policy()``), as the scheduler runs: engines
+that report a fast decode batch and their execution counters get their ceilings lifted
+where the counters say it pays (ceiling.py).
 """
 
 from __future__ import annotations
@@ -46,11 +49,15 @@ fail = st.tuples(st.just("fail"), st.integers(0, 20))
 cancel = st.tuples(st.just("cancel"), st.integers(0, 20))
 
 
-# The last element: what the engine's queue-time histogram adds since the probe before
-# (requests scheduled, milliseconds they waited in all), or None: it reports no histogram.
+# The last elements: what the engine's queue-time histogram adds since the probe before
+# (requests scheduled, milliseconds they waited in all), or None: it reports no histogram;
+# and the eager step a healthy engine pays above its fast decode batch (FAST_BATCHES), in
+# ms, or None: it reports neither that batch nor its execution counters (which advance by
+# a probe interval of decode passes over the turns luftpause has there: Driver.counted).
 probe = st.tuples(st.just("probe"), st.sampled_from(REPLICAS), st.booleans(),
                   st.one_of(st.none(), st.integers(0, 3)), st.integers(0, 2),
-                  st.one_of(st.none(), st.tuples(st.integers(0, 3), st.integers(0, 2000))))
+                  st.one_of(st.none(), st.tuples(st.integers(0, 3), st.integers(0, 2000))),
+                  st.one_of(st.none(), st.sampled_from((0.0, 20.0))))
 
 
 tick = st.tuples(st.just("tick"), st.sampled_from((1000, 60_000, 11 * 60_000, 31 * 60_000)))
@@ -59,13 +66,32 @@ tick = st.tuples(st.just("tick"), st.sampled_from((1000, 60_000, 11 * 60_000, 31
 ended = st.tuples(st.just("ended"), st.sampled_from(RUNS))
 
 
+FAST_BATCHES = {"a": 2, "b": 3}  # the fast decode batch each engine reports, where it reports one
+COUNTED_PASSES, BASE_MS, PER_REQUEST_MS = 100, 12.0, 0.8  # an engine's decode passes between probes
+
+
 operations = st.lists(st.one_of(admit, admit, admit, admit, finish, finish, fail, cancel, probe, tick, ended), min_size=20, max_size=80)
+
+
+# Faults, for the replicas' health (health.py): a turn reported stalled, silent, or its
+# first token come; and a probe with what its health route said, whether a probe
+# generation was answered (None: none sent) and whether the route answered at all, in
+# every combination (the host sends fewer).
+stall = st.tuples(st.just("stall"), st.integers(0, 20))
+silence = st.tuples(st.just("silent"), st.integers(0, 20))
+answered = st.tuples(st.just("answered"), st.integers(0, 20))
+sight = st.tuples(st.just("sight"), st.sampled_from(REPLICAS), st.booleans(), st.one_of(st.none(), st.booleans()),
+                  st.booleans())
+
+
+faulty_operations = st.lists(st.one_of(admit, admit, admit, admit, finish, fail, cancel, probe, tick, ended,
+                                       stall, silence, answered, sight, sight), min_size=20, max_size=80)
 
 
 def fresh_state(running: int | None = None) -> core.State:
     """Healthy replicas; with ``running``, each reports that many running and a queue
     (so it starts capped, where admission decisions matter)."""
-    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in REPLICAS)
+    state = core.initial_state(core.Replica(n, frozenset({MODEL})) for n in REPLICAS)
     for name in REPLICAS:
         queued = None if running is None else 1
         state, _ = core.decide(state, core.EngineProbed(name, True, running, queued, 0))
@@ -81,6 +107,7 @@ class Driver:
     counter: int = 0
     checks: list = field(default_factory=list)
     waits: dict = field(default_factory=dict)  # replica -> its queue-time histogram so far (seconds, requests)
+    counters: dict = field(default_factory=dict)  # replica -> its engine's execution counters so far
 
     def busy_runs(self) -> set[str]:
         return {t.run_id for t in self.state.turns.values()} | {t.run_id for t in self.state.held.values()}
@@ -93,27 +120,62 @@ class Driver:
                 return None
             self.counter += 1
             return core.AdmitRequested(f"t{self.counter}", run, MODEL, cls, caller, self.now)
-        if kind in ("finish", "fail"):
+        if kind in ("finish", "fail", "stall", "silent", "answered"):
             turns = sorted(self.state.turns)
             if not turns:
                 return None
             turn = turns[op[1] % len(turns)]
-            return core.TurnFinished(turn, op[2], self.now) if kind == "finish" else core.TurnFailed(turn, self.now)
+            if kind == "finish":
+                return core.TurnFinished(turn, op[2], self.now)
+            if kind == "silent":
+                return core.TurnSilent(turn, self.now)
+            if kind == "answered":
+                return core.TurnAnswered(turn, self.now)
+            return core.TurnFailed(turn, self.now, stalled=kind == "stall")
+        if kind == "sight":
+            _, name, healthy, answers, unanswered = op
+            return core.EngineProbed(name, healthy, 1 if healthy else None, 0 if healthy else None, self.now,
+                                     answers=answers, unanswered=unanswered)
         if kind == "cancel":
             held = sorted(self.state.held)
             return core.AdmitCancelled(held[op[1] % len(held)], self.now) if held else None
         if kind == "probe":
-            _, name, healthy, running, queued, waits = op
-            if waits is None or running is None:
-                return core.EngineProbed(name, healthy, running, None if running is None else queued, self.now)
-            total_s, count = self.waits.get(name, (0.0, 0))
-            self.waits[name] = (total_s + waits[1] / 1000, count + waits[0])
-            return core.EngineProbed(name, healthy, running, queued, self.now, queue_wait_s=self.waits[name][0],
-                                     queue_waits=self.waits[name][1])
+            _, name, healthy, running, queued, waits, engine = op
+            extra = {}
+            if waits is not None and running is not None:
+                total_s, count = self.waits.get(name, (0.0, 0))
+                self.waits[name] = (total_s + waits[1] / 1000, count + waits[0])
+                extra.update(queue_wait_s=self.waits[name][0], queue_waits=self.waits[name][1])
+            if engine is not None and healthy:
+                extra.update(fast_batch=FAST_BATCHES[name], decode_counters=self.counted(name, engine))
+            return core.EngineProbed(name, healthy, running, None if running is None else queued, self.now, **extra)
         if kind == "tick":
             self.now += op[1]
             return core.ClockTicked(self.now)
         return core.RunEnded(op[1], self.now)
+
+    def counted(self, name: str, eager_ms: float) -> core.DecodeCounters:
+        """The engine's execution counters after COUNTED_PASSES decode passes of the turns
+        luftpause has there (none while it has none), each step BASE_MS + PER_REQUEST_MS a
+        request, plus ``eager_ms`` above its fast batch."""
+        counters = self.counters.get(name, core.DecodeCounters(0.0, 0, 0, 0))
+        batch = self.state.replicas[name].in_flight
+        if batch:
+            eager = batch > FAST_BATCHES[name]
+            step_ms = BASE_MS + PER_REQUEST_MS * batch + (eager_ms if eager else 0.0)
+            counters = core.DecodeCounters(
+                counters.gpu_s + COUNTED_PASSES * step_ms / 1000, counters.tokens + COUNTED_PASSES * batch,
+                counters.graph_passes + (0 if eager else COUNTED_PASSES),
+                counters.eager_passes + (COUNTED_PASSES if eager else 0))
+            self.counters[name] = counters
+        return counters
+
+    def engine_probe(self, name: str, eager_ms: float) -> core.EngineProbed:
+        """A healthy probe of an engine that runs every turn luftpause has there, with no
+        queue, and reports its fast batch and execution counters (as SGLang does)."""
+        running = self.state.replicas[name].in_flight
+        return core.EngineProbed(name, True, running, 0, self.now, fast_batch=FAST_BATCHES[name],
+                                 decode_counters=self.counted(name, eager_ms))
 
     def step(self, event: core.Event) -> list[core.Action]:
         before = self.state

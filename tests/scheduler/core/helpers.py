@@ -9,7 +9,7 @@ MODEL = "m"
 
 
 def pool(*names: str, models=(MODEL,)) -> core.State:
-    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset(models)) for n in names)
+    state = core.initial_state(core.Replica(n, frozenset(models)) for n in names)
     for name in names:
         state, _ = core.decide(state, core.EngineProbed(name, True, None, None, 0))
     return state

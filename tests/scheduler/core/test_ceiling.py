@@ -21,8 +21,9 @@ from luftpause.scheduler.constants import (
     LIFT_SETTLE_PROBES,
 )
 
-from .drivers import REPLICAS, Driver, never_over_cap, operations, placements
+from .drivers import EXAMPLES, REPLICAS, RUNS, Driver, never_over_cap, operations, pinned_runs_stay, placements
 from luftpause.scheduler.core.ceiling import counters_reading, device_reading, is_cheap, lift_step, reference_ms
+from luftpause.scheduler.core.limit import _batch_capacity
 
 from .helpers import MODEL, admit, fill, placed
 
@@ -49,11 +50,10 @@ def engine(state, running: int, eager_ms: float, now: int, queued: int = 0):
                                                 gen_throughput=throughput(running, eager_ms)))
 
 
-def saturated(waiting: int = 30, lift: bool = True, throughput: bool = False):
+def saturated(waiting: int = 30, lift: core.LiftMode = core.Policy().lift):
     """One replica reporting a fast batch of 8, ``waiting`` batch turns admitted; ``lift``:
-    the operator turned lifting on; ``throughput``: in the throughput mode."""
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))], lift_ceiling=lift,
-                               lift_throughput=throughput)
+    how the operator has the ceiling lifted (as shipped unless told)."""
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}))], core.Policy(lift=lift))
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0, 0, 100_000, FAST))
     state, sent = fill(state, waiting)
     assert len(sent) == FAST
@@ -163,7 +163,7 @@ def test_the_lift_is_bounded_and_not_tried_without_waiting_turns():
 
 
 def test_the_pool_files_max_batch_and_an_engine_without_throughput_are_never_lifted():
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), max_batch=FAST)], lift_ceiling=True)
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}), max_batch=FAST)])
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0, fast_batch=FAST))
     state, _ = fill(state, 30)
     state, _ = run_engine(state, 0.0, 20, 1)
@@ -174,8 +174,8 @@ def test_the_pool_files_max_batch_and_an_engine_without_throughput_are_never_lif
     assert silent.replicas["a"].ceiling == FAST
 
 
-def test_unless_the_operator_asks_for_it_the_fast_batch_stays_the_wall():
-    state = saturated(lift=False)
+def test_with_lifting_off_the_fast_batch_stays_the_wall():
+    state = saturated(lift=core.LiftMode.OFF)
     state, _ = run_engine(state, 0.0, 40, 1)
     assert state.replicas["a"].ceiling == FAST and state.replicas["a"].in_flight == FAST
 
@@ -188,25 +188,36 @@ def test_a_replica_that_went_away_is_read_anew():
     assert state.replicas["a"].decode == core.DecodeCost()
 
 
+def within_the_lifted_ceiling(before, event, after, actions):
+    """No placement takes a replica past its ceiling as lifted, and the lift stays within
+    LIFT_MAX_FACTOR times the fast batch."""
+    for replica in after.replicas.values():
+        assert 0 <= replica.decode.lift <= (LIFT_MAX_FACTOR - 1) * replica.fast_batch, replica
+    for place in placements(actions):
+        replica = after.replicas[place.replica]
+        if replica.ceiling:  # 0: forgotten with an engine that went away, none until read again
+            assert replica.in_flight <= replica.ceiling, (place, replica)
+
+
+def batch_within_its_room(before, event, after, actions):
+    """No batch turn is placed into the room kept for paused interactive runs (the lifted
+    slots among it: lifted_reserve)."""
+    for place in placements(actions):
+        replica = after.replicas[place.replica]
+        capacity = _batch_capacity(replica, after.policy.keeps_slots)
+        if after.turns[place.turn_id].service_class == core.BATCH and capacity is not None:
+            assert replica.in_flight <= capacity, (place, replica)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(REPLICAS), st.integers(0, 40), st.sampled_from((0.0, 5.0, 20.0))),
                 min_size=1, max_size=40), operations)
 def test_in_flight_never_exceeds_the_lifted_ceiling_nor_the_lift_its_bound(readings, ops):
     """Whatever the engines' throughput says, no placement takes a replica past its
     ceiling as lifted, and the lift stays within LIFT_MAX_FACTOR times the fast batch."""
-    state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in REPLICAS),
-                               lift_ceiling=True)
+    state = core.initial_state((core.Replica(n, frozenset({MODEL})) for n in REPLICAS))
     for name in REPLICAS:
         state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0, fast_batch=2))
-
-    def within_the_lifted_ceiling(before, event, after, actions):
-        for replica in after.replicas.values():
-            assert 0 <= replica.decode.lift <= (LIFT_MAX_FACTOR - 1) * replica.fast_batch, replica
-        for place in placements(actions):
-            replica = after.replicas[place.replica]
-            if replica.ceiling:  # 0: forgotten with an engine that went away, none until read again
-                assert replica.in_flight <= replica.ceiling, (place, replica)
-
     driver = Driver(state=state, checks=[within_the_lifted_ceiling, never_over_cap])
     for i, op in enumerate(ops):
         name, running, eager = readings[i % len(readings)]
@@ -215,6 +226,30 @@ def test_in_flight_never_exceeds_the_lifted_ceiling_nor_the_lift_its_bound(readi
             driver.step(event)
         driver.step(core.EngineProbed(name, True, running, 0, driver.now, gen_throughput=throughput(running, eager)
                                       if running else None))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(REPLICAS), st.sampled_from((0.0, 5.0, 20.0))), min_size=1, max_size=40),
+       operations)
+def test_lifted_and_lowered_ceilings_keep_the_cap_the_pins_and_the_room_kept(readings, ops):
+    """On the shipped policy, with engines that report their fast batch and execution
+    counters (drivers.FAST_BATCHES) and start full at it with turns waiting (their
+    reference read before the first try), an engine probed after every operation with an
+    eager step of 0, 5 or 20 ms: ceilings are lifted, kept and lowered (most examples lift
+    one), and no placement takes a replica past its lifted ceiling or its cap, moves a
+    pinned run off its healthy replica, or gives a batch turn the room kept for paused
+    interactive runs."""
+    driver = Driver(checks=[within_the_lifted_ceiling, never_over_cap, pinned_runs_stay, batch_within_its_room])
+    for name in REPLICAS:  # the fast batch read, the counters' first reading taken
+        driver.step(driver.engine_probe(name, 0.0))
+    for run in RUNS:  # each engine full at its fast batch, the rest held
+        driver.step(driver.event_for(("admit", run, "batch", "x")))
+    for i, op in enumerate(ops):
+        name, eager_ms = readings[i % len(readings)]
+        event = driver.event_for(op)
+        if event is not None:
+            driver.step(event)
+        driver.step(driver.engine_probe(name, eager_ms))
 
 
 def test_a_slow_reading_at_the_fast_batch_does_not_make_the_eager_step_look_cheap():
@@ -259,9 +294,8 @@ def test_readings_that_vary_by_a_fifth_still_tell_a_free_larger_batch_from_an_ea
 def shared_gpu():
     """Two replicas on one GPU, each reporting a fast batch of 8, with turns waiting; b's
     pool entry holds it at 8 (``max_batch``), so only a tries above it."""
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), device="gpu0"),
-                                core.Replica("b", "http://b", frozenset({MODEL}), device="gpu0", max_batch=FAST)],
-                               lift_ceiling=True)
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}), device="gpu0"),
+                                core.Replica("b", frozenset({MODEL}), device="gpu0", max_batch=FAST)])
     for name in "ab":
         state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0, 0, 100_000, FAST))
     state, sent = fill(state, 60)
@@ -297,11 +331,11 @@ def test_a_reading_is_the_devices_batch_over_its_summed_throughput():
     """On a shared GPU a replica's reading adds what each neighbour on the same device last
     reported, running and throughput together; a neighbour running nothing adds nothing
     (its throughput gauge is an old interval's), and one on another device is not its."""
-    replicas = [core.Replica("a", "http://a", frozenset({MODEL}), device="gpu0"),
-                core.Replica("b", "http://b", frozenset({MODEL}), device="gpu0"),
-                core.Replica("c", "http://c", frozenset({MODEL}), device="gpu1"),
-                core.Replica("d", "http://d", frozenset({MODEL}))]
-    state = core.initial_state(replicas, lift_ceiling=True)
+    replicas = [core.Replica("a", frozenset({MODEL}), device="gpu0"),
+                core.Replica("b", frozenset({MODEL}), device="gpu0"),
+                core.Replica("c", frozenset({MODEL}), device="gpu1"),
+                core.Replica("d", frozenset({MODEL}))]
+    state = core.initial_state(replicas)
     for name, running, tps in (("b", 6, 150.0), ("c", 5, 400.0), ("d", 7, 300.0)):
         state, _ = core.decide(state, core.EngineProbed(name, True, running, 0, 1, fast_batch=FAST, gen_throughput=tps))
     probe = core.EngineProbed("a", True, 8, 0, 2, gen_throughput=200.0)
@@ -315,8 +349,7 @@ def test_a_neighbours_eager_step_on_a_shared_gpu_reads_dear_whichever_replica_tr
     """Both replicas of a shared GPU may lift: each judges the device's step, so with the
     testbed's 20 ms eager step neither keeps a lift, and without it both climb."""
     def both_lift():
-        state = core.initial_state([core.Replica(n, f"http://{n}", frozenset({MODEL}), device="gpu0") for n in "ab"],
-                                   lift_ceiling=True)
+        state = core.initial_state([core.Replica(n, frozenset({MODEL}), device="gpu0") for n in "ab"])
         for name in "ab":
             state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0, 0, 100_000, FAST))
         state, _ = fill(state, 80)
@@ -400,7 +433,7 @@ def test_a_10_ms_eager_step_keeps_the_wall_but_in_the_throughput_mode_the_lift_g
     verdict = LIFT_COUNTED_REFERENCE_MIN + 1 + LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES
     default, _ = run_counted(saturated(60), 10.0, verdict, 1)
     assert default.replicas["a"].ceiling == FAST and default.replicas["a"].decode.retry_after
-    state = saturated(60, throughput=True)
+    state = saturated(60, lift=core.LiftMode.THROUGHPUT)
     state, now = run_counted(state, 10.0, LIFT_COUNTED_REFERENCE_MIN + 1, 1)
     assert state.replicas["a"].ceiling == 2 * FAST
     state, now = run_counted(state, 10.0, LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, now)
@@ -411,7 +444,7 @@ def test_a_10_ms_eager_step_keeps_the_wall_but_in_the_throughput_mode_the_lift_g
 
 def test_the_throughput_mode_still_keeps_the_testbeds_eager_step_as_the_wall():
     """The preset's 20 ms eager step reads 22 % dearer at 16: dear in either mode."""
-    state = saturated(60, throughput=True)
+    state = saturated(60, lift=core.LiftMode.THROUGHPUT)
     state, _ = run_counted(state, 20.0, LIFT_COUNTED_REFERENCE_MIN + 1 + LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, 1)
     assert state.replicas["a"].ceiling == FAST and state.replicas["a"].decode.retry_after
 
@@ -420,7 +453,7 @@ def test_a_step_taken_on_no_gain_that_reads_dear_goes_back_to_the_wall_not_to_th
     """Throughput mode: 16 read no dearer than 8 but no cheaper either, so 24 was tried; 24
     reads dear (the engine pays more per pass there): the ceiling goes back to the fast
     batch, the last one judged worth its step, and the next try waits."""
-    state = saturated(60, throughput=True)
+    state = saturated(60, lift=core.LiftMode.THROUGHPUT)
     state, now = run_counted(state, 10.0, LIFT_COUNTED_REFERENCE_MIN + 1 + LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, 1)
     assert state.replicas["a"].ceiling == 3 * FAST
     state, now = run_counted(state, 40.0, LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES, now)
@@ -431,7 +464,7 @@ def test_a_lift_of_no_gain_that_cannot_go_higher_is_kept_until_it_reads_dear():
     """Throughput mode, no turn waiting for the replica: a step higher could not be filled,
     and a lift that costs a token no more is kept (batch turns arriving later still find
     it); once the engine pays more per token there, the ceiling goes back to the fast batch."""
-    state = saturated(2 * FAST, throughput=True)  # the try at 16 takes every waiting turn
+    state = saturated(2 * FAST, lift=core.LiftMode.THROUGHPUT)  # the try at 16 takes every waiting turn
     state, now = run_counted(state, 10.0, LIFT_COUNTED_REFERENCE_MIN + 1, 1)
     assert state.replicas["a"].ceiling == 2 * FAST and not state.held
     state, now = run_counted(state, 10.0, 2 * (LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES), now)
@@ -499,7 +532,7 @@ def test_batch_leaves_a_lifted_slot_for_each_interactive_run_paused_on_the_repli
     """Lifted, the replica takes batch turns only up to its ceiling less one slot per
     interactive run paused there on a tool: the run's next turn starts at once instead of
     waiting behind the batch turns the lift let in."""
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))], lift_ceiling=True)
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}))])
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0, 0, 100_000, FAST))
     state, _ = admit(state, "i1", "run-i", cls=core.INTERACTIVE, caller="person", now=1)
     state, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 2))  # paused on its tool, pinned to a

@@ -24,7 +24,7 @@ def test_malformed_admit_is_rejected():
 
 
 def test_cancelled_held_turn_leaves_the_queue():
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))])
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}))])
     state, _ = admit(state, "t1", "r1")
     state, actions = core.decide(state, core.AdmitCancelled("t1", 1))
     assert not state.held and actions == []

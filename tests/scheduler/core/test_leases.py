@@ -29,7 +29,7 @@ DP, OTHER = "dp-1", "dp-2"
 
 
 def pool(*names: str, ceiling: int = 8, takers=(DP,)) -> core.State:
-    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL}), max_batch=ceiling) for n in names)
+    state = core.initial_state(core.Replica(n, frozenset({MODEL}), max_batch=ceiling) for n in names)
     for name in names:
         state, _ = core.decide(state, core.EngineProbed(name, True, None, None, 0))
     for dataplane in takers:
@@ -218,8 +218,8 @@ def nothing_lent_while_turns_wait(before, event, after, actions):
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(st.integers(1, 6), st.one_of(st.none(), st.integers(0, 3)), st.booleans(), operations)
 def test_leases_never_take_a_replica_past_its_cap_and_always_add_up(ceiling, running, slots, ops):
-    state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL}), max_batch=ceiling)
-                                for n in REPLICAS), interactive_slots=slots)
+    state = core.initial_state((core.Replica(n, frozenset({MODEL}), max_batch=ceiling)
+                                for n in REPLICAS), core.Policy(interactive_slots=slots))
     for name in REPLICAS:
         state, _ = core.decide(state, core.EngineProbed(name, True, running, None if running is None else 1, 0))
     driver = LeasingDriver(state=state, checks=[lent_slots_add_up, never_lent_over_cap, never_over_cap,

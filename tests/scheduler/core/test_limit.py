@@ -12,6 +12,9 @@ from luftpause.scheduler import core
 from luftpause.scheduler.constants import (LIMIT_ARRIVAL_TURN_SHARE, LIMIT_ARRIVAL_WAIT_FACTOR, LIMIT_CALM_PROBES,
                                            LIMIT_INITIAL, LIMIT_MAX_CUT_DIVISOR, LIMIT_QUEUE_MEMORY)
 
+from luftpause.scheduler.core.limit import _ceiling_reserve
+from luftpause.scheduler.core.placement import _candidates, _closed_to_free_turns
+
 from .drivers import EXAMPLES, REPLICAS, Driver, fresh_state, never_over_cap, operations, placements
 from .helpers import MODEL, admit, fill, placed, pool, probe
 
@@ -72,7 +75,7 @@ def test_slow_start_doubles_the_limit_until_the_engine_first_queues_then_grows_g
 
 
 def test_an_engine_with_a_ceiling_starts_at_the_ceiling():
-    state = core.initial_state([core.Replica("a", "http://a", frozenset((MODEL,)), max_batch=6)])
+    state = core.initial_state([core.Replica("a", frozenset((MODEL,)), max_batch=6)])
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0))
     sent = {}
     for i in range(8):
@@ -493,7 +496,7 @@ def test_in_flight_stays_at_the_engines_fast_batch_whatever_the_limit():
 
 
 def test_the_pool_files_max_batch_wins_over_what_the_engine_reports():
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), max_batch=3)])
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}), max_batch=3)])
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0, fast_batch=8))
     state, first = fill(state, 5)
     assert len(first) == 3 and state.replicas["a"].capacity == 3
@@ -513,8 +516,8 @@ def paused_interactive_under_a_ceiling(affinity: bool, paused: int = 1, ceiling:
     """A replica with a decode ceiling, a learned limit well above it, and ``paused``
     interactive runs paused there on a tool; ``slots``: the operator asked to keep a
     slot for each."""
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))], affinity=affinity,
-                               interactive_slots=slots)
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}))],
+                               core.Policy(affinity=affinity, interactive_slots=slots))
     state, _ = core.decide(state, core.EngineProbed("a", True, None, None, 0))
     for i in range(paused):
         state, _ = admit(state, f"i{i}", f"interactive-run{i}")
@@ -575,7 +578,7 @@ def test_in_flight_never_exceeds_a_capped_engines_cap(running, ops):
 def test_in_flight_never_exceeds_the_decode_ceiling(ceiling, running, ops):
     """Whatever the learned limit does, no placement takes a replica past the batch it
     decodes at full speed (as the engine reported it on its first probe)."""
-    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in REPLICAS)
+    state = core.initial_state(core.Replica(n, frozenset({MODEL})) for n in REPLICAS)
     for name in REPLICAS:
         state, _ = core.decide(state, core.EngineProbed(name, True, running, None if running is None else 1, 0,
                                                         fast_batch=ceiling))
@@ -657,7 +660,10 @@ def test_the_learned_limit_follows_the_engine_queue(running, ops):
 @given(st.integers(0, 3), operations, st.integers(5, 30))
 def test_the_limit_recovers_to_full_use_when_the_engine_stops_queueing(running, ops, waiting):
     """However low the limit was driven, an engine that shows no queue while turns wait
-    gets them all within a bounded number of probes, without any turn finishing."""
+    gets them all within a bounded number of probes, without any turn finishing, as far
+    as its decode ceiling (an engine's fast batch, lifted or not) goes: a turn still held
+    waits for replicas full to their ceiling (and, beside them, a much slower peer keeps
+    it off while they free slots sooner: placement.py)."""
     driver = Driver(state=fresh_state(running))
     driver.play(ops)
     for i in range(waiting):
@@ -668,4 +674,11 @@ def test_the_limit_recovers_to_full_use_when_the_engine_stops_queueing(running, 
         for name in REPLICAS:
             replica = driver.state.replicas[name]
             driver.step(core.EngineProbed(name, True, replica.in_flight, 0, driver.now))
-    assert not driver.state.held
+    state = driver.state
+    closed = _closed_to_free_turns(state)
+    for turn in state.held.values():  # what is still held waits for the ceiling, not the limit
+        candidates = _candidates(state, turn)
+        shut = closed.get(turn.service_class, frozenset())
+        for replica in [r for r in candidates if r.name not in shut] or candidates:
+            kept = _ceiling_reserve(replica, state.policy.keeps_slots) if turn.service_class == core.BATCH else 0
+            assert replica.ceiling and replica.in_flight + replica.leased_idle >= replica.ceiling - kept, (turn, replica)

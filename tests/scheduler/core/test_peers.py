@@ -106,7 +106,7 @@ def test_state_after_resync_equals_state_before_the_restart(ops):
     runs = tuple(core.RunSnapshot(r.run_id, r.replica, r.stage, r.service_class, r.caller) for r in before.runs.values())
     turns = tuple(core.TurnSnapshot(t.turn_id, t.run_id, t.replica, t.model, t.service_class, t.caller)
                   for t in before.turns.values())
-    restarted = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in REPLICAS)
+    restarted = core.initial_state(core.Replica(n, frozenset({MODEL})) for n in REPLICAS)
     for name, replica in before.replicas.items():  # the new scheduler's first probes see the same engines
         restarted, _ = core.decide(restarted, core.EngineProbed(
             name, replica.healthy, replica.running if replica.load_known else None,

@@ -39,7 +39,7 @@ def test_unhealthy_replica_gets_no_turns():
 
 
 def test_turn_is_held_while_no_replica_is_healthy_and_placed_when_one_recovers():
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}))])
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}))])
     state, actions = admit(state, "t1", "r1", now=10)
     assert actions == [] and "t1" in state.held
     state, actions = core.decide(state, core.EngineProbed("a", True, None, None, 50))
@@ -96,7 +96,7 @@ def test_a_later_turn_of_a_run_under_way_goes_before_the_first_turn_of_a_new_run
     """A run's prefix is cached only while it is recent: finishing started runs before
     starting new ones keeps the cache on fewer runs. The new run waited longer, and
     still goes second; it goes at the next free slot."""
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), max_batch=2)], affinity=affinity)
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}), max_batch=2)], core.Policy(affinity=affinity))
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0))
     state, _ = admit(state, "a1", "ra", cls="batch")
     state, _ = admit(state, "b1", "rb", cls="batch")
@@ -112,7 +112,7 @@ def test_a_later_turn_of_a_run_under_way_goes_before_the_first_turn_of_a_new_run
 
 
 def test_a_new_run_of_a_caller_with_fewer_turns_running_goes_before_another_callers_run_under_way():
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), max_batch=2)])
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}), max_batch=2)])
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 0))
     state, _ = admit(state, "g1", "rg", cls="batch", caller="greedy")
     state, _ = admit(state, "g9", "rg9", cls="batch", caller="greedy")  # keeps running throughout
@@ -125,7 +125,7 @@ def test_a_new_run_of_a_caller_with_fewer_turns_running_goes_before_another_call
 
 
 def shared_gpu_pool(*names: str, device="gpu0") -> core.State:
-    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL}), device=device) for n in names)
+    state = core.initial_state(core.Replica(n, frozenset({MODEL}), device=device) for n in names)
     for name in names:
         state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0))
     return state
@@ -141,9 +141,9 @@ def test_replicas_sharing_a_device_are_filled_one_at_a_time():
 
 
 def test_devices_are_spread_across_and_filled_within():
-    state = core.initial_state([core.Replica("a1", "http://a1", frozenset({MODEL}), device="gpu0"),
-                                core.Replica("a2", "http://a2", frozenset({MODEL}), device="gpu0"),
-                                core.Replica("c", "http://c", frozenset({MODEL}))])
+    state = core.initial_state([core.Replica("a1", frozenset({MODEL}), device="gpu0"),
+                                core.Replica("a2", frozenset({MODEL}), device="gpu0"),
+                                core.Replica("c", frozenset({MODEL}))])
     for name in ("a1", "a2", "c"):
         state, _ = probe(state, name, running=0, queued=0)
     state, placed_now = fill(state, 4)
@@ -182,7 +182,7 @@ def test_replicas_of_equal_speed_alternate():
 def paused_on(b_ms: int, device: str = "", max_batch: int = 0) -> core.State:
     """Replicas a and b (``max_batch`` each), a's turns taking 100 ms, b's ``b_ms``; run
     "rb" paused on a tool at b, "ra" idle at a."""
-    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL}), device=device, max_batch=max_batch)
+    state = core.initial_state(core.Replica(n, frozenset({MODEL}), device=device, max_batch=max_batch)
                                for n in ("a", "b"))
     for name in ("a", "b"):
         state, _ = core.decide(state, core.EngineProbed(name, True, None, None, 0))
@@ -252,8 +252,8 @@ def test_a_much_slower_replica_takes_new_runs_only_while_more_are_held_than_the_
 def test_batch_turns_wait_for_the_quick_peer_only_as_long_as_its_batch_room_drains_them():
     # a: ceiling 4, two slots kept for the two interactive runs paused there (batch room 2), 100 ms turns;
     # b: 400 ms. In one of b's turns a finishes 2 * (4 - 1) = 6 held batch turns (12 counting all its room).
-    state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL}), max_batch=4) for n in ("a", "b")),
-                               interactive_slots=True)
+    state = core.initial_state((core.Replica(n, frozenset({MODEL}), max_batch=4) for n in ("a", "b")),
+                               core.Policy(interactive_slots=True))
     for name in ("a", "b"):
         state, _ = core.decide(state, core.EngineProbed(name, True, None, None, 0))
     for turn, run, cls, replica in (("i1", "ri1", "interactive", "a"), ("i2", "ri2", "interactive", "a"),
@@ -283,7 +283,7 @@ def test_a_much_slower_replica_still_takes_new_runs_beside_a_peer_of_unknown_cap
 
 
 def restarted(deadline_ms: int = 5000) -> core.State:
-    state = core.initial_state((core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in ("a", "b")),
+    state = core.initial_state((core.Replica(n, frozenset({MODEL})) for n in ("a", "b")),
                                first_probe_deadline_ms=deadline_ms)
     runs = (core.RunSnapshot("r1", "b", core.Stage.PAUSED, "interactive", "c"),)
     state, _ = core.decide(state, core.Resynced(runs, (), 0, dataplane="dp"))

@@ -7,8 +7,8 @@ from tests.scheduler.core.helpers import MODEL, admit, placed
 
 
 def one_replica(ceiling: int = 2, resume_slots: bool = True, affinity: bool = True) -> core.State:
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL}), max_batch=ceiling)],
-                               resume_slots=resume_slots, affinity=affinity)
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}), max_batch=ceiling)],
+                               core.Policy(resume_slots=resume_slots, affinity=affinity))
     state, _ = core.decide(state, core.EngineProbed("a", True, None, None, 0))
     return state
 

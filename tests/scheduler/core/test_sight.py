@@ -56,7 +56,7 @@ def test_a_refused_or_failing_health_probe_is_down_not_unseen():
 
 
 def test_a_replica_never_seen_or_already_down_does_not_become_unseen():
-    state = core.initial_state(core.Replica(n, f"http://{n}", frozenset({MODEL})) for n in ("a", "b"))
+    state = core.initial_state(core.Replica(n, frozenset({MODEL})) for n in ("a", "b"))
     state, _ = core.decide(state, core.EngineProbed("a", True, None, None, 0))
     state, _ = unanswered(state, now=0)
     assert not state.replicas["b"].unseen and not state.replicas["b"].healthy

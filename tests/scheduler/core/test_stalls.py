@@ -86,7 +86,7 @@ def silent_on_a():
 def test_a_silent_turn_takes_its_replica_out_of_rotation_without_ending_the_turn():
     state = silent_on_a()
     a = state.replicas["a"]
-    assert not a.healthy and not a.stalled and a.silent == {"t1"}
+    assert not a.healthy and not a.stalled and a.silent_turns == {"t1"}
     assert "t1" in state.turns and a.in_flight == 1  # still waiting there, nothing re-sent
     state, actions = admit(state, "n1", "new", now=4)
     assert placed(actions) == {"n1": "b"}

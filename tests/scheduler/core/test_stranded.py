@@ -103,8 +103,8 @@ def test_a_turn_of_a_run_still_under_way_keeps_its_run_when_answered():
 
 
 def test_a_healthy_replica_serving_another_model_does_not_count():
-    state = core.initial_state([core.Replica("a", "http://a", frozenset({MODEL})),
-                                core.Replica("b", "http://b", frozenset({"other"}))])
+    state = core.initial_state([core.Replica("a", frozenset({MODEL})),
+                                core.Replica("b", frozenset({"other"}))])
     for name in ("a", "b"):
         state, _ = core.decide(state, core.EngineProbed(name, True, None, None, 0))
     state, actions = admit(state, "s", "rs")
@@ -134,7 +134,7 @@ def test_a_turn_pinned_to_a_replica_out_of_sight_waits_on():
     state, _ = core.decide(state, core.TurnFinished("t1", "tool_calls", 1))  # r paused, pinned to a
     state, actions = admit(state, "x", "rx", now=2)
     assert placed(actions) == {"x": "a"}
-    a = state.replicas["a"]._replace(healthy=False, unseen=True, max_batch=1)
+    a = state.replicas["a"]._replace(health=core.Health.UNSEEN, max_batch=1)
     state = state._replace(replicas=state.replicas.set("a", a))
     state, actions = admit(state, "t2", "r", now=3)  # its run's replica is out of sight and full
     assert actions == [] and state.held["t2"].home == "a"
