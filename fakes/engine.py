@@ -80,12 +80,19 @@ async def openapi(request: web.Request) -> web.Response:
         path = route.resource.canonical if route.resource is not None else ""
         if path and route.method in ("GET", "POST", "PUT"):
             paths.setdefault(path, {})[route.method.lower()] = {"summary": path}
+    config = request.app[STATE_KEY].config
+    schema = CHAT_REQUEST_SCHEMA
+    honoured = [name for name, on in (("priority", config.scheduling_policy == "priority"
+                                       or config.enable_priority_scheduling),
+                                      ("session_id", config.enable_session_radix_cache)) if on]
+    if honoured:  # the fields the engine's flags give a meaning
+        schema = {**schema, "properties": {**schema["properties"], **{n: {"title": n} for n in honoured}}}
     chat = paths.get("/v1/chat/completions", {}).get("post")
     if chat is not None:
         chat["requestBody"] = {"content": {"application/json": {
             "schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}}, "required": True}
     return web.json_response({"openapi": "3.1.0", "info": {"title": "fake engine", "version": "fake"},
-                              "paths": paths, "components": {"schemas": {"ChatCompletionRequest": CHAT_REQUEST_SCHEMA}}})
+                              "paths": paths, "components": {"schemas": {"ChatCompletionRequest": schema}}})
 
 
 async def server_info(request: web.Request) -> web.Response:
@@ -105,7 +112,35 @@ async def server_info(request: web.Request) -> web.Response:
         "disable_cuda_graph": False,
         "dp_size": 1,
         "tp_size": 1,
+        # Scheduling server arguments, as SGLang publishes its own here (FCFS is its default
+        # policy and the fake's), and vLLM's --scheduling-policy (vLLM has no /server_info).
+        "schedule_policy": "fcfs",
+        "enable_priority_scheduling": config.enable_priority_scheduling,
+        "schedule_low_priority_values_first": config.schedule_low_priority_values_first,
+        "priority_scheduling_preemption_threshold": config.priority_scheduling_preemption_threshold,
+        "disable_priority_preemption": config.disable_priority_preemption,
+        "enable_session_radix_cache": config.enable_session_radix_cache,
+        "scheduling_policy": config.scheduling_policy,
     })
+
+
+async def close_session(request: web.Request) -> web.Response:
+    """SGLang's ``POST /close_session`` ``{"session_id": ...}`` (``CloseSessionReqInput``),
+    served with ``--enable-session-radix-cache`` only: the session's KV is no longer kept
+    ahead of other KV (``SessionRefs.close``); 200 with an empty body, as SGLang answers,
+    also for a session never seen or already closed."""
+    state = request.app[STATE_KEY]
+    try:
+        body = await read_json(request)
+    except RequestError as err:
+        return request_error(err)
+    session_id = body.get("session_id") if isinstance(body, dict) else None
+    if not isinstance(session_id, str):
+        return web.json_response({"detail": [{"type": "missing", "loc": ["body", "session_id"],
+                                              "msg": "Field required"}]}, status=422)
+    released = state.sim.model.close_session(session_id)
+    log.info("session_closed", session_id=session_id, released_blocks=released)
+    return web.Response(status=200)
 
 
 async def model_info(request: web.Request) -> web.Response:
@@ -235,6 +270,7 @@ def create_app(config: EngineConfig, gpu: Gpu | None = None) -> web.Application:
         raise ValueError(f"metrics_format must be one of {sorted(METRIC_NAMES)}")
     if any(f not in METRIC_NAMES for f in config.also_metrics_formats):
         raise ValueError(f"also_metrics_formats must be among {sorted(METRIC_NAMES)}")
+    config.params().priority_policy()  # at most one engine's priority scheduling, a known policy
     state = EngineState(config=config, sim=Simulator(config.params(), config.time_scale, gpu),
                         faults=config.engine_faults())
     registry = CollectorRegistry(auto_describe=True)
@@ -266,6 +302,8 @@ def create_app(config: EngineConfig, gpu: Gpu | None = None) -> web.Application:
     app.router.add_put("/faults", set_faults)
     app.router.add_put("/gate", set_gate)
     app.router.add_get("/metrics", metrics)
+    if config.enable_session_radix_cache:
+        app.router.add_post("/close_session", close_session)
     if config.openapi:
         app.router.add_get("/openapi.json", openapi)
     return app

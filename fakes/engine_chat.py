@@ -117,6 +117,8 @@ class Turn:
     sim_request: SimRequest | None = None
     progress: asyncio.Event | None = None
     offset: int = 0  # where in the whole reply this one starts (a continuation): faults count from there
+    priority: int | None = None  # the request's, when the engine schedules by priority
+    session_id: str | None = None  # the request's, with --enable-session-radix-cache
 
     def after(self, count: int | None) -> int | None:
         """A fault's "after N chunks" within this reply: None once a continuation is past it."""
@@ -128,7 +130,8 @@ class Turn:
         reply_text = replies.render_message(self.reply.assistant_message())
         cap = replies.completion_cap(self.body)
         self.sim_request, self.progress = self.state.sim.submit(
-            self.envelope.model, prompt_text, self.reply.completion_tokens, cap, reply_text)
+            self.envelope.model, prompt_text, self.reply.completion_tokens, cap, reply_text, self.priority,
+            self.session_id)
 
     async def wait(self) -> None:
         assert self.progress is not None
@@ -150,6 +153,24 @@ class Turn:
         return {"content": replies.logprob_entries(tokens, candidates, self.top_logprobs, seed, start)}
 
 
+def scheduling_fields(body: dict[str, Any], config: EngineConfig) -> tuple[int | None, str | None]:
+    """The request's top-level ``priority`` and ``session_id``, each read only when a flag
+    of the engine gives it a meaning (vLLM's ``--scheduling-policy priority`` or SGLang's
+    ``--enable-priority-scheduling``; SGLang's ``--enable-session-radix-cache``), as the
+    engines' request models type them (an integer; a string). Without the flags they are
+    ignored whatever they hold: the request is served as if it had neither."""
+    priority = session_id = None
+    if config.scheduling_policy == "priority" or config.enable_priority_scheduling:
+        priority = body.get("priority")
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise RequestError("priority must be an integer")
+    if config.enable_session_radix_cache:
+        session_id = body.get("session_id")
+        if session_id is not None and not isinstance(session_id, str):
+            raise RequestError("session_id must be a string")
+    return priority, session_id
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """``POST /v1/chat/completions``: validate, queue in the simulator, answer.
 
@@ -165,6 +186,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         faults = state.faults.merged(fault_directives.from_messages(body["messages"]))
         top_logprobs = replies.logprobs_request(body)
         continued = replies.continuation(body)
+        priority, session_id = scheduling_fields(body, state.config)
     except RequestError as err:
         log.info("chat_rejected", status=err.status, reason=str(err))
         return request_error(err)
@@ -185,7 +207,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         reply, offset = replies.plan_continuation(
             body, before, prefix, _reply_rules(state.config, replies.render_prompt(before)), faults)
         prompt_text = prompt_text.removesuffix("<|end|>")  # the final message is left open
-    turn = Turn(request, state, body, reply, Envelope.new(body["model"]), faults, top_logprobs, offset=offset)
+    turn = Turn(request, state, body, reply, Envelope.new(body["model"]), faults, top_logprobs, offset=offset,
+                priority=priority, session_id=session_id)
     started = time.monotonic()
     log.info("chat_request", id=turn.envelope.id, model=turn.envelope.model, stream=bool(body.get("stream")))
     if faults.wedge:
@@ -235,6 +258,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
         return request_error(err)
     except ResponsesError as err:
         return web.json_response(err.body(), status=err.status)
+    _forward_scheduling_fields(document, chat.body, state.config)
     own = f"http://{request.host}/v1/chat/completions"
     async with aiohttp.ClientSession() as session, session.post(own, json=chat.body) as upstream:
         if upstream.status != 200 or not chat.body["stream"]:
@@ -251,6 +275,19 @@ async def responses(request: web.Request) -> web.StreamResponse:
                 await response.write(out)
         await response.write_eof()
         return response
+
+
+def _forward_scheduling_fields(document: Any, body: dict[str, Any], config: EngineConfig) -> None:
+    """A Responses request's top-level ``priority`` and ``session_id`` go on to the chat
+    request this endpoint is served by (SGLang wires ``session_id`` through its Responses
+    entry point too), when a flag of the engine gives them a meaning; without, the chat
+    request is left as it was."""
+    if not isinstance(document, dict):
+        return
+    if (config.scheduling_policy == "priority" or config.enable_priority_scheduling) and "priority" in document:
+        body["priority"] = document["priority"]
+    if config.enable_session_radix_cache and "session_id" in document:
+        body["session_id"] = document["session_id"]
 
 
 class _Aborted(Exception):

@@ -13,10 +13,12 @@ from typing import Any
 
 from luftpause.fakes import faults as fault_directives
 from luftpause.fakes.faults import FaultError, Faults
+from luftpause.fakes.priority import VLLM_POLICIES
 from luftpause.fakes.replies import ReplyRules
 from luftpause.fakes.sim import ModelParams
 
 ENV_PREFIX = "LUFTPAUSE_FAKE_ENGINE_"
+TRUE = ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,14 @@ class EngineConfig:
     hang_limit_s: float = 3600.0  # a [[fake:hang]] request is dropped after this long
     idle_close_s: float = 0.0  # drop requests on connections idle longer than this (0 = never)
     openapi: bool = False  # publish the routes at /openapi.json, as vLLM and SGLang (FastAPI) do
+    # The real engines' agent features, each behind its engine's own flag, all off by default
+    # (fakes/priority.py, fakes/prefix_cache.py's SessionRefs); at most one priority scheduling.
+    scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy
+    enable_priority_scheduling: bool = False  # SGLang's flags from here on
+    schedule_low_priority_values_first: bool = False
+    priority_scheduling_preemption_threshold: int = 10
+    disable_priority_preemption: bool = False
+    enable_session_radix_cache: bool = False
 
     def engine_faults(self) -> Faults:
         return fault_directives.parse(fault_directives.parse_option(f) for f in self.faults)
@@ -82,6 +92,12 @@ class EngineConfig:
             prefill_ms_per_token=self.prefill_ms_per_token,
             decode_base_ms=self.token_ms,
             decode_ms_per_request=self.decode_ms_per_request,
+            scheduling_policy=self.scheduling_policy,
+            enable_priority_scheduling=self.enable_priority_scheduling,
+            schedule_low_priority_values_first=self.schedule_low_priority_values_first,
+            priority_scheduling_preemption_threshold=self.priority_scheduling_preemption_threshold,
+            disable_priority_preemption=self.disable_priority_preemption,
+            enable_session_radix_cache=self.enable_session_radix_cache,
         )
 
 
@@ -249,6 +265,28 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
                    help="publish the routes and the chat request's schema at /openapi.json, as vLLM and SGLang "
                         "(FastAPI servers) do; luftpause reads from it which client APIs the engine serves itself "
                         f"and whether it continues a final assistant message [env {ENV_PREFIX}OPENAPI]")
+
+    def flag(name: str, env: str, default: bool, text: str) -> None:  # a real engine's store_true flag
+        p.add_argument(name, action="store_true", default=_env(env, "1" if default else "0").lower() in TRUE,
+                       help=f"{text} [env {ENV_PREFIX}{env}]")
+
+    p.add_argument("--scheduling-policy", choices=VLLM_POLICIES, default=_env("SCHEDULING_POLICY", d.scheduling_policy),
+                   help="vLLM's flag: priority = the waiting queue by the request's priority (lower first, then "
+                        "arrival) and, when a decode step runs out of KV, the lowest-priority running request "
+                        f"preempted (fakes/priority.py) [env {ENV_PREFIX}SCHEDULING_POLICY]")
+    flag("--enable-priority-scheduling", "ENABLE_PRIORITY_SCHEDULING", d.enable_priority_scheduling,
+         "SGLang's flag: the waiting queue by the request's priority (higher first, then arrival) and, when the "
+         "batch is at --max-running, running requests of a priority lower by more than the threshold preempted")
+    flag("--schedule-low-priority-values-first", "SCHEDULE_LOW_PRIORITY_VALUES_FIRST",
+         d.schedule_low_priority_values_first, "SGLang's flag: with --enable-priority-scheduling, lower values first")
+    option("--priority-scheduling-preemption-threshold", "PRIORITY_SCHEDULING_PREEMPTION_THRESHOLD", int,
+           d.priority_scheduling_preemption_threshold,
+           "SGLang's flag: the priority difference above which a waiting request preempts a running one")
+    flag("--disable-priority-preemption", "DISABLE_PRIORITY_PREEMPTION", d.disable_priority_preemption,
+         "SGLang's flag: with --enable-priority-scheduling, order the queue only")
+    flag("--enable-session-radix-cache", "ENABLE_SESSION_RADIX_CACHE", d.enable_session_radix_cache,
+         "SGLang's flag: KV of a request's top-level session_id is evicted after all unreferenced KV until "
+         "POST /close_session {\"session_id\": ...} (fakes/prefix_cache.py)")
     p.add_argument("--fault", action="append", default=[], metavar="DIRECTIVE",
                    help="engine-wide fault directive, repeatable: status=503, status-times=429:2, "
                         "retry-after=3, die-after=4, stall-after=4, linger-after-done=500, hang, wedge, metrics-hang, "
@@ -267,6 +305,9 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
         p.error("--labels needs at least two labels")
     if a.time_scale <= 0:
         p.error("--time-scale must be positive")
+    if a.scheduling_policy == "priority" and a.enable_priority_scheduling:
+        p.error("--scheduling-policy priority (vLLM) and --enable-priority-scheduling (SGLang) model two engines; "
+                "choose one")
     values = {f.name: getattr(a, f.name) for f in fields(EngineConfig) if hasattr(a, f.name)}
     try:
         extra_ports = tuple(int(x) for x in a.extra_ports.split(",") if x.strip())

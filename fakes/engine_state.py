@@ -175,9 +175,10 @@ class Simulator:
             self._task = None
 
     def submit(self, model: str, prompt_text: str, reply_tokens: int, max_tokens: int | None,
-               reply_text: str = "") -> tuple[SimRequest, asyncio.Event]:
+               reply_text: str = "", priority: int | None = None,
+               session_id: str | None = None) -> tuple[SimRequest, asyncio.Event]:
         self.start()
-        request = self.model.submit(model, prompt_text, reply_tokens, max_tokens, reply_text)
+        request = self.model.submit(model, prompt_text, reply_tokens, max_tokens, reply_text, priority, session_id)
         self._queued_at[request.id] = self.clock.time()
         progress = asyncio.Event()
         self._progress[request.id] = progress
@@ -306,6 +307,8 @@ class EngineState:
             "gpu_busy_s": round(self.sim.gpu.busy_s, 3),  # the shared GPU's, when replicas share one
             "gpu_lost_s": round(self.sim.gpu.lost_s, 3),  # wall time the simulated GPU fell behind (busy CPU)
             "gate_open": self.sim.gate_open,  # PUT /gate
+            **({"sessions_open": model.sessions.open, "session_referenced_blocks": model.sessions.referenced_blocks}
+               if model.sessions is not None else {}),  # --enable-session-radix-cache only
         }
 
 

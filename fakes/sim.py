@@ -34,6 +34,13 @@ GPU (``schedule_policy.py``'s ``PrefillAdder``, ``schedule_batch.py``'s
   tokens``; a decode step ``decode_base_ms + decode_ms_per_request × batch``, plus
   ``decode_eager_ms`` when the batch is above ``cuda_graph_max_bs`` (SGLang captures
   CUDA graphs only up to that size; larger batches launch kernels one by one).
+- **The real engines' agent features, each behind its engine's own flag and off by
+  default** (without them a request's ``priority`` and ``session_id`` are ignored):
+  vLLM's ``--scheduling-policy priority`` and SGLang's ``--enable-priority-scheduling``
+  order the queue and preempt by the request's ``priority`` (:mod:`luftpause.fakes.priority`);
+  SGLang's ``--enable-session-radix-cache`` keeps the KV of open sessions ahead of
+  unreferenced KV under eviction until ``POST /close_session``
+  (:class:`~luftpause.fakes.prefix_cache.SessionRefs`).
 - **Gauges** (running, queue, token usage, cache hit rate) are what SGLang's metrics
   show: refreshed after every prefill pass and every ``metrics_interval_steps`` decode
   steps (SGLang's decode log interval, 40), not live. The queue counts retracted
@@ -51,7 +58,8 @@ from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from luftpause.fakes.prefix_cache import PrefixCache, block_hashes
+from luftpause.fakes.prefix_cache import PrefixCache, SessionRefs, block_hashes
+from luftpause.fakes.priority import PriorityPolicy, SglangPriority, VllmPriority
 from luftpause.fakes.replies import CHARS_PER_TOKEN, tokens_for_chars
 
 __all__ = ["CHARS_PER_TOKEN", "EngineModel", "ModelParams", "PrefixCache", "SimRequest", "block_hashes",
@@ -81,6 +89,28 @@ class ModelParams:
     clip_max_new_tokens: int = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
     retract_decode_steps: int = 20  # SGLANG_RETRACT_DECODE_STEPS
     metrics_interval_steps: int = 40  # decode steps between gauge refreshes (--decode-log-interval)
+    # The real engines' agent features, each behind its engine's flag, all off by default:
+    scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: "priority" orders and preempts by priority
+    enable_priority_scheduling: bool = False  # SGLang's --enable-priority-scheduling
+    schedule_low_priority_values_first: bool = False  # SGLang: lower values first (default: higher first)
+    priority_scheduling_preemption_threshold: int = 10  # SGLang: priority gap needed to preempt
+    disable_priority_preemption: bool = False  # SGLang: priority orders the queue only
+    enable_session_radix_cache: bool = False  # SGLang: session-tagged KV, evicted last, /close_session
+
+    def priority_policy(self) -> PriorityPolicy | None:
+        """The engine's priority scheduling, if a flag turned it on (at most one may)."""
+        if self.scheduling_policy == "priority" and self.enable_priority_scheduling:
+            raise ValueError("--scheduling-policy priority (vLLM) and --enable-priority-scheduling (SGLang) "
+                             "model two engines; choose one")
+        if self.scheduling_policy == "priority":
+            return VllmPriority()
+        if self.scheduling_policy != "fcfs":
+            raise ValueError(f"scheduling_policy must be fcfs or priority, not {self.scheduling_policy!r}")
+        if self.enable_priority_scheduling:
+            return SglangPriority(low_values_first=self.schedule_low_priority_values_first,
+                                  threshold=self.priority_scheduling_preemption_threshold,
+                                  preemption=not self.disable_priority_preemption)
+        return None
 
     @property
     def block_chars(self) -> int:
@@ -118,7 +148,11 @@ class SimRequest:
     private_tokens: int = 0  # KV tokens held outside shared cache blocks
     admitted_once: bool = False
     prefix_hit: bool = False  # admitted in the current prefill batch (its computed tokens were a cache hit)
-    retractions: int = 0
+    retractions: int = 0  # times sent back to the queue (retracted, or preempted by priority)
+    priority: int = 0  # its priority as the engine's priority scheduling reads it (unused without)
+    queued_seq: int = 0  # when it last joined the queue, in order (SGLang's wait_queue_entry_time)
+    session_id: str | None = None  # its session, with --enable-session-radix-cache only
+    session_generation: int | None = None
 
     @property
     def fill_tokens(self) -> int:
@@ -167,6 +201,9 @@ class EngineModel:
         self._next_id = 0
         self._decode_batch: list[SimRequest] | None = None
         self._last_hit_rate = 0.0
+        self._queued = 0
+        self.priority = params.priority_policy()
+        self.sessions = SessionRefs(self.cache) if params.enable_session_radix_cache else None
 
     # --- accounting --------------------------------------------------------------------
 
@@ -223,8 +260,9 @@ class EngineModel:
     # --- lifecycle -----------------------------------------------------------------------
 
     def submit(self, model: str, prompt_text: str, reply_tokens: int, max_tokens: int | None,
-               reply_text: str = "") -> SimRequest:
-        """Queue a request; ``reply_tokens`` is its planned length (≤ ``max_tokens``)."""
+               reply_text: str = "", priority: int | None = None, session_id: str | None = None) -> SimRequest:
+        """Queue a request; ``reply_tokens`` is its planned length (≤ ``max_tokens``).
+        ``priority`` and ``session_id`` count only when the engine's flags turn them on."""
         prompt_tokens = tokens_for_chars(len(prompt_text))
         if self.params.context_tokens > 0:  # a reply can never outgrow the context
             left = max(1, self.params.context_tokens - prompt_tokens)
@@ -237,9 +275,29 @@ class EngineModel:
             hashes=block_hashes(prompt_text, self.params.block_chars),
         )
         self._next_id += 1
+        if self.priority is not None:
+            request.priority = self.priority.effective(priority)
+        if self.sessions is not None and session_id is not None:
+            request.session_id, request.session_generation = session_id, self.sessions.begin(session_id)
         request.state = "waiting"
-        self.waiting.append(request)
+        self._enqueue(request)
         return request
+
+    def _enqueue(self, request: SimRequest) -> None:
+        """Join the end of the queue (SGLang's ``_add_request_to_queue``)."""
+        self._queued += 1
+        request.queued_seq = self._queued
+        self.waiting.append(request)
+
+    def _order_waiting(self) -> None:
+        """The queue in the priority scheduling's order (before each prefill batch, as
+        SGLang's ``calc_priority``; vLLM's is a heap); first come first served without."""
+        if self.priority is not None:
+            self.waiting = deque(sorted(self.waiting, key=self.priority.waiting_key))
+
+    def close_session(self, session_id: str) -> int:
+        """``POST /close_session``: the session's KV is no longer kept ahead of other KV."""
+        return self.sessions.close(session_id) if self.sessions is not None else 0
 
     def _cached_prefix_blocks(self, request: SimRequest) -> int:
         blocks = self.cache.cached_prefix(request.hashes)
@@ -262,8 +320,12 @@ class EngineModel:
         module doc) KV. Each returned request has ``extend_tokens`` set for this pass.
         """
         p = self.params
+        preempting = isinstance(self.priority, SglangPriority) and self.priority.preemption
+        if preempting:  # "Reset batch_is_full to try preemption with a prefill adder."
+            self.batch_is_full = False
         if (self.batch_is_full or not self.waiting) and self.chunked is None:
             return []
+        self._order_waiting()
         ratio = self.new_token_ratio
         offset = sum(self._clipped_left(r) * ratio for r in self.running)
         rem_input = p.max_prefill_tokens
@@ -285,11 +347,20 @@ class EngineModel:
             if not truncated:
                 self.chunked = None
                 self.running.append(request)
+        preempted: list[SimRequest] = []
         while self.waiting:
             if p.max_running > 0 and running_bs + len(batch) >= p.max_running:
                 self.batch_is_full = True
-                break
+                if not preempting:
+                    break
             request = self.waiting[0]
+            if preempting and self.batch_is_full:
+                victims = self._preempt_to_schedule(request, offset, batch)
+                if not victims:
+                    break
+                preempted += victims
+                running_bs -= len(victims)
+                offset -= sum(self._clipped_left(r) * ratio for r in victims)
             cached_blocks = self._cached_prefix_blocks(request)
             extend = request.fill_tokens - cached_blocks * p.block_tokens
             need = extend + self._clipped_left(request)
@@ -317,11 +388,31 @@ class EngineModel:
             rem_input -= extend
             if rem_chunk is not None:
                 rem_chunk -= extend
+        for request in preempted:  # back to the queue after the batch is built
+            self._enqueue(request)
         if batch:  # SGLang's cache_hit_rate gauge: hits / (hits + new tokens) of the last prefill batch
             hits = sum(r.computed for r in batch if r.prefix_hit)
             new = sum(r.extend_tokens for r in batch)
             self._last_hit_rate = hits / (hits + new) if hits + new else 0.0
         return batch
+
+    def _preempt_to_schedule(self, request: SimRequest, offset: float, batch: list[SimRequest]) -> list[SimRequest]:
+        """SGLang's ``PrefillAdder.preempt_to_schedule`` for ``request``, met while the batch
+        is full (:class:`~luftpause.fakes.priority.SglangPriority`): the running requests it
+        preempts, their KV released at once (they join the queue after the batch); []
+        when it preempts none. The batch stays full: each further request must preempt too."""
+        assert isinstance(self.priority, SglangPriority)
+        extend = request.fill_tokens - self._cached_prefix_blocks(request) * self.params.block_tokens
+        lacking = extend + self._clipped_left(request) - self._rem_total(request, offset)
+        in_batch = {id(r) for r in batch}
+        running = [r for r in self.running if id(r) not in in_batch]
+        victims = self.priority.victims(request, running, lacking,
+                                        lambda r: self._clipped_left(r) * self.new_token_ratio)
+        for victim in victims:
+            self._send_back(victim)
+        if victims:
+            self.batch_is_full = True
+        return victims
 
     def _start(self, request: SimRequest, cached_blocks: int) -> None:
         """Take the request off the queue, locking its cached prefix."""
@@ -389,7 +480,10 @@ class EngineModel:
         batch = self.decoding()
         self._evict_for(len(batch))
         if batch and self.free_tokens < len(batch):
-            self._retract(batch)
+            if isinstance(self.priority, VllmPriority):
+                self._preempt_lowest_priority(batch)
+            else:
+                self._retract(batch)
             batch = self.decoding()
             self._evict_for(len(batch))
         else:
@@ -409,14 +503,39 @@ class EngineModel:
                 break
             first = False
             request = order.pop()
-            self._release(request)
-            request.state = "waiting"
-            request.prefilled = False
-            request.computed = 0
-            request.retractions += 1
-            self.counters.retractions += 1
-            self.waiting.append(request)
+            self._send_back(request)
+            self._enqueue(request)
             self._evict_for(len(order) * p.retract_decode_steps)
+        self._reestimate_ratio(order)
+
+    def _preempt_lowest_priority(self, batch: list[SimRequest]) -> None:
+        """vLLM's priority preemption (:class:`~luftpause.fakes.priority.VllmPriority`): the
+        running request of the lowest priority (largest value), latest arrived among equals,
+        goes back to the queue until one token per remaining request fits. The admission
+        that follows is still SGLang's, so ``new_token_ratio`` is re-estimated as after a
+        retraction."""
+        assert isinstance(self.priority, VllmPriority)
+        order = list(batch)
+        while len(order) > 1 and self.free_tokens < len(order):
+            victim = self.priority.victim(order)
+            order = [r for r in order if r is not victim]
+            self._send_back(victim)
+            self._enqueue(victim)
+            self._evict_for(len(order))
+        self._reestimate_ratio(order)
+
+    def _send_back(self, request: SimRequest) -> None:
+        """Out of the batch and back to waiting, its KV freed (its prompt blocks stay
+        cached); its output so far is recomputed when it is admitted again."""
+        self._release(request)
+        request.state = "waiting"
+        request.prefilled = False
+        request.computed = 0
+        request.retractions += 1
+        self.counters.retractions += 1
+
+    def _reestimate_ratio(self, order: list[SimRequest]) -> None:
+        p = self.params
         decoded = sum(r.generated for r in order)
         planned = sum(r.max_new_tokens for r in order)
         self.new_token_ratio = min(1.0, (decoded + p.retract_decode_steps * len(order)) / (planned + 1))
@@ -480,6 +599,9 @@ class EngineModel:
         if new:
             self.cache.acquire(new)
             self.cache.release(new)
+        if self.sessions is not None and request.session_id is not None:
+            self.sessions.register(request.session_id, request.session_generation,
+                                   full[: self.cache.cached_prefix(full)])
 
     def abort(self, request: SimRequest) -> None:
         """The client went away: free its place and its KV at once."""
