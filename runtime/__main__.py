@@ -26,7 +26,8 @@ from luftpause.runtime.config import RuntimeSettings, ToolsFileError, parse_sett
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
     log = logs.configure("runtime")
-    forked = ForkedCompaction.begin(settings.state_dir / constants.JOURNAL_FILE)
+    # (A database journal is compacted in the runtime's own start: no file to hand a child.)
+    forked = None if settings.journal_url else ForkedCompaction.begin(settings.state_dir / constants.JOURNAL_FILE)
     try:
         return _serve(settings, log, forked)
     finally:
@@ -47,10 +48,15 @@ def _serve(settings: RuntimeSettings, log: Any, forked: ForkedCompaction | None)
     # walk it again each time the replay's allocations trigger it.
     gc.freeze()
     tracing.configure("runtime")  # (after the fork: an exporting tracer runs a thread)
+    from luftpause.runtime.pg_schema import DatabaseUnavailable, SchemaTooNew
+
     try:
         app = build_app(settings, forked_compaction=forked, process_started=STARTED)
     except ToolsFileError as exc:
         log.error("tools_file_invalid", error=str(exc))
+        return 2
+    except (DatabaseUnavailable, SchemaTooNew) as exc:
+        log.error("journal_database_unusable", error=str(exc))
         return 2
     log.info(
         "runtime_starting",
@@ -59,6 +65,7 @@ def _serve(settings: RuntimeSettings, log: Any, forked: ForkedCompaction | None)
         dataplane=settings.dataplane_url,
         tools_file=str(settings.tools_file),
         state_dir=str(settings.state_dir),
+        journal="postgresql" if settings.journal_url else "files",
         auth=bool(settings.token),
         imports_seconds=round(imported - STARTED, 3),
         compaction_forked=forked is not None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,7 +24,9 @@ from luftpause.runtime import constants
 from luftpause.runtime.compaction import ForkedCompaction
 from luftpause.runtime.config import RuntimeSettings, load_tools_file
 from luftpause.runtime.dataplane import DataplaneClient
+from luftpause.runtime import pg_schema
 from luftpause.runtime.journal import Journal
+from luftpause.runtime.stores import FileStore, PostgresStore, redacted
 from luftpause.runtime.jsonrpc import MCP_PATH, JsonRpcGate
 from luftpause.runtime.mcp_server import build_mcp_server
 from luftpause.runtime.metrics import build_registry, exposition
@@ -45,14 +46,28 @@ def http_error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
+def journal_store(settings: RuntimeSettings, table: str = "luftpause_journal") -> FileStore | PostgresStore:
+    """Where a journal lives: its table in the database --journal names (schema brought up
+    to date first: pg_schema), else its file in --state-dir."""
+    if settings.journal_url:
+        return PostgresStore(settings.journal_url, table)
+    return FileStore(settings.state_dir / (constants.JOURNAL_FILE if table == "luftpause_journal" else TASKS_FILE))
+
+
 def build_runtime(settings: RuntimeSettings, forked_compaction: ForkedCompaction | None = None) -> Runtime:
+    """The runtime on its journal; with a database journal, the database is reached and its
+    schema migrated first (pg_schema.DatabaseUnavailable, SchemaTooNew otherwise)."""
+    if settings.journal_url:
+        before, after = pg_schema.prepare(settings.journal_url, constants.JOURNAL_DATABASE_WAIT_S)
+        log.info("journal_database_ready", database=redacted(settings.journal_url), schema_before=before,
+                 schema=after)
     dataplane = DataplaneClient(settings.dataplane_url, token=settings.token, default_model=settings.default_model,
                                 peer_identity=settings.peer_identity)
     servers = load_tools_file(settings.tools_file)
     if servers is None:
         log.warning("tools_file_missing", path=str(settings.tools_file), effect="sub-agents get no tools")
         servers = []
-    journal = Journal(settings.state_dir / constants.JOURNAL_FILE)
+    journal = Journal(journal_store(settings))
     return Runtime(dataplane, Toolbox.from_configs(servers), journal, max_runs_per_caller=settings.max_runs_per_caller,
                    forked_compaction=forked_compaction)
 
@@ -65,7 +80,7 @@ def build_app(
     ``process_started``: when the process started (``time.monotonic()``), for the start-up
     figures the ``runtime_ready`` line reports."""
     runtime = runtime or build_runtime(settings, forked_compaction)
-    tasks = TaskStore(settings.state_dir / TASKS_FILE)
+    tasks = TaskStore(journal_store(settings, "luftpause_tasks"))
     mcp_server = build_mcp_server(runtime, tasks, settings.keys)
     # Host/Origin are checked for every route below (HostOriginGuard), not by the SDK,
     # whose check covers /mcp only and only on loopback binds.
@@ -78,8 +93,6 @@ def build_app(
     evict_idle_at_cap(mcp_server.session_manager, settings.session_evict_idle_s, activity)
     started_at = time.time()
     registry = build_registry(runtime)
-    journal_path = settings.state_dir / constants.JOURNAL_FILE
-
     async def health(request: Request) -> JSONResponse:
         report = {"status": "ok", "service": "runtime", "uptimeSeconds": round(time.time() - started_at)}
         problem = runtime.journal_problem
@@ -90,9 +103,9 @@ def build_app(
     async def ready(request: Request) -> JSONResponse:
         """Ready: the journal can be written and the dataplane answers."""
         problems = []
-        target = journal_path if journal_path.exists() else journal_path.parent
-        if not os.access(target, os.W_OK):
-            problems.append(f"journal {journal_path} is not writable")
+        problem = runtime.journal_store_problem()
+        if problem:
+            problems.append(problem)
         elif runtime.journal_problem:  # the last write failed (permissions are not all)
             problems.append(runtime.journal_problem)
         try:

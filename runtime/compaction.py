@@ -1,4 +1,5 @@
-"""Journal compaction and retention: `runs.jsonl` stays as small as the runs worth keeping.
+"""Journal compaction and retention: the journal (`runs.jsonl`, or its PostgreSQL table)
+stays as small as the runs worth keeping.
 
 Without this the journal grows by a few KB per run forever and every finished run since
 the first start comes back after a restart. Compaction rewrites the journal with:
@@ -16,6 +17,7 @@ The rewrite is atomic: the new journal is written to ``runs.jsonl.compacting``,
 fsync'd, renamed over ``runs.jsonl`` and the directory fsync'd. A crash before the
 rename leaves the old journal (the stray file is removed at the next start), a crash
 after it the new one; both replay to the same runs, minus the ones retention dropped.
+In PostgreSQL the rewrite is one transaction (delete every line, copy the kept ones in).
 
 It runs on start, before replay (in a child process forked before the runtime's imports,
 see ``ForkedCompaction``), and, while serving, when the journal passes
@@ -50,10 +52,11 @@ import structlog
 
 from luftpause.runtime import constants
 from luftpause.runtime.lines import decoded, encoded
+from luftpause.runtime.stores import SUFFIX, FileStore, PostgresStore, write_atomically  # noqa: F401 - SUFFIX, write_atomically: for tests and tasks
 
 log = structlog.get_logger(component="compaction")
 
-SUFFIX = ".compacting"
+Store = FileStore | PostgresStore
 
 
 @dataclass(frozen=True)
@@ -240,25 +243,27 @@ def _root(handle: str, parent: dict[str, str | None]) -> str:
     return handle
 
 
-def compact(path: Path, lock: threading.Lock | None = None, now: float | None = None) -> Compacted:
-    """Rewrite the journal at ``path`` to its retained records (see the module doc).
+def compact(where: Path | Store, lock: threading.Lock | None = None, now: float | None = None) -> Compacted:
+    """Rewrite the journal (a file's path, or a store) to its retained records (see the
+    module doc).
 
     A journal that is already what compaction would write (the usual case at the start
     after a compacted one) is left as it is."""
+    store = FileStore(where) if isinstance(where, Path) else where
     started = time.monotonic()
     with lock or threading.Lock():
-        remove_leftover(path)
-        bytes_before = path.stat().st_size if path.exists() else 0
-        scan = _read(path)
+        store.remove_leftover()
+        bytes_before = store.size()
+        scan = _read(store)
         kept, dropped = _retained(scan, time.time() if now is None else now,
                                   constants.RETENTION_S, constants.RETENTION_RUNS)
         data = b"".join(line for line, _ in kept)
-        rewritten = not _holds(path, data)
+        rewritten = not store.holds(data)
         if rewritten:
-            write_atomically(path, data)
+            store.replace(data)
     result = Compacted([r for _, r in kept], frozenset(dropped), bytes_before, len(data),
                        time.monotonic() - started)
-    log.info("journal_compacted", path=str(path), records_before=len(scan.entries), records_after=len(kept),
+    log.info("journal_compacted", journal=str(store), records_before=len(scan.entries), records_after=len(kept),
              runs_dropped=len(dropped), bytes_before=bytes_before, bytes_after=len(data), rewritten=rewritten,
              seconds=round(result.seconds, 3))
     return result
@@ -345,23 +350,18 @@ def _die_with_parent() -> bool:
     return prctl is not None and prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
 
 
-def _read(path: Path) -> _Scan:
+def _read(store: Store) -> _Scan:
     """One pass over the journal's lines; a torn or corrupt one (crash mid-write) is skipped, as replay does."""
-    if not path.exists():
-        return _Scan(())
-    with path.open("rb") as journal_file:
-        scan = _Scan(journal_file)
+    if isinstance(store, FileStore):
+        if not store.path.exists():
+            return _Scan(())
+        with store.path.open("rb") as journal_file:  # line by line: a big journal is not read whole
+            scan = _Scan(journal_file)
+    else:
+        scan = _Scan(store.read_bytes().splitlines(keepends=True))
     for number in scan.skipped:
-        log.warning("journal_line_skipped", path=str(path), line=number)
+        log.warning("journal_line_skipped", journal=str(store), line=number)
     return scan
-
-
-def _holds(path: Path, data: bytes) -> bool:
-    """Whether the file at ``path`` exists and holds exactly ``data``."""
-    try:
-        return path.stat().st_size == len(data) and path.read_bytes() == data
-    except OSError:
-        return False
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -372,38 +372,11 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         return [record for record in map(decoded, journal_file) if record is not None]
 
 
-def remove_leftover(path: Path) -> None:
-    """Remove the half-written file of a compaction that crashed before its rename."""
-    leftover = path.with_name(path.name + SUFFIX)
-    if leftover.exists():
-        leftover.unlink()
-        log.warning("journal_compaction_leftover_removed", path=str(leftover))
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + SUFFIX)
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself is durable
-    finally:
-        os.close(directory)
-
-
 class CompactionTrigger:
     """Decides when a growing journal is compacted while the runtime serves."""
 
-    def __init__(self, path: Path, threshold: int = constants.COMPACT_AT_BYTES) -> None:
-        self.path = path
+    def __init__(self, store: Store, threshold: int = constants.COMPACT_AT_BYTES) -> None:
+        self.store = store
         self.threshold = threshold
         self.size_after_last = 0
         self.running = False
@@ -411,8 +384,4 @@ class CompactionTrigger:
     def due(self) -> bool:
         if self.running:
             return False
-        try:
-            size = self.path.stat().st_size
-        except OSError:
-            return False
-        return size > max(self.threshold, 2 * self.size_after_last)
+        return self.store.size() > max(self.threshold, 2 * self.size_after_last)

@@ -28,6 +28,7 @@ from luftpause.logs import LOG_SETTINGS_HELP
 from luftpause.options import env_option
 from luftpause.peer_identity import STYLES
 from luftpause.runtime import constants
+from luftpause.runtime.stores import is_database_url
 
 
 class ToolsFileError(ValueError):
@@ -65,6 +66,7 @@ class RuntimeSettings:
     peer_identity: str = "none"  # run identity for an agent-aware router in place of the dataplane
     session_evict_idle_s: float = constants.SESSION_EVICT_IDLE_S
     keys: Keys = field(default_factory=Keys)  # tenant keys (luftpause/keys.py); none: no tenants
+    journal_url: str | None = None  # PostgreSQL holds the journals; None: files in state_dir
 
 
 def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> RuntimeSettings:
@@ -94,6 +96,10 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
            "YAML list of upstream MCP tool servers; missing file = no tools", kind=Path)
     option("--state-dir", "LUFTPAUSE_STATE_DIR", constants.DEFAULT_STATE_DIR,
            "directory of the run journal runs.jsonl and tasks.jsonl", kind=Path)
+    option("--journal", "LUFTPAUSE_JOURNAL", "",
+           "where the run journal and the Tasks journal live: a postgresql:// URL (libpq's: the password may "
+           "come from PGPASSWORD or ~/.pgpass; the schema is created and upgraded at start), or empty for "
+           "runs.jsonl and tasks.jsonl in --state-dir")
     option("--max-runs-per-caller", "LUFTPAUSE_MAX_RUNS_PER_CALLER", constants.MAX_RUNS_PER_CALLER,
            "unfinished runs one caller may have; spawn beyond it is refused", kind=int)
     option("--max-sessions", "LUFTPAUSE_MAX_SESSIONS", constants.MAX_SESSIONS,
@@ -114,6 +120,8 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         parser.error("--max-runs-per-caller and --max-sessions must be >= 1, --session-idle > 0")
     if not 0 <= args.session_evict_idle < float("inf"):
         parser.error("--session-evict-idle must be a finite number of seconds >= 0")
+    if args.journal and not is_database_url(args.journal):
+        parser.error(f"--journal must be a postgresql:// URL (or empty for files in --state-dir), not {args.journal!r}")
     try:
         keys = Keys.from_env(env, env.get("LUFTPAUSE_TOKEN") or None)
     except KeyIdentitiesError as exc:
@@ -133,6 +141,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         peer_identity=args.peer_identity,
         session_evict_idle_s=args.session_evict_idle,
         keys=keys,
+        journal_url=args.journal or None,
     )
 
 

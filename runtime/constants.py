@@ -61,6 +61,9 @@ TURN_RETRY_WINDOW_S = 30.0
 
 # Telling the dataplane a run ended is best effort; it must not hold a run open.
 RUN_END_NOTICE_TIMEOUT_S = 5.0
+# At start the journal's database (--journal postgresql://...) must answer within this
+# long, else the runtime exits naming it (a supervisor starts it again).
+JOURNAL_DATABASE_WAIT_S = 5.0
 # A spawn without a parent asks the dataplane which harness run handed out its task (the
 # run tree starts at the harness); a dataplane that does not answer by then costs the link,
 # not the spawn.

@@ -1,4 +1,5 @@
-"""The run journal: append-only `runs.jsonl`, the only state kept across restarts.
+"""The run journal: append-only `runs.jsonl` (or its table in PostgreSQL: stores.py), the
+only state kept across restarts.
 
 Record kinds, each fsync'd before the effect it records is acknowledged:
 
@@ -27,10 +28,8 @@ from their last complete round (a turn in flight at the crash is simply sent aga
 from __future__ import annotations
 
 import asyncio
-import errno
 import io
 import json
-import os
 import threading
 import time
 from collections.abc import Iterable
@@ -43,6 +42,7 @@ from luftpause.runtime import constants
 from luftpause.runtime.lines import decoded, encoded
 from luftpause.runtime.metrics import JOURNAL_FSYNC
 from luftpause.runtime.runs import BudgetExcess, Run, RunSpec, RunStats, RunStatus
+from luftpause.runtime.stores import FileStore, PostgresStore
 
 log = structlog.get_logger(component="journal")
 
@@ -56,19 +56,22 @@ class Journal:
     fsyncs one after another.
     """
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, where: Path | FileStore | PostgresStore) -> None:
+        self.store = FileStore(where) if isinstance(where, Path) else where
         self._lock = threading.Lock()  # one writer thread at a time, whole lines only
         self._queued: list[tuple[bytes, asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
         self.problem: str | None = None  # why the last write failed, until one succeeds
 
+    @property
+    def path(self) -> Path:
+        """The journal's file (a file store's only)."""
+        assert isinstance(self.store, FileStore), "a database journal has no path"
+        return self.store.path
+
     def read(self) -> list[dict[str, Any]]:
         """All intact records; a torn or corrupt line (crash mid-write) is skipped."""
-        try:
-            data = self.path.read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
-            return []
+        data = self.store.read_bytes()
         whole = _decode_whole(data)
         if whole is not None:
             return whole
@@ -76,7 +79,7 @@ class Journal:
         for number, line in enumerate(io.BytesIO(data), start=1):
             record = decoded(line)
             if record is None:
-                log.warning("journal_line_skipped", path=str(self.path), line=number)
+                log.warning("journal_line_skipped", journal=str(self.store), line=number)
                 continue
             records.append(record)
         return records
@@ -101,14 +104,14 @@ class Journal:
                 await asyncio.to_thread(self._write_durably, b"".join(line for line, _ in batch))
             except OSError as exc:
                 if self.problem is None:
-                    log.error("journal_unwritable", path=str(self.path), error=str(exc))
-                self.problem = unwritable(self.path, exc)
+                    log.error("journal_unwritable", journal=str(self.store), error=str(exc))
+                self.problem = self.store.unwritable(exc)
                 for _, written in batch:
                     if not written.done():
                         written.set_exception(exc)
             else:
                 if self.problem is not None:
-                    log.info("journal_writable_again", path=str(self.path))
+                    log.info("journal_writable_again", journal=str(self.store))
                 self.problem = None
                 for _, written in batch:
                     if not written.done():
@@ -124,23 +127,8 @@ class Journal:
                 await asyncio.sleep(constants.JOURNAL_RETRY_S)
 
     def _write_durably(self, lines: bytes) -> None:
-        with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                start = os.fstat(fd).st_size
-                try:
-                    if _ends_torn(fd):
-                        # Start on a fresh line so a torn tail cannot swallow this record.
-                        os.write(fd, b"\n")
-                    with JOURNAL_FSYNC.time():
-                        _write_all(fd, lines)
-                        os.fsync(fd)
-                except OSError:
-                    _cut_back(fd, start, self.path)
-                    raise
-            finally:
-                os.close(fd)
+        with self._lock, JOURNAL_FSYNC.time():
+            self.store.append(lines)
 
     async def created(self, run: Run) -> None:
         await self.append(created_record(run))
@@ -200,44 +188,9 @@ def _decode_whole(data: bytes) -> list[dict[str, Any]] | None:
     return None
 
 
-def unwritable(path: Path, exc: OSError) -> str:
-    """Why the journal cannot be written, for clients and ``/health``: on a full disk,
-    which filesystem and how much room it has."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        try:
-            fs = os.statvfs(path.parent)
-            room = f"{fs.f_bavail * fs.f_frsize} of {fs.f_blocks * fs.f_frsize} bytes free"
-        except OSError:
-            room = "free space unknown"
-        return (f"cannot write the run journal {path}: the disk holding {path.parent} is full ({room}); "
-                "runs wait and resume once there is room")
-    return f"cannot write the run journal {path}: {exc}"
-
-
-def _cut_back(fd: int, size: int, path: Path) -> None:
-    """Drop whatever part of a failed batch reached the file (shrinking needs no room)."""
-    try:
-        os.ftruncate(fd, size)
-        os.fsync(fd)
-    except OSError as exc:
-        log.error("journal_cut_back_failed", path=str(path), size=size, error=str(exc),
-                  effect="a torn tail is skipped at replay")
-
-
 def _consume_outcome(future: asyncio.Future[None]) -> None:
     if not future.cancelled():
         future.exception()  # already logged by whoever waits; silences "never retrieved"
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _ends_torn(fd: int) -> bool:
-    size = os.fstat(fd).st_size
-    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
 
 
 def restore_runs(records: Iterable[dict[str, Any]], initial_messages: Any) -> list[Run]:

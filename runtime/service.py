@@ -22,7 +22,7 @@ from luftpause.runtime.approvals import Approvals
 from luftpause.runtime.budgets import BudgetExceeded, Budgets
 from luftpause.runtime.compaction import CompactionTrigger, ForkedCompaction, compact
 from luftpause.runtime.dataplane import DataplaneClient, TurnError
-from luftpause.runtime.journal import Journal, restore_runs, unwritable
+from luftpause.runtime.journal import Journal, restore_runs
 from luftpause.runtime.runs import BudgetExcess, Run, RunRegistry, RunSpec, RunStatus, new_handle
 from luftpause.runtime.upstream import Toolbox
 
@@ -77,7 +77,7 @@ class Runtime:
         # Runs whose outcome is being journaled: too late to cancel them.
         self._concluding: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
-        self._compaction = CompactionTrigger(journal.path, compact_at_bytes) if journal is not None else None
+        self._compaction = CompactionTrigger(journal.store, compact_at_bytes) if journal is not None else None
         # The start's compaction when a child process began it (`__main__`), else None.
         self._forked_compaction = forked_compaction
         # How long `start` took to compact the journal (or to wait for the child that
@@ -149,7 +149,7 @@ class Runtime:
         if forked is not None and await asyncio.to_thread(forked.wait):
             assert self._journal is not None and self._compaction is not None
             records = await asyncio.to_thread(self._journal.read)
-            self._compaction.size_after_last = self._journal.path.stat().st_size
+            self._compaction.size_after_last = self._journal.store.size()
             return records
         return await self._compact_journal()
 
@@ -158,9 +158,9 @@ class Runtime:
         assert self._journal is not None and self._compaction is not None
         self._compaction.running = True
         try:
-            compacted = await asyncio.to_thread(compact, self._journal.path, self._journal._lock)
+            compacted = await asyncio.to_thread(compact, self._journal.store, self._journal._lock)
         except OSError:
-            log.exception("journal_compaction_failed", path=str(self._journal.path))
+            log.exception("journal_compaction_failed", journal=str(self._journal.store))
             return self._journal.read()
         finally:
             self._compaction.running = False
@@ -185,6 +185,11 @@ class Runtime:
         pending = tasks + list(self._background)
         if pending:
             await asyncio.wait(pending, timeout=constants.CANCEL_WAIT_S)
+
+    def journal_store_problem(self) -> str | None:
+        """Why the journal's store cannot be written right now, as far as can be told
+        without writing (a file's permissions), or None."""
+        return self._journal.store.problem_now() if self._journal is not None else None
 
     @property
     def journal_problem(self) -> str | None:
@@ -214,7 +219,7 @@ class Runtime:
             try:
                 await self._journal.created(run)  # durable before the handle is handed out
             except OSError as exc:
-                raise JournalUnavailable(unwritable(self._journal.path, exc)) from exc
+                raise JournalUnavailable(self._journal.store.unwritable(exc)) from exc
         self.runs.add(run)
         run.trace_parent = self._trace_parent(run)
         if run.has_budget:

@@ -9,8 +9,8 @@ answered with ``tasks/update`` (``inputResponses``); when the run finished the t
 is ``completed`` with the `run` tool's result. ``tasks/cancel`` cancels the run.
 Clients without the extension (and every handshake-era client) keep the blocking `run`.
 
-Tasks are journaled to ``tasks.jsonl`` beside ``runs.jsonl`` (``created``, then
-``finished``). A task still open when the runtime stopped is failed at the next start
+Tasks are journaled to ``tasks.jsonl`` beside ``runs.jsonl`` (or to their table beside the
+run journal's in PostgreSQL: stores.py) (``created``, then ``finished``). A task still open when the runtime stopped is failed at the next start
 (journaled), while its run resumes from ``runs.jsonl`` as usual and answers `await`.
 """
 
@@ -19,12 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
-import os
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -39,7 +37,7 @@ from luftpause.keys import Keys
 from luftpause.runtime.principals import principal_of_context
 from luftpause.runtime import constants
 from luftpause.runtime.asking import decision_of, elicit_request, record_answer
-from luftpause.runtime.compaction import write_atomically
+from luftpause.runtime.stores import FileStore, PostgresStore
 from luftpause.runtime.runs import Run, RunStatus
 from luftpause.runtime.service import Runtime
 
@@ -82,18 +80,19 @@ class Task:
 
 @dataclass
 class TaskStore:
-    """Tasks by id, journaled to ``tasks.jsonl`` (None: kept in memory only)."""
+    """Tasks by id, journaled to ``tasks.jsonl`` or its table (None: kept in memory only)."""
 
-    path: Path | None
+    store: FileStore | PostgresStore | None
     tasks: dict[str, Task] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def restore(self, now: float) -> None:
         """Read the journal; fail tasks left open by the last stop; drop expired ones."""
-        if self.path is None or not self.path.exists():
+        data = self.store.read_bytes() if self.store is not None else b""
+        if not data:
             return
         closed: set[str] = set()
-        for line in self.path.read_bytes().splitlines():
+        for line in data.splitlines():
             try:
                 record = json.loads(line)
                 task_id = record["taskId"]
@@ -115,7 +114,7 @@ class TaskStore:
 
     def _rewrite(self) -> None:
         """The journal as the tasks now are (atomic: write, fsync, rename)."""
-        if self.path is None:
+        if self.store is None:
             return
         lines = []
         for task in self.tasks.values():
@@ -123,19 +122,13 @@ class TaskStore:
             lines.append({"type": "finished", "taskId": task.id, "error": task.failed, "cancelled": task.cancelled,
                           "at": task.updated_at})
         with self._lock:
-            write_atomically(self.path, b"".join(_line(record) for record in lines))
+            self.store.replace(b"".join(_line(record) for record in lines))
 
     def append(self, record: dict[str, Any]) -> None:
-        if self.path is None:
+        if self.store is None:
             return
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, _line(record))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            self.store.append(_line(record))
 
     def create(self, run: Run) -> Task:
         now = time.time()

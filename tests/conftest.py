@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from luftpause.dev.stack import Stack
+
+if TYPE_CHECKING:
+    from luftpause.dev.postgres import PrivateCluster
 
 
 # The fixtures' dataplanes import the anthropic SDK on their first Messages turn, not at start
@@ -121,3 +125,34 @@ def otlp_collector() -> Iterator[OtlpCollector]:
         yield collector
     finally:
         collector.close()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator["PrivateCluster"]:
+    """A private PostgreSQL cluster on 127.0.0.1 for the whole session (the machine's server
+    packages; .ci/run installs them when missing); each test makes its own database."""
+    import shutil
+    import tempfile
+
+    from luftpause.dev.postgres import PrivateCluster
+
+    # Not under pytest's tmp_path: as root the cluster runs as the postgres user, who cannot
+    # enter pytest's private directories.
+    directory = Path(tempfile.mkdtemp(prefix="luftpause-pg-"))
+    cluster = PrivateCluster(directory)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop("immediate")
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def database(postgres, request) -> str:
+    """The URL of a new empty database for this test."""
+    import re
+    import uuid
+
+    name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40] + "_" + uuid.uuid4().hex[:8]
+    return postgres.create_database(name)

@@ -80,7 +80,7 @@ async def test_records_for_unknown_runs_are_ignored(tmp_path: Path) -> None:
 async def test_concurrent_appends_share_fsyncs_and_all_land(tmp_path: Path, monkeypatch) -> None:
     import os
 
-    from luftpause.runtime import journal as journal_module
+    from luftpause.runtime import stores as journal_module  # the file store does the writing
 
     fsyncs: list[int] = []
     real_fsync = os.fsync

@@ -1,0 +1,304 @@
+"""Where the runtime's journals keep their lines: a file (the embedded default) or a
+PostgreSQL table (``--journal postgresql://…``).
+
+A store holds an ordered sequence of lines (each one JSON record and a newline, as
+``lines.encoded`` writes it) and offers what the run journal, compaction and the MCP Tasks
+journal need and nothing more:
+
+- ``read_bytes()``: every line, in order, as one bytes object;
+- ``append(data)``: more lines, durably and whole (after an error none of them is there);
+- ``replace(data)``: the whole content at once (compaction), atomically;
+- ``holds(data)``: whether the content is exactly ``data`` (a compaction that would change
+  nothing writes nothing);
+- ``size()``: its size in bytes, for the compaction trigger;
+- ``unwritable(exc)``: a sentence for clients and ``/health`` when a write failed;
+- ``problem_now()``: why it cannot be written right now, for ``/ready`` (None: it can).
+
+Every failure is an ``OSError`` (a database's errors become ``StoreUnavailable``), so the
+journal's rule holds for both: a record that cannot be written is retried and the run
+waits; nothing is told to a client before its record is stored.
+
+The file store is what ``runs.jsonl`` always was (fsync, a torn tail never swallows a
+record, a failed batch cut back). The PostgreSQL store keeps each line as a row of its
+table in a transaction per batch (one commit for a whole group of records), through
+psycopg 3: one driver for the blocking calls the journal makes from its writer thread
+and for compaction, with libpq's connection strings, environment and TLS settings as
+operators know them (``PGPASSWORD``, ``sslmode``, service files). Its schema is created
+and upgraded by ``pg_schema``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(component="journal")
+
+# The leftover of a file compaction that crashed before its rename.
+SUFFIX = ".compacting"
+
+
+class StoreUnavailable(OSError):
+    """The journal's database cannot be reached or refused a write."""
+
+
+# ------------------------------------------------------------------------------ file
+
+
+class FileStore:
+    """Lines in a file, appended with fsync and replaced by an atomic rename."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def read_bytes(self) -> bytes:
+        try:
+            return self.path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return b""
+
+    def append(self, data: bytes) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            start = os.fstat(fd).st_size
+            try:
+                if _ends_torn(fd):
+                    # Start on a fresh line so a torn tail cannot swallow this record.
+                    os.write(fd, b"\n")
+                _write_all(fd, data)
+                os.fsync(fd)
+            except OSError:
+                _cut_back(fd, start, self.path)
+                raise
+        finally:
+            os.close(fd)
+
+    def replace(self, data: bytes) -> None:
+        write_atomically(self.path, data)
+
+    def holds(self, data: bytes) -> bool:
+        try:
+            return self.path.stat().st_size == len(data) and self.path.read_bytes() == data
+        except OSError:
+            return False
+
+    def size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def remove_leftover(self) -> None:
+        """Remove the half-written file of a compaction that crashed before its rename."""
+        leftover = self.path.with_name(self.path.name + SUFFIX)
+        if leftover.exists():
+            leftover.unlink()
+            log.warning("journal_compaction_leftover_removed", path=str(leftover))
+
+    def unwritable(self, exc: OSError) -> str:
+        """Why the journal cannot be written: on a full disk, which filesystem and how much
+        room it has."""
+        path = self.path
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            try:
+                fs = os.statvfs(path.parent)
+                room = f"{fs.f_bavail * fs.f_frsize} of {fs.f_blocks * fs.f_frsize} bytes free"
+            except OSError:
+                room = "free space unknown"
+            return (f"cannot write the run journal {path}: the disk holding {path.parent} is full ({room}); "
+                    "runs wait and resume once there is room")
+        return f"cannot write the run journal {path}: {exc}"
+
+    def problem_now(self) -> str | None:
+        target = self.path if self.path.exists() else self.path.parent
+        if not os.access(target, os.W_OK):
+            return f"journal {self.path} is not writable"
+        return None
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + SUFFIX)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself is durable
+    finally:
+        os.close(directory)
+
+
+def _cut_back(fd: int, size: int, path: Path) -> None:
+    """Drop whatever part of a failed batch reached the file (shrinking needs no room)."""
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    except OSError as exc:
+        log.error("journal_cut_back_failed", path=str(path), size=size, error=str(exc),
+                  effect="a torn tail is skipped at replay")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _ends_torn(fd: int) -> bool:
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+
+
+# ------------------------------------------------------------------------ PostgreSQL
+
+# The run a journal line is about, stored beside it (a fleet of runtimes will look runs up by it).
+_HANDLE = re.compile(rb'"(?:handle|taskId)":"([^"\\]{1,256})"')
+
+
+def is_database_url(where: str) -> bool:
+    return where.startswith(("postgresql://", "postgres://"))
+
+
+def redacted(url: str) -> str:
+    """A database URL fit for logs and errors: its password replaced."""
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+
+
+class PostgresStore:
+    """Lines as rows of ``table`` (``seq``, ``handle``, ``line``), one transaction a batch.
+
+    One connection, used by one thread at a time (the journal's writer thread, or a
+    compaction holding the journal's lock, or the start); a broken one is replaced on the
+    next call. ``connect_timeout_s`` bounds each attempt to connect."""
+
+    def __init__(self, url: str, table: str, connect_timeout_s: float = 5.0) -> None:
+        if table not in ("luftpause_journal", "luftpause_tasks"):
+            raise ValueError(f"unknown journal table {table!r}")
+        self.url, self.table = url, table
+        self.connect_timeout_s = connect_timeout_s
+        self._conn: Any = None
+        self._guard = threading.Lock()  # one statement sequence at a time on the connection
+        self._size = 0  # bytes of lines held, as far as this process knows (compaction trigger)
+        self.problem: str | None = None
+
+    def __str__(self) -> str:
+        return f"{redacted(self.url)} ({self.table})"
+
+    def _connection(self) -> Any:
+        import psycopg
+
+        if self._conn is not None and not self._conn.closed and not self._conn.broken:
+            return self._conn
+        try:
+            self._conn = psycopg.connect(self.url, connect_timeout=max(1, round(self.connect_timeout_s)),
+                                         application_name="luftpause-runtime")
+        except psycopg.Error as exc:
+            raise StoreUnavailable(errno.ECONNREFUSED, f"cannot reach the journal database {redacted(self.url)}: "
+                                   f"{_first_line(exc)}") from None
+        return self._conn
+
+    def _run(self, work, what: str) -> Any:
+        """``work(connection)`` in a transaction; a database error becomes StoreUnavailable."""
+        import psycopg
+
+        with self._guard:
+            conn = self._connection()
+            try:
+                with conn.transaction():
+                    return work(conn)
+            except psycopg.Error as exc:
+                if conn.broken or conn.closed:
+                    self._conn = None
+                raise StoreUnavailable(errno.EIO, f"the journal database {redacted(self.url)} refused to {what}: "
+                                       f"{_first_line(exc)}") from None
+
+    def read_bytes(self) -> bytes:
+        def read(conn) -> bytes:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT line FROM {self.table} ORDER BY seq")  # noqa: S608 - a fixed table name
+                rows = cur.fetchall()
+            return ("\n".join(row[0] for row in rows) + "\n").encode() if rows else b""
+
+        data = self._run(read, "read the journal")
+        self._size = len(data)
+        return data
+
+    def _copy_in(self, conn, data: bytes) -> None:
+        """The lines of ``data`` as rows, in order (each without its newline: a text column)."""
+        with conn.cursor() as cur, cur.copy(f"COPY {self.table} (handle, line) FROM STDIN") as copy:
+            for line in data.splitlines():
+                if line:
+                    found = _HANDLE.search(line)
+                    copy.write_row((found.group(1).decode() if found else None, line.decode()))
+
+    def append(self, data: bytes) -> None:
+        self._run(lambda conn: self._copy_in(conn, data), "append to the journal")
+        self._size += len(data)
+
+    def replace(self, data: bytes) -> None:
+        def rewrite(conn) -> None:
+            conn.execute(f"DELETE FROM {self.table}")  # noqa: S608 - a fixed table name
+            self._copy_in(conn, data)
+
+        self._run(rewrite, "rewrite the journal")
+        self._size = len(data)
+
+    def holds(self, data: bytes) -> bool:
+        try:
+            return self.read_bytes() == data
+        except OSError:
+            return False
+
+    def size(self) -> int:
+        return self._size
+
+    def remove_leftover(self) -> None:
+        """(A rewrite is one transaction: it leaves nothing behind.)"""
+
+    def unwritable(self, exc: OSError) -> str:
+        return f"cannot write the run journal {self}: {exc.strerror or exc}; runs wait and resume once it can"
+
+    def problem_now(self) -> str | None:
+        return self.problem
+
+    def close(self) -> None:
+        with self._guard:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or exc.__class__.__name__
+    return text.splitlines()[0]
+
+
+def wait_for_database(url: str, timeout_s: float) -> str | None:
+    """None once the database answers, else why not after ``timeout_s``."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with psycopg.connect(url, connect_timeout=max(1, round(min(timeout_s, 5)))):
+                return None
+        except psycopg.Error as exc:
+            if time.monotonic() >= deadline:
+                return _first_line(exc)
+        time.sleep(0.2)

@@ -1,0 +1,198 @@
+"""The run journal and the Tasks journal on PostgreSQL (a private cluster on 127.0.0.1,
+a database per test): what replay, compaction and retention make of it is what they make
+of the file; the schema is migrated and a newer one refused; an unreachable database is
+named; and a runtime killed with SIGKILL mid-round resumes its runs from the database
+without repeating a journaled round."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from mcp import Client
+from runtime_doubles import LocalDataplane, RuntimeProcess, tool_results
+from test_runtime_compaction import HOUR, NOW, run_records, state_of, write_journal
+from test_runtime_journal import make_run
+
+from luftpause.dev.procs import WAIT_S, eventually, free_port
+from luftpause.runtime import pg_schema
+from luftpause.runtime.compaction import compact
+from luftpause.runtime.journal import Journal, restore_runs
+from luftpause.runtime.agent import initial_messages
+from luftpause.runtime.runs import BudgetExcess, RunStats, RunStatus
+from luftpause.runtime.stores import PostgresStore, StoreUnavailable
+from luftpause.runtime.tasks import TaskStore
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def store(url: str, table: str = "luftpause_journal") -> PostgresStore:
+    pg_schema.prepare(url, 5)
+    return PostgresStore(url, table)
+
+
+async def write_some_runs(*journals: Journal) -> None:
+    """The same records to each journal: two runs, a round with text JSON must escape, a
+    budget excess, an outcome."""
+    done, open_run = make_run("run-done"), make_run("run-open", parent="run-done")
+    open_run.model = "fake-llama-1b"
+    for journal in journals:
+        await journal.created(done)
+        await journal.created(open_run)
+        await journal.round(open_run, [{"role": "assistant", "content": "ü — \u2028 \"quoted\"", "tool_calls": []}])
+        await journal.budget_exceeded(done, BudgetExcess("tokens", 12.0, 10.0))
+        await journal.finished("run-done", RunStatus.COMPLETED, "the answer", None, RunStats(turns=2), 1234.5)
+
+
+async def test_the_database_journal_replays_as_the_file_does(database: str, tmp_path: Path) -> None:
+    in_file, in_database = Journal(tmp_path / "runs.jsonl"), Journal(store(database))
+    await write_some_runs(in_file, in_database)
+    assert in_database.read() == in_file.read()
+    assert in_database.store.read_bytes() == in_file.store.read_bytes()  # line for line, byte for byte
+    replayed = {run.handle: run for run in restore_runs(in_database.read(), initial_messages)}
+    assert replayed["run-done"].status is RunStatus.COMPLETED and replayed["run-open"].model == "fake-llama-1b"
+    with psycopg.connect(database) as conn:  # each line a row, with the run it is about
+        rows = conn.execute("SELECT handle, count(*) FROM luftpause_journal GROUP BY handle ORDER BY 1").fetchall()
+    assert rows == [("run-done", 3), ("run-open", 2)]
+
+
+async def test_concurrent_appends_share_commits_and_all_land_in_order(database: str) -> None:
+    journal = Journal(store(database))
+    batches: list[int] = []
+    real_append = journal.store.append
+
+    def counting(data: bytes) -> None:
+        batches.append(data.count(b"\n"))
+        real_append(data)
+
+    journal.store.append = counting
+    runs = [make_run(f"run-{i}") for i in range(50)]
+    await asyncio.gather(*(journal.created(run) for run in runs))
+    assert [record["handle"] for record in journal.read()] == [run.handle for run in runs]
+    assert sum(batches) == 50 and 1 <= len(batches) < 50  # grouped: one transaction a batch
+
+
+def test_compaction_and_retention_keep_what_they_keep_in_the_file(database: str, tmp_path: Path) -> None:
+    records = [
+        *run_records("run-old", finished_at=NOW - 25 * HOUR),
+        *run_records("run-live-parent", finished_at=None),
+        *run_records("run-old-child", finished_at=NOW - 30 * HOUR, parent="run-live-parent"),
+        *run_records("run-recent", finished_at=NOW - 1 * HOUR),
+    ]
+    path = tmp_path / "runs.jsonl"
+    write_journal(path, records)
+    database_store = store(database)
+    database_store.append(path.read_bytes())
+    in_file, in_database = compact(path, now=NOW), compact(database_store, now=NOW)
+    assert in_database.dropped == in_file.dropped == {"run-old"}
+    assert database_store.read_bytes() == path.read_bytes()  # the same lines kept, in the same order
+    after = state_of(Journal(database_store).read())
+    before = state_of(records)
+    assert set(after) == {"run-live-parent", "run-old-child", "run-recent"}
+    assert all(after[handle] == before[handle] for handle in after)
+    assert compact(database_store, now=NOW).bytes_after == in_database.bytes_after  # a second pass changes nothing
+
+
+def test_tasks_journal_in_the_database_fails_open_tasks_at_the_next_start(database: str) -> None:
+    tasks = TaskStore(store(database, "luftpause_tasks"))
+    tasks.append({"type": "created", "taskId": "task-1", "handle": "run-1", "createdAt": NOW})
+    tasks.append({"type": "created", "taskId": "task-2", "handle": "run-2", "createdAt": NOW})
+    tasks.append({"type": "finished", "taskId": "task-2", "error": None, "cancelled": False, "at": NOW + 1})
+    again = TaskStore(PostgresStore(database, "luftpause_tasks"))
+    again.restore(NOW + 2)
+    assert again.tasks["task-1"].failed and "run-1" in again.tasks["task-1"].failed  # open at the stop: failed
+    assert again.tasks["task-2"].failed is None
+    assert len(again.store.read_bytes().splitlines()) == 4  # rewritten: created + finished for each
+
+
+def test_migrations_apply_once_and_a_newer_schema_is_refused(database: str) -> None:
+    assert pg_schema.prepare(database, 5) == (0, pg_schema.CURRENT)
+    assert pg_schema.prepare(database, 5) == (pg_schema.CURRENT, pg_schema.CURRENT)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("INSERT INTO luftpause_schema (version, description) VALUES (99, 'from the future')")
+    with pytest.raises(pg_schema.SchemaTooNew, match=f"version 99, newer than this runtime's {pg_schema.CURRENT}"):
+        pg_schema.prepare(database, 5)
+
+
+async def test_an_unreachable_database_is_named_and_the_journal_waits_for_it() -> None:
+    url = f"postgresql://postgres:s3cret@127.0.0.1:{free_port()}/nowhere"
+    with pytest.raises(pg_schema.DatabaseUnavailable) as raised:
+        pg_schema.prepare(url, 0.5)
+    assert "127.0.0.1" in str(raised.value) and "s3cret" not in str(raised.value) and "\n" not in str(raised.value)
+    journal = Journal(PostgresStore(url, "luftpause_journal", connect_timeout_s=1))
+    with pytest.raises(StoreUnavailable):
+        await journal.created(make_run("run-1"))
+    assert journal.problem and "cannot write the run journal" in journal.problem and "s3cret" not in journal.problem
+
+
+def runtime_main(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "luftpause.runtime", "--port", str(free_port()), *args],
+                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin",
+                                                                          "LUFTPAUSE_LOG_FORMAT": "json"})
+
+
+def test_a_runtime_whose_database_is_away_or_newer_exits_naming_it(database: str, tmp_path: Path) -> None:
+    away = runtime_main(["--journal", f"postgresql://postgres@127.0.0.1:{free_port()}/x", "--state-dir",
+                         str(tmp_path)])
+    assert away.returncode == 2
+    (line,) = [json.loads(line) for line in away.stderr.splitlines() if "journal_database_unusable" in line]
+    assert "did not answer" in line["error"] and "127.0.0.1" in line["error"]
+    pg_schema.prepare(database, 5)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("INSERT INTO luftpause_schema (version, description) VALUES (42, 'newer')")
+    newer = runtime_main(["--journal", database, "--state-dir", str(tmp_path)])
+    assert newer.returncode == 2 and "schema version 42" in newer.stderr
+
+
+def database_records(url: str) -> list[dict[str, Any]]:
+    with psycopg.connect(url) as conn:
+        return [json.loads(row[0]) for row in conn.execute("SELECT line FROM luftpause_journal ORDER BY seq")]
+
+
+async def test_runs_survive_kill_9_mid_round_on_the_database_journal(
+    start_runtime: Callable[..., RuntimeProcess], fake_mcp: str, tools_file: Path, tmp_path: Path, database: str
+) -> None:
+    """The file journal's crash test (test_runtime_processes), with the journal in PostgreSQL."""
+    env = {"LUFTPAUSE_JOURNAL": database}
+    dataplane = LocalDataplane(calls=2)
+    dataplane.hold = asyncio.Event()  # in the first life, every run's second turn waits here
+    dataplane.holds = lambda body: tool_results(body) == 1
+    slow = {"tools": ["deep_search"]}
+
+    def calls() -> int:
+        return httpx.get(f"{fake_mcp}/stats").json()["calls"].get("deep_search", 0)
+
+    async with dataplane.serving() as base_url:
+        first = start_runtime(base_url, tools_file, tmp_path / "state", env)
+        async with Client(first.mcp_url) as client:
+            handles = [json.loads((await client.call_tool("spawn", {"task": f"survive {i}", **slow})).content[0].text)
+                       ["handle"] for i in range(3)]
+
+        def rounds() -> dict[str, list[dict[str, Any]]]:
+            records = database_records(database)
+            return {h: [r for r in records if r["type"] == "round" and r["handle"] == h] for h in handles}
+
+        await eventually(lambda: dataplane.held == len(handles), what="every run's second turn in flight")
+        assert all(rounds().values())
+        first.process.kill()  # SIGKILL, no shutdown
+        dataplane.hold.set()
+        calls_at_crash, rounds_at_crash = calls(), rounds()
+        journaled = sum(r[-1]["stats"]["tool_calls"] for r in rounds_at_crash.values())
+
+        second = start_runtime(base_url, tools_file, tmp_path / "state", env)
+        async with Client(second.mcp_url) as client:
+            answer = json.loads((await client.call_tool("await", {"handles": handles, "timeout": WAIT_S}))
+                                .content[0].text)
+    assert [run["status"] for run in answer["runs"]] == ["Completed"] * len(handles)
+    assert calls() - calls_at_crash == 2 * len(handles) - journaled  # no journaled round ran again
+    for handle, kept in rounds().items():
+        assert len(kept) == 2 and kept[: len(rounds_at_crash[handle])] == rounds_at_crash[handle]
+    assert not (tmp_path / "state" / "runs.jsonl").exists()  # the database, not a file, held them
