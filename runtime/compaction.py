@@ -17,7 +17,8 @@ The rewrite is atomic: the new journal is written to ``runs.jsonl.compacting``,
 fsync'd, renamed over ``runs.jsonl`` and the directory fsync'd. A crash before the
 rename leaves the old journal (the stray file is removed at the next start), a crash
 after it the new one; both replay to the same runs, minus the ones retention dropped.
-In PostgreSQL the rewrite is one transaction (delete every line, copy the kept ones in).
+In PostgreSQL compaction edits the rows in place in one transaction (``_compact_rows``):
+rows appended meanwhile keep their place.
 
 It runs on start, before replay (in a child process forked before the runtime's imports,
 see ``ForkedCompaction``), and, while serving, when the journal passes
@@ -250,6 +251,9 @@ def compact(where: Path | Store, lock: threading.Lock | None = None, now: float 
     A journal that is already what compaction would write (the usual case at the start
     after a compacted one) is left as it is."""
     store = FileStore(where) if isinstance(where, Path) else where
+    if isinstance(store, PostgresStore):
+        with lock or threading.Lock():
+            return _compact_rows(store, time.time() if now is None else now)
     started = time.monotonic()
     with lock or threading.Lock():
         store.remove_leftover()
@@ -266,6 +270,54 @@ def compact(where: Path | Store, lock: threading.Lock | None = None, now: float 
     log.info("journal_compacted", journal=str(store), records_before=len(scan.entries), records_after=len(kept),
              runs_dropped=len(dropped), bytes_before=bytes_before, bytes_after=len(data), rewritten=rewritten,
              seconds=round(result.seconds, 3))
+    return result
+
+
+def _compact_rows(store: PostgresStore, now: float) -> Compacted:
+    """Compaction in a database: the same decisions, carried out in place - the dropped
+    runs' rows and a finished run's rounds and approval records deleted, its last round's
+    row emptied of messages (the file puts that round just before its ``finished``; here
+    it stays where it was, which replays the same) - so rows appended meanwhile, by this
+    runtime or another on the same database, are left as they are and keep their order."""
+    started = time.monotonic()
+    rows = store.rows()
+    lines = [line.encode() + b"\n" for _, line in rows]
+    scan = _Scan(lines)
+    kept, dropped = _retained(scan, now, constants.RETENTION_S, constants.RETENTION_RUNS)
+    delete: set[int] = set()
+    last_round: dict[str, tuple[int, bytes]] = {}
+    for (seq, _), line in zip(rows, lines, strict=True):
+        found = _HEAD.match(line)
+        if found is not None:
+            kind, handle = found.group(1), found.group(2).decode()
+        else:
+            record = decoded(line)
+            if record is None:
+                continue
+            kind, handle = str(record.get("type")).encode(), record["handle"]
+        if handle in dropped:
+            delete.add(seq)
+        elif handle in scan.finished_at and kind not in (b"created", b"finished", b"budgetExceeded"):
+            delete.add(seq)
+            if kind == b"round":
+                last_round[handle] = (seq, line)
+    replace: dict[int, str] = {}
+    for handle, (seq, line) in last_round.items():
+        model = scan.model_of(handle)
+        if model is None:
+            continue
+        delete.discard(seq)
+        emptied = _kept_round(handle, model)[0]
+        if emptied != line:  # (already emptied by an earlier compaction: left alone)
+            replace[seq] = emptied.decode().rstrip("\n")
+    bytes_before = sum(len(line) for line in lines)
+    if delete or replace:
+        store.edit_rows(sorted(delete), replace)
+    result = Compacted([r for _, r in kept], frozenset(dropped), bytes_before, store.size(),
+                       time.monotonic() - started)
+    log.info("journal_compacted", journal=str(store), records_before=len(rows), records_after=len(kept),
+             runs_dropped=len(dropped), rows_deleted=len(delete), rows_emptied=len(replace),
+             rewritten=bool(delete or replace), seconds=round(result.seconds, 3))
     return result
 
 

@@ -7,7 +7,8 @@ journal need and nothing more:
 
 - ``read_bytes()``: every line, in order, as one bytes object;
 - ``append(data)``: more lines, durably and whole (after an error none of them is there);
-- ``replace(data)``: the whole content at once (compaction), atomically;
+- ``replace(data)``: the whole content at once (the file's compaction, the Tasks journal's
+  rewrite), atomically; a database journal's compaction edits its rows instead;
 - ``holds(data)``: whether the content is exactly ``data`` (a compaction that would change
   nothing writes nothing);
 - ``size()``: its size in bytes, for the compaction trigger;
@@ -264,6 +265,29 @@ class PostgresStore:
             return self.read_bytes() == data
         except OSError:
             return False
+
+    def rows(self) -> list[tuple[int, str]]:
+        """Every line with its place (compaction edits rows in place)."""
+        def read(conn) -> list[tuple[int, str]]:
+            return conn.execute(f"SELECT seq, line FROM {self.table} ORDER BY seq").fetchall()  # noqa: S608
+
+        rows = self._run(read, "read the journal")
+        self._size = sum(len(line.encode()) + 1 for _, line in rows)
+        return rows
+
+    def edit_rows(self, delete: list[int], replace: dict[int, str]) -> None:
+        """Delete rows and change others' lines, in one transaction (compaction)."""
+        def edit(conn) -> None:
+            if delete:
+                conn.execute(f"DELETE FROM {self.table} WHERE seq = ANY(%s)", (delete,))  # noqa: S608
+            if replace:
+                with conn.cursor() as cur:
+                    cur.executemany(f"UPDATE {self.table} SET line = %s WHERE seq = %s",  # noqa: S608
+                                    [(line, seq) for seq, line in replace.items()])
+            left = conn.execute(f"SELECT coalesce(sum(octet_length(line) + 1), 0) FROM {self.table}").fetchone()[0]
+            self._size = int(left)
+
+        self._run(edit, "compact the journal")
 
     def size(self) -> int:
         return self._size
