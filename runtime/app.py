@@ -22,9 +22,10 @@ from luftpause.tokens import BearerGuard
 from luftpause.runtime.principals import principal_of
 from luftpause.runtime import constants
 from luftpause.runtime.compaction import ForkedCompaction
-from luftpause.runtime.config import RuntimeSettings, load_tools_file
+from luftpause.runtime.config import RuntimeSettings, load_tools_file, member_id
 from luftpause.runtime.dataplane import DataplaneClient
 from luftpause.runtime import pg_schema
+from luftpause.runtime.fleet import Fleet
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.stores import FileStore, PostgresStore, redacted
 from luftpause.runtime.jsonrpc import MCP_PATH, JsonRpcGate
@@ -67,9 +68,11 @@ def build_runtime(settings: RuntimeSettings, forked_compaction: ForkedCompaction
     if servers is None:
         log.warning("tools_file_missing", path=str(settings.tools_file), effect="sub-agents get no tools")
         servers = []
-    journal = Journal(journal_store(settings))
-    return Runtime(dataplane, Toolbox.from_configs(servers), journal, max_runs_per_caller=settings.max_runs_per_caller,
-                   forked_compaction=forked_compaction)
+    store = journal_store(settings)
+    # On a database every runtime is one of a fleet (of one, or more): runs under leases.
+    fleet = Fleet(store, member_id(settings), settings.lease_s) if isinstance(store, PostgresStore) else None
+    return Runtime(dataplane, Toolbox.from_configs(servers), Journal(store),
+                   max_runs_per_caller=settings.max_runs_per_caller, forked_compaction=forked_compaction, fleet=fleet)
 
 
 def build_app(

@@ -15,6 +15,7 @@ The tools file is YAML::
 from __future__ import annotations
 
 import argparse
+import socket
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,13 @@ class RuntimeSettings:
     session_evict_idle_s: float = constants.SESSION_EVICT_IDLE_S
     keys: Keys = field(default_factory=Keys)  # tenant keys (luftpause/keys.py); none: no tenants
     journal_url: str | None = None  # PostgreSQL holds the journals; None: files in state_dir
+    runtime_id: str = ""  # this runtime among those sharing journal_url ("" = <host name>-<port>: member_id)
+    lease_s: float = constants.LEASE_S  # a run's lease, renewed every third of it (fleet.py)
+
+
+def member_id(settings: RuntimeSettings) -> str:
+    """This runtime's name among those sharing a journal database."""
+    return settings.runtime_id or f"{socket.gethostname()}-{settings.port}"
 
 
 def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> RuntimeSettings:
@@ -100,6 +108,12 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
            "where the run journal and the Tasks journal live: a postgresql:// URL (libpq's: the password may "
            "come from PGPASSWORD or ~/.pgpass; the schema is created and upgraded at start), or empty for "
            "runs.jsonl and tasks.jsonl in --state-dir")
+    option("--runtime-id", "LUFTPAUSE_RUNTIME_ID", "",
+           "this runtime's name among the runtimes sharing a --journal database (it owns runs under it; a "
+           "runtime restarted under the same name takes its runs back at once); empty: <host name>-<port>")
+    option("--lease", "LUFTPAUSE_LEASE_S", constants.LEASE_S,
+           "seconds a runtime on a --journal database holds a run's lease without renewing it; a runtime "
+           "that died or lost the database has its runs adopted by the others after this long", kind=float)
     option("--max-runs-per-caller", "LUFTPAUSE_MAX_RUNS_PER_CALLER", constants.MAX_RUNS_PER_CALLER,
            "unfinished runs one caller may have; spawn beyond it is refused", kind=int)
     option("--max-sessions", "LUFTPAUSE_MAX_SESSIONS", constants.MAX_SESSIONS,
@@ -120,6 +134,8 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         parser.error("--max-runs-per-caller and --max-sessions must be >= 1, --session-idle > 0")
     if not 0 <= args.session_evict_idle < float("inf"):
         parser.error("--session-evict-idle must be a finite number of seconds >= 0")
+    if not 0.5 <= args.lease < float("inf"):
+        parser.error("--lease must be at least 0.5 seconds")
     if args.journal and not is_database_url(args.journal):
         parser.error(f"--journal must be a postgresql:// URL (or empty for files in --state-dir), not {args.journal!r}")
     try:
@@ -142,6 +158,8 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         session_evict_idle_s=args.session_evict_idle,
         keys=keys,
         journal_url=args.journal or None,
+        runtime_id=args.runtime_id,
+        lease_s=args.lease,
     )
 
 

@@ -64,6 +64,9 @@ RUN_END_NOTICE_TIMEOUT_S = 5.0
 # At start the journal's database (--journal postgresql://...) must answer within this
 # long, else the runtime exits naming it (a supervisor starts it again).
 JOURNAL_DATABASE_WAIT_S = 5.0
+# Runtimes sharing a journal database hold each unfinished run under a lease this long,
+# renewed every third of it; the runs of one that died are adopted after it (fleet.py).
+LEASE_S = 5.0
 # A spawn without a parent asks the dataplane which harness run handed out its task (the
 # run tree starts at the harness); a dataplane that does not answer by then costs the link,
 # not the spawn.

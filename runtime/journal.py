@@ -39,6 +39,7 @@ from typing import Any
 import structlog
 
 from luftpause.runtime import constants
+from luftpause.runtime.fleet import Fenced
 from luftpause.runtime.lines import decoded, encoded
 from luftpause.runtime.metrics import JOURNAL_FSYNC
 from luftpause.runtime.runs import BudgetExcess, Run, RunSpec, RunStats, RunStatus
@@ -101,7 +102,7 @@ class Journal:
         while self._queued:
             batch, self._queued = self._queued, []
             try:
-                await asyncio.to_thread(self._write_durably, b"".join(line for line, _ in batch))
+                refused = await asyncio.to_thread(self._write_durably, b"".join(line for line, _ in batch))
             except OSError as exc:
                 if self.problem is None:
                     log.error("journal_unwritable", journal=str(self.store), error=str(exc))
@@ -113,8 +114,12 @@ class Journal:
                 if self.problem is not None:
                     log.info("journal_writable_again", journal=str(self.store))
                 self.problem = None
-                for _, written in batch:
-                    if not written.done():
+                for number, (line, written) in enumerate(batch):
+                    if written.done():
+                        continue
+                    if number in refused:  # a run another runtime drives now (fleet.py)
+                        written.set_exception(Fenced(str(decoded(line)["handle"])))
+                    else:
                         written.set_result(None)
 
     async def append_until_written(self, record: dict[str, Any]) -> None:
@@ -126,9 +131,10 @@ class Journal:
             except OSError:
                 await asyncio.sleep(constants.JOURNAL_RETRY_S)
 
-    def _write_durably(self, lines: bytes) -> None:
+    def _write_durably(self, lines: bytes) -> set[int]:
+        """The lines stored; the indexes of those a fleet's fencing refused."""
         with self._lock, JOURNAL_FSYNC.time():
-            self.store.append(lines)
+            return self.store.append(lines) or set()
 
     async def created(self, run: Run) -> None:
         await self.append(created_record(run))
@@ -202,7 +208,7 @@ def restore_runs(records: Iterable[dict[str, Any]], initial_messages: Any) -> li
     runs: dict[str, Run] = {}
     for record in records:
         try:
-            _apply(runs, record, initial_messages)
+            apply_record(runs, record, initial_messages)
         except (KeyError, ValueError, TypeError) as exc:
             # One malformed record must not keep every other run from coming back.
             log.warning(
@@ -211,8 +217,11 @@ def restore_runs(records: Iterable[dict[str, Any]], initial_messages: Any) -> li
     return list(runs.values())
 
 
-def _apply(runs: dict[str, Run], record: dict[str, Any], initial_messages: Any) -> None:
+def apply_record(runs: dict[str, Run], record: dict[str, Any], initial_messages: Any) -> None:
+    """One record applied to the runs by handle (replay; in a fleet, a line another runtime wrote)."""
     kind, handle = record.get("type"), record["handle"]
+    if kind == "created" and handle in runs:
+        return  # known already (a fleet's runtime reading a line it replayed): the run stays the object it is
     if kind == "created":
         spec = RunSpec.from_json(record["spec"])
         runs[handle] = Run(
@@ -227,7 +236,7 @@ def _apply(runs: dict[str, Run], record: dict[str, Any], initial_messages: Any) 
         log.warning("journal_run_without_created", handle=handle, effect="restored from its finished record")
         runs[handle] = Run(handle=handle, spec=RunSpec(task=""), caller="",
                            created_at=record.get("finishedAt") or 0.0, messages=[])
-        _apply(runs, record, initial_messages)
+        apply_record(runs, record, initial_messages)
     elif handle not in runs:
         log.warning("journal_record_without_run", handle=handle, type=kind)
     elif kind == "round":

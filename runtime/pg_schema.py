@@ -28,6 +28,16 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
             line text NOT NULL
         );
     """),
+    (2, "runtimes sharing the database: who wrote each line, and a lease per unfinished run", """
+        ALTER TABLE luftpause_journal ADD COLUMN writer text;
+        CREATE TABLE luftpause_leases (
+            handle text PRIMARY KEY,
+            owner text NOT NULL,
+            token bigint NOT NULL,
+            expires_at timestamptz NOT NULL
+        );
+        CREATE INDEX luftpause_leases_expiry ON luftpause_leases (expires_at);
+    """),
 )
 
 CURRENT = MIGRATIONS[-1][0]

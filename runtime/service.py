@@ -22,7 +22,8 @@ from luftpause.runtime.approvals import Approvals
 from luftpause.runtime.budgets import BudgetExceeded, Budgets
 from luftpause.runtime.compaction import CompactionTrigger, ForkedCompaction, compact
 from luftpause.runtime.dataplane import DataplaneClient, TurnError
-from luftpause.runtime.journal import Journal, restore_runs
+from luftpause.runtime.fleet import Fenced, Fleet
+from luftpause.runtime.journal import Journal, apply_record, restore_runs
 from luftpause.runtime.runs import BudgetExcess, Run, RunRegistry, RunSpec, RunStatus, new_handle
 from luftpause.runtime.upstream import Toolbox
 
@@ -56,6 +57,7 @@ class Runtime:
         max_runs_per_caller: int = constants.MAX_RUNS_PER_CALLER,
         forked_compaction: ForkedCompaction | None = None,
         clock: Callable[[], float] = time.time,
+        fleet: Fleet | None = None,
     ) -> None:
         # The wall clock runs are stamped and budgets measured with (tests move it on).
         self._clock = clock
@@ -72,6 +74,10 @@ class Runtime:
             dataplane, toolbox, recorder=journal, approval_gate=self.approvals.gate, guard=self.budgets
         )
         self._stopping = False
+        # Runtimes sharing the journal's database (fleet.py); None: this runtime drives every run.
+        self._fleet = fleet
+        # Runs whose lease went to another runtime: their loops stop without an outcome.
+        self._released: set[str] = set()
         # Why each run is being cancelled, by handle; absent = not cancelled by a caller.
         self._cancel_reasons: dict[str, str] = {}
         # Runs whose outcome is being journaled: too late to cancel them.
@@ -104,6 +110,9 @@ class Runtime:
                 gc.enable()
         log.info("journal_replayed", runs=len(restored), resumed=[run.handle for run in resumed],
                  **{f"{part}_seconds": round(seconds, 3) for part, seconds in self.start_seconds.items()})
+        if self._fleet is not None:
+            self._fleet.last_seq = self._journal.store.last_seq
+            self._fleet.start(self._lost, self._adopted, self._followed)
 
     def _replay(self, records: list[dict[str, Any]]) -> tuple[list[Run], list[Run]]:
         """Register the runs the records describe and resume the unfinished ones; returns
@@ -116,6 +125,8 @@ class Runtime:
             run.budget_paused_s = paused.get(run.handle, 0.0)
         self._pause_for_open_approvals(records)
         resumed = [run for run in restored if not run.status.finished]
+        if self._fleet is not None:
+            return restored, []  # each resumes where its lease is taken over (_adopted)
         for run in resumed:
             self._launch(run)
         for run in restored:
@@ -176,9 +187,12 @@ class Runtime:
             self._in_background(self._compact_journal())
 
     async def stop(self) -> None:
-        """Stop running loops without finishing them, so they resume after a restart."""
+        """Stop running loops without finishing them, so they resume after a restart (in a
+        fleet: at once elsewhere, their leases released)."""
         self._stopping = True
         self.budgets.close()
+        if self._fleet is not None:
+            await self._fleet.stop()
         tasks = [run.loop_task for run in self.runs if run.loop_task is not None and not run.loop_task.done()]
         for task in tasks:
             task.cancel()
@@ -259,8 +273,8 @@ class Runtime:
         end: conclude the run here, or it would stay Running for good."""
         if run.status.finished or run.handle in self._concluding:
             return
-        if self._stopping and run.handle not in self._cancel_reasons:
-            return  # shutdown: it resumes after the restart
+        if (self._stopping or run.handle in self._released) and run.handle not in self._cancel_reasons:
+            return  # shutdown: it resumes after the restart (or another runtime drives it now)
         reason = self._cancel_reasons.get(run.handle)
         if reason is None and run.budget_excess is not None:
             reason = run.budget_excess.message
@@ -290,8 +304,11 @@ class Runtime:
         try:
             result = await self._agent.drive(run)
         except asyncio.CancelledError:
-            if self._stopping and run.handle not in self._cancel_reasons:
-                raise  # shutdown: leave it unfinished in the journal so it resumes
+            if (self._stopping or run.handle in self._released) and run.handle not in self._cancel_reasons:
+                raise  # shutdown (or another runtime's now): leave it unfinished in the journal so it resumes
+        except Fenced:
+            self._lost(run.handle)  # its lease went elsewhere while this loop drove it
+            return
             await self._conclude(run, RunStatus.CANCELLED, error=self._cancel_reasons.get(run.handle, "cancelled"))
         except BudgetExceeded as exc:
             await self._conclude(run, RunStatus.CANCELLED, error=self._cancel_reasons.get(run.handle, str(exc)))
@@ -321,6 +338,10 @@ class Runtime:
                 await self._journal.finished(run.handle, status, result, error, run.stats, finished_at)
             except OSError:
                 log.exception("journal_write_failed", run=run.handle)
+            except Fenced:  # another runtime drives it now: its outcome is that runtime's to record
+                self._concluding.discard(run.handle)
+                self._lost(run.handle)
+                return
             self._compact_when_due()
         run.finish(status, result=result, error=error, at=finished_at)
         self._concluding.discard(run.handle)
@@ -328,6 +349,51 @@ class Runtime:
         self.budgets.waiting_changed(run)
         log.info("run_finished", run=run.handle, status=status.value, error=error, **run.stats.to_journal())
         await self._dataplane.end_run(run.handle)
+
+    # --- a fleet of runtimes on one database (fleet.py) -------------------------------
+
+    def _lost(self, handle: str) -> None:
+        """Another runtime took the run's lease: stop driving it, record nothing more."""
+        self._released.add(handle)
+        run = self.runs.get(handle) if handle in self.runs else None
+        if run is not None and run.loop_task is not None and not run.loop_task.done() \
+                and run.loop_task is not asyncio.current_task():
+            run.loop_task.cancel()
+        log.warning("run_released", run=handle, effect="another runtime drives it")
+
+    def _adopted(self, handle: str, records: list[dict[str, Any]]) -> None:
+        """This runtime took the run's lease: rebuild it from its records and resume it from
+        its last complete round, as a restart does."""
+        restored = restore_runs(records, initial_messages)
+        if not restored:
+            return
+        run = restored[0]
+        old = self.runs.get(handle) if handle in self.runs else None
+        if old is not None:
+            if old.loop_task is not None and not old.loop_task.done():
+                return  # (still driving it: its own lease came back)
+            # The object others wait on stays; it takes what the records say now.
+            old.messages, old.stats, old.model, old.budget_excess = run.messages, run.stats, run.model, run.budget_excess
+            if run.status.finished and not old.status.finished:
+                old.finish(run.status, result=run.result, error=run.error, at=run.finished_at)
+            run = old
+        else:
+            self.runs.add(run)
+        self._released.discard(handle)
+        if run.status.finished:
+            return
+        if run.has_budget:
+            self.budgets.arm(run)
+        self._launch(run)
+
+    def _followed(self, record: dict[str, Any]) -> None:
+        """A line another runtime appended: this runtime's view of that run follows it."""
+        view = _RegistryView(self.runs)
+        try:
+            apply_record(view, record, initial_messages)
+        except (KeyError, ValueError, TypeError) as exc:
+            log.warning("journal_record_unusable", handle=record.get("handle"), type=record.get("type"),
+                        error=repr(exc))
 
     # --- waiting -----------------------------------------------------------------------
 
@@ -456,3 +522,19 @@ def _paused_budgets(records: list[dict[str, Any]]) -> dict[str, float]:
                 if isinstance(seconds, int | float):
                     paused[handle] = max(paused.get(handle, 0.0), float(seconds))
     return paused
+
+
+class _RegistryView:
+    """The registry as the journal's replay (``journal._apply``) writes runs: by handle."""
+
+    def __init__(self, runs: RunRegistry) -> None:
+        self._runs = runs
+
+    def __contains__(self, handle: object) -> bool:
+        return handle in self._runs
+
+    def __getitem__(self, handle: str) -> Run:
+        return self._runs.get(handle)
+
+    def __setitem__(self, handle: str, run: Run) -> None:
+        self._runs.add(run)

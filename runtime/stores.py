@@ -170,6 +170,8 @@ def _ends_torn(fd: int) -> bool:
 
 # The run a journal line is about, stored beside it (a fleet of runtimes will look runs up by it).
 _HANDLE = re.compile(rb'"(?:handle|taskId)":"([^"\\]{1,256})"')
+# pg_advisory_xact_lock key of the journal's appends when runtimes share it.
+APPEND_LOCK_KEY = int.from_bytes(b"lp-appnd", "big") >> 1
 
 
 def is_database_url(where: str) -> bool:
@@ -197,6 +199,8 @@ class PostgresStore:
         self._guard = threading.Lock()  # one statement sequence at a time on the connection
         self._size = 0  # bytes of lines held, as far as this process knows (compaction trigger)
         self.problem: str | None = None
+        self.fleet: Any = None  # fleet.Fleet when runtimes share the database: it fences appends
+        self.last_seq = 0  # the place of the last line read_bytes read
 
     def __str__(self) -> str:
         return f"{redacted(self.url)} ({self.table})"
@@ -207,8 +211,12 @@ class PostgresStore:
         if self._conn is not None and not self._conn.closed and not self._conn.broken:
             return self._conn
         try:
+            # Keepalives and a TCP user timeout: a database cut off mid-statement fails the
+            # statement within seconds instead of leaving it hanging for the kernel's minutes.
             self._conn = psycopg.connect(self.url, connect_timeout=max(1, round(self.connect_timeout_s)),
-                                         application_name="luftpause-runtime")
+                                         application_name="luftpause-runtime", keepalives=1, keepalives_idle=2,
+                                         keepalives_interval=1, keepalives_count=3,
+                                         tcp_user_timeout=round(self.connect_timeout_s * 1000))
         except psycopg.Error as exc:
             raise StoreUnavailable(errno.ECONNREFUSED, f"cannot reach the journal database {redacted(self.url)}: "
                                    f"{_first_line(exc)}") from None
@@ -229,33 +237,67 @@ class PostgresStore:
                 raise StoreUnavailable(errno.EIO, f"the journal database {redacted(self.url)} refused to {what}: "
                                        f"{_first_line(exc)}") from None
 
+    def transact(self, work, what: str) -> Any:
+        """``work(connection)`` in one transaction on this store's connection."""
+        return self._run(work, what)
+
+    def run_statement(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """One statement in its own transaction; its rows (none for a statement without)."""
+        def run(conn) -> list[tuple[Any, ...]]:
+            cur = conn.execute(sql, params)
+            return cur.fetchall() if cur.description is not None else []
+
+        return self._run(run, "answer")
+
     def read_bytes(self) -> bytes:
         def read(conn) -> bytes:
             with conn.cursor() as cur:
-                cur.execute(f"SELECT line FROM {self.table} ORDER BY seq")  # noqa: S608 - a fixed table name
+                cur.execute(f"SELECT seq, line FROM {self.table} ORDER BY seq")  # noqa: S608 - a fixed table name
                 rows = cur.fetchall()
-            return ("\n".join(row[0] for row in rows) + "\n").encode() if rows else b""
+            if rows:
+                self.last_seq = rows[-1][0]
+            return ("\n".join(row[1] for row in rows) + "\n").encode() if rows else b""
 
         data = self._run(read, "read the journal")
         self._size = len(data)
         return data
 
-    def _copy_in(self, conn, data: bytes) -> None:
-        """The lines of ``data`` as rows, in order (each without its newline: a text column)."""
-        with conn.cursor() as cur, cur.copy(f"COPY {self.table} (handle, line) FROM STDIN") as copy:
-            for line in data.splitlines():
-                if line:
-                    found = _HANDLE.search(line)
-                    copy.write_row((found.group(1).decode() if found else None, line.decode()))
+    def _copy_in(self, conn, lines: list[str]) -> None:
+        """``lines`` as rows, in order (each without its newline: a text column); with a
+        fleet, each names its writer."""
+        writer = self.fleet.member if self.fleet is not None else None
+        columns = "handle, line, writer" if writer is not None else "handle, line"
+        with conn.cursor() as cur, cur.copy(f"COPY {self.table} ({columns}) FROM STDIN") as copy:
+            for line in lines:
+                found = _HANDLE.search(line.encode())
+                handle = found.group(1).decode() if found else None
+                copy.write_row((handle, line, writer) if writer is not None else (handle, line))
 
-    def append(self, data: bytes) -> None:
-        self._run(lambda conn: self._copy_in(conn, data), "append to the journal")
+    def append(self, data: bytes) -> set[int]:
+        """Append the lines of ``data``; returns the indexes of lines a fleet's fencing
+        refused (fleet.py), written or not together with the rest."""
+        lines = [line.decode() for line in data.splitlines() if line]
+
+        def write(conn) -> set[int]:
+            if self.fleet is None:
+                self._copy_in(conn, lines)
+                return set()
+            # One append at a time across the fleet: a line's place is its commit order, so
+            # a runtime reading the lines after the last it read misses none.
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK_KEY,))
+            refused = self.fleet.fence(conn, lines)
+            self._copy_in(conn, [line for i, line in enumerate(lines) if i not in refused])
+            self.fleet.written(conn, lines, refused)
+            return refused
+
+        refused = self._run(write, "append to the journal")
         self._size += len(data)
+        return refused
 
     def replace(self, data: bytes) -> None:
         def rewrite(conn) -> None:
             conn.execute(f"DELETE FROM {self.table}")  # noqa: S608 - a fixed table name
-            self._copy_in(conn, data)
+            self._copy_in(conn, [line.decode() for line in data.splitlines() if line])
 
         self._run(rewrite, "rewrite the journal")
         self._size = len(data)
@@ -273,6 +315,8 @@ class PostgresStore:
 
         rows = self._run(read, "read the journal")
         self._size = sum(len(line.encode()) + 1 for _, line in rows)
+        if rows:
+            self.last_seq = max(self.last_seq, rows[-1][0])
         return rows
 
     def edit_rows(self, delete: list[int], replace: dict[int, str]) -> None:

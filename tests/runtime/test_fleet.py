@@ -1,0 +1,145 @@
+"""Runtimes sharing one journal database (runtime/fleet.py), as real processes on a private
+PostgreSQL: any runtime answers status and await for a run another drives; a runtime
+killed mid-round has its runs adopted by another, which resumes them without repeating a
+recorded round; and a runtime frozen past its lease (a zombie) records nothing for the
+runs taken from it when it wakes - at most its tool call in flight runs once more."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from mcp import Client
+from runtime_doubles import LocalDataplane, RuntimeProcess, tool_results
+
+from luftpause.dev.procs import WAIT_S, eventually
+
+pytestmark = pytest.mark.timeout(180)
+
+LEASE_S = 1.0
+
+
+async def call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    return json.loads(result.content[0].text)
+
+
+def rows(url: str, handles: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(writer, kind, record) of the runs' journal lines, in order."""
+    with psycopg.connect(url) as conn:
+        found = conn.execute("SELECT writer, line FROM luftpause_journal WHERE handle = ANY(%s) ORDER BY seq",
+                             (handles,)).fetchall()
+    return [(writer, json.loads(line)["type"], json.loads(line)) for writer, line in found]
+
+
+def owners(url: str, handles: list[str]) -> dict[str, str]:
+    with psycopg.connect(url) as conn:
+        return dict(conn.execute("SELECT handle, owner FROM luftpause_leases WHERE handle = ANY(%s)",
+                                 (handles,)).fetchall())
+
+
+def deep_searches(fake_mcp: str) -> int:
+    return httpx.get(f"{fake_mcp}/stats").json()["calls"].get("deep_search", 0)
+
+
+@pytest.fixture
+def two_runtimes(start_runtime: Callable[..., RuntimeProcess], tools_file: Path, tmp_path: Path, database: str):
+    """start(base_url) -> (a, b): two runtimes, ids a and b, on the test's database."""
+    def start(base_url: str) -> tuple[RuntimeProcess, RuntimeProcess]:
+        return tuple(start_runtime(base_url, tools_file, tmp_path / name, {
+            "LUFTPAUSE_JOURNAL": database, "LUFTPAUSE_RUNTIME_ID": name, "LUFTPAUSE_LEASE_S": str(LEASE_S)})
+            for name in ("a", "b"))
+
+    return start
+
+
+def held_in_second_round(dataplane: LocalDataplane) -> None:
+    dataplane.hold = asyncio.Event()  # every run's second turn waits here
+    dataplane.holds = lambda body: tool_results(body) == 1
+
+
+async def test_any_runtime_answers_status_and_await_for_a_run_another_drives(two_runtimes, fake_mcp) -> None:
+    dataplane = LocalDataplane(calls=1)
+    async with dataplane.serving() as base_url:
+        a, b = two_runtimes(base_url)
+        async with Client(a.mcp_url) as on_a, Client(b.mcp_url) as on_b:
+            handle = (await call(on_a, "spawn", {"task": "driven by a", "tools": ["lookup"]}))["handle"]
+
+            async def seen_on_b() -> bool:
+                result = await on_b.call_tool("status", {"handles": [handle]})
+                return not result.is_error
+
+            await eventually(seen_on_b, what="the run on b")
+            answer = await call(on_b, "await", {"handles": [handle], "timeout": WAIT_S})
+    (run,) = answer["runs"]
+    assert run["status"] == "Completed" and run["toolCalls"] == 1 and run["result"] == "recorded answer"
+
+
+async def test_a_killed_runtimes_runs_are_adopted_and_resume_without_repeating_a_round(
+        two_runtimes, fake_mcp, database) -> None:
+    dataplane = LocalDataplane(calls=2)
+    held_in_second_round(dataplane)
+    async with dataplane.serving() as base_url:
+        a, b = two_runtimes(base_url)
+        async with Client(a.mcp_url) as on_a:
+            handles = [(await call(on_a, "spawn", {"task": f"adopt me {i}", "tools": ["deep_search"]}))["handle"]
+                       for i in range(3)]
+        await eventually(lambda: dataplane.held == len(handles), what="every run's second turn in flight")
+        assert set(owners(database, handles).values()) == {"a"}
+        calls_before = deep_searches(fake_mcp)
+        a.process.kill()  # SIGKILL
+        killed = time.monotonic()
+        dataplane.hold.set()
+        await eventually(lambda: set(owners(database, handles).values()) == {"b"}, what="b holding every lease")
+        adopted_after = time.monotonic() - killed
+        async with Client(b.mcp_url) as on_b:
+            answer = await call(on_b, "await", {"handles": handles, "timeout": WAIT_S})
+    assert [run["status"] for run in answer["runs"]] == ["Completed"] * len(handles)
+    assert adopted_after < 2 * LEASE_S + 2.0  # two lease periods, and the machine's slack
+    assert deep_searches(fake_mcp) - calls_before == len(handles)  # each run's second call, once
+    lines = rows(database, handles)
+    for handle in handles:
+        kinds = [(writer, kind) for writer, kind, record in lines if record["handle"] == handle]
+        assert kinds == [("a", "created"), ("a", "round"), ("b", "round"), ("b", "finished")], kinds
+    assert owners(database, handles) == {}  # finished: no lease left
+
+
+async def test_a_frozen_runtime_records_nothing_for_runs_taken_from_it(two_runtimes, fake_mcp, database) -> None:
+    dataplane = LocalDataplane(calls=2)
+    held_in_second_round(dataplane)
+    async with dataplane.serving() as base_url:
+        a, b = two_runtimes(base_url)
+        async with Client(a.mcp_url) as on_a:
+            handles = [(await call(on_a, "spawn", {"task": f"zombie {i}", "tools": ["deep_search"]}))["handle"]
+                       for i in range(2)]
+        await eventually(lambda: dataplane.held == len(handles), what="every run's second turn in flight")
+        calls_before = deep_searches(fake_mcp)
+        os.kill(a.process.process.pid, signal.SIGSTOP)  # cut off: no renewal, no reading
+        try:
+            await eventually(lambda: set(owners(database, handles).values()) == {"b"}, what="b adopting")
+            dataplane.hold.set()  # b's turns, and the frozen a's, are answered
+            async with Client(b.mcp_url) as on_b:
+                answer = await call(on_b, "await", {"handles": handles, "timeout": WAIT_S})
+            assert [run["status"] for run in answer["runs"]] == ["Completed"] * len(handles)
+        finally:
+            os.kill(a.process.process.pid, signal.SIGCONT)  # the zombie wakes with its replies waiting
+        log = a.process.log_path
+
+        await eventually(lambda: log.read_text().count("run_released") >= len(handles), what="a letting go")
+        await asyncio.sleep(LEASE_S)  # (a moment for anything a might still try to write)
+    lines = rows(database, handles)
+    for handle in handles:
+        kinds = [(writer, kind) for writer, kind, record in lines if record["handle"] == handle]
+        assert kinds == [("a", "created"), ("a", "round"), ("b", "round"), ("b", "finished")], kinds
+    # The at-least-once window: a's call in flight may have run once more, nothing beyond it.
+    assert len(handles) <= deep_searches(fake_mcp) - calls_before <= 2 * len(handles)
