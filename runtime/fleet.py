@@ -23,8 +23,12 @@ them, under a lease; the others follow the journal.
   window of a tool call: a call it had sent before the takeover may run once more when the
   new owner resumes the run from its last recorded round.
 
-Not yet: a ``cancel`` or ``approve`` reaching a runtime other than the run's owner, and
-spreading new runs over the runtimes (a run is driven where it was spawned, until adopted).
+- **Cancelling elsewhere.** ``cancel`` on a runtime that does not drive a run appends a
+  ``cancelRequested`` line for it (no lease needed); its driver, following the lines, cancels
+  it, and a runtime adopting a run that was asked to stop concludes it cancelled.
+
+Not yet: ``approve`` reaching a runtime other than the run's driver, and spreading new runs
+over the runtimes (a run is driven where it was spawned, until adopted).
 """
 
 from __future__ import annotations
@@ -210,5 +214,6 @@ class Fleet:
                 if writer == self.member:
                     continue
                 record = decoded(line.encode())
-                if record is not None and record["handle"] not in self.tokens:
+                # The lines of runs this runtime drives are its own, but a request to cancel one.
+                if record is not None and (record["handle"] not in self.tokens or record.get("type") == "cancelRequested"):
                     on_line(record)

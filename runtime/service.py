@@ -352,6 +352,21 @@ class Runtime:
 
     # --- a fleet of runtimes on one database (fleet.py) -------------------------------
 
+    async def _ask_drivers_to_cancel(self, roots: list[Run]) -> list[Run]:
+        """The unfinished runs under ``roots`` that another runtime drives: a
+        ``cancelRequested`` record each, which their driver follows (or their adopter reads)."""
+        if self._fleet is None or self._journal is None:
+            return []
+        asked = []
+        for root in roots:
+            for run in self.runs.subtree(root.handle):
+                if run.status.finished or run.handle in self._fleet.tokens:
+                    continue
+                await self._journal.append({"type": "cancelRequested", "handle": run.handle,
+                                            "reason": cancelled_by_caller(root, run)})
+                asked.append(run)
+        return asked
+
     def _lost(self, handle: str) -> None:
         """Another runtime took the run's lease: stop driving it, record nothing more."""
         self._released.add(handle)
@@ -368,6 +383,7 @@ class Runtime:
         if not restored:
             return
         run = restored[0]
+        asked = next((r for r in records if r.get("type") == "cancelRequested"), None)
         old = self.runs.get(handle) if handle in self.runs else None
         if old is not None:
             if old.loop_task is not None and not old.loop_task.done():
@@ -382,12 +398,24 @@ class Runtime:
         self._released.discard(handle)
         if run.status.finished:
             return
+        if asked is not None:  # cancelled while its driver was away: it ends so here
+            self._in_background(self._conclude(run, RunStatus.CANCELLED, error=str(asked.get("reason") or "cancelled")))
+            return
         if run.has_budget:
             self.budgets.arm(run)
         self._launch(run)
 
     def _followed(self, record: dict[str, Any]) -> None:
-        """A line another runtime appended: this runtime's view of that run follows it."""
+        """A line another runtime appended: this runtime's view of that run follows it; a
+        ``cancelRequested`` for a run this runtime drives cancels it."""
+        if record.get("type") == "cancelRequested":
+            handle = record["handle"]
+            run = self.runs.get(handle) if handle in self.runs else None
+            if run is not None and self._cancellable(run):
+                self._cancel_reasons[handle] = str(record.get("reason") or "cancelled")
+                assert run.loop_task is not None
+                run.loop_task.cancel()
+            return
         view = _RegistryView(self.runs)
         try:
             apply_record(view, record, initial_messages)
@@ -436,8 +464,11 @@ class Runtime:
         return cancelled
 
     async def cancel(self, handles: Iterable[str]) -> list[Run]:
-        """Cancel runs and their running descendants; returns every run that was cancelled."""
-        cancelled = self._cancel_subtrees(self.runs.require(handles), cancelled_by_caller)
+        """Cancel runs and their running descendants; returns every run that was cancelled
+        (in a fleet, also those another runtime drives: each is asked through the journal)."""
+        roots = self.runs.require(handles)
+        cancelled = self._cancel_subtrees(roots, cancelled_by_caller)
+        cancelled += await self._ask_drivers_to_cancel(roots)
         # Waiting on the runs' ends, not their tasks: a run whose task was cancelled before
         # it started is concluded by `_loop_ended`, after the task is done.
         waiters = [asyncio.ensure_future(run.finished.wait()) for run in cancelled]

@@ -143,3 +143,26 @@ async def test_a_frozen_runtime_records_nothing_for_runs_taken_from_it(two_runti
         assert kinds == [("a", "created"), ("a", "round"), ("b", "round"), ("b", "finished")], kinds
     # The at-least-once window: a's call in flight may have run once more, nothing beyond it.
     assert len(handles) <= deep_searches(fake_mcp) - calls_before <= 2 * len(handles)
+
+
+async def test_a_cancel_on_another_runtime_reaches_the_runs_driver(two_runtimes, fake_mcp, database) -> None:
+    dataplane = LocalDataplane(calls=1)
+    dataplane.hold = asyncio.Event()  # its turn never comes back: it runs until cancelled
+    async with dataplane.serving() as base_url:
+        a, b = two_runtimes(base_url)
+        async with Client(a.mcp_url) as on_a, Client(b.mcp_url) as on_b:
+            handle = (await call(on_a, "spawn", {"task": "stop me from b"}))["handle"]
+            await eventually(lambda: dataplane.held == 1, what="its turn in flight")
+
+            async def seen_on_b() -> bool:
+                return not (await on_b.call_tool("status", {"handles": [handle]})).is_error
+
+            await eventually(seen_on_b, what="the run on b")
+            answer = await call(on_b, "cancel", {"handles": [handle]})
+            assert answer["cancelled"] == [handle]
+            assert answer["runs"][0]["status"] == "Cancelled"  # told when its driver had ended it
+            (on_a_now,) = (await call(on_a, "status", {"handles": [handle]}))["runs"]
+        dataplane.hold.set()
+    assert on_a_now["status"] == "Cancelled" and on_a_now["error"] == "cancelled"
+    kinds = [(writer, kind) for writer, kind, _ in rows(database, [handle])]
+    assert kinds == [("a", "created"), ("b", "cancelRequested"), ("a", "finished")], kinds
