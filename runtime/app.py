@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -151,6 +153,15 @@ def build_app(
             report = runtime.page_report(page, task_preview=constants.STATUS_TASK_PREVIEW_CHARS, among=asking.sees)
             report.update(total=len(listed), nextCursor=next_cursor)
         report["tools"] = [tool.name for tool in runtime.toolbox.tools()]
+        if runtime.fleet is not None:  # which runtime drives each unfinished run, and which one answers
+            report["runtime"] = runtime.fleet.member
+            unfinished = [run["handle"] for run in report.get("runs", []) if run.get("finishedAt") is None]
+            try:
+                drivers = await asyncio.to_thread(runtime.fleet.drivers, unfinished) if unfinished else {}
+            except OSError:
+                drivers = {}
+            for run in report.get("runs", []):
+                run["driver"] = drivers.get(run["handle"])
         return JSONResponse(report)
 
     @asynccontextmanager

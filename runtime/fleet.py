@@ -87,6 +87,8 @@ class Fleet:
         self.lease_s = lease_s
         self.tokens: dict[str, int] = {}  # the runs this runtime drives, with their fencing token
         self.last_seq = 0  # the last journal line read
+        self.adopted = 0  # runs taken over from runtimes whose leases lapsed
+        self.released = 0  # runs this runtime stopped driving because another took them
         self._renewed = time.monotonic()
         self._tasks: list[asyncio.Task[None]] = []
         store.fleet = self
@@ -123,6 +125,11 @@ class Fleet:
             for handle in finished:
                 self.tokens.pop(handle, None)
 
+    def drivers(self, handles: list[str]) -> dict[str, str]:
+        """Which runtime holds each run's lease (blocking: one query)."""
+        return dict(self._db.run_statement("SELECT handle, owner FROM luftpause_leases WHERE handle = ANY(%s)",
+                                           (handles,)))
+
     # --- the loops ---------------------------------------------------------------------
 
     def start(self, on_lost: Callable[[str], None], on_adopted: Callable[[str, list[dict[str, Any]]], None],
@@ -158,6 +165,7 @@ class Fleet:
                               effect="this runtime stops driving its runs; others adopt them")
                     for handle in list(self.tokens):
                         self.tokens.pop(handle, None)
+                        self.released += 1
                         on_lost(handle)
                 continue
             self._renewed = time.monotonic()
@@ -165,6 +173,7 @@ class Fleet:
                 if held.get(handle) != token:
                     log.warning("fleet_run_lost", run=handle, token=token)
                     self.tokens.pop(handle, None)
+                    self.released += 1
                     on_lost(handle)
 
     async def _adopt_forever(self, on_adopted: Callable[[str, list[dict[str, Any]]], None]) -> None:
@@ -176,6 +185,7 @@ class Fleet:
                 taken = []
             for handle, token, records in taken:
                 self.tokens[handle] = token
+                self.adopted += 1
                 log.info("fleet_run_adopted", run=handle, token=token)
                 on_adopted(handle, records)
             await asyncio.sleep(self.lease_s / 2)

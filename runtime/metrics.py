@@ -18,8 +18,9 @@ from luftpause.runtime.runs import RunStatus
 __all__ = ["JOURNAL_FSYNC", "build_registry", "exposition"]
 
 # Not in any registry until a runtime's registry adds it: the journal times every fsync.
-JOURNAL_FSYNC = Histogram("luftpause_runtime_journal_fsync_seconds", "Time of one journal write and fsync "
-                          "(a batch of records).", registry=None,
+JOURNAL_FSYNC = Histogram("luftpause_runtime_journal_fsync_seconds", "Time of one journal write made durable "
+                          "(a batch of records: the file's write and fsync, or the database's transaction).",
+                          registry=None,
                           buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
 
 
@@ -59,6 +60,14 @@ def _run_families(runtime: Any):
         pending = by_status.get(RunStatus.AWAITING_APPROVAL.value, 0)
     yield GaugeMetricFamily("luftpause_runtime_approvals_pending", "Tool calls waiting for a person's "
                             "approval.", value=int(pending))
+    fleet = getattr(runtime, "fleet", None)
+    if fleet is not None:  # runtimes sharing a journal database (runtime/fleet.py)
+        yield GaugeMetricFamily("luftpause_runtime_leases_held", "Unfinished runs this runtime drives under "
+                                "its lease.", value=len(fleet.tokens))
+        yield CounterMetricFamily("luftpause_runtime_runs_adopted", "Runs taken over from runtimes whose "
+                                  "leases lapsed.", fleet.adopted)
+        yield CounterMetricFamily("luftpause_runtime_runs_released", "Runs this runtime stopped driving "
+                                  "because another took their lease.", fleet.released)
 
 
 def build_registry(runtime: Any) -> CollectorRegistry:

@@ -200,6 +200,11 @@ class Runtime:
         if pending:
             await asyncio.wait(pending, timeout=constants.CANCEL_WAIT_S)
 
+    @property
+    def fleet(self) -> Fleet | None:
+        """The runtimes sharing this one's journal database, or None."""
+        return self._fleet
+
     def journal_store_problem(self) -> str | None:
         """Why the journal's store cannot be written right now, as far as can be told
         without writing (a file's permissions), or None."""

@@ -166,3 +166,23 @@ async def test_a_cancel_on_another_runtime_reaches_the_runs_driver(two_runtimes,
     assert on_a_now["status"] == "Cancelled" and on_a_now["error"] == "cancelled"
     kinds = [(writer, kind) for writer, kind, _ in rows(database, [handle])]
     assert kinds == [("a", "created"), ("b", "cancelRequested"), ("a", "finished")], kinds
+
+
+async def test_status_and_metrics_say_which_runtime_drives_a_run(two_runtimes, fake_mcp) -> None:
+    dataplane = LocalDataplane(calls=1)
+    dataplane.hold = asyncio.Event()
+    async with dataplane.serving() as base_url:
+        a, b = two_runtimes(base_url)
+        async with Client(a.mcp_url) as on_a:
+            handle = (await call(on_a, "spawn", {"task": "where am I"}))["handle"]
+        await eventually(lambda: dataplane.held == 1, what="its turn in flight")
+
+        def shown_on_b() -> dict[str, Any] | None:
+            report = httpx.get(f"{b.url}/status").json()
+            return next((run for run in report["runs"] if run["handle"] == handle), None) and report
+
+        report = await eventually(shown_on_b, what="the run in b's status")
+        assert report["runtime"] == "b" and next(r for r in report["runs"] if r["handle"] == handle)["driver"] == "a"
+        metrics = httpx.get(f"{a.url}/metrics").text
+        assert "luftpause_runtime_leases_held 1.0" in metrics and "luftpause_runtime_runs_adopted_total 0.0" in metrics
+        dataplane.hold.set()
