@@ -53,7 +53,9 @@ def journal_store(settings: RuntimeSettings, table: str = "luftpause_journal") -
     """Where a journal lives: its table in the database --journal names (schema brought up
     to date first: pg_schema), else its file in --state-dir."""
     if settings.journal_url:
-        return PostgresStore(settings.journal_url, table)
+        # (Tasks are each runtime's own: a task is polled where it was created.)
+        return PostgresStore(settings.journal_url, table,
+                             scope=member_id(settings) if table == "luftpause_tasks" else None)
     return FileStore(settings.state_dir / (constants.JOURNAL_FILE if table == "luftpause_journal" else TASKS_FILE))
 
 

@@ -38,6 +38,10 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         );
         CREATE INDEX luftpause_leases_expiry ON luftpause_leases (expires_at);
     """),
+    (3, "each runtime's MCP Tasks apart (a task lives where it was created)", """
+        ALTER TABLE luftpause_tasks ADD COLUMN writer text;
+        CREATE INDEX luftpause_tasks_writer ON luftpause_tasks (writer);
+    """),
 )
 
 CURRENT = MIGRATIONS[-1][0]

@@ -190,10 +190,15 @@ class PostgresStore:
     compaction holding the journal's lock, or the start); a broken one is replaced on the
     next call. ``connect_timeout_s`` bounds each attempt to connect."""
 
-    def __init__(self, url: str, table: str, connect_timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, table: str, connect_timeout_s: float = 5.0, scope: str | None = None) -> None:
         if table not in ("luftpause_journal", "luftpause_tasks"):
             raise ValueError(f"unknown journal table {table!r}")
         self.url, self.table = url, table
+        # A store scoped to one writer sees, appends and replaces only that writer's rows (the
+        # Tasks journal: each runtime's own tasks).
+        self.scope = scope
+        self._where = "WHERE writer = %s" if scope is not None else ""
+        self._params: tuple[str, ...] = (scope,) if scope is not None else ()
         self.connect_timeout_s = connect_timeout_s
         self._conn: Any = None
         self._guard = threading.Lock()  # one statement sequence at a time on the connection
@@ -252,7 +257,8 @@ class PostgresStore:
     def read_bytes(self) -> bytes:
         def read(conn) -> bytes:
             with conn.cursor() as cur:
-                cur.execute(f"SELECT seq, line FROM {self.table} ORDER BY seq")  # noqa: S608 - a fixed table name
+                cur.execute(f"SELECT seq, line FROM {self.table} {self._where} ORDER BY seq",  # noqa: S608 - fixed
+                            self._params)
                 rows = cur.fetchall()
             if rows:
                 self.last_seq = rows[-1][0]
@@ -265,7 +271,7 @@ class PostgresStore:
     def _copy_in(self, conn, lines: list[str]) -> None:
         """``lines`` as rows, in order (each without its newline: a text column); with a
         fleet, each names its writer."""
-        writer = self.fleet.member if self.fleet is not None else None
+        writer = self.fleet.member if self.fleet is not None else self.scope
         columns = "handle, line, writer" if writer is not None else "handle, line"
         with conn.cursor() as cur, cur.copy(f"COPY {self.table} ({columns}) FROM STDIN") as copy:
             for line in lines:
@@ -296,7 +302,7 @@ class PostgresStore:
 
     def replace(self, data: bytes) -> None:
         def rewrite(conn) -> None:
-            conn.execute(f"DELETE FROM {self.table}")  # noqa: S608 - a fixed table name
+            conn.execute(f"DELETE FROM {self.table} {self._where}", self._params)  # noqa: S608 - fixed names
             self._copy_in(conn, [line.decode() for line in data.splitlines() if line])
 
         self._run(rewrite, "rewrite the journal")

@@ -205,3 +205,15 @@ async def test_runs_survive_kill_9_mid_round_on_the_database_journal(
     for handle, kept in rounds().items():
         assert len(kept) == 2 and kept[: len(rounds_at_crash[handle])] == rounds_at_crash[handle]
     assert not (tmp_path / "state" / "runs.jsonl").exists()  # the database, not a file, held them
+
+
+def test_each_runtimes_tasks_are_its_own_on_a_shared_database(database: str) -> None:
+    pg_schema.prepare(database, 5)
+    on_a = TaskStore(PostgresStore(database, "luftpause_tasks", scope="a"))
+    on_a.append({"type": "created", "taskId": "task-a", "handle": "run-a", "createdAt": NOW})
+    on_b = TaskStore(PostgresStore(database, "luftpause_tasks", scope="b"))
+    on_b.restore(NOW + 1)  # b starting does not fail a's open task
+    assert on_b.tasks == {}
+    again_a = TaskStore(PostgresStore(database, "luftpause_tasks", scope="a"))
+    again_a.restore(NOW + 2)  # a restarting does: its poller went with it
+    assert again_a.tasks["task-a"].failed
