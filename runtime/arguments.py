@@ -23,6 +23,7 @@ from typing import Any
 from mcp import MCPError
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp_types import INVALID_PARAMS
 from pydantic import ConfigDict, ValidationError
 
@@ -34,12 +35,12 @@ class ArgumentError(ToolError):
     ``isError`` result reading ``Error executing tool <name>: <message>``."""
 
 
-def tighten_arguments(server: MCPServer) -> None:
-    """Make every tool registered on ``server`` so far validate its arguments strictly."""
-    for tool in server._tool_manager.list_tools():  # noqa: SLF001 - the SDK has no public hook for this
-        lax = tool.fn_metadata.arg_model
-        tool.fn_metadata.arg_model = type(lax.__name__, (lax,), {"model_config": STRICT, "__module__": lax.__module__})
-        tool.parameters["additionalProperties"] = False
+def strict(tool: Tool) -> Tool:
+    """``tool``, validating its arguments strictly; its input schema says so."""
+    lax = tool.fn_metadata.arg_model
+    tool.fn_metadata.arg_model = type(lax.__name__, (lax,), {"model_config": STRICT, "__module__": lax.__module__})
+    tool.parameters["additionalProperties"] = False
+    return tool
 
 
 def validation_text(error: ValidationError) -> str:

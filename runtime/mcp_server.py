@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal, ParamSpec, TypeVar
 
 from mcp import MCPError
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.tools import Tool
 from mcp_types import INTERNAL_ERROR, InputRequiredResult, ToolAnnotations
 from pydantic import ConfigDict, Field, with_config
 from typing_extensions import TypedDict
@@ -32,7 +33,7 @@ from luftpause.runtime.arguments import (
     ArgumentError,
     answer_argument_errors_as_tool_errors,
     answer_unknown_prompts_with_invalid_params,
-    tighten_arguments,
+    strict,
 )
 from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS, DecideError, checked_labels, decide
 from luftpause.keys import Keys
@@ -264,35 +265,71 @@ def checked_handles(handles: list[str]) -> list[str]:
     return list(dict.fromkeys(handles))  # a handle named twice is reported once
 
 
-def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Keys | None = None) -> MCPServer:
-    """The runtime's MCP server; ``tasks`` holds `run`'s tasks for clients with the Tasks
-    extension; with tenant ``keys`` each tool answers a tenant about its own runs only
-    (runtime/principals.py)."""
-    tasks = tasks if tasks is not None else TaskStore(None)
-    keys = keys if keys is not None else Keys()
-    server = MCPServer(
-        "luftpause-runtime", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING",
-        extensions=[TasksExtension(runtime, tasks, keys)],
-    )
+F = TypeVar("F", bound=Callable[..., Any])
 
-    def principal(ctx: Context) -> Principal:
-        return principal_of_context(ctx, keys)
+READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+# A sub-agent calls the upstream tools (open world); starting one changes nothing existing.
+STARTS_RUNS = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                              open_world_hint=True)
+_TOOL = "mcp_tool"  # the attribute `tool` marks a method with: its registration's keywords
 
-    async def harness_run(task: str, asking: Principal) -> str | None:
+
+def tool(name: str | None = None, *, description: str, annotations: ToolAnnotations) -> Callable[[F], F]:
+    """Mark a method of :class:`RuntimeTools` as one of the server's tools, registered as
+    the SDK's ``MCPServer.tool`` would (``name``: the method's own by default)."""
+
+    def mark(method: F) -> F:
+        setattr(method, _TOOL, {"name": name, "description": description, "annotations": annotations})
+        return method
+
+    return mark
+
+
+def with_arguments_of(source: Callable[..., Any], returns: Any) -> Callable[[F], F]:
+    """The decorated tool takes ``source``'s arguments, as keywords, and returns
+    ``returns``. The SDK reads a tool's arguments (its input schema and their validation)
+    from its signature and finds its context parameter among its type hints: both become
+    ``source``'s, with ``returns`` as the return type (the output schema)."""
+    signature = inspect.signature(source, eval_str=True).replace(return_annotation=returns)
+    annotations = {**source.__annotations__, "return": returns}
+
+    def derive(fn: F) -> F:
+        fn.__signature__ = signature  # type: ignore[attr-defined]
+        fn.__annotations__ = annotations
+        return fn
+
+    return derive
+
+
+class RuntimeTools:
+    """The runtime's MCP tools; with tenant ``keys`` each answers a tenant about its own
+    runs only (runtime/principals.py)."""
+
+    def __init__(self, runtime: Runtime, keys: Keys) -> None:
+        self.runtime = runtime
+        self.keys = keys
+
+    def tools(self) -> list[Tool]:
+        """Every tool, in the order defined here (tools/list's), each validating its
+        arguments strictly (runtime/arguments.py)."""
+        return [strict(Tool.from_function(getattr(self, attribute), **getattr(member, _TOOL)))
+                for attribute, member in vars(type(self)).items() if hasattr(member, _TOOL)]
+
+    def principal(self, ctx: Context) -> Principal:
+        return principal_of_context(ctx, self.keys)
+
+    async def harness_run(self, task: str, asking: Principal) -> str | None:
         """The harness session whose reply handed out this task (the dataplane saw the tool
         call go by): a tenant's own only."""
-        found = await runtime.dataplane.run_of_task(task)
+        found = await self.runtime.dataplane.run_of_task(task)
         if found is None or (asking.tenant and found["caller"] != asking.caller):
             return None
         return found["run_id"]
-    read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
-    # A sub-agent calls the upstream tools (open world); starting one changes nothing existing.
-    starts_runs = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
-                                  open_world_hint=True)
 
-    @server.tool(description="Start a sub-agent; returns its handle at once.", annotations=starts_runs)
+    @tool(description="Start a sub-agent; returns its handle at once.", annotations=STARTS_RUNS)
     @answers_bad_requests_as_tool_errors
     async def spawn(  # noqa: N803 - camelCase is the MCP wire interface
+        self,
         task: Task,
         ctx: Context,
         model: Model = None,
@@ -309,6 +346,7 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Key
         approveTools: ApproveTools = None,  # noqa: N803
         temperature: Temperature = None,
     ) -> SpawnResult:
+        runtime = self.runtime
         spec = RunSpec(
             task=task,
             model=model or None,
@@ -325,15 +363,15 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Key
             approve_tools=tuple(approveTools or ()),
             temperature=temperature,
         )
-        asking = principal(ctx)
+        asking = self.principal(ctx)
         if spec.parent is not None and spec.parent in runtime.runs:
             asking.get(runtime.runs, spec.parent)  # another caller's parent is unknown to a tenant
         elif spec.parent is None:
-            spec = replace(spec, harness_run=await harness_run(spec.task, asking))
+            spec = replace(spec, harness_run=await self.harness_run(spec.task, asking))
         run = await runtime.spawn(checked_spec(spec), asking.caller)
         return {"handle": run.handle, "status": run.status.value}
 
-    @server.tool(
+    @tool(
         name="await",
         description=(
             "Wait for runs: mode 'all' until every run finished, 'any' until one did, at most "
@@ -341,16 +379,18 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Key
             f"{constants.MAX_AWAIT_TIMEOUT_S:.0f}). Returns each run's status and result; call "
             "again while runs are still Running."
         ),
-        annotations=read_only,
+        annotations=READ_ONLY,
     )
     @answers_bad_requests_as_tool_errors
     async def await_runs(
+        self,
         handles: Handles,
         ctx: Context,
         mode: Literal["all", "any"] = "all",
         timeout: Timeout = constants.DEFAULT_AWAIT_TIMEOUT_S,
     ) -> AwaitResult | InputRequiredResult:
-        runs = principal(ctx).require(runtime.runs, checked_handles(handles))
+        runtime = self.runtime
+        runs = self.principal(ctx).require(runtime.runs, checked_handles(handles))
         if asks_by_input_required(ctx):
             outcome = await wait_or_ask(runtime, ctx, runs, mode, checked_timeout(timeout), read_state(ctx))
             if isinstance(outcome, InputRequiredResult):
@@ -360,24 +400,27 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Key
             timed_out = await wait_asking(runtime, ctx, runs, mode, checked_timeout(timeout))
         return {"runs": [runtime.await_record(run) for run in runs], "timedOut": timed_out}
 
-    async def run_to_completion(**arguments: Any) -> RunRecord | InputRequiredResult:
-        ctx: Context = arguments["ctx"]
+    # `run` takes exactly spawn's arguments and answers with an await record.
+    @tool(name="run", description="Start a sub-agent and wait for it in the same call.", annotations=STARTS_RUNS)
+    @with_arguments_of(spawn, returns=RunRecord)
+    async def run_to_completion(self, ctx: Context, **arguments: Any) -> RunRecord | InputRequiredResult:
+        runtime = self.runtime
         task_start = TASK_START.get()
         if task_start is not None:  # the Tasks extension makes a task of it: spawn only
-            task_start.run = runtime.runs.get((await spawn(**arguments))["handle"])
+            task_start.run = runtime.runs.get((await self.spawn(ctx=ctx, **arguments))["handle"])
             return runtime.await_record(task_start.run)
         if asks_by_input_required(ctx):
             state = read_state(ctx)  # on a retry: the run this call started
             handle = state.get("handle")
             if not isinstance(handle, str) or handle not in runtime.runs or \
-                    not principal(ctx).sees(runtime.runs.get(handle)):  # a state naming another's run
-                state = {"handle": (await spawn(**arguments))["handle"]}
+                    not self.principal(ctx).sees(runtime.runs.get(handle)):  # a state naming another's run
+                state = {"handle": (await self.spawn(ctx=ctx, **arguments))["handle"]}
             run = runtime.runs.get(state["handle"])
             outcome = await wait_or_ask(runtime, ctx, [run], "all", None, state)
             if isinstance(outcome, InputRequiredResult):
                 return outcome
             return runtime.await_record(run)
-        run = runtime.runs.get((await spawn(**arguments))["handle"])
+        run = runtime.runs.get((await self.spawn(ctx=ctx, **arguments))["handle"])
         try:
             await wait_asking(runtime, ctx, [run], "all", None)
         except asyncio.CancelledError:
@@ -387,26 +430,18 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Key
             raise
         return runtime.await_record(run)
 
-    # `run` takes exactly spawn's arguments (the SDK reads them from the signature) and
-    # answers with an await record.
-    run_to_completion.__annotations__ = {**spawn.__annotations__, "return": RunRecord}
-    run_to_completion.__signature__ = inspect.signature(spawn, eval_str=True).replace(  # type: ignore[attr-defined]
-        return_annotation=RunRecord
-    )
-    server.tool(name="run", description="Start a sub-agent and wait for it in the same call.",
-                annotations=starts_runs)(run_to_completion)
-
-    @server.tool(
+    @tool(
         description=(
             "Status of runs with parent, children, stats, budget and pending approval. Without handles: "
             "every kept run, live ones first, then finished ones newest first, a page at a time "
             f"(pass nextCursor back as cursor), each task cut to {constants.STATUS_TASK_PREVIEW_CHARS} "
             "characters (taskChars is its whole length; name the handle for the whole text)."
         ),
-        annotations=read_only,
+        annotations=READ_ONLY,
     )
     @answers_bad_requests_as_tool_errors
     async def status(
+        self,
         ctx: Context,
         handles: Annotated[
             list[str] | None,
@@ -417,7 +452,8 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Key
         ] = constants.STATUS_PAGE_DEFAULT,
         cursor: Annotated[str | None, Field(description="nextCursor of the previous page.")] = None,
     ) -> StatusResult:
-        asking = principal(ctx)
+        runtime = self.runtime
+        asking = self.principal(ctx)
         if handles:
             return {"runs": [runtime.status_record(run) for run in asking.require(runtime.runs, checked_handles(handles))]}
         listed = asking.visible(runtime.listed())
@@ -428,21 +464,21 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Key
         records = [previewed(runtime.status_record(run), constants.STATUS_TASK_PREVIEW_CHARS) for run in page]
         return {"runs": records, "total": len(listed), "nextCursor": next_cursor}
 
-    @server.tool(
+    @tool(
         description="Cancel runs; cancelling a parent cancels all its running descendants.",
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
                                     open_world_hint=False),
     )
     @answers_bad_requests_as_tool_errors
-    async def cancel(handles: Handles, ctx: Context) -> CancelResult:
-        requested = principal(ctx).require(runtime.runs, checked_handles(handles))
-        cancelled = await runtime.cancel(run.handle for run in requested)
+    async def cancel(self, handles: Handles, ctx: Context) -> CancelResult:
+        requested = self.principal(ctx).require(self.runtime.runs, checked_handles(handles))
+        cancelled = await self.runtime.cancel(run.handle for run in requested)
         return {
-            "runs": [runtime.await_record(run) for run in requested],
+            "runs": [self.runtime.await_record(run) for run in requested],
             "cancelled": [run.handle for run in cancelled],
         }
 
-    @server.tool(
+    @tool(
         description=(
             "Answer a run's pending tool-call approval (see `status`/`await` pendingApproval): "
             "allow true runs the call, false declines it."
@@ -453,32 +489,34 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Key
     )
     @answers_bad_requests_as_tool_errors
     async def approve(
+        self,
         handle: Annotated[str, Field(description="Handle of the run awaiting approval.")],
         allow: Annotated[bool, Field(description="true: run the tool call; false: decline it.")],
         ctx: Context,
     ) -> ApproveResult:
-        run = principal(ctx).get(runtime.runs, handle)
+        run = self.principal(ctx).get(self.runtime.runs, handle)
         try:
-            pending = await runtime.approvals.answer(run, allow, by="approve")
+            pending = await self.runtime.approvals.answer(run, allow, by="approve")
         except AlreadyAnswered as exc:
             raise argument_error(str(exc)) from exc
         await asyncio.sleep(0)  # let the run take the answer, so the status below is current
         return {"handle": run.handle, "approval": pending.record(), "allow": allow, "status": run.status.value}
 
-    @server.tool(name="tools", description="The upstream tools sub-agents can use.", annotations=read_only)
-    async def list_upstream_tools() -> ToolsResult:
-        return {"tools": [tool.describe() for tool in runtime.toolbox.tools()]}
+    @tool(name="tools", description="The upstream tools sub-agents can use.", annotations=READ_ONLY)
+    async def list_upstream_tools(self) -> ToolsResult:
+        return {"tools": [tool.describe() for tool in self.runtime.toolbox.tools()]}
 
-    @server.tool(
+    @tool(
         name="decide",
         description=(
             "Classify `input`. Without `labels`, a one-pass classifier replica answers with its own labels; "
             "with 2-20 `labels`, one model turn scores each label by the log-probability of its first token. "
             "Returns label, probabilities and unscored labels."
         ),
-        annotations=read_only,
+        annotations=READ_ONLY,
     )
     async def decide_tool(
+        self,
         input: Annotated[str, Field(description="What to classify.")],  # noqa: A002 - the tool's documented argument name
         ctx: Context,
         labels: Labels = None,
@@ -487,14 +525,24 @@ def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Key
         if not input.strip():
             raise argument_error("input must not be empty")
         try:
-            return await decide(runtime.dataplane, input, checked_labels(labels), model or None,
-                                principal(ctx).caller)
+            return await decide(self.runtime.dataplane, input, checked_labels(labels), model or None,
+                                self.principal(ctx).caller)
         except DecideError as exc:
             raise argument_error(str(exc)) from exc
         except TurnError as exc:
             raise MCPError(code=INTERNAL_ERROR, message=f"decide failed: {exc}") from exc
 
-    tighten_arguments(server)
+
+def build_mcp_server(runtime: Runtime, tasks: TaskStore | None = None, keys: Keys | None = None) -> MCPServer:
+    """The runtime's MCP server; ``tasks`` holds `run`'s tasks for clients with the Tasks
+    extension; with tenant ``keys`` each tool answers a tenant about its own runs only
+    (runtime/principals.py)."""
+    tasks = tasks if tasks is not None else TaskStore(None)
+    keys = keys if keys is not None else Keys()
+    server = MCPServer(
+        "luftpause-runtime", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING",
+        tools=RuntimeTools(runtime, keys).tools(), extensions=[TasksExtension(runtime, tasks, keys)],
+    )
     answer_argument_errors_as_tool_errors(server)
     answer_unknown_prompts_with_invalid_params(server)
     return server

@@ -126,6 +126,17 @@ async def test_schemas_state_ranges_and_results(server: MCPServer) -> None:
             assert tool.output_schema and tool.output_schema.get("properties"), f"{name} has a loose outputSchema"
 
 
+async def test_run_takes_exactly_spawns_arguments_and_every_tool_refuses_unknown_ones(server: MCPServer) -> None:
+    async with Client(server) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+
+    def untitled(schema: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in schema.items() if key != "title"}
+
+    assert untitled(tools["run"].input_schema) == untitled(tools["spawn"].input_schema)
+    assert all(tool.input_schema["additionalProperties"] is False for tool in tools.values())
+
+
 async def test_every_tool_carries_annotations(server: MCPServer) -> None:
     async with Client(server) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
