@@ -14,7 +14,7 @@ from luftpause.options import env_option
 from luftpause.eventloop import run_event_loop, stop_signalled
 from luftpause.dataplane.app import create_app
 from luftpause.dataplane.constants import DEFAULT_PORT, DEFAULT_SCHEDULER_ADDR, MAX_BODY_BYTES
-from luftpause.dataplane.runs import session_idle_option
+from luftpause.runbook import session_idle_option
 from luftpause.keys import KEY_IDENTITIES_HELP, KeyIdentitiesError, Keys
 
 TOOL_CALLS = ("whole", "live")

@@ -18,25 +18,25 @@ from opentelemetry.trace import SpanKind
 
 from luftpause import vocabulary as h
 from luftpause import auth, origins, tracing
-from luftpause.dataplane.constants import MAX_BODY_BYTES, SESSION_DONE_IDLE_S
+from luftpause.dataplane.constants import MAX_BODY_BYTES
 from luftpause.dataplane.context import (BOOK, DIALECT, ENGINES, HOLD_TOOL_CALLS, KEYS, LINK, LOG, METRICS, TENANT,
-                                         SUSPECTS, TOKEN, TRACER, error_response, new_id)
+                                         SUSPECTS, TOKEN, TRACER, error_response)
 from luftpause.dataplane.suspects import Suspects
-from luftpause.dataplane.answers import MODEL_KINDS, model_list, probe_routes
-from luftpause.dataplane.dialects import ApiError, Dialect
+from luftpause.dataplane.dialects import Dialect
 from luftpause.dataplane.engines import Engines
 from luftpause.dataplane.heap import trim_after_large_bodies
 from luftpause import keys
 from luftpause.keys import Keys
-from luftpause.dataplane.link import SchedulerLink
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.onepass import decide
 from luftpause.dataplane.requests import TurnRequest, json_request, parse_dialect_turn, parse_turn
 from luftpause.dataplane.responses_api import ResponsesDialect
-from luftpause.dataplane.runs import RunBook
 from luftpause.dataplane.turn import run_turn
+from luftpause.frontdoor import MODEL_KINDS, ApiError, model_list, probe_routes
+from luftpause.link import SchedulerLink
 from luftpause.prom import metrics_response
 from luftpause.proto import scheduler_pb2 as pb
+from luftpause.runbook import SESSION_DONE_IDLE_S, RunBook, new_id
 
 
 @functools.cache

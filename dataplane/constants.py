@@ -1,4 +1,5 @@
-"""The dataplane's constants, each with where it matters."""
+"""The dataplane's constants, each with where it matters (the Connect stream's are in
+luftpause/link.py, the run book's in luftpause/runbook.py)."""
 
 # Connecting to an engine gives up after this long: a silent host answers 502.
 ENGINE_CONNECT_TIMEOUT_S = 2.0
@@ -72,35 +73,6 @@ FIRST_BYTE_REPLY_WEIGHT = 10
 FIRST_BYTE_REPLY_FLOOR_S_PER_TOKEN = 0.2
 # A request body's bytes per prompt token, for the estimate above (JSON of English text).
 BYTES_PER_TOKEN = 4
-# The Connect stream to the scheduler reconnects (and resyncs) after this delay; together
-# with the gRPC channel's reconnect backoff (capped at SCHEDULER_RECONNECT_MAX_S, not
-# gRPC's default 120 s) turns waiting through a scheduler outage are placed within 1 s
-# of its return.
-STREAM_RECONNECT_DELAY_S = 0.1
-# Turn events (but cancellations) wait at most this long for a frame to ride on (most
-# go with the next admission): one gRPC message fewer per turn, against a slot freed
-# this much later on the scheduler.
-EVENT_LINGER_S = 0.002
-# Events of a turn on a lent slot wait this long while the lease is not called back:
-# nothing is held anywhere then (a hold calls every lease back), and the slot stays lent
-# when the turn ends, so the scheduler's room does not change with the news. A few gRPC
-# writes a second in place of hundreds; a call-back sends what waits at once. Turns the
-# scheduler placed keep EVENT_LINGER_S: their end frees its room.
-LEASED_EVENT_LINGER_S = 0.02
-# A scheduler that does not answer the Hello within this long is treated as away.
-HELLO_TIMEOUT_S = 5.0
-SCHEDULER_RECONNECT_MIN_S = 0.1
-SCHEDULER_RECONNECT_MAX_S = 0.5
-# tool_call ids an engine produced identify their run when an agent sends them back.
-TOOL_CALL_MEMORY_S = 30 * 60
-TOOL_CALL_SWEEP_S = 60
-# A harness session (a run named by a session header) whose last turn answered, with no
-# tool call pending, is over after this long without a turn: the scheduler is told (the
-# run leaves its view) as by DELETE /v1/runs/{id}. Its affinity already ended with the
-# answer (a run idle on its user is not pinned); what goes is the run's record. A user
-# who comes back later opens the run again under the same id. Paused sessions (a tool
-# running) wait the whole run timeout. Set per dataplane: --harness-session-idle.
-SESSION_DONE_IDLE_S = 120.0
 # Largest request body accepted (413 above it). Agent contexts are large; 32 MiB is ample.
 MAX_BODY_BYTES = 32 * 1024 * 1024
 # After a request that brought at least this many bytes the C heap is trimmed (dataplane/heap.py):

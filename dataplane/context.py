@@ -1,21 +1,19 @@
 """What the dataplane's request handlers share: the application's keys (run book,
-scheduler link, engines, metrics, ...), new run and turn ids, and an error response in
-the client API's shape."""
+scheduler link, engines, metrics, ...) and an error response in the client API's shape
+(new run and turn ids: luftpause/runbook.py)."""
 
 from __future__ import annotations
-
-import os
 
 from aiohttp import web
 from opentelemetry import trace
 
 from luftpause.dataplane.dialects import Dialect
 from luftpause.dataplane.engines import Engines
-from luftpause.dataplane.link import SchedulerLink
 from luftpause.dataplane.metrics import DataplaneMetrics
-from luftpause.dataplane.runs import RunBook
 from luftpause.dataplane.suspects import Suspects
 from luftpause.keys import Keys
+from luftpause.link import SchedulerLink
+from luftpause.runbook import RunBook
 
 TRACER = trace.get_tracer("luftpause.dataplane")
 BOOK = web.AppKey("book", RunBook)
@@ -29,12 +27,6 @@ KEYS = web.AppKey("keys", Keys)  # tenant keys (luftpause/keys.py)
 TENANT = "tenant"  # request key: the KeyIdentity a tenant key authenticated, if one did
 HOLD_TOOL_CALLS = web.AppKey("hold_tool_calls", bool)  # False: --tool-calls live
 DIALECT = web.RequestKey("dialect", Dialect)  # the client API of a dialect route, for its error shape
-
-
-def new_id() -> str:
-    """A new run or turn id: 128 random bits as 32 hex digits, the form of a uuid4's hex
-    (a fifth of its cost, which is the UUID object's)."""
-    return os.urandom(16).hex()
 
 
 def error_response(status: int, message: str, extra: dict[str, str] | None = None,

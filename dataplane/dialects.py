@@ -16,20 +16,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from luftpause.dataplane.observe import CallTasks
-
-
-class ApiError(Exception):
-    """A request the dataplane answers with an error: ``status`` and a message for the client.
-    ``kind`` is the error's type where the client API names one (e.g. ``invalid_request_error``);
-    ``headers`` go with the answer (a ``Retry-After``)."""
-
-    def __init__(self, status: int, message: str, kind: str = "", headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.headers = headers
+from luftpause.observe import CallTasks
 
 
 def encode_json(document: Any) -> bytes:
@@ -87,7 +74,8 @@ class Dialect(Protocol):
     native_headers: tuple[str, ...]  # request headers passed on to a native engine
 
     def translate(self, document: dict[str, Any]) -> Translated:
-        """The request as a chat-completions turn, or an ApiError (400) naming what cannot be served."""
+        """The request as a chat-completions turn, or an ApiError (400, luftpause/frontdoor.py) naming what
+        cannot be served."""
 
     def reply(self, body: bytes, translated: Translated) -> bytes:
         """A whole chat.completion as the client API's reply body (JSON)."""

@@ -36,7 +36,7 @@ from anthropic.types.shared import (
     RateLimitErrorObject,
 )
 
-from luftpause.dataplane.observe import TurnObserver, may_matter
+from luftpause.observe import TurnObserver, may_matter
 
 log = structlog.get_logger("luftpause.dataplane.messages")
 

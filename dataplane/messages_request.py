@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 from anthropic.types import MessageTokensCount
 
-from luftpause.dataplane.dialects import ApiError
+from luftpause.frontdoor import ApiError
 
 log = structlog.get_logger("luftpause.dataplane.messages")
 

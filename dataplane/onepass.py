@@ -1,6 +1,7 @@
 """One-pass calls (``POST /v1/decide``, vLLM's /classify format): sent to a one-pass
 (classifier) replica outside run state; such a call takes no generative slot and never
-waits. The admission and its refusals are shared with the endpoint picker."""
+waits. The admission and its refusals are shared with the endpoint picker
+(luftpause/frontdoor.py)."""
 
 from __future__ import annotations
 
@@ -10,29 +11,10 @@ import aiohttp
 from aiohttp import web
 
 from luftpause import vocabulary as h
-from luftpause.dataplane.context import ENGINES, LINK, new_id
-from luftpause.dataplane.dialects import ApiError
-from luftpause.dataplane.link import AdmitRefused, Placement, SchedulerLink
+from luftpause.dataplane.context import ENGINES, LINK
 from luftpause.dataplane.proxy import engine_error, engine_headers, passed_headers
 from luftpause.dataplane.requests import json_request, turn_identity
-
-
-def check_inputs(document: dict) -> None:
-    """A 400 unless the call's ``input`` is a string or a non-empty list of strings."""
-    inputs = document.get("input")
-    if not (isinstance(inputs, str) and inputs) and not (
-        isinstance(inputs, list) and inputs and all(isinstance(i, str) for i in inputs)
-    ):
-        raise ApiError(400, "'input' is required: a string or a non-empty list of strings")
-
-
-async def admit_one_pass(link: SchedulerLink, model: str, caller: str) -> Placement:
-    """A one-pass replica for the call, or its refusal as an ApiError: 404 for a model no
-    replica serves, 400 for one the scheduler rejects, 503 when none is healthy."""
-    try:
-        return await link.admit(new_id(), "", model, h.DEFAULT_SERVICE_CLASS, caller, one_pass=True)
-    except AdmitRefused as exc:
-        raise ApiError(exc.status, str(exc), headers=exc.headers) from None
+from luftpause.frontdoor import ApiError, admit_one_pass, check_inputs
 
 
 async def decide(request: web.Request) -> web.Response:

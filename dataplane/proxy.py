@@ -12,6 +12,7 @@ import asyncio
 import functools
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -21,11 +22,12 @@ from luftpause import vocabulary as h
 from luftpause import tracing
 from luftpause.dataplane.constants import ENGINE_CONNECT_TIMEOUT_S
 from luftpause.dataplane.context import ENGINES, HOLD_TOOL_CALLS, LOG, METRICS, error_response
-from luftpause.dataplane.continuation import Continuing, StreamStalled, ToolCallHold, refusal, sent_so_far
-from luftpause.dataplane.dialects import StreamTranslator
-from luftpause.dataplane.link import Placement
-from luftpause.dataplane.observe import TurnObserver
+from luftpause.dataplane.continuation import (Continuing, Rewriter, StreamStalled, ToolCallHold, refusal,
+                                              sent_so_far)
+from luftpause.dataplane.dialects import Observer, StreamTranslator
 from luftpause.dataplane.timing import Watch, Watchdog, prompt_tokens, reply_tokens
+from luftpause.link import Placement
+from luftpause.observe import TurnObserver
 
 if TYPE_CHECKING:
     from luftpause.dataplane.turn import Turn
@@ -224,15 +226,83 @@ class _EventStream(web.StreamResponse):
     _send_headers_immediately = False
 
 
+_Stage = Callable[[bytes], bytes]  # a step a chunk takes to the client: what goes on (b"": nothing yet)
+
+
+def _observe(observer: Observer, turn: Turn) -> _Stage:
+    """The turn's observer reads the chunk (first token, tool calls, usage, [DONE])."""
+    feed_sse, first_token = observer.feed_sse, turn.first_token
+
+    def observe(chunk: bytes) -> bytes:
+        if feed_sse(chunk):
+            first_token()
+        return chunk
+
+    return observe
+
+
+def _hold_tool_calls(observer: Observer) -> _Stage:
+    """Tool calls reach the client whole (:class:`ToolCallHold`), so a stall inside one
+    leaves none of it there; what is held goes on with [DONE]."""
+    hold = ToolCallHold()
+    feed, flush = hold.feed, hold.flush
+
+    def hold_tool_calls(chunk: bytes) -> bytes:
+        chunk = feed(chunk)
+        return chunk + flush() if observer.done else chunk
+
+    return hold_tool_calls
+
+
+def _keep(kept: list[bytes]) -> _Stage:
+    """What has been passed on so far, in ``kept``."""
+    append = kept.append
+
+    def keep(chunk: bytes) -> bytes:
+        append(chunk)
+        return chunk
+
+    return keep
+
+
+def _stages(turn: Turn, observer: Observer, translator: StreamTranslator | None, rewriter: Rewriter | None,
+            kept: list[bytes] | None, hold: bool) -> tuple[_Stage, ...]:
+    """What each chunk of a turn's stream goes through between the engine and the client,
+    assembled once per turn, in this order (each stage there only where the turn has it):
+
+    1. rewrite (a continuation's stream): its chunks made the first stream's (id, model,
+       no second role, the whole reply's usage), first, so every stage after sees one
+       stream whichever replica sent the chunk;
+    2. observe: the observer reads the engine's chat chunks as they came, before anything
+       is held back (the first token counts when the engine sent it) or translated; it
+       sees [DONE];
+    3. hold tool calls (chat streams, with ``HOLD_TOOL_CALLS``): after the observer, whose
+       [DONE] releases what is held;
+    4. keep (chat streams, not a continuation's: one per turn): what reaches the client,
+       so after the hold (a held call has not reached it) and before the translation (a
+       continuation starts from chat chunks, dataplane/continuation.py);
+    5. translate (a dialect's turn): the client's API, last.
+    """
+    stages = [rewriter.feed] if rewriter is not None else []
+    stages.append(_observe(observer, turn))
+    if hold:
+        stages.append(_hold_tool_calls(observer))
+    if kept is not None:
+        stages.append(_keep(kept))
+    if translator is not None:
+        stages.append(translator.feed)
+    return tuple(stages)
+
+
 async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResponse,
                   headers: dict[str, str], translator: StreamTranslator | None = None,
-                  observer=None, continuing: Continuing | None = None) -> web.StreamResponse:
-    """Pass the engine's stream on from its first chunk (through ``translator`` for a
-    dialect's turn: the observer still watches the engine's own chunks). Until that chunk
-    nothing has reached the client, so an engine that fails first (it died while
-    prefilling, after its headers) leaves the turn to be sent again, as one it could not
-    reach. A continuation's chunks go to the client's open response, rewritten as the
-    first stream's."""
+                  observer: Observer | None = None, continuing: Continuing | None = None) -> web.StreamResponse:
+    """Pass the engine's stream on from its first chunk, each chunk through the turn's
+    stages (:func:`_stages`: ``translator`` for a dialect's turn, the observer still
+    watching the engine's own chunks). Until that chunk nothing has reached the client,
+    so an engine that fails first (it died while prefilling, after its headers) leaves
+    the turn to be sent again, as one it could not reach. A continuation's chunks go to
+    the client's open response, rewritten as the first stream's."""
     response: web.StreamResponse | None = continuing.response if continuing is not None else None
     answered = False  # the engine's first chunk came
     received = 0  # bytes of the engine's stream so far
@@ -245,9 +315,8 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
     # stall, that is the prefix a continuation starts from. At most one per turn.
     chat = turn.req.dialect is None or translator is not None
     kept: list[bytes] | None = [] if continuing is None and chat else None
-    # Its tool calls reach the client whole, so a stall inside one leaves none of it there.
-    hold = ToolCallHold() if chat and request.app[HOLD_TOOL_CALLS] else None
-    rewriter = continuing.rewriter if continuing is not None else None
+    stages = _stages(turn, observer, translator, continuing.rewriter if continuing is not None else None, kept,
+                     hold=chat and request.app[HOLD_TOOL_CALLS])
     try:
         async with turn.watchdog.guard():  # every wait on the engine is bounded, none on the client
             while True:
@@ -267,16 +336,8 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
                         response = _EventStream(status=200, headers=headers)
                         await response.prepare(request)
                     turn.streaming = True  # from here on bytes may have reached the client
-                if rewriter is not None:
-                    chunk = rewriter.feed(chunk)
-                if observer.feed_sse(chunk):
-                    turn.first_token()
-                if hold is not None:
-                    chunk = hold.feed(chunk) + (hold.flush() if observer.done else b"")
-                if kept is not None:
-                    kept.append(chunk)
-                if translator is not None:
-                    chunk = translator.feed(chunk)
+                for stage in stages:
+                    chunk = stage(chunk)
                 if observer.done:
                     # The turn is complete at [DONE]: a client that closes right after it (the
                     # openai one does) must not turn it into a failure with its usage lost.
@@ -293,26 +354,39 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
             turn.finished(observer)
         raise
     if not answered:
-        if watch.stalled:
-            turn.failed(f"engine {turn.replica}: {error}", stalled=True)
-            raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error}", stalled=True)
-        raise EngineUnreachable(turn.replica, f"engine {turn.replica}: {error} (before its first byte)",
-                                suspect=True)
+        raise _not_answered(turn, error)
     assert response is not None
     if observer.done:
         turn.finished(observer)
         await response.write_eof()
         return response
-    message = f"engine {turn.replica}: {error}"
-    if watch.stalled and kept is not None:
+    return await _broken_off(request, turn, response, translator, kept, f"engine {turn.replica}: {error}")
+
+
+def _not_answered(turn: Turn, error: str) -> EngineUnreachable:
+    """The stream ended (or stalled) before its first chunk: nothing reached the client,
+    so the turn may be sent again; a stall is reported as one here."""
+    if turn.watch is not None and turn.watch.stalled:
+        turn.failed(f"engine {turn.replica}: {error}", stalled=True)
+        return EngineUnreachable(turn.replica, f"engine {turn.replica}: {error}", stalled=True)
+    return EngineUnreachable(turn.replica, f"engine {turn.replica}: {error} (before its first byte)", suspect=True)
+
+
+async def _broken_off(request: web.Request, turn: Turn, response: web.StreamResponse,
+                      translator: StreamTranslator | None, kept: list[bytes] | None,
+                      message: str) -> web.StreamResponse:
+    """The engine died or stalled mid-stream, after bytes reached the client. A stall
+    whose ``kept`` prefix another replica may continue raises :class:`StreamStalled`;
+    otherwise the client keeps what it got."""
+    stalled = turn.watch is not None and turn.watch.stalled
+    if stalled and kept is not None:
         sent = sent_so_far(b"".join(kept))
         why = refusal(turn.req.body) or sent.unsafe
         if not why:  # the client holds a prefix another replica may continue
             turn.failed(message, stalled=True)
             raise StreamStalled(message, turn.replica, response, translator, sent)
         request.app[LOG].info("stream_not_continued", run=turn.req.run_id, replica=turn.replica, reason=why)
-    # The engine died or stalled mid-stream: the client keeps what it got.
-    turn.failed(message, stalled=watch.stalled)
+    turn.failed(message, stalled=stalled)
     return await abandon(request, response, translator, message)
 
 

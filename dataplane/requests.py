@@ -4,7 +4,6 @@ ids, or a new run). A dialect's request is translated to its chat-completions tu
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, replace
 
@@ -12,8 +11,10 @@ from aiohttp import web
 
 from luftpause import keys
 from luftpause import vocabulary as h
-from luftpause.dataplane.context import BOOK, DIALECT, TENANT, new_id
-from luftpause.dataplane.dialects import ApiError, Dialect, Translated, encode_json
+from luftpause.dataplane.context import BOOK, DIALECT, TENANT
+from luftpause.dataplane.dialects import Dialect, Translated, encode_json
+from luftpause.frontdoor import ApiError, check_chat, json_document, returned_tool_call_ids
+from luftpause.runbook import new_id
 
 
 @dataclass
@@ -54,18 +55,6 @@ def identity_headers(request: web.Request) -> tuple[str, str]:
     return service_class, caller
 
 
-def returned_tool_call_ids(document: dict) -> list[str]:
-    """The ids of the tool results the request returns (its ``tool`` messages)."""
-    messages = document.get("messages")
-    if not isinstance(messages, list):
-        return []
-    return [
-        m["tool_call_id"]
-        for m in messages
-        if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str)
-    ]
-
-
 async def json_request(request: web.Request) -> tuple[bytes, dict, str]:
     """The body, its JSON object and its model, or a 4xx."""
     if request.content_type != "application/json":
@@ -91,50 +80,6 @@ async def read_body(request: web.Request) -> bytes:
             raise web.HTTPRequestEntityTooLarge(limit, size)
         chunks.append(chunk)
     return b"".join(chunks)  # (one chunk is returned as it is)
-
-
-def json_document(body: bytes) -> tuple[dict, str]:
-    """The body's JSON object and its model, or a 400 (the endpoint picker checks its
-    requests with this too)."""
-    try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(400, "request body is not valid JSON: nested too deep") from None
-    if not isinstance(document, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    model = document.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(400, "'model' is required and must be a non-empty string")
-    return document, model
-
-
-# The roles of openai's ChatCompletionMessageParam (developer, system, user, assistant,
-# tool, and the deprecated function), and ipython, which vLLM takes for Llama 3's tool
-# results (its chat templates render it).
-CHAT_ROLES = frozenset({"developer", "system", "user", "assistant", "tool", "function", "ipython"})
-
-
-def check_chat(document: dict) -> None:
-    """A 400 unless a chat completion's ``messages`` is a list of messages, each an object
-    with one of ``ChatCompletionMessageParam``'s roles and a content that is text, a list
-    of parts or null, and ``stream`` a boolean. The rest of the body is the engine's to
-    judge (engines take settings of their own beyond OpenAI's)."""
-    messages = document.get("messages")
-    if not isinstance(messages, list):
-        raise ApiError(400, "'messages' is required and must be a list")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise ApiError(400, f"messages[{i}] must be an object")
-        role = message.get("role")
-        if not isinstance(role, str) or role not in CHAT_ROLES:
-            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise ApiError(400, f"messages[{i}].content must be a string, a list of content parts or null")
-    if not isinstance(document.get("stream", False), bool):
-        raise ApiError(400, "'stream' must be a boolean")
 
 
 async def parse_turn(request: web.Request) -> TurnRequest:

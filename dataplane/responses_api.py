@@ -31,8 +31,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from luftpause.dataplane.dialects import ApiError, Translated
-from luftpause.dataplane.observe import CallTasks
+from luftpause.dataplane.dialects import Translated
+from luftpause.frontdoor import ApiError
+from luftpause.observe import CallTasks
 from luftpause.dataplane.responses_reply import EventTranslator, ResponseShell, SseData
 from luftpause.dataplane.responses_request import ResponsesError, error_body, error_kind, to_chat
 

@@ -20,17 +20,17 @@ from luftpause.vocabulary import ENGINE_REPEATED, ENGINE_UNREACHABLE
 from luftpause import tracing
 from luftpause.dataplane.constants import (ENGINE_RETRY_ATTEMPTS, ENGINE_RETRY_DELAY_S, ENGINE_RETRY_WINDOW_S,
                                            SUSPECT_MEMORY_S, SUSPECT_REPLICAS)
-from luftpause.dataplane.context import BOOK, ENGINES, LINK, LOG, METRICS, SUSPECTS, TRACER, error_response, new_id
+from luftpause.dataplane.context import BOOK, ENGINES, LINK, LOG, METRICS, SUSPECTS, TRACER, error_response
 from luftpause.dataplane.suspects import Lane, fingerprint
-from luftpause.dataplane.dialects import ApiError
-from luftpause.dataplane.link import AdmitRefused, Placement, SchedulerLink
-from luftpause.dataplane.observe import TurnObserver
 from luftpause.dataplane.continuation import Continuing, Rewriter, StreamStalled, continuation_body
 from luftpause.dataplane.proxy import EngineUnreachable, abandon, engine_headers, proxy
 from luftpause.dataplane.requests import TurnRequest
-from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
 from luftpause.dataplane.timing import Watch, Watchdog
+from luftpause.frontdoor import ApiError
+from luftpause.link import AdmitRefused, Placement, SchedulerLink
+from luftpause.observe import TurnObserver
 from luftpause.proto import scheduler_pb2 as pb
+from luftpause.runbook import IDLE, PAUSED, InFlightTurn, RunBook, new_id
 
 
 class Turn:

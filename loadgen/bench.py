@@ -37,6 +37,7 @@ import structlog
 from rich.console import Console
 
 from luftpause import logs
+from luftpause.diagnostics import ENV as DIAGNOSTICS, ROAMING_RUNS
 from luftpause.loadgen import peers
 from luftpause.loadgen.agents import Clock, Live, Target
 from luftpause.loadgen.breakdown import WindowProbe
@@ -169,7 +170,9 @@ class Rig:
                   env: dict[str, str] | None = None) -> Iterator[Stack]:
         """Scheduler, dataplane and runtime in front of the rig's engines and fake MCP
         (``gateway`` "envoy": the endpoint picker and Envoy in the dataplane's place;
-        ``env``: more settings for them, e.g. a policy variant's)."""
+        ``env``: more settings for them, e.g. a policy variant's). ``affinity`` False is
+        the diagnostics switch roaming-runs (luftpause/diagnostics.py): what strict
+        affinity is worth."""
         ports = replace(Ports.free(engines=0), engines=self.engine_ports, fake_mcp=self.mcp_port)
         directory = self.dir / f"luftpause-{'strict' if affinity else 'roam'}-{time.monotonic_ns()}"
         # Replicas on one simulated GPU are declared so in the pool, as a user of that
@@ -177,7 +180,7 @@ class Rig:
         pool_file, tools_file = write_configs(directory / "config", ports,
                                               device="gpu0" if self.config.shared_gpu else "")
         stack = Stack(ports, pool_file, tools_file, directory / "state",
-                      env={"LUFTPAUSE_AFFINITY": "on" if affinity else "off", "LUFTPAUSE_LOG_LEVEL": "warning",
+                      env={DIAGNOSTICS: "" if affinity else ROAMING_RUNS, "LUFTPAUSE_LOG_LEVEL": "warning",
                            # the 2 s probe period is 2 s of *engine* time: scale it with the engines
                            "LUFTPAUSE_PROBE_PERIOD_S": str(2.0 * self.config.time_scale), **(env or {})},
                       without=frozenset({*(engine_name(i) for i in range(self.config.replicas)), "fake-mcp"}), gateway=gateway)

@@ -24,7 +24,8 @@ import aiohttp
 import yaml
 
 from luftpause.dev.procs import ManagedProcess, free_ports, wait_until
-from luftpause.scheduler import envoy
+from luftpause import envoy
+from luftpause.scheduler import envoy as envoy_config
 from luftpause.scheduler.pool import Endpoint
 
 IMPLS = ("python", "go")
@@ -108,6 +109,13 @@ class FloorBehindEnvoy:
         self.floor.stop()
 
 
+def change_ext_proc(bootstrap: dict, mode: Callable[[dict, list[dict]], None]) -> None:
+    """Envoy's configuration (as luftpause generates it) with its ext_proc filter changed by
+    ``mode``, given the filter's config and the listener's filter list."""
+    manager = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    mode(manager["http_filters"][0]["typed_config"], manager["http_filters"])
+
+
 def start_behind_envoy(impl: str, engine_url: str, model: str, directory: Path,
                        mode: Callable[[dict, list[dict]], None] | None = None,
                        also_pooled: tuple[str, ...] = ()) -> FloorBehindEnvoy:
@@ -118,10 +126,9 @@ def start_behind_envoy(impl: str, engine_url: str, model: str, directory: Path,
     grpc_port, port, admin_port = free_ports(3)
     config = directory / f"floor-envoy-{impl}.yaml"
     pool = [Endpoint(f"engine-{i}", url, (model,)) for i, url in enumerate((*also_pooled, engine_url))]
-    bootstrap = envoy.config(pool, port=port, admin_port=admin_port, pickers=[("127.0.0.1", grpc_port)])
-    manager = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    bootstrap = envoy_config.config(pool, port=port, admin_port=admin_port, pickers=[("127.0.0.1", grpc_port)])
     if mode is not None:
-        mode(manager["http_filters"][0]["typed_config"], manager["http_filters"])
+        change_ext_proc(bootstrap, mode)
     config.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
     floor = floor_process(impl, grpc_port, envoy.endpoint_key(engine_url), directory)
     proxy = ManagedProcess("envoy", "envoy", [], ready_url=f"http://127.0.0.1:{admin_port}/ready",

@@ -16,14 +16,14 @@ import sys
 
 from luftpause import grpc_env
 
-grpc_env.choose_transport()  # the picker's gRPC transport (luftpause.scheduler chooses it before grpc loads)
+grpc_env.choose_transport()  # the picker's gRPC transport (luftpause.picker chooses it before grpc loads)
 import grpc  # noqa: E402
 from google.protobuf import struct_pb2  # noqa: E402
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # noqa: E402
 
 from luftpause.eventloop import run_event_loop, stop_signalled  # noqa: E402
 from luftpause.grpc_env import EXCLUSIVE_PORT  # noqa: E402
-from luftpause.scheduler import envoy  # noqa: E402
+from luftpause import envoy  # noqa: E402
 
 envoy.load_stubs()
 from envoy.config.core.v3 import base_pb2  # noqa: E402

@@ -772,12 +772,20 @@ async def picker_load(url: str, stream: bool, requests: int, concurrency: int) -
     return errors
 
 
+def skip_response_phase(bootstrap: dict) -> None:
+    """Envoy's configuration with the response phase not sent to the picker: this
+    benchmark's change, for this measurement only (the picker then takes every turn's
+    stream ending after the request as a failed turn: no finish reason, no usage, no
+    pause on tool calls reach the scheduler)."""
+    extproc_floors.change_ext_proc(bootstrap, _modes(response_header_mode="SKIP", response_body_mode="NONE"))
+
+
 def measure_picker(observe_response: bool, args: argparse.Namespace, directory: Path) -> dict:
     engine, engine_url = start_engine("engine-instant", INSTANT, directory)
     pool = {"endpoints": [{"name": "engine-a", "base_url": engine_url, "models": [MODEL]}]}
     stack = Stack.on_free_ports(directory / ("observed" if observe_response else "skipped"), engines=1, pool=pool,
                                 without=NOT_STARTED, env={"LUFTPAUSE_LOG_LEVEL": "warning"}, gateway="envoy",
-                                envoy_observes_response=observe_response)
+                                envoy_change=None if observe_response else skip_response_phase)
     stack.start()
     try:
         url = f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"

@@ -185,7 +185,8 @@ async def run_pages(runs: int, requests: int) -> list[dict]:
     import structlog
     from aiohttp import web
 
-    from luftpause.scheduler.host import SchedulerHost, http_app
+    from luftpause.scheduler.app import http_app
+    from luftpause.scheduler.host import SchedulerHost
     from luftpause.scheduler.pool import Endpoint
 
     host = SchedulerHost([Endpoint(f"r{i}", f"http://r{i}", (MODEL,)) for i in range(REPLICAS)],

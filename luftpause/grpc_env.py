@@ -10,7 +10,8 @@ measured with grpcio 1.85 on this project's 2-core machines by ``make bench-grpc
 (the figures: ``git show 06d03a1:docs/benchmarks.md``, "gRPC's transport"). Both are gRPC's own, selected by its documented switch; the wire
 protocol is the same, so either side may run either.
 
-The scheduler's and the dataplane's packages call :func:`choose_transport` first thing.
+The scheduler's, the dataplane's and the endpoint picker's packages call
+:func:`choose_transport` first thing.
 A ``GRPC_EXPERIMENTS`` an operator has set is left as it is.
 """
 

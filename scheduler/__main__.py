@@ -11,22 +11,22 @@ import sys
 
 from aiohttp import web
 
-from luftpause import auth, logs, tracing
+from luftpause import auth, diagnostics, logs, tracing
 from luftpause.aiohttp_server import JsonErrorsRunner
 from luftpause.options import env_option
 from luftpause.eventloop import run_event_loop, stop_signalled
+from luftpause.scheduler.app import http_app, runtime_status_url
 from luftpause.scheduler.constants import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, PROBE_PERIOD_S
 from luftpause.scheduler.core import LiftMode, Policy
-from luftpause.scheduler.host import SchedulerHost, grpc_server, http_app, mark_serving, runtime_status_url
+from luftpause.scheduler.host import SchedulerHost, grpc_server, mark_serving
 from luftpause.scheduler.pool import PoolError, load_pool
 
 
 # The policy's switches on the command line, the one place their words become a Policy
 # (policy_from_args); each defaults to what Policy ships. Field -> (flag, env, choices, help).
+# Strict affinity (Policy.affinity) is no operator's switch: it is off only under the
+# diagnostics switch roaming-runs (luftpause/diagnostics.py), to measure what it is worth.
 POLICY_OPTIONS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
-    "affinity": ("--affinity", "LUFTPAUSE_AFFINITY", ("on", "off"),
-                 "strict affinity of generating/paused runs to their replica (off lets runs roam, for benchmarks "
-                 "that measure what affinity is worth)"),
     "interactive_slots": (
         "--interactive-slots", "LUFTPAUSE_INTERACTIVE_SLOTS", ("on", "off"),
         "with strict affinity, keep a slot under each replica's decode ceiling for every interactive run "
@@ -57,8 +57,8 @@ def _word(value: bool | LiftMode) -> str:
 
 
 def policy_from_args(args: argparse.Namespace) -> Policy:
-    """The Policy the parsed switches ask for."""
-    values = {}
+    """The Policy the parsed switches ask for (and the diagnostics switches, parse_args)."""
+    values = {"affinity": diagnostics.ROAMING_RUNS not in args.diagnostics}
     for field, (flag, _, _, _) in POLICY_OPTIONS.items():
         word = getattr(args, flag.removeprefix("--").replace("-", "_"))
         values[field] = LiftMode(word) if field == "lift" else word == "on"
@@ -76,7 +76,7 @@ def runtime_url(value: str) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
     parser = argparse.ArgumentParser(prog="python -m luftpause.scheduler", description=__doc__,
-                                     epilog=logs.LOG_SETTINGS_HELP)
+                                     epilog=logs.LOG_SETTINGS_HELP + " " + diagnostics.HELP)
     env_option(parser, "--host", "LUFTPAUSE_SCHEDULER_HOST", "127.0.0.1", "bind address")
     env_option(parser, "--grpc-port", "LUFTPAUSE_SCHEDULER_GRPC_PORT", DEFAULT_GRPC_PORT, "gRPC port", kind=int)
     env_option(parser, "--http-port", "LUFTPAUSE_SCHEDULER_HTTP_PORT", DEFAULT_HTTP_PORT, "HTTP status port", kind=int)
@@ -93,12 +93,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "LUFTPAUSE_ALLOWED_HOSTS: comma-separated Host names HTTP clients may use (host or "
                              "host:port, * = any; unset = localhost, 127.0.0.1, [::1]); other Host headers get 421, "
                              "other Origins 403, token or not")
-    return parser.parse_args(argv)
+    try:
+        switches = diagnostics.read()
+    except diagnostics.UnknownDiagnostic as exc:
+        parser.error(str(exc))
+    args = parser.parse_args(argv)
+    args.diagnostics = switches
+    return args
 
 
 async def serve(args: argparse.Namespace, log) -> None:
     endpoints = load_pool(args.pool_file)
-    host = SchedulerHost(endpoints, log, policy=policy_from_args(args), probe_period_s=args.probe_period)
+    policy = policy_from_args(args)
+    if args.diagnostics:
+        log.warning("diagnostics_on", switches=sorted(args.diagnostics),
+                    reason=f"{diagnostics.ENV} is for measurements only, never for production (docs/diagnostics.md)")
+    host = SchedulerHost(endpoints, log, policy=policy, probe_period_s=args.probe_period)
     token = auth.token_from_env()
     if not token:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set; gRPC and HTTP accept everyone")
@@ -110,7 +120,7 @@ async def serve(args: argparse.Namespace, log) -> None:
     await runner.setup()
     await web.TCPSite(runner, args.host, args.http_port).start()
     log.info("scheduler_started", grpc=f"{args.host}:{args.grpc_port}", http=f"{args.host}:{args.http_port}",
-             replicas=[e.name for e in endpoints], affinity=args.affinity,
+             replicas=[e.name for e in endpoints], affinity=_word(policy.affinity),
              interactive_slots=args.interactive_slots, lift_ceiling=args.lift_ceiling, resume_slots=args.resume_slots)
     tasks = [asyncio.create_task(host.probe_forever()), asyncio.create_task(host.tick_forever())]
     try:

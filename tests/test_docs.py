@@ -1,6 +1,7 @@
 """The docs a user reads point at files that exist: every `docs/...` and `bench-archive/...` path
 they name (figures, other pages, the archived benchmark results) and every relative Markdown
-link or image; and the archived results are gzipped JSON that reads."""
+link or image; every private function they name is defined; and the archived results are
+gzipped JSON that reads."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").g
 DOCS_PATH = re.compile(r"(?<![\w/.-])(?:docs|bench-archive)/[\w./-]+")
 ARCHIVE = ROOT / "bench-archive"
 MARKDOWN_LINK = re.compile(r"\]\(([^)#\s]+)\)")
+PRIVATE_NAME = re.compile(r"`(_[A-Za-z]\w*)`")
 
 
 def named_paths(page: Path) -> list[tuple[str, Path]]:
@@ -32,6 +34,18 @@ def named_paths(page: Path) -> list[tuple[str, Path]]:
 def test_every_file_a_page_names_exists(page):
     missing = sorted(name for name, path in named_paths(page) if not path.exists())
     assert not missing, f"{page.relative_to(ROOT)} names files that do not exist: {missing}"
+
+
+def test_every_private_function_a_page_names_is_defined():
+    """The pages find a rule by its function (`_limit_after`, `_candidates`): one renamed or split
+    in the code is renamed in the pages too."""
+    sources = "\n".join(path.read_text() for folder in ROOT.iterdir()
+                        if folder.is_dir() and not folder.name.startswith(".") for path in folder.rglob("*.py"))
+    defined = set(re.findall(r"^\s*(?:async\s+)?(?:def|class)\s+(_\w+)", sources, re.MULTILINE))
+    defined |= set(re.findall(r"^(_\w+)\s*[:=]", sources, re.MULTILINE))
+    named = {name for page in PAGES for name in PRIVATE_NAME.findall(page.read_text())}
+    assert "_limit_after" in named  # not vacuous
+    assert not named - defined, f"the pages name functions the code does not define: {sorted(named - defined)}"
 
 
 def test_the_pages_name_result_files_and_the_check_sees_them():

@@ -19,13 +19,12 @@ DOCUMENTED = {
     "luftpause": ["--free-ports", "--pool-file", "--tools-file", "--state-dir", "LUFTPAUSE_LOG_FORMAT", "--engine",
                   "LUFTPAUSE_LLAMA_CACHE", "--gateway", "--fail-open"],
     "luftpause.dev.llama": ["build", "LUFTPAUSE_LLAMA_CACHE"],
-    "luftpause.scheduler.picker": ["LUFTPAUSE_PICKER_GRPC_PORT", "LUFTPAUSE_PICKER_HTTP_PORT", "LUFTPAUSE_SCHEDULER_ADDR",
-                                   "LUFTPAUSE_TOKEN", "LUFTPAUSE_PICKER_SHED_BATCH_HELD",
-                                   "LUFTPAUSE_PICKER_SHED_BATCH_WAIT_S", "LUFTPAUSE_KEY_IDENTITIES",
-                                   "LUFTPAUSE_KEYS_FILE"],
+    "luftpause.picker": ["LUFTPAUSE_PICKER_GRPC_PORT", "LUFTPAUSE_PICKER_HTTP_PORT", "LUFTPAUSE_SCHEDULER_ADDR",
+                         "LUFTPAUSE_TOKEN", "LUFTPAUSE_PICKER_SHED_BATCH_HELD", "LUFTPAUSE_PICKER_SHED_BATCH_WAIT_S",
+                         "LUFTPAUSE_KEY_IDENTITIES", "LUFTPAUSE_KEYS_FILE"],
     "luftpause.scheduler.envoy": ["install", "config", "LUFTPAUSE_ENVOY_CACHE"],
     "luftpause.scheduler": ["LUFTPAUSE_SCHEDULER_HOST", "LUFTPAUSE_SCHEDULER_GRPC_PORT",
-                            "LUFTPAUSE_SCHEDULER_HTTP_PORT", "LUFTPAUSE_POOL_FILE", "LUFTPAUSE_AFFINITY",
+                            "LUFTPAUSE_SCHEDULER_HTTP_PORT", "LUFTPAUSE_POOL_FILE", "LUFTPAUSE_DIAGNOSTICS",
                             "LUFTPAUSE_PROBE_PERIOD_S", "LUFTPAUSE_LOG_FORMAT", "LUFTPAUSE_LOG_LEVEL",
                             "LUFTPAUSE_RUNTIME_URL", "LUFTPAUSE_TOKEN", "LUFTPAUSE_ALLOWED_HOSTS"],
     "luftpause.dataplane": ["LUFTPAUSE_DATAPLANE_HOST", "LUFTPAUSE_DATAPLANE_PORT", "LUFTPAUSE_SCHEDULER_ADDR",
@@ -83,10 +82,10 @@ def test_help_names_what_the_entry_point_reads(helps, module):
 BAD_ENV_VALUES = [
     ("luftpause.dataplane", "LUFTPAUSE_TOOL_CALLS", "sometimes"),
     ("luftpause.dataplane", "LUFTPAUSE_DATAPLANE_PORT", "eighty"),
-    ("luftpause.scheduler", "LUFTPAUSE_AFFINITY", "yes"),
+    ("luftpause.scheduler", "LUFTPAUSE_DIAGNOSTICS", "yes"),
     ("luftpause.scheduler", "LUFTPAUSE_PROBE_PERIOD_S", "2s"),
     ("luftpause.runtime", "LUFTPAUSE_RUNTIME_PEER_IDENTITY", "cookie"),
-    ("luftpause.scheduler.picker", "LUFTPAUSE_PICKER_GRPC_PORT", "-"),
+    ("luftpause.picker", "LUFTPAUSE_PICKER_GRPC_PORT", "-"),
 ]
 
 
@@ -112,7 +111,7 @@ def test_a_service_refuses_a_bad_value_from_its_env_as_it_would_a_bad_flag(start
 # the imports a service makes late (the runtime's app, after its fork) are counted.
 SERVICE_ENTRY_POINTS = {
     "luftpause.scheduler.__main__": "luftpause.scheduler",
-    "luftpause.scheduler.picker": None,
+    "luftpause.picker.__main__": "luftpause.picker",
     "luftpause.dataplane.__main__": "luftpause.dataplane",
     "luftpause.runtime.__main__": "luftpause.runtime",
 }

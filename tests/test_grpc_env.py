@@ -19,7 +19,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_services_choose_the_transport_before_grpc_is_imported():
-    for module in ("luftpause.scheduler.host", "luftpause.dataplane.link"):
+    for module in ("luftpause.scheduler.host", "luftpause.dataplane.context", "luftpause.picker.__main__"):
         out = _python(PRINT_CHOICE.format(module=module)).stdout.split()
         assert out == [grpc_env.LEGACY_TRANSPORT]
 

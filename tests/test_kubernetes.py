@@ -124,10 +124,10 @@ def all_containers(objects: list[dict]):
             yield workload, container
 
 
-# The endpoint picker (python -m luftpause.scheduler.picker) is built on another branch of
-# the same issue; where its module is not here yet, the checks that read a service's code
-# pass over its container (test_only_the_picker_may_be_missing keeps it to that one).
-PICKER = "luftpause.scheduler.picker"
+# The endpoint picker (python -m luftpause.picker, picker/), run from the scheduler's image.
+# Where its module is not in a checkout, the checks that read a service's code pass over its
+# container (test_only_the_picker_may_be_missing keeps it to that one).
+PICKER = "luftpause.picker"
 
 
 def code_present(module: str) -> bool:
@@ -184,7 +184,7 @@ def parsed_settings(workload: dict, container: dict, monkeypatch):
         from luftpause.scheduler.__main__ import parse_args
         return parse_args(args)
     if module == PICKER:
-        return importlib.import_module(PICKER).parse_args(args)
+        return importlib.import_module(f"{PICKER}.__main__").parse_args(args)
     if module == "luftpause.dataplane":
         from luftpause.dataplane.__main__ import parse_args
         return parse_args(args)
@@ -246,7 +246,7 @@ def http_routes(module: str) -> set[str]:
     """GET paths a service registers (aiohttp add_get or web.get, Starlette Route, MCP custom_route)."""
     source = source_of(module)
     if "probe_routes(" in source:  # /health and /ready as the dataplane answers them (the picker too)
-        source += source_of("luftpause.dataplane.answers")
+        source += source_of("luftpause.frontdoor")
     return set(re.findall(r"(?:add_get|web\.get)\(\"(/[^\"]*)\"", source)) | set(
         re.findall(r"(?:Route|custom_route)\(\"(/[^\"]*)\",[^)]*methods=\[\"GET\"\]", source))
 
@@ -716,7 +716,7 @@ def test_pod_monitor_scrapes_every_luftpause_service(name):
     names = {w["metadata"]["name"] for w in workloads(objects)}
     expected = {"luftpause.scheduler", "luftpause.runtime"} | (
         {"luftpause.dataplane"} if "luftpause-dataplane" in names else set()) | (
-        {"luftpause.scheduler.picker"} if "luftpause-picker" in names else set())
+        {"luftpause.picker"} if "luftpause-picker" in names else set())
     assert scraped == expected
     for workload, container in containers(objects):
         if not selected(pod_labels(workload)):
@@ -803,11 +803,12 @@ def test_images_are_the_released_ones_running_their_modules(name):
         assert repository.startswith("luftpause-") and repository.removeprefix("luftpause-") in RELEASE_IMAGES
         dockerfile = (ROOT / f"docker/Dockerfile.{repository.removeprefix('luftpause-')}").read_text()
         module = command_module(container)
-        # Each image runs its own service (its CMD) or a module of that package (the picker in
-        # the scheduler's image); the fakes image the fake engine or MCP server.
+        # Each image runs its own service (its CMD), a module of that package, or one its
+        # Dockerfile names (the picker, in the scheduler's image); the fakes image the fake
+        # engine or MCP server.
         image_module = re.search(r'CMD \["python", "-m", "([\w.]+)"', dockerfile).group(1)
         assert module == image_module or module.startswith(f"{image_module}.") or \
-            f"python -m {module} " in dockerfile, (container["image"], module)
+            re.search(rf"python -m {re.escape(module)}(?![\w.])", dockerfile), (container["image"], module)
 
 
 # --- docs -------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import sys
 
 from google.protobuf import descriptor as d
 
-from luftpause.scheduler import envoy
+from luftpause import envoy
 
 envoy.load_stubs()
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep  # noqa: E402

@@ -12,15 +12,17 @@ import json
 import os
 import re
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
-from luftpause import auth
+from luftpause import auth, envoy
 from luftpause.dev.llama import Engine
 from luftpause.dev.procs import ManagedProcess, PortTaken, free_ports, stop_together, wait_until
-from luftpause.scheduler import envoy
+from luftpause.scheduler import envoy as envoy_config
+from luftpause.scheduler.pool import load_pool
 
 HOST = "127.0.0.1"
 MODEL = "fake-llama-1b"
@@ -121,7 +123,9 @@ class Stack:
     # "envoy": Envoy on the dataplane's port with luftpause's endpoint picker(s) instead of the dataplane
     gateway: str = "dataplane"
     fail_open: bool = False  # gateway "envoy": requests go on to an engine when no picker answers
-    envoy_observes_response: bool = True  # False only to measure the response phase's cost (loadgen.proxy_bench picker)
+    # gateway "envoy": changes Envoy's generated configuration before it is written (benchmarks measuring
+    # other uses of ext_proc, as loadgen/proxy_bench.py does); None: as generated
+    envoy_change: Callable[[dict], None] | None = None
     # The ports were chosen free (tests, benchmarks, `--free-ports`): a service whose port was taken
     # between choosing and binding (its log says so) gets another and starts again.
     free_ports: bool = False
@@ -219,7 +223,7 @@ class Stack:
 
     def _pickers(self) -> list[ManagedProcess]:
         p = self.ports
-        return [self._process("picker" if i == 1 else f"picker-{i}", "luftpause.scheduler.picker",
+        return [self._process("picker" if i == 1 else f"picker-{i}", "luftpause.picker",
                               ["--host", HOST, "--grpc-port", str(grpc_port), "--http-port", str(http_port),
                                "--scheduler", f"{HOST}:{p.scheduler_grpc}"],
                               f"http://{HOST}:{http_port}/health")
@@ -228,9 +232,16 @@ class Stack:
     def _envoy(self) -> ManagedProcess:
         """Envoy on the dataplane's port, its configuration generated from the pool file."""
         p = self.ports
-        config = envoy.write_config(self.state_dir / "envoy.yaml", self.pool_file, port=p.dataplane,
-                                    admin_port=p.envoy_admin, pickers=[(HOST, port) for port in p.picker_grpc],
-                                    fail_open=self.fail_open, observe_response=self.envoy_observes_response)
+        config = self.state_dir / "envoy.yaml"
+        options = {"port": p.dataplane, "admin_port": p.envoy_admin, "fail_open": self.fail_open,
+                   "pickers": [(HOST, port) for port in p.picker_grpc]}
+        if self.envoy_change is None:
+            envoy_config.write_config(config, self.pool_file, **options)
+        else:
+            bootstrap = envoy_config.config(load_pool(self.pool_file), **options)
+            self.envoy_change(bootstrap)
+            config.parent.mkdir(parents=True, exist_ok=True)
+            config.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
         process = self._process("envoy", "envoy", [], f"http://{HOST}:{p.envoy_admin}/ready")
         process.command = [str(envoy.ensure()), "-c", str(config), "--disable-hot-restart", "--log-level", "warn"]
         return process

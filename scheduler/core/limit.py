@@ -1,74 +1,42 @@
 """The admission limit: how many turns in flight each replica takes.
 
-Admission keeps the queue at the gateway, not in the engine: each replica has a
-concurrency limit learned from the engine and kept between probes; in-flight turns are
-counted here, so a stale probe cannot over-admit; engines without load metrics are
-never limited; and no replica gets more turns in flight than the largest batch it
-decodes at full speed (its CUDA-graph batch size as SGLang reports it, or the pool
-file's ``max_batch``): above it every token of every run there gets slower, the
-interactive ones included. Batch turns leave room under the limit for every
-interactive run paused on that replica, sized by the paused run's context in KV tokens
-where the engine reports token usage, one turn each otherwise, at most half the limit;
-and, where the operator
-asks for it, with strict affinity a slot each under the ceiling too (at most half of
-it), since the run's next turn can go nowhere else.
+Admission keeps the queue at the gateway, not in the engine (docs/admission.md, "The
+limit", names the function of each rule). Each replica has a concurrency limit learned
+from the engine's load metrics and kept between probes; in-flight turns are counted
+here, so a stale probe cannot over-admit; engines without load metrics are never
+limited; and no replica gets more turns in flight than its decode ceiling, the largest
+batch it decodes at full speed (ceiling.py), whatever the limit says. Batch turns
+leave room under both for the interactive runs paused there (``_limit_reserve``,
+``_ceiling_reserve``).
 
-The engine's own queue is where an interactive turn would wait behind batch turns
-in arrival order, so luftpause keeps that queue near empty and holds the rest
-itself, in policy order. Per replica it keeps a concurrency limit, learned from the
-engine and kept between probes (in-flight turns are counted here, so a probe that
-is seconds old cannot make it over-admit):
+The limit changes in one place, ``_limit_after``, after each probe and each stall
+(``_after_stall``). A probe is read in three steps: what the engine's queue says of
+luftpause's turns there (``_queue_seen``: nothing, an arrival, ours waiting for room),
+the probe counters every probe moves (``_counted``), then which ``Situation`` the probe
+shows (``_situation``), each with one reaction:
 
-* learn / decrease: when the engine reports a waiting queue while luftpause has
-  more turns there than the engine runs, the excess is waiting in the engine (with
-  every one of ours running the queue is someone else's, or an old gauge: it neither
-  lowers the limit nor breaks a calm spell): the limit becomes what the engine serves of ours, the larger of what it
-  runs and our in-flight turns less its queue (never below 1), but falls by at most half
-  at one probe (one probe's reading may be a moment of a burst; a queue that persists
-  halves it again at the next). A queue that only turns
-  placed in the last half turn time can explain may be an arrival waiting for the
-  engine's next pass: it lowers nothing unless the probe before saw one too (then to
-  what the engine serves), or the limit grew at one of the two probes before (the step
-  overshot: the limit goes back to what it was); it is no calm probe either, nor breaks
-  a calm spell, and it ends slow start. Where the engine exports its queue-time
-  histogram (SGLang, vLLM), neither the probe before nor a growth makes such a queue
-  more than arrivals when the requests it scheduled since the last probe waited as they
-  wait at probes without a queue of ours (under LIMIT_ARRIVAL_WAIT_FACTOR times that,
-  and under LIMIT_ARRIVAL_TURN_SHARE of a turn time): its next pass, not room;
-* increase: when the engine has reported no queue for some probes in a row (two at
-  first: one probe after a decrease is often the queue draining, not room),
-  luftpause is at the limit (its turns plus the batch reserve) and turns are held,
-  the engine could take more: the
-  limit grows by the requests that fit in half its free KV (at the tokens an
-  average running request holds), at least one and at most half the limit per
-  probe; by one per probe where the engine reports no KV pool;
-* patience: a decrease right after an increase (the step overshot) doubles the
-  calm probes the next increase waits for (up to 8), so an engine at its true
-  capacity is not pushed into queueing every few seconds; twice that many calm
-  probes in a row halve it again;
-* slow start: an engine that reports load and no queue, and has no decode ceiling,
-  starts at LIMIT_INITIAL turns (or ours already there); a burst on a cold pool
-  would otherwise reach the engine's FIFO before any probe could learn from its
-  queue (an engine with a ceiling starts at the ceiling). Until the engine first
-  shows a queue the limit doubles on each calm probe at which turns wait (the engine
-  has told nothing of its capacity yet, and +1 every two probes took a minute to
-  reach 20); from the first queue on it grows by the rule above;
-* forget: an unhealthy engine, or one that stops reporting load, is learned anew; one
-  whose metrics stop answering (timed out), or that is out of sight (its health probe
-  timed out, sight.py), keeps its limit and does not grow it: its load is unknown, not
-  zero (one never read is held to the slow start's limit);
-* the ceiling: above the engine's fast decode batch (SGLang captures CUDA graphs up
-  to ``cuda_graph_max_bs`` and runs larger batches eagerly, paying the kernel
-  launches every step) a step costs more for every request in it, so a larger batch
-  buys little throughput and slows every token. In-flight turns stay at or below it
-  whatever the limit says; the batch reserve comes off the limit, not the ceiling.
-  Where the engine's own figures show a larger batch buys throughput, the ceiling is
-  lifted (ceiling.py; on unless the operator turns it off).
+=============== ==========================================================================
+LOAD_UNKNOWN    ``_kept_unread``: the metrics or the engine did not answer in time: kept
+SILENT          ``_kept_silent``: out of rotation until it speaks: kept, grows nothing
+FORGOTTEN       ``_forgotten``: unhealthy, or no load metrics: learned anew
+ARRIVAL         ``_slow_start_ended``: a queue only young turns explain: unchanged
+FIRST_QUEUE     ``_learned``: a queue and no limit yet: what the engine serves of ours
+OUR_QUEUE       ``_decreased``: our excess waits in the engine: down towards what it
+                serves (``_lowered``), by at most half (``_at_most_halved``), more
+                patient after an overshoot (``_patience_after_cut``)
+OTHERS_QUEUE    ``_slow_start_ended``: every one of ours runs: the queue is not ours
+COLD            ``_slow_start_begun``: no queue, no limit, no ceiling: start small
+SLOW_START      ``_slow_start_grown``: no queue since the start: doubles while turns wait
+CALM            ``_calm``: no queue: grows after calm probes (``_calm_needed``,
+                ``_limit_step``) while turns wait at the limit
+=============== ==========================================================================
 """
 
 from __future__ import annotations
 
 import math
+from enum import Enum
+from typing import NamedTuple
 
 from luftpause.scheduler.constants import (
     KEPT_ROOM_LIMIT_DIVISOR,
@@ -168,85 +136,238 @@ def _has_room(replica: Replica, service_class: str, keep_slots: bool) -> bool:
     return capacity is None or replica.in_flight + replica.leased_idle < capacity
 
 
+class QueueSeen(NamedTuple):
+    """What the engine's queue at one probe says of luftpause's turns there (``_queue_seen``)."""
+
+    glimpsed: bool  # the engine queues while some of ours there are not running
+    ours: bool  # ... and they wait for room: the queue persists, or the step that let them in overshot
+    step_back: bool  # ... only young turns, right after a growth: the step is undone (``_lowered``)
+
+    @property
+    def arrival(self) -> bool:
+        """A queue only turns placed a moment ago explain: it says nothing of room, and is
+        neither a calm probe nor a queue of ours."""
+        return self.glimpsed and not self.ours
+
+
+class Situation(Enum):
+    """What a probe shows of a replica's room, told apart in this order (``_situation``);
+    each has one reaction in ``_limit_after`` (the module's docstring lists them)."""
+
+    LOAD_UNKNOWN = "its metrics, or the engine, did not answer in time"
+    SILENT = "out of rotation until it speaks (stalls.py)"
+    FORGOTTEN = "unhealthy, or it reports no load"
+    ARRIVAL = "a queue that only turns placed a moment ago explain"
+    FIRST_QUEUE = "a queue, and no limit learned yet"
+    OUR_QUEUE = "our excess waits in the engine's queue"
+    OTHERS_QUEUE = "a queue while every turn of ours there runs: someone else's"
+    COLD = "no queue, no limit and no decode ceiling"
+    SLOW_START = "no queue since the slow start began"
+    CALM = "no queue"
+
+
 def _limit_after(state: State, replica: Replica, probe: EngineProbed | None) -> AdmissionLimit:
     """The replica's admission limit (and how patient its next increase must be) after
     the probe just recorded on it, or, with ``probe=None``, after a turn stalled there.
     The one place the limit changes."""
+    if probe is None:
+        return _after_stall(replica.limit)
+    queue = _queue_seen(state, replica, probe)
+    limit = _counted(replica.limit, queue, probe.healthy)
+    match _situation(replica, probe, limit, queue):
+        case Situation.LOAD_UNKNOWN:
+            return _kept_unread(replica, limit)
+        case Situation.SILENT:
+            return _kept_silent(limit)
+        case Situation.FORGOTTEN:
+            return _forgotten(limit)
+        case Situation.ARRIVAL | Situation.OTHERS_QUEUE:
+            return _slow_start_ended(limit)
+        case Situation.FIRST_QUEUE:
+            return _learned(replica, limit)
+        case Situation.OUR_QUEUE:
+            return _decreased(replica, limit, queue)
+        case Situation.COLD:
+            return _slow_start_begun(replica, limit)
+        case Situation.SLOW_START:
+            return _slow_start_grown(state, replica, limit)
+        case Situation.CALM:
+            return _calm(state, replica, limit)
+    raise AssertionError("every Situation has its reaction")
+
+
+def _queue_seen(state: State, replica: Replica, probe: EngineProbed) -> QueueSeen:
+    """Whether the engine's queue is luftpause's turns waiting for room.
+
+    A queue counts only where some of our turns there are not running: with every one
+    of them running, it is other clients' (or a gauge older than our last finish). And
+    a turn placed a moment before the probe waits for the engine's next pass: a queue
+    that only such turns explain is an arrival, unless one of the last probes saw one
+    too, or the limit has just grown (then it is the step overshooting, as before).
+    Where the engine says how long the requests it scheduled since the last probe waited
+    in its queue, waits like those at probes that showed no queue of ours make a queue
+    of young turns arrivals however often it is seen, and right after a growth too: the
+    engine takes them at its next pass, as it did when it had room."""
     limit = replica.limit
-    if probe is None:  # stalled: out of rotation, learned anew (no calm probe)
-        return limit._replace(value=0, calm_probes=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
-    # A queue counts only where some of our turns there are not running: with every one
-    # of them running, it is other clients' (or a gauge older than our last finish). And
-    # a turn placed a moment before the probe waits for the engine's next pass: a queue
-    # that only such turns explain is an arrival, unless one of the last probes saw one
-    # too, or the limit has just grown (then it is the step overshooting, as before).
-    # Where the engine says how long the requests it scheduled since the last probe waited
-    # in its queue, waits like those at probes that showed no queue of ours make a queue
-    # of young turns arrivals however often it is seen, and right after a growth too: the
-    # engine takes them at its next pass, as it did when it had room.
     passing = _waits_like_arrivals(replica)
     glimpsed = bool(probe.queued) and replica.in_flight > replica.running
     settled = glimpsed and _settled(state, replica, probe.now_ms) > replica.running
     persists = settled or (glimpsed and limit.queue_glimpses > 0 and not passing)
     # Right after a growth the turns it let in are as young as arrivals: the step undone.
     step_back = glimpsed and not persists and limit.since_growth < LIMIT_CALM_PROBES and not passing
-    ours_queued = persists or step_back
-    arrival = glimpsed and not ours_queued  # says nothing of room: neither calm nor a queue
-    limit = limit._replace(
-        calm_probes=0 if (ours_queued or not probe.healthy) else limit.calm_probes + (not arrival),
+    return QueueSeen(glimpsed=glimpsed, ours=persists or step_back, step_back=step_back)
+
+
+def _counted(limit: AdmissionLimit, queue: QueueSeen, healthy: bool) -> AdmissionLimit:
+    """The counters every probe moves, whatever it shows: calm probes in a row (a queue of
+    ours or an unhealthy engine breaks the spell; an arrival neither counts nor breaks
+    it), probes since the last growth, and which recent probes glimpsed a queue."""
+    return limit._replace(
+        calm_probes=0 if (queue.ours or not healthy) else limit.calm_probes + (not queue.arrival),
         since_growth=min(LIMIT_CALM_MAX, limit.since_growth + 1),
-        queue_glimpses=((limit.queue_glimpses << 1) | glimpsed) & ((1 << LIMIT_QUEUE_MEMORY) - 1),
+        queue_glimpses=((limit.queue_glimpses << 1) | queue.glimpsed) & ((1 << LIMIT_QUEUE_MEMORY) - 1),
     )
-    if (probe.load_stale and replica.healthy) or replica.unseen:
-        # The metrics (or, out of sight, the engine) did not answer: the load is unknown,
-        # not zero. Keep the limit, grow nothing (no calm probe); with no limit learned
-        # yet, the slow start's (an engine whose load cannot be read is not idle).
-        value = limit.value or (0 if replica.ceiling else max(LIMIT_INITIAL, replica.in_flight))
-        return limit._replace(value=value, calm_probes=0)
-    if replica.silent:  # out of rotation until it speaks (stalls.py): kept, grows nothing meanwhile
-        return limit._replace(calm_probes=0)
+
+
+def _situation(replica: Replica, probe: EngineProbed, limit: AdmissionLimit, queue: QueueSeen) -> Situation:
+    """Which situation the probe just recorded on the replica shows (the first that applies)."""
+    if _load_unread(replica, probe):
+        return Situation.LOAD_UNKNOWN
+    if replica.silent:
+        return Situation.SILENT
     if not replica.healthy or not replica.load_known:
-        return limit._replace(value=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
-    value, needed = limit.value, limit.calm_needed
-    if arrival:  # the engine has shown a queue: slow start is over (it doubled past a busy engine's room)
-        return limit._replace(slow_start=False)
+        return Situation.FORGOTTEN
+    if queue.arrival:
+        return Situation.ARRIVAL
     if replica.queued > 0:
-        limit = limit._replace(slow_start=False)
-        # What the engine is serving of ours: it runs ``running`` and is prefilling
-        # what is neither running nor queued (a burst shows a small ``running`` and a
-        # long queue while chunked prefill works through it).
-        serving = max(1, replica.running, replica.in_flight - replica.queued)
-        if value == 0:  # learned from this queue: the next calm probe may be it draining
-            return limit._replace(value=serving, calm_probes=0)
-        # Our own excess waits in the engine: back to what it serves (or, for young turns
-        # right after a growth, to the limit before it).
-        lowered = max(serving, min(value, limit.before_growth)) if step_back else serving
-        # By at most half at one probe: a reading of one moment (a burst the engine is
-        # still taking in) must not cut a quick replica to 1; a queue that persists
-        # halves it again at the next probe.
-        lowered = max(lowered, value // LIMIT_MAX_CUT_DIVISOR)
-        if ours_queued and lowered < value:
-            # If the limit had just grown, that step overshot: probe for more room less
-            # eagerly next time (LIMIT_PATIENCE_FACTOR times the calm probes, up to a ceiling).
-            overshoot = limit.since_growth <= LIMIT_CALM_PROBES
-            patience = min(LIMIT_CALM_MAX, needed * LIMIT_PATIENCE_FACTOR) if overshoot else needed
-            return limit._replace(value=lowered, calm_needed=patience)
-        return limit
-    if value == 0 and replica.ceiling == 0:
-        # Slow start: an engine with no queue says nothing yet about how much more it
-        # takes; a burst sent all at once would wait in its FIFO. Start small and grow.
-        return limit._replace(value=max(LIMIT_INITIAL, replica.in_flight), slow_start=True)
-    # At the limit: our turns there, the slots lent to dataplanes, plus the room kept for
-    # paused interactive runs (batch turns wait behind that room as surely as behind
-    # running turns).
-    at_limit = replica.in_flight + replica.leased_idle + _limit_reserve(replica) >= value
-    if limit.slow_start:
-        if at_limit and _turns_wait_for(state, replica.name):
-            return limit._replace(value=LIMIT_SLOW_START_GROWTH * value, since_growth=0, before_growth=value)
-        return limit
-    if limit.calm_probes >= LIMIT_PATIENCE_FACTOR * needed:  # long calm: the engine copes, be eager again
-        needed = max(LIMIT_CALM_PROBES, needed // LIMIT_PATIENCE_FACTOR)
-    if value > 0 and limit.calm_probes >= needed and at_limit and _turns_wait_for(state, replica.name):
+        if limit.value == 0:
+            return Situation.FIRST_QUEUE
+        return Situation.OUR_QUEUE if queue.ours else Situation.OTHERS_QUEUE
+    if limit.value == 0 and replica.ceiling == 0:
+        return Situation.COLD
+    return Situation.SLOW_START if limit.slow_start else Situation.CALM
+
+
+def _load_unread(replica: Replica, probe: EngineProbed) -> bool:
+    """Whether the probe left the replica's load unknown: its metrics timed out while it
+    is healthy, or the engine is out of sight (sight.py)."""
+    return (probe.load_stale and replica.healthy) or replica.unseen
+
+
+def _after_stall(limit: AdmissionLimit) -> AdmissionLimit:
+    """A turn stalled there: out of rotation, learned anew (no calm probe)."""
+    return limit._replace(value=0, calm_probes=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
+
+
+def _kept_unread(replica: Replica, limit: AdmissionLimit) -> AdmissionLimit:
+    """The metrics (or, out of sight, the engine) did not answer: the load is unknown,
+    not zero. Keep the limit, grow nothing (no calm probe); with no limit learned yet,
+    the slow start's (an engine whose load cannot be read is not idle)."""
+    value = limit.value or (0 if replica.ceiling else max(LIMIT_INITIAL, replica.in_flight))
+    return limit._replace(value=value, calm_probes=0)
+
+
+def _kept_silent(limit: AdmissionLimit) -> AdmissionLimit:
+    """Out of rotation until it speaks (stalls.py): kept, grows nothing meanwhile."""
+    return limit._replace(calm_probes=0)
+
+
+def _forgotten(limit: AdmissionLimit) -> AdmissionLimit:
+    """Unhealthy, or it stopped reporting load: not limited, learned anew from the next
+    probe with metrics."""
+    return limit._replace(value=0, calm_needed=LIMIT_CALM_PROBES, slow_start=False)
+
+
+def _slow_start_ended(limit: AdmissionLimit) -> AdmissionLimit:
+    """The engine has shown a queue (an arrival, or someone else's): slow start is over
+    (it doubled past a busy engine's room otherwise); nothing else changes."""
+    return limit._replace(slow_start=False)
+
+
+def _serving(replica: Replica) -> int:
+    """What the engine is serving of ours: it runs ``running`` and is prefilling what is
+    neither running nor queued (a burst shows a small ``running`` and a long queue while
+    chunked prefill works through it); at least 1."""
+    return max(1, replica.running, replica.in_flight - replica.queued)
+
+
+def _learned(replica: Replica, limit: AdmissionLimit) -> AdmissionLimit:
+    """A queue and no limit yet: learned from this queue, what the engine serves; the
+    next calm probe may be it draining."""
+    return limit._replace(slow_start=False, value=_serving(replica), calm_probes=0)
+
+
+def _decreased(replica: Replica, limit: AdmissionLimit, queue: QueueSeen) -> AdmissionLimit:
+    """Our own excess waits in the engine: the limit comes down towards what it serves
+    (``_lowered``), and a step that had just grown it overshot (``_patience_after_cut``)."""
+    lowered = _lowered(replica, limit, queue.step_back)
+    if lowered < limit.value:
+        return limit._replace(slow_start=False, value=lowered, calm_needed=_patience_after_cut(limit))
+    return limit._replace(slow_start=False)
+
+
+def _lowered(replica: Replica, limit: AdmissionLimit, step_back: bool) -> int:
+    """Back to what the engine serves (or, for young turns right after a growth, to the
+    limit before it), by at most half at one probe."""
+    serving = _serving(replica)
+    lowered = max(serving, min(limit.value, limit.before_growth)) if step_back else serving
+    return _at_most_halved(limit.value, lowered)
+
+
+def _at_most_halved(value: int, lowered: int) -> int:
+    """The limit falls by at most half at one probe (LIMIT_MAX_CUT_DIVISOR): a reading of
+    one moment (a burst the engine is still taking in) must not cut a quick replica to
+    1; a queue that persists halves it again at the next probe."""
+    return max(lowered, value // LIMIT_MAX_CUT_DIVISOR)
+
+
+def _patience_after_cut(limit: AdmissionLimit) -> int:
+    """The calm probes the next increase waits for, after a cut: if the limit had just
+    grown, that step overshot, so probe for more room less eagerly next time
+    (LIMIT_PATIENCE_FACTOR times the calm probes, up to LIMIT_CALM_MAX)."""
+    needed = limit.calm_needed
+    overshoot = limit.since_growth <= LIMIT_CALM_PROBES
+    return min(LIMIT_CALM_MAX, needed * LIMIT_PATIENCE_FACTOR) if overshoot else needed
+
+
+def _slow_start_begun(replica: Replica, limit: AdmissionLimit) -> AdmissionLimit:
+    """Slow start: an engine with no queue says nothing yet about how much more it
+    takes; a burst sent all at once would wait in its FIFO. Start small (LIMIT_INITIAL,
+    or ours already there) and grow."""
+    return limit._replace(value=max(LIMIT_INITIAL, replica.in_flight), slow_start=True)
+
+
+def _at_limit(replica: Replica, value: int) -> bool:
+    """Whether luftpause is at a limit of ``value`` there: its turns, the slots lent to
+    dataplanes, plus the room kept for paused interactive runs (batch turns wait behind
+    that room as surely as behind running turns)."""
+    return replica.in_flight + replica.leased_idle + _limit_reserve(replica) >= value
+
+
+def _slow_start_grown(state: State, replica: Replica, limit: AdmissionLimit) -> AdmissionLimit:
+    """In slow start (no queue seen since it began) the limit doubles on each probe at
+    which it is reached and turns wait that could go there."""
+    value = limit.value
+    if _at_limit(replica, value) and _turns_wait_for(state, replica.name):
+        return limit._replace(value=LIMIT_SLOW_START_GROWTH * value, since_growth=0, before_growth=value)
+    return limit
+
+
+def _calm_needed(limit: AdmissionLimit) -> int:
+    """The calm probes an increase waits for now: after a long calm (LIMIT_PATIENCE_FACTOR
+    times as many in a row) the engine copes, be eager again (down to LIMIT_CALM_PROBES)."""
+    needed = limit.calm_needed
+    if limit.calm_probes >= LIMIT_PATIENCE_FACTOR * needed:
+        return max(LIMIT_CALM_PROBES, needed // LIMIT_PATIENCE_FACTOR)
+    return needed
+
+
+def _calm(state: State, replica: Replica, limit: AdmissionLimit) -> AdmissionLimit:
+    """No queue: after enough calm probes in a row (``_calm_needed``), at the limit and
+    with turns waiting that could go there, the limit grows by ``_limit_step``."""
+    needed = _calm_needed(limit)
+    value = limit.value
+    if value > 0 and limit.calm_probes >= needed and _at_limit(replica, value) and _turns_wait_for(state, replica.name):
         return limit._replace(value=value + _limit_step(replica, value), calm_needed=needed, since_growth=0,
                               before_growth=value)
     return limit._replace(calm_needed=needed)
@@ -318,37 +439,12 @@ def _limit_step(replica: Replica, value: int) -> int:
 
 
 def _probed(state: State, event: EngineProbed) -> State:
+    """The state after a probe of one replica: what it read (``_read``), the decode cost
+    where the ceiling may be lifted (ceiling.py), then the admission limit."""
     replica = state.replicas.get(event.replica)
     if replica is None:
         return state
-    load_known = event.running is not None and event.queued is not None
-    health = after_probe(replica.health, event.healthy, event.answers, event.unanswered)
-    unseen = health is UNSEEN
-    updated = replica._replace(
-        health=health,
-        # still silent, or it answered a probe generation: it speaks (stalls.py)
-        silent_turns=replica.silent_turns if health is SILENT else frozenset(),
-        load_known=load_known,
-        running=event.running or 0,
-        queued=event.queued or 0,
-        kv_used=event.kv_used or 0,
-        kv_total=event.kv_total or 0,
-        # Read once per healthy spell: an engine that went away may come back with other settings.
-        fast_batch=event.fast_batch if event.fast_batch is not None else (
-            replica.fast_batch if event.healthy or unseen else 0),
-    )
-    if event.queue_waits is not None and event.queue_wait_s is not None:
-        updated = updated._replace(queue_waits_read=(event.queue_wait_s, event.queue_waits),
-                                   recent_wait_ms=_recent_wait_ms(replica, event))
-        updated = updated._replace(calm_wait_ms=_calm_wait_ms(updated))
-    else:
-        updated = updated._replace(queue_waits_read=None, recent_wait_ms=None, calm_wait_ms=0.0)
-    if (event.load_stale and updated.healthy) or unseen:
-        # The metrics (or the engine) did not answer: the load is unknown, not zero. Keep the last figures.
-        updated = updated._replace(load_known=replica.load_known, running=replica.running, queued=replica.queued,
-                                   kv_used=replica.kv_used, kv_total=replica.kv_total,
-                                   queue_waits_read=replica.queue_waits_read, recent_wait_ms=None,
-                                   calm_wait_ms=replica.calm_wait_ms)
+    updated = _read(replica, event)
     if state.policy.lifts:
         updated = updated._replace(decode=_decode_cost_after(updated, event, _turns_wait_for(state, replica.name),
                                                              *device_reading(state, updated, event),
@@ -357,3 +453,47 @@ def _probed(state: State, event: EngineProbed) -> State:
             updated = updated._replace(gen_throughput=event.gen_throughput)
     updated = updated._replace(limit=_limit_after(state, updated, event))
     return state._replace(replicas=state.replicas.set(replica.name, updated))
+
+
+def _read(replica: Replica, event: EngineProbed) -> Replica:
+    """The replica with what the probe read: its health, load, fast decode batch and queue
+    waits; where the metrics (or the engine) did not answer, its last figures."""
+    health = after_probe(replica.health, event.healthy, event.answers, event.unanswered)
+    unseen = health is UNSEEN
+    updated = replica._replace(
+        health=health,
+        # still silent, or it answered a probe generation: it speaks (stalls.py)
+        silent_turns=replica.silent_turns if health is SILENT else frozenset(),
+        load_known=event.running is not None and event.queued is not None,
+        running=event.running or 0,
+        queued=event.queued or 0,
+        kv_used=event.kv_used or 0,
+        kv_total=event.kv_total or 0,
+        fast_batch=_fast_batch(replica, event, unseen),
+    )
+    updated = _with_queue_waits(replica, updated, event)
+    if (event.load_stale and updated.healthy) or unseen:
+        # The metrics (or the engine) did not answer: the load is unknown, not zero. Keep the last figures.
+        updated = updated._replace(load_known=replica.load_known, running=replica.running, queued=replica.queued,
+                                   kv_used=replica.kv_used, kv_total=replica.kv_total,
+                                   queue_waits_read=replica.queue_waits_read, recent_wait_ms=None,
+                                   calm_wait_ms=replica.calm_wait_ms)
+    return updated
+
+
+def _fast_batch(replica: Replica, event: EngineProbed, unseen: bool) -> int:
+    """The engine's fast decode batch: read once per healthy spell (an engine that went
+    away may come back with other settings)."""
+    if event.fast_batch is not None:
+        return event.fast_batch
+    return replica.fast_batch if event.healthy or unseen else 0
+
+
+def _with_queue_waits(replica: Replica, updated: Replica, event: EngineProbed) -> Replica:
+    """``updated`` with the engine's queue-time histogram as read now, the mean wait since
+    the last read and the calm probes' average wait; none where it reports no histogram."""
+    if event.queue_waits is not None and event.queue_wait_s is not None:
+        updated = updated._replace(queue_waits_read=(event.queue_wait_s, event.queue_waits),
+                                   recent_wait_ms=_recent_wait_ms(replica, event))
+        return updated._replace(calm_wait_ms=_calm_wait_ms(updated))
+    return updated._replace(queue_waits_read=None, recent_wait_ms=None, calm_wait_ms=0.0)

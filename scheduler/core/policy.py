@@ -7,7 +7,9 @@ turned into a ``Policy``), and the host, the tests and the property drivers buil
 them too, so the core's tests check the policy that runs.
 
 * ``affinity``: strict affinity of generating and paused runs to their replica
-  (placement.py); off only to measure what it is worth;
+  (placement.py). No operator's switch: off only under the diagnostics switch
+  ``LUFTPAUSE_DIAGNOSTICS=roaming-runs`` (luftpause/diagnostics.py, docs/diagnostics.md),
+  to measure what it is worth;
 * ``interactive_slots``: with strict affinity, keep a slot under the decode ceiling for
   each interactive run paused on a replica for the whole pause (limit.py);
 * ``resume_slots``: with strict affinity, keep such a slot only while the run's tool call

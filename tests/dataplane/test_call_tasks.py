@@ -9,10 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from luftpause.dataplane.messages import NativeObserver
-from luftpause.dataplane.observe import TurnObserver
+from luftpause.observe import TurnObserver
 from luftpause.dataplane.responses_api import ResponsesObserver
-from luftpause.dataplane.runs import InFlightTurn, RunBook, task_digest
-from luftpause.dataplane.constants import TOOL_CALL_MEMORY_S
+from luftpause.runbook import TOOL_CALL_MEMORY_S, InFlightTurn, RunBook, task_digest
 
 TASK = 'check the "tide" tables\nfor Brest — then report'
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from luftpause.keys import KeyIdentitiesError, KeyIdentity, parse_key_identities, presented_keys
-from luftpause.dataplane.constants import TOOL_CALL_SWEEP_S
-from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn, RunBook
+from luftpause.runbook import IDLE, PAUSED, TOOL_CALL_SWEEP_S, InFlightTurn, RunBook
 from luftpause.vocabulary import RUN_IDLE_TIMEOUT_S
 
 

@@ -7,9 +7,8 @@ import asyncio
 
 import structlog
 
-from luftpause.dataplane.constants import EVENT_LINGER_S, LEASED_EVENT_LINGER_S
-from luftpause.dataplane.link import SchedulerLink
-from luftpause.dataplane.runs import RunBook
+from luftpause.link import EVENT_LINGER_S, LEASED_EVENT_LINGER_S, SchedulerLink
+from luftpause.runbook import RunBook
 from luftpause.proto import scheduler_pb2 as pb
 
 MODEL = "m"

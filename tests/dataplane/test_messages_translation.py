@@ -9,7 +9,7 @@ import pytest
 from anthropic.types import RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from luftpause.dataplane.dialects import ApiError
+from luftpause.frontdoor import ApiError
 from luftpause.dataplane.messages import MAX_PASSED_MAX_TOKENS, MessageStream, NativeObserver, to_chat
 
 EVENTS = TypeAdapter(RawMessageStreamEvent)

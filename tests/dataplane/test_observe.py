@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from luftpause.dataplane.observe import TurnObserver
+from luftpause.observe import TurnObserver
 
 
 def sse(*chunks: dict) -> bytes:

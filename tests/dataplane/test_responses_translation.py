@@ -10,7 +10,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from luftpause.dataplane.dialects import ApiError
+from luftpause.frontdoor import ApiError
 from luftpause.dataplane.responses_api import (
     EventTranslator,
     ResponsesDialect,

@@ -350,7 +350,7 @@ def _exchange(stack, subset: list[str] | None, run_id: str) -> list:
     over a real ext_proc stream; the picker's answers."""
     import grpc
 
-    from luftpause.scheduler.envoy import load_stubs
+    from luftpause.envoy import load_stubs
 
     load_stubs()
     from envoy.config.core.v3 import base_pb2

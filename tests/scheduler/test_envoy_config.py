@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from luftpause import envoy as shared
 from luftpause.scheduler import envoy
 from luftpause.scheduler.pool import load_pool
 
@@ -23,13 +24,13 @@ def test_envoy_accepts_the_generated_config_with_two_pickers_and_fail_open(tmp_p
     path = tmp_path / "envoy.yaml"
     path.write_text(envoy.render(load_pool(ROOT / "config" / "pool.yaml"), port=8080, admin_port=9901,
                                  pickers=[("127.0.0.1", 5002), ("127.0.0.1", 5004)], fail_open=True))
-    result = subprocess.run([str(envoy.ensure()), "--mode", "validate", "-c", str(path)],
+    result = subprocess.run([str(shared.ensure()), "--mode", "validate", "-c", str(path)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "OK" in result.stdout + result.stderr
 
 
 def test_replicas_are_addressed_by_ip_and_port():
-    assert envoy.endpoint_key("http://127.0.0.1:9001") == "127.0.0.1:9001"
-    assert envoy.endpoint_key("http://localhost:9001") in ("127.0.0.1:9001", "[::1]:9001")
-    assert envoy.endpoint_key("https://[::1]") == "[::1]:443"
+    assert shared.endpoint_key("http://127.0.0.1:9001") == "127.0.0.1:9001"
+    assert shared.endpoint_key("http://localhost:9001") in ("127.0.0.1:9001", "[::1]:9001")
+    assert shared.endpoint_key("https://[::1]") == "[::1]:443"

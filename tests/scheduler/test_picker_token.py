@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from luftpause.dev.procs import ManagedProcess, free_port, free_ports
-from luftpause.scheduler.envoy import load_stubs
+from luftpause.envoy import load_stubs
 
 load_stubs()
 from envoy.config.core.v3 import base_pb2  # noqa: E402
@@ -28,7 +28,7 @@ TOKEN = "s3cret"
 def picker(tmp_path_factory):
     grpc_port, http_port = free_ports(2)
     process = ManagedProcess(
-        name="picker", module="luftpause.scheduler.picker",
+        name="picker", module="luftpause.picker",
         args=["--grpc-port", str(grpc_port), "--http-port", str(http_port), "--scheduler", f"127.0.0.1:{free_port()}"],
         env={"LUFTPAUSE_TOKEN": TOKEN}, ready_url=f"http://127.0.0.1:{http_port}/health",
         log_path=tmp_path_factory.mktemp("picker") / "picker.log",
@@ -79,7 +79,7 @@ def test_a_missing_or_wrong_token_is_401(picker, authorization):
 def test_tenant_keys_it_cannot_use_stop_the_picker_at_start(env, named):
     grpc_port, http_port = free_ports(2)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("LUFTPAUSE_")} | env
-    result = subprocess.run([sys.executable, "-m", "luftpause.scheduler.picker", "--grpc-port", str(grpc_port),
+    result = subprocess.run([sys.executable, "-m", "luftpause.picker", "--grpc-port", str(grpc_port),
                              "--http-port", str(http_port), "--scheduler", f"127.0.0.1:{free_port()}"],
                             env=environ, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0

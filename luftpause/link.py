@@ -1,6 +1,7 @@
-"""The dataplane's side of the gRPC contract (protocol 3, or 2 with an older
-scheduler): one Connect stream to the scheduler for the life of the process,
-reconnected (and resynced by its Hello) whenever it breaks.
+"""A front door's side of the gRPC contract (the dataplane's, and the endpoint picker's:
+to the scheduler each is a dataplane; protocol 3, or 2 with an older scheduler): one
+Connect stream to the scheduler for the life of the process, reconnected (and resynced
+by its Hello) whenever it breaks.
 
 Admissions and turn events go out in the order they happen; what is ready in one
 event-loop tick travels in one frame. A turn waits for its Decision while the scheduler
@@ -25,18 +26,30 @@ import grpc
 
 from luftpause import auth, tracing
 from luftpause import vocabulary as h
-from luftpause.dataplane.constants import (
-    EVENT_LINGER_S,
-    HELLO_TIMEOUT_S,
-    LEASED_EVENT_LINGER_S,
-    SCHEDULER_RECONNECT_MAX_S,
-    SCHEDULER_RECONNECT_MIN_S,
-    STREAM_RECONNECT_DELAY_S,
-)
-from luftpause.dataplane.runs import GENERATING, IDLE, PAUSED, RunBook
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
+from luftpause.runbook import GENERATING, IDLE, PAUSED, RunBook
 from luftpause.vocabulary import BATCH, DATAPLANE_METADATA, INTERACTIVE, REJECT_CODES, RejectReason
+
+# The Connect stream to the scheduler reconnects (and resyncs) after this delay; together
+# with the gRPC channel's reconnect backoff (capped at SCHEDULER_RECONNECT_MAX_S, not
+# gRPC's default 120 s) turns waiting through a scheduler outage are placed within 1 s
+# of its return.
+STREAM_RECONNECT_DELAY_S = 0.1
+# Turn events (but cancellations) wait at most this long for a frame to ride on (most
+# go with the next admission): one gRPC message fewer per turn, against a slot freed
+# this much later on the scheduler.
+EVENT_LINGER_S = 0.002
+# Events of a turn on a lent slot wait this long while the lease is not called back:
+# nothing is held anywhere then (a hold calls every lease back), and the slot stays lent
+# when the turn ends, so the scheduler's room does not change with the news. A few gRPC
+# writes a second in place of hundreds; a call-back sends what waits at once. Turns the
+# scheduler placed keep EVENT_LINGER_S: their end frees its room.
+LEASED_EVENT_LINGER_S = 0.02
+# A scheduler that does not answer the Hello within this long is treated as away.
+HELLO_TIMEOUT_S = 5.0
+SCHEDULER_RECONNECT_MIN_S = 0.1
+SCHEDULER_RECONNECT_MAX_S = 0.5
 
 CLASSES = {INTERACTIVE: pb.INTERACTIVE, BATCH: pb.BATCH}
 STAGES = {IDLE: pb.IDLE, GENERATING: pb.GENERATING, PAUSED: pb.PAUSED}

@@ -1,5 +1,5 @@
 """One request through Envoy's ext_proc protocol (one ``ExternalProcessor/Process`` stream),
-as the endpoint picker (scheduler/picker.py) answers it.
+as the endpoint picker (picker/__main__.py) answers it.
 
 Per request:
 
@@ -21,8 +21,9 @@ Per request:
   served it, from Envoy's ``upstream.address``) are added; a status other than 200
   ends the turn as failed;
 * response body: watched (first token, usage, finish reason, new tool_call ids) with the
-  dataplane's observer; its end finishes the turn. A stream that ends before that is a
-  failed turn (or an abandoned one, if it was still held).
+  observer the dataplane uses too (luftpause/observe.py); its end finishes the turn. A
+  stream that ends before that is a failed turn (or an abandoned one, if it was still
+  held).
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from typing import TYPE_CHECKING
 import grpc
 from google.protobuf import struct_pb2
 
-from luftpause.scheduler import envoy as _envoy
+from luftpause import envoy as _envoy
 
-_envoy.load_stubs()  # xds-protos lives outside the environment (scheduler/envoy.py says why)
+_envoy.load_stubs()  # xds-protos lives outside the environment (luftpause/envoy.py says why)
 from envoy.config.core.v3 import base_pb2  # noqa: E402
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep  # noqa: E402
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc  # noqa: E402
@@ -46,20 +47,17 @@ from envoy.type.v3 import http_status_pb2  # noqa: E402
 
 from luftpause import auth, keys
 from luftpause import vocabulary as h
-from luftpause.dataplane.answers import MODEL_KINDS, health_body, model_list, readiness
-from luftpause.dataplane.context import new_id
-from luftpause.dataplane.dialects import ApiError
-from luftpause.dataplane.link import AdmitRefused, Placement
-from luftpause.dataplane.observe import TurnObserver
-from luftpause.dataplane.onepass import admit_one_pass, check_inputs
-from luftpause.dataplane.requests import check_chat, json_document, returned_tool_call_ids
-from luftpause.dataplane.runs import IDLE, PAUSED, InFlightTurn
+from luftpause.envoy import DESTINATION, LB_NAMESPACE, SUBSET_NAMESPACE
+from luftpause.frontdoor import (MODEL_KINDS, ApiError, admit_one_pass, check_chat, check_inputs, health_body,
+                                 json_document, model_list, readiness, returned_tool_call_ids)
+from luftpause.link import AdmitRefused, Placement
+from luftpause.observe import TurnObserver
 from luftpause.proto import scheduler_pb2 as pb
-from luftpause.scheduler.envoy import DESTINATION, LB_NAMESPACE, SUBSET_NAMESPACE
+from luftpause.runbook import IDLE, PAUSED, InFlightTurn, new_id
 from luftpause.vocabulary import REJECT_CODES, RejectReason
 
 if TYPE_CHECKING:
-    from luftpause.scheduler.picker import Picker
+    from luftpause.picker.__main__ import Picker
 
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 CHAT = "/v1/chat/completions"

@@ -1,17 +1,35 @@
-"""The dataplane's run book: what it must hand the scheduler on Resync, and which run a
-returned tool_call id belongs to."""
+"""A front door's run book (the dataplane's, and the endpoint picker's): what it must hand
+the scheduler on Resync, and which run a returned tool_call id belongs to; new run and
+turn ids."""
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 from dataclasses import dataclass
 
-from luftpause.dataplane.constants import SESSION_DONE_IDLE_S, TOOL_CALL_MEMORY_S, TOOL_CALL_SWEEP_S
 from luftpause.options import env_option, positive_float
 from luftpause.vocabulary import RUN_IDLE_TIMEOUT_S
 
+# tool_call ids an engine produced identify their run when an agent sends them back.
+TOOL_CALL_MEMORY_S = 30 * 60
+TOOL_CALL_SWEEP_S = 60
+# A harness session (a run named by a session header) whose last turn answered, with no
+# tool call pending, is over after this long without a turn: the scheduler is told (the
+# run leaves its view) as by DELETE /v1/runs/{id}. Its affinity already ended with the
+# answer (a run idle on its user is not pinned); what goes is the run's record. A user
+# who comes back later opens the run again under the same id. Paused sessions (a tool
+# running) wait the whole run timeout. Set per front door: --harness-session-idle.
+SESSION_DONE_IDLE_S = 120.0
+
 IDLE, GENERATING, PAUSED = "idle", "generating", "paused"
+
+
+def new_id() -> str:
+    """A new run or turn id: 128 random bits as 32 hex digits, the form of a uuid4's hex
+    (a fifth of its cost, which is the UUID object's)."""
+    return os.urandom(16).hex()
 
 
 def session_idle_option(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""The endpoint picker (``python -m luftpause.scheduler.picker``): luftpause's scheduler
+"""The endpoint picker (``python -m luftpause.picker``): luftpause's scheduler
 behind Envoy, over Envoy's ext_proc protocol as the Gateway API Inference Extension's
 endpoint-picker protocol lays it down.
 
@@ -9,7 +9,7 @@ of the scheduler: to the scheduler it is one more dataplane (one Connect stream,
 run book, Resync on reconnect, leases), so held turns, run pins, limits and the
 interactive-before-batch order are the same core's decisions as through the dataplane.
 This module is the process (its shared view of the pool, its gRPC and HTTP servers);
-each request's exchange with Envoy is in scheduler/extproc.py.
+each request's exchange with Envoy is in picker/extproc.py.
 """
 
 from __future__ import annotations
@@ -27,18 +27,18 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 
 from luftpause import logs
 from luftpause.aiohttp_server import JsonErrorsRunner
-from luftpause.keys import KEY_IDENTITIES_HELP, KeyIdentitiesError, Keys
-from luftpause.options import env_option
-from luftpause.prom import Children, metrics_response
-from luftpause.dataplane.answers import probe_routes
+from luftpause.envoy import EXT_PROC_SERVICE, endpoint_key
 from luftpause.eventloop import run_event_loop, stop_signalled
+from luftpause.frontdoor import probe_routes
 from luftpause.grpc_env import EXCLUSIVE_PORT
-from luftpause.dataplane.link import Placement, SchedulerLink
-from luftpause.dataplane.runs import RunBook, session_idle_option
+from luftpause.keys import KEY_IDENTITIES_HELP, KeyIdentitiesError, Keys
+from luftpause.link import Placement, SchedulerLink
+from luftpause.options import env_option
+from luftpause.picker import extproc
+from luftpause.picker.extproc import ExternalProcessor, ep_grpc
+from luftpause.prom import Children, metrics_response
 from luftpause.proto import scheduler_pb2 as pb
-from luftpause.scheduler.envoy import EXT_PROC_SERVICE, endpoint_key
-from luftpause.scheduler import extproc
-from luftpause.scheduler.extproc import ExternalProcessor, ep_grpc
+from luftpause.runbook import RunBook, session_idle_option
 
 READINESS_POLL_S = 0.2
 STATUS_REFRESH_S = 1.0  # how fresh the picker's view of replica health (for fallbacks) is
@@ -181,7 +181,7 @@ def http_app(picker: Picker) -> web.Application:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m luftpause.scheduler.picker",
+    parser = argparse.ArgumentParser(prog="python -m luftpause.picker",
                                      description=__doc__ + "\n" + extproc.__doc__.partition("\n\n")[2],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="LUFTPAUSE_TOKEN, when set, is the bearer token every /v1 request "
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # the tenant keys, as the dataplane reads them (malformed, or without the token: it does not start)
         args.keys = Keys.from_env(os.environ, os.environ.get("LUFTPAUSE_TOKEN", ""))
     except KeyIdentitiesError as exc:
-        raise SystemExit(f"python -m luftpause.scheduler.picker: error: {exc}") from None
+        raise SystemExit(f"python -m luftpause.picker: error: {exc}") from None
     log = logs.configure("picker")
     run_event_loop(serve(args, log))
     return 0
