@@ -191,14 +191,14 @@ class Runtime:
         fleet: at once elsewhere, their leases released)."""
         self._stopping = True
         self.budgets.close()
-        if self._fleet is not None:
-            await self._fleet.stop()
         tasks = [run.loop_task for run in self.runs if run.loop_task is not None and not run.loop_task.done()]
         for task in tasks:
             task.cancel()
         pending = tasks + list(self._background)
         if pending:
             await asyncio.wait(pending, timeout=constants.CANCEL_WAIT_S)
+        if self._fleet is not None:  # (after the loops stopped: no run driven here and there at once)
+            await self._fleet.stop()
 
     @property
     def fleet(self) -> Fleet | None:

@@ -186,3 +186,26 @@ async def test_status_and_metrics_say_which_runtime_drives_a_run(two_runtimes, f
         metrics = httpx.get(f"{a.url}/metrics").text
         assert "luftpause_runtime_leases_held 1.0" in metrics and "luftpause_runtime_runs_adopted_total 0.0" in metrics
         dataplane.hold.set()
+
+
+async def test_a_runtime_stopping_hands_its_runs_on_at_once(
+        start_runtime: Callable[..., RuntimeProcess], tools_file: Path, tmp_path: Path, database: str, fake_mcp) -> None:
+    """SIGTERM: its loops stop, then its leases are released, so another runtime adopts the
+    runs at once rather than after the lease (30 s here)."""
+    env = {"LUFTPAUSE_JOURNAL": database, "LUFTPAUSE_LEASE_S": "30"}
+    dataplane = LocalDataplane(calls=1)
+    held_in_second_round(dataplane)
+    async with dataplane.serving() as base_url:
+        a = start_runtime(base_url, tools_file, tmp_path / "a", {**env, "LUFTPAUSE_RUNTIME_ID": "a"})
+        b = start_runtime(base_url, tools_file, tmp_path / "b", {**env, "LUFTPAUSE_RUNTIME_ID": "b"})
+        async with Client(a.mcp_url) as on_a:
+            handle = (await call(on_a, "spawn", {"task": "hand me on", "tools": ["lookup"]}))["handle"]
+        await eventually(lambda: dataplane.held == 1, what="its second turn in flight")
+        stopped = time.monotonic()
+        await asyncio.to_thread(a.process.stop)
+        dataplane.hold.set()
+        await eventually(lambda: owners(database, [handle]).get(handle) in ("b", None), what="b adopting")
+        assert time.monotonic() - stopped < 15  # well inside the 30 s lease
+        async with Client(b.mcp_url) as on_b:
+            (run,) = (await call(on_b, "await", {"handles": [handle], "timeout": WAIT_S}))["runs"]
+    assert run["status"] == "Completed"
