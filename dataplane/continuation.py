@@ -37,6 +37,7 @@ from aiohttp import web
 
 from luftpause.dataplane.constants import CONTINUE_SUPPORT_TIMEOUT_S
 from luftpause.dataplane.dialects import StreamTranslator, encode_json
+from luftpause.dataplane.errors import DataplaneError
 
 CONTINUE_FIELD = "continue_final_message"
 OPENAPI_PATH = "/openapi.json"
@@ -188,7 +189,7 @@ class Rewriter:
 
 
 @dataclass
-class StreamStalled(Exception):
+class StreamStalled(DataplaneError):
     """A stream stalled after bytes reached the client, and may be continued."""
 
     message: str  # the stall, as reported

@@ -28,6 +28,7 @@ from luftpause.dataplane.dialects import Observer, StreamTranslator
 from luftpause.dataplane.timing import Watch, Watchdog, prompt_tokens, reply_tokens
 from luftpause.link import Placement
 from luftpause.observe import TurnObserver
+from luftpause.dataplane.errors import DataplaneError
 
 if TYPE_CHECKING:
     from luftpause.dataplane.turn import Turn
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 PASSED_HEADERS = ("Content-Type", "Retry-After", "Cache-Control")
 
 
-class EngineUnreachable(Exception):
+class EngineUnreachable(DataplaneError):
     """The engine could not be reached, or failed before any byte reached the client:
     the turn had no effect and may be sent again."""
 

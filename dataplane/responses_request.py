@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from luftpause.dataplane.responses_reply import CUSTOM_INPUT, ResponseShell, to_json
+from luftpause.dataplane.errors import DataplaneError
 
 NAMESPACE_SEPARATOR = "__"
 
@@ -62,7 +63,7 @@ TOOL_RESULT_PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]"}
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
 
 
-class ResponsesError(ValueError):
+class ResponsesError(DataplaneError, ValueError):
     """A request this translation cannot serve: status and OpenAI's error body."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400,

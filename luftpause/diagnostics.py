@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from luftpause.errors import LuftpauseError
+
 ENV = "LUFTPAUSE_DIAGNOSTICS"
 # The scheduler pins no run to its replica (strict affinity off, Policy.affinity): a run's
 # turns go wherever there is room, as a router blind to runs would send them. What the
@@ -20,7 +22,7 @@ HELP = (f"{ENV}: diagnostics, never for production (docs/diagnostics.md); comma-
         + "; ".join(f"{word} ({text})" for word, text in WORDS.items()))
 
 
-class UnknownDiagnostic(ValueError):
+class UnknownDiagnostic(LuftpauseError, ValueError):
     """``LUFTPAUSE_DIAGNOSTICS`` names a switch there is not."""
 
 

@@ -16,9 +16,10 @@ from luftpause import vocabulary as h
 from luftpause.link import AdmitRefused, Placement, SchedulerLink
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.runbook import new_id
+from luftpause.errors import LuftpauseError
 
 
-class ApiError(Exception):
+class ApiError(LuftpauseError):
     """A request the front door answers with an error: ``status`` and a message for the client.
     ``kind`` is the error's type where the client API names one (e.g. ``invalid_request_error``);
     ``headers`` go with the answer (a ``Retry-After``)."""

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from luftpause import vocabulary as h
+from luftpause.errors import LuftpauseError
 
 KEY_IDENTITIES_ENV = "LUFTPAUSE_KEY_IDENTITIES"
 KEYS_FILE_ENV = "LUFTPAUSE_KEYS_FILE"
@@ -40,7 +41,7 @@ KEY_IDENTITIES_HELP = (
     "another is refused) and sees only its own runs; LUFTPAUSE_TOKEN is then the operator's key.")
 
 
-class KeyIdentitiesError(ValueError):
+class KeyIdentitiesError(LuftpauseError, ValueError):
     """The tenant keys are malformed (or set without LUFTPAUSE_TOKEN)."""
 
 

@@ -30,6 +30,7 @@ from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 from luftpause.runbook import GENERATING, IDLE, PAUSED, RunBook
 from luftpause.vocabulary import BATCH, DATAPLANE_METADATA, INTERACTIVE, REJECT_CODES, RejectReason
+from luftpause.errors import LuftpauseError
 
 # The Connect stream to the scheduler reconnects (and resyncs) after this delay; together
 # with the gRPC channel's reconnect backoff (capped at SCHEDULER_RECONNECT_MAX_S, not
@@ -63,11 +64,11 @@ CHANNEL_OPTIONS = (
 )
 
 
-class SchedulerTooOld(Exception):
+class SchedulerTooOld(LuftpauseError):
     """The scheduler does not speak the Connect stream (upgrade schedulers first)."""
 
 
-class AdmitRefused(Exception):
+class AdmitRefused(LuftpauseError):
     """The scheduler refused the turn; ``status`` is the HTTP status its client gets."""
 
     def __init__(self, reason: RejectReason, message: str) -> None:

@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from luftpause.keys import KeyIdentity, Keys, contradiction, presented_keys
 from luftpause.origins import refusal
+from luftpause.errors import LuftpauseError
 
 ENV = "LUFTPAUSE_TOKEN"
 # HTTP paths anyone may GET: liveness, which shows no runs, callers or replicas.
@@ -73,7 +74,7 @@ class BearerGuard:
         await self._app(scope, receive, send)
 
 
-class LoginRefused(Exception):
+class LoginRefused(LuftpauseError):
     """A front door's request refused by its credentials: ``status`` 401 (neither a tenant
     key nor the token) or 403 (a header contradicts the tenant key)."""
 

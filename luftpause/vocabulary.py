@@ -10,6 +10,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
+from luftpause.errors import LuftpauseError
+
 # ------------------------------------------------------------------- service classes
 # interactive: someone waits for the turn (served first); batch: background work.
 INTERACTIVE = "interactive"
@@ -99,7 +101,7 @@ REJECT_CODES: dict[RejectReason, RejectCodes] = {
 # ------------------------------------------------------------- run-identity values
 
 
-class BadIdentity(ValueError):
+class BadIdentity(LuftpauseError, ValueError):
     """A run-identity header to refuse with a 400; the message names the header and why."""
 
 

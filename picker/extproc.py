@@ -55,6 +55,7 @@ from luftpause.observe import TurnObserver
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.runbook import IDLE, PAUSED, InFlightTurn, new_id
 from luftpause.vocabulary import REJECT_CODES, RejectReason
+from luftpause.picker.errors import PickerError
 
 if TYPE_CHECKING:
     from luftpause.picker.__main__ import Picker
@@ -66,7 +67,7 @@ CHAT = "/v1/chat/completions"
 STRIPPED = ("authorization", "x-api-key")
 
 
-class Refused(Exception):
+class Refused(PickerError):
     """A request answered by the picker itself (status + JSON message)."""
 
     def __init__(self, status: int, message: str, run_id: str = "", headers: dict[str, str] | None = None) -> None:

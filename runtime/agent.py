@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from luftpause.runtime.dataplane import DataplaneClient, TurnIdentity, TurnReply
 from luftpause.runtime.runs import Run, RunSpec
-from luftpause.runtime.toolcalls import ArgumentError, prepare_arguments, recover_text_tool_calls, was_coerced
+from luftpause.runtime.toolcalls import ToolCallArgumentsError, prepare_arguments, recover_text_tool_calls, was_coerced
 from luftpause.runtime.upstream import Toolbox, ToolOutcome, UpstreamTool
 
 log = structlog.get_logger(component="agent")
@@ -227,7 +227,7 @@ class AgentLoop:
             return ToolOutcome(f"Error: there is no tool {call.name!r}; available tools: {names}", failed=True)
         try:
             arguments = prepare_arguments(call.raw_arguments, tool.input_schema)
-        except ArgumentError as exc:
+        except ToolCallArgumentsError as exc:
             log.info("tool_call_rejected", run=run.handle, tool=call.name, reason=str(exc))
             return ToolOutcome(f"Error: {exc}", failed=True)
         if was_coerced(call.raw_arguments, arguments):

@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 
 from luftpause.runtime.runs import Run
 from luftpause.runtime.upstream import UpstreamTool
+from luftpause.runtime.errors import RuntimeServiceError
 
 log = structlog.get_logger(component="approvals")
 
@@ -82,7 +83,7 @@ class _Decision:
     allow: bool
 
 
-class AlreadyAnswered(LookupError):
+class AlreadyAnswered(RuntimeServiceError, LookupError):
     """The approval was answered (or withdrawn) before this answer arrived."""
 
 

@@ -27,11 +27,14 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import INVALID_PARAMS
 from pydantic import ConfigDict, ValidationError
 
+from luftpause.runtime.errors import RuntimeServiceError
+
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, arbitrary_types_allowed=True)
 
 
-class ArgumentError(ToolError):
-    """Raised by a tool for an argument the caller got wrong; reaches the client as an
+class ToolArgumentError(RuntimeServiceError, ToolError):
+    """Raised by a tool for an argument the MCP client got wrong (a model's tool-call
+    arguments are toolcalls.ToolCallArgumentsError); reaches the client as an
     ``isError`` result reading ``Error executing tool <name>: <message>``."""
 
 

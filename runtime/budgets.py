@@ -26,13 +26,14 @@ from typing import Any
 import structlog
 
 from luftpause.runtime.runs import BudgetExcess, BudgetKind, Run, RunRegistry, RunStatus
+from luftpause.runtime.errors import RuntimeServiceError
 
 log = structlog.get_logger(component="budgets")
 
 ExcessHandler = Callable[[Run, BudgetExcess], None]
 
 
-class BudgetExceeded(Exception):
+class BudgetExceeded(RuntimeServiceError):
     """Raised in the run whose own step went over a budget; its subtree is being cancelled."""
 
     def __init__(self, owner: Run, excess: BudgetExcess) -> None:

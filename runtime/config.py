@@ -30,9 +30,10 @@ from luftpause.options import env_option
 from luftpause.peer_identity import STYLES
 from luftpause.runtime import constants
 from luftpause.runtime.stores import is_database_url
+from luftpause.runtime.errors import RuntimeServiceError
 
 
-class ToolsFileError(ValueError):
+class ToolsFileError(RuntimeServiceError, ValueError):
     """The tools file exists but does not describe servers the runtime can use."""
 
 

@@ -21,11 +21,12 @@ from luftpause import tracing, vocabulary
 from luftpause.peer_identity import add_identity, finish_path
 from luftpause.runtime import constants
 from luftpause.tokens import bearer
+from luftpause.runtime.errors import RuntimeServiceError
 
 log = structlog.get_logger(component="dataplane-client")
 
 
-class TurnError(Exception):
+class TurnError(RuntimeServiceError):
     """A turn the dataplane refused or answered with something unusable; the run fails."""
 
 

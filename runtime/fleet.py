@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from luftpause.runtime.lines import decoded
+from luftpause.runtime.errors import RuntimeServiceError
 
 if TYPE_CHECKING:
     from luftpause.runtime.stores import PostgresStore
@@ -55,7 +56,7 @@ TAIL_S = 0.2  # how often a runtime reads what others appended
 ADOPT_BATCH = 50  # leases taken over in one go
 
 
-class Fenced(Exception):
+class Fenced(RuntimeServiceError):
     """A record for a run this runtime no longer holds the lease of (not an OSError: it is
     not retried, the run's loop stops)."""
 

@@ -30,12 +30,12 @@ from luftpause.runtime.approvals import AlreadyAnswered
 from luftpause.runtime.asking import asks_by_input_required, read_state, wait_asking, wait_or_ask
 from luftpause.runtime.dataplane import TurnError
 from luftpause.runtime.arguments import (
-    ArgumentError,
+    ToolArgumentError,
     answer_argument_errors_as_tool_errors,
     answer_unknown_prompts_with_invalid_params,
     strict,
 )
-from luftpause.runtime.decide import MAX_LABELS, MIN_LABELS, DecideError, checked_labels, decide
+from luftpause.runtime.classify import MAX_LABELS, MIN_LABELS, ClassifyError, checked_labels, classify
 from luftpause.keys import Keys
 from luftpause.runtime.principals import Principal, principal_of_context
 from luftpause.runtime.runs import InvalidPage, RunSpec, RunStatus, UnknownRunError, page_of, previewed
@@ -202,9 +202,9 @@ class DecideResult(TypedDict):
     unscored: list[str]
 
 
-def argument_error(message: str) -> ArgumentError:
+def argument_error(message: str) -> ToolArgumentError:
     """An argument the caller got wrong (a tool execution error, see runtime/arguments.py)."""
-    return ArgumentError(message)
+    return ToolArgumentError(message)
 
 
 def answers_bad_requests_as_tool_errors(tool: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
@@ -525,9 +525,9 @@ class RuntimeTools:
         if not input.strip():
             raise argument_error("input must not be empty")
         try:
-            return await decide(self.runtime.dataplane, input, checked_labels(labels), model or None,
+            return await classify(self.runtime.dataplane, input, checked_labels(labels), model or None,
                                 self.principal(ctx).caller)
-        except DecideError as exc:
+        except ClassifyError as exc:
             raise argument_error(str(exc)) from exc
         except TurnError as exc:
             raise MCPError(code=INTERNAL_ERROR, message=f"decide failed: {exc}") from exc

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from luftpause.runtime.errors import RuntimeServiceError
+
 # (version, what it adds, its SQL). The lines of a journal are rows in insertion order
 # (``seq``), each with the run (or task) it is about.
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
@@ -49,11 +51,11 @@ CURRENT = MIGRATIONS[-1][0]
 _LOCK_KEY = int.from_bytes(b"luftpaus", "big") >> 1
 
 
-class SchemaTooNew(RuntimeError):
+class SchemaTooNew(RuntimeServiceError):
     """The database was upgraded by a newer luftpause."""
 
 
-class DatabaseUnavailable(RuntimeError):
+class DatabaseUnavailable(RuntimeServiceError):
     """The journal's database did not answer at start."""
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from luftpause.runtime import constants
 from luftpause.vocabulary import DEFAULT_SERVICE_CLASS
+from luftpause.runtime.errors import RuntimeServiceError
 
 
 class RunStatus(StrEnum):
@@ -67,7 +68,7 @@ class BudgetExcess:
         return cls(kind=str(data["kind"]), used=float(data["used"]), limit=float(data["limit"]))
 
 
-class UnknownRunError(LookupError):
+class UnknownRunError(RuntimeServiceError, LookupError):
     def __init__(self, handles: Iterable[str]) -> None:
         self.handles = sorted(handles)
         super().__init__(f"unknown run handle(s): {', '.join(self.handles)}")
@@ -275,7 +276,7 @@ def previewed(record: dict[str, Any], chars: int) -> dict[str, Any]:
     return {**record, "task": preview(record["task"], chars), "taskChars": len(record["task"])}
 
 
-class InvalidPage(ValueError):
+class InvalidPage(RuntimeServiceError, ValueError):
     """A `status` page asked for with a limit or cursor out of range (the message says which)."""
 
 

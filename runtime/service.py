@@ -26,6 +26,7 @@ from luftpause.runtime.fleet import Fenced, Fleet
 from luftpause.runtime.journal import Journal, apply_record, restore_runs
 from luftpause.runtime.runs import BudgetExcess, Run, RunRegistry, RunSpec, RunStatus, new_handle
 from luftpause.runtime.upstream import Toolbox
+from luftpause.runtime.errors import RuntimeServiceError
 
 log = structlog.get_logger(component="runtime")
 TRACER = trace.get_tracer("luftpause.runtime")
@@ -34,11 +35,11 @@ WaitMode = Literal["all", "any"]
 CancelReason = Callable[[Run, Run], str]  # (requested root, run in its subtree) -> error text
 
 
-class InvalidRequest(ValueError):
+class InvalidRequest(RuntimeServiceError, ValueError):
     """A request that names things the runtime does not have (parent, tools)."""
 
 
-class JournalUnavailable(RuntimeError):
+class JournalUnavailable(RuntimeServiceError):
     """The journal cannot be written, so a new run could not survive a restart."""
 
 

@@ -40,13 +40,15 @@ from typing import Any
 
 import structlog
 
+from luftpause.runtime.errors import RuntimeServiceError
+
 log = structlog.get_logger(component="journal")
 
 # The leftover of a file compaction that crashed before its rename.
 SUFFIX = ".compacting"
 
 
-class StoreUnavailable(OSError):
+class StoreUnavailable(RuntimeServiceError, OSError):
     """The journal's database cannot be reached or refused a write."""
 
 

@@ -15,11 +15,13 @@ import uuid
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
+from luftpause.runtime.errors import RuntimeServiceError
+
 if TYPE_CHECKING:
     import jsonschema.protocols
 
 
-class ArgumentError(ValueError):
+class ToolCallArgumentsError(RuntimeServiceError, ValueError):
     """Arguments the tool would not accept; the message is written for the model."""
 
 
@@ -27,14 +29,14 @@ def prepare_arguments(raw: Any, schema: dict[str, Any]) -> dict[str, Any]:
     """Parsed, coerced and validated arguments for a tool with input ``schema``."""
     arguments = _parse(raw)
     if _is_schema_echo(arguments, schema):
-        raise ArgumentError(
+        raise ToolCallArgumentsError(
             "you passed the tool's schema instead of arguments; call it with values shaped like "
             + json.dumps(expected_shape(schema))
         )
     arguments = coerce_scalars(arguments, schema)
     error = first_validation_error(arguments, schema)
     if error is not None:
-        raise ArgumentError(f"invalid arguments ({error}); expected {json.dumps(expected_shape(schema))}")
+        raise ToolCallArgumentsError(f"invalid arguments ({error}); expected {json.dumps(expected_shape(schema))}")
     return arguments
 
 
@@ -42,7 +44,7 @@ def was_coerced(raw: Any, arguments: dict[str, Any]) -> bool:
     """Whether ``prepare_arguments`` changed what the model sent (it accepted ``raw``)."""
     try:
         return _parse(raw) != arguments
-    except ArgumentError:
+    except ToolCallArgumentsError:
         return True
 
 
@@ -53,9 +55,9 @@ def _parse(raw: Any) -> dict[str, Any]:
         try:
             raw = json.loads(raw)
         except ValueError as exc:
-            raise ArgumentError(f"arguments are not valid JSON: {exc}") from exc
+            raise ToolCallArgumentsError(f"arguments are not valid JSON: {exc}") from exc
     if not isinstance(raw, dict):
-        raise ArgumentError("arguments must be a JSON object")
+        raise ToolCallArgumentsError("arguments must be a JSON object")
     return raw
 
 

@@ -24,6 +24,7 @@ from mcp_types import Tool as MCPTool
 
 from luftpause.runtime import constants
 from luftpause.runtime.config import UpstreamServerConfig
+from luftpause.runtime.errors import RuntimeServiceError
 
 log = structlog.get_logger(component="upstream")
 
@@ -71,7 +72,7 @@ class ToolOutcome:
     seconds: float = 0.0
 
 
-class UpstreamUnavailable(Exception):
+class UpstreamUnavailable(RuntimeServiceError):
     pass
 
 

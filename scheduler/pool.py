@@ -43,13 +43,14 @@ from pathlib import Path
 import yaml
 
 from luftpause.scheduler.core import GENERATIVE, ONE_PASS, Replica
+from luftpause.scheduler.errors import SchedulerError
 
 
 # The client APIs the dataplane serves besides chat completions (a pool entry's native_apis).
 NATIVE_APIS = ("messages", "responses")
 
 
-class PoolError(ValueError):
+class PoolError(SchedulerError, ValueError):
     """The pool file is missing, malformed or inconsistent."""
 
 

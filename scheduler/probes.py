@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from luftpause.scheduler.constants import PROBE_TIMEOUT_S
 from luftpause.scheduler.core.state import DecodeCounters
 from luftpause.scheduler.pool import Endpoint
+from luftpause.scheduler.errors import SchedulerError
 
 # (running, waiting) metric names per engine family, as each exposes them at /metrics.
 # Ollama has no /metrics at all: its replicas are probed for health only and run uncapped.
@@ -53,7 +54,7 @@ NATIVE_API_PATHS = (("messages", "/v1/messages"), ("responses", "/v1/responses")
 SEEN_NAMES_LOGGED = 40
 
 
-class BadMetrics(ValueError):
+class BadMetrics(SchedulerError, ValueError):
     """An engine's /metrics is not Prometheus text."""
 
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from luftpause.runtime.toolcalls import ArgumentError, expected_shape, prepare_arguments, recover_text_tool_calls
+from luftpause.runtime.toolcalls import ToolCallArgumentsError, expected_shape, prepare_arguments, recover_text_tool_calls
 
 SCHEMA = {
     "type": "object",
@@ -27,25 +27,25 @@ def test_dict_arguments_and_empty_arguments_are_accepted() -> None:
 
 
 def test_missing_required_argument_is_rejected_with_the_expected_shape() -> None:
-    with pytest.raises(ArgumentError) as error:
+    with pytest.raises(ToolCallArgumentsError) as error:
         prepare_arguments('{"limit": 2}', SCHEMA)
     assert "query" in str(error.value)
     assert json.dumps(expected_shape(SCHEMA)) in str(error.value)
 
 
 def test_uncoercible_value_is_rejected() -> None:
-    with pytest.raises(ArgumentError):
+    with pytest.raises(ToolCallArgumentsError):
         prepare_arguments('{"query": "x", "limit": "three"}', SCHEMA)
 
 
 def test_schema_passed_as_arguments_is_rejected() -> None:
-    with pytest.raises(ArgumentError, match="schema instead of arguments"):
+    with pytest.raises(ToolCallArgumentsError, match="schema instead of arguments"):
         prepare_arguments(json.dumps(SCHEMA), SCHEMA)
 
 
 @pytest.mark.parametrize("raw", ["{not json", "[1, 2]", '"text"'])
 def test_malformed_arguments_are_rejected(raw: str) -> None:
-    with pytest.raises(ArgumentError):
+    with pytest.raises(ToolCallArgumentsError):
         prepare_arguments(raw, SCHEMA)
 
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from mcp import Client
 
-from luftpause.runtime.decide import DecideError, checked_labels, score_labels
+from luftpause.runtime.classify import ClassifyError, checked_labels, score_labels
 from luftpause.dev.stack import MODEL, Stack
 
 
@@ -41,7 +41,7 @@ def test_nothing_scored_means_no_label():
 
 @pytest.mark.parametrize("labels", [["only"], [f"l{i}" for i in range(21)], ["a", " "], ["same", "same"]])
 def test_label_count_and_content_are_checked(labels):
-    with pytest.raises(DecideError):
+    with pytest.raises(ClassifyError):
         checked_labels(labels)
 
 

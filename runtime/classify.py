@@ -1,4 +1,5 @@
-"""``decide``: classify an input.
+"""Classifying an input: what the MCP ``decide`` tool does (the scheduler core's ``decide`` is
+another thing: its entry point).
 
 Without labels a one-pass classifier replica answers with its own labels. With 2–20
 caller labels one interactive generative turn with ``max_tokens: 1`` is asked for the
@@ -15,14 +16,15 @@ import uuid
 from typing import Any
 
 from luftpause.runtime.dataplane import DataplaneClient, TurnError, TurnIdentity
+from luftpause.runtime.errors import RuntimeServiceError
 from luftpause.vocabulary import INTERACTIVE
 
 MIN_LABELS, MAX_LABELS = 2, 20
 TOP_LOGPROBS = 20  # the most OpenAI-compatible engines return
 
 
-class DecideError(ValueError):
-    """Bad arguments to decide."""
+class ClassifyError(RuntimeServiceError, ValueError):
+    """Bad arguments to the decide tool."""
 
 
 def checked_labels(labels: list[str] | None) -> list[str] | None:
@@ -30,9 +32,9 @@ def checked_labels(labels: list[str] | None) -> list[str] | None:
         return None
     cleaned = list(dict.fromkeys(label.strip() for label in labels))
     if any(not label for label in cleaned):
-        raise DecideError("labels must be non-empty strings")
+        raise ClassifyError("labels must be non-empty strings")
     if not MIN_LABELS <= len(cleaned) <= MAX_LABELS:
-        raise DecideError(f"give {MIN_LABELS} to {MAX_LABELS} distinct labels, or none to use a classifier's own")
+        raise ClassifyError(f"give {MIN_LABELS} to {MAX_LABELS} distinct labels, or none to use a classifier's own")
     return cleaned
 
 
@@ -73,7 +75,7 @@ def score_labels(top_logprobs: list[dict[str, Any]], labels: list[str]) -> dict[
             "unscored": unscored}
 
 
-async def decide(dataplane: DataplaneClient, text: str, labels: list[str] | None, model: str | None,
+async def classify(dataplane: DataplaneClient, text: str, labels: list[str] | None, model: str | None,
                  caller: str) -> dict[str, Any]:
     if labels is None:
         model = model or await dataplane.one_pass_model()
