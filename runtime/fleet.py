@@ -10,10 +10,11 @@ them, under a lease; the others follow the journal.
   given: the transaction locks the lease rows it checks (``FOR SHARE``), so no takeover
   can slip between the check and the commit. A record refused so raises ``Fenced`` to the
   run's loop, which stops without an outcome: the run is someone else's now.
-- **Adoption.** Every half lease each runtime takes over leases that expired (their owner
-  died, or lost the database), raising the token; it rebuilds each adopted run from its
-  records and resumes it from its last complete round, as a restart does. A runtime
-  restarting under the same id takes its own runs back at once.
+- **Adoption.** Every half lease (at least every second) each runtime takes over leases
+  that expired (their owner died, lost the database, or stopped and released them),
+  raising the token; it rebuilds each adopted run from its records and resumes it from its
+  last complete round, as a restart does. A runtime restarting under the same id takes its
+  own runs back at once.
 - **Following.** Each runtime reads the journal lines others append (appends take one
   advisory lock, so a line's place is its commit order and none is skipped) and applies
   them to its registry: ``status`` and ``await`` answer for any run, wherever it runs.
@@ -54,6 +55,9 @@ FENCED_KINDS = frozenset({"round", "finished", "budgetExceeded", "approvalReques
 _HEAD = re.compile(r'^\{"type":"([A-Za-z]+)","handle":"([^"\\]+)"')
 TAIL_S = 0.2  # how often a runtime reads what others appended
 ADOPT_BATCH = 50  # leases taken over in one go
+# How often a runtime looks for leases to take over: every half lease, at least every second
+# (a stopping runtime releases its leases at once; they should not wait half a long lease).
+ADOPT_EVERY_S = 1.0
 
 
 class Fenced(RuntimeServiceError):
@@ -189,7 +193,7 @@ class Fleet:
                 self.adopted += 1
                 log.info("fleet_run_adopted", run=handle, token=token)
                 on_adopted(handle, records)
-            await asyncio.sleep(self.lease_s / 2)
+            await asyncio.sleep(min(self.lease_s / 2, ADOPT_EVERY_S))
 
     def _take_expired(self) -> list[tuple[str, int, list[dict[str, Any]]]]:
         def take(conn) -> list[tuple[str, int, list[dict[str, Any]]]]:
