@@ -194,17 +194,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def sweep(app: web.Application, now: float) -> None:
-    """Forget idle runs and stale tool_call ids; a harness session that is over (RunBook.sweep)
-    is told to the scheduler at once, as by DELETE /v1/runs/{id}."""
-    for run_id in app[BOOK].sweep(now):
-        app[LINK].report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
-        app[LOG].info("session_run_ended", run=run_id, reason="idle")
-
-
-async def _sweep_forever(app: web.Application) -> None:
-    while True:
-        await asyncio.sleep(app[BOOK].sweep_period_s)
-        sweep(app, time.monotonic())
+    """The link's sweep (SchedulerLink.sweep), at a time of the caller's choosing (tests)."""
+    app[LINK].sweep(now)
 
 
 def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MAX_BODY_BYTES,
@@ -226,7 +217,7 @@ def create_app(scheduler_address: str, token: str, log, max_body_bytes: int = MA
         app[LINK] = SchedulerLink(scheduler_address, app[BOOK], log, token=token or None)
         app[LINK].start()
         app[ENGINES] = Engines()
-        sweeper = asyncio.create_task(_sweep_forever(app))
+        sweeper = asyncio.create_task(app[LINK].sweep_forever())
         # The dialects' SDKs import in a thread meanwhile: the first Messages turn need not wait.
         # A daemon thread: a dataplane stopped while it imports exits at once, not after it.
         if warm_up:

@@ -287,6 +287,19 @@ class SchedulerLink:
         else:
             self._soon(LEASED_EVENT_LINGER_S if lent and self._lease_held(lent) else EVENT_LINGER_S)
 
+    def sweep(self, now: float) -> None:
+        """Forget idle runs and stale tool_call ids (RunBook.sweep); a harness session that is
+        over is told to the scheduler at once, as by DELETE /v1/runs/{id}."""
+        for run_id in self.book.sweep(now):
+            self.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
+            self.log.info("session_run_ended", run=run_id, reason="idle")
+
+    async def sweep_forever(self) -> None:
+        """sweep() every RunBook.sweep_period_s, for as long as the front door runs."""
+        while True:
+            await asyncio.sleep(self.book.sweep_period_s)
+            self.sweep(time.monotonic())
+
     def _lease_held(self, replica: str) -> bool:
         """A lease on ``replica`` is held and not called back: nothing is held anywhere,
         and a slot of it stays lent when its turn ends, so the scheduler's room does not

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import os
 import sys
-import time
 
 import grpc
 from aiohttp import web
@@ -220,7 +219,7 @@ async def serve(args: argparse.Namespace, log) -> None:
     await web.TCPSite(runner, args.host, args.http_port).start()
     tasks = [asyncio.create_task(picker.refresh_forever()),
              asyncio.create_task(track_readiness(picker, health_servicer)),
-             asyncio.create_task(_sweep_forever(book, link, log))]
+             asyncio.create_task(link.sweep_forever())]
     log.info("picker_started", grpc=f"{args.host}:{args.grpc_port}", http=f"{args.host}:{args.http_port}",
              scheduler=args.scheduler, picker=link.dataplane_id, shed_batch_held=args.shed_batch_held,
              shed_batch_wait_s=args.shed_batch_wait)
@@ -233,16 +232,6 @@ async def serve(args: argparse.Namespace, log) -> None:
         await server.stop(grace=1.0)
         await runner.cleanup()
         await link.close()
-
-
-async def _sweep_forever(book: RunBook, link: SchedulerLink, log) -> None:
-    """Forget idle runs and stale tool_call ids; a harness session that is over
-    (RunBook.sweep) is told to the scheduler at once, as the dataplane tells it."""
-    while True:
-        await asyncio.sleep(book.sweep_period_s)
-        for run_id in book.sweep(time.monotonic()):
-            link.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
-            log.info("session_run_ended", run=run_id, reason="idle")
 
 
 def main(argv: list[str] | None = None) -> int:
