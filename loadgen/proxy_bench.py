@@ -142,7 +142,7 @@ class CpuAccount:
         out = {}
         for name in before:
             spent = after[name] - before[name]
-            out[name] = {"cpu_s": round(spent, 3), "us_per_turn": round(spent * 1e6 / turns, 1) if turns else None,
+            out[name] = {"cpu_s": round(spent, 4), "us_per_turn": round(spent * 1e6 / turns, 1) if turns else None,
                          "cores": round(spent / elapsed, 3) if elapsed > 0 else None}
         return out
 
