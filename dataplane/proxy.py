@@ -26,6 +26,7 @@ from luftpause.dataplane.continuation import (Continuing, Rewriter, StreamStalle
                                               sent_so_far)
 from luftpause.dataplane.dialects import Observer, StreamTranslator
 from luftpause.dataplane.timing import Watch, Watchdog, prompt_tokens, reply_tokens
+from luftpause.hints import hinted, urgency
 from luftpause.link import Placement
 from luftpause.observe import TurnObserver
 from luftpause.dataplane.errors import DataplaneError
@@ -129,7 +130,7 @@ async def _exchange(request: web.Request, turn: Turn, placement: Placement, watc
     try:
         async with turn.watchdog.guard():
             if dialect is None or translated:
-                upstream = await engines.post(placement.base_url, "/v1/chat/completions", turn.req.body,
+                upstream = await engines.post(placement.base_url, "/v1/chat/completions", _engine_body(turn, placement),
                                               engine_headers(placement, request))
             else:  # the engine serves the client's API itself: its request goes as it came
                 upstream = await engines.post(placement.base_url, dialect.path, turn.req.native,
@@ -178,6 +179,13 @@ async def _exchange(request: web.Request, turn: Turn, placement: Placement, watc
         return error_response(502, message, run_header, dialect, "api_error")
     finally:
         upstream.close()  # closing early stops the engine's generation
+
+
+def _engine_body(turn: Turn, placement: Placement) -> bytes:
+    """The chat-completions body with the fields the replica's engine reads of the turn
+    set (luftpause/hints.py); the turn's own body where it reads none."""
+    req = turn.req
+    return hinted(req.body, placement.hints, urgency(req.service_class, req.resuming), req.run_id)
 
 
 def _retry_after(upstream: aiohttp.ClientResponse) -> dict[str, str]:

@@ -13,6 +13,7 @@ from luftpause import keys
 from luftpause import vocabulary as h
 from luftpause.dataplane.context import BOOK, DIALECT, TENANT
 from luftpause.dataplane.dialects import Dialect, Translated, encode_json
+from luftpause.hints import resumes_from_tool
 from luftpause.frontdoor import ApiError, check_chat, json_document, returned_tool_call_ids
 from luftpause.runbook import new_id
 
@@ -32,6 +33,7 @@ class TurnRequest:
     translated: Translated | None = None  # its context only: the translated document is ``body`` now
     native: bytes = b""
     session: bool = False  # the run is a harness's session (it ends when the session idles)
+    resuming: bool = False  # it returns a tool call's result: the run comes back from a tool (hints.py)
 
     def release(self) -> None:
         """The turn is over: its bodies go now, not when whatever still refers to this
@@ -92,7 +94,8 @@ async def parse_turn(request: web.Request) -> TurnRequest:
     stream = document.get("stream", False)
     if not named:
         _join_by_tool_calls(request, document)
-    return TurnRequest(body, model, stream, request["run_id"], service_class, caller, session=session)
+    return TurnRequest(body, model, stream, request["run_id"], service_class, caller, session=session,
+                       resuming=resumes_from_tool(document))
 
 
 def _session_id(request: web.Request) -> str:
@@ -157,4 +160,4 @@ async def parse_dialect_turn(request: web.Request, dialect: Dialect) -> TurnRequ
     body = encode_json(chat)
     # The translated document lives on as its encoding only: a turn keeps one copy of it.
     return TurnRequest(body, model, translated.stream, request["run_id"], service_class, caller, dialect,
-                       replace(translated, chat={}), native, session)
+                       replace(translated, chat={}), native, session, resumes_from_tool(chat))

@@ -26,6 +26,7 @@ import grpc
 
 from luftpause import auth, tracing
 from luftpause import vocabulary as h
+from luftpause.hints import NO_HINTS, EngineHints
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 from luftpause.runbook import GENERATING, IDLE, PAUSED, RunBook
@@ -96,6 +97,15 @@ class Placement:
     api_key_env: str
     held_ms: int
     native_apis: tuple[str, ...] = ()  # client APIs the replica serves itself (the pool's native_apis)
+    hints: EngineHints = NO_HINTS  # what its engine reads of a turn (luftpause/hints.py)
+
+    @classmethod
+    def of(cls, placed: pb.AdmitReply | pb.LeaseGrant, held_ms: int = 0) -> Placement:
+        """A placement from the scheduler's answer (a turn's, or a lease's)."""
+        hints = NO_HINTS
+        if placed.HasField("hints"):
+            hints = EngineHints(placed.hints.priority, placed.hints.sessions)
+        return cls(placed.replica, placed.base_url, placed.api_key_env, held_ms, tuple(placed.native_apis), hints)
 
 
 class Lease:
@@ -232,7 +242,7 @@ class SchedulerLink:
         for grant in frame.grants:
             lease = self._leases.get(grant.replica)
             if lease is None:
-                placement = Placement(grant.replica, grant.base_url, grant.api_key_env, 0, tuple(grant.native_apis))
+                placement = Placement.of(grant)
                 lease = self._leases[grant.replica] = Lease(placement, frozenset(grant.models))
             lease.slots += grant.slots
             self._give_back(grant.replica, lease)
@@ -264,8 +274,7 @@ class SchedulerLink:
                 continue  # given up meanwhile: its abandoned event frees what was placed
             if decision.HasField("placed"):
                 placed = decision.placed
-                entry[1].set_result(Placement(placed.replica, placed.base_url, placed.api_key_env, placed.held_ms,
-                                                 tuple(placed.native_apis)))
+                entry[1].set_result(Placement.of(placed, placed.held_ms))
             else:
                 refused = decision.refused
                 entry[1].set_exception(AdmitRefused(REASONS.get(refused.reason, RejectReason.INVALID), refused.message))

@@ -78,18 +78,28 @@ class AdmitRequest(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., one_pass: _Optional[bool] = ..., dataplane_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., leased_replica: _Optional[str] = ..., allowed_replicas: _Optional[_Iterable[str]] = ..., shed_batch_held: _Optional[int] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
-    __slots__ = ("replica", "base_url", "api_key_env", "held_ms", "native_apis")
+    __slots__ = ("replica", "base_url", "api_key_env", "held_ms", "native_apis", "hints")
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     BASE_URL_FIELD_NUMBER: _ClassVar[int]
     API_KEY_ENV_FIELD_NUMBER: _ClassVar[int]
     HELD_MS_FIELD_NUMBER: _ClassVar[int]
     NATIVE_APIS_FIELD_NUMBER: _ClassVar[int]
+    HINTS_FIELD_NUMBER: _ClassVar[int]
     replica: str
     base_url: str
     api_key_env: str
     held_ms: int
     native_apis: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, replica: _Optional[str] = ..., base_url: _Optional[str] = ..., api_key_env: _Optional[str] = ..., held_ms: _Optional[int] = ..., native_apis: _Optional[_Iterable[str]] = ...) -> None: ...
+    hints: EngineHints
+    def __init__(self, replica: _Optional[str] = ..., base_url: _Optional[str] = ..., api_key_env: _Optional[str] = ..., held_ms: _Optional[int] = ..., native_apis: _Optional[_Iterable[str]] = ..., hints: _Optional[_Union[EngineHints, _Mapping]] = ...) -> None: ...
+
+class EngineHints(_message.Message):
+    __slots__ = ("priority", "sessions")
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    priority: str
+    sessions: bool
+    def __init__(self, priority: _Optional[str] = ..., sessions: _Optional[bool] = ...) -> None: ...
 
 class TurnStarted(_message.Message):
     __slots__ = ("replica",)
@@ -288,20 +298,22 @@ class Decision(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., placed: _Optional[_Union[AdmitReply, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
 
 class LeaseGrant(_message.Message):
-    __slots__ = ("replica", "slots", "base_url", "api_key_env", "models", "native_apis")
+    __slots__ = ("replica", "slots", "base_url", "api_key_env", "models", "native_apis", "hints")
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     BASE_URL_FIELD_NUMBER: _ClassVar[int]
     API_KEY_ENV_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     NATIVE_APIS_FIELD_NUMBER: _ClassVar[int]
+    HINTS_FIELD_NUMBER: _ClassVar[int]
     replica: str
     slots: int
     base_url: str
     api_key_env: str
     models: _containers.RepeatedScalarFieldContainer[str]
     native_apis: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, replica: _Optional[str] = ..., slots: _Optional[int] = ..., base_url: _Optional[str] = ..., api_key_env: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., native_apis: _Optional[_Iterable[str]] = ...) -> None: ...
+    hints: EngineHints
+    def __init__(self, replica: _Optional[str] = ..., slots: _Optional[int] = ..., base_url: _Optional[str] = ..., api_key_env: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., native_apis: _Optional[_Iterable[str]] = ..., hints: _Optional[_Union[EngineHints, _Mapping]] = ...) -> None: ...
 
 class LeaseRevoke(_message.Message):
     __slots__ = ("replica",)
@@ -326,7 +338,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("name", "base_url", "kind", "models", "healthy", "load_known", "running", "queued", "in_flight", "capacity", "batch_reserve", "kv_used_tokens", "kv_total_tokens", "decode_ceiling", "leased_idle", "stalled", "unseen", "silent")
+    __slots__ = ("name", "base_url", "kind", "models", "healthy", "load_known", "running", "queued", "in_flight", "capacity", "batch_reserve", "kv_used_tokens", "kv_total_tokens", "decode_ceiling", "leased_idle", "stalled", "unseen", "silent", "hints")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BASE_URL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -345,6 +357,7 @@ class ReplicaStatus(_message.Message):
     STALLED_FIELD_NUMBER: _ClassVar[int]
     UNSEEN_FIELD_NUMBER: _ClassVar[int]
     SILENT_FIELD_NUMBER: _ClassVar[int]
+    HINTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     base_url: str
     kind: str
@@ -363,7 +376,8 @@ class ReplicaStatus(_message.Message):
     stalled: bool
     unseen: bool
     silent: int
-    def __init__(self, name: _Optional[str] = ..., base_url: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., healthy: _Optional[bool] = ..., load_known: _Optional[bool] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., batch_reserve: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_total_tokens: _Optional[int] = ..., decode_ceiling: _Optional[int] = ..., leased_idle: _Optional[int] = ..., stalled: _Optional[bool] = ..., unseen: _Optional[bool] = ..., silent: _Optional[int] = ...) -> None: ...
+    hints: EngineHints
+    def __init__(self, name: _Optional[str] = ..., base_url: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., healthy: _Optional[bool] = ..., load_known: _Optional[bool] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., batch_reserve: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_total_tokens: _Optional[int] = ..., decode_ceiling: _Optional[int] = ..., leased_idle: _Optional[int] = ..., stalled: _Optional[bool] = ..., unseen: _Optional[bool] = ..., silent: _Optional[int] = ..., hints: _Optional[_Union[EngineHints, _Mapping]] = ...) -> None: ...
 
 class HeldGroup(_message.Message):
     __slots__ = ("key", "count", "longest_wait_ms")

@@ -26,7 +26,8 @@ from luftpause.scheduler import core, stream
 from luftpause.scheduler.constants import CLOCK_TICK_S, DATAPLANE_GONE_S, FIRST_PROBE_WAIT_S, PROBE_PERIOD_S
 from luftpause.scheduler.metrics import SchedulerMetrics
 from luftpause.scheduler.pool import Endpoint
-from luftpause.scheduler.probes import ProbeResult, answers, fast_batch, native_apis, probe, probe_client
+from luftpause.scheduler.engine_sessions import EngineSessions
+from luftpause.scheduler.probes import ProbeResult, answers, native_apis, probe, probe_client, server_info
 from luftpause.scheduler.validation import admit_problem, resync_problem
 from luftpause.vocabulary import BATCH, DATAPLANE_METADATA, INTERACTIVE, REJECT_CODES
 
@@ -66,6 +67,7 @@ class SchedulerHost:
         self.endpoints = {e.name: e for e in endpoints}
         # Client APIs an engine serves itself, read from it when its pool entry lists none.
         self._discovered_apis: dict[str, tuple[str, ...]] = {}
+        self.sessions = EngineSessions(self.endpoints, log)  # the engines' hints and sessions of runs
         self._clock = clock
         self.state = core.initial_state((e.replica() for e in endpoints), policy,
                                         first_probe_deadline_ms=self.now_ms() + int(first_probe_wait_s * 1000))
@@ -91,13 +93,27 @@ class SchedulerHost:
         before = self.state
         self.state, actions = core.decide(self.state, event)
         self.metrics.applied(before, event, self.state, actions)
+        self._engine_sessions(event)
         for action in actions:
             if isinstance(action, (core.Grant, core.Revoke)):
                 self._lend(action)
                 continue
+            if isinstance(action, core.Place) and (turn := self.state.turns.get(action.turn_id)) is not None:
+                self.sessions.placed(turn.run_id, action.replica)
             self._log_decision(action)
             for waiter in self._waiters.pop(action.turn_id, ()):
                 waiter(action)
+
+    def _engine_sessions(self, event: core.Event) -> None:
+        """Follow the runs with an engine session open (scheduler/engine_sessions.py)."""
+        if isinstance(event, core.AdmitRequested) and event.leased_replica:
+            self.sessions.placed(event.run_id, event.leased_replica)
+        elif isinstance(event, (core.RunEnded, core.ClockTicked)):
+            self.sessions.settle(self.state, self._probe_client)
+        elif isinstance(event, core.Resynced):  # runs brought back after a restart
+            for run in self.state.runs.values():
+                if run.replica:
+                    self.sessions.placed(run.run_id, run.replica)
 
     def _log_decision(self, action: core.Action) -> None:
         """One debug line per admission decision."""
@@ -280,9 +296,11 @@ class SchedulerHost:
         task.add_done_callback(self._tasks.discard)
 
     def status(self) -> dict:
-        """The core's picture, with each replica's address from the pool after its name."""
+        """The core's picture, with each replica's address from the pool after its name and
+        the engine hints it is sent."""
         view = core.status(self.state, self.now_ms())
-        view["replicas"] = [{"name": r["name"], "base_url": self.endpoints[r["name"]].base_url, **r}
+        view["replicas"] = [{"name": r["name"], "base_url": self.endpoints[r["name"]].base_url, **r,
+                             "hints": self.sessions.of(self.endpoints[r["name"]]).as_fields()}
                             for r in view["replicas"]]
         return view
 
@@ -306,11 +324,18 @@ class SchedulerHost:
             known = self.state.replicas[endpoint.name]
             fast = None
             if result.healthy and not (known.healthy or known.unseen):
-                fast, _ = await asyncio.gather(
-                    fast_batch(client, endpoint),
+                info, _ = await asyncio.gather(
+                    server_info(client, endpoint),
                     self._discover_apis(client, [endpoint] if endpoint.native_apis is None else []))
+                fast = info.fast_batch
+                self.sessions.learned(endpoint, info.hints)
             self._probe_result(endpoint.name, result, fast, answered)
             await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
+
+    def hints(self, endpoint: Endpoint) -> pb.EngineHints | None:
+        """The replica's engine hints as sent to dataplanes (None: it reads none)."""
+        hints = self.sessions.of(endpoint)
+        return pb.EngineHints(priority=hints.priority, sessions=hints.sessions) if hints else None
 
     def native_apis(self, endpoint: Endpoint) -> tuple[str, ...]:
         """The client APIs besides chat completions the replica serves itself: its pool
@@ -436,7 +461,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         endpoint = self.host.endpoints[action.replica]
         return pb.AdmitReply(
             replica=endpoint.name, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env, held_ms=action.held_ms,
-            native_apis=self.host.native_apis(endpoint),
+            native_apis=self.host.native_apis(endpoint), hints=self.host.hints(endpoint),
         )
 
     async def Report(self, request_iterator: AsyncIterator[pb.TurnEventBatch], context) -> pb.ReportAck:

@@ -30,6 +30,18 @@ YAML, one entry per endpoint::
                                        # When absent, read from the engine's /openapi.json
                                        # (vLLM and SGLang publish their routes there) on the
                                        # first healthy probe of each healthy spell; [] = none
+        hints:                         # optional: the engine's own agent features luftpause
+          priority: lower-first        # drives (docs/engine-hints.md). priority: the order the
+          sessions: false              # engine runs a request's top-level `priority` in:
+                                       # lower-first (vLLM --scheduling-policy priority; SGLang
+                                       # with --schedule-low-priority-values-first), higher-first
+                                       # (SGLang --enable-priority-scheduling), none. sessions:
+                                       # SGLang --enable-session-radix-cache (session_id = the
+                                       # run, /close_session when it ends). When absent, read
+                                       # from the engine's /get_server_info (SGLang publishes
+                                       # its server arguments there) on the first healthy probe
+                                       # of each healthy spell; an engine that publishes none
+                                       # gets requests unchanged
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ from pathlib import Path
 
 import yaml
 
+from luftpause.hints import EngineHints, HintsError
 from luftpause.scheduler.core import GENERATIVE, ONE_PASS, Replica
 from luftpause.scheduler.errors import SchedulerError
 
@@ -68,6 +81,7 @@ class Endpoint:
     max_batch: int = 0  # 0 = not set
     native_apis: tuple[str, ...] | None = None  # None: not listed, read from the engine's /openapi.json
     probe_url: str = ""  # where the scheduler probes the engine; "" = base_url
+    hints: EngineHints | None = None  # None: not listed, read from the engine's server info
 
     @property
     def probed_at(self) -> str:
@@ -119,6 +133,15 @@ def _native_apis(entry: dict, where: str) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(apis))
 
 
+def _hints(entry: dict, where: str) -> EngineHints | None:
+    if "hints" not in entry:
+        return None
+    try:
+        return EngineHints.from_pool(entry["hints"])
+    except HintsError as exc:
+        raise PoolError(f"{where}: {exc}") from None
+
+
 def _http_url(url: str) -> bool:
     try:
         parsed = urllib.parse.urlsplit(url)
@@ -158,6 +181,7 @@ def parse_pool(document: object) -> list[Endpoint]:
             max_batch=_max_batch(entry, where),
             native_apis=_native_apis(entry, where),
             probe_url=_expand(_text(entry, "probe_url", where, ""), where).rstrip("/"),
+            hints=_hints(entry, where),
         )
         for key in ("base_url", "probe_url"):
             url = getattr(endpoint, key)

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from luftpause.hints import NO_HINTS, EngineHints
 from luftpause.scheduler.constants import PROBE_TIMEOUT_S
 from luftpause.scheduler.core.state import DecodeCounters
 from luftpause.scheduler.pool import Endpoint
@@ -231,22 +232,33 @@ async def probe(client: httpx.AsyncClient, endpoint: Endpoint) -> ProbeResult:
     )
 
 
-async def fast_batch(client: httpx.AsyncClient, endpoint: Endpoint) -> int:
-    """The largest decode batch the engine runs at full speed, as it reports it, or 0
-    when it says nothing usable. SGLang's ``/get_server_info`` carries its server
-    arguments: batches up to ``cuda_graph_max_bs`` replay captured CUDA graphs, larger
-    ones run eagerly (unless ``disable_cuda_graph``, when none is fast)."""
-    if endpoint.load_from:  # a router: its engines' settings are their own
-        return 0
+@dataclass(frozen=True)
+class ServerInfo:
+    """What an engine says of its own settings (SGLang's ``/get_server_info`` carries its
+    server arguments; other engines, and routers, say nothing here)."""
+
+    fast_batch: int = 0  # the largest decode batch it runs at full speed; 0 = unknown
+    hints: EngineHints = NO_HINTS  # the agent features it was started with (luftpause/hints.py)
+
+
+async def server_info(client: httpx.AsyncClient, endpoint: Endpoint) -> ServerInfo:
+    """The engine's settings, as far as it reports them: batches up to
+    ``cuda_graph_max_bs`` replay captured CUDA graphs, larger ones run eagerly (unless
+    ``disable_cuda_graph``, when none is fast); ``enable_priority_scheduling``,
+    ``schedule_low_priority_values_first`` and ``enable_session_radix_cache`` are the
+    features luftpause drives. A router's engines' settings are their own."""
+    if endpoint.load_from:
+        return ServerInfo()
     try:
         response = await client.get(endpoint.probed_at + SERVER_INFO_PATH, headers=auth_headers(endpoint))
         info = response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
-        return 0
-    if not isinstance(info, dict) or info.get("disable_cuda_graph") is True:
-        return 0
+        return ServerInfo()
+    if not isinstance(info, dict):
+        return ServerInfo()
     size = info.get("cuda_graph_max_bs")
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+    fast = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+    return ServerInfo(0 if info.get("disable_cuda_graph") is True else fast, EngineHints.from_server_info(info))
 
 
 async def native_apis(client: httpx.AsyncClient, endpoint: Endpoint) -> tuple[str, ...]:

@@ -108,12 +108,14 @@ class DataplaneStream:
         placed.replica, placed.base_url, placed.held_ms = endpoint.name, endpoint.base_url, action.held_ms
         placed.api_key_env = endpoint.api_key_env
         placed.native_apis.extend(self.host.native_apis(endpoint))
+        if hints := self.host.hints(endpoint):
+            placed.hints.CopyFrom(hints)
         self._wake.set()
 
     def grant(self, endpoint, slots: int) -> None:
         self._out.grants.add(replica=endpoint.name, slots=slots, base_url=endpoint.base_url,
                              api_key_env=endpoint.api_key_env, models=sorted(endpoint.models),
-                             native_apis=self.host.native_apis(endpoint))
+                             native_apis=self.host.native_apis(endpoint), hints=self.host.hints(endpoint))
         self._wake.set()
 
     def revoke(self, replica: str) -> None:

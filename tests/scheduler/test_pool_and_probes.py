@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,11 +12,12 @@ import pytest
 from aiohttp import web
 
 from luftpause.fakes.engine import EngineConfig
+from luftpause.hints import HIGHER_FIRST, LOWER_FIRST, NO_HINTS, EngineHints
 from luftpause.fakes.engine import create_app as create_engine_app
 from luftpause.dev.procs import ManagedProcess, eventually, free_port, free_ports
 from luftpause.scheduler.pool import Endpoint, PoolError, parse_pool
 from luftpause.scheduler.core import DecodeCounters
-from luftpause.scheduler.probes import fast_batch, native_apis, parse_load, probe, probe_client
+from luftpause.scheduler.probes import ServerInfo, native_apis, parse_load, probe, probe_client, server_info
 
 @asynccontextmanager
 async def served(app: web.Application) -> AsyncIterator[int]:
@@ -352,9 +354,38 @@ def test_pool_max_batch_caps_the_replica():
 async def test_fast_batch_is_read_from_sglangs_server_info(graphs, expected):
     async with served(create_engine_app(EngineConfig(cuda_graph_max_bs=graphs))) as port, \
             probe_client() as client:
-        size = await fast_batch(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",)))
+        size = (await server_info(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",)))).fast_batch
         # A router speaks for engines whose settings are their own; a dead port says nothing.
-        router = await fast_batch(client, Endpoint("r", f"http://127.0.0.1:{port}", ("m",),
-                                                   load_from=(f"http://127.0.0.1:{port}",)))
-        gone = await fast_batch(client, Endpoint("g", f"http://127.0.0.1:{free_port()}", ("m",)))
-    assert (size, router, gone) == (expected, 0, 0)
+        router = await server_info(client, Endpoint("r", f"http://127.0.0.1:{port}", ("m",),
+                                                    load_from=(f"http://127.0.0.1:{port}",)))
+        gone = await server_info(client, Endpoint("g", f"http://127.0.0.1:{free_port()}", ("m",)))
+    assert (size, router, gone) == (expected, ServerInfo(), ServerInfo())
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ({}, NO_HINTS),
+    ({"enable_priority_scheduling": True}, EngineHints(HIGHER_FIRST)),
+    ({"enable_priority_scheduling": True, "schedule_low_priority_values_first": True}, EngineHints(LOWER_FIRST)),
+    ({"enable_session_radix_cache": True}, EngineHints(sessions=True)),
+    # vLLM publishes no server info: its priority policy is declared in the pool, not guessed
+    ({"scheduling_policy": "priority"}, NO_HINTS),
+])
+async def test_the_engines_agent_features_are_read_from_sglangs_server_info(flags, expected):
+    async with served(create_engine_app(EngineConfig(**flags))) as port, probe_client() as client:
+        info = await server_info(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",)))
+    assert info.hints == expected
+
+
+def test_pool_hints_declare_what_the_engine_reads_and_refuse_what_it_cannot():
+    [vllm] = parse_pool({"endpoints": [{**GOOD, "hints": {"priority": "lower-first"}}]})
+    [sglang] = parse_pool({"endpoints": [{**GOOD, "hints": {"priority": "higher-first", "sessions": True}}]})
+    [none] = parse_pool({"endpoints": [{**GOOD, "hints": {"priority": "none"}}]})
+    [absent] = parse_pool({"endpoints": [GOOD]})
+    assert (vllm.hints, sglang.hints, none.hints, absent.hints) == (
+        EngineHints(LOWER_FIRST), EngineHints(HIGHER_FIRST, True), NO_HINTS, None)
+    for bad, words in [({"priority": "first"}, "hints.priority must be one of lower-first, higher-first or none"),
+                       ({"sessions": "yes"}, "hints.sessions must be true or false"),
+                       ({"slots": 4}, "unknown hints ['slots']"),
+                       (["priority"], "hints must be a mapping")]:
+        with pytest.raises(PoolError, match=re.escape(f"endpoints[0]: {words}")):
+            parse_pool({"endpoints": [{**GOOD, "hints": bad}]})

@@ -1,0 +1,63 @@
+"""The engine fields luftpause sets on a turn (luftpause/hints.py): the urgency order in
+each engine's priority direction, the run as the session, and nothing at all for an
+engine that reads none."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+import pytest
+
+from luftpause.hints import (BACKGROUND, FRESH, HIGHER_FIRST, LOWER_FIRST, NO_HINTS, RESUMING, EngineHints, hinted,
+                             priority_value, resumes_from_tool, urgency)
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+TOOL_RESULT = {"model": "m", "messages": [
+    {"role": "user", "content": "list the files"},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "a.py"}]}
+
+
+def test_a_run_back_from_a_tool_goes_before_a_person_s_new_turn_before_batch_in_either_engine_s_order():
+    assert (urgency("interactive", True), urgency("interactive", False), urgency("batch", True)) == (
+        RESUMING, FRESH, BACKGROUND)
+    levels = (RESUMING, FRESH, BACKGROUND)
+    # vLLM (and SGLang with --schedule-low-priority-values-first): lower values run first
+    assert sorted(levels, key=lambda level: priority_value(LOWER_FIRST, level)) == list(levels)
+    # SGLang --enable-priority-scheduling: higher values first
+    assert sorted(levels, key=lambda level: -priority_value(HIGHER_FIRST, level)) == list(levels)
+    # batch sits where a request naming no priority sits in both engines
+    assert priority_value(LOWER_FIRST, BACKGROUND) == priority_value(HIGHER_FIRST, BACKGROUND) == 0
+
+
+def test_a_turn_resumes_from_a_tool_when_its_last_message_is_a_tool_result():
+    assert resumes_from_tool(TOOL_RESULT)
+    assert not resumes_from_tool(CHAT)
+    assert not resumes_from_tool({**TOOL_RESULT, "messages": [*TOOL_RESULT["messages"],
+                                                             {"role": "user", "content": "and now?"}]})
+    assert not resumes_from_tool({"messages": []}) and not resumes_from_tool({"messages": "x"})
+
+
+def test_an_engine_reading_nothing_gets_the_body_byte_for_byte():
+    body = b'{ "model" : "m",\n "priority": 7, "session_id": "theirs", "messages": [] }'
+    assert hinted(body, NO_HINTS, RESUMING, "run-1") is body
+
+
+@pytest.mark.parametrize(("hints", "fields"), [
+    (EngineHints(LOWER_FIRST), {"priority": -RESUMING}),
+    (EngineHints(HIGHER_FIRST, sessions=True), {"priority": RESUMING, "session_id": "run-1"}),
+    (EngineHints(sessions=True), {"priority": 7, "session_id": "run-1"}),
+])
+def test_the_fields_an_engine_reads_are_set_over_the_client_s_and_the_rest_is_kept(hints, fields):
+    document = {**TOOL_RESULT, "priority": 7, "session_id": "theirs", "temperature": 0.2}
+    out = json.loads(hinted(orjson.dumps(document), hints, RESUMING, "run-1"))
+    assert out == {**document, **fields}
+
+
+def test_what_orjson_refuses_is_still_hinted():
+    body = b'{"model":"m","messages":[{"role":"user","content":"\\ud800"}],"seed":123456789012345678901234567890}'
+    out = json.loads(hinted(body, EngineHints(HIGHER_FIRST), FRESH, "r"))
+    assert out["priority"] == FRESH and out["seed"] == 123456789012345678901234567890
+    assert out["messages"][0]["content"] == "\ud800"
