@@ -50,6 +50,7 @@ from luftpause import vocabulary as h
 from luftpause.envoy import DESTINATION, LB_NAMESPACE, SUBSET_NAMESPACE
 from luftpause.frontdoor import (MODEL_KINDS, ApiError, admit_one_pass, check_chat, check_inputs, health_body,
                                  json_document, model_list, readiness, returned_tool_call_ids)
+from luftpause.hints import hinted, resumes_from_tool, urgency
 from luftpause.link import AdmitRefused, Placement
 from luftpause.observe import TurnObserver
 from luftpause.proto import scheduler_pb2 as pb
@@ -263,7 +264,10 @@ class Exchange:
         if allowed:
             fallbacks = [f for f in fallbacks if f in self.subset]
         picker.metrics.picked(self.service_class, time.monotonic() - self.started)
-        return self._route(placement, ",".join((primary, *fallbacks)))
+        body = message.request_body.body
+        hinted_body = hinted(body, placement.hints, urgency(self.service_class, resumes_from_tool(document)),
+                             self.run_id)
+        return self._route(placement, ",".join((primary, *fallbacks)), body=None if hinted_body is body else hinted_body)
 
     async def decide(self, document: dict) -> ep.ProcessingResponse:
         """A one-pass call: to a healthy one-pass replica, its path rewritten to /classify."""
@@ -279,19 +283,26 @@ class Exchange:
             raise Refused(503, f"the one-pass replica {placement.replica} is outside the gateway's endpoint subset")
         return self._route(placement, destination, path="/classify")
 
-    def _route(self, placement: Placement, destination: str, path: str = "") -> ep.ProcessingResponse:
+    def _route(self, placement: Placement, destination: str, path: str = "",
+               body: bytes | None = None) -> ep.ProcessingResponse:
+        """Envoy's way to the replica; ``body``: the request's body as the engine is to get
+        it (the fields its engine reads set, luftpause/hints.py), with its length, which a
+        processor replacing a buffered body must set."""
         key = os.environ.get(placement.api_key_env, "") if placement.api_key_env else ""
         mutation = ep.HeaderMutation(set_headers=[_header(DESTINATION, destination), IDENTITY_ENCODING],
                                      remove_headers=() if key else STRIPPED)
+        if body is not None:
+            mutation.set_headers.append(_header("content-length", str(len(body))))
         if key:
             mutation.set_headers.append(_header("authorization", f"Bearer {key}"))
         if path:
             mutation.set_headers.append(_header(":path", path))
         metadata = struct_pb2.Struct()
         metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = destination
-        return ep.ProcessingResponse(
-            request_body=ep.BodyResponse(response=ep.CommonResponse(header_mutation=mutation)),
-            dynamic_metadata=metadata)
+        common = ep.CommonResponse(header_mutation=mutation)
+        if body is not None:
+            common.body_mutation.body = body
+        return ep.ProcessingResponse(request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata)
 
     def _on_lease(self, allowed: tuple[str, ...]) -> Placement | None:
         """A lent slot on the run's last replica, as the dataplane takes one (one the

@@ -177,3 +177,19 @@ async def test_a_run_that_ends_has_its_session_closed_on_the_engine(stack, engin
     await eventually(lambda: httpx.get(stats).json()["sessions_open"] == 0, what="the fake engine's session closed")
     assert {"session_id": "agent-1"} not in engines["sglang"].closed  # runs still under way keep theirs
     assert engines["plain"].closed == engines["vllm"].closed == []
+
+
+def test_behind_envoy_the_picker_sets_the_fields_and_the_length_the_engine_reads(make_stack, engines):
+    pool = {"endpoints": [
+        {"name": "plain", "base_url": engines["plain"].url, "models": ["plain-model"]},
+        {"name": "sglang", "base_url": engines["sglang"].url, "models": ["sglang-model"]},
+        {"name": engine_name(0), "base_url": "{" + engine_name(0) + "}", "models": [MODEL]},
+    ]}
+    stack = make_stack(gateway="envoy", engines=1, pool=pool, without=frozenset({"runtime", "fake-mcp"}))
+    plain_before, sglang_before = len(engines["plain"].bodies), len(engines["sglang"].bodies)
+    body = b'{"model": "plain-model", "messages": [{"role": "user", "content": "hi"}], "priority": 3}'
+    chat(stack, body, **{h.RUN_ID: "envoy-plain"})
+    chat(stack, turn("sglang-model", resuming=True, priority=-100), **{h.RUN_ID: "envoy-agent"})
+    assert engines["plain"].bodies[plain_before:] == [body]
+    [sent] = engines["sglang"].sent()[sglang_before:]  # its Content-Length was read to the end
+    assert (sent["priority"], sent["session_id"]) == (2, "envoy-agent")
