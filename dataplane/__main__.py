@@ -31,7 +31,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                             + logs.LOG_SETTINGS_HELP)
     env_option(parser, "--host", "LUFTPAUSE_DATAPLANE_HOST", "127.0.0.1", "bind address")
     env_option(parser, "--port", "LUFTPAUSE_DATAPLANE_PORT", DEFAULT_PORT, "HTTP port", kind=int)
-    env_option(parser, "--scheduler", "LUFTPAUSE_SCHEDULER_ADDR", DEFAULT_SCHEDULER_ADDR, "scheduler gRPC address")
+    env_option(parser, "--scheduler", "LUFTPAUSE_SCHEDULER_ADDR", DEFAULT_SCHEDULER_ADDR,
+               "scheduler gRPC address; several, comma-separated, for a leader and its standbys (the stream "
+               "goes on to the next when one refuses or is away)")
     env_option(parser, "--max-body-bytes", "LUFTPAUSE_MAX_BODY_BYTES", MAX_BODY_BYTES, "largest request body, else 413",
                kind=int)
     env_option(parser, "--messages-warm-up", "LUFTPAUSE_MESSAGES_WARM_UP", "on",

@@ -131,7 +131,6 @@ REASONS = {pb.RefusalReason.Value(codes.refusal): reason for reason, codes in RE
 
 class SchedulerLink:
     def __init__(self, address: str, book: RunBook, log, token: str | None = None) -> None:
-        self.address = address
         self.book = book
         self.log = log
         # One id per process: a restarted dataplane is a new peer and owns nothing yet.
@@ -140,8 +139,14 @@ class SchedulerLink:
         # every read and write of the stream.
         self._metadata = ((DATAPLANE_METADATA, self.dataplane_id),
                           *((("authorization", auth.bearer(token)),) if token else ()))
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.SchedulerStub(self._channel)
+        # Several addresses (comma-separated): a leader and its standbys (scheduler/leader.py);
+        # the stream goes to one, and on to the next when that one refuses or is away.
+        self.addresses = [a.strip() for a in address.split(",") if a.strip()]
+        if not self.addresses:
+            raise ValueError("no scheduler address")
+        self._channels = [grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS) for a in self.addresses]
+        self._stubs = [pb_grpc.SchedulerStub(channel) for channel in self._channels]
+        self._at = 0  # the address the stream goes to (or went to last)
         # turn id -> (its admission, who waits for the decision), in arrival order
         self._pending: dict[str, tuple[pb.AdmitRequest, asyncio.Future[Placement]]] = {}
         self._out = pb.DataplaneFrame()  # what the next write sends
@@ -151,6 +156,11 @@ class SchedulerLink:
         self._task: asyncio.Task | None = None
         self._leases: dict[str, Lease] = {}  # replica -> what this stream was lent there
         self._lease_epoch = 0  # a new stream's leases are new: slots of older ones are not given back
+
+    @property
+    def address(self) -> str:
+        """The scheduler address the stream goes to (or went to last)."""
+        return self.addresses[self._at]
 
     @property
     def synced(self) -> bool:
@@ -170,7 +180,8 @@ class SchedulerLink:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
     # ------------------------------------------------------------ admission
 
@@ -280,7 +291,7 @@ class SchedulerLink:
                 entry[1].set_exception(AdmitRefused(REASONS.get(refused.reason, RejectReason.INVALID), refused.message))
 
     async def status(self, timeout: float = 2.0) -> pb.StatusReply:
-        return await self._stub.Status(pb.StatusRequest(), timeout=timeout, metadata=self._metadata)
+        return await self._stubs[self._at].Status(pb.StatusRequest(), timeout=timeout, metadata=self._metadata)
 
     # ---------------------------------------------------------- turn events
 
@@ -358,7 +369,7 @@ class SchedulerLink:
             try:
                 # Events queued so far are older than the snapshot, which reflects them.
                 self._out = pb.DataplaneFrame()
-                call = self._stub.Connect(metadata=self._metadata)
+                call = self._stubs[self._at].Connect(metadata=self._metadata)
                 await call.write(self._hello())
                 first = await asyncio.wait_for(call.read(), HELLO_TIMEOUT_S)
                 if first is grpc.aio.EOF or not first.HasField("welcome"):
@@ -401,6 +412,7 @@ class SchedulerLink:
                         await writer
                 if call is not None:
                     call.cancel()
+                self._at = (self._at + 1) % len(self.addresses)  # the next one: maybe the leader now
             await asyncio.sleep(STREAM_RECONNECT_DELAY_S)
 
     async def _write_forever(self, call: grpc.aio.StreamStreamCall) -> None:

@@ -55,6 +55,10 @@ MAX_CALLER_BYTES = 128
 # UUID, far below what would let one client grow the scheduler's state without bound.
 MAX_ID_BYTES = 256
 
+# How a standby scheduler's refusal (FAILED_PRECONDITION) begins: another scheduler leads,
+# and a dataplane given several scheduler addresses goes on to the next.
+SCHEDULER_STANDBY = "standby scheduler"
+
 # ------------------------------------------------------------------- gRPC metadata
 # A dataplane's id on its calls to the scheduler (the Resync snapshot's dataplane_id).
 DATAPLANE_METADATA = "x-luftpause-dataplane"

@@ -196,7 +196,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env_option(parser, "--shed-batch-wait", "LUFTPAUSE_PICKER_SHED_BATCH_WAIT_S", 0.0,
                "shed load: a batch turn held this many seconds is given up and answered 429 with Retry-After "
                "(0: it waits as long as it takes)", kind=float)
-    env_option(parser, "--scheduler", "LUFTPAUSE_SCHEDULER_ADDR", "127.0.0.1:5000", "scheduler gRPC address")
+    env_option(parser, "--scheduler", "LUFTPAUSE_SCHEDULER_ADDR", "127.0.0.1:5000",
+               "scheduler gRPC address; several, comma-separated, for a leader and its standbys (the stream "
+               "goes on to the next when one refuses or is away)")
     session_idle_option(parser)
     return parser.parse_args(argv)
 

@@ -19,6 +19,7 @@ from luftpause.scheduler.app import http_app, runtime_status_url
 from luftpause.scheduler.constants import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, PROBE_PERIOD_S
 from luftpause.scheduler.core import LiftMode, Policy
 from luftpause.scheduler.host import SchedulerHost, grpc_server, mark_serving
+from luftpause.scheduler.leader import LeadLock, LeadLost
 from luftpause.scheduler.pool import PoolError, load_pool
 
 
@@ -85,6 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         env_option(parser, flag, env_name, _word(getattr(Policy(), field)), text, choices=choices)
     env_option(parser, "--probe-period", "LUFTPAUSE_PROBE_PERIOD_S", PROBE_PERIOD_S,
                "seconds between engine probes (the probe timeout stays 2 s)", kind=float)
+    env_option(parser, "--lead-lock", "LUFTPAUSE_LEAD_LOCK", "",
+               "a PostgreSQL URL (postgresql://user:password@host:port/db): schedulers given the same one elect "
+               "one leader there and the others stand by, not ready and refusing dataplanes until the leader is "
+               "gone; a leader cut off from the database exits within about a second (docs/fleet.md). "
+               "Unset = this scheduler always leads")
     parser.add_argument("--runtime-url", default=env("LUFTPAUSE_RUNTIME_URL") or None, type=runtime_url,
                         help="the runtime whose run tree the status page shows, e.g. http://127.0.0.1:7000 "
                              "(env LUFTPAUSE_RUNTIME_URL; unset = no run tree). LUFTPAUSE_TOKEN (env only), when "
@@ -113,8 +119,12 @@ async def serve(args: argparse.Namespace, log) -> None:
     if not token:
         log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set; gRPC and HTTP accept everyone")
     server, health_servicer = grpc_server(host, f"{args.host}:{args.grpc_port}", token)
+    lock = LeadLock(args.lead_lock, log) if args.lead_lock else None
+    if lock is not None:
+        host.standby = lock.where
     await server.start()
-    await mark_serving(health_servicer)
+    if lock is None:
+        await mark_serving(health_servicer)
     host.serving = True
     runner = JsonErrorsRunner(http_app(host, token, args.runtime_url), access_log=None)
     await runner.setup()
@@ -123,17 +133,37 @@ async def serve(args: argparse.Namespace, log) -> None:
              replicas=[e.name for e in endpoints], affinity=_word(policy.affinity),
              interactive_slots=args.interactive_slots, lift_ceiling=args.lift_ceiling, resume_slots=args.resume_slots)
     tasks = [asyncio.create_task(host.probe_forever()), asyncio.create_task(host.tick_forever())]
+    stop = asyncio.create_task(stop_signalled())
+    leading = asyncio.create_task(lead(lock, host, health_servicer)) if lock is not None else None
+    lost = False
     try:
-        await stop_signalled()
+        await asyncio.wait([t for t in (stop, leading) if t is not None], return_when=asyncio.FIRST_COMPLETED)
+        lost = leading is not None and leading.done()
+        if lost:
+            leading.result()  # LeadLost: out, and the supervisor starts a standby
     finally:
+        for task in (stop, leading):
+            if task is not None:
+                task.cancel()
+        if lock is not None:
+            await lock.release()
         log.info("scheduler_stopping")
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await server.stop(grace=1.0)
+        await server.stop(grace=0 if lost else 1.0)  # a lost lead: no stream stays a moment longer
         await runner.cleanup()
+
+
+async def lead(lock: LeadLock, host: SchedulerHost, health_servicer) -> None:
+    """Stand by until this scheduler holds the lead lock, then lead until it cannot say
+    it does (LeadLost)."""
+    await lock.hold()
+    host.standby = ""
+    await mark_serving(health_servicer)
+    await lock.keep()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     except PoolError as exc:
         log.error("bad_pool_file", error=str(exc))
         return 2
+    except LeadLost as exc:
+        log.error("scheduler_lead_lost", problem=str(exc),
+                  effect="exiting: another scheduler may lead now; started again, this one stands by")
+        return 3
     finally:
         tracing.shutdown()
     return 0

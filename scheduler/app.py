@@ -122,9 +122,11 @@ def http_app(host: SchedulerHost, token: str | None = None, runtime_url: str | N
         return web.json_response({"status": "ok"})
 
     async def get_ready(request: web.Request) -> web.Response:
-        """Ready: the gRPC server is serving and at least one replica is healthy."""
+        """Ready: the gRPC server is serving, this scheduler leads and at least one replica is healthy."""
         healthy = [r.name for r in host.state.replicas.values() if r.healthy]
         problems = ([] if host.serving else ["gRPC server not serving"]) + ([] if healthy else ["no healthy replica"])
+        if host.standby:
+            problems.append(f"standby: another scheduler holds the lead lock on {host.standby}")
         return web.json_response({"status": "not ready" if problems else "ready", "problems": problems,
                                   "healthy_replicas": sorted(healthy)}, status=503 if problems else 200)
 

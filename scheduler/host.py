@@ -30,6 +30,7 @@ from luftpause.scheduler.engine_sessions import EngineSessions
 from luftpause.scheduler.probes import ProbeResult, answers, native_apis, probe, probe_client, server_info
 from luftpause.scheduler.validation import admit_problem, resync_problem
 from luftpause.vocabulary import BATCH, DATAPLANE_METADATA, INTERACTIVE, REJECT_CODES
+from luftpause.vocabulary import SCHEDULER_STANDBY as STANDBY
 
 if TYPE_CHECKING:
     from luftpause.scheduler.app import RunQuery
@@ -82,6 +83,7 @@ class SchedulerHost:
         self.metrics = SchedulerMetrics(self.status, clock)
         self.metrics.init_series(self.endpoints)
         self.serving = False  # set once the gRPC server is up (readiness)
+        self.standby = ""  # another scheduler leads: the lead lock's database (scheduler/leader.py)
         self._probe_client: httpx.AsyncClient | None = None
         self._reprobing: set[str] = set()  # replicas probed out of turn right now
         self._tasks: set[asyncio.Task] = set()
@@ -443,10 +445,19 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     def __init__(self, host: SchedulerHost) -> None:
         self.host = host
 
+    async def _leading(self, context: grpc.aio.ServicerContext) -> None:
+        """A standby takes no dataplane: it refuses, naming why, and the dataplane tries
+        its next scheduler address."""
+        if self.host.standby:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"{STANDBY}: another scheduler holds the lead lock on {self.host.standby}")
+
     async def Connect(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        await self._leading(context)
         await stream.serve(self.host, context)
 
     async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitReply:
+        await self._leading(context)
         if problem := admit_problem(request):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         parent = tracing.extract({m.key: m.value for m in context.invocation_metadata() or ()})
@@ -465,6 +476,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         )
 
     async def Report(self, request_iterator: AsyncIterator[pb.TurnEventBatch], context) -> pb.ReportAck:
+        await self._leading(context)
         dataplane = {m.key: m.value for m in context.invocation_metadata() or ()}.get(DATAPLANE_METADATA, "")
         count = 0
         self.host.stream_opened(dataplane)
@@ -478,6 +490,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return pb.ReportAck(events=count)
 
     async def Resync(self, request: pb.ResyncRequest, context) -> pb.ResyncReply:
+        await self._leading(context)
         if problem := resync_problem(request):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         self.host.resync(request)
