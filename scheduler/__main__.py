@@ -18,7 +18,8 @@ from luftpause.eventloop import run_event_loop, stop_signalled
 from luftpause.scheduler.app import http_app, runtime_status_url
 from luftpause.scheduler.constants import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, PROBE_PERIOD_S
 from luftpause.scheduler.core import LiftMode, Policy
-from luftpause.scheduler.host import SchedulerHost, grpc_server, mark_serving
+from luftpause.scheduler.grpc_api import grpc_server, mark_serving
+from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.leader import LeadLock, LeadLost
 from luftpause.scheduler.pool import PoolError, load_pool
 
