@@ -22,7 +22,12 @@ the body sent to the engine) for ``SUSPECT_MEMORY_S``:
   does not wedge a replica a continuation has just gone to;
 * a request that failed so on ``SUSPECT_REPLICAS`` replicas is not sent again while it
   is remembered: it is answered at once with a 502 that says so (marked
-  ``x-luftpause-engine-failure: repeated``, which clients must not retry).
+  ``x-luftpause-engine-failure: repeated``, which clients must not retry);
+* and that answer comes within two first-byte bounds of the send that failed: its
+  re-send waits for its first byte only what is left of them (:func:`resend_due`), not
+  a whole bound of its own after its admission and connection. Time it waited for a slot
+  or behind other re-sends in its lane is the pool's queue, not an engine's, and is not
+  counted: a victim of a wedge re-sent behind the culprit keeps about its whole bound.
 
 A connection refused (the engine was down before the request came) says nothing about
 the request and is not counted. Memory is bounded: the oldest entries go first.
@@ -38,6 +43,11 @@ from collections.abc import Callable
 
 from luftpause.dataplane.constants import SUSPECT_MEMORY_ENTRIES, SUSPECT_MEMORY_S, SUSPECT_REPLICAS
 
+# Of a re-sent suspect's two first-byte bounds, the seconds kept for its 502's way out (the
+# stall noticed, the answer written and sent: about 5 ms on an idle host, more on a busy
+# one), so that the client has it within them.
+SUSPECT_ANSWER_S = 0.05
+
 
 def fingerprint(model: str, body: bytes) -> bytes:
     """The request as an engine sees it: its model and the exact body sent."""
@@ -45,6 +55,14 @@ def fingerprint(model: str, body: bytes) -> bytes:
     digest.update(b"\0")
     digest.update(body)
     return digest.digest()
+
+
+def resend_due(sent: float, bound: float, queued: float) -> float:
+    """By when a re-sent suspect's first byte must come: ``SUSPECT_REPLICAS`` first-byte
+    bounds (``bound``: the failed send's) from when that send began (``sent``), later by
+    the seconds it has been ``queued`` since (held for a slot, behind other re-sends: no
+    engine's time), less SUSPECT_ANSWER_S for the answer's way out."""
+    return sent + queued + SUSPECT_REPLICAS * bound - SUSPECT_ANSWER_S
 
 
 class Suspects:

@@ -29,6 +29,14 @@ looked like a wedged engine.
 A stream that pauses longer than its (recomputed) bound while the dataplane waits on
 the engine is stalled too; time spent writing to a slow client does not count.
 
+A turn may be *due by* a moment (:meth:`FirstByteBounds.due_by`): a request re-sent after
+it stalled or dropped a replica (dataplane/suspects.py) is to get its answer within two
+first-byte bounds in all, so its first byte is awaited only until then, if that is
+sooner than its own bound, but never less than DUE_LEAST_SHARE of its own bound: a
+healthy replica answers well within that (the bound is FIRST_BYTE_MARGIN times what the
+rates predict), so one is not reported stalled because the re-send came late to it.
+Pauses of its stream after the first byte have the usual bound.
+
 Every turn on a wedged engine waits out its bound, and more turns reach it meanwhile.
 So, well before the bound, a turn still waiting for its first byte is reported *silent*
 once its replica has sent nothing at all (no byte to any of this dataplane's turns
@@ -64,6 +72,9 @@ from luftpause.dataplane.constants import (
 )
 
 _MAX_TOKENS = re.compile(rb'"max_(?:completion_)?tokens"\s*:\s*(\d+)')
+# A turn due by a moment (FirstByteBounds.due_by) waits for its first byte until then, but
+# never less than this share of its own bound.
+DUE_LEAST_SHARE = 0.5
 
 
 def prompt_tokens(body: bytes) -> int:
@@ -82,7 +93,7 @@ class Watch:
     """One turn's wait on its engine."""
 
     __slots__ = ("replica", "stream", "tokens", "work", "pending", "started", "waiting", "answered", "stalled",
-                 "bound", "floor", "silent")
+                 "bound", "floor", "silent", "due")
 
     def __init__(self, replica: str, stream: bool, tokens: int, ahead: int, started: float, reply: int = 0,
                  stated: bool = False) -> None:
@@ -97,6 +108,7 @@ class Watch:
         self.stalled = False  # the watchdog gave up on it
         self.bound = 0.0  # the bound it was last held to, seconds
         self.silent: float | None = None  # when it was reported silent (its replica sent nothing), if it was
+        self.due: float | None = None  # its first byte is awaited until then at most (FirstByteBounds.due_by)
 
 
 class FirstByteBounds:
@@ -122,7 +134,16 @@ class FirstByteBounds:
 
     def bound(self, watch: Watch) -> float:
         """Seconds the turn may wait for its first byte (or in a pause of its stream)."""
-        return max(FIRST_BYTE_MIN_S, self._derived(watch))
+        bound = max(FIRST_BYTE_MIN_S, self._derived(watch))
+        if watch.due is not None and not watch.answered:
+            return min(bound, max(watch.due - watch.started, DUE_LEAST_SHARE * bound))
+        return bound
+
+    def due_by(self, watch: Watch, due: float) -> None:
+        """The turn's first byte is awaited until ``due`` (the loop's clock) if that is sooner
+        than its bound, though never less than DUE_LEAST_SHARE of its bound."""
+        watch.due = due
+        watch.bound = self.bound(watch)
 
     def _derived(self, watch: Watch) -> float:
         """The bound as derived from the rates and floors, before its least value."""

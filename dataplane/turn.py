@@ -21,7 +21,7 @@ from luftpause import tracing
 from luftpause.dataplane.constants import (ENGINE_RETRY_ATTEMPTS, ENGINE_RETRY_DELAY_S, ENGINE_RETRY_WINDOW_S,
                                            SUSPECT_MEMORY_S, SUSPECT_REPLICAS)
 from luftpause.dataplane.context import BOOK, ENGINES, LINK, LOG, METRICS, SUSPECTS, TRACER, error_response
-from luftpause.dataplane.suspects import Lane, fingerprint
+from luftpause.dataplane.suspects import Lane, fingerprint, resend_due
 from luftpause.dataplane.continuation import Continuing, Rewriter, StreamStalled, continuation_body
 from luftpause.dataplane.proxy import EngineUnreachable, abandon, engine_headers, proxy
 from luftpause.dataplane.requests import TurnRequest
@@ -50,11 +50,25 @@ class Turn:
         self.span = trace.get_current_span()
         self.trace_id = tracing.trace_id()
         self.lease: tuple[str, int] | None = None  # the lent slot it fills, if it took one
-        self.watch: Watch | None = None  # its wait on the engine, bounded (dataplane/timing.py)
+        # A re-sent suspect's: its first byte is awaited until then at most (dataplane/suspects.py).
+        self.first_byte_by: float | None = None
+        self.watch = None  # its wait on the engine, bounded (dataplane/timing.py)
         self.watchdog: Watchdog | None = None
         # Gives up its place in a failed replica's lane (dataplane/suspects.py): a re-send's or a
         # continuation's, at its first byte.
         self.lane: Callable[[], None] | None = None
+
+    @property
+    def watch(self) -> Watch | None:
+        return self._watch
+
+    @watch.setter
+    def watch(self, watch: Watch | None) -> None:
+        """The wait proxy() starts for the turn, due by ``first_byte_by`` if it has one: set
+        here, before its watchdog first looks, so proxy() need not know about suspects."""
+        if watch is not None and self.first_byte_by is not None:
+            self.app[ENGINES].bounds.due_by(watch, self.first_byte_by)
+        self._watch = watch
 
     def event(self, urgent: bool = False, **kind) -> None:
         self.link.report(pb.TurnEvent(turn_id=self.turn_id, run_id=self.req.run_id, trace_id=self.trace_id, **kind),
@@ -145,8 +159,9 @@ async def run_turn(request: web.Request, req: TurnRequest) -> web.StreamResponse
     another replica: ENGINE_RETRY_ATTEMPTS within ENGINE_RETRY_WINDOW_S, then a 502 (a
     turn re-sent after a stall goes at once, without the retry delay, and waits for its
     admission as long as a new one would). A request that stalled or dropped its engine
-    is sent at most once more, and one that did so on two replicas is not sent again for
-    a while (dataplane/suspects.py).
+    is sent at most once more, its first byte awaited only what is left of two
+    first-byte bounds from the send that failed, and one that did so on two replicas is
+    not sent again for a while (dataplane/suspects.py).
     When it returns or raises, the request's bodies are let go (TurnRequest.release)."""
     try:
         return await _run_turn(request, req)
@@ -161,13 +176,11 @@ async def _run_turn(request: web.Request, req: TurnRequest) -> web.StreamRespons
         return _refused_as_suspect(request, req, suspects.replicas(key))
     first_failure: float | None = None
     failure: EngineUnreachable | None = None
-    suspect_failures = 0
-    lane: Lane | None = None
+    resends = _Resends(request, req, key)
     delay = ENGINE_RETRY_DELAY_S
     for attempt in range(1, ENGINE_RETRY_ATTEMPTS + 1):
         turn = Turn(request.app, req)
-        if lane is not None:  # re-sent after it stalled or dropped a replica: one at a time from there
-            turn.lane, lane = await lane.resend(), None
+        await resends.sending(turn)
         # A turn re-sent after a stall waits to be admitted like any turn: the stalled
         # replica is out of rotation, so a hold is the healthy ones' queue (busier now),
         # not the failed engine. After an unreachable engine the scheduler cannot know
@@ -180,6 +193,7 @@ async def _run_turn(request: web.Request, req: TurnRequest) -> web.StreamRespons
             if placement is None:  # still held when the retry window closed
                 break
             turn.placed(placement)
+            resends.placed(turn, placement)
             try:
                 return await proxy(request, turn, placement)
             except StreamStalled as stall:  # bytes reached the client: continued, not re-sent
@@ -196,13 +210,8 @@ async def _run_turn(request: web.Request, req: TurnRequest) -> web.StreamRespons
                 raise
         finally:
             turn.answered()
-        if failure.suspect:
-            suspect_failures += 1
-            key = key or fingerprint(req.model, req.body)
-            took_down = suspects.failed_on(key, failure.replica)
-            if suspect_failures >= SUSPECT_REPLICAS or suspects.refused(key):
-                return _refused_as_suspect(request, req, took_down, failure)
-            lane = suspects.lane(failure.replica)
+        if (refused := resends.failed(turn, failure)) is not None:
+            return refused
         first_failure = first_failure or time.monotonic()
         if attempt == ENGINE_RETRY_ATTEMPTS or time.monotonic() + delay >= first_failure + ENGINE_RETRY_WINDOW_S:
             break
@@ -214,14 +223,73 @@ async def _run_turn(request: web.Request, req: TurnRequest) -> web.StreamRespons
     return error_response(502, failure.message, headers, req.dialect, "api_error")
 
 
+class _Resends:
+    """One request's sends after it stalled or dropped a replica (dataplane/suspects.py):
+    counted, at most one more, in the failed replica's lane, its first byte due within two
+    first-byte bounds of the send that failed (``resend_due``), or refused."""
+
+    def __init__(self, request: web.Request, req: TurnRequest, key: bytes | None) -> None:
+        self.request, self.req, self.key = request, req, key
+        self.suspects = request.app[SUSPECTS]
+        self.clock = asyncio.get_running_loop().time  # the watches' clock
+        self.failures = 0
+        self.lane: Lane | None = None
+        # (resend_due without the re-send's own queueing, the failed send's bound, its replica)
+        self.due: tuple[float, float, str] | None = None
+        self.sent = 0.0  # when the current send began
+        self.queued = 0.0  # seconds it was held for a slot or in a lane: the pool's queue, no engine's time
+
+    async def sending(self, turn: Turn) -> None:
+        """A send begins: after a stall or drop, one at a time from the failed replica."""
+        self.sent, self.queued = self.clock(), 0.0
+        if self.lane is not None:
+            turn.lane, self.lane = await self.lane.resend(), None
+            self.queued = self.clock() - self.sent
+
+    def placed(self, turn: Turn, placement: Placement) -> None:
+        """Placed: a re-send's first byte is due within two bounds of the send that failed."""
+        self.queued += placement.held_ms / 1000
+        if self.due is not None:
+            turn.first_byte_by = self.due[0] + self.queued
+
+    def failed(self, turn: Turn, failure: EngineUnreachable) -> web.Response | None:
+        """The send failed: counted if its engine stalled or dropped it; the 502 when the
+        request is not to be sent again."""
+        if not failure.suspect:
+            return None
+        self.failures += 1
+        self.key = self.key or fingerprint(self.req.model, self.req.body)
+        took_down = self.suspects.failed_on(self.key, failure.replica)
+        if self.failures >= SUSPECT_REPLICAS or self.suspects.refused(self.key):
+            why = _due_stall(turn, failure, self.due)
+            return _refused_as_suspect(self.request, self.req, took_down, failure, why)
+        self.lane = self.suspects.lane(failure.replica)
+        if turn.watch is not None:
+            self.due = resend_due(self.sent, turn.watch.bound, self.queued), turn.watch.bound, failure.replica
+        return None
+
+
+def _due_stall(turn: Turn, failure: EngineUnreachable, due: tuple[float, float, str] | None) -> str | None:
+    """What a re-sent suspect's stall was, in words, when its bound was what was left of
+    the two first-byte bounds (proxy's words name the bound derived from the rates)."""
+    watch = turn.watch
+    if due is None or watch is None or watch.due is None or not failure.stalled:
+        return None
+    if watch.bound != watch.due - watch.started:  # its own bound (or DUE_LEAST_SHARE of it), or a pause's
+        return None
+    return (f"engine {failure.replica}: no first byte within {watch.bound:.2f}s, what was left of "
+            f"{SUSPECT_REPLICAS} first-byte bounds ({due[1]:.2f}s each) from its send to {due[2]}")
+
+
 def _refused_as_suspect(request: web.Request, req: TurnRequest, replicas: frozenset[str],
-                        failure: EngineUnreachable | None = None) -> web.Response:
-    """The 502 of a request that stalled or dropped its engine and is not sent again."""
+                        failure: EngineUnreachable | None = None, why: str | None = None) -> web.Response:
+    """The 502 of a request that stalled or dropped its engine and is not sent again;
+    ``why``: the failure in other words than its own message."""
     names = " and ".join(sorted(replicas))
     message = (f"this request stalled or dropped {names} (within the last {SUSPECT_MEMORY_S:.0f} s) and is not "
                f"sent to another replica: it may be what brings engines down")
     if failure is not None:
-        message = f"{failure.message}; {message}"
+        message = f"{why or failure.message}; {message}"
     request.app[LOG].warning("turn_refused_as_suspect", run=req.run_id, replicas=sorted(replicas),
                              model=req.model, body_bytes=len(req.body))
     request.app[METRICS].turn_refused_as_suspect()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import httpx
 import structlog
+from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -30,12 +31,12 @@ from luftpause.runtime import pg_schema
 from luftpause.runtime.fleet import Fleet
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.stores import FileStore, PostgresStore, redacted
-from luftpause.runtime.jsonrpc import MCP_PATH, JsonRpcGate
+from luftpause.runtime.jsonrpc import MCP_PATH, JsonRpcGate, SessionShareGate
 from luftpause.runtime.mcp_server import build_mcp_server
 from luftpause.runtime.metrics import build_registry, exposition
 from luftpause.runtime.runs import InvalidPage, UnknownRunError, page_of
 from luftpause.runtime.service import Runtime
-from luftpause.runtime.sessions import SessionActivity, evict_idle_at_cap
+from luftpause.runtime.sessions import SessionActivity, SessionShares, evict_idle_at_cap, key_share
 from luftpause.runtime.tasks import TASKS_FILE, TaskStore
 from luftpause.runtime.upstream import Toolbox
 
@@ -43,6 +44,7 @@ log = structlog.get_logger(component="app")
 
 PROTECTED_PREFIXES = ("/mcp", "/status")
 JSONRPC_PATHS = (MCP_PATH,)  # refusals there are JSON-RPC error bodies
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def http_error(status: int, message: str) -> JSONResponse:
@@ -100,12 +102,45 @@ def build_app(
     evict_idle_at_cap(mcp_server.session_manager, settings.session_evict_idle_s, activity)
     started_at = time.time()
     registry = build_registry(runtime)
+    ready, status = _ready(runtime, settings), _status(runtime, settings)
+    lifespan = _lifespan(runtime, tasks, mcp_server, settings, process_started)
+
     async def health(request: Request) -> JSONResponse:
         report = {"status": "ok", "service": "runtime", "uptimeSeconds": round(time.time() - started_at)}
         problem = runtime.journal_problem
         if problem:  # runs wait until their rounds and outcomes are on disk
             return JSONResponse({**report, "status": "degraded", "problem": problem}, status_code=503)
         return JSONResponse(report)
+
+    async def metrics(request: Request) -> Response:
+        body, content_type = exposition(registry)
+        return Response(body, headers={"Content-Type": content_type})
+
+    app: ASGIApp = Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/ready", ready, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/status", status, methods=["GET"]),
+            Mount("/", app=mcp_app),
+        ],
+        lifespan=lifespan,
+    )
+    if settings.keys:  # one tenant may hold its share of the session cap, not all of it
+        share = key_share(settings.max_sessions, settings.max_sessions_per_key)
+        shares = SessionShares(mcp_server.session_manager, share, settings.session_evict_idle_s, activity)
+        app = SessionShareGate(app, shares, settings.keys)
+    app = JsonRpcGate(app, mcp_server.session_manager, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE,
+                      evict_idle_s=settings.session_evict_idle_s, activity=activity)
+    if settings.token:
+        app = BearerGuard(app, settings.token, PROTECTED_PREFIXES, JSONRPC_PATHS, settings.keys)
+    else:
+        log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set; /mcp and /status accept everyone")
+    return HostOriginGuard(app, AllowedHosts.from_env(), JSONRPC_PATHS)
+
+
+def _ready(runtime: Runtime, settings: RuntimeSettings) -> Endpoint:
+    """``GET /ready``."""
 
     async def ready(request: Request) -> JSONResponse:
         """Ready: the journal can be written and the dataplane answers."""
@@ -125,9 +160,11 @@ def build_app(
         return JSONResponse({"status": "not ready" if problems else "ready", "problems": problems},
                             status_code=503 if problems else 200)
 
-    async def metrics(request: Request) -> Response:
-        body, content_type = exposition(registry)
-        return Response(body, headers={"Content-Type": content_type})
+    return ready
+
+
+def _status(runtime: Runtime, settings: RuntimeSettings) -> Endpoint:
+    """``GET /status``."""
 
     async def status(request: Request) -> JSONResponse:
         """A page of runs as the MCP `status` tool pages them (``limit``, ``cursor``), each
@@ -166,6 +203,13 @@ def build_app(
                 run["driver"] = drivers.get(run["handle"])
         return JSONResponse(report)
 
+    return status
+
+
+def _lifespan(runtime: Runtime, tasks: TaskStore, mcp_server: MCPServer, settings: RuntimeSettings,
+              process_started: float | None) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
+    """The app's start and stop: the tools, the runtime and its tasks, the MCP sessions."""
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await runtime.toolbox.start()
@@ -187,20 +231,4 @@ def build_app(
                 await runtime.close()
                 log.info("runtime_stopped")
 
-    app: ASGIApp = Starlette(
-        routes=[
-            Route("/health", health, methods=["GET"]),
-            Route("/ready", ready, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-            Route("/status", status, methods=["GET"]),
-            Mount("/", app=mcp_app),
-        ],
-        lifespan=lifespan,
-    )
-    app = JsonRpcGate(app, mcp_server.session_manager, max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE,
-                      evict_idle_s=settings.session_evict_idle_s, activity=activity)
-    if settings.token:
-        app = BearerGuard(app, settings.token, PROTECTED_PREFIXES, JSONRPC_PATHS, settings.keys)
-    else:
-        log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set; /mcp and /status accept everyone")
-    return HostOriginGuard(app, AllowedHosts.from_env(), JSONRPC_PATHS)
+    return lifespan

@@ -64,6 +64,7 @@ class RuntimeSettings:
     default_model: str | None = None
     max_runs_per_caller: int = constants.MAX_RUNS_PER_CALLER
     max_sessions: int = constants.MAX_SESSIONS
+    max_sessions_per_key: int = 0  # with tenant keys, one tenant's share of max_sessions; 0: half (key_share)
     session_idle_s: float = constants.SESSION_IDLE_S
     peer_identity: str = "none"  # run identity for an agent-aware router in place of the dataplane
     session_evict_idle_s: float = constants.SESSION_EVICT_IDLE_S
@@ -94,6 +95,48 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         ),
         epilog=KEY_IDENTITIES_HELP + " " + LOG_SETTINGS_HELP,
     )
+    _add_options(parser, env)
+    args = parser.parse_args(argv)
+    if args.max_runs_per_caller < 1 or args.max_sessions < 1 or not 0 < args.session_idle < float("inf"):
+        parser.error("--max-runs-per-caller and --max-sessions must be >= 1, --session-idle > 0")
+    if not 0 <= args.session_evict_idle < float("inf"):
+        parser.error("--session-evict-idle must be a finite number of seconds >= 0")
+    if not 0 <= args.max_sessions_per_key <= args.max_sessions:
+        parser.error(f"--max-sessions-per-key must be between 1 and --max-sessions ({args.max_sessions}), "
+                     f"or 0 for half of it, not {args.max_sessions_per_key}")
+    if not 0.5 <= args.lease < float("inf"):
+        parser.error("--lease must be at least 0.5 seconds")
+    if args.journal and not is_database_url(args.journal):
+        parser.error(f"--journal must be a postgresql:// URL (or empty for files in --state-dir), not {args.journal!r}")
+    try:
+        keys = Keys.from_env(env, env.get("LUFTPAUSE_TOKEN") or None)
+    except KeyIdentitiesError as exc:
+        parser.error(str(exc))
+    return RuntimeSettings(
+        host=args.host,
+        port=args.port,
+        # Accept the OpenAI-style base (".../v1") too: paths are added by the client.
+        dataplane_url=args.dataplane_url.rstrip("/").removesuffix("/v1"),
+        tools_file=args.tools_file,
+        state_dir=args.state_dir,
+        token=env.get("LUFTPAUSE_TOKEN") or None,
+        default_model=env.get("LUFTPAUSE_DEFAULT_MODEL") or None,
+        max_runs_per_caller=args.max_runs_per_caller,
+        max_sessions=args.max_sessions,
+        max_sessions_per_key=args.max_sessions_per_key,
+        session_idle_s=args.session_idle,
+        peer_identity=args.peer_identity,
+        session_evict_idle_s=args.session_evict_idle,
+        keys=keys,
+        journal_url=args.journal or None,
+        runtime_id=args.runtime_id,
+        lease_s=args.lease,
+    )
+
+
+def _add_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """The runtime's options, each defaulting to its variable in ``env``."""
+
     def option(flag: str, env_name: str, default: Any, text: str, **extra: Any) -> None:
         env_option(parser, flag, env_name, default, text, environ=env, **extra)
 
@@ -120,6 +163,10 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
     option("--max-sessions", "LUFTPAUSE_MAX_SESSIONS", constants.MAX_SESSIONS,
            "open MCP sessions; at the cap the longest-idle session is closed for a new one if it has been idle "
            "--session-evict-idle seconds, else the new one gets 503 with Retry-After", kind=int)
+    option("--max-sessions-per-key", "LUFTPAUSE_MAX_SESSIONS_PER_KEY", 0,
+           "with tenant keys: open MCP sessions one tenant (a key's caller) may hold, 0 = half of --max-sessions; "
+           "at its share its own longest-idle session is closed for its new one if idle --session-evict-idle "
+           "seconds, else the new one gets 429 with Retry-After (the operator's token is not limited)", kind=int)
     option("--session-evict-idle", "LUFTPAUSE_SESSION_EVICT_IDLE_S", constants.SESSION_EVICT_IDLE_S,
            "at the session cap, only a session idle this many seconds may be closed for a new one, so opening "
            "sessions cannot end one in use", kind=float)
@@ -130,38 +177,6 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
            "turn's run identity where that router reads it: session (session_params.session_id: vllm-router "
            "sticky_least_loaded, kv_aware) or program (vllm_xargs.agentic_context: vllm-router program "
            "scheduling)", choices=STYLES)
-    args = parser.parse_args(argv)
-    if args.max_runs_per_caller < 1 or args.max_sessions < 1 or not 0 < args.session_idle < float("inf"):
-        parser.error("--max-runs-per-caller and --max-sessions must be >= 1, --session-idle > 0")
-    if not 0 <= args.session_evict_idle < float("inf"):
-        parser.error("--session-evict-idle must be a finite number of seconds >= 0")
-    if not 0.5 <= args.lease < float("inf"):
-        parser.error("--lease must be at least 0.5 seconds")
-    if args.journal and not is_database_url(args.journal):
-        parser.error(f"--journal must be a postgresql:// URL (or empty for files in --state-dir), not {args.journal!r}")
-    try:
-        keys = Keys.from_env(env, env.get("LUFTPAUSE_TOKEN") or None)
-    except KeyIdentitiesError as exc:
-        parser.error(str(exc))
-    return RuntimeSettings(
-        host=args.host,
-        port=args.port,
-        # Accept the OpenAI-style base (".../v1") too: paths are added by the client.
-        dataplane_url=args.dataplane_url.rstrip("/").removesuffix("/v1"),
-        tools_file=args.tools_file,
-        state_dir=args.state_dir,
-        token=env.get("LUFTPAUSE_TOKEN") or None,
-        default_model=env.get("LUFTPAUSE_DEFAULT_MODEL") or None,
-        max_runs_per_caller=args.max_runs_per_caller,
-        max_sessions=args.max_sessions,
-        session_idle_s=args.session_idle,
-        peer_identity=args.peer_identity,
-        session_evict_idle_s=args.session_evict_idle,
-        keys=keys,
-        journal_url=args.journal or None,
-        runtime_id=args.runtime_id,
-        lease_s=args.lease,
-    )
 
 
 def load_tools_file(path: Path) -> list[UpstreamServerConfig] | None:

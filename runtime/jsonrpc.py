@@ -13,7 +13,9 @@ JSON-RPC 2.0 and MCP's transport say (docs/security.md lists every refusal):
 - an ``MCP-Protocol-Version`` this server does not speak: 400 naming the versions it does;
 - a ``POST`` whose ``Content-Type`` is not ``application/json``: 415 (the SDK's own check
   answered plain text);
-- a body over the limit: 413; no room for a new session: 503 with ``Retry-After``.
+- a body over the limit: 413; no room for a new session: 503 with ``Retry-After``;
+- with tenant keys, a tenant's new session past its share of the cap: 429 with
+  ``Retry-After`` (:class:`SessionShareGate`).
 All as JSON-RPC error bodies.
 """
 
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -40,7 +44,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from luftpause.runtime.sessions import SessionActivity, at_cap, retry_after
+from luftpause.keys import Keys
+from luftpause.runtime.sessions import SessionActivity, SessionShares, at_cap, retry_after
 
 log = structlog.get_logger(service="runtime")
 
@@ -94,6 +99,15 @@ def message_problem(message: Any) -> tuple[str, Any] | None:
     return "a request needs a method; a response an id and either result or error", readable_id
 
 
+def _unsupported_version(version: str) -> Response:
+    """The 400 for an ``MCP-Protocol-Version`` this server does not speak, naming those it does."""
+    handshake = ", ".join(HANDSHAKE_PROTOCOL_VERSIONS)
+    message = (f"unsupported MCP-Protocol-Version {version!r}: this server speaks {handshake} "
+               f"(negotiated by initialize) and {', '.join(MODERN_PROTOCOL_VERSIONS)} (sessionless)")
+    data = {"supported": list(KNOWN_VERSIONS), "requested": version}
+    return error_response(400, UNSUPPORTED_PROTOCOL_VERSION, message, data=data)
+
+
 class JsonRpcGate:
     """Pure ASGI in front of the runtime's app; only ``POST``/``GET``/``DELETE /mcp`` are looked at."""
 
@@ -111,11 +125,7 @@ class JsonRpcGate:
         headers = Headers(scope=scope)
         version = headers.get(PROTOCOL_VERSION_HEADER)
         if version is not None and version not in KNOWN_VERSIONS:
-            handshake = ", ".join(HANDSHAKE_PROTOCOL_VERSIONS)
-            message = (f"unsupported MCP-Protocol-Version {version!r}: this server speaks {handshake} "
-                       f"(negotiated by initialize) and {', '.join(MODERN_PROTOCOL_VERSIONS)} (sessionless)")
-            data = {"supported": list(KNOWN_VERSIONS), "requested": version}
-            await error_response(400, UNSUPPORTED_PROTOCOL_VERSION, message, data=data)(scope, receive, send)
+            await _unsupported_version(version)(scope, receive, send)
             return
         session_id = headers.get(MCP_SESSION_ID_HEADER)
         # Only a handshake-era request without a session id may open one (sessionless
@@ -141,32 +151,39 @@ class JsonRpcGate:
             await error_response(400, PARSE_ERROR, f"Parse error: {exc}")(scope, receive, send)
             return
         if isinstance(parsed, list):
-            tracked = session_id is not None and session_id in self._manager._server_instances  # noqa: SLF001
-            if tracked:
-                self._activity.post_began(session_id)
-            try:
+            with self._posting(session_id):
                 await self._batch(scope, receive, send, parsed, session_id, version)
-            finally:
-                if tracked:
-                    self._activity.post_ended(session_id)
             return
-        if (problem := message_problem(parsed)) is not None:
-            await error_response(400, INVALID_REQUEST, f"Invalid Request: {problem[0]}", problem[1])(scope, receive, send)
+        if (refusal := self._refusal(parsed, session_id)) is not None:
+            await refusal(scope, receive, send)
             return
-        if parsed.get("method") == "initialize" and session_id is not None:
-            if session_id in self._manager._server_instances:  # noqa: SLF001 - the SDK keeps no public view
-                message = (f"Invalid Request: session {session_id[:64]} is already initialized; "
-                           "send initialize without Mcp-Session-Id to open a new session")
-                await error_response(400, INVALID_REQUEST, message, parsed.get("id"))(scope, receive, send)
-                return
         replay = _replaying(body, receive)
         if parsed.get("method") == "initialize":
             send = self._recording_version(send)
+        with self._posting(session_id):
+            await self._app(scope, replay, self._refusing_without_room(send) if opens_session else send)
+
+    def _refusal(self, message: Any, session_id: str | None) -> Response | None:
+        """The -32600 for one message the SDK would answer badly or not at all: not a JSON-RPC
+        2.0 message, or an initialize on a session already open; None for one it serves."""
+        if (problem := message_problem(message)) is not None:
+            return error_response(400, INVALID_REQUEST, f"Invalid Request: {problem[0]}", problem[1])
+        if message.get("method") == "initialize" and session_id is not None:
+            if session_id in self._manager._server_instances:  # noqa: SLF001 - the SDK keeps no public view
+                text = (f"Invalid Request: session {session_id[:64]} is already initialized; "
+                        "send initialize without Mcp-Session-Id to open a new session")
+                return error_response(400, INVALID_REQUEST, text, message.get("id"))
+        return None
+
+    @contextmanager
+    def _posting(self, session_id: str | None) -> Iterator[None]:
+        """A POST on a session the SDK holds, reported to the session activity: in flight (the
+        session not idle) until it is served."""
         tracked = session_id is not None and session_id in self._manager._server_instances  # noqa: SLF001
         if tracked:
             self._activity.post_began(session_id)
         try:
-            await self._app(scope, replay, self._refusing_without_room(send) if opens_session else send)
+            yield
         finally:
             if tracked:
                 self._activity.post_ended(session_id)
@@ -322,6 +339,59 @@ class JsonRpcGate:
             return error_body(INTERNAL_ERROR, f"no answer (HTTP {status})", message["id"])
         reply = replies[-1]
         return {**reply, "id": message["id"]}
+
+
+class SessionShareGate:
+    """Pure ASGI, inside :class:`JsonRpcGate` (so only well-formed messages count), with
+    tenant keys only: a tenant's request that would open a session is admitted by its
+    share of the cap (runtime/sessions.py ``SessionShares``: its own longest-idle session
+    closed for it, or else a 429 with ``Retry-After``, answered as the cap's 503 is). 429,
+    not 503: the runtime has room, this caller has used its part of it. Requests with
+    the operator's token, and those naming a session, pass untouched."""
+
+    def __init__(self, app: ASGIApp, shares: SessionShares, keys: Keys) -> None:
+        self._app, self._shares, self._keys = app, shares, keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tenant = self._opening_tenant(scope)
+        if tenant is None:
+            await self._app(scope, receive, send)
+            return
+        wait = self._shares.admit(tenant)
+        if wait is not None:
+            text = (f"too many open sessions for caller {tenant!r}: this key's share is {self._shares.share} of the "
+                    f"{self._shares.cap} (--max-sessions-per-key), none idle for "
+                    f"{self._shares.evict_idle_s:g} s; retry in {wait} s")
+            await error_response(429, INTERNAL_ERROR, text, headers={"Retry-After": str(wait)})(scope, receive, send)
+            return
+        answered = False
+
+        async def watching(message: Message) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.start" and not answered:
+                answered = True
+                opened = Headers(raw=message.get("headers", [])).get(MCP_SESSION_ID_HEADER)
+                self._shares.answered(tenant, opened if message["status"] < 400 else None)
+            await send(message)
+
+        try:
+            await self._app(scope, receive, watching)
+        finally:
+            if not answered:
+                self._shares.answered(tenant, None)
+
+    def _opening_tenant(self, scope: Scope) -> str | None:
+        """The tenant (its key's caller) of a ``POST /mcp`` that would open a session: a
+        handshake-era request without a session id (only ``initialize`` opens one)."""
+        if scope["type"] != "http" or scope["path"] != MCP_PATH or scope["method"] != "POST":
+            return None
+        headers = Headers(scope=scope)
+        version = headers.get(PROTOCOL_VERSION_HEADER)
+        if headers.get(MCP_SESSION_ID_HEADER) is not None or (
+                version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS):
+            return None
+        identity = self._keys.of_request(headers)
+        return None if identity is None else identity.caller
 
 
 def _replaying(body: bytes, then: Receive) -> Receive:

@@ -12,6 +12,16 @@ is idle that long, the newcomer is refused with 503 and a ``Retry-After`` of the
 until one will be (see :func:`retry_after`), and every session in use stays open. So a
 flood of ``initialize`` calls can delay newcomers, never end a session in use
 (docs/security.md weighs the two).
+
+With tenant keys, one tenant (a key's caller) may hold at most its share of the cap
+(:class:`SessionShares`, half of it by default), so that one key cannot take every
+session and lock the other tenants out. At its share, the same rule applies within its
+own sessions: its session idle longest is closed for its new one if idle for
+``evict_idle_s``, else its newcomer is refused (429, ``Retry-After``). Closing one of its
+own idle sessions is what the cap does too, and what a client that abandons sessions
+needs (else it would lock itself out until they time out); refusing rather than closing
+one in use is what keeps a flood of its own from ending its agents' sessions. The
+operator's token is not limited by it, and without keys nothing changes.
 """
 
 from __future__ import annotations
@@ -100,6 +110,13 @@ def retry_after(manager: StreamableHTTPSessionManager, evict_idle_s: float,
     return max(1, math.ceil(min(waits, default=evict_idle_s)))
 
 
+def _close(manager: StreamableHTTPSessionManager, session_id: str, transport: Any) -> None:
+    """Close an idle session at once: its next request gets 404."""
+    manager._server_instances.pop(session_id, None)  # noqa: SLF001
+    manager._session_owners.pop(session_id, None)  # noqa: SLF001
+    transport.idle_scope.cancel()  # its server task ends and the transport is terminated
+
+
 def evict_idle_at_cap(manager: StreamableHTTPSessionManager, evict_idle_s: float,
                       activity: SessionActivity | None = None) -> None:
     """Make ``manager`` close its longest-idle session, if idle ``evict_idle_s`` or more,
@@ -111,9 +128,7 @@ def evict_idle_at_cap(manager: StreamableHTTPSessionManager, evict_idle_s: float
             candidates = [entry for entry in _idle_sessions(manager, activity) if entry[0] >= evict_idle_s]
             if candidates:
                 idle, session_id, transport = max(candidates, key=lambda entry: entry[0])
-                manager._server_instances.pop(session_id, None)  # noqa: SLF001
-                manager._session_owners.pop(session_id, None)  # noqa: SLF001
-                transport.idle_scope.cancel()  # its server task ends and the transport is terminated
+                _close(manager, session_id, transport)
                 log.info("session_evicted", reason="session cap reached", max_sessions=manager.max_sessions,
                          idle_seconds=round(idle, 1))
             else:
@@ -122,3 +137,74 @@ def evict_idle_at_cap(manager: StreamableHTTPSessionManager, evict_idle_s: float
         return admit(requestor)
 
     manager._admit_session = admit_evicting  # type: ignore[method-assign]  # noqa: SLF001
+
+
+def key_share(max_sessions: int, per_key: int = 0) -> int:
+    """Open sessions one tenant may hold: ``per_key`` (``--max-sessions-per-key``), or with
+    0 half the cap: two tenants can always have sessions side by side. At least 1."""
+    return per_key or max(1, max_sessions // 2)
+
+
+class SessionShares:
+    """Per tenant (a tenant key's caller; keys naming the same caller share one share): the
+    sessions it opened and its openings under way, against its share of the cap. The
+    JSON-RPC door (runtime/jsonrpc.py ``SessionShareGate``) asks :meth:`admit` before a
+    tenant's ``initialize`` reaches the SDK and reports the answer to :meth:`answered`; a
+    place is held from one to the other, so openings side by side cannot pass the share."""
+
+    def __init__(self, manager: StreamableHTTPSessionManager, share: int, evict_idle_s: float,
+                 activity: SessionActivity | None = None) -> None:
+        self._manager, self.share, self.evict_idle_s = manager, share, evict_idle_s
+        self._activity = activity
+        self._owners: dict[str, str] = {}  # open session id -> the tenant that opened it
+        self._opening: dict[str, int] = {}  # tenant -> its openings under way
+
+    @property
+    def cap(self) -> int | None:
+        """The sessions all clients together may hold (``--max-sessions``)."""
+        return self._manager.max_sessions
+
+    def held(self, tenant: str) -> list[str]:
+        """The open sessions ``tenant`` opened (sessions that ended are forgotten here)."""
+        live = self._manager._server_instances  # noqa: SLF001 - no public view
+        for session_id in [s for s in self._owners if s not in live]:
+            del self._owners[session_id]
+        return [session_id for session_id, owner in self._owners.items() if owner == tenant]
+
+    def admit(self, tenant: str) -> int | None:
+        """Room for a new session of ``tenant``: None when it may open one (its place is
+        held until :meth:`answered`), having closed its own longest-idle session if it is
+        at its share and that one was idle ``evict_idle_s``; else the whole seconds until
+        one of its sessions will have been idle that long (its Retry-After)."""
+        held = self.held(tenant)
+        opening = self._opening.get(tenant, 0)
+        if len(held) + opening >= self.share:
+            own = set(held)
+            idle = [entry for entry in _idle_sessions(self._manager, self._activity) if entry[1] in own]
+            candidates = [entry for entry in idle if entry[0] >= self.evict_idle_s]
+            if not candidates:
+                if opening:  # an opening under way is answered within moments
+                    return 1
+                waits = [self.evict_idle_s - entry[0] for entry in idle]
+                wait = max(1, math.ceil(min(waits, default=self.evict_idle_s)))
+                log.warning("session_refused", reason="the caller's share of sessions is reached, none of its "
+                            "sessions idle long enough", caller=tenant, share=self.share,
+                            evict_idle_s=self.evict_idle_s, retry_after=wait)
+                return wait
+            quiet, session_id, transport = max(candidates, key=lambda entry: entry[0])
+            _close(self._manager, session_id, transport)
+            del self._owners[session_id]
+            log.info("session_evicted", reason="the caller's share of sessions is reached", caller=tenant,
+                     share=self.share, idle_seconds=round(quiet, 1))
+        self._opening[tenant] = opening + 1
+        return None
+
+    def answered(self, tenant: str, session_id: str | None) -> None:
+        """The opening admitted for ``tenant`` was answered: the session it opened, if any."""
+        left = self._opening.get(tenant, 1) - 1
+        if left > 0:
+            self._opening[tenant] = left
+        else:
+            self._opening.pop(tenant, None)
+        if session_id is not None and session_id in self._manager._server_instances:  # noqa: SLF001
+            self._owners[session_id] = tenant
