@@ -85,14 +85,7 @@ def sent_so_far(raw: bytes) -> Sent:
         sent.model = sent.model or str(chunk.get("model") or "")
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
-            if choice.get("index", 0) != 0:
-                sent.unsafe = "more than one choice"
-            elif delta.get("tool_calls") or delta.get("function_call"):
-                sent.unsafe = "a tool-call delta was sent"
-            elif delta.get("reasoning_content") or delta.get("reasoning"):
-                sent.unsafe = "reasoning was sent"
-            elif choice.get("finish_reason"):
-                sent.unsafe = "the finish reason was sent"
+            sent.unsafe = _unsafe_choice(choice, delta)
             if sent.unsafe:
                 return sent
             if content := delta.get("content"):
@@ -100,6 +93,20 @@ def sent_so_far(raw: bytes) -> Sent:
                 sent.chunks += 1
     sent.text = "".join(parts)
     return sent
+
+
+def _unsafe_choice(choice: dict[str, Any], delta: dict[str, Any]) -> str:
+    """Why a chunk's choice (and its ``delta``) leaves the stream impossible to continue,
+    or "" if it does not."""
+    if choice.get("index", 0) != 0:
+        return "more than one choice"
+    if delta.get("tool_calls") or delta.get("function_call"):
+        return "a tool-call delta was sent"
+    if delta.get("reasoning_content") or delta.get("reasoning"):
+        return "reasoning was sent"
+    if choice.get("finish_reason"):
+        return "the finish reason was sent"
+    return ""
 
 
 def continuation_body(body: bytes, sent: Sent) -> bytes:

@@ -306,8 +306,37 @@ def to_chat(document: dict[str, Any]) -> dict[str, Any]:
     """A Messages request as a chat-completions request (an ApiError where it cannot be)."""
     for name in document.keys() - HANDLED:
         warn_once(f"request field {name}", "ignored")
-    messages: list[dict[str, Any]] = []
     loaded: set[str] = set()  # deferred tools a tool search found
+    messages = _chat_messages(document, loaded)
+    max_tokens = document.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_MAX_TOKENS:
+        raise bad(f"max_tokens: a whole number from 1 to {MAX_MAX_TOKENS} is required")
+    chat: dict[str, Any] = {"model": document["model"], "messages": messages}
+    if max_tokens <= MAX_PASSED_MAX_TOKENS:
+        chat["max_tokens"] = max_tokens
+    stream = document.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad("stream must be a boolean")
+    if stream:
+        chat["stream"] = True
+        chat["stream_options"] = {"include_usage": True}
+    _add_tools(document, chat, loaded)
+    _settings(document)
+    for key in ("temperature", "top_p", "top_k"):
+        if document.get(key) is not None:
+            chat[key] = document[key]
+    if document.get("stop_sequences"):
+        chat["stop"] = document["stop_sequences"]
+    _unserved(document)
+    if document.get("output_config") is not None and (fmt := _output_format(document["output_config"])):
+        chat["response_format"] = fmt
+    return chat
+
+
+def _chat_messages(document: dict[str, Any], loaded: set[str]) -> list[dict[str, Any]]:
+    """The system prompt and the turns as chat messages, in order; the deferred tools a tool
+    search in the history found are added to ``loaded``."""
+    messages: list[dict[str, Any]] = []
     if document.get("system") is not None:
         messages.append({"role": "system", "content": _text_of(document["system"], "system")})
     turns = document.get("messages")
@@ -324,18 +353,12 @@ def to_chat(document: dict[str, Any]) -> dict[str, Any]:
             messages.append({"role": "system", "content": _text_of(turn.get("content"), f"{where}.content")})
         else:
             raise bad(f"{where}.role must be user, assistant or system")
-    max_tokens = document.get("max_tokens")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_MAX_TOKENS:
-        raise bad(f"max_tokens: a whole number from 1 to {MAX_MAX_TOKENS} is required")
-    chat: dict[str, Any] = {"model": document["model"], "messages": messages}
-    if max_tokens <= MAX_PASSED_MAX_TOKENS:
-        chat["max_tokens"] = max_tokens
-    stream = document.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad("stream must be a boolean")
-    if stream:
-        chat["stream"] = True
-        chat["stream_options"] = {"include_usage": True}
+    return messages
+
+
+def _add_tools(document: dict[str, Any], chat: dict[str, Any], loaded: set[str]) -> None:
+    """The request's tools and tool_choice, into ``chat``: its custom tools as functions, and
+    its tool_choice where a tool is left to choose (or the choice is "none")."""
     server: set[str] = set()
     if document.get("tools"):
         functions, server = _tools(document["tools"], loaded)
@@ -347,12 +370,11 @@ def to_chat(document: dict[str, Any]) -> dict[str, Any]:
             chat["tool_choice"] = choice
         if not parallel and "tools" in chat:
             chat["parallel_tool_calls"] = False
-    _settings(document)
-    for key in ("temperature", "top_p", "top_k"):
-        if document.get(key) is not None:
-            chat[key] = document[key]
-    if document.get("stop_sequences"):
-        chat["stop"] = document["stop_sequences"]
+
+
+def _unserved(document: dict[str, Any]) -> None:
+    """What the engine cannot do for the request: a warning where the turn can go without
+    it, an ApiError (400) where the client relies on it."""
     thinking = document.get("thinking")
     if thinking is not None and thinking.get("type") not in (None, "disabled"):
         warn_once("thinking", "not requested of the engine (chat completions have no switch for it); "
@@ -361,9 +383,6 @@ def to_chat(document: dict[str, Any]) -> dict[str, Any]:
         warn_once("context_management", "ignored: the engine gets the whole history")
     if document.get("mcp_servers"):
         raise bad("mcp_servers cannot be served: the engine cannot call MCP servers (attach them to the client)")
-    if document.get("output_config") is not None and (fmt := _output_format(document["output_config"])):
-        chat["response_format"] = fmt
-    return chat
 
 
 def _settings(document: dict[str, Any]) -> None:

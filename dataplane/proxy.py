@@ -117,7 +117,6 @@ async def proxy(request: web.Request, turn: Turn, placement: Placement,
 async def _exchange(request: web.Request, turn: Turn, placement: Placement, watch: Watch,
                     loop: asyncio.AbstractEventLoop, continuing: Continuing | None = None) -> web.StreamResponse:
     run_header = {h.RUN_ID: turn.req.run_id, h.REPLICA: placement.replica}
-    engines = request.app[ENGINES]
     dialect = turn.req.dialect
     # A continuation is a chat completion whatever the replica serves natively, and so is a
     # turn sent again after its translation went to another replica (its own body is gone).
@@ -127,16 +126,7 @@ async def _exchange(request: web.Request, turn: Turn, placement: Placement, watc
         turn.req.native = b""  # the client's own body is not needed from here: one copy of the turn, not two
     if continuing is not None:
         turn.streaming = True  # the client holds the first part: never sent whole again
-    try:
-        async with turn.watchdog.guard():
-            if dialect is None or translated:
-                upstream = await engines.post(placement.base_url, "/v1/chat/completions", _engine_body(turn, placement),
-                                              engine_headers(placement, request))
-            else:  # the engine serves the client's API itself: its request goes as it came
-                upstream = await engines.post(placement.base_url, dialect.path, turn.req.native,
-                                              engine_headers(placement, request, dialect.native_headers))
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        raise _unreachable(turn, placement.replica, exc) from None
+    upstream = await _send(request, turn, placement, translated)
     try:
         passed = passed_headers(upstream)
         if continuing is not None and (upstream.status != 200 or upstream.content_type != "text/event-stream"):
@@ -146,31 +136,14 @@ async def _exchange(request: web.Request, turn: Turn, placement: Placement, watc
         if continuing is not None:
             return await _stream(request, turn, upstream, {}, continuing.translator, continuing=continuing)
         if upstream.status != 200:
-            body = await upstream.read()
-            turn.failed(f"engine {placement.replica}: HTTP {upstream.status}")
-            if translated:
-                return web.json_response(dialect.engine_error(upstream.status, body), status=upstream.status,
-                                         headers={**run_header, **_retry_after(upstream)})
-            return web.Response(status=upstream.status, body=body, headers={**passed, **run_header})
+            return await _engine_refused(turn, placement, upstream, translated, {**passed, **run_header})
         if upstream.content_type == "text/event-stream":
             if translated:
                 return await _stream(request, turn, upstream, {**passed, **run_header},
                                      dialect.stream(turn.req.translated))
             return await _stream(request, turn, upstream, {**passed, **run_header},
                                  observer=None if dialect is None else dialect.native_observer())
-        engines.bounds.first_byte(watch, loop.time())  # a whole reply: its headers came with it
-        turn.answered()
-        watch.waiting = loop.time()
-        async with turn.watchdog.guard():
-            body = await upstream.read()
-        watch.waiting = None
-        observer = TurnObserver() if dialect is None or translated else dialect.native_observer()
-        observer.observe_body(body)
-        turn.finished(observer)
-        if translated:
-            return web.Response(status=200, body=dialect.reply(body, turn.req.translated),
-                                content_type="application/json", headers=run_header)
-        return web.Response(status=200, body=body, headers={**passed, **run_header})
+        return await _whole(request, turn, upstream, translated, watch, loop, {**passed, **run_header})
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         if not turn.streaming or continuing is not None:  # nothing (more) reached the client yet
             raise _unreachable(turn, placement.replica, exc) from None
@@ -179,6 +152,55 @@ async def _exchange(request: web.Request, turn: Turn, placement: Placement, watc
         return error_response(502, message, run_header, dialect, "api_error")
     finally:
         upstream.close()  # closing early stops the engine's generation
+
+
+async def _send(request: web.Request, turn: Turn, placement: Placement, translated: bool) -> aiohttp.ClientResponse:
+    """The turn's request to its engine: a chat completion, or the client's own request to
+    an engine that serves its API; the wait for the response's headers bounded."""
+    dialect = turn.req.dialect
+    engines = request.app[ENGINES]
+    try:
+        async with turn.watchdog.guard():
+            if dialect is None or translated:
+                return await engines.post(placement.base_url, "/v1/chat/completions", _engine_body(turn, placement),
+                                          engine_headers(placement, request))
+            # the engine serves the client's API itself: its request goes as it came
+            return await engines.post(placement.base_url, dialect.path, turn.req.native,
+                                      engine_headers(placement, request, dialect.native_headers))
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise _unreachable(turn, placement.replica, exc) from None
+
+
+async def _engine_refused(turn: Turn, placement: Placement, upstream: aiohttp.ClientResponse, translated: bool,
+                          headers: dict[str, str]) -> web.Response:
+    """The engine answered with an error: passed on as it is, or in the client API's shape."""
+    body = await upstream.read()
+    turn.failed(f"engine {placement.replica}: HTTP {upstream.status}")
+    if translated:
+        run_header = {name: headers[name] for name in (h.RUN_ID, h.REPLICA)}
+        return web.json_response(turn.req.dialect.engine_error(upstream.status, body), status=upstream.status,
+                                 headers={**run_header, **_retry_after(upstream)})
+    return web.Response(status=upstream.status, body=body, headers=headers)
+
+
+async def _whole(request: web.Request, turn: Turn, upstream: aiohttp.ClientResponse, translated: bool, watch: Watch,
+                 loop: asyncio.AbstractEventLoop, headers: dict[str, str]) -> web.Response:
+    """A whole (not streamed) reply: its headers came with it, the wait for its body bounded."""
+    dialect = turn.req.dialect
+    request.app[ENGINES].bounds.first_byte(watch, loop.time())
+    turn.answered()
+    watch.waiting = loop.time()
+    async with turn.watchdog.guard():
+        body = await upstream.read()
+    watch.waiting = None
+    observer = TurnObserver() if dialect is None or translated else dialect.native_observer()
+    observer.observe_body(body)
+    turn.finished(observer)
+    if translated:
+        run_header = {name: headers[name] for name in (h.RUN_ID, h.REPLICA)}
+        return web.Response(status=200, body=dialect.reply(body, turn.req.translated),
+                            content_type="application/json", headers=run_header)
+    return web.Response(status=200, body=body, headers=headers)
 
 
 def _engine_body(turn: Turn, placement: Placement) -> bytes:
@@ -338,13 +360,8 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
                 received += len(chunk)
                 bounds.heard(turn.replica, loop.time())  # the replica speaks (a silent one is back here)
                 if not answered:
-                    bounds.first_byte(watch, loop.time())
+                    response = await _first_chunk(request, turn, response, headers)
                     answered = True
-                    turn.answered()
-                    if response is None:
-                        response = _EventStream(status=200, headers=headers)
-                        await response.prepare(request)
-                    turn.streaming = True  # from here on bytes may have reached the client
                 for stage in stages:
                     chunk = stage(chunk)
                 if observer.done:
@@ -365,6 +382,26 @@ async def _stream(request: web.Request, turn: Turn, upstream: aiohttp.ClientResp
     if not answered:
         raise _not_answered(turn, error)
     assert response is not None
+    return await _ended(request, turn, response, observer, translator, kept, error)
+
+
+async def _first_chunk(request: web.Request, turn: Turn, response: web.StreamResponse | None,
+                       headers: dict[str, str]) -> web.StreamResponse:
+    """The engine's first chunk came: its first byte timed, the client's response open (a
+    continuation's is open already); from here on bytes may have reached the client."""
+    request.app[ENGINES].bounds.first_byte(turn.watch, asyncio.get_running_loop().time())
+    turn.answered()
+    if response is None:
+        response = _EventStream(status=200, headers=headers)
+        await response.prepare(request)
+    turn.streaming = True
+    return response
+
+
+async def _ended(request: web.Request, turn: Turn, response: web.StreamResponse, observer: Observer,
+                 translator: StreamTranslator | None, kept: list[bytes] | None, error: str) -> web.StreamResponse:
+    """The engine's stream ended after bytes reached the client: whole (its [DONE] seen),
+    or broken off, to be continued elsewhere where it may be."""
     if observer.done:
         turn.finished(observer)
         await response.write_eof()

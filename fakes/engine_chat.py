@@ -198,6 +198,36 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         log.info("chat_fault_status", status=status)
         return web.json_response(fault_directives.error_body(status), status=status,
                                  headers=faults.error_headers(status))
+    turn, prompt_text = _planned_turn(request, body, faults, top_logprobs, continued, priority, session_id)
+    started = time.monotonic()
+    log.info("chat_request", id=turn.envelope.id, model=turn.envelope.model, stream=bool(body.get("stream")))
+    if faults.wedge:
+        log.warning("engine_wedged", id=turn.envelope.id)
+        state.faults = state.faults.merged(Faults(hang=True))
+        state.sim.set_gate(False)
+    try:
+        response = await _answer(turn, prompt_text)
+    except _Aborted:
+        log.info("chat_aborted", id=turn.envelope.id, after_s=round(time.monotonic() - started, 3))
+        return web.Response(status=500)  # never reaches the client: its connection is gone
+    except (asyncio.CancelledError, ConnectionResetError):
+        state.closed_early += 1
+        log.info("chat_closed_early", id=turn.envelope.id, after_s=round(time.monotonic() - started, 3))
+        raise
+    finally:
+        if turn.sim_request is not None:
+            state.sim.forget(turn.sim_request)
+    _log_done(turn, started)
+    return response
+
+
+def _planned_turn(request: web.Request, body: dict[str, Any], faults: Faults, top_logprobs: int | None,
+                  continued: tuple[dict[str, Any], str] | None, priority: int | None,
+                  session_id: str | None) -> tuple[Turn, str]:
+    """The turn a validated request asks for, its reply planned, and the prompt text it
+    queues with: a continued assistant message (``continued``) is answered from where it
+    stopped, its prompt left open."""
+    state = request.app[STATE_KEY]
     prompt_text = replies.render_prompt(body)
     offset = 0  # the reply's words a continued assistant message already held
     if continued is None:
@@ -209,30 +239,24 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         prompt_text = prompt_text.removesuffix("<|end|>")  # the final message is left open
     turn = Turn(request, state, body, reply, Envelope.new(body["model"]), faults, top_logprobs, offset=offset,
                 priority=priority, session_id=session_id)
-    started = time.monotonic()
-    log.info("chat_request", id=turn.envelope.id, model=turn.envelope.model, stream=bool(body.get("stream")))
-    if faults.wedge:
-        log.warning("engine_wedged", id=turn.envelope.id)
-        state.faults = state.faults.merged(Faults(hang=True))
-        state.sim.set_gate(False)
-    try:
-        if faults.hang or faults.wedge or (faults.stall_after is not None and not body.get("stream")):
-            response = await _hang(request, state)
-        elif body.get("stream"):
-            response = await _stream(turn, prompt_text, replies.wants_usage_chunk(body))
-        else:
-            response = await _complete(turn, prompt_text)
-    except _Aborted:
-        log.info("chat_aborted", id=turn.envelope.id, after_s=round(time.monotonic() - started, 3))
-        return web.Response(status=500)  # never reaches the client: its connection is gone
-    except (asyncio.CancelledError, ConnectionResetError):
-        state.closed_early += 1
-        log.info("chat_closed_early", id=turn.envelope.id, after_s=round(time.monotonic() - started, 3))
-        raise
-    finally:
-        if turn.sim_request is not None:
-            state.sim.forget(turn.sim_request)
-    r = turn.sim_request
+    return turn, prompt_text
+
+
+async def _answer(turn: Turn, prompt_text: str) -> web.StreamResponse:
+    """The turn answered as its faults and its ``stream`` ask: never (a hang, a wedged
+    engine, a stall with no stream to stall in), streamed, or whole."""
+    faults, body = turn.faults, turn.body
+    if faults.hang or faults.wedge or (faults.stall_after is not None and not body.get("stream")):
+        return await _hang(turn.request, turn.state)
+    if body.get("stream"):
+        return await _stream(turn, prompt_text, replies.wants_usage_chunk(body))
+    return await _complete(turn, prompt_text)
+
+
+def _log_done(turn: Turn, started: float) -> None:
+    """The finished turn's line: its tokens as the simulator counted them (as planned, if it
+    never reached the simulator)."""
+    reply, r = turn.reply, turn.sim_request
     log.info(
         "chat.done",
         id=turn.envelope.id,
@@ -242,7 +266,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         completion_tokens=reply.completion_tokens,
         duration_s=round(time.monotonic() - started, 3),
     )
-    return response
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
@@ -354,12 +377,7 @@ async def _stream(turn: Turn, prompt_text: str, include_usage: bool) -> web.Stre
         finished = request.state == "finished"
         if not finished and request.generated - sent_tokens < interval:
             continue
-        total = max(1, request.reply_tokens)
-        due = len(pieces) if finished else min(len(pieces), math.floor(request.generated * len(pieces) / total))
-        if die_after is not None:
-            due = min(due, die_after)
-        if stall_after is not None:
-            due = min(due, stall_after)
+        due = _pieces_due(request, len(pieces), finished, die_after, stall_after)
         for start in range(sent_pieces, due, interval):  # one chunk per interval's worth of pieces
             batch = pieces[start : min(due, start + interval)]
             await _send(response, turn.envelope.chunk(replies.merge_deltas(batch),
@@ -378,6 +396,14 @@ async def _stream(turn: Turn, prompt_text: str, include_usage: bool) -> web.Stre
         await asyncio.sleep(turn.faults.linger_after_done_ms / 1000)
     await response.write_eof()
     return response
+
+
+def _pieces_due(request: SimRequest, count: int, finished: bool, *limits: int | None) -> int:
+    """How many of a reply's ``count`` pieces its generated tokens cover (all of them once
+    it is finished), never more than a fault's limit (``die-after``, ``stall-after``)."""
+    total = max(1, request.reply_tokens)
+    due = count if finished else min(count, math.floor(request.generated * count / total))
+    return min([due, *(limit for limit in limits if limit is not None)])
 
 
 async def _send(response: web.StreamResponse, chunk: dict[str, Any]) -> None:

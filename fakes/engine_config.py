@@ -195,59 +195,95 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
                     "KV budget and prefix cache, /metrics, /classify, fault directives.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    # In the order --help lists them.
+    _server_options(p, preset, d)
+    _turn_options(p, d)
+    _batch_options(p, d)
+    _serving_options(p, d)
+    _agent_feature_options(p, d)
+    p.add_argument("--fault", action="append", default=[], metavar="DIRECTIVE",
+                   help="engine-wide fault directive, repeatable: status=503, status-times=429:2, "
+                        "retry-after=3, die-after=4, stall-after=4, linger-after-done=500, hang, wedge, metrics-hang, "
+                        "tool-call-as-text, schema-as-arguments, string-scalars (the same as [[fake:...]] in a "
+                        "message); PUT /faults {\"faults\": [...]} replaces them while it runs")
+    return _config(p, p.parse_args(argv))
 
-    def option(flag: str, env: str, kind: type, default: object, text: str) -> None:
-        p.add_argument(flag, type=kind, default=kind(_env(env, default)), help=f"{text} [env {ENV_PREFIX}{env}]")
 
+def _option(p: argparse.ArgumentParser, flag: str, env: str, kind: type, default: object, text: str) -> None:
+    """An option of ``kind``, its default from ``LUFTPAUSE_FAKE_ENGINE_<env>``, else ``default``."""
+    p.add_argument(flag, type=kind, default=kind(_env(env, default)), help=f"{text} [env {ENV_PREFIX}{env}]")
+
+
+def _flag(p: argparse.ArgumentParser, name: str, env: str, default: bool, text: str) -> None:
+    """A real engine's store_true flag, its default from ``LUFTPAUSE_FAKE_ENGINE_<env>``."""
+    p.add_argument(name, action="store_true", default=_env(env, "1" if default else "0").lower() in TRUE,
+                   help=f"{text} [env {ENV_PREFIX}{env}]")
+
+
+def _server_options(p: argparse.ArgumentParser, preset: str, d: EngineConfig) -> None:
+    """The preset, where the engine listens and what it calls itself and its models."""
     p.add_argument("--preset", choices=sorted(PRESETS), default=preset,
                    help=f"calibrated defaults for the options below [env {ENV_PREFIX}PRESET]")
-    option("--host", "HOST", str, d.host, "address to listen on")
-    option("--port", "PORT", int, d.port, "TCP port to listen on")
-    option("--name", "NAME", str, d.name, "engine name used in logs and as owned_by in /v1/models")
-    option("--models", "MODELS", str, ",".join(d.models), "comma-separated model names served")
-    option("--tool-calls", "TOOL_CALLS", int, d.tool_calls,
-           "answer with a tool call while tools are offered and the conversation has fewer than N "
-           "assistant tool-call turns; text afterwards")  # fmt: skip
-    option("--latency-ms", "LATENCY_MS", float, d.latency_ms,
-           "base cost of a prefill pass, ms (time to first token of a short prompt)")
-    option("--token-ms", "TOKEN_MS", float, d.token_ms, "base cost of one decode step, ms (time between tokens)")
-    option("--prefill-ms-per-token", "PREFILL_MS_PER_TOKEN", float, d.prefill_ms_per_token,
-           "prefill cost per uncached prompt token, ms")
-    option("--decode-ms-per-request", "DECODE_MS_PER_REQUEST", float, d.decode_ms_per_request,
-           "decode step cost per running request, ms")
-    option("--max-running", "MAX_RUNNING", int, d.max_running,
-           "most requests generating at once; others wait FIFO (reported as queue); 0 = unlimited")  # fmt: skip
-    option("--reply-tokens", "REPLY_TOKENS", int, d.reply_tokens, "tokens (words) in a text reply (median)")
-    option("--reply-spread", "REPLY_SPREAD", float, d.reply_spread,
-           "log-normal sigma of text reply lengths (seeded per prompt); 0 = always --reply-tokens")
-    option("--kv-tokens", "KV_TOKENS", int, d.kv_tokens, "KV cache size in tokens (admission budget, prefix cache)")
-    option("--block-tokens", "BLOCK_TOKENS", int, d.block_tokens, "prefix-cache block size in tokens")
-    option("--context-tokens", "CONTEXT_TOKENS", int, d.context_tokens,
-           "context length: a request without max_tokens reserves context − prompt tokens; "
-           "0 = it reserves its planned reply only")
-    option("--max-prefill-tokens", "MAX_PREFILL_TOKENS", int, d.max_prefill_tokens,
-           "uncached prompt tokens one prefill batch takes at most")
-    option("--chunked-prefill-tokens", "CHUNKED_PREFILL_TOKENS", int, d.chunked_prefill_tokens,
-           "new tokens one prefill pass takes at most; a longer prompt continues in the next pass; 0 = no chunking")
-    option("--cuda-graph-max-bs", "CUDA_GRAPH_MAX_BS", int, d.cuda_graph_max_bs,
-           "largest decode batch run as a CUDA graph; larger batches pay --decode-eager-ms more; 0 = no step")
-    option("--decode-eager-ms", "DECODE_EAGER_MS", float, d.decode_eager_ms,
-           "extra cost of a decode step above --cuda-graph-max-bs, ms")
-    option("--metrics-interval-steps", "METRICS_INTERVAL_STEPS", int, d.metrics_interval_steps,
-           "decode steps between refreshes of the /metrics gauges (SGLang: 40); they also refresh after "
-           "every prefill pass and after 30 idle model seconds")
-    option("--extra-ports", "EXTRA_PORTS", str, ",".join(map(str, d.extra_ports)),
-           "comma-separated ports of more replicas served by this process on the same simulated GPU "
-           "(one GPU shared by several SGLang replicas: one replica's pass delays the others'); "
-           "replica i is named <name>-<i> when there are several")
-    option("--stream-interval", "STREAM_INTERVAL", int, d.stream_interval, "tokens per streamed chunk")
-    option("--time-scale", "TIME_SCALE", float, d.time_scale,
-           "multiplies every simulated duration (0.25 = four times faster than the modelled engine)")
-    option("--seed", "SEED", int, d.seed, "seed of reply lengths and classifier scores")
-    option("--labels", "LABELS", str, ",".join(d.labels), "comma-separated /classify labels")
-    option("--idle-close-s", "IDLE_CLOSE_S", float, d.idle_close_s,
-           "a request arriving on a kept-alive connection idle longer than this is dropped unanswered, "
-           "as when a server's keep-alive timer closes it just as the request is sent; 0 = never")
+    _option(p, "--host", "HOST", str, d.host, "address to listen on")
+    _option(p, "--port", "PORT", int, d.port, "TCP port to listen on")
+    _option(p, "--name", "NAME", str, d.name, "engine name used in logs and as owned_by in /v1/models")
+    _option(p, "--models", "MODELS", str, ",".join(d.models), "comma-separated model names served")
+
+
+def _turn_options(p: argparse.ArgumentParser, d: EngineConfig) -> None:
+    """What a turn answers, and what its passes cost."""
+    _option(p, "--tool-calls", "TOOL_CALLS", int, d.tool_calls,
+            "answer with a tool call while tools are offered and the conversation has fewer than N "
+            "assistant tool-call turns; text afterwards")  # fmt: skip
+    _option(p, "--latency-ms", "LATENCY_MS", float, d.latency_ms,
+            "base cost of a prefill pass, ms (time to first token of a short prompt)")
+    _option(p, "--token-ms", "TOKEN_MS", float, d.token_ms, "base cost of one decode step, ms (time between tokens)")
+    _option(p, "--prefill-ms-per-token", "PREFILL_MS_PER_TOKEN", float, d.prefill_ms_per_token,
+            "prefill cost per uncached prompt token, ms")
+    _option(p, "--decode-ms-per-request", "DECODE_MS_PER_REQUEST", float, d.decode_ms_per_request,
+            "decode step cost per running request, ms")
+    _option(p, "--max-running", "MAX_RUNNING", int, d.max_running,
+            "most requests generating at once; others wait FIFO (reported as queue); 0 = unlimited")  # fmt: skip
+    _option(p, "--reply-tokens", "REPLY_TOKENS", int, d.reply_tokens, "tokens (words) in a text reply (median)")
+    _option(p, "--reply-spread", "REPLY_SPREAD", float, d.reply_spread,
+            "log-normal sigma of text reply lengths (seeded per prompt); 0 = always --reply-tokens")
+
+
+def _batch_options(p: argparse.ArgumentParser, d: EngineConfig) -> None:
+    """The simulated scheduler's KV cache, prefill batches, decode steps and gauges."""
+    _option(p, "--kv-tokens", "KV_TOKENS", int, d.kv_tokens, "KV cache size in tokens (admission budget, prefix cache)")
+    _option(p, "--block-tokens", "BLOCK_TOKENS", int, d.block_tokens, "prefix-cache block size in tokens")
+    _option(p, "--context-tokens", "CONTEXT_TOKENS", int, d.context_tokens,
+            "context length: a request without max_tokens reserves context − prompt tokens; "
+            "0 = it reserves its planned reply only")
+    _option(p, "--max-prefill-tokens", "MAX_PREFILL_TOKENS", int, d.max_prefill_tokens,
+            "uncached prompt tokens one prefill batch takes at most")
+    _option(p, "--chunked-prefill-tokens", "CHUNKED_PREFILL_TOKENS", int, d.chunked_prefill_tokens,
+            "new tokens one prefill pass takes at most; a longer prompt continues in the next pass; 0 = no chunking")
+    _option(p, "--cuda-graph-max-bs", "CUDA_GRAPH_MAX_BS", int, d.cuda_graph_max_bs,
+            "largest decode batch run as a CUDA graph; larger batches pay --decode-eager-ms more; 0 = no step")
+    _option(p, "--decode-eager-ms", "DECODE_EAGER_MS", float, d.decode_eager_ms,
+            "extra cost of a decode step above --cuda-graph-max-bs, ms")
+    _option(p, "--metrics-interval-steps", "METRICS_INTERVAL_STEPS", int, d.metrics_interval_steps,
+            "decode steps between refreshes of the /metrics gauges (SGLang: 40); they also refresh after "
+            "every prefill pass and after 30 idle model seconds")
+
+
+def _serving_options(p: argparse.ArgumentParser, d: EngineConfig) -> None:
+    """The replicas this process serves, the pace and randomness of their answers, their
+    connections, and what their /metrics and /openapi.json publish."""
+    _option(p, "--extra-ports", "EXTRA_PORTS", str, ",".join(map(str, d.extra_ports)),
+            "comma-separated ports of more replicas served by this process on the same simulated GPU "
+            "(one GPU shared by several SGLang replicas: one replica's pass delays the others'); "
+            "replica i is named <name>-<i> when there are several")
+    _option(p, "--stream-interval", "STREAM_INTERVAL", int, d.stream_interval, "tokens per streamed chunk")
+    _option(p, "--time-scale", "TIME_SCALE", float, d.time_scale,
+            "multiplies every simulated duration (0.25 = four times faster than the modelled engine)")
+    _option(p, "--seed", "SEED", int, d.seed, "seed of reply lengths and classifier scores")
+    _option(p, "--labels", "LABELS", str, ",".join(d.labels), "comma-separated /classify labels")
+    _option(p, "--idle-close-s", "IDLE_CLOSE_S", float, d.idle_close_s,
+            "a request arriving on a kept-alive connection idle longer than this is dropped unanswered, "
+            "as when a server's keep-alive timer closes it just as the request is sent; 0 = never")
     p.add_argument(
         "--metrics-format",
         choices=sorted(METRIC_NAMES),
@@ -266,33 +302,30 @@ def parse_args(argv: Sequence[str] | None = None) -> EngineConfig:
                         "(FastAPI servers) do; luftpause reads from it which client APIs the engine serves itself "
                         f"and whether it continues a final assistant message [env {ENV_PREFIX}OPENAPI]")
 
-    def flag(name: str, env: str, default: bool, text: str) -> None:  # a real engine's store_true flag
-        p.add_argument(name, action="store_true", default=_env(env, "1" if default else "0").lower() in TRUE,
-                       help=f"{text} [env {ENV_PREFIX}{env}]")
 
+def _agent_feature_options(p: argparse.ArgumentParser, d: EngineConfig) -> None:
+    """The real engines' agent features, each behind its engine's own flag."""
     p.add_argument("--scheduling-policy", choices=VLLM_POLICIES, default=_env("SCHEDULING_POLICY", d.scheduling_policy),
                    help="vLLM's flag: priority = the waiting queue by the request's priority (lower first, then "
                         "arrival) and, when a decode step runs out of KV, the lowest-priority running request "
                         f"preempted (fakes/priority.py) [env {ENV_PREFIX}SCHEDULING_POLICY]")
-    flag("--enable-priority-scheduling", "ENABLE_PRIORITY_SCHEDULING", d.enable_priority_scheduling,
-         "SGLang's flag: the waiting queue by the request's priority (higher first, then arrival) and, when the "
-         "batch is at --max-running, running requests of a priority lower by more than the threshold preempted")
-    flag("--schedule-low-priority-values-first", "SCHEDULE_LOW_PRIORITY_VALUES_FIRST",
-         d.schedule_low_priority_values_first, "SGLang's flag: with --enable-priority-scheduling, lower values first")
-    option("--priority-scheduling-preemption-threshold", "PRIORITY_SCHEDULING_PREEMPTION_THRESHOLD", int,
-           d.priority_scheduling_preemption_threshold,
-           "SGLang's flag: the priority difference above which a waiting request preempts a running one")
-    flag("--disable-priority-preemption", "DISABLE_PRIORITY_PREEMPTION", d.disable_priority_preemption,
-         "SGLang's flag: with --enable-priority-scheduling, order the queue only")
-    flag("--enable-session-radix-cache", "ENABLE_SESSION_RADIX_CACHE", d.enable_session_radix_cache,
-         "SGLang's flag: KV of a request's top-level session_id is evicted after all unreferenced KV until "
-         "POST /close_session {\"session_id\": ...} (fakes/prefix_cache.py)")
-    p.add_argument("--fault", action="append", default=[], metavar="DIRECTIVE",
-                   help="engine-wide fault directive, repeatable: status=503, status-times=429:2, "
-                        "retry-after=3, die-after=4, stall-after=4, linger-after-done=500, hang, wedge, metrics-hang, "
-                        "tool-call-as-text, schema-as-arguments, string-scalars (the same as [[fake:...]] in a "
-                        "message); PUT /faults {\"faults\": [...]} replaces them while it runs")
-    a = p.parse_args(argv)
+    _flag(p, "--enable-priority-scheduling", "ENABLE_PRIORITY_SCHEDULING", d.enable_priority_scheduling,
+          "SGLang's flag: the waiting queue by the request's priority (higher first, then arrival) and, when the "
+          "batch is at --max-running, running requests of a priority lower by more than the threshold preempted")
+    _flag(p, "--schedule-low-priority-values-first", "SCHEDULE_LOW_PRIORITY_VALUES_FIRST",
+          d.schedule_low_priority_values_first, "SGLang's flag: with --enable-priority-scheduling, lower values first")
+    _option(p, "--priority-scheduling-preemption-threshold", "PRIORITY_SCHEDULING_PREEMPTION_THRESHOLD", int,
+            d.priority_scheduling_preemption_threshold,
+            "SGLang's flag: the priority difference above which a waiting request preempts a running one")
+    _flag(p, "--disable-priority-preemption", "DISABLE_PRIORITY_PREEMPTION", d.disable_priority_preemption,
+          "SGLang's flag: with --enable-priority-scheduling, order the queue only")
+    _flag(p, "--enable-session-radix-cache", "ENABLE_SESSION_RADIX_CACHE", d.enable_session_radix_cache,
+          "SGLang's flag: KV of a request's top-level session_id is evicted after all unreferenced KV until "
+          "POST /close_session {\"session_id\": ...} (fakes/prefix_cache.py)")
+
+
+def _config(p: argparse.ArgumentParser, a: argparse.Namespace) -> EngineConfig:
+    """The parsed options as a config, once checked (a usage error through ``p`` if not)."""
     try:
         fault_directives.parse(fault_directives.parse_option(f) for f in a.fault)
     except FaultError as err:

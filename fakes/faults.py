@@ -43,7 +43,7 @@ Directives (``[[fake:NAME]]`` or ``[[fake:NAME=VALUE]]``):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -109,6 +109,28 @@ def _status_code(name: str, value: str) -> int:
     return code
 
 
+def _status_times(name: str, value: str) -> tuple[int, int]:
+    """``status-times=CODE:N``'s value as (CODE, N)."""
+    code, sep, times = value.partition(":")
+    if not sep:
+        raise FaultError(f"[[fake:status-times=CODE:N]] expected, got {value!r}")
+    return _status_code(name, code), _positive_int(name, times)
+
+
+# Each directive that takes a value (one entry per name in _VALUED): the Faults field it
+# sets, and how its value is read, from (directive name, value text).
+_VALUE_READERS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "status": ("status", _status_code),
+    "status-times": ("status_times", _status_times),
+    "retry-after": ("retry_after", lambda name, value: str(_positive_int(name, value))),
+    "die-after": ("die_after", _positive_int),
+    "stall-after": ("stall_after", _positive_int),
+    "linger-after-done": ("linger_after_done_ms", _positive_int),
+    "tool": ("tool", lambda name, value: value),
+    "parallel-calls": ("parallel_calls", lambda name, value: _positive_int(name, value, 1)),
+}
+
+
 def parse(directives: Iterable[tuple[str, str | None]]) -> Faults:
     """``(name, value)`` pairs to :class:`Faults`; later directives win."""
     fields: dict[str, Any] = {}
@@ -120,25 +142,8 @@ def parse(directives: Iterable[tuple[str, str | None]]) -> Faults:
             continue
         if value is None or value == "":
             raise FaultError(f"[[fake:{name}=...]] needs a value")
-        if name == "status":
-            fields["status"] = _status_code(name, value)
-        elif name == "status-times":
-            code, sep, times = value.partition(":")
-            if not sep:
-                raise FaultError(f"[[fake:status-times=CODE:N]] expected, got {value!r}")
-            fields["status_times"] = (_status_code(name, code), _positive_int(name, times))
-        elif name == "retry-after":
-            fields["retry_after"] = str(_positive_int(name, value))
-        elif name == "die-after":
-            fields["die_after"] = _positive_int(name, value)
-        elif name == "stall-after":
-            fields["stall_after"] = _positive_int(name, value)
-        elif name == "linger-after-done":
-            fields["linger_after_done_ms"] = _positive_int(name, value)
-        elif name == "tool":
-            fields["tool"] = value
-        elif name == "parallel-calls":
-            fields["parallel_calls"] = _positive_int(name, value, 1)
+        field, read = _VALUE_READERS[name]
+        fields[field] = read(name, value)
     return Faults(**fields)
 
 

@@ -185,6 +185,27 @@ class Gauges:
     cache_hit_rate: float = 0.0
 
 
+@dataclass
+class _PrefillRoom:
+    """What is left of one prefill batch's room while it is built (SGLang's ``PrefillAdder``):
+    ``offset``, the KV the running requests and the batch are expected to need (their
+    remaining max_new_tokens, clipped, × ``ratio``, the new_token_ratio it was built with);
+    ``rem_input``, new tokens the batch still takes; ``rem_chunk``, new tokens the pass still
+    takes under chunked prefill (None without)."""
+
+    ratio: float
+    offset: float
+    rem_input: int
+    rem_chunk: int | None
+    batch: list[SimRequest] = field(default_factory=list)
+
+    def spend(self, extend: int) -> None:
+        """``extend`` new tokens taken into the batch."""
+        self.rem_input -= extend
+        if self.rem_chunk is not None:
+            self.rem_chunk -= extend
+
+
 class EngineModel:
     """The batch, the queue and the KV pool of one replica."""
 
@@ -327,26 +348,45 @@ class EngineModel:
             return []
         self._order_waiting()
         ratio = self.new_token_ratio
-        offset = sum(self._clipped_left(r) * ratio for r in self.running)
-        rem_input = p.max_prefill_tokens
-        rem_chunk = p.chunked_prefill_tokens if p.chunked_prefill_tokens > 0 else None
-        batch: list[SimRequest] = []
+        room = _PrefillRoom(
+            ratio=ratio, offset=sum(self._clipped_left(r) * ratio for r in self.running),
+            rem_input=p.max_prefill_tokens,
+            rem_chunk=p.chunked_prefill_tokens if p.chunked_prefill_tokens > 0 else None)
         running_bs = len(self.running)
         if self.chunked is not None:
-            request = self.chunked
-            extend = request.fill_tokens - request.computed
-            truncated = rem_chunk is not None and extend > rem_chunk
-            if rem_chunk is not None:
-                extend = min(extend, rem_chunk)
-            self._allocate(request, extend)
-            offset += extend + (0 if truncated else self._clipped_left(request))
-            rem_input -= extend
-            if rem_chunk is not None:
-                rem_chunk -= extend
-            batch.append(request)
-            if not truncated:
-                self.chunked = None
-                self.running.append(request)
+            self._continue_chunked(self.chunked, room)
+        preempted = self._add_waiting(room, running_bs, preempting)
+        for request in preempted:  # back to the queue after the batch is built
+            self._enqueue(request)
+        batch = room.batch
+        if batch:  # SGLang's cache_hit_rate gauge: hits / (hits + new tokens) of the last prefill batch
+            hits = sum(r.computed for r in batch if r.prefix_hit)
+            new = sum(r.extend_tokens for r in batch)
+            self._last_hit_rate = hits / (hits + new) if hits + new else 0.0
+        return batch
+
+    def _continue_chunked(self, request: SimRequest, room: _PrefillRoom) -> None:
+        """The chunked request's next part, first into the batch; with the last part its
+        prompt is complete and it joins the running batch."""
+        extend = request.fill_tokens - request.computed
+        truncated = room.rem_chunk is not None and extend > room.rem_chunk
+        if room.rem_chunk is not None:
+            extend = min(extend, room.rem_chunk)
+        self._allocate(request, extend)
+        room.offset += extend + (0 if truncated else self._clipped_left(request))
+        room.spend(extend)
+        room.batch.append(request)
+        if not truncated:
+            self.chunked = None
+            self.running.append(request)
+
+    def _add_waiting(self, room: _PrefillRoom, running_bs: int, preempting: bool) -> list[SimRequest]:
+        """Waiting requests into the batch, in queue order, while it has room (a request that
+        does not fit whole under chunked prefill starts as the chunked request and ends it);
+        the running requests preempted for them, their KV released, not queued again yet.
+        ``running_bs`` is the running batch's size before the chunked request joined it."""
+        p = self.params
+        batch = room.batch
         preempted: list[SimRequest] = []
         while self.waiting:
             if p.max_running > 0 and running_bs + len(batch) >= p.max_running:
@@ -355,28 +395,28 @@ class EngineModel:
                     break
             request = self.waiting[0]
             if preempting and self.batch_is_full:
-                victims = self._preempt_to_schedule(request, offset, batch)
+                victims = self._preempt_to_schedule(request, room.offset, batch)
                 if not victims:
                     break
                 preempted += victims
                 running_bs -= len(victims)
-                offset -= sum(self._clipped_left(r) * ratio for r in victims)
+                room.offset -= sum(self._clipped_left(r) * room.ratio for r in victims)
             cached_blocks = self._cached_prefix_blocks(request)
             extend = request.fill_tokens - cached_blocks * p.block_tokens
             need = extend + self._clipped_left(request)
-            if need >= self._rem_total(request, offset):
+            if need >= self._rem_total(request, room.offset):
                 nothing_else = not self.running and not batch and self.chunked is None
                 if not nothing_else:  # NO_TOKEN: batch full until a request leaves it
                     self.batch_is_full = True
                     break
                 # a request larger than the idle pool would block the queue forever: run it alone
-            if batch and extend >= rem_input:
+            if batch and extend >= room.rem_input:
                 break
-            if rem_chunk is not None and extend > rem_chunk:
-                if rem_chunk <= 0:
+            if room.rem_chunk is not None and extend > room.rem_chunk:
+                if room.rem_chunk <= 0:
                     break
                 self._start(request, cached_blocks)
-                self._allocate(request, rem_chunk)
+                self._allocate(request, room.rem_chunk)
                 self.chunked = request
                 batch.append(request)
                 break
@@ -384,17 +424,9 @@ class EngineModel:
             self._allocate(request, extend)
             self.running.append(request)
             batch.append(request)
-            offset += need
-            rem_input -= extend
-            if rem_chunk is not None:
-                rem_chunk -= extend
-        for request in preempted:  # back to the queue after the batch is built
-            self._enqueue(request)
-        if batch:  # SGLang's cache_hit_rate gauge: hits / (hits + new tokens) of the last prefill batch
-            hits = sum(r.computed for r in batch if r.prefix_hit)
-            new = sum(r.extend_tokens for r in batch)
-            self._last_hit_rate = hits / (hits + new) if hits + new else 0.0
-        return batch
+            room.offset += need
+            room.spend(extend)
+        return preempted
 
     def _preempt_to_schedule(self, request: SimRequest, offset: float, batch: list[SimRequest]) -> list[SimRequest]:
         """SGLang's ``PrefillAdder.preempt_to_schedule`` for ``request``, met while the batch

@@ -370,12 +370,7 @@ class SchedulerLink:
                 # Events queued so far are older than the snapshot, which reflects them.
                 self._out = pb.DataplaneFrame()
                 call = self._stubs[self._at].Connect(metadata=self._metadata)
-                await call.write(self._hello())
-                first = await asyncio.wait_for(call.read(), HELLO_TIMEOUT_S)
-                if first is grpc.aio.EOF or not first.HasField("welcome"):
-                    raise ConnectionError("the scheduler answered the Hello without a Welcome")
-                if first.welcome.protocol not in SPOKEN:
-                    raise SchedulerTooOld(f"the scheduler speaks protocol {first.welcome.protocol}, not {PROTOCOL}")
+                await self._greet(call)
                 for request, _ in self._pending.values():  # waiting since before the stream
                     self._send_admit(request)
                 self._connected = True
@@ -389,16 +384,11 @@ class SchedulerLink:
                     if frame is grpc.aio.EOF:
                         break
                     self._decided(frame)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    exc = SchedulerTooOld("the scheduler has no Connect stream: upgrade it before its dataplanes")
-                if self._connected or not away_logged:  # once per outage, not per attempt
-                    self.log.warning("scheduler_unavailable", address=self.address, code=_code(exc))
-                    away_logged = True
-            except (SchedulerTooOld, ConnectionError, TimeoutError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
+            except (grpc.aio.AioRpcError, SchedulerTooOld, ConnectionError, TimeoutError, asyncio.InvalidStateError,
+                    grpc.aio.UsageError) as exc:
                 # InvalidStateError, UsageError: the call ended before a write (the scheduler is away).
-                if self._connected or not away_logged:
-                    self.log.warning("scheduler_unavailable", address=self.address, problem=str(exc))
+                if self._connected or not away_logged:  # once per outage, not per attempt
+                    self.log.warning("scheduler_unavailable", address=self.address, **_away(exc))
                     away_logged = True
             except asyncio.CancelledError:
                 if asyncio.current_task().cancelling():
@@ -414,6 +404,16 @@ class SchedulerLink:
                     call.cancel()
                 self._at = (self._at + 1) % len(self.addresses)  # the next one: maybe the leader now
             await asyncio.sleep(STREAM_RECONNECT_DELAY_S)
+
+    async def _greet(self, call: grpc.aio.StreamStreamCall) -> None:
+        """The stream's Hello (this dataplane's snapshot) and the scheduler's Welcome, in a
+        protocol both speak."""
+        await call.write(self._hello())
+        first = await asyncio.wait_for(call.read(), HELLO_TIMEOUT_S)
+        if first is grpc.aio.EOF or not first.HasField("welcome"):
+            raise ConnectionError("the scheduler answered the Hello without a Welcome")
+        if first.welcome.protocol not in SPOKEN:
+            raise SchedulerTooOld(f"the scheduler speaks protocol {first.welcome.protocol}, not {PROTOCOL}")
 
     async def _write_forever(self, call: grpc.aio.StreamStreamCall) -> None:
         """Everything queued since the last write goes in one frame. Ends with the call."""
@@ -432,5 +432,12 @@ class SchedulerLink:
                 return  # the call ended; the reader sees it and reconnects
 
 
-def _code(exc: BaseException) -> str:
-    return exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+def _away(exc: BaseException) -> dict[str, str]:
+    """Why the stream is not up, for the log: the gRPC status (a standby's refusal names
+    itself), or the problem in words."""
+    if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+        return {"problem": "the scheduler has no Connect stream: upgrade it before its dataplanes"}
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return {"code": exc.code().name, **({"problem": exc.details()} if exc.details() and
+                                            exc.details().startswith(h.SCHEDULER_STANDBY) else {})}
+    return {"problem": str(exc)}

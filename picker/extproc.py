@@ -167,34 +167,20 @@ class Exchange:
     async def request_headers(self, message: ep.ProcessingRequest) -> ep.ProcessingResponse:
         headers = self.headers = _headers(message.request_headers)
         method, path = headers.get(":method", ""), headers.get(":path", "").split("?", 1)[0]
-        picker = self.picker
         if path in ("/health", "/ready"):
-            synced = picker.link.synced
+            synced = self.picker.link.synced
             return immediate(200, health_body(synced)) if path == "/health" else immediate(*readiness(synced))
         if path.startswith("/v1"):
             self.authenticate(headers)
         if method == "GET" and path == "/v1/models":
             return await self.models(headers.get(":path", ""))
         if method == "DELETE" and path.startswith("/v1/runs/") and path.count("/") == 3:
-            run_id = path.rsplit("/", 1)[1]
-            if not keys.may_end(self.tenant, picker.book.runs.get(run_id)):
-                raise Refused(404, keys.no_run_of_this_caller(run_id))
-            picker.book.forget_run(run_id)
-            picker.link.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
-            return immediate(200, {"id": run_id, "deleted": True}, {h.RUN_ID: run_id})
+            return self.delete_run(path.rsplit("/", 1)[1])
         if method != "POST" or path not in (CHAT, "/v1/decide"):
             raise Refused(404, f"no route {method} {path}")
         self.route = path
         if path == CHAT:
-            self.run_id = _text_header(headers, h.RUN_ID, h.MAX_ID_BYTES)
-            if not self.run_id:  # else the harness's session header, as the dataplane reads it
-                self.run_id = next(filter(None, (_text_header(headers, name, h.MAX_ID_BYTES)
-                                                 for name in h.SESSION_HEADERS if name in headers)), "")
-                self.session = bool(self.run_id)
-            if self.run_id and not keys.may_join(self.tenant, picker.book.runs.get(self.run_id)):
-                which = "the session header" if self.session else h.RUN_ID
-                self.run_id, self.session = "", False  # the error names a new run, not the other caller's
-                raise Refused(403, keys.named_other_callers_run(which), self._run_id())
+            self._name_run(headers)
         try:
             service_class = h.service_class(headers.get(h.SERVICE_CLASS))
         except h.BadIdentity as exc:
@@ -209,6 +195,29 @@ class Exchange:
         if subset is not None and SUBSET_KEY in subset.fields:
             self.subset = {v.string_value for v in subset.fields[SUBSET_KEY].list_value.values}
         return CONTINUE_REQUEST_HEADERS
+
+    def delete_run(self, run_id: str) -> ep.ProcessingResponse:
+        """``DELETE /v1/runs/{id}``: the run forgotten and reported ended (a 404 for a run the
+        caller may not end)."""
+        picker = self.picker
+        if not keys.may_end(self.tenant, picker.book.runs.get(run_id)):
+            raise Refused(404, keys.no_run_of_this_caller(run_id))
+        picker.book.forget_run(run_id)
+        picker.link.report(pb.TurnEvent(run_id=run_id, run_ended=pb.RunEnded()))
+        return immediate(200, {"id": run_id, "deleted": True}, {h.RUN_ID: run_id})
+
+    def _name_run(self, headers: dict[str, str]) -> None:
+        """The run a chat turn names: its run id header, else the harness's session header (as
+        the dataplane reads it), else none yet; a 403 when it is another caller's run."""
+        self.run_id = _text_header(headers, h.RUN_ID, h.MAX_ID_BYTES)
+        if not self.run_id:  # else the harness's session header, as the dataplane reads it
+            self.run_id = next(filter(None, (_text_header(headers, name, h.MAX_ID_BYTES)
+                                             for name in h.SESSION_HEADERS if name in headers)), "")
+            self.session = bool(self.run_id)
+        if self.run_id and not keys.may_join(self.tenant, self.picker.book.runs.get(self.run_id)):
+            which = "the session header" if self.session else h.RUN_ID
+            self.run_id, self.session = "", False  # the error names a new run, not the other caller's
+            raise Refused(403, keys.named_other_callers_run(which), self._run_id())
 
     def authenticate(self, headers: dict[str, str]) -> None:
         """A /v1 request's credentials, as the dataplane checks them: a tenant key is its

@@ -173,6 +173,13 @@ def _retained(
     scan: _Scan, now: float, retention_s: float, retention_runs: int
 ) -> tuple[list[tuple[bytes, dict[str, Any]]], set[str]]:
     """The kept (line, record) pairs in journal order, and the dropped handles."""
+    keep, dropped = _kept_handles(scan, now, retention_s, retention_runs)
+    return _kept_records(scan, keep), dropped
+
+
+def _kept_handles(scan: _Scan, now: float, retention_s: float, retention_runs: int) -> tuple[set[str], set[str]]:
+    """The handles whose records stay, and those dropped: a tree of runs stays whole, while
+    any of it runs, or while it is among the latest finished within the retention."""
     parent, finished_at = scan.parent, scan.finished_at
     # Group runs into trees by their root (the topmost ancestor the journal knows).
     trees: dict[str, list[str]] = {}
@@ -194,7 +201,14 @@ def _retained(
         keep.update(members)
         kept_runs += len(members)
     dropped = {handle for members in trees.values() for handle in members} - keep
+    return keep, dropped
 
+
+def _kept_records(scan: _Scan, keep: set[str]) -> list[tuple[bytes, dict[str, Any]]]:
+    """The (line, record) pairs of the ``keep`` handles, in journal order: every record of
+    a run that still runs; of a finished one, those of the kinds in ``_FINISHED_KEEPS``, with
+    one round naming its model before its ``finished`` record."""
+    finished_at = scan.finished_at
     out: list[tuple[bytes, dict[str, Any]]] = []
     for handle, kind, line, record in scan.entries:
         if handle not in keep:
@@ -214,7 +228,7 @@ def _retained(
                 if model is not None:
                     out.append(_kept_round(handle, model))
             out.append((line, record))
-    return out, dropped
+    return out
 
 
 def _kept_round(handle: str, model: str) -> tuple[bytes, dict[str, Any]]:

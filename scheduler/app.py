@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,6 +63,7 @@ RUN_STAGES = tuple(stage.value for stage in core.Stage)  # as /status?stage= nam
 RUNTIME_STATUS_PARAMS = frozenset({"limit", "cursor", "handle"})
 RUNTIME_STATUS_VALUE = re.compile(r"[A-Za-z0-9._:-]{1,256}")
 RUNTIME_STATUS_MAX_PARAMS = 100
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def runtime_status_url(runtime: str) -> str:
@@ -73,25 +74,9 @@ def runtime_status_url(runtime: str) -> str:
     return f"{parsed.scheme}://{parsed.netloc}/status"
 
 
-def http_app(host: SchedulerHost, token: str | None = None, runtime_url: str | None = None) -> web.Application:
-    """The page, `/status` and `/runtime-status` (the configured runtime's run tree),
-    all behind ``token`` when set; `/health` and the page itself (static, no data) open."""
-    runtime_status = runtime_status_url(runtime_url) if runtime_url else None
-
-    async def get_status(request: web.Request) -> web.Response:
-        """The pool's picture; with ``?runs=N`` also a page of the runs (``run_page``),
-        filtered by ``caller``, ``stage`` and ``class``, from ``cursor``."""
-        try:
-            query = RunQuery.from_query(request.query)
-        except ValueError as exc:
-            return web.json_response({"error": {"message": str(exc)}}, status=400)
-        view = status_view(host.status(), host.metrics)
-        if query is not None:
-            view["run_page"] = host.run_page(query)
-        return web.json_response(view)
-
-    async def get_page(request: web.Request) -> web.Response:
-        return web.Response(text=PAGE.read_text(), content_type="text/html")
+def runtime_status_handler(runtime_status: str | None, token: str | None) -> Handler:
+    """``/runtime-status`` for the runtime whose ``/status`` is at ``runtime_status`` (none
+    configured: None), asked with ``token`` when set."""
 
     async def get_runtime_status(request: web.Request) -> web.Response:
         """A page of the configured runtime's runs for the page (fetched here: no CORS
@@ -117,6 +102,29 @@ def http_app(host: SchedulerHost, token: str | None = None, runtime_url: str | N
             return web.json_response(response.json())
         except (httpx.HTTPError, ValueError) as exc:
             return web.json_response({"error": {"message": f"runtime {runtime_status}: {exc}"}}, status=502)
+
+    return get_runtime_status
+
+
+def http_app(host: SchedulerHost, token: str | None = None, runtime_url: str | None = None) -> web.Application:
+    """The page, `/status` and `/runtime-status` (the configured runtime's run tree),
+    all behind ``token`` when set; `/health` and the page itself (static, no data) open."""
+    get_runtime_status = runtime_status_handler(runtime_status_url(runtime_url) if runtime_url else None, token)
+
+    async def get_status(request: web.Request) -> web.Response:
+        """The pool's picture; with ``?runs=N`` also a page of the runs (``run_page``),
+        filtered by ``caller``, ``stage`` and ``class``, from ``cursor``."""
+        try:
+            query = RunQuery.from_query(request.query)
+        except ValueError as exc:
+            return web.json_response({"error": {"message": str(exc)}}, status=400)
+        view = status_view(host.status(), host.metrics)
+        if query is not None:
+            view["run_page"] = host.run_page(query)
+        return web.json_response(view)
+
+    async def get_page(request: web.Request) -> web.Response:
+        return web.Response(text=PAGE.read_text(), content_type="text/html")
 
     async def get_health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

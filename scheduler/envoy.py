@@ -48,8 +48,26 @@ def config(endpoints: list[Endpoint], *, port: int, admin_port: int, pickers: li
 
     ``fail_open``: when no picker answers, requests go on to an engine chosen by Envoy
     (least request) instead of a 500."""
-    pool_hosts = [{"endpoint": {"address": _address(*socket_address(e.base_url))}} for e in endpoints]
-    ext_proc = {
+    return {
+        "admin": {"address": _address(host, admin_port)},
+        "static_resources": {
+            "listeners": [{
+                "name": "luftpause",
+                "address": _address(host, port),
+                # The largest request body the picker is sent (Envoy answers 413 above it).
+                "per_connection_buffer_limit_bytes": max_body_bytes,
+                "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                                "typed_config": _connection_manager(endpoints, pickers, fail_open)}]}],
+            }],
+            "clusters": [_pool_cluster(endpoints, max_body_bytes), _picker_cluster(pickers)],
+        },
+    }
+
+
+def _ext_proc(pickers: list[tuple[str, int]], fail_open: bool) -> dict:
+    """The ext_proc filter: each request's headers and buffered body to a picker, the
+    response streamed through it."""
+    return {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
         # A stream a picker refuses (it is gone) is opened again on another picker.
         "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "retry_policy": {
@@ -78,28 +96,37 @@ def config(endpoints: list[Endpoint], *, port: int, admin_port: int, pickers: li
             "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
         },
     }
-    # Envoy's own answers in the shape every luftpause error has: 413 (body over the
-    # limit), 500 (no picker answered, fail-closed) and its upstream failures (no engine
-    # reachable). The picker's own answers are that shape already, and it never answers
-    # 413 or 500, nor carries these response flags.
-    def status_is(code: int) -> dict:
-        return {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": code,
-                                                                           "runtime_key": f"luftpause.status_{code}"}}}}
 
+
+def _status_is(code: int) -> dict:
+    return {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": code,
+                                                                       "runtime_key": f"luftpause.status_{code}"}}}}
+
+
+def _local_reply() -> dict:
+    """Envoy's own answers in the shape every luftpause error has: 413 (body over the
+    limit), 500 (no picker answered, fail-closed) and its upstream failures (no engine
+    reachable). The picker's own answers are that shape already, and it never answers
+    413 or 500, nor carries these response flags."""
     as_json = {"json_format": {"error": {"message": "%LOCAL_REPLY_BODY%"}}, "content_type": "application/json"}
     upstream_failed = {"response_flag_filter": {"flags": ["UH", "UF", "UO", "URX", "NR", "UC", "UT", "LH", "UMSDR"]}}
-    local_reply = {"mappers": [
+    return {"mappers": [
         # ext_proc failed (no picker answered) and Envoy is fail-closed: its body is empty.
-        {"filter": status_is(500), "body": {"inline_string": "the endpoint picker did not answer (fail-closed)"},
+        {"filter": _status_is(500), "body": {"inline_string": "the endpoint picker did not answer (fail-closed)"},
          "body_format_override": as_json},
-        {"filter": {"or_filter": {"filters": [status_is(413), upstream_failed]}}, "body_format_override": as_json},
+        {"filter": {"or_filter": {"filters": [_status_is(413), upstream_failed]}}, "body_format_override": as_json},
     ]}
-    manager = {
+
+
+def _connection_manager(endpoints: list[Endpoint], pickers: list[tuple[str, int]], fail_open: bool) -> dict:
+    """The listener's HTTP connection manager: every request through ext_proc, then routed
+    to the pool's cluster."""
+    return {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "luftpause",
         "codec_type": "AUTO",
         "stream_idle_timeout": f"{PICKER_MESSAGE_TIMEOUT_S}s",  # held turns are idle streams
-        "local_reply_config": local_reply,
+        "local_reply_config": _local_reply(),
         "route_config": {"name": "pool", "virtual_hosts": [{
             "name": "pool", "domains": ["*"],
             "routes": [{"match": {"prefix": "/"}, "route": {
@@ -111,11 +138,17 @@ def config(endpoints: list[Endpoint], *, port: int, admin_port: int, pickers: li
             }}],
         }]},
         "http_filters": [
-            {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
+            {"name": "envoy.filters.http.ext_proc", "typed_config": _ext_proc(pickers, fail_open)},
             {"name": "envoy.filters.http.router", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
         ],
     }
+
+
+def _pool_cluster(endpoints: list[Endpoint], max_body_bytes: int) -> dict:
+    """The engines, under ``override_host``: the first reachable endpoint of the picker's
+    list (least request among all of them when no picker named one)."""
+    pool_hosts = [{"endpoint": {"address": _address(*socket_address(e.base_url))}} for e in endpoints]
     override_host = _lb_policy(
         "envoy.load_balancing_policies.override_host",
         "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
@@ -125,40 +158,29 @@ def config(endpoints: list[Endpoint], *, port: int, admin_port: int, pickers: li
             "envoy.load_balancing_policies.least_request",
             "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"),
     )
+    return {"name": "pool", "type": "STATIC", "connect_timeout": "2s",
+            "per_connection_buffer_limit_bytes": max_body_bytes,
+            "load_assignment": {"cluster_name": "pool", "endpoints": [{"lb_endpoints": pool_hosts}]},
+            "load_balancing_policy": override_host}
+
+
+def _picker_cluster(pickers: list[tuple[str, int]]) -> dict:
+    """The pickers, over HTTP/2 (gRPC), health-checked so that only live ones get streams."""
     http2 = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
         "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
         "explicit_http_config": {"http2_protocol_options": {}}}}
-    return {
-        "admin": {"address": _address(host, admin_port)},
-        "static_resources": {
-            "listeners": [{
-                "name": "luftpause",
-                "address": _address(host, port),
-                # The largest request body the picker is sent (Envoy answers 413 above it).
-                "per_connection_buffer_limit_bytes": max_body_bytes,
-                "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
-                                                "typed_config": manager}]}],
-            }],
-            "clusters": [
-                {"name": "pool", "type": "STATIC", "connect_timeout": "2s",
-                 "per_connection_buffer_limit_bytes": max_body_bytes,
-                 "load_assignment": {"cluster_name": "pool", "endpoints": [{"lb_endpoints": pool_hosts}]},
-                 "load_balancing_policy": override_host},
-                {"name": "picker", "type": "STATIC", "connect_timeout": "1s",
-                 "typed_extension_protocol_options": http2,
-                 # Only pickers that answer their health check (never all of them in panic).
-                 "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
-                 "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [
-                     {"endpoint": {"address": _address(h, p)}} for h, p in pickers]}]},
-                 # A picker that stops answering its health check gets no new streams.
-                 # A dead picker refuses the connection and fails at once; one slow answer
-                 # on a busy host does not take a live one out.
-                 "health_checks": [{"timeout": "2s", "interval": "0.5s", "unhealthy_threshold": 2,
-                                    "healthy_threshold": 1, "no_traffic_interval": "0.5s",
-                                    "grpc_health_check": {"service_name": EXT_PROC_SERVICE}}]},
-            ],
-        },
-    }
+    return {"name": "picker", "type": "STATIC", "connect_timeout": "1s",
+            "typed_extension_protocol_options": http2,
+            # Only pickers that answer their health check (never all of them in panic).
+            "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+            "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": _address(h, p)}} for h, p in pickers]}]},
+            # A picker that stops answering its health check gets no new streams.
+            # A dead picker refuses the connection and fails at once; one slow answer
+            # on a busy host does not take a live one out.
+            "health_checks": [{"timeout": "2s", "interval": "0.5s", "unhealthy_threshold": 2,
+                               "healthy_threshold": 1, "no_traffic_interval": "0.5s",
+                               "grpc_health_check": {"service_name": EXT_PROC_SERVICE}}]}
 
 
 def write_config(path: Path, pool_file: Path, **options) -> Path:

@@ -31,6 +31,8 @@ import zlib
 import psycopg
 import structlog
 
+from luftpause.scheduler.errors import SchedulerError
+
 # The advisory lock's key: one lead per database (a cluster may host other users' locks).
 LOCK_KEY = zlib.crc32(b"luftpause-scheduler-lead")
 TRY_EVERY_S = 0.5  # a standby's attempts at the lock
@@ -40,7 +42,7 @@ IDLE_SESSION_S = 2.5  # the database ends a session silent this long: well after
 CONNECT_TIMEOUT_S = 2
 
 
-class LeadLost(Exception):
+class LeadLost(SchedulerError):
     """The leader could no longer show the database it holds the lock."""
 
 

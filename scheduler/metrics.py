@@ -117,18 +117,27 @@ class SchedulerMetrics:
     def applied(self, before: core.State, event: object, after: core.State, actions: Iterable[core.Action]) -> None:
         """Count what one decision did to turns."""
         for action in actions:
-            if isinstance(action, core.Place):
-                turn = after.turns.get(action.turn_id)
-                service_class = turn.service_class if turn is not None else INTERACTIVE
-                self._child(self.admitted, service_class, action.replica).inc()
-                self._child(self.hold_seconds, service_class).observe(action.held_ms / 1000)
-                self.recent.placed(action.held_ms)
-            elif isinstance(action, core.Reject):
-                self._child(self.rejected, action.reason).inc()
-            elif isinstance(action, core.Grant):
-                self._child(self.lease_slots, action.replica).inc(action.slots)
-            elif isinstance(action, core.Revoke):
-                self._child(self.lease_revokes, action.replica).inc()
+            self._count_action(action, after)
+        self._count_event(before, event, after)
+
+    def _count_action(self, action: core.Action, after: core.State) -> None:
+        """Count one action of a decision (``after``: the state it left)."""
+        if isinstance(action, core.Place):
+            turn = after.turns.get(action.turn_id)
+            service_class = turn.service_class if turn is not None else INTERACTIVE
+            self._child(self.admitted, service_class, action.replica).inc()
+            self._child(self.hold_seconds, service_class).observe(action.held_ms / 1000)
+            self.recent.placed(action.held_ms)
+        elif isinstance(action, core.Reject):
+            self._child(self.rejected, action.reason).inc()
+        elif isinstance(action, core.Grant):
+            self._child(self.lease_slots, action.replica).inc(action.slots)
+        elif isinstance(action, core.Revoke):
+            self._child(self.lease_revokes, action.replica).inc()
+
+    def _count_event(self, before: core.State, event: object, after: core.State) -> None:
+        """Count what the decided event did to its turn: placed on a lent slot, held,
+        abandoned while held, failed or finished."""
         if isinstance(event, core.AdmitRequested) and event.leased_replica:
             turn = after.turns.get(event.turn_id)
             if turn is not None and event.turn_id not in before.turns:  # placed on a lent slot: never held

@@ -144,6 +144,24 @@ def connect_lines(proxy: str, mcp: str, model: str, token: bool = False, harness
         f"{title}:\n" + "".join(f"  {line}\n" for line in lines) for title, lines in sections.items())
 
 
+def running_banner(urls: dict[str, str], args: argparse.Namespace, state_dir: Path, pool_file: Path) -> str:
+    """What the launcher prints once the stack is up: its URLs, and the lines that connect
+    each harness to it."""
+    proxy_note = ", Envoy + endpoint picker" if args.gateway == "envoy" else ""
+    return (
+        "\nluftpause is running (Ctrl-C stops everything):\n"
+        f"  MCP runtime      {urls['runtime_mcp']}\n"
+        f"  OpenAI proxy     {urls['dataplane']}   (base_url{proxy_note})\n"
+        + "".join(f"                   {urls[f'dataplane-{i}']}   (peer)\n" for i in range(2, args.dataplanes + 1)) +
+        f"  scheduler page   {urls['scheduler_status'].removesuffix('status')}\n"
+        f"  runtime status   {urls['runtime_status']}\n"
+        f"  logs             {state_dir / 'logs'}\n\n"
+        + connect_lines(urls["dataplane"], urls["runtime_mcp"], served_model(pool_file),
+                        token=auth.token_from_env() is not None, harness_apis=args.gateway == "dataplane")
+        + "\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log = logs.configure("stack")
@@ -181,20 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, TimeoutError) as exc:
         log.error("stack_failed", error=str(exc))
         return 1
-    urls = stack.urls
-    proxy_note = ", Envoy + endpoint picker" if args.gateway == "envoy" else ""
-    sys.stdout.write(
-        "\nluftpause is running (Ctrl-C stops everything):\n"
-        f"  MCP runtime      {urls['runtime_mcp']}\n"
-        f"  OpenAI proxy     {urls['dataplane']}   (base_url{proxy_note})\n"
-        + "".join(f"                   {urls[f'dataplane-{i}']}   (peer)\n" for i in range(2, args.dataplanes + 1)) +
-        f"  scheduler page   {urls['scheduler_status'].removesuffix('status')}\n"
-        f"  runtime status   {urls['runtime_status']}\n"
-        f"  logs             {state_dir / 'logs'}\n\n"
-        + connect_lines(urls["dataplane"], urls["runtime_mcp"], served_model(pool_file),
-                        token=auth.token_from_env() is not None, harness_apis=args.gateway == "dataplane")
-        + "\n"
-    )
+    sys.stdout.write(running_banner(stack.urls, args, state_dir, pool_file))
     sys.stdout.flush()
     supervisor = Supervisor(lambda: stack.processes, log)
     try:

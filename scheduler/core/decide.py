@@ -56,6 +56,7 @@ from luftpause.scheduler.core.stranded import _answer_stranded
 from luftpause.scheduler.core.stalls import _heard, _silent, _stalled, _unsilenced
 
 
+# branchy: one case per event kind (the dispatch this module is), each a call into its chapter.
 def decide(state: State, event: Event) -> tuple[State, list[Action]]:
     """Apply one event; return the new state and the actions the host performs."""
     answered: list[Action] = []
