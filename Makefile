@@ -20,12 +20,11 @@ help:
 	@echo "  make bench-b1 | bench-b2 | bench-b3   fan-out, interactive under batch load, routing: luftpause vs its peers"
 	@echo "  make bench-b4       the proxy's cost (B4_ARGS=... passes flags); make bench runs B1 to B4"
 	@echo "  make bench-regimes  the regime map: B2 through the proxy, cell by cell around the engine preset"
-	@echo "  make bench-picker   the endpoint picker behind Envoy, CPU per turn, against constant ext_proc servers"
+	@echo "  make bench-picker   the endpoint picker behind Envoy: CPU per turn with the reply observed and without"
 	@echo "  make bench-admission  where the queue lives: engines limited to 3 running, batch + interactive clients"
 	@echo "  make bench-real     B2's shape on two real llama.cpp replicas"
 	@echo "  make bench-messages | bench-responses  what translating the Messages / Responses API adds per turn"
 	@echo "  make bench-scheduler  decisions/s of the scheduler's core, the Admit round trip, the per-run view"
-	@echo "  make bench-grpc     CPU and time per message on a gRPC stream, gRPC's two transports"
 	@echo "  make bench-startup  the runtime's start on a journal of 20,000 finished runs"
 	@echo "  make bench-body-memory  the dataplane's RSS around concurrent 31 MiB requests that fail"
 
@@ -122,7 +121,7 @@ BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
 .PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-picker bench-messages bench-responses bench-scheduler
 .PHONY: bench-admission
-.PHONY: bench-real bench-startup bench-grpc bench-regimes bench-body-memory
+.PHONY: bench-real bench-startup bench-regimes bench-body-memory
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
@@ -147,7 +146,7 @@ B4_ARGS ?=
 bench-b4: $(BENCH_STAMP)
 	$(PY) -m luftpause.loadgen.proxy_bench $(B4_ARGS)
 
-# The endpoint picker behind Envoy: CPU per turn, with the response phase and without it.
+# The endpoint picker behind Envoy: CPU per turn, with Envoy's response phase and without it.
 bench-picker: $(STAMP)
 	$(PY) -m luftpause.loadgen.proxy_bench picker $(BENCH_ARGS)
 
@@ -168,11 +167,6 @@ bench-responses: $(STAMP)
 
 bench-scheduler: $(STAMP)
 	$(PY) -m luftpause.loadgen.scheduler_bench $(BENCH_ARGS)
-
-# CPU and time per message on a Connect-shaped gRPC stream, gRPC's default transport
-# against the one the scheduler and the dataplane choose (luftpause/grpc_env.py).
-bench-grpc: $(STAMP)
-	$(PY) -m luftpause.loadgen.grpc_transport_bench $(BENCH_ARGS)
 
 # The runtime's start with a journal of 20,000 finished runs: time until its MCP endpoint
 # answers, CPU, imports / compaction / replay; BENCH_ARGS="--repeats 10", "--python <venv>".

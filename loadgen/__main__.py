@@ -28,7 +28,7 @@ from rich.console import Console
 from luftpause import logs
 from luftpause.loadgen.agents import Clock, Live, Target
 from luftpause.loadgen.driver import Group, run_load, workload_json
-from luftpause.loadgen.records import new_table
+from luftpause.loadgen.records import fmt, new_table, write_json
 from luftpause.loadgen.spawn import SpawnTarget, fan_out
 from luftpause.loadgen.workload import Workload
 
@@ -38,16 +38,15 @@ def parse_mix(text: str) -> list[tuple[str, int]]:
     for part in text.split(","):
         cls, _, count = part.strip().partition(":")
         if cls not in ("interactive", "batch") or not count.isdigit():
-            raise argparse.ArgumentTypeError(f"--mix wants class:count pairs, e.g. interactive:4,batch:48; got {part!r}")
+            raise argparse.ArgumentTypeError(f"--mix wants class:count pairs (interactive:4,batch:48), not {part!r}")
         mix.append((cls, int(count)))
     return mix
 
 
 def is_luftpause(base_url: str) -> bool:
     """Whether ``base_url`` is luftpause's dataplane (its /health reports the scheduler)."""
-    root = base_url.rstrip("/").removesuffix("/v1")
     try:
-        with urllib.request.urlopen(f"{root}/health", timeout=2) as response:
+        with urllib.request.urlopen(f"{base_url.rstrip('/').removesuffix('/v1')}/health", timeout=2) as response:
             return "scheduler" in json.loads(response.read())
     except (OSError, ValueError):
         return False
@@ -62,9 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agents", type=int, default=0, help="closed-loop agents of --class")
     p.add_argument("--class", dest="service_class", choices=("interactive", "batch"), default="batch")
     p.add_argument("--mix", type=parse_mix, help="several classes at once: interactive:4,batch:48")
-    p.add_argument("--spawn", type=int, default=0,
-                   help="with --runtime-url: spawn N sub-agents and await them all (or N closed-loop slots "
-                        "with --duration-s)")
+    p.add_argument("--spawn", type=int, default=0, help="with --runtime-url: spawn N sub-agents and await them all "
+                                                        "(or N closed-loop slots with --duration-s)")
     p.add_argument("--sequential", action="store_true", help="with --spawn: one sub-agent at a time")
     p.add_argument("--caller", default="loadgen", help="x-luftpause-caller")
     p.add_argument("--headers", choices=("auto", "on", "off"), default="auto",
@@ -80,63 +78,48 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wall seconds per model second (the engines' --time-scale); results are in model seconds")
     p.add_argument("--json", type=Path, help="write the result here")
     p.add_argument("--quiet", action="store_true", help="no progress display")
-    p.add_argument("--max-errors", type=int, default=0,
-                   help="exit with status 1 when more runs than this failed (default 0)")
+    p.add_argument("--max-errors", type=int, default=0, help="exit with status 1 when more runs than this failed")
     return p
 
 
 def workload(args: argparse.Namespace, cls: str) -> Workload:
-    return Workload(service_class=cls, context_chars_min=args.context_chars // 2,
-                    context_chars_max=args.context_chars, tool_calls_max=args.tool_calls,
-                    tool_delay_s=args.tool_delay_s, max_tokens=args.max_tokens)
-
-
-def print_summary(console: Console, summary: dict, cpu: dict) -> None:
-    table = new_table("loadgen result (model seconds)",
-                      ("class", "runs", "runs/min", "p50 s", "p90 s", "TTFT p50 s", "cached share", "errors"), left=())
-    for cls, s in summary.items():
-        def f(v: float | None) -> str:
-            return "—" if v is None else f"{v:.2f}"
-        table.add_row(cls, str(s["runs"]), f"{s['runs_per_min']:.1f}", f(s["latency_p50_s"]), f(s["latency_p90_s"]),
-                      f(s["ttft_p50_s"]), f"{100 * s['cached_share']:.1f} %", str(s["errors"]))
-    console.print(table)
-    busy = cpu.get("machine_busy")
-    console.print(f"CPU: machine {'?' if busy is None else f'{100 * busy:.0f} %'} busy of {cpu.get('cpus')} CPUs; "
-                  f"loadgen used {100 * cpu['loadgen_cpu_share']:.0f} % of one CPU")
+    return Workload(service_class=cls, context_chars_min=args.context_chars // 2, context_chars_max=args.context_chars,
+                    tool_calls_max=args.tool_calls, tool_delay_s=args.tool_delay_s, max_tokens=args.max_tokens)
 
 
 async def amain(args: argparse.Namespace) -> dict:
-    # Progress goes to stderr: a live table on a terminal, else a line every few seconds.
-    console = Console(stderr=True) if not args.quiet else None
-    # Results go to stdout, never cut to 80 columns when stdout is a pipe or a file.
-    out = Console() if sys.stdout.isatty() else Console(width=200)
+    console = Console(stderr=True) if not args.quiet else None  # progress: a live table on a terminal, else lines
+    out = Console() if sys.stdout.isatty() else Console(width=200)  # results, never cut to 80 columns in a pipe
     mix = args.mix or ([(args.service_class, args.agents or args.spawn)] if (args.agents or args.spawn) else [])
     if not mix:
         raise SystemExit("nothing to run: give --agents N, --mix … or --spawn N")
     if args.runtime_url and args.spawn and not args.duration_s:
-        clock, live = Clock(args.time_scale), Live()
-        wl = workload(args, args.service_class)
-        total, records = await fan_out(SpawnTarget(args.runtime_url, args.model), wl, args.spawn, clock, live,
-                                       sequential=args.sequential)
-        result = {"mode": "sequential" if args.sequential else "fan-out", "runs": args.spawn, "all_done_s": total,
-                  "ok": sum(r.ok for r in records), "errors": sum(not r.ok for r in records),
-                  "records": [r.as_json() for r in records]}
-        out.print(f"{result['mode']}: {args.spawn} sub-agents done in {total:.1f} s (model time), "
-                  f"{result['ok']} completed")
-        return result
-    groups = [Group(count, workload(args, cls)) for cls, count in mix]
+        mode = "sequential" if args.sequential else "fan-out"
+        total, records = await fan_out(SpawnTarget(args.runtime_url, args.model), workload(args, args.service_class),
+                                       args.spawn, Clock(args.time_scale), Live(), sequential=args.sequential)
+        ok = sum(r.ok for r in records)
+        out.print(f"{mode}: {args.spawn} sub-agents done in {total:.1f} s (model time), {ok} completed")
+        return {"mode": mode, "runs": args.spawn, "all_done_s": total, "ok": ok, "errors": len(records) - ok,
+                "records": [r.as_json() for r in records]}
     if not args.duration_s:
         raise SystemExit("--duration-s is required for closed-loop runs")
+    groups = [Group(count, workload(args, cls)) for cls, count in mix]
     if args.base_url:
         headers = args.headers == "on" or (args.headers == "auto" and is_luftpause(args.base_url))
-        target = Target(args.base_url.rstrip("/"), args.model, luftpause=headers, caller=args.caller)
-        result = await run_load(groups, target=target, warmup_s=args.warmup_s, duration_s=args.duration_s,
-                                time_scale=args.time_scale, console=console)
+        where = {"target": Target(args.base_url.rstrip("/"), args.model, luftpause=headers, caller=args.caller)}
     else:
-        result = await run_load(groups, spawn_target=SpawnTarget(args.runtime_url, args.model),
-                                warmup_s=args.warmup_s, duration_s=args.duration_s, time_scale=args.time_scale,
-                                console=console)
-    print_summary(out, result.summary, result.cpu)
+        where = {"spawn_target": SpawnTarget(args.runtime_url, args.model)}
+    result = await run_load(groups, **where, warmup_s=args.warmup_s, duration_s=args.duration_s,
+                            time_scale=args.time_scale, console=console)
+    table = new_table("loadgen result (model seconds)",
+                      ("class", "runs", "runs/min", "p50 s", "p90 s", "TTFT p50 s", "cached share", "errors"), left=())
+    for cls, s in result.summary.items():
+        table.add_row(cls, str(s["runs"]), f"{s['runs_per_min']:.1f}", fmt(s["latency_p50_s"]), fmt(s["latency_p90_s"]),
+                      fmt(s["ttft_p50_s"]), f"{100 * s['cached_share']:.1f} %", str(s["errors"]))
+    out.print(table)
+    busy = result.cpu.get("machine_busy")
+    out.print(f"CPU: machine {'?' if busy is None else f'{100 * busy:.0f} %'} busy of {result.cpu.get('cpus')} CPUs; "
+              f"loadgen used {100 * result.cpu['loadgen_cpu_share']:.0f} % of one CPU")
     return {"workload": workload_json(groups), **result.as_json(with_records=True),
             "errors": sum(s["errors"] for s in result.summary.values())}
 
@@ -146,8 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logs.configure("loadgen", level="warning")
     result = asyncio.run(amain(args))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
     if result["errors"] > args.max_errors:
         print(f"loadgen: {result['errors']} runs failed, more than --max-errors {args.max_errors}", file=sys.stderr)
         sys.exit(1)

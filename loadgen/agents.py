@@ -1,11 +1,7 @@
 """Own-loop agents: each runs LLM turn → tool call → LLM turn against any OpenAI-compatible
-``base_url`` (luftpause's dataplane, a router, an engine), closed loop: a finished run
-is replaced at once until the deadline.
-
-Turns are streamed and parsed by hand (no SDK) so that the load generator stays cheap
-on a small machine: a saturated client would distort what it measures. luftpause's
-headers are sent only when the target is luftpause.
-"""
+``base_url`` (luftpause's dataplane, a router, an engine), closed loop: a finished run is
+replaced at once until the deadline. Turns stream and are parsed by hand (no SDK) so the
+load generator stays cheap on a small machine; luftpause's headers go only to luftpause."""
 
 from __future__ import annotations
 
@@ -16,13 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import structlog
 
 from luftpause.loadgen.records import RunRecord, TurnRecord
 from luftpause.loadgen.workload import LOOKUP_TOOL, SYSTEM_PROMPT, Workload, plan_run, tool_result
 from luftpause.peer_identity import add_identity, finish_path
-
-log = structlog.get_logger(service="loadgen")
 
 MAX_429_RETRIES = 100
 
@@ -66,9 +59,8 @@ class Live:
     turns_visible: bool = True  # False for MCP sub-agents, whose turns the runtime makes
 
 
-async def stream_turn(
-    session: aiohttp.ClientSession, target: Target, body: dict[str, Any], headers: dict[str, str], clock: Clock
-) -> tuple[dict[str, Any], TurnRecord]:
+async def stream_turn(session: aiohttp.ClientSession, target: Target, body: dict[str, Any], headers: dict[str, str],
+                      clock: Clock) -> tuple[dict[str, Any], TurnRecord]:
     """One streamed turn: the assistant message and what the turn measured."""
     started = clock.now()
     for attempt in range(MAX_429_RETRIES + 1):
@@ -77,8 +69,7 @@ async def stream_turn(
                 await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
                 continue
             if response.status != 200:
-                text = (await response.text())[:200]
-                raise TurnFailed(f"HTTP {response.status}: {text}")
+                raise TurnFailed(f"HTTP {response.status}: {(await response.text())[:200]}")
             return await _read_stream(response, started, clock)
     raise TurnFailed("too many 429s")
 
@@ -90,131 +81,100 @@ async def _read_stream(response: aiohttp.ClientResponse, started: float, clock: 
     call: dict[str, Any] | None = None
     usage: dict[str, Any] = {}
     finish: str | None = None
-    done = False
     async for raw in response.content:
         if not raw.startswith(b"data: "):
             continue
         payload = raw[6:].strip()
         if payload == b"[DONE]":
-            done = True
             break
         chunk = json.loads(payload)
-        if first_token is None:
-            first_token = clock.now()
-        if chunk.get("usage"):
-            usage = chunk["usage"]
+        first_token = first_token or clock.now()
+        usage = chunk.get("usage") or usage
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
-            if delta.get("content"):
-                content.append(delta["content"])
+            content.append(delta.get("content") or "")
             for piece in delta.get("tool_calls") or []:
-                if call is None:
-                    call = {"id": piece.get("id") or "", "type": "function", "function": {"name": "", "arguments": ""}}
+                call = call or {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
                 function = piece.get("function") or {}
                 call["id"] = piece.get("id") or call["id"]
                 call["function"]["name"] += function.get("name") or ""
                 call["function"]["arguments"] += function.get("arguments") or ""
             finish = choice.get("finish_reason") or finish
-    if not done:
+    else:
         raise TurnFailed("stream ended without [DONE]")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
-    if call is not None:
-        message["tool_calls"] = [call]
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None,
+                               **({"tool_calls": [call]} if call is not None else {})}
     details = usage.get("prompt_tokens_details") or {}
-    record = TurnRecord(
-        started=started,
-        first_token=(first_token or clock.now()) - started,
-        duration=clock.now() - started,
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        cached_tokens=int(details.get("cached_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
-        finish_reason=finish or "",
-    )
-    return message, record
+    now = clock.now()
+    return message, TurnRecord(started=started, first_token=(first_token or now) - started, duration=now - started,
+                               prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                               cached_tokens=int(details.get("cached_tokens") or 0),
+                               completion_tokens=int(usage.get("completion_tokens") or 0), finish_reason=finish or "")
 
 
-async def run_once(
-    session: aiohttp.ClientSession, target: Target, workload: Workload, seed: str, clock: Clock, live: Live,
-    run_id: str | None = None,
-) -> RunRecord:
+async def run_once(session: aiohttp.ClientSession, target: Target, workload: Workload, seed: str, clock: Clock,
+                   live: Live, run_id: str | None = None) -> RunRecord:
     """One agent run to its final answer (or its first failure). ``seed`` decides the
     run's task and tool results; ``run_id`` (default: the seed) names it to luftpause."""
     plan = plan_run(workload, seed)
     run_id = run_id or seed
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": plan.task},
-    ]
-    headers = {}
-    if target.luftpause:
-        headers = {"x-luftpause-run-id": run_id, "x-luftpause-class": workload.service_class,
-                   "x-luftpause-caller": target.caller}
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
+                                      {"role": "user", "content": plan.task}]
+    headers = {"x-luftpause-run-id": run_id, "x-luftpause-class": workload.service_class,
+               "x-luftpause-caller": target.caller} if target.luftpause else {}
     record = RunRecord(service_class=workload.service_class, seed=seed, started=clock.now())
     live.runs_started += 1
     calls = 0
     try:
         while True:
-            body: dict[str, Any] = {
-                "model": target.model, "messages": messages, "stream": True,
-                "stream_options": {"include_usage": True}, "max_tokens": workload.max_tokens,
-            }
+            body: dict[str, Any] = {"model": target.model, "messages": messages, "stream": True,
+                                    "stream_options": {"include_usage": True}, "max_tokens": workload.max_tokens}
             if calls < plan.tool_calls:
                 body["tools"] = [LOOKUP_TOOL]
             elif workload.answer_keeps_tools:
                 body["tools"], body["tool_choice"] = [LOOKUP_TOOL], "none"
-            turn_headers = headers
-            if target.peer_identity != "none":
-                body, extra = add_identity(body, target.peer_identity, run_id, workload.service_class)
-                turn_headers = {**headers, **extra}
+            body, extra = add_identity(body, target.peer_identity, run_id, workload.service_class)
             live.turns_in_flight += 1
             try:
-                message, turn = await stream_turn(session, target, body, turn_headers, clock)
+                message, turn = await stream_turn(session, target, body, {**headers, **extra}, clock)
             finally:
                 live.turns_in_flight -= 1
             record.turns.append(turn)
             messages.append(message)
-            tool_calls = message.get("tool_calls") or []
-            if not tool_calls:
+            if not message.get("tool_calls"):
                 break
             calls += 1
             await clock.sleep(workload.tool_delay_s)
-            result = tool_result(seed, calls, workload.tool_result_chars)
-            messages.append({"role": "tool", "tool_call_id": tool_calls[0]["id"], "content": result})
+            messages.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
+                             "content": tool_result(seed, calls, workload.tool_result_chars)})
         record.ok = True
     except (TurnFailed, aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"[:300]
         live.errors += 1
-    record.tool_calls = calls
-    record.ended = clock.now()
+    record.tool_calls, record.ended = calls, clock.now()
     live.runs_done += 1
-    if target.luftpause:
-        try:  # the run is over: let the scheduler forget it now, as the runtime does
-            async with session.delete(f"{target.base_url}/runs/{run_id}", headers=headers):
-                pass
-        except aiohttp.ClientError:
-            pass
     finish = finish_path(target.peer_identity, run_id)
-    if finish is not None:
-        try:  # the run is over: end its session at the peer router
-            async with session.post(target.base_url.removesuffix("/v1") + finish):
+    # The run is over: let the scheduler forget it now, as the runtime does; end its session at a peer router.
+    for method, url in (("DELETE", f"{target.base_url}/runs/{run_id}" if target.luftpause else None),
+                        ("POST", target.base_url.removesuffix("/v1") + finish if finish is not None else None)):
+        if url is not None:
+            try:
+                async with session.request(method, url, headers=headers if method == "DELETE" else None):
+                    pass
+            except aiohttp.ClientError:
                 pass
-        except aiohttp.ClientError:
-            pass
     return record
 
 
-async def closed_loop(
-    target: Target, workload: Workload, agents: int, until: float, clock: Clock, live: Live,
-    records: list[RunRecord], name: str, seed: str | None = None,
-) -> None:
-    """``agents`` concurrent agents, each starting a new run when one ends, until
-    model time ``until``; runs still going then are cancelled (and not counted). Agent
-    i's run k is seeded ``{seed}-{i}-{k}`` (``seed`` defaults to ``name``) and named
-    ``{name}-{i}-{k}``: variants given one seed see the same runs."""
+async def closed_loop(target: Target, workload: Workload, agents: int, until: float, clock: Clock, live: Live,
+                      records: list[RunRecord], name: str, seed: str | None = None) -> None:
+    """``agents`` concurrent agents, each starting a new run when one ends, until model
+    time ``until``; runs still going then are cancelled (and not counted). Agent i's run k
+    is seeded ``{seed}-{i}-{k}`` (``seed`` defaults to ``name``) and named ``{name}-{i}-{k}``:
+    variants given one seed see the same runs."""
     seed = seed or name
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
 
         async def agent(index: int) -> None:
             run = 0
@@ -227,8 +187,7 @@ async def closed_loop(
                     await clock.sleep(1.0)  # do not spin on a failing target
 
         tasks = [asyncio.create_task(agent(i)) for i in range(agents)]
-        remaining = (until - clock.now()) * clock.time_scale
-        done, pending = await asyncio.wait(tasks, timeout=max(0.0, remaining))
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, (until - clock.now()) * clock.time_scale))
         for task in pending:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,30 +1,13 @@
-"""The dataplane's memory under large request bodies that fail: what it keeps after them.
+"""The dataplane's memory under large request bodies that fail (docs/benchmarks.md, "Memory
+under large bodies"): per case (a client API, and the engine refusing the body: 413, or a
+model no replica serves: 404), on a fresh stack of one instant fake engine, ``--rounds``
+rounds of ``--concurrency`` requests of ``--size-mib`` MiB sent together after a warm-up
+(the baseline), the dataplane's RSS sampled every 20 ms: per round before, peak, at its
+end and ``--settle`` s later; per case what it kept and how long it took to come back
+within ``--back-mb`` of the baseline (target: at most 300 MB kept, back within 10 s).
 
 ``python -m luftpause.loadgen.body_memory_bench [--size-mib 31] [--concurrency 16] [--rounds 3]
 [--settle 10] [--cases messages-413,messages-404,...] [--json PATH]`` (``make bench-body-memory``)
-
-One instant fake engine behind a scheduler and one dataplane, all on free loopback ports,
-a new stack per case (what one case keeps does not weigh on the next). Per case, after a
-few small requests of its kind (the baseline is a dataplane warmed up for them),
-``--rounds`` rounds of ``--concurrency`` requests of about ``--size-mib`` MiB
-each, sent together, the round over when every answer is in; then ``--settle`` seconds
-of quiet. The dataplane's RSS (``/proc/<pid>/status``) is sampled every 20 ms
-throughout. The cases are each client API (Anthropic Messages, OpenAI Responses, both
-translated to chat completions, and chat completions itself) with two failures:
-
-- ``*-413``: the model is served, and the engine refuses the body (the fake engine's
-  aiohttp takes 1 MiB at most and answers 413);
-- ``*-404``: a model no replica serves (the scheduler refuses the turn, the dataplane
-  answers 404 before any engine sees it).
-
-Reported per case and round: the RSS before the round, its peak while the requests were
-in flight (16 bodies of 31 MiB are 520 MB held at once, and each is decoded: the peak is
-the price of reading bodies whole), at the end of the round, and ``--settle`` seconds
-later; what the dataplane kept (the RSS then against the case's baseline) and how long
-it took to come back within ``--back-mb`` of the baseline. The target:
-31 MiB x 16 x 3 rounds leave the dataplane at most 300 MB larger, back to its baseline
-within 10 s. Two tables (rich) and ``bench-results/body-memory.json``.
-A benchmark, not a test: about 8 minutes on 2 cores for the six cases.
 """
 
 from __future__ import annotations
@@ -44,7 +27,8 @@ from rich.console import Console
 
 from luftpause.dev.procs import rss_bytes
 from luftpause.dev.stack import MODEL, Stack
-from luftpause.loadgen.records import new_table, write_json
+from luftpause.loadgen.peers import running
+from luftpause.loadgen.records import csv_choices, new_table, write_json
 
 INSTANT = ["--latency-ms", "0", "--token-ms", "0", "--reply-tokens", "4"]
 UNKNOWN_MODEL = "no-such-model"
@@ -71,19 +55,15 @@ def filler(size: int) -> str:
 
 
 def request_body(path: str, model: str, size: int) -> bytes:
-    """A request of about ``size`` bytes in the path's API: the bulk as two text parts
-    of one user message (what a harness that pastes a file sends)."""
-    half = filler(size // 2)
-    if path == "/v1/messages":
-        document = {"model": model, "max_tokens": 64, "messages": [
-            {"role": "user", "content": [{"type": "text", "text": half}, {"type": "text", "text": half}]}]}
-    elif path == "/v1/responses":
-        document = {"model": model, "max_output_tokens": 64, "input": [
-            {"type": "message", "role": "user",
-             "content": [{"type": "input_text", "text": half}, {"type": "input_text", "text": half}]}]}
+    """A request of about ``size`` bytes in the path's API: the bulk as two text parts of
+    one user message (what a harness that pastes a file sends)."""
+    kind = "input_text" if path == "/v1/responses" else "text"
+    content = [{"type": kind, "text": filler(size // 2)}] * 2
+    if path == "/v1/responses":
+        document = {"model": model, "max_output_tokens": 64,
+                    "input": [{"type": "message", "role": "user", "content": content}]}
     else:
-        document = {"model": model, "max_tokens": 64, "messages": [
-            {"role": "user", "content": [{"type": "text", "text": half}, {"type": "text", "text": half}]}]}
+        document = {"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": content}]}
     return json.dumps(document).encode()
 
 
@@ -245,33 +225,25 @@ def report(console: Console, cases: list[Case], args: argparse.Namespace) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--size-mib", type=float, default=31.0, help="each request's body, in MiB")
-    parser.add_argument("--concurrency", type=int, default=16, help="requests sent together in a round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--settle", type=float, default=10.0, help="seconds watched after each round")
-    parser.add_argument("--back-mb", type=float, default=50.0,
-                        help="within this of the case's baseline counts as back")
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
-    parser.add_argument("--json", default="bench-results/body-memory.json", help="where the results go")
-    args = parser.parse_args(argv)
-    names = [n.strip() for n in args.cases.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CASES]
-    if unknown:
-        parser.error(f"unknown cases: {', '.join(unknown)}")
+    p = argparse.ArgumentParser(prog="python -m luftpause.loadgen.body_memory_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size-mib", type=float, default=31.0, help="each request's body, in MiB (31)")
+    p.add_argument("--concurrency", type=int, default=16, help="requests sent together in a round (16)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per case (3)")
+    p.add_argument("--settle", type=float, default=10.0, help="seconds watched after each round (10)")
+    p.add_argument("--back-mb", type=float, default=50.0, help="within this of the baseline counts as back (50)")
+    p.add_argument("--cases", type=csv_choices(CASES), default=list(CASES),
+                   help=f"comma-separated, of: {', '.join(CASES)}")
+    p.add_argument("--json", default="bench-results/body-memory.json", help="where the results go")
+    args = p.parse_args(argv)
+    names = args.cases
     console = Console(width=160)
     cases: list[Case] = []
     for name in names:  # each case on a stack of its own: what one kept does not count against the next
-        with tempfile.TemporaryDirectory() as tmp:
-            stack = Stack.on_free_ports(Path(tmp), engines=1, without=frozenset({"runtime", "fake-mcp"}),
-                                        engine_args=INSTANT)
-            stack.start()
-            try:
-                pid = stack.process("dataplane").process.pid
-                cases.append(run_case(name, f"http://127.0.0.1:{stack.ports.dataplane}", pid, args))
-            finally:
-                stack.stop()
+        with tempfile.TemporaryDirectory() as tmp, running(Stack.on_free_ports(
+                Path(tmp), engines=1, without=frozenset({"runtime", "fake-mcp"}), engine_args=INSTANT)) as stack:
+            cases.append(run_case(name, f"http://127.0.0.1:{stack.ports.dataplane}",
+                                  stack.process("dataplane").process.pid, args))
         console.print(f"{name}: kept {cases[-1].kept_mb:+.0f} MB after {args.rounds} rounds")
     report(console, cases, args)
     results = {"settings": {k: v for k, v in vars(args).items() if k != "json"},

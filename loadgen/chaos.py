@@ -1,38 +1,20 @@
-"""``make chaos``: sub-agent runs through the whole stack while every process is SIGKILLed
-at seeded random moments and restarted; what the clients saw is counted.
-
-Per seed: a stack on free loopback ports (two fake engines, the fake MCP, scheduler,
-dataplane, runtime); ``--runs`` sub-agents spawned over MCP, each calling the fake MCP's
-tools; then the kills (``--kills``, e.g. ``runtime=3,scheduler=2,dataplane=2,engine=1``)
-at random moments within ``--window`` seconds, each process restarted at once. A table
-per seed:
-
-- runs completed / failed with a clear error / failed otherwise / lost (unknown to the
-  runtime, or not finished within ``--timeout``);
-- tool calls executed again after a runtime kill interrupted their round (allowed: the
-  round was not complete), counted at the fake MCP by each run's query;
-- completed rounds executed twice: executions at the fake MCP beyond the run's final
-  tool calls that no runtime kill explains (must be 0);
-- restart → usable seconds per process (healthy, and for a dataplane connected again).
-
-``--load`` runs the load mode instead (``loadgen/chaos_load.py``: hung, stalled, slow
-engines, hanging metrics and partitions under B2-shaped load; a full disk under the
-runtime's journal under MCP sub-agent load, ``loadgen/chaos_runtime.py``).
-
-JSON goes to ``bench-results/chaos-<seed>.json``. Exit status 1 unless every run completed
-and no completed round ran twice. ``python -m luftpause.loadgen.chaos --help``.
+"""``make chaos``: sub-agent runs through the whole stack while every process is SIGKILLed at
+seeded random moments (``--kills``, e.g. ``runtime=3,scheduler=2,dataplane=2,engine=1``,
+within ``--window`` s) and restarted. A table per seed: runs completed / failed with a
+clear error / failed otherwise / lost; tool calls run again after a runtime kill cut their
+round (allowed); completed rounds executed twice (must be 0); restart → usable seconds.
+``--load`` runs ``make chaos-load`` (loadgen/chaos_load.py). Exit status 1 unless every run
+completed and no completed round ran twice.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import tempfile
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -42,6 +24,7 @@ from mcp import Client
 
 from luftpause.dev.procs import wait_until
 from luftpause.dev.stack import Stack
+from luftpause.loadgen.records import json_lines, parser as make_parser, text_table, write_json
 
 PROCESSES = ("runtime", "scheduler", "dataplane", "engine")
 DEFAULT_KILLS = "runtime=3,scheduler=2,dataplane=2,engine=1"
@@ -163,11 +146,7 @@ async def _collect(url: str, handles: list[str], deadline: float) -> dict[str, d
 def _tool_log(stack: Stack) -> dict[str, list[tuple[str, float]]]:
     """Per query: (event, unix time) of every fake MCP tool start and finish."""
     events: dict[str, list[tuple[str, float]]] = {}
-    for line in (stack.state_dir / "logs" / "fake-mcp.log").read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    for record in json_lines(stack.state_dir / "logs" / "fake-mcp.log"):
         if record.get("event") in ("tool_start", "tool_done") and record.get("query"):
             when = datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00")).timestamp()
             events.setdefault(record["query"], []).append((record["event"], when))
@@ -239,22 +218,16 @@ async def chaos_run(seed: int, runs: int, kills: dict[str, int], window_s: float
 
 
 def table(outcomes: list[Outcome]) -> str:
-    header = ("seed", "runs", "completed", "failed (clear)", "failed (other)", "lost", "re-run after kill",
-              "completed rounds twice", "restart→usable s")
-    rows = []
-    for o in outcomes:
-        usable = ", ".join(f"{name} {min(ts):.2f}–{max(ts):.2f}" for name, ts in sorted(o.restarts.items()))
-        rows.append((str(o.seed), str(o.runs), str(o.completed), str(o.failed_clear), str(o.failed_other),
-                     str(o.lost), str(o.reexecuted_after_kill), str(o.completed_rounds_twice), usable))
-    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
-    lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in (header, *rows)]
-    lines.insert(1, "-+-".join("-" * w for w in widths))
-    return "\n".join(lines)
+    rows = [(*map(str, (o.seed, o.runs, o.completed, o.failed_clear, o.failed_other, o.lost, o.reexecuted_after_kill,
+                        o.completed_rounds_twice)),
+             ", ".join(f"{name} {min(ts):.2f}–{max(ts):.2f}" for name, ts in sorted(o.restarts.items())))
+            for o in outcomes]
+    return text_table(("seed", "runs", "completed", "failed (clear)", "failed (other)", "lost", "re-run after kill",
+                       "completed rounds twice", "restart→usable s"), rows)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.chaos", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = make_parser("chaos", __doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="one chaos run per seed (default 1 2)")
     parser.add_argument("--runs", type=int, default=60, help="sub-agent runs per seed (default 60)")
     parser.add_argument("--kills", default=DEFAULT_KILLS, help=f"SIGKILLs per process (default {DEFAULT_KILLS})")
@@ -280,14 +253,12 @@ def main(argv: list[str] | None = None) -> int:
         return chaos_load.main([a for a in argv if a != "--load"])
     args = parse_args(argv)
     outcomes = []
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="luftpause-chaos-") as directory:
         for seed in args.seeds:
             outcome = asyncio.run(chaos_run(seed, args.runs, args.kills, args.window, args.timeout,
                                             args.tool_delay, Path(args.keep or directory)))
             outcomes.append(outcome)
-            (out / f"chaos-{seed}.json").write_text(json.dumps(asdict(outcome), indent=2))
+            write_json(Path(args.out) / f"chaos-{seed}.json", asdict(outcome))
     sys.stdout.write(table(outcomes) + "\n")
     for o in outcomes:
         for error in o.errors[:10]:

@@ -1,51 +1,16 @@
-"""``make chaos-load`` (``python -m luftpause.loadgen.chaos --load``): B2-shaped load
-(interactive and batch agent runs with tool calls, through the dataplane) while one
-fault class at a time is injected into a stack of two fake engines (publishing their
-request schema at /openapi.json, as vLLM and SGLang do); the same load with
-no fault first, as the reference of the same run.
-
-Fault classes (``--faults``):
-
-- ``none``: the reference;
-- ``hang``: engine-b accepts requests and answers none (its /health still ok), from
-  ``--fault-at`` to the end;
-- ``stall``: engine-b stops every stream after two chunks (connection kept open);
-- ``slow``: engine-b runs 10x slower than engine-a for the whole run;
-- ``metrics-hang``: engine-b's /metrics never answers;
-- ``partition-N``: the dataplane is cut off from the scheduler for N seconds at
-  ``--fault-at`` (a real TCP proxy that drops everything while cut);
-- ``none-mcp`` and ``disk-full`` (``loadgen/chaos_runtime.py``): the same shape of load
-  as MCP sub-agent runs through the runtime, whose journal is on a small tmpfs (root
-  only); ``disk-full`` fills it for ``--disk-full-s`` seconds at ``--fault-at``. Its
-  reference is ``none-mcp``, added when not asked for.
-- ``engine-partition-N``: the scheduler is cut off from engine-b for N seconds at
-  ``--fault-at`` while the dataplane still reaches it (engine-b's ``probe_url`` goes
-  through such a proxy).
-
-Per fault a row: runs finished and runs lost (failed: the client got no answer),
-turns the dataplane re-sent (no byte had reached the client), streams it continued on
-another replica after they stalled mid-way (in the JSON), completed rounds
-repeated (turns the dataplane finished beyond those the agents received, per run: an
-agent runs its tool calls once per answer it gets, so a round runs twice only if one
-turn were answered twice), interactive turn p99 time to first token and batch runs per minute, each
-against the reference, the requests each engine received (an engine 10x slower
-than its peer should get about a tenth), turns that went to another replica than their
-run's turn before (and of those, the ones that left a replica in rotation: a pin moved
-under load; with strict affinity only a replica much slower than its peer loses runs
-that way), and for partitions the time from the heal to
-service resumed: the first turn the scheduler places after the heal (``partition-N``),
-engine-b back in the scheduler's rotation (``engine-partition-N``); the target is one
-probe period (2 s), a miss is marked and fails the run. Below the table, per row: where
-the time went, the slowest interactive first tokens, the turns the dataplane reported
-silent (their replica sent nothing for a while) and, for ``hang``, how long after the
-fault engine-b left rotation and stalled. JSON to ``bench-results/chaos-load-<time>.json``.
+"""``make chaos-load`` (``python -m luftpause.loadgen.chaos --load``, docs/faults.md): B2-shaped
+load through the dataplane of two fake engines while one fault class at a time is
+injected, each against the same load with no fault in the same invocation. ``--faults``:
+``none``, ``hang``, ``stall``, ``slow``, ``metrics-hang`` (engine-b's), ``partition-N`` (the
+dataplane cut off from the scheduler N s), ``engine-partition-N`` (the scheduler cut off
+from engine-b's probe_url N s), ``none-mcp``, ``disk-full`` (loadgen/chaos_runtime.py). A
+row per fault (a partition's resume slower than one probe period fails the run) and below
+it where the time went; JSON to ``bench-results/chaos-load-<time>.json``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -56,15 +21,15 @@ from typing import Any
 
 import httpx
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from luftpause.dev.faultproxy import FaultProxy, probe_through
+from luftpause.dev.procs import metric_total
+from luftpause.dev.stack import MODEL, Stack
 from luftpause.loadgen import chaos_runtime
 from luftpause.loadgen.agents import Target
 from luftpause.loadgen.driver import Group, run_load
-from luftpause.loadgen.records import RunRecord, TurnRecord, percentile
+from luftpause.loadgen.records import (RunRecord, TurnRecord, json_lines, parser, percentile, text_table,
+                                       write_results)
 from luftpause.loadgen.workload import Workload
-from luftpause.dev.stack import MODEL, Stack
 from luftpause.scheduler.constants import PROBE_PERIOD_S
 
 FAULTS = ("none", "hang", "stall", "slow", "metrics-hang", "partition-2", "partition-10", "partition-30",
@@ -72,7 +37,6 @@ FAULTS = ("none", "hang", "stall", "slow", "metrics-hang", "partition-2", "parti
 PARTITIONS = ("partition-", "engine-partition-")
 RESUME_POLL_S = 0.05  # how often service is looked for after a heal
 RESUME_WAIT_S = 20.0  # at most this long
-DEFAULT_FAULTS = ",".join(FAULTS)
 SLOWER = 10.0
 
 
@@ -111,9 +75,8 @@ class FaultRow:
     moved_off_healthy: int = 0  # of those, the ones that left a replica in rotation throughout
     turns_silent: int = 0  # turns the dataplane reported silent (their replica sent nothing for a while)
     interactive_slowest_s: list[float] = field(default_factory=list)  # the slowest interactive first tokens
-    # hang: from the fault to engine-b out of rotation (silent or stalled), and to stalled
-    out_of_rotation_s: float | None = None
-    stalled_s: float | None = None
+    out_of_rotation_s: float | None = None  # hang: from the fault to engine-b out of rotation (silent or stalled)
+    stalled_s: float | None = None  # and to stalled
 
     @property
     def partition(self) -> bool:
@@ -128,29 +91,26 @@ def workload_groups(interactive: int, batch: int) -> list[Group]:
             Group(batch, replace(base, service_class="batch"))]
 
 
-def _set_faults(stack: Stack, engine: str, faults: list[str]) -> None:
-    port = stack.ports.engines["ab".index(engine[-1])]
-    httpx.put(f"http://127.0.0.1:{port}/faults", json={"faults": faults}, timeout=5).raise_for_status()
-
-
-def _placed_by_scheduler(text: str) -> float:
-    """Turns the dataplane has had placed by the scheduler (its /metrics)."""
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == "luftpause_dataplane_turns_placed_total" and sample.labels.get("by") == "scheduler")
-
-
 async def _service_back(fault: str, stack: Stack, client: httpx.AsyncClient) -> Any:
     """What says service is back: the dataplane's count of turns placed by the scheduler
-    (a partition-N), or whether engine-b is in the scheduler's rotation (engine-partition-N)."""
+    (partition-N), or engine-b in the scheduler's rotation (engine-partition-N)."""
     if fault.startswith("engine-partition-"):
         status = (await client.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status")).json()
         return any(r["name"] == "engine-b" and r["healthy"] for r in status["replicas"])
-    return _placed_by_scheduler((await client.get(f"http://127.0.0.1:{stack.ports.dataplane}/metrics")).text)
+    return await asyncio.to_thread(metric_total, f"http://127.0.0.1:{stack.ports.dataplane}/metrics",
+                                   "luftpause_dataplane_turns_placed_total", by="scheduler")
 
 
-async def _partition(fault: str, stack: Stack, proxy: FaultProxy) -> float | None:
-    """Cut, wait, heal; then the seconds from the heal until service resumed (None: not
-    within RESUME_WAIT_S)."""
+async def _inject(fault: str, stack: Stack, proxy: FaultProxy, at_s: float) -> float | None:
+    """The fault at ``at_s``; for a partition cut, wait, heal, then the seconds from the heal
+    until service resumed (None: not within RESUME_WAIT_S)."""
+    await asyncio.sleep(at_s)
+    if directive := {"hang": "hang", "stall": "stall-after=2", "metrics-hang": "metrics-hang"}.get(fault):
+        async with httpx.AsyncClient(timeout=5) as client:
+            (await client.put(f"http://127.0.0.1:{stack.ports.engines[1]}/faults",
+                              json={"faults": [directive]})).raise_for_status()
+    if not fault.startswith(PARTITIONS):
+        return None
     async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
         proxy.cut()
         await asyncio.sleep(float(fault.rsplit("-", 1)[1]))
@@ -165,105 +125,76 @@ async def _partition(fault: str, stack: Stack, proxy: FaultProxy) -> float | Non
     return None
 
 
-async def _inject(fault: str, stack: Stack, proxy: FaultProxy, at_s: float) -> float | None:
-    await asyncio.sleep(at_s)
-    if fault in ("hang", "stall", "metrics-hang"):
-        directive = {"hang": "hang", "stall": "stall-after=2", "metrics-hang": "metrics-hang"}[fault]
-        await asyncio.to_thread(_set_faults, stack, "engine-b", [directive])
-    elif fault.startswith(PARTITIONS):
-        return await _partition(fault, stack, proxy)
-    return None
-
-
 def _log(stack: Stack, process: str) -> list[dict[str, Any]]:
-    records = []
-    for line in (stack.state_dir / "logs" / f"{process}.log").read_text(errors="replace").splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
+    return json_lines(stack.state_dir / "logs" / f"{process}.log")
+
+
+def _finished_turns(log: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The dataplane's access log's finished turns, by run, in order."""
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for line in log:
+        if line.get("event") == "turn" and line.get("status") == "finished":
+            by_run.setdefault(line.get("run", ""), []).append(line)
+    return by_run
 
 
 def where_time_goes(log: list[dict[str, Any]], records: list[RunRecord], names: dict[str, str],
                     window: tuple[float, float], samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Where the time of the runs finished in the window went, per replica and per run.
 
-    ``log``: the dataplane's access log (a ``turn`` line per turn: run, replica, time held
-    by the scheduler); ``records``: the agents' runs, ``names`` their run ids by seed
-    (a run's finished turns in the log, in order, are its turns in the record);
-    ``samples``: the scheduler's status read every second (turns in flight, capacity,
-    held turns). Per replica: turns, mean time held before placing, mean time to first
-    token and mean turn time as the agent saw them, mean in flight and capacity. Per
-    class and by the replicas its turns ran on (one replica, or several: a run that
-    moved): runs, mean run time, and the share of all the class's run time spent there,
-    split into turns and tool calls."""
+    ``log``: the dataplane's access log (run, replica, time held); ``records``: the agents'
+    runs, ``names`` their run ids by seed; ``samples``: the scheduler's status once a second.
+    Per replica: turns, mean hold, first token and turn time as the agent saw them, mean in
+    flight and capacity. Per class and the replicas its turns ran on (several: a run that
+    moved): runs, mean run time, the share of the class's run time, turns and tool calls."""
     start, end = window
-    by_run: dict[str, list[dict[str, Any]]] = {}
-    for record in log:
-        if record.get("event") == "turn" and record.get("status") == "finished":
-            by_run.setdefault(record.get("run", ""), []).append(record)
+    by_run = _finished_turns(log)
     turns: dict[str, list[tuple[dict[str, Any], TurnRecord]]] = {}
     runs: dict[str, dict[str, list[float]]] = {}
     for record in records:
         logged = by_run.get(names.get(record.seed, ""), [])
         if not (record.ok and start <= record.ended <= end) or len(logged) != len(record.turns):
             continue
-        replicas = sorted({line.get("replica", "") for line in logged})
-        key = f"{record.service_class} on {'+'.join(replicas)}"
+        key = f"{record.service_class} on {'+'.join(sorted({line.get('replica', '') for line in logged}))}"
         in_turns = sum(t.duration for t in record.turns)
         acc = runs.setdefault(key, {"latency": [], "turns_s": [], "tools_s": []})
-        acc["latency"].append(record.latency)
-        acc["turns_s"].append(in_turns)
-        acc["tools_s"].append(record.latency - in_turns)
+        for name, value in (("latency", record.latency), ("turns_s", in_turns), ("tools_s", record.latency - in_turns)):
+            acc[name].append(value)
         for line, turn in zip(logged, record.turns, strict=True):
             turns.setdefault(line.get("replica", ""), []).append((line, turn))
 
     def mean(values: list[float]) -> float | None:
         return round(sum(values) / len(values), 3) if values else None
 
-    replicas: dict[str, dict[str, Any]] = {}
-    for name, pairs in sorted(turns.items()):
-        replicas[name] = {
-            "turns": len(pairs),
-            "batch_turns": sum(1 for line, _ in pairs if line.get("service_class") == "batch"),
-            "held_s": mean([(line.get("hold_ms") or 0) / 1000 for line, _ in pairs]),
-            "ttft_s": mean([turn.first_token for _, turn in pairs]),
-            "turn_s": mean([turn.duration for _, turn in pairs]),
-        }
+    replicas: dict[str, dict[str, Any]] = {name: {
+        "turns": len(pairs), "batch_turns": sum(1 for line, _ in pairs if line.get("service_class") == "batch"),
+        "held_s": mean([(line.get("hold_ms") or 0) / 1000 for line, _ in pairs]),
+        "ttft_s": mean([turn.first_token for _, turn in pairs]), "turn_s": mean([turn.duration for _, turn in pairs]),
+    } for name, pairs in sorted(turns.items())}
     for name in {r["name"] for sample in samples for r in sample.get("replicas", ())}:
         seen = [r for sample in samples for r in sample.get("replicas", ()) if r["name"] == name]
-        entry = replicas.setdefault(name, {})
-        entry["in_flight_mean"] = mean([r["in_flight"] for r in seen])
-        entry["capacity_mean"] = mean([r["capacity"] for r in seen if r["capacity"] >= 0])
-        entry["at_capacity_share"] = mean([float(0 <= r["capacity"] <= r["in_flight"]) for r in seen])
-        entry["batch_reserve_mean"] = mean([r["batch_reserve"] for r in seen])
-        entry["engine_queued_share"] = mean([float(r["queued"] > 0) for r in seen])
+        replicas.setdefault(name, {}).update({
+            "in_flight_mean": mean([r["in_flight"] for r in seen]),
+            "capacity_mean": mean([r["capacity"] for r in seen if r["capacity"] >= 0]),
+            "at_capacity_share": mean([float(0 <= r["capacity"] <= r["in_flight"]) for r in seen]),
+            "batch_reserve_mean": mean([r["batch_reserve"] for r in seen]),
+            "engine_queued_share": mean([float(r["queued"] > 0) for r in seen])})
     held = [sum(g["count"] for g in s.get("held_by_class", ()) if g["key"] == "batch") for s in samples]
     totals: dict[str, float] = {}
     for key, acc in runs.items():
-        service_class = key.split(" ")[0]
-        totals[service_class] = totals.get(service_class, 0.0) + sum(acc["latency"])
-    by_placement = {
-        key: {"runs": len(acc["latency"]), "run_s": mean(acc["latency"]), "turns_s": mean(acc["turns_s"]),
-              "tools_s": mean(acc["tools_s"]),
-              "share_of_class_time": round(sum(acc["latency"]) / totals[key.split(" ")[0]], 3)}
-        for key, acc in sorted(runs.items())}
+        totals[key.split(" ")[0]] = totals.get(key.split(" ")[0], 0.0) + sum(acc["latency"])
+    by_placement = {key: {"runs": len(acc["latency"]), "run_s": mean(acc["latency"]), "turns_s": mean(acc["turns_s"]),
+                          "tools_s": mean(acc["tools_s"]),
+                          "share_of_class_time": round(sum(acc["latency"]) / totals[key.split(" ")[0]], 3)}
+                    for key, acc in sorted(runs.items())}
     return {"replicas": replicas, "runs": by_placement, "batch_held_mean": mean(held)}
 
 
 def pin_moves(log: list[dict[str, Any]], scheduler_log: list[dict[str, Any]], records: list[RunRecord],
               names: dict[str, str], window: tuple[float, float]) -> tuple[int, int]:
-    """Turns started in the window that went to another replica than their run's turn
-    before: all of them, and those whose run left a replica in rotation (healthy, not
-    stalled, in sight, as the scheduler's log says) both when the turn before ended and
-    when this one did: a pin moved under load. ``log``, ``records`` and ``names`` as for
-    :func:`where_time_goes`."""
-    start, end = window
-    by_run: dict[str, list[dict[str, Any]]] = {}
-    for line in log:
-        if line.get("event") == "turn" and line.get("status") == "finished":
-            by_run.setdefault(line.get("run", ""), []).append(line)
+    """Turns started in the window on another replica than their run's turn before: all of
+    them, and those whose run left a replica in rotation (healthy, not stalled, in sight, as
+    the scheduler's log says) both when the turn before ended and when this one did."""
     changes: dict[str, list[tuple[datetime, bool]]] = {}  # replica -> (when, in rotation from then)
     for line in scheduler_log:
         event = line.get("event")
@@ -276,24 +207,20 @@ def pin_moves(log: list[dict[str, Any]], scheduler_log: list[dict[str, Any]], re
         changes.setdefault(line.get("replica", ""), []).append((datetime.fromisoformat(line["timestamp"]), rotating))
 
     def in_rotation(replica: str, at: datetime) -> bool:
-        rotating = False
-        for when, state in changes.get(replica, ()):
-            if when > at:
-                break
-            rotating = state
-        return rotating
+        states = [state for when, state in changes.get(replica, ()) if when <= at]
+        return states[-1] if states else False
 
     moved = off_healthy = 0
+    by_run = _finished_turns(log)
     for record in records:
         logged = by_run.get(names.get(record.seed, ""), [])
         if len(logged) != len(record.turns):
             continue
         for before, line, turn in zip(logged, logged[1:], record.turns[1:]):
-            if line.get("replica") == before.get("replica") or not start <= turn.started <= end:
-                continue
-            moved += 1
-            left = before.get("replica", "")
-            off_healthy += all(in_rotation(left, datetime.fromisoformat(x["timestamp"])) for x in (before, line))
+            if line.get("replica") != before.get("replica") and window[0] <= turn.started <= window[1]:
+                moved += 1
+                off_healthy += all(in_rotation(before.get("replica", ""), datetime.fromisoformat(x["timestamp"]))
+                                   for x in (before, line))
     return moved, off_healthy
 
 
@@ -310,8 +237,8 @@ async def _sample_status(url: str, samples: list[dict[str, Any]]) -> None:
 
 def _left_rotation(engine_log: list[dict[str, Any]], scheduler_log: list[dict[str, Any]]
                    ) -> tuple[float | None, float | None]:
-    """Seconds from engine-b's fault to its first leaving rotation (silent or stalled),
-    and to its first stall, from the logs."""
+    """Seconds from engine-b's fault to its first leaving rotation (silent or stalled), and
+    to its first stall, from the logs."""
     injected = next((datetime.fromisoformat(r["timestamp"]) for r in engine_log
                      if r.get("event") == "engine_faults_set" and r.get("faults")), None)
     if injected is None:
@@ -319,45 +246,37 @@ def _left_rotation(engine_log: list[dict[str, Any]], scheduler_log: list[dict[st
     found: dict[str, float] = {}
     for r in scheduler_log:
         if r.get("replica") == "engine-b" and r.get("event") in ("replica_silent", "replica_stalled"):
-            at = (datetime.fromisoformat(r["timestamp"]) - injected).total_seconds()
-            if at >= 0:
+            if (at := (datetime.fromisoformat(r["timestamp"]) - injected).total_seconds()) >= 0:
                 found.setdefault(r["event"], round(at, 3))
-    first = min(found.values(), default=None)
-    return first, found.get("replica_stalled")
+    return min(found.values(), default=None), found.get("replica_stalled")
 
 
 def _repeated(log: list[dict[str, Any]], received: dict[str, int]) -> int:
     """Turns the dataplane finished beyond those the agents received, summed over runs."""
-    finished: dict[str, int] = {}
-    for record in log:
-        if record.get("event") == "turn" and record.get("status") == "finished":  # the access log's outcome
-            finished[record.get("run", "")] = finished.get(record.get("run", ""), 0) + 1
-    return sum(max(0, count - received.get(run, 0)) for run, count in finished.items() if run in received)
+    return sum(max(0, len(turns) - received[run]) for run, turns in _finished_turns(log).items() if run in received)
 
 
 async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: float, window_s: float,
                     fault_at_s: float) -> FaultRow:
     row = FaultRow(fault)
     began = time.monotonic()
-    by_name = {"engine-b": ["--time-scale", str(SLOWER)]} if fault == "slow" else {}
     # --openapi: the engines publish their routes and request schema as vLLM and SGLang do
     # (a stream that stalls after bytes reached the client is continued where one is listed)
+    slow = {"engine-b": ["--time-scale", str(SLOWER)]} if fault == "slow" else {}
     stack = Stack.on_free_ports(directory / fault, without=frozenset({"runtime", "fake-mcp"}),
-                                engine_args=["--openapi"], engine_args_by_name=by_name,
+                                engine_args=["--openapi"], engine_args_by_name=slow,
                                 env={"LUFTPAUSE_LOG_FORMAT": "json"})
     proxy = FaultProxy(stack.ports.scheduler_grpc).start()
     stack.dataplane_scheduler = proxy.address
-    # The scheduler's probes of engine-b pass it in engine-partition-N.
-    engine_proxy = FaultProxy(stack.ports.engines[1]).start()
+    engine_proxy = FaultProxy(stack.ports.engines[1]).start()  # the scheduler's probes of engine-b pass it
     if fault.startswith("engine-partition-"):
         probe_through(stack.pool_file, "engine-b", engine_proxy)
     try:
         stack.start()
-        cut = engine_proxy if fault.startswith("engine-partition-") else proxy
-        injector = asyncio.create_task(_inject(fault, stack, cut, warmup_s + fault_at_s))
+        injector = asyncio.create_task(_inject(fault, stack, engine_proxy if fault.startswith("engine-partition-")
+                                               else proxy, warmup_s + fault_at_s))
         samples: list[dict[str, Any]] = []
-        sampler = asyncio.create_task(_sample_status(f"http://127.0.0.1:{stack.ports.scheduler_http}/status",
-                                                     samples))
+        sampler = asyncio.create_task(_sample_status(f"http://127.0.0.1:{stack.ports.scheduler_http}/status", samples))
         target = Target(f"http://127.0.0.1:{stack.ports.dataplane}/v1", MODEL, luftpause=True, caller="chaos")
         result = await run_load(groups, target=target, warmup_s=warmup_s, duration_s=window_s, time_scale=1.0,
                                 name=f"chaos-{fault}", seed="chaos-load")
@@ -367,14 +286,14 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
         sampler.cancel()
         proxy.heal()
         engine_proxy.heal()
+        scheduler_log, log = _log(stack, "scheduler"), _log(stack, "dataplane")
         if row.partition:
             row.resume_target_missed = row.resume_s is None or row.resume_s > PROBE_PERIOD_S
-            row.engine_unseen_s = [r["unseen_s"] for r in _log(stack, "scheduler")
+            row.engine_unseen_s = [r["unseen_s"] for r in scheduler_log
                                    if r.get("event") == "replica_seen" and r.get("unseen_s") is not None]
         start, end = result.window_s
         measured = [r for r in result.records if start <= r.ended <= end]
-        row.runs = sum(r.ok for r in measured)
-        row.lost = sum(not r.ok for r in measured)
+        row.runs, row.lost = sum(r.ok for r in measured), sum(not r.ok for r in measured)
         row.errors = sorted({r.error for r in measured if r.error})[:5]
         turns = [t for r in result.records if r.service_class == "interactive" for t in r.turns
                  if start <= t.started <= end]
@@ -388,18 +307,15 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
             row.engine_requests[f"engine-{'ab'[i]}"] = stats["requests"]
             # how long its simulated GPU was busy, and fell behind its clock for want of CPU
             engines[f"engine-{'ab'[i]}"] = {"gpu_busy_s": stats["gpu_busy_s"], "gpu_lost_s": stats["gpu_lost_s"]}
-        log = _log(stack, "dataplane")
-        row.resent_turns = sum(1 for record in log if record.get("event") == "turn_retried")
-        row.continued_streams = sum(1 for record in log if record.get("event") == "stream_continued")
-        row.turns_silent = sum(1 for record in log if record.get("event") == "turn_silent")
+        for name, event in (("resent_turns", "turn_retried"), ("continued_streams", "stream_continued"),
+                            ("turns_silent", "turn_silent")):
+            setattr(row, name, sum(1 for record in log if record.get("event") == event))
         if fault == "hang":
-            row.out_of_rotation_s, row.stalled_s = _left_rotation(_log(stack, "engine-b"), _log(stack, "scheduler"))
+            row.out_of_rotation_s, row.stalled_s = _left_rotation(_log(stack, "engine-b"), scheduler_log)
         # agents name run k of agent i "<name>-<class>-<group>-i-k" and seed it "<seed>-<same>"
         names = {r.seed: f"chaos-{fault}" + r.seed.removeprefix("chaos-load") for r in result.records}
-        received = {names[r.seed]: len(r.turns) for r in result.records if r.ok}
-        row.rounds_repeated = _repeated(log, received)
-        row.runs_moved, row.moved_off_healthy = pin_moves(log, _log(stack, "scheduler"), result.records, names,
-                                                          (start, end))
+        row.rounds_repeated = _repeated(log, {names[r.seed]: len(r.turns) for r in result.records if r.ok})
+        row.runs_moved, row.moved_off_healthy = pin_moves(log, scheduler_log, result.records, names, (start, end))
         row.where = {**where_time_goes(log, result.records, names, (start, end), samples), "cpu": result.cpu,
                      "engines": engines}
     finally:
@@ -414,72 +330,58 @@ def compare(rows: list[FaultRow]) -> None:
     for row in rows:
         family = chaos_runtime.REFERENCE if row.fault in chaos_runtime.RUNTIME_FAULTS else "none"
         reference = next((r for r in rows if r.fault == family and not r.skipped), None)
-        if reference is None:
-            continue
-        if reference.interactive_run_p99_s and row.interactive_run_p99_s is not None:
-            row.interactive_run_p99_x = round(row.interactive_run_p99_s / reference.interactive_run_p99_s, 2)
-        if reference.interactive_ttft_p99_s and row.interactive_ttft_p99_s is not None:
-            row.interactive_p99_x = round(row.interactive_ttft_p99_s / reference.interactive_ttft_p99_s, 2)
-        if reference.batch_runs_per_min:
-            row.batch_throughput_x = round(row.batch_runs_per_min / reference.batch_runs_per_min, 2)
+        for mine, theirs, name in (("interactive_run_p99_s", "interactive_run_p99_s", "interactive_run_p99_x"),
+                                   ("interactive_ttft_p99_s", "interactive_ttft_p99_s", "interactive_p99_x"),
+                                   ("batch_runs_per_min", "batch_runs_per_min", "batch_throughput_x")):
+            if reference is not None and getattr(reference, theirs) and getattr(row, mine) is not None:
+                setattr(row, name, round(getattr(row, mine) / getattr(reference, theirs), 2))
 
 
 def table(rows: list[FaultRow]) -> str:
-    header = ("fault", "runs", "lost", "turns re-sent", "rounds repeated", "interactive p99 TTFT s", "× ref",
-              "batch runs/min", "× ref", "requests a/b", "moves (off healthy)", "resume s",
-              "interactive run p99 s (× ref)",
-              "spawns refused (naming disk)", "space back → write / progress / healthy s")
-
-    def fmt(value: float | None, digits: int = 2) -> str:
+    def f(value: float | None, digits: int = 2) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
-    def resumed(row: FaultRow) -> str:
-        if not row.partition:
+    def resumed(r: FaultRow) -> str:
+        if not r.partition:
             return "-"
-        shown = "never" if row.resume_s is None else f"{row.resume_s:.2f}"
-        return shown + (" MISSED" if row.resume_target_missed else "")
+        return ("never" if r.resume_s is None else f"{r.resume_s:.2f}") + (" MISSED" if r.resume_target_missed else "")
 
-    body = [(r.fault, str(r.runs), str(r.lost), str(r.resent_turns), str(r.rounds_repeated),
-             fmt(r.interactive_ttft_p99_s), fmt(r.interactive_p99_x), fmt(r.batch_runs_per_min, 1),
-             fmt(r.batch_throughput_x), "/".join(str(n) for n in r.engine_requests.values()),
-             f"{r.runs_moved} ({r.moved_off_healthy})", resumed(r),
-             "-" if r.interactive_run_p99_s is None else f"{r.interactive_run_p99_s:.2f} ({fmt(r.interactive_run_p99_x)})",
-             f"{r.spawns_refused} ({r.refusals_naming_disk})" if r.fault in chaos_runtime.RUNTIME_FAULTS else "-",
-             "-" if r.disk_full_at_s is None else
-             f"{fmt(r.resume_write_s)} / {fmt(r.resume_progress_s)} / {fmt(r.resume_healthy_s)}")
-            if not r.skipped else (r.fault, f"skipped: {r.skipped}", *[""] * (len(header) - 2)) for r in rows]
-    widths = [max(len(x[i]) for x in (header, *body) if not x[1].startswith("skipped")) for i in range(len(header))]
-    lines = [" | ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)) for x in (header, *body)]
-    lines.insert(1, "-+-".join("-" * w for w in widths))
-    return "\n".join(lines)
+    header = ("fault", "runs", "lost", "turns re-sent", "rounds repeated", "interactive p99 TTFT s", "× ref",
+              "batch runs/min", "× ref", "requests a/b", "moves (off healthy)", "resume s",
+              "interactive run p99 s (× ref)", "spawns refused (naming disk)",
+              "space back → write / progress / healthy s")
+    body = [(r.fault, f"skipped: {r.skipped}") if r.skipped else (
+        r.fault, str(r.runs), str(r.lost), str(r.resent_turns), str(r.rounds_repeated), f(r.interactive_ttft_p99_s),
+        f(r.interactive_p99_x), f(r.batch_runs_per_min, 1), f(r.batch_throughput_x),
+        "/".join(str(n) for n in r.engine_requests.values()), f"{r.runs_moved} ({r.moved_off_healthy})", resumed(r),
+        "-" if r.interactive_run_p99_s is None else f"{r.interactive_run_p99_s:.2f} ({f(r.interactive_run_p99_x)})",
+        f"{r.spawns_refused} ({r.refusals_naming_disk})" if r.fault in chaos_runtime.RUNTIME_FAULTS else "-",
+        "-" if r.disk_full_at_s is None else
+        f"{f(r.resume_write_s)} / {f(r.resume_progress_s)} / {f(r.resume_healthy_s)}") for r in rows]
+    return text_table(header, body)
 
 
 def where_lines(row: FaultRow) -> list[str]:
     """The row's :func:`where_time_goes`, a line per replica and per kind of run."""
-    lines = []
-    for name, r in row.where.get("replicas", {}).items():
-        lines.append(f"{row.fault}: {name}: {r.get('turns', 0)} turns ({r.get('batch_turns', 0)} batch), "
-                     f"held {r.get('held_s')} s, first token {r.get('ttft_s')} s, turn {r.get('turn_s')} s; "
-                     f"in flight {r.get('in_flight_mean')} of capacity {r.get('capacity_mean')} "
-                     f"(at capacity {r.get('at_capacity_share')}, kept from batch {r.get('batch_reserve_mean')}, "
-                     f"engine queue seen {r.get('engine_queued_share')})")
-    for key, r in row.where.get("runs", {}).items():
-        lines.append(f"{row.fault}: {key}: {r['runs']} runs of {r['run_s']} s ({r['turns_s']} s in turns, "
-                     f"{r['tools_s']} s in tools), {r['share_of_class_time']:.0%} of the class's run time")
-    for name, e in row.where.get("engines", {}).items():
-        lines.append(f"{row.fault}: {name}: simulated GPU busy {e['gpu_busy_s']} s, behind its clock for want of "
-                     f"CPU {e['gpu_lost_s']} s")
-    if row.where:
-        lines.append(f"{row.fault}: slowest interactive first tokens {row.interactive_slowest_s} s; "
-                     f"turns reported silent {row.turns_silent}"
-                     + ("" if row.out_of_rotation_s is None else
-                        f"; engine-b out of rotation {row.out_of_rotation_s} s after the fault, stalled after "
-                        f"{row.stalled_s} s"))
+    if not row.where:
+        return []
+    lines = [f"{row.fault}: {name}: {r.get('turns', 0)} turns ({r.get('batch_turns', 0)} batch), held "
+             f"{r.get('held_s')} s, first token {r.get('ttft_s')} s, turn {r.get('turn_s')} s; in flight "
+             f"{r.get('in_flight_mean')} of capacity {r.get('capacity_mean')} (at capacity {r.get('at_capacity_share')}"
+             f", kept from batch {r.get('batch_reserve_mean')}, engine queue seen {r.get('engine_queued_share')})"
+             for name, r in row.where.get("replicas", {}).items()]
+    lines += [f"{row.fault}: {key}: {r['runs']} runs of {r['run_s']} s ({r['turns_s']} s in turns, {r['tools_s']} s "
+              f"in tools), {r['share_of_class_time']:.0%} of the class's run time"
+              for key, r in row.where.get("runs", {}).items()]
+    lines += [f"{row.fault}: {name}: simulated GPU busy {e['gpu_busy_s']} s, behind its clock for want of CPU "
+              f"{e['gpu_lost_s']} s" for name, e in row.where.get("engines", {}).items()]
     cpu = row.where.get("cpu", {})
-    if row.where:
-        lines.append(f"{row.fault}: batch turns held {row.where.get('batch_held_mean')} on average; machine busy "
-                     f"{cpu.get('machine_busy')}, load generator {cpu.get('loadgen_cpu_share')} of a CPU")
-    return lines
+    return [*lines, f"{row.fault}: slowest interactive first tokens {row.interactive_slowest_s} s; turns reported "
+                    f"silent {row.turns_silent}" + ("" if row.out_of_rotation_s is None else
+                                                    f"; engine-b out of rotation {row.out_of_rotation_s} s after the "
+                                                    f"fault, stalled after {row.stalled_s} s"),
+            f"{row.fault}: batch turns held {row.where.get('batch_held_mean')} on average; machine busy "
+            f"{cpu.get('machine_busy')}, load generator {cpu.get('loadgen_cpu_share')} of a CPU"]
 
 
 def parse_faults(text: str) -> list[str]:
@@ -499,60 +401,44 @@ async def chaos_load(faults: list[str], directory: Path, interactive: int, batch
                      disk_mib: int = chaos_runtime.DISK_MIB) -> list[FaultRow]:
     rows = []
     for fault in faults:
-        if fault in chaos_runtime.RUNTIME_FAULTS:
-            rows.append(await chaos_runtime.fault_run(FaultRow(fault), directory, workload_groups(interactive, batch),
-                                                      warmup_s, window_s, fault_at_s, disk_full_s, disk_mib))
-            continue
-        rows.append(await fault_run(fault, directory, workload_groups(interactive, batch), warmup_s, window_s,
-                                    fault_at_s))
+        groups = workload_groups(interactive, batch)
+        rows.append(await chaos_runtime.fault_run(FaultRow(fault), directory, groups, warmup_s, window_s, fault_at_s,
+                                                  disk_full_s, disk_mib) if fault in chaos_runtime.RUNTIME_FAULTS
+                    else await fault_run(fault, directory, groups, warmup_s, window_s, fault_at_s))
     compare(rows)
     return rows
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.chaos --load", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--faults", default=DEFAULT_FAULTS, help=f"fault classes in turn (default {DEFAULT_FAULTS})")
-    parser.add_argument("--interactive", type=int, default=4, help="interactive agents (4)")
-    parser.add_argument("--batch", type=int, default=16, help="batch agents (16)")
-    parser.add_argument("--warmup", type=float, default=10.0, help="seconds before the window (10)")
-    parser.add_argument("--window", type=float, default=60.0, help="measured seconds (60)")
-    parser.add_argument("--fault-at", type=float, default=5.0, help="fault injected this long into the window (5)")
-    parser.add_argument("--disk-full-s", type=float, default=5.0, help="disk-full: seconds the disk stays full (5)")
-    parser.add_argument("--disk-mib", type=int, default=chaos_runtime.DISK_MIB,
-                        help=f"none-mcp, disk-full: the tmpfs under the journal, MiB ({chaos_runtime.DISK_MIB})")
-    parser.add_argument("--out", default="bench-results", help="directory for chaos-load-<time>.json")
-    parser.add_argument("--keep", metavar="DIR", help="keep each row's stack (logs; not a tmpfs journal) under DIR")
-    args = parser.parse_args(argv)
+def main(argv: list[str] | None = None) -> int:
+    p = parser("chaos --load", __doc__)
+    p.add_argument("--faults", default=",".join(FAULTS), help="fault classes in turn (default: all of them)")
+    p.add_argument("--interactive", type=int, default=4, help="interactive agents (4)")
+    p.add_argument("--batch", type=int, default=16, help="batch agents (16)")
+    p.add_argument("--warmup", type=float, default=10.0, help="seconds before the window (10)")
+    p.add_argument("--window", type=float, default=60.0, help="measured seconds (60)")
+    p.add_argument("--fault-at", type=float, default=5.0, help="fault injected this long into the window (5)")
+    p.add_argument("--disk-full-s", type=float, default=5.0, help="disk-full: seconds the disk stays full (5)")
+    p.add_argument("--disk-mib", type=int, default=chaos_runtime.DISK_MIB,
+                   help=f"none-mcp, disk-full: the tmpfs under the journal, MiB ({chaos_runtime.DISK_MIB})")
+    p.add_argument("--out", default="bench-results", help="directory for chaos-load-<time>.json")
+    p.add_argument("--keep", metavar="DIR", help="keep each row's stack (logs; not a tmpfs journal) under DIR")
+    args = p.parse_args(argv)
     try:
         args.faults = parse_faults(args.faults)
     except ValueError as exc:
-        parser.error(str(exc))
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+        p.error(str(exc))
     with tempfile.TemporaryDirectory(prefix="luftpause-chaos-load-") as directory:
-        rows = asyncio.run(chaos_load(args.faults, Path(args.keep or directory), args.interactive, args.batch, args.warmup,
-                                      args.window, args.fault_at, args.disk_full_s, args.disk_mib))
-    payload: dict[str, Any] = {"benchmark": "chaos-load", "config": {k: v for k, v in vars(args).items()},
-                               "rows": [asdict(r) for r in rows]}
-    path = out / f"chaos-load-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(payload, indent=2))
-    sys.stdout.write(table(rows) + "\n")
+        rows = asyncio.run(chaos_load(args.faults, Path(args.keep or directory), args.interactive, args.batch,
+                                      args.warmup, args.window, args.fault_at, args.disk_full_s, args.disk_mib))
+    path = write_results(Path(args.out), "chaos-load", {"benchmark": "chaos-load", "config": vars(args),
+                                                         "rows": [asdict(r) for r in rows]})
+    lines = [table(rows), *(line for row in rows for line in where_lines(row))]
     for row in rows:
-        for line in where_lines(row):
-            sys.stdout.write(line + "\n")
-    for row in rows:
-        for error in [*row.errors, *row.notes, *chaos_runtime.check(row)]:
-            sys.stdout.write(f"{row.fault}: {error}\n")
+        lines += [f"{row.fault}: {error}" for error in [*row.errors, *row.notes, *chaos_runtime.check(row)]]
         if row.resume_target_missed:
-            took = "not within {:.0f} s".format(RESUME_WAIT_S) if row.resume_s is None else f"{row.resume_s:.2f} s"
-            sys.stdout.write(f"{row.fault}: TARGET MISSED: service resumed {took} after the heal "
-                             f"(target: one probe period, {PROBE_PERIOD_S:.0f} s)\n")
-    sys.stdout.write(f"JSON: {path}\n")
+            took = f"not within {RESUME_WAIT_S:.0f} s" if row.resume_s is None else f"{row.resume_s:.2f} s"
+            lines.append(f"{row.fault}: TARGET MISSED: service resumed {took} after the heal "
+                         f"(target: one probe period, {PROBE_PERIOD_S:.0f} s)")
+    sys.stdout.write("\n".join([*lines, f"JSON: {path}"]) + "\n")
     return 0 if all(r.lost == 0 and r.rounds_repeated == 0 and not r.resume_target_missed
                     and not chaos_runtime.check(r) for r in rows) else 1

@@ -1,34 +1,11 @@
-"""The runtime's fault classes of ``make chaos-load``: MCP sub-agent runs (B2's shape:
-interactive among batch, 1-3 calls of the fake MCP's ``lookup`` each) spawned through
-the runtime with the real ``mcp`` client, their turns going through the dataplane to two
-fake engines, while the runtime's journal fails.
-
-- ``none-mcp``: the reference (the same load, nothing injected);
-- ``disk-full``: the runtime's state directory (its journal) is on a small tmpfs the
-  harness mounts (root only; the row is skipped with the reason otherwise, and the
-  tmpfs is always unmounted). At ``--fault-at`` a filler file fills it to the last byte
-  and is topped up for ``--disk-full-s`` seconds, then deleted.
-
-Both rows put the journal on a tmpfs of the same size (on the ordinary disk when
-mounting is not possible), so the reference differs from the fault row only by the fault.
-
-Per row, besides the columns every row has: runs lost (a run the runtime journaled as
-created that did not end ``Completed``, after the window and a drain of at most
-``DRAIN_S``), spawns refused (and how many of the refusals name the full disk: new
-spawns arrive every ``ARRIVAL_EVERY_S`` while the disk is full, since the closed-loop
-slots only spawn when their run ends and no run ends while its outcome cannot be
-journaled), completed rounds repeated (a round journaled twice for one run, plus tool
-executions at the fake MCP beyond the tool calls of a completed run that no re-sent
-call explains: the runtime sends a call again once when its connection broke), the seconds from
-the space returning to the journal's first write, its first round or outcome, and the
-runtime's ``/health`` answering 200, and the interactive runs' p99 time from spawn to
-result (the runtime's turns are not streamed, so the dataplane logs no time to first
-token for them; that column stays empty).
-
-The issue's target is service back within one probe period (``PROBE_PERIOD_S``) of the
-space returning; ``check`` holds the row to it. The runtime itself probes nothing: runs
-waiting on the journal retry every ``JOURNAL_RETRY_S`` (shorter), and a new spawn writes
-at once, so the first write is expected within ``JOURNAL_RETRY_S``.
+"""The runtime's fault classes of ``make chaos-load`` (docs/faults.md): MCP sub-agent runs
+spawned through the runtime, their turns through the dataplane, while its journal fails.
+``none-mcp`` is the reference; ``disk-full`` puts the journal on a small tmpfs (root only;
+skipped with the reason otherwise) that a filler fills to the last byte at ``--fault-at``
+for ``--disk-full-s`` seconds while new spawns keep arriving (refused, naming the disk).
+Per row: runs lost, spawns refused, completed rounds repeated, the seconds from the space
+returning to the journal's first write, first progress and /health's 200 (target: one
+probe period, :func:`check`), and the interactive runs' p99 from spawn to result.
 """
 
 from __future__ import annotations
@@ -49,11 +26,10 @@ import httpx
 
 from luftpause.dev.stack import MODEL, Stack
 from luftpause.loadgen.driver import Group, run_load
-from luftpause.loadgen.records import percentile
-from luftpause.loadgen.spawn import SpawnFailed, SpawnTarget, await_all, mcp_client, spawn_arguments
-from luftpause.loadgen.spawn import _call as call_tool
+from luftpause.loadgen.records import json_lines, percentile
+from luftpause.loadgen.spawn import SpawnFailed, SpawnTarget, await_all, call_tool, mcp_client, spawn_arguments
 from luftpause.loadgen.workload import Workload
-from luftpause.runtime.constants import JOURNAL_FILE, JOURNAL_RETRY_S
+from luftpause.runtime.constants import JOURNAL_FILE
 from luftpause.runtime.journal import Journal
 from luftpause.scheduler.constants import PROBE_PERIOD_S
 
@@ -75,16 +51,13 @@ class CannotMount(Exception):
 
 def mount_refusal() -> str | None:
     """Why no tmpfs can be mounted here, or None."""
-    if os.geteuid() != 0:
-        return "mounting a small tmpfs under the journal needs root (CI runs as root)"
-    return None
+    return "mounting a small tmpfs under the journal needs root (CI runs as root)" if os.geteuid() != 0 else None
 
 
 @contextlib.contextmanager
 def small_disk(mount: Path, mib: int) -> Iterator[Path]:
     """A tmpfs of ``mib`` MiB at ``mount``, unmounted afterwards whatever happened."""
-    reason = mount_refusal()
-    if reason:
+    if reason := mount_refusal():
         raise CannotMount(reason)
     mount.mkdir(parents=True, exist_ok=True)
     made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(mount)],
@@ -118,10 +91,7 @@ def fill(filler: Path) -> int:
 
 
 def _journal_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
+    return path.stat().st_size if path.exists() else 0
 
 
 def _progress_in(path: Path, offset: int) -> bool:
@@ -213,12 +183,9 @@ def repeated_rounds(records: list[dict[str, Any]]) -> int:
 def extra_executions(stack: Stack, created: dict[str, dict[str, Any]], finished: dict[str, dict[str, Any]]) -> int:
     """Tool executions at the fake MCP beyond the tool calls each completed run made. The
     fake engine's query opens with the task's first words, ``Task <seed>:``."""
-    executed: Counter[str] = Counter()
-    for line in (stack.state_dir / "logs" / "fake-mcp.log").read_text(errors="replace").splitlines():
-        with contextlib.suppress(ValueError):
-            record = json.loads(line)
-            if record.get("event") == "tool_start" and record.get("query"):
-                executed[" ".join(str(record["query"]).split()[:2])] += 1
+    executed = Counter(" ".join(str(record["query"]).split()[:2])
+                       for record in json_lines(stack.state_dir / "logs" / "fake-mcp.log")
+                       if record.get("event") == "tool_start" and record.get("query"))
     extra = 0
     for handle, spec in created.items():
         outcome = finished.get(handle)

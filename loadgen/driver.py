@@ -20,6 +20,8 @@ from luftpause.loadgen.records import CpuMeter, RunRecord, new_table, summarise
 from luftpause.loadgen.spawn import SpawnTarget
 from luftpause.loadgen.workload import Workload
 
+PROGRESS_EVERY_S = 5.0  # wall seconds between plain progress lines (no terminal)
+
 
 @dataclass(frozen=True)
 class Group:
@@ -37,70 +39,53 @@ class LoadResult:
     records: list[RunRecord] = field(default_factory=list)
 
     def as_json(self, with_records: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {"window_s": list(self.window_s), "summary": self.summary, "cpu": self.cpu}
-        if with_records:
-            out["records"] = [r.as_json() for r in self.records]
-        return out
+        return {"window_s": list(self.window_s), "summary": self.summary, "cpu": self.cpu,
+                **({"records": [r.as_json() for r in self.records]} if with_records else {})}
 
 
-def _turns_in_flight(live: Live) -> str:
-    """Sub-agents' turns happen inside the runtime, out of the load generator's sight."""
-    return str(live.turns_in_flight) if live.turns_visible else "n/a (sub-agents)"
+def _progress(live: Live, clock: Clock, until: float) -> dict[str, str]:
+    # Sub-agents' turns happen inside the runtime, out of the load generator's sight.
+    return {"runs started": str(live.runs_started), "runs done": str(live.runs_done),
+            "turns in flight": str(live.turns_in_flight) if live.turns_visible else "n/a (sub-agents)",
+            "errors": str(live.errors), "t": f"{clock.now():.0f}/{until:.0f}"}
 
 
 def progress_table(live: Live, clock: Clock, until: float, label: str) -> Table:
-    table = new_table(f"{label}  t={clock.now():.0f}/{until:.0f} s (model time)",
-                      ("runs started", "runs done", "turns in flight", "errors"), left=(), expand=False)
-    table.add_row(str(live.runs_started), str(live.runs_done), _turns_in_flight(live), str(live.errors))
+    figures = _progress(live, clock, until)
+    table = new_table(f"{label}  t={figures.pop('t')} s (model time)", figures, left=(), expand=False)
+    table.add_row(*figures.values())
     return table
-
-
-PROGRESS_EVERY_S = 5.0  # wall seconds between plain progress lines (no terminal)
 
 
 def progress_line(live: Live, clock: Clock, until: float, label: str) -> str:
     """The progress table as one line, for logs and pipes."""
-    return (f"{label} t={clock.now():.0f}/{until:.0f}s (model time) runs_started={live.runs_started} "
-            f"runs_done={live.runs_done} turns_in_flight={_turns_in_flight(live).split()[0]} errors={live.errors}")
+    figures = _progress(live, clock, until)
+    return f"{label} t={figures.pop('t')}s (model time) " + " ".join(
+        f"{name.replace(' ', '_')}={value.split()[0]}" for name, value in figures.items())
 
 
-async def run_load(
-    groups: list[Group],
-    *,
-    target: Target | None = None,
-    spawn_target: SpawnTarget | None = None,
-    warmup_s: float,
-    duration_s: float,
-    time_scale: float,
-    name: str = "load",
-    seed: str | None = None,
-    console: Console | None = None,
-) -> LoadResult:
+async def run_load(groups: list[Group], *, target: Target | None = None, spawn_target: SpawnTarget | None = None,
+                   warmup_s: float, duration_s: float, time_scale: float, name: str = "load", seed: str | None = None,
+                   console: Console | None = None) -> LoadResult:
     """Run every group closed loop for ``warmup_s + duration_s`` model seconds; runs
     finishing inside the last ``duration_s`` are measured. ``seed`` (default ``name``)
-    decides the runs: variants compared with each other pass the same one, so each
-    sees the same sequence of runs and the comparison is not a draw of workloads."""
+    decides the runs: variants compared with each other pass the same one, so each sees
+    the same sequence of runs and the comparison is not a draw of workloads."""
     if (target is None) == (spawn_target is None):
         raise ValueError("give exactly one of target (own-loop agents) or spawn_target (MCP)")
-    clock = Clock(time_scale)
-    live = Live(turns_visible=target is not None)
-    records: list[RunRecord] = []
-    until = warmup_s + duration_s
-    cpu = CpuMeter()
+    clock, live, records = Clock(time_scale), Live(turns_visible=target is not None), []
+    until, cpu = warmup_s + duration_s, CpuMeter()
     tasks = []
     for index, group in enumerate(groups):
-        group_name = f"{name}-{group.workload.service_class}-{index}"
-        group_seed = f"{seed or name}-{group.workload.service_class}-{index}"
+        suffix = f"{group.workload.service_class}-{index}"
         if target is not None:
-            coro = agents.closed_loop(target, group.workload, group.count, until, clock, live, records, group_name,
-                                      group_seed)
+            coro = agents.closed_loop(target, group.workload, group.count, until, clock, live, records,
+                                      f"{name}-{suffix}", f"{seed or name}-{suffix}")
         else:
-            assert spawn_target is not None
             coro = spawn.closed_loop(spawn_target, group.workload, group.count, until, clock, live, records,
-                                     group_seed)
+                                     f"{seed or name}-{suffix}")
         tasks.append(asyncio.create_task(coro))
-    # On a terminal a live table; otherwise (CI, a pipe, a log file) a plain line to
-    # stderr every few seconds.
+    # On a terminal a live table; otherwise (CI, a pipe, a log file) a plain line to stderr every few seconds.
     plain = console is not None and not console.is_terminal
     display = (RichLive(progress_table(live, clock, until, name), console=console, transient=True,
                         refresh_per_second=2) if console is not None and not plain else nullcontext())
@@ -115,9 +100,8 @@ async def run_load(
                 print(progress_line(live, clock, until, name), file=sys.stderr, flush=True)
     for task in tasks:
         task.result()
-    cpu_use = cpu.read()
     window = (warmup_s, until)
-    return LoadResult(window_s=window, summary=summarise(records, window), cpu=cpu_use, records=records)
+    return LoadResult(window_s=window, summary=summarise(records, window), cpu=cpu.read(), records=records)
 
 
 def workload_json(groups: list[Group]) -> list[dict[str, Any]]:

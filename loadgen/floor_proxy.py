@@ -1,19 +1,13 @@
-"""The floor of the dataplane's stack, for B4: an aiohttp server on uvloop that forwards
-each chat completion to one engine through one aiohttp ``ClientSession`` and passes the
-reply back, whole or chunk by chunk, and does nothing else. No run identity, admission,
-validation, observation, metrics, logs or gRPC: what luftpause's dataplane costs above
-this row is its own work; what this row costs, luftpause cannot go below with aiohttp.
-
-It uses aiohttp as the dataplane does (an ``Application``, keep-alive to the engine, a
-streamed reply's headers sent with its first chunk and its last chunk with the end
-marker), so the difference is the dataplane's logic and not a way of using the library.
+"""B4's floor of the dataplane's stack: an aiohttp server on uvloop that forwards each chat
+completion to one engine through one ``ClientSession`` and passes the reply back, whole or
+chunk by chunk (headers with the first chunk, the end marker with the last, as the
+dataplane does), and nothing else: what luftpause's dataplane costs above it is its own work.
 
     python -m luftpause.loadgen.floor_proxy --engine http://127.0.0.1:8101 --port 8090
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 
@@ -21,6 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from luftpause.eventloop import run_event_loop
+from luftpause.loadgen.records import parser
 
 ENGINE = web.AppKey("engine", str)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
@@ -79,12 +74,11 @@ async def serve(engine_url: str, host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.floor_proxy", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", required=True, help="the engine's base URL")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, required=True, help="port to listen on")
-    args = parser.parse_args(argv)
+    p = parser("floor_proxy", __doc__)
+    p.add_argument("--engine", required=True, help="the engine's base URL")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, required=True, help="port to listen on")
+    args = p.parse_args(argv)
     run_event_loop(serve(args.engine, args.host, args.port))
     return 0
 

@@ -1,12 +1,13 @@
-"""What the load generator measures, the per-class summary it reports, and how every
-benchmark writes its figures out (JSON files, rich tables)."""
+"""What the load generator measures, the per-class summary it reports, and what every
+benchmark shares to report it: JSON files, tables, figures, command lines."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
-import resource
+import statistics
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, field
@@ -55,8 +56,13 @@ def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
+    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+
+
+def mean(values: Iterable[float | None]) -> float | None:
+    """The mean of the values that are not None; None for none."""
+    real = [v for v in values if v is not None]
+    return statistics.fmean(real) if real else None
 
 
 def summarise(records: list[RunRecord], window: tuple[float, float]) -> dict[str, dict[str, Any]]:
@@ -72,72 +78,56 @@ def summarise(records: list[RunRecord], window: tuple[float, float]) -> dict[str
         turns = [t for r in mine for t in r.turns if start <= t.started <= end]
         first_turns = [r.turns[0].first_token for r in done if r.turns]
         latencies = [r.latency for r in done]
-        prompt = sum(t.prompt_tokens for t in turns)
-        cached = sum(t.cached_tokens for t in turns)
+        prompt, cached = sum(t.prompt_tokens for t in turns), sum(t.cached_tokens for t in turns)
         out[cls] = {
-            "runs": len(done),
-            "runs_per_min": len(done) / minutes,
-            "latency_p50_s": percentile(latencies, 50),
-            "latency_p90_s": percentile(latencies, 90),
-            "ttft_p50_s": percentile(first_turns, 50),
-            "ttft_p90_s": percentile(first_turns, 90),
-            "turn_ttft_p50_s": percentile([t.first_token for t in turns], 50),
-            "turns": len(turns),
-            "cached_share": cached / prompt if prompt else 0.0,
-            "prompt_tokens": prompt,
-            "cached_tokens": cached,
-            "errors": len(failed),
-            "error_examples": sorted({r.error for r in failed})[:3],
+            "runs": len(done), "runs_per_min": len(done) / minutes,
+            "latency_p50_s": percentile(latencies, 50), "latency_p90_s": percentile(latencies, 90),
+            "ttft_p50_s": percentile(first_turns, 50), "ttft_p90_s": percentile(first_turns, 90),
+            "turn_ttft_p50_s": percentile([t.first_token for t in turns], 50), "turns": len(turns),
+            "cached_share": cached / prompt if prompt else 0.0, "prompt_tokens": prompt, "cached_tokens": cached,
+            "errors": len(failed), "error_examples": sorted({r.error for r in failed})[:3],
         }
     return out
 
 
-def own_cpu_seconds() -> float:
-    """User + system CPU seconds of this process (the load generator) so far."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 class CpuMeter:
-    """Machine-wide CPU busy share (from /proc/stat) and this process's own CPU use."""
+    """Machine-wide CPU busy share (from /proc/stat) and this process's own CPU use (its
+    CPU clock, :func:`time.process_time`: this process, not the ones it measures)."""
 
     def __init__(self) -> None:
-        self._stat = self._read_stat()
-        self._own = own_cpu_seconds()
-        self._wall = time.monotonic()
+        self._stat, self._own, self._wall = self._read_stat(), time.process_time(), time.monotonic()
 
     @staticmethod
     def _read_stat() -> tuple[int, int] | None:
         try:
             with open("/proc/stat") as f:
-                fields_ = [int(x) for x in f.readline().split()[1:]]
+                ticks = [int(x) for x in f.readline().split()[1:]]
         except (OSError, ValueError):
             return None
-        idle = fields_[3] + (fields_[4] if len(fields_) > 4 else 0)
-        return sum(fields_), idle
+        return sum(ticks), ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
 
     def read(self) -> dict[str, Any]:
-        now = self._read_stat()
-        wall = max(1e-9, time.monotonic() - self._wall)
+        now, wall = self._read_stat(), max(1e-9, time.monotonic() - self._wall)
         machine = None
         if now and self._stat:
             total, idle = now[0] - self._stat[0], now[1] - self._stat[1]
             machine = (total - idle) / total if total else None
-        return {
-            "cpus": os.cpu_count(),
-            "machine_busy": machine,  # share of all CPUs busy during the measurement
-            "loadgen_cpu_share": (own_cpu_seconds() - self._own) / wall,  # of one CPU
-        }
+        return {"cpus": os.cpu_count(),
+                "machine_busy": machine,  # share of all CPUs busy during the measurement
+                "loadgen_cpu_share": (time.process_time() - self._own) / wall}  # of one CPU
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def write_results(out_dir: Path, name: str, payload: dict[str, Any]) -> Path:
     """A benchmark's raw results as ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>.json``; its path."""
-    return write_json(out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json", payload, default=str)
+    return write_json(Path(out_dir) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json", payload, default=str)
 
 
 def write_json(path: str | Path, payload: dict[str, Any], default: Callable[[Any], Any] | None = None) -> Path:
-    """A benchmark's results at exactly ``path`` (its folder made); the path. ``default``
-    as ``json.dumps`` takes it, for values JSON has no form for."""
+    """A benchmark's results at exactly ``path`` (its folder made); the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=default))
@@ -151,3 +141,67 @@ def new_table(title: str, columns: Iterable[str], left: Collection[str] | None =
     for column in columns:
         table.add_column(column, justify="left" if left is None or column in left else "right")
     return table
+
+
+def text_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """A plain text table (the chaos runs print it where a log reads it); a row shorter than
+    the header (a skipped row's reason) takes no part in the columns' widths."""
+    full = [r for r in (header, *rows) if len(r) == len(header)]
+    widths = [max(len(r[i]) for r in full) for i in range(len(header))]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in (header, *rows)]
+    return "\n".join([lines[0], "-+-".join("-" * w for w in widths), *lines[1:]])
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a log file, a line each; other lines skipped."""
+    out = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def fmt(value: float | None, digits: int = 2, unit: str = "") -> str:
+    return "—" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def fmts(values: Iterable[float | None], digits: int = 1, unit: str = "") -> str:
+    """Several figures (a row's repeats) in one cell."""
+    return " / ".join(fmt(v, digits, unit) for v in values)
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "—" if a is None or not b else f"{a / b:.2f}×"
+
+
+def csv_choices(known: Collection[str], none_ok: bool = False) -> Callable[[str], list[str]]:
+    """An argparse type: names among ``known`` separated by commas ("none": no name, if ``none_ok``)."""
+    def parse(text: str) -> list[str]:
+        if none_ok and text.strip() in ("", "none"):
+            return []
+        names = [x.strip() for x in text.split(",") if x.strip()]
+        if not names or any(n not in known for n in names):
+            raise argparse.ArgumentTypeError(f"expected some of {', '.join(known)} separated by commas, got {text!r}")
+        return names
+    return parse
+
+
+def csv_ints(text: str) -> list[int]:
+    """An argparse type: positive integers separated by commas."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return values
+
+
+def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark's command line, its module doc as the help."""
+    return argparse.ArgumentParser(prog=f"python -m luftpause.loadgen.{prog}", description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,21 +1,16 @@
-"""Benchmark of the scheduler: decisions/s of the pure core at 100, 1,000 and 10,000
-live runs with 200 held turns on saturated engines, the Admit round trip over
-gRPC on loopback when capacity is free, and a page of the per-run view
-(``/status?runs=100``) over HTTP with 10,000 runs known (target: 50 ms a page).
+"""The scheduler's core: decisions/s of ``decide()`` at 100, 1,000 and 10,000 live runs with
+200 held turns on saturated engines (one core, in this process), the ``Admit`` round trip
+over gRPC on loopback with capacity free (a real scheduler process), and a page of the
+per-run view (``/status?runs=100``) over HTTP with 10,000 runs known (target: 50 ms).
 
     python -m luftpause.loadgen.scheduler_bench [--events N] [--admits N] [--json PATH]
-
-The core runs on one core in this process; the gRPC part starts a real scheduler
-process and a fake engine. Prints a table and writes JSON.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import platform
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -24,11 +19,12 @@ import uuid
 from pathlib import Path
 
 import grpc
-import yaml
 from rich.console import Console
 
-from luftpause.loadgen.records import new_table, write_json
-from luftpause.dev.procs import ManagedProcess, free_ports
+from luftpause.dev.procs import free_ports
+from luftpause.dev.stack import MODEL as STACK_MODEL, Stack
+from luftpause.loadgen.peers import running
+from luftpause.loadgen.records import new_table, parser, percentile, write_json
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler import core
@@ -98,16 +94,9 @@ def run_core(runs: int, held: int, events: int, seed: int = 7) -> dict:
         run_id = returning.pop(0) if returning else rng.choice(run_ids)
         step(core.AdmitRequested(f"t-{counter}", run_id, MODEL, classes[run_id], f"caller-{counter % 16}", now))
     elapsed = time.perf_counter() - started
-    return {
-        "runs": runs,
-        "held_at_start": held,
-        "held_at_end": len(state.held),
-        "in_flight_at_end": len(state.turns),
-        "events": decisions,
-        "seconds": round(elapsed, 3),
-        "decisions_per_s": round(decisions / elapsed),
-        "us_per_decision": round(elapsed / decisions * 1e6, 1),
-    }
+    return {"runs": runs, "held_at_start": held, "held_at_end": len(state.held), "in_flight_at_end": len(state.turns),
+            "events": decisions, "seconds": round(elapsed, 3), "decisions_per_s": round(decisions / elapsed),
+            "us_per_decision": round(elapsed / decisions * 1e6, 1)}
 
 
 def state_memory(runs: int, held: int) -> int:
@@ -122,60 +111,37 @@ def state_memory(runs: int, held: int) -> int:
 async def admit_round_trips(count: int) -> dict:
     """Admit → Report finished, one turn at a time, against a real scheduler process
     whose one engine is healthy and uncapped."""
-    with tempfile.TemporaryDirectory() as tmp:
-        engine_port, grpc_port, http_port = free_ports(3)
-        pool = Path(tmp) / "pool.yaml"
-        pool.write_text(yaml.safe_dump({"endpoints": [
-            {"name": "e", "base_url": f"http://127.0.0.1:{engine_port}", "models": ["fake-llama-1b"]}]}))
-        engine = ManagedProcess("engine", "luftpause.fakes.engine", ["--port", str(engine_port)],
-                                ready_url=f"http://127.0.0.1:{engine_port}/health")
-        scheduler = ManagedProcess("scheduler", "luftpause.scheduler",
-                                   ["--grpc-port", str(grpc_port), "--http-port", str(http_port),
-                                    "--pool-file", str(pool)],
-                                   ready_url=f"http://127.0.0.1:{http_port}/health",
-                                   env={"LUFTPAUSE_LOG_LEVEL": "warning"})
-        engine.start()
-        scheduler.start()
-        try:
-            engine.wait_ready()
-            scheduler.wait_ready()
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-                stub = pb_grpc.SchedulerStub(channel)
-                await stub.Resync(pb.ResyncRequest())
-                events: asyncio.Queue = asyncio.Queue()
+    with tempfile.TemporaryDirectory() as tmp, running(Stack.on_free_ports(
+            Path(tmp), engines=1, without=frozenset({"runtime", "fake-mcp", "dataplane"}),
+            env={"LUFTPAUSE_LOG_LEVEL": "warning"})) as stack:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.scheduler_grpc}") as channel:
+            stub = pb_grpc.SchedulerStub(channel)
+            await stub.Resync(pb.ResyncRequest())
+            events: asyncio.Queue = asyncio.Queue()
 
-                async def drain():
-                    while True:
-                        yield await events.get()
+            async def drain():
+                while True:
+                    yield await events.get()
 
-                report = stub.Report(drain())
-                samples = []
-                for i in range(count + 50):
-                    turn_id = uuid.uuid4().hex
-                    request = pb.AdmitRequest(turn_id=turn_id, run_id=f"run-{i % 20}", model="fake-llama-1b",
-                                              service_class=pb.INTERACTIVE, caller="bench")
-                    while True:  # the first probe marks the engine healthy within 2 s
-                        t0 = time.perf_counter()
-                        try:
-                            await stub.Admit(request, timeout=0.5)
-                            break
-                        except grpc.aio.AioRpcError:
-                            await asyncio.sleep(0.1)
-                    if i >= 50:  # warm-up excluded
-                        samples.append((time.perf_counter() - t0) * 1000)
-                    events.put_nowait(pb.TurnEventBatch(events=[pb.TurnEvent(
-                        turn_id=turn_id, run_id=f"run-{i % 20}", finished=pb.TurnFinished(finish_reason="stop"))]))
-                report.cancel()
-        finally:
-            scheduler.stop()
-            engine.stop()
-    samples.sort()
-    return {
-        "admits": len(samples),
-        "p50_ms": round(statistics.median(samples), 3),
-        "p90_ms": round(samples[int(len(samples) * 0.9)], 3),
-        "p99_ms": round(samples[int(len(samples) * 0.99)], 3),
-    }
+            report = stub.Report(drain())
+            samples = []
+            for i in range(count + 50):
+                turn_id, run_id = uuid.uuid4().hex, f"run-{i % 20}"
+                request = pb.AdmitRequest(turn_id=turn_id, run_id=run_id, model=STACK_MODEL,
+                                          service_class=pb.INTERACTIVE, caller="bench")
+                while True:  # until the scheduler has probed the engine healthy
+                    t0 = time.perf_counter()
+                    try:
+                        await stub.Admit(request, timeout=0.5)
+                        break
+                    except grpc.aio.AioRpcError:
+                        await asyncio.sleep(0.1)
+                if i >= 50:  # warm-up excluded
+                    samples.append((time.perf_counter() - t0) * 1000)
+                events.put_nowait(pb.TurnEventBatch(events=[pb.TurnEvent(
+                    turn_id=turn_id, run_id=run_id, finished=pb.TurnFinished(finish_reason="stop"))]))
+            report.cancel()
+    return {"admits": len(samples), **{f"p{q}_ms": round(percentile(samples, q), 3) for q in (50, 90, 99)}}
 
 
 async def run_pages(runs: int, requests: int) -> list[dict]:
@@ -195,8 +161,7 @@ async def run_pages(runs: int, requests: int) -> list[dict]:
     runner = web.AppRunner(http_app(host))
     await runner.setup()
     port = free_ports(1)[0]
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
     queries = {"first page": {"runs": 100}, "page 100 (cursor 9,900)": {"runs": 100, "cursor": runs - 100},
                "one caller's (1 in 16)": {"runs": 100, "caller": "caller-3"},
                "paused, batch": {"runs": 100, "stage": "paused", "class": "batch"}}
@@ -211,25 +176,22 @@ async def run_pages(runs: int, requests: int) -> list[dict]:
                     times.append((time.perf_counter() - started) * 1000)
                     assert response.status_code == 200, response.text
                 page = response.json()["run_page"]
-                times.sort()
                 rows.append({"query": name, "params": query, "runs_known": runs, "matching": page["total"],
                              "shown": len(page["runs"]), "requests": requests,
-                             "p50_ms": round(statistics.median(times), 2),
-                             "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))], 2)})
+                             **{f"p{q}_ms": round(percentile(times, q), 2) for q in (50, 99)}})
     finally:
         await runner.cleanup()
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m luftpause.loadgen.scheduler_bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=20000, help="decisions per run size (default 20000)")
-    parser.add_argument("--held", type=int, default=200, help="held turns at start (default 200)")
-    parser.add_argument("--admits", type=int, default=1000, help="gRPC Admit round trips (default 1000)")
-    parser.add_argument("--pages", type=int, default=50, help="requests per per-run-view query (default 50)")
-    parser.add_argument("--json", default="bench-results/scheduler.json", help="where to write the results")
-    args = parser.parse_args(argv)
+    p = parser("scheduler_bench", __doc__)
+    p.add_argument("--events", type=int, default=20000, help="decisions per run size (default 20000)")
+    p.add_argument("--held", type=int, default=200, help="held turns at start (default 200)")
+    p.add_argument("--admits", type=int, default=1000, help="gRPC Admit round trips (default 1000)")
+    p.add_argument("--pages", type=int, default=50, help="requests per per-run-view query (default 50)")
+    p.add_argument("--json", default="bench-results/scheduler.json", help="where to write the results")
+    args = p.parse_args(argv)
     console = Console()
     results = {"python": platform.python_version(), "machine": platform.machine(), "core": [], "admit": None}
     table = new_table(f"decide() at saturation, {args.held} held turns, {REPLICAS} capped replicas",

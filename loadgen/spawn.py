@@ -1,10 +1,6 @@
-"""MCP sub-agents: spawn runs on a luftpause runtime and await them.
-
-Three shapes: a fan-out (spawn N, await all), sequential (spawn, await, next), and a
-closed loop (N slots, each spawning a new run when its run ends) for throughput. The
-runtime runs each sub-agent's loop; where its turns go (luftpause's dataplane or a
-router) is the runtime's own setting.
-"""
+"""MCP sub-agents: runs spawned on a luftpause runtime and awaited, as a fan-out (spawn N,
+await all), sequentially (spawn, await, next) or closed loop (N slots, each spawning a new
+run when its run ends). Where the runtime sends their turns is the runtime's setting."""
 
 from __future__ import annotations
 
@@ -18,7 +14,6 @@ from functools import cache
 from typing import Any
 
 import httpx2
-import structlog
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
@@ -27,18 +22,14 @@ from luftpause.loadgen.agents import Clock, Live
 from luftpause.loadgen.records import RunRecord
 from luftpause.loadgen.workload import SYSTEM_PROMPT, Workload, plan_run
 
-log = structlog.get_logger(service="loadgen")
-
 AWAIT_TIMEOUT_S = 600  # the runtime's maximum
 
 
 @cache
 def _tls() -> ssl.SSLContext:
-    """One TLS context for every MCP session of the process. Left to itself the SDK's HTTP
-    client loads the CA bundle for each session, with the event loop blocked: measured on
-    the busy 2-core machine, 0.34 s a session, and B2's 52 MCP slots stalled the load
-    generator for 15 s at their start — longer than the warm-up, so no run started in a
-    short window and every in-flight clock was off by the stall."""
+    """One TLS context for every MCP session of the process: the SDK's HTTP client loads
+    the CA bundle per session otherwise, the event loop blocked (0.34 s a session on the
+    busy 2-core machine: B2's 52 slots stalled the load generator 15 s at their start)."""
     return ssl.create_default_context()
 
 
@@ -65,9 +56,9 @@ class SpawnFailed(Exception):
     pass
 
 
-async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """The tool's answer; a tool error, or a JSON-RPC error the server answered (e.g. a
-    spawn refused while the runtime cannot write its journal), as ``SpawnFailed``."""
+async def call_tool(client: Client, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The tool's answer; a tool error or a JSON-RPC error the server answered (a spawn
+    refused while the runtime cannot write its journal) as ``SpawnFailed``."""
     try:
         result = await client.call_tool(tool, arguments)
     except MCPError as exc:
@@ -79,25 +70,24 @@ async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[st
 
 def spawn_arguments(workload: Workload, seed: str, model: str | None) -> dict[str, Any]:
     plan = plan_run(workload, seed)
-    arguments: dict[str, Any] = {
-        "task": plan.task, "serviceClass": workload.service_class, "system": SYSTEM_PROMPT,
-        "maxToolCalls": plan.tool_calls, "maxTokens": workload.max_tokens, "tools": ["lookup"],
-    }
-    if model:
-        arguments["model"] = model
-    return arguments
+    return {"task": plan.task, "serviceClass": workload.service_class, "system": SYSTEM_PROMPT,
+            "maxToolCalls": plan.tool_calls, "maxTokens": workload.max_tokens, "tools": ["lookup"],
+            **({"model": model} if model else {})}
+
+
+async def spawn(client: Client, target: SpawnTarget, workload: Workload, seed: str) -> str:
+    return (await call_tool(client, "spawn", spawn_arguments(workload, seed, target.model)))["handle"]
 
 
 async def await_all(client: Client, handles: list[str], deadline_wall: float | None = None) -> list[dict[str, Any]]:
     """Await until every handle is finished (looping over the runtime's await timeout)."""
-    pending = list(handles)
-    finished: dict[str, dict[str, Any]] = {}
+    pending, finished = list(handles), {}
     loop = asyncio.get_running_loop()
     while pending:
         timeout = AWAIT_TIMEOUT_S
         if deadline_wall is not None:
             timeout = max(1, min(timeout, int(deadline_wall - loop.time()) + 1))
-        answer = await _call(client, "await", {"handles": pending, "mode": "all", "timeout": timeout})
+        answer = await call_tool(client, "await", {"handles": pending, "mode": "all", "timeout": timeout})
         for run in answer["runs"]:
             if run["status"] not in ("Running", "AwaitingApproval", "Pending", "Queued"):
                 finished[run["handle"]] = run
@@ -109,52 +99,46 @@ async def await_all(client: Client, handles: list[str], deadline_wall: float | N
 
 def _record(workload: Workload, seed: str, started: float, ended: float, run: dict[str, Any] | None,
             error: str = "") -> RunRecord:
-    record = RunRecord(service_class=workload.service_class, seed=seed, started=started, ended=ended)
+    record = RunRecord(service_class=workload.service_class, seed=seed, started=started, ended=ended, error=error)
     if run is not None:
         record.ok = run["status"] == "Completed"
         record.error = "" if record.ok else f"{run['status']}: {run.get('error')}"
         record.tool_calls = int(run.get("toolCalls") or 0)
-    else:
-        record.error = error
     return record
 
 
 async def fan_out(target: SpawnTarget, workload: Workload, count: int, clock: Clock, live: Live,
                   name: str = "fan", sequential: bool = False) -> tuple[float, list[RunRecord]]:
-    """Spawn ``count`` runs (all at once, or one after another) and await them; returns
-    the model seconds until all were done and one record per run."""
+    """Spawn ``count`` runs (all at once, or one after another) and await them: the model
+    seconds until all were done and one record per run."""
     records: list[RunRecord] = []
     started = clock.now()
+    seeds = [f"{name}-{i}" for i in range(count)]
     async with mcp_client(target.runtime_url) as client:
         if sequential:
-            for i in range(count):
-                seed = f"{name}-{i}"
+            for seed in seeds:
                 run_started = clock.now()
                 live.runs_started += 1
-                handle = (await _call(client, "spawn", spawn_arguments(workload, seed, target.model)))["handle"]
-                (run,) = await await_all(client, [handle])
+                (run,) = await await_all(client, [await spawn(client, target, workload, seed)])
                 records.append(_record(workload, seed, run_started, clock.now(), run))
                 live.runs_done += 1
         else:
-            seeds = [f"{name}-{i}" for i in range(count)]
             handles = []
             for seed in seeds:
-                handles.append((await _call(client, "spawn", spawn_arguments(workload, seed, target.model)))["handle"])
+                handles.append(await spawn(client, target, workload, seed))
                 live.runs_started += 1
             runs = await await_all(client, handles)
             ended = clock.now()
-            for seed, run in zip(seeds, runs, strict=True):
-                records.append(_record(workload, seed, started, ended, run))
-                live.runs_done += 1
-    live.errors += sum(1 for r in records if not r.ok)
+            records = [_record(workload, seed, started, ended, run) for seed, run in zip(seeds, runs, strict=True)]
+            live.runs_done += len(records)
+    live.errors += sum(not r.ok for r in records)
     return clock.now() - started, records
 
 
 async def closed_loop(target: SpawnTarget, workload: Workload, slots: int, until: float, clock: Clock,
                       live: Live, records: list[RunRecord], name: str) -> None:
-    """``slots`` sub-agents at a time through one MCP session per slot, until model
-    time ``until``; a run's latency is from its spawn to its result. Slot i's run k is
-    seeded ``{name}-{i}-{k}`` (the runtime names its runs itself)."""
+    """``slots`` sub-agents at a time, an MCP session per slot, until model time ``until``;
+    a run's latency is from its spawn to its result. Slot i's run k is seeded ``{name}-{i}-{k}``."""
     loop = asyncio.get_running_loop()
     deadline_wall = loop.time() + (until - clock.now()) * clock.time_scale
 
@@ -162,13 +146,11 @@ async def closed_loop(target: SpawnTarget, workload: Workload, slots: int, until
         async with mcp_client(target.runtime_url) as client:
             run_index = 0
             while clock.now() < until:
-                seed = f"{name}-{index}-{run_index}"
+                seed, started = f"{name}-{index}-{run_index}", clock.now()
                 run_index += 1
-                started = clock.now()
                 live.runs_started += 1
                 try:
-                    handle = (await _call(client, "spawn", spawn_arguments(workload, seed, target.model)))["handle"]
-                    runs = await await_all(client, [handle], deadline_wall)
+                    runs = await await_all(client, [await spawn(client, target, workload, seed)], deadline_wall)
                 except SpawnFailed as exc:
                     records.append(_record(workload, seed, started, clock.now(), None, str(exc)))
                     live.errors += 1
@@ -176,10 +158,9 @@ async def closed_loop(target: SpawnTarget, workload: Workload, slots: int, until
                     continue
                 if not runs:  # the window closed first
                     break
-                record = _record(workload, seed, started, clock.now(), runs[0])
-                records.append(record)
+                records.append(record := _record(workload, seed, started, clock.now(), runs[0]))
                 live.runs_done += 1
-                live.errors += 0 if record.ok else 1
+                live.errors += not record.ok
 
     tasks = [asyncio.create_task(slot(i)) for i in range(slots)]
     _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline_wall - loop.time()) + 2)

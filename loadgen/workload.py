@@ -1,27 +1,16 @@
-"""What a simulated agent run looks like: its prompt, its tools, its tool results.
-
-Pure and seeded, so every variant of a benchmark sees the same sequence of runs. All
-durations here are in *model* seconds (what the modelled engine and tools would take);
-the drivers multiply them by the time scale to sleep.
-"""
+"""What a simulated agent run looks like: its prompt, its tools, its tool results. Pure and
+seeded, so every row of a benchmark sees the same sequence of runs; durations are model
+seconds (the drivers multiply them by the time scale to sleep)."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-LOOKUP_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "lookup",
-        "description": "Look a fact up in the knowledge base and return a short passage.",
-        "parameters": {
-            "type": "object",
-            "properties": {"query": {"type": "string", "description": "what to look up"}},
-            "required": ["query"],
-        },
-    },
-}
+LOOKUP_TOOL = {"type": "function", "function": {
+    "name": "lookup", "description": "Look a fact up in the knowledge base and return a short passage.",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string", "description": "what to look up"}},
+                   "required": ["query"]}}}
 
 # A system prompt every agent of a benchmark shares (tool instructions, house rules),
 # as real harnesses send: a cross-run prefix a cache can hold.
@@ -67,9 +56,8 @@ def words(rng: random.Random, chars: int) -> str:
     out: list[str] = []
     size = 0
     while size < chars:
-        word = rng.choice(_WORDS)
-        out.append(word)
-        size += len(word) + 1
+        out.append(rng.choice(_WORDS))
+        size += len(out[-1]) + 1
     return " ".join(out)[:chars]
 
 

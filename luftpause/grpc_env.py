@@ -6,8 +6,9 @@ which under asyncio hands each message of a stream from gRPC's own threads to th
 loop. The transport before it does not. On the shape of the dataplane's Connect stream
 to the scheduler (small messages both ways, one process on each side) the older one
 costs about half the CPU per message on each side and half the round-trip time:
-measured with grpcio 1.85 on this project's 2-core machines by ``make bench-grpc``
-(the figures: ``git show 06d03a1:docs/benchmarks.md``, "gRPC's transport"). Both are gRPC's own, selected by its documented switch; the wire
+measured with grpcio 1.85 on this project's 2-core machines by the retired ``make bench-grpc``
+(its script: ``git show 61668e5:loadgen/grpc_transport_bench.py``; the figures:
+``git show 06d03a1:docs/benchmarks.md``, "gRPC's transport"). Both are gRPC's own, selected by its documented switch; the wire
 protocol is the same, so either side may run either.
 
 The scheduler's, the dataplane's and the endpoint picker's packages call

@@ -1,6 +1,6 @@
-"""B4's pieces at tiny scale, on real processes: the CPU accounting from /proc, the
-closed loop against a real fake engine, the whole report (JSON and goals) from a short
-run through luftpause with one and two dataplanes, and the picker mode's floor rows."""
+"""B4's pieces at tiny scale, on real processes: the CPU accounting, the closed loop against
+a real fake engine, the whole report (JSON and goals) from a short run through luftpause
+with one and two dataplanes, and the picker mode with the response phase and without it."""
 
 from __future__ import annotations
 
@@ -161,21 +161,20 @@ def test_a_tiny_run_through_one_and_two_dataplanes_reports_cpu_memory_and_goals(
     assert len(flat) == 2 and all(g["value"] >= 1.0 for g in flat)
 
 
-def test_a_tiny_picker_run_measures_the_floor_in_each_processing_mode(tmp_path) -> None:
+def test_a_tiny_picker_run_measures_the_picker_with_the_response_phase_and_without_it(tmp_path) -> None:
     out = tmp_path / "picker.json"
-    assert pb.main(["picker", "--floor-only", "--floor-modes", "picker,body-only", "--requests", "20",
-                    "--warmup", "5", "--concurrency", "2", "--json", str(out)]) == 0
-    results = json.loads(out.read_text())
-    assert results["options"]["floor_modes"] == ["picker", "body-only"] and results["skipped"] == {}
-    assert list(results["rows"]) == [pb.floor_row_name("python", "picker"), pb.floor_row_name("python", "body-only")]
-    rows = [results["rows"][name] for name in results["rows"]]
-    for row in rows:
+    assert pb.main(["picker", "--duration", "0.5", "--level-warmup", "0", "--concurrency", "2",
+                    "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    observed, skipped = (rows[name] for name in ("response observed (as luftpause runs)",
+                                                 "response phase skipped (measurement only)"))
+    for row in (observed, skipped):
         for mode in ("non-streaming", "streaming"):
             figures = row[mode]
-            assert figures["requests"] == 20 and figures["errors"] == 0
-            assert figures["picker_us_per_turn"] > 0 and figures["envoy_us_per_turn"] > 0
-            assert "scheduler_us_per_turn" not in figures  # a floor has no scheduler
-    picker, body_only = rows
-    # the body alone is one message each way; luftpause's processing mode sends more
-    assert body_only["non-streaming"]["messages_per_turn"] == 1.0
-    assert picker["non-streaming"]["messages_per_turn"] > body_only["non-streaming"]["messages_per_turn"]
+            assert figures["requests"] > 0 and figures["errors"] == 0
+            assert all(figures["cpu"][name]["us_per_turn"] > 0 for name in ("picker", "envoy", "scheduler"))
+    # as luftpause runs it Envoy sends request headers, body, response headers and the reply's
+    # chunk(s); without the response phase the request's two alone
+    assert observed["non-streaming"]["messages_per_turn"] == 4.0
+    assert skipped["non-streaming"]["messages_per_turn"] == skipped["streaming"]["messages_per_turn"] == 2.0
+    assert observed["streaming"]["messages_per_turn"] > 4.0

@@ -97,30 +97,3 @@ def test_the_command_lists_cells_and_refuses_bad_ones(capsys) -> None:
     assert capsys.readouterr().out.split() == ["eager=0,kv=+30"]
     with pytest.raises(SystemExit):
         regimes.main(["--cell", "warp=9"])
-
-
-def test_cells_run_one_at_a_time_merge_into_one_map_in_the_maps_order(tmp_path: Path, capsys) -> None:
-    """``--merge``: the maps of separate ``--cell`` invocations become one (cells in the
-    grid's order, a cell measured again taking the later figures), with its table, JSON and
-    heatmap; maps of another window are refused."""
-    fixture = json.loads((FIXTURES / "regimes-eager0-tiny.json").read_text())
-    kv = json.loads(json.dumps(fixture))
-    kv["cells"][0]["cell"] = "kv=+30"
-    again = json.loads(json.dumps(fixture))
-    again["cells"][0]["interactive"]["ratio"] = 9.9
-    paths = []
-    for name, payload in (("kv.json", kv), ("e0.json", fixture), ("e0-again.json", again)):
-        paths.append(tmp_path / name)
-        paths[-1].write_text(json.dumps(payload))
-    merged = regimes.merge_maps(paths)
-    assert [c["cell"] for c in merged["cells"]] == ["eager=0", "kv=+30"]
-    assert merged["cells"][0]["interactive"]["ratio"] == 9.9
-    regimes.main(["--merge", *map(str, paths), "--out-dir", str(tmp_path / "out")])
-    written = list((tmp_path / "out").glob("regimes-*-merged.json"))
-    assert len(written) == 1 and written[0].with_suffix(".png").exists()
-    assert "kv=+30" in capsys.readouterr().out
-    other = json.loads(json.dumps(fixture))
-    other["config"]["window_s"] = 999.0
-    (tmp_path / "other.json").write_text(json.dumps(other))
-    with pytest.raises(SystemExit):
-        regimes.main(["--merge", str(paths[0]), str(tmp_path / "other.json")])
