@@ -11,12 +11,24 @@ answer takes effect). A request's id is the run, its tool-call round and the cal
 among that round's approvals, so after a restart the redone round finds the answer given
 before the crash (for the same tool and arguments) and is not asked again; a request that
 was never answered is simply asked again.
+
+In a fleet (runtime/fleet.py) every runtime shows and asks the approvals of every run: a
+runtime that does not drive a run follows its driver's ``approvalRequested`` and
+``approvalDecided`` lines (``follow``), so its `status`/`await` show the question and its
+clients are asked it. An answer given there is not decided there: it is sent to the driver
+as an ``approvalAnswerRequested`` line (no lease needed), which the driver, following the
+lines, takes as if its own client had answered (``take_request``: it journals
+``approvalDecided`` naming the request); the first answer the driver takes wins. The
+runtime that sent it waits a few seconds (``driver_wait_s``) for that decision. A runtime
+adopting a run takes an answer sent but not yet decided when the run asks the same
+question again, so the human is not asked twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,11 +37,16 @@ from typing import Any, Protocol
 import structlog
 from pydantic import BaseModel, Field
 
+from luftpause.runtime.fleet import Fenced
 from luftpause.runtime.runs import Run
 from luftpause.runtime.upstream import UpstreamTool
 from luftpause.runtime.errors import RuntimeServiceError
 
 log = structlog.get_logger(component="approvals")
+
+# How long an answer given on a runtime that does not drive the run waits for the driver to
+# take it (it follows the journal a few times a second) before `approve` returns undecided.
+DRIVER_ANSWER_WAIT_S = 5.0
 
 
 class ApprovalForm(BaseModel):
@@ -63,6 +80,10 @@ class PendingApproval:
     # A client is showing it to a human right now (so another does not ask at once).
     asking: bool = False
     answering: bool = False
+    # Another runtime drives the run and asked this (a followed approvalRequested line).
+    remote: bool = False
+    # The answer given through this runtime took effect (its driver journaled it as the decision).
+    decided: bool = False
 
     def record(self) -> dict[str, Any]:
         """``pendingApproval`` in `status`, `await` and `approve`."""
@@ -83,6 +104,27 @@ class _Decision:
     allow: bool
 
 
+@dataclass
+class _Request:
+    """An answer another runtime sent for an approval of a run driven here, not taken yet."""
+
+    tool: str
+    arguments: str
+    allow: bool
+    by: str
+    request: str
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> _Request:
+        return cls(str(record["tool"]), _canonical(record.get("arguments") or {}), bool(record["allow"]),
+                   str(record.get("by") or "approve"), str(record["request"]))
+
+    def answers(self, pending: PendingApproval) -> bool:
+        """It was given to this question (the same tool and arguments: a round redone after
+        an adoption may ask something else under the same id)."""
+        return self.tool == pending.tool and self.arguments == _canonical(pending.arguments)
+
+
 class AlreadyAnswered(RuntimeServiceError, LookupError):
     """The approval was answered (or withdrawn) before this answer arrived."""
 
@@ -97,11 +139,17 @@ class Approvals:
     clock: Callable[[], float] = time.time
     # Extra fields for the ``approvalDecided`` record of a run (the budgets' paused time).
     decision_extras: Callable[[Run], dict[str, Any]] = lambda run: {}
+    # In a fleet: how long an answer sent to the run's driver waits for its decision.
+    driver_wait_s: float = DRIVER_ANSWER_WAIT_S
     _pending: dict[str, PendingApproval] = field(default_factory=dict)
     _by_run: dict[str, list[PendingApproval]] = field(default_factory=dict)
     _decisions: dict[str, _Decision] = field(default_factory=dict)
     _sequence: dict[tuple[str, int], int] = field(default_factory=dict)
     _watchers: set[asyncio.Future[None]] = field(default_factory=set)
+    # A fleet's: answers other runtimes sent for runs driven here, by approval id, until asked.
+    _requested: dict[str, _Request] = field(default_factory=dict)
+    # A fleet's: answers sent from here waiting for the driver's decision, by approval id.
+    _outcomes: dict[str, asyncio.Future[tuple[bool, str | None]]] = field(default_factory=dict)
 
     # --- replay --------------------------------------------------------------------
 
@@ -125,6 +173,9 @@ class Approvals:
             del self._decisions[key]
         for key in [k for k in self._sequence if k[0] == handle]:
             del self._sequence[key]
+        for key in [k for k in self._requested if k.startswith(handle + ":")]:
+            del self._requested[key]
+        self._fail_outcomes(handle, f"run {handle} ended before its driver took this answer")
 
     # --- the gate the agent loop asks ------------------------------------------------
 
@@ -146,10 +197,11 @@ class Approvals:
                                        "tool": tool.name, "arguments": arguments, "at": pending.asked_at})
         self._pending[approval_id] = pending
         self._by_run.setdefault(run.handle, []).append(pending)
-        log.info("approval_pending", run=run.handle, id=approval_id, tool=tool.name)
-        self.on_waiting_changed(run)
-        self._notify()
         try:
+            if not await self._take_sent(run, pending):
+                log.info("approval_pending", run=run.handle, id=approval_id, tool=tool.name)
+                self.on_waiting_changed(run)
+                self._notify()
             return await pending.decision
         finally:
             self._pending.pop(approval_id, None)
@@ -160,6 +212,20 @@ class Approvals:
                 self._by_run.pop(run.handle, None)
             self.on_waiting_changed(run)
             self._notify()
+
+    async def _take_sent(self, run: Run, pending: PendingApproval) -> bool:
+        """A fleet's: decide ``pending`` with the answer another runtime sent for it before
+        it was asked here (a run adopted after the answer was sent); True when it did."""
+        sent = self._requested.pop(pending.id, None)
+        if sent is None or not sent.answers(pending):
+            return False
+        log.info("approval_answer_taken", run=run.handle, id=pending.id, tool=pending.tool, by=sent.by)
+        try:
+            await self.answer(run, sent.allow, pending.id, by=sent.by, request=sent.request)
+        except OSError as exc:  # not journaled: the human is asked instead
+            log.warning("approval_answer_not_taken", run=run.handle, id=pending.id, error=str(exc))
+            return False
+        return True
 
     def _next_id(self, run: Run) -> str:
         """``<handle>:<round>.<n>``: the n-th approval of the run's round (0-based, rounds counted
@@ -174,17 +240,25 @@ class Approvals:
 
     # --- answers -------------------------------------------------------------------
 
-    async def answer(self, run: Run, allow: bool, approval_id: str | None = None, *, by: str) -> PendingApproval:
-        """Decide the run's oldest pending approval (or the one named); journaled first."""
+    async def answer(self, run: Run, allow: bool, approval_id: str | None = None, *, by: str,
+                     request: str | None = None) -> PendingApproval:
+        """Decide the run's oldest pending approval (or the one named); journaled first.
+
+        ``request``: the ``approvalAnswerRequested`` this answer came in (a fleet's), named
+        in the decision. For a run another runtime drives the answer is sent to it instead
+        (``_ask_driver``): ``decided`` on the approval returned says whether it took effect."""
         pending = self._find(run.handle, approval_id)
         if pending.answering or pending.decision.done():
             raise AlreadyAnswered(f"approval {pending.id} is already answered")
         pending.answering = True
+        if pending.remote:
+            return await self._ask_driver(run, pending, allow, by)
         try:
             if self.journal is not None:
                 await self.journal.append({
                     "type": "approvalDecided", "handle": run.handle, "id": pending.id, "tool": pending.tool,
-                    "arguments": pending.arguments, "allow": allow, "by": by, "at": self.clock(),
+                    "arguments": pending.arguments, "allow": allow, "by": by,
+                    **({"request": request} if request is not None else {}), "at": self.clock(),
                     **self.decision_extras(run),
                 })
         except BaseException:
@@ -193,8 +267,161 @@ class Approvals:
         self._decisions[pending.id] = _Decision(pending.tool, _canonical(pending.arguments), allow)
         if not pending.decision.done():
             pending.decision.set_result(allow)
+        pending.decided = True
+        self._settle(pending.id, allow, request)
         log.info("approval_decided", run=run.handle, id=pending.id, tool=pending.tool, allow=allow, by=by)
         return pending
+
+    async def _ask_driver(self, run: Run, pending: PendingApproval, allow: bool, by: str) -> PendingApproval:
+        """Send the answer to the runtime driving the run (an ``approvalAnswerRequested``
+        line, no lease needed) and wait up to ``driver_wait_s`` for its decision. Raises
+        AlreadyAnswered when another answer was decided first."""
+        assert self.journal is not None  # (a fleet's journal: remote approvals are followed lines)
+        request = secrets.token_hex(8)
+        outcome: asyncio.Future[tuple[bool, str | None]] = asyncio.get_running_loop().create_future()
+        self._outcomes[pending.id] = outcome
+        try:
+            await self.journal.append({
+                "type": "approvalAnswerRequested", "handle": run.handle, "id": pending.id, "tool": pending.tool,
+                "arguments": pending.arguments, "allow": allow, "by": by, "request": request, "at": self.clock(),
+            })
+        except asyncio.CancelledError:
+            raise  # (the line is written anyway: the answer stands)
+        except BaseException:
+            pending.answering = False
+            self._outcomes.pop(pending.id, None)
+            raise
+        log.info("approval_answer_sent", run=run.handle, id=pending.id, tool=pending.tool, allow=allow, by=by)
+        try:
+            allowed, taken = await asyncio.wait_for(outcome, self.driver_wait_s)
+        except TimeoutError:
+            log.info("approval_answer_not_taken_yet", run=run.handle, id=pending.id, waited_s=self.driver_wait_s)
+            return pending
+        finally:
+            if self._outcomes.get(pending.id) is outcome:
+                del self._outcomes[pending.id]
+        if taken != request:
+            raise AlreadyAnswered(f"approval {pending.id} was already answered "
+                                  f"({'allowed' if allowed else 'declined'}) through another client")
+        pending.decided = True
+        return pending
+
+    def _settle(self, approval_id: str, allow: bool, request: str | None) -> None:
+        """The approval was decided: an answer sent from here learns whether it was the one."""
+        outcome = self._outcomes.get(approval_id)
+        if outcome is not None and not outcome.done():
+            outcome.set_result((allow, request))
+
+    def _fail_outcomes(self, handle: str, why: str) -> None:
+        for key, outcome in list(self._outcomes.items()):
+            if key.startswith(handle + ":") and not outcome.done():
+                outcome.set_exception(AlreadyAnswered(why))
+
+    # --- a fleet: approvals of runs other runtimes drive ----------------------------
+
+    def follow(self, run: Run | None, record: dict[str, Any]) -> None:
+        """A line another runtime appended for a run it drives (``run``, None when unknown
+        here): this runtime's view of the run's approvals follows it."""
+        kind, handle = record.get("type"), str(record["handle"])
+        if kind == "approvalRequested" and run is not None and not run.status.finished:
+            self._follow_request(run, record)
+        elif kind == "approvalDecided":
+            approval_id = str(record["id"])
+            self._settle(approval_id, bool(record.get("allow")), record.get("request"))
+            pending = self._pending.get(approval_id)
+            if pending is not None and pending.remote:
+                self._withdraw(run, [pending], decided=bool(record.get("allow")))
+        elif kind == "approvalAnswerRequested":
+            pending = self._pending.get(str(record["id"]))
+            if pending is not None and pending.remote:
+                pending.answering = True  # answered elsewhere: not asked here again
+        elif kind in ("round", "finished") and (handle in self._by_run or self._outcomes or self._requested):
+            # A round is journaled once its approvals are decided; a run that ended asks nothing.
+            self._withdraw(run, [p for p in self._by_run.get(handle, []) if p.remote])
+            if kind == "finished":
+                for key in [k for k in self._requested if k.startswith(handle + ":")]:
+                    del self._requested[key]  # (kept while this runtime drove it, before it lost it)
+                self._fail_outcomes(handle, f"run {handle} ended before its driver took this answer")
+
+    def _follow_request(self, run: Run, record: dict[str, Any]) -> None:
+        approval_id, tool, arguments = str(record["id"]), str(record["tool"]), record.get("arguments") or {}
+        known = self._pending.get(approval_id)
+        if known is not None:
+            if not known.remote or (known.tool == tool and _canonical(known.arguments) == _canonical(arguments)):
+                return  # asked again (by a runtime that adopted the run): the same question
+            self._withdraw(run, [known])
+        at = record.get("at")
+        pending = PendingApproval(
+            id=approval_id, handle=run.handle, tool=tool, arguments=arguments,
+            asked_at=float(at) if isinstance(at, int | float) else self.clock(),
+            decision=asyncio.get_running_loop().create_future(), remote=True,
+        )
+        self._pending[approval_id] = pending
+        self._by_run.setdefault(run.handle, []).append(pending)
+        log.info("approval_followed", run=run.handle, id=approval_id, tool=tool)
+        self.on_waiting_changed(run)
+        self._notify()
+
+    def _withdraw(self, run: Run | None, gone: list[PendingApproval], decided: bool | None = None) -> None:
+        """Followed approvals that are no longer asked (decided, or their run moved on)."""
+        if not gone:
+            return
+        for pending in gone:
+            self._pending.pop(pending.id, None)
+            waiting = self._by_run.get(pending.handle, [])
+            if pending in waiting:
+                waiting.remove(pending)
+            if not waiting:
+                self._by_run.pop(pending.handle, None)
+            if not pending.decision.done():
+                if decided is None:
+                    pending.decision.cancel()
+                else:
+                    pending.decision.set_result(decided)
+        if run is not None:
+            self.on_waiting_changed(run)
+        self._notify()
+
+    async def take_request(self, run: Run, record: dict[str, Any]) -> None:
+        """Another runtime sent an answer (``approvalAnswerRequested``) for an approval of a
+        run driven here: decide it as if a client here had answered (the first answer taken
+        wins); one not asked yet is kept until it is."""
+        approval_id = str(record["id"])
+        try:
+            sent = _Request.of(record)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("journal_record_unusable", handle=run.handle, type="approvalAnswerRequested", error=repr(exc))
+            return
+        pending = self._pending.get(approval_id)
+        if pending is None or pending.remote:
+            if approval_id not in self._decisions:
+                self._requested.setdefault(approval_id, sent)  # asked later (a run adopted, a line early)
+            else:
+                log.info("approval_answer_ignored", run=run.handle, id=approval_id, by=sent.by, reason="decided")
+            return
+        if not sent.answers(pending):
+            log.info("approval_answer_ignored", run=run.handle, id=approval_id, by=sent.by, reason="another question")
+            return
+        try:
+            await self.answer(run, sent.allow, approval_id, by=sent.by, request=sent.request)
+        except (AlreadyAnswered, Fenced, OSError) as exc:
+            log.info("approval_answer_ignored", run=run.handle, id=approval_id, by=sent.by, reason=str(exc))
+
+    def adopted(self, run: Run, records: list[dict[str, Any]]) -> None:
+        """This runtime drives ``run`` now: the questions it followed are its own to ask
+        (again), the decisions journaled are taken, and so are answers sent but not decided."""
+        self._withdraw(run, [p for p in self._by_run.get(run.handle, []) if p.remote])
+        for key in [k for k in self._sequence if k[0] == run.handle]:
+            del self._sequence[key]  # its ids count from its records again, as after a restart
+        self.restore(records)
+        decided = {str(r.get("id")) for r in records if r.get("type") == "approvalDecided"}
+        for record in records:
+            if record.get("type") == "approvalAnswerRequested" and str(record.get("id")) not in decided:
+                try:
+                    self._requested.setdefault(str(record["id"]), _Request.of(record))
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("journal_record_unusable", handle=run.handle, type="approvalAnswerRequested",
+                                error=repr(exc))
 
     def _find(self, handle: str, approval_id: str | None) -> PendingApproval:
         waiting = [p for p in self._by_run.get(handle, []) if not p.answering]
@@ -216,8 +443,9 @@ class Approvals:
 
     @property
     def pending_count(self) -> int:
-        """Approvals waiting for a human now (for metrics)."""
-        return len(self._pending)
+        """Approvals waiting for a human now (for metrics): of the runs this runtime drives,
+        so a fleet's runtimes do not count one twice."""
+        return sum(1 for pending in self._pending.values() if not pending.remote)
 
     def get(self, approval_id: str) -> PendingApproval | None:
         return self._pending.get(approval_id)

@@ -27,9 +27,17 @@ them, under a lease; the others follow the journal.
 - **Cancelling elsewhere.** ``cancel`` on a runtime that does not drive a run appends a
   ``cancelRequested`` line for it (no lease needed); its driver, following the lines, cancels
   it, and a runtime adopting a run that was asked to stop concludes it cancelled.
+- **Approving elsewhere.** Every runtime follows the driver's ``approvalRequested`` and
+  ``approvalDecided`` lines, so a run waiting for a human is ``AwaitingApproval`` with its
+  ``pendingApproval`` on all of them and their clients are asked it (elicitation). An answer
+  given on a runtime that does not drive the run (``approve``, an elicitation, a task's
+  input) is an ``approvalAnswerRequested`` line (no lease needed); the driver, following the
+  lines, decides with it (``approvalDecided`` under its lease, naming the request; the first
+  answer it takes wins), and a runtime adopting the run takes an answer sent but not yet
+  decided when the run asks that question again (runtime/approvals.py).
 
-Not yet: ``approve`` reaching a runtime other than the run's driver, and spreading new runs
-over the runtimes (a run is driven where it was spawned, until adopted).
+Not yet: spreading new runs over the runtimes (a run is driven where it was spawned, until
+adopted).
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ log = structlog.get_logger(component="fleet")
 
 # Records that drive a run: written only under its lease.
 FENCED_KINDS = frozenset({"round", "finished", "budgetExceeded", "approvalRequested", "approvalDecided"})
+# Requests any runtime may append for a run (no lease): its driver follows them.
+REQUEST_KINDS = frozenset({"cancelRequested", "approvalAnswerRequested"})
 _HEAD = re.compile(r'^\{"type":"([A-Za-z]+)","handle":"([^"\\]+)"')
 TAIL_S = 0.2  # how often a runtime reads what others appended
 ADOPT_BATCH = 50  # leases taken over in one go
@@ -229,6 +239,6 @@ class Fleet:
                 if writer == self.member:
                     continue
                 record = decoded(line.encode())
-                # The lines of runs this runtime drives are its own, but a request to cancel one.
-                if record is not None and (record["handle"] not in self.tokens or record.get("type") == "cancelRequested"):
+                # The lines of runs this runtime drives are its own, but requests (cancel it, answer its approval).
+                if record is not None and (record["handle"] not in self.tokens or record.get("type") in REQUEST_KINDS):
                     on_line(record)

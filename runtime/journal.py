@@ -8,7 +8,11 @@ Record kinds, each fsync'd before the effect it records is acknowledged:
   tool calls, then one tool message per call), with the run's stats after it;
 - ``finished``: final status, result or error, stats, finish time;
 - ``budgetExceeded``: the run whose budget was exceeded, with kind, used and limit (its
-  subtree's ``finished`` records follow as the runs wind down).
+  subtree's ``finished`` records follow as the runs wind down);
+- ``approvalRequested`` and ``approvalDecided``: a tool call's approval (runtime/approvals.py);
+- only on a database several runtimes share (runtime/fleet.py), requests any of them may
+  append for a run its driver follows: ``cancelRequested`` (reason) and
+  ``approvalAnswerRequested`` (approval id, tool, arguments, allow, by, request id).
 
 A round or ``finished`` record that cannot be written (disk full, directory not
 writable) is retried until it is, and the run waits meanwhile: the journal is what a

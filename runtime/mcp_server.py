@@ -22,7 +22,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.tools import Tool
 from mcp_types import INTERNAL_ERROR, InputRequiredResult, ToolAnnotations
 from pydantic import ConfigDict, Field, with_config
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 from luftpause import __version__, vocabulary
 from luftpause.runtime import constants
@@ -188,6 +188,10 @@ class ApproveResult(TypedDict):
     approval: dict[str, Any]
     allow: bool
     status: RunStatusName
+    # The answer took effect: always on the runtime driving the run; on another (a fleet's),
+    # false when the driver had not taken it within a few seconds (it stands: `status` shows
+    # when it does).
+    decided: NotRequired[bool]
 
 
 @with_config(ConfigDict(extra="allow"))
@@ -481,7 +485,8 @@ class RuntimeTools:
     @tool(
         description=(
             "Answer a run's pending tool-call approval (see `status`/`await` pendingApproval): "
-            "allow true runs the call, false declines it."
+            "allow true runs the call, false declines it. decided false: the runtime driving the run "
+            "has not taken the answer yet (it stands)."
         ),
         # Answering lets a tool call run (or not): a change, but nothing is deleted by it.
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
@@ -500,7 +505,8 @@ class RuntimeTools:
         except AlreadyAnswered as exc:
             raise argument_error(str(exc)) from exc
         await asyncio.sleep(0)  # let the run take the answer, so the status below is current
-        return {"handle": run.handle, "approval": pending.record(), "allow": allow, "status": run.status.value}
+        return {"handle": run.handle, "approval": pending.record(), "allow": allow, "status": run.status.value,
+                "decided": pending.decided}
 
     @tool(name="tools", description="The upstream tools sub-agents can use.", annotations=READ_ONLY)
     async def list_upstream_tools(self) -> ToolsResult:

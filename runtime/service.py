@@ -32,6 +32,9 @@ log = structlog.get_logger(component="runtime")
 TRACER = trace.get_tracer("luftpause.runtime")
 
 WaitMode = Literal["all", "any"]
+# The lines of runs another runtime drives that its approvals follow (a fleet's).
+FOLLOWED_BY_APPROVALS = frozenset({"approvalRequested", "approvalDecided", "approvalAnswerRequested", "round",
+                                   "finished"})
 CancelReason = Callable[[Run, Run], str]  # (requested root, run in its subtree) -> error text
 
 
@@ -127,6 +130,9 @@ class Runtime:
         self._pause_for_open_approvals(records)
         resumed = [run for run in restored if not run.status.finished]
         if self._fleet is not None:
+            for record in records:  # questions open on the runtimes driving runs (to answer here too)
+                if record.get("type") in FOLLOWED_BY_APPROVALS:
+                    self._follow_approvals(record)
             return restored, []  # each resumes where its lease is taken over (_adopted)
         for run in resumed:
             self._launch(run)
@@ -402,6 +408,7 @@ class Runtime:
         else:
             self.runs.add(run)
         self._released.discard(handle)
+        self.approvals.adopted(run, records)
         if run.status.finished:
             return
         if asked is not None:  # cancelled while its driver was away: it ends so here
@@ -412,15 +419,20 @@ class Runtime:
         self._launch(run)
 
     def _followed(self, record: dict[str, Any]) -> None:
-        """A line another runtime appended: this runtime's view of that run follows it; a
-        ``cancelRequested`` for a run this runtime drives cancels it."""
-        if record.get("type") == "cancelRequested":
-            handle = record["handle"]
-            run = self.runs.get(handle) if handle in self.runs else None
+        """A line another runtime appended: this runtime's view of that run follows it
+        (its approvals too); a ``cancelRequested`` for a run this runtime drives cancels it,
+        an ``approvalAnswerRequested`` answers its approval."""
+        kind, handle = record.get("type"), record["handle"]
+        run = self.runs.get(handle) if handle in self.runs else None
+        if kind == "cancelRequested":
             if run is not None and self._cancellable(run):
                 self._cancel_reasons[handle] = str(record.get("reason") or "cancelled")
                 assert run.loop_task is not None
                 run.loop_task.cancel()
+            return
+        if kind == "approvalAnswerRequested" and self._fleet is not None and handle in self._fleet.tokens:
+            if run is not None:
+                self._in_background(self.approvals.take_request(run, record))
             return
         view = _RegistryView(self.runs)
         try:
@@ -428,6 +440,16 @@ class Runtime:
         except (KeyError, ValueError, TypeError) as exc:
             log.warning("journal_record_unusable", handle=record.get("handle"), type=record.get("type"),
                         error=repr(exc))
+        if kind in FOLLOWED_BY_APPROVALS:
+            self._follow_approvals(record)
+
+    def _follow_approvals(self, record: dict[str, Any]) -> None:
+        """The approvals of a run another runtime drives, as its lines tell them (approvals.py)."""
+        handle = record["handle"]
+        try:
+            self.approvals.follow(self.runs.get(handle) if handle in self.runs else None, record)
+        except (KeyError, ValueError, TypeError) as exc:
+            log.warning("journal_record_unusable", handle=handle, type=record.get("type"), error=repr(exc))
 
     # --- waiting -----------------------------------------------------------------------
 
@@ -529,7 +551,8 @@ class Runtime:
         if run.status.finished:
             return
         run.status = RunStatus.AWAITING_APPROVAL if self.approvals.of(run.handle) else RunStatus.RUNNING
-        self.budgets.waiting_changed(run)
+        if self._fleet is None or run.handle in self._fleet.tokens:  # (budget timers: the driver's)
+            self.budgets.waiting_changed(run)
 
     # --- reports -----------------------------------------------------------------------
 
