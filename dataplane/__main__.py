@@ -8,6 +8,7 @@ import sys
 
 from aiohttp import web
 
+from luftpause.tokens import service_token
 from luftpause import logs, tracing
 from luftpause.aiohttp_server import JsonErrorsRunner
 from luftpause.options import env_option
@@ -50,9 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace, log) -> None:
-    token = os.environ.get("LUFTPAUSE_TOKEN", "")
-    if not token:
-        log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set: every client is accepted")
+    token = service_token(log, "every client is accepted") or ""
     app = create_app(args.scheduler, token, log, args.max_body_bytes, args.keys,
                      warm_up=args.messages_warm_up == "on", hold_tool_calls=args.tool_calls == "whole",
                      session_done_idle_s=args.harness_session_idle)

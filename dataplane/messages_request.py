@@ -18,6 +18,7 @@ from __future__ import annotations
 import binascii
 import json
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import structlog
@@ -159,6 +160,17 @@ def _tool_result_text(content: Any, where: str, loaded: set[str]) -> str:
     return "\n".join(parts)
 
 
+def _blocks(content: list, where: str) -> Iterator[tuple[str, Any, Any]]:
+    """A message's content blocks with where each is (for refusals) and its type; a
+    block's cache_control checked on the way."""
+    for i, block in enumerate(content):
+        at = f"{where}.content[{i}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if isinstance(block, dict):
+            _cache_control(block, at)
+        yield at, kind, block
+
+
 def _user_messages(content: Any, where: str, loaded: set[str]) -> list[dict[str, Any]]:
     """A user turn as chat messages: its tool results first (one tool message each),
     then the rest as one user message."""
@@ -168,11 +180,7 @@ def _user_messages(content: Any, where: str, loaded: set[str]) -> list[dict[str,
         raise bad(f"{where}.content must be a string or a list of content blocks")
     out: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
-    for i, block in enumerate(content):
-        at = f"{where}.content[{i}]"
-        kind = block.get("type") if isinstance(block, dict) else None
-        if isinstance(block, dict):
-            _cache_control(block, at)
+    for at, kind, block in _blocks(content, where):
         if kind == "text":
             parts.append({"type": "text", "text": _text(block, at)})
         elif kind == "image":
@@ -205,11 +213,7 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
         raise bad(f"{where}.content must be a string or a list of content blocks")
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for i, block in enumerate(content):
-        at = f"{where}.content[{i}]"
-        kind = block.get("type") if isinstance(block, dict) else None
-        if isinstance(block, dict):
-            _cache_control(block, at)
+    for at, kind, block in _blocks(content, where):
         if kind == "text":
             texts.append(_text(block, at))
         elif kind == "tool_use":

@@ -152,6 +152,11 @@ class Turn:
         self.release()
         self._access_log("failed", error=error)
 
+    def gave_up(self, exc: BaseException) -> None:
+        """The turn stopped on the client's leaving or an unexpected error: failed, so no
+        slot stays taken behind it (the caller raises the error on)."""
+        self.failed("client disconnected" if isinstance(exc, asyncio.CancelledError) else f"dataplane error: {exc!r}")
+
 
 async def run_turn(request: web.Request, req: TurnRequest) -> web.StreamResponse:
     """Admit and proxy the turn; if its engine cannot be reached (or fails before the
@@ -202,11 +207,8 @@ async def _run_turn(request: web.Request, req: TurnRequest) -> web.StreamRespons
             except EngineUnreachable as exc:
                 turn.failed(exc.message)
                 failure = exc.kept()  # (no traceback: it would hold this frame, and so itself)
-            except asyncio.CancelledError:
-                turn.failed("client disconnected")
-                raise
-            except Exception as exc:  # never leave a slot taken behind an unexpected error
-                turn.failed(f"dataplane error: {exc!r}")
+            except (asyncio.CancelledError, Exception) as exc:
+                turn.gave_up(exc)
                 raise
         finally:
             turn.answered()
@@ -343,11 +345,8 @@ async def _continued(request: web.Request, req: TurnRequest, stall: StreamStalle
         log.info("stream_not_continued", run=req.run_id, replica=stall.replica, to=placement.replica,
                  reason=exc.message)
         return await abandon(request, stall.response, stall.translator, f"{stall.message}; {exc.message}")
-    except asyncio.CancelledError:
-        turn.failed("client disconnected")
-        raise
-    except Exception as exc:  # never leave a slot taken behind an unexpected error
-        turn.failed(f"dataplane error: {exc!r}")
+    except (asyncio.CancelledError, Exception) as exc:
+        turn.gave_up(exc)
         raise
 
 

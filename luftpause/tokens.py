@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import os
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -26,6 +27,15 @@ CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     return (os.environ if environ is None else environ).get(ENV) or None
+
+
+def service_token(log: Any, open_to: str) -> str | None:
+    """The service's LUFTPAUSE_TOKEN, or None, said in the log (``open_to``: who is then
+    let in, e.g. "every client is accepted")."""
+    token = token_from_env()
+    if not token:
+        log.warning("auth_disabled", reason=f"LUFTPAUSE_TOKEN is not set: {open_to}")
+    return token
 
 
 def bearer(token: str) -> str:

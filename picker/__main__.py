@@ -24,6 +24,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
+from luftpause.tokens import service_token
 from luftpause import logs
 from luftpause.aiohttp_server import JsonErrorsRunner
 from luftpause.envoy import EXT_PROC_SERVICE, endpoint_key
@@ -204,9 +205,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace, log) -> None:
-    token = os.environ.get("LUFTPAUSE_TOKEN", "")
-    if not token:
-        log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set: every client is accepted")
+    token = service_token(log, "every client is accepted") or ""
     book = RunBook(args.harness_session_idle)
     link = SchedulerLink(args.scheduler, book, log, token or None)
     if args.shed_batch_held < 0 or args.shed_batch_wait < 0:

@@ -11,7 +11,8 @@ import sys
 
 from aiohttp import web
 
-from luftpause import auth, diagnostics, logs, tracing
+from luftpause.tokens import service_token
+from luftpause import diagnostics, logs, tracing
 from luftpause.aiohttp_server import JsonErrorsRunner
 from luftpause.options import env_option
 from luftpause.eventloop import run_event_loop, stop_signalled
@@ -116,9 +117,7 @@ async def serve(args: argparse.Namespace, log) -> None:
         log.warning("diagnostics_on", switches=sorted(args.diagnostics),
                     reason=f"{diagnostics.ENV} is for measurements only, never for production (docs/diagnostics.md)")
     host = SchedulerHost(endpoints, log, policy=policy, probe_period_s=args.probe_period)
-    token = auth.token_from_env()
-    if not token:
-        log.warning("auth_disabled", reason="LUFTPAUSE_TOKEN is not set; gRPC and HTTP accept everyone")
+    token = service_token(log, "gRPC and HTTP accept everyone")
     server, health_servicer = grpc_server(host, f"{args.host}:{args.grpc_port}", token)
     lock = LeadLock(args.lead_lock, log) if args.lead_lock else None
     if lock is not None:
