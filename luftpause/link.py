@@ -343,13 +343,16 @@ class SchedulerLink:
     # ---------------------------------------------------------- the stream
 
     def _hello(self) -> pb.DataplaneFrame:
-        self.book.sweep(time.monotonic())
+        """The stream's first frame: this dataplane's runs and turns. Harness sessions found
+        over now are told to the scheduler right after it (in the frame the writer sends
+        next); those over before are in no snapshot."""
+        self.sweep(time.monotonic())
         runs = [
             pb.RunSnapshot(
                 run_id=r.run_id, replica=r.replica, stage=STAGES[r.stage],
                 service_class=CLASSES[r.service_class], caller=r.caller,
             )
-            for r in self.book.runs.values()
+            for r in self.book.live_runs()
         ]
         turns = [
             pb.TurnSnapshot(

@@ -76,6 +76,8 @@ class RunBook:
         self._tool_calls: dict[str, tuple[str, float]] = {}  # tool_call id -> (run id, seen at)
         self._tasks: dict[str, tuple[str, float]] = {}  # task_digest(a tool call's task) -> (run id, seen at)
         self.sessions: set[str] = set()  # runs named by a harness's session header
+        # Sessions that are over whose record stays for its name (sweep): not in a snapshot.
+        self.over: set[str] = set()
 
     def run_for_tool_calls(self, tool_call_ids: list[str], now: float) -> str | None:
         for call_id in tool_call_ids:
@@ -124,10 +126,17 @@ class RunBook:
     def mark_session(self, run_id: str) -> None:
         """The run is a harness's session: it ends when the session goes idle."""
         self.sessions.add(run_id)
+        self.over.discard(run_id)
 
     def forget_run(self, run_id: str) -> None:
         self.runs.pop(run_id, None)
         self.sessions.discard(run_id)
+        self.over.discard(run_id)
+
+    def live_runs(self) -> list[RunRecord]:
+        """The runs a snapshot for the scheduler carries: not the sessions that are over
+        (their record is kept only for the name; the scheduler was told they ended)."""
+        return [record for run_id, record in self.runs.items() if run_id not in self.over]
 
     @property
     def sweep_period_s(self) -> float:
@@ -151,11 +160,14 @@ class RunBook:
             idle = now - record.last_seen
             if idle >= RUN_IDLE_TIMEOUT_S:
                 del self.runs[run_id]
+                self.over.discard(run_id)
             elif not (record.stage == IDLE and idle >= self.session_done_idle_s):
                 continue
             if run_id in self.sessions:
                 self.sessions.discard(run_id)
                 ended.append(run_id)
+                if run_id in self.runs:  # kept for its name
+                    self.over.add(run_id)
         for memory in (self._tool_calls, self._tasks):
             for key in [k for k, (_, seen) in memory.items() if now - seen >= TOOL_CALL_MEMORY_S]:
                 del memory[key]

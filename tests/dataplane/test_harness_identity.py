@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import structlog
 
 from luftpause.keys import KeyIdentitiesError, KeyIdentity, parse_key_identities, presented_keys
+from luftpause.link import SchedulerLink
 from luftpause.runbook import IDLE, PAUSED, TOOL_CALL_SWEEP_S, InFlightTurn, RunBook
 from luftpause.vocabulary import RUN_IDLE_TIMEOUT_S
 
@@ -47,6 +51,38 @@ def test_a_session_whose_last_turn_answered_is_over_after_the_short_window_a_pau
     assert book.sweep(621.0) == ["answered"]
     assert book.sweep(10.0 + RUN_IDLE_TIMEOUT_S) == ["paused"]
     assert set(book.runs) == {"answered"}  # seen at 501: its run timeout is later
+
+
+def test_a_session_that_is_over_is_in_no_snapshot_until_it_comes_back():
+    book = RunBook(session_done_idle_s=120.0)
+    _turn(book, "t1", "answered", 0.0)
+    book.mark_session("answered")
+    book.turn_ended("t1", IDLE, 10.0)
+    _turn(book, "t2", "plain", 0.0)
+    book.turn_ended("t2", IDLE, 10.0)
+    assert book.sweep(130.0) == ["answered"]
+    assert [r.run_id for r in book.live_runs()] == ["plain"]  # its record stays for the name only
+    _turn(book, "t3", "answered", 200.0)
+    book.mark_session("answered")
+    assert sorted(r.run_id for r in book.live_runs()) == ["answered", "plain"]
+
+
+async def test_a_session_found_over_at_a_reconnect_is_ended_on_the_scheduler_not_brought_back():
+    """The Hello that opens a new stream carries no session that is over, and tells the
+    scheduler of those found over just then in the frame after it (a scheduler that kept
+    its state would otherwise keep such a run, and its engine session, 30 minutes)."""
+    book = RunBook(session_done_idle_s=0.01)
+    link = SchedulerLink("127.0.0.1:1", book, structlog.get_logger())
+    try:
+        _turn(book, "t1", "claude-session", time.monotonic() - 1)
+        book.mark_session("claude-session")
+        book.turn_ended("t1", IDLE, time.monotonic() - 1)
+        hello = link._hello()
+        assert [r.run_id for r in hello.hello.resync.runs] == []
+        assert [(i.event.run_id, i.event.HasField("run_ended")) for i in link._out.items] == [
+            ("claude-session", True)]
+    finally:
+        await link.close()
 
 
 def test_the_sweep_comes_often_enough_for_a_short_session_window():
