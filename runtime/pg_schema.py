@@ -44,6 +44,14 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ALTER TABLE luftpause_tasks ADD COLUMN writer text;
         CREATE INDEX luftpause_tasks_writer ON luftpause_tasks (writer);
     """),
+    (4, "spreading new runs: each live runtime's heartbeat, and leases offered for a runtime with room", """
+        CREATE TABLE luftpause_runtimes (
+            runtime text PRIMARY KEY,
+            expires_at timestamptz NOT NULL
+        );
+        ALTER TABLE luftpause_leases ADD COLUMN offered_by text;
+        CREATE INDEX luftpause_leases_owner ON luftpause_leases (owner);
+    """),
 )
 
 CURRENT = MIGRATIONS[-1][0]

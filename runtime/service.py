@@ -246,12 +246,18 @@ class Runtime:
                 await self._journal.created(run)  # durable before the handle is handed out
             except OSError as exc:
                 raise JournalUnavailable(self._journal.store.unwritable(exc)) from exc
+        if run.handle in self.runs:  # (a fleet's adoption pass took its lease back meanwhile: it runs)
+            return self.runs.get(run.handle)
         self.runs.add(run)
         run.trace_parent = self._trace_parent(run)
-        if run.has_budget:
-            self.budgets.arm(run)
-        self.budgets.waiting_changed(run)  # a new run under a budget paused for a human resumes it
-        self._launch(run)
+        # In a fleet a run this runtime spawned while driving more than its share is offered
+        # to the others (fleet.py): the runtime claiming it drives it (here through _adopted).
+        offered = self._fleet is not None and run.handle not in self._fleet.tokens
+        if not offered:
+            if run.has_budget:
+                self.budgets.arm(run)
+            self.budgets.waiting_changed(run)  # a new run under a budget paused for a human resumes it
+            self._launch(run)
         log.info(
             "run_spawned",
             run=run.handle,
@@ -259,6 +265,7 @@ class Runtime:
             caller=caller,
             service_class=spec.service_class,
             budget=spec.budget_limits() or None,
+            offered=offered or None,
         )
         return run
 
@@ -392,7 +399,7 @@ class Runtime:
         """This runtime took the run's lease: rebuild it from its records and resume it from
         its last complete round, as a restart does."""
         restored = restore_runs(records, initial_messages)
-        if not restored:
+        if not restored or self._stopping:  # (stopping: the lease is released with the others)
             return
         run = restored[0]
         asked = next((r for r in records if r.get("type") == "cancelRequested"), None)

@@ -290,6 +290,7 @@ class PostgresStore:
             if self.fleet is None:
                 self._copy_in(conn, lines)
                 return set()
+            self.fleet.prepare(conn, lines)
             # One append at a time across the fleet: a line's place is its commit order, so
             # a runtime reading the lines after the last it read misses none.
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK_KEY,))
@@ -299,6 +300,8 @@ class PostgresStore:
             return refused
 
         refused = self._run(write, "append to the journal")
+        if self.fleet is not None:
+            self.fleet.committed()  # (the leases it took are its own once committed)
         self._size += len(data)
         return refused
 
