@@ -187,6 +187,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         top_logprobs = replies.logprobs_request(body)
         continued = replies.continuation(body)
         priority, session_id = scheduling_fields(body, state.config)
+        state.sim.fields_seen.observe(priority, session_id)
     except RequestError as err:
         log.info("chat_rejected", status=err.status, reason=str(err))
         return request_error(err)

@@ -50,6 +50,35 @@ class QueueTimes:
         return family
 
 
+@dataclass
+class FieldsSeen:
+    """The chat requests that arrived carrying the agent fields the engine's flags read,
+    top-level ``priority`` and ``session_id``: what a router in front of the engine
+    forwarded of a client's fields (a benchmark's peer rows read it in ``/stats``). Zeroed
+    with the cache by ``/reset``."""
+
+    with_priority: int = 0
+    with_session: int = 0
+    priority_values: dict[str, int] = field(default_factory=dict)  # value as it arrived -> requests
+    session_ids: set[str] = field(default_factory=set)
+
+    def observe(self, priority: int | None, session_id: str | None) -> None:
+        """A request's fields as the engine read them (None: absent, or no flag reads it)."""
+        if priority is not None:
+            self.with_priority += 1
+            self.priority_values[str(priority)] = self.priority_values.get(str(priority), 0) + 1
+        if session_id is not None:
+            self.with_session += 1
+            self.session_ids.add(session_id)
+
+    def stats(self, priority: bool, sessions: bool) -> dict[str, Any]:
+        """The counters of the fields a flag of the engine reads (``priority``, ``sessions``)."""
+        return {**({"requests_with_priority": self.with_priority, "priority_values": dict(self.priority_values)}
+                   if priority else {}),
+                **({"requests_with_session": self.with_session, "session_ids_seen": len(self.session_ids)}
+                   if sessions else {})}
+
+
 class Clock:
     """The engine's time: the event loop's clock. A test gives :class:`Gpu` a clock of its
     own with the same three methods, to drive the engine's time itself."""
@@ -143,6 +172,7 @@ class Simulator:
         self.decode_passes = {"decode_cuda_graph": 0, "decode_none": 0}
         self.queue_times = QueueTimes()
         self._queued_at: dict[int, float] = {}  # request id -> when it joined the queue (until first admitted)
+        self.fields_seen = FieldsSeen()  # requests that carried priority / session_id (with the flags)
 
     def reset(self) -> bool:
         """Forget the prefix cache and counters (between benchmark variants); only when idle."""
@@ -152,6 +182,7 @@ class Simulator:
         self.tokens_generated = 0
         self.gen_throughput, self._log_tokens, self._log_at = 0.0, 0, None
         self.queue_times, self._queued_at = QueueTimes(), {}
+        self.fields_seen = FieldsSeen()
         return True
 
     def set_gate(self, open_: bool) -> None:
@@ -307,6 +338,10 @@ class EngineState:
             "gpu_busy_s": round(self.sim.gpu.busy_s, 3),  # the shared GPU's, when replicas share one
             "gpu_lost_s": round(self.sim.gpu.lost_s, 3),  # wall time the simulated GPU fell behind (busy CPU)
             "gate_open": self.sim.gate_open,  # PUT /gate
+            # requests that arrived with priority / session_id, where a flag reads it
+            **self.sim.fields_seen.stats(self.config.scheduling_policy == "priority"
+                                         or self.config.enable_priority_scheduling,
+                                         self.config.enable_session_radix_cache),
             **({"sessions_open": model.sessions.open, "session_referenced_blocks": model.sessions.referenced_blocks}
                if model.sessions is not None else {}),  # --enable-session-radix-cache only
         }

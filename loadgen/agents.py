@@ -1,7 +1,10 @@
 """Own-loop agents: each runs LLM turn → tool call → LLM turn against any OpenAI-compatible
 ``base_url`` (luftpause's dataplane, a router, an engine), closed loop: a finished run is
 replaced at once until the deadline. Turns stream and are parsed by hand (no SDK) so the
-load generator stays cheap on a small machine; luftpause's headers go only to luftpause."""
+load generator stays cheap on a small machine; luftpause's headers go only to luftpause.
+A peer row may send the client's own engine hints (``Target.client_hints``): SGLang's
+top-level ``priority`` by class and ``session_id`` = the run, and ``POST /close_session``
+when the run ends, what a user could send through a router without luftpause."""
 
 from __future__ import annotations
 
@@ -13,9 +16,11 @@ from typing import Any
 
 import aiohttp
 
+from luftpause.hints import BACKGROUND, FRESH
 from luftpause.loadgen.records import RunRecord, TurnRecord
 from luftpause.loadgen.workload import LOOKUP_TOOL, SYSTEM_PROMPT, Workload, plan_run, tool_result
 from luftpause.peer_identity import add_identity, finish_path
+from luftpause.vocabulary import BATCH, INTERACTIVE
 
 MAX_429_RETRIES = 100
 
@@ -27,6 +32,23 @@ class Target:
     luftpause: bool = False  # send x-luftpause-* headers
     caller: str = "loadgen"
     peer_identity: str = "none"  # a peer router's identity fields on each turn (luftpause.peer_identity)
+    client_hints: bool = False  # the client's own priority and session_id on each turn (client_hints)
+
+    def __post_init__(self) -> None:
+        if self.luftpause and self.client_hints:  # luftpause sets the engine's fields itself, over a client's
+            raise ValueError("a luftpause target sends no client hints")
+
+
+# The client's own priority by class, in SGLang's order (higher first): what a user without
+# luftpause can tell apart. Batch at 0, what an engine gives a request that names none.
+CLIENT_PRIORITY = {INTERACTIVE: FRESH, BATCH: BACKGROUND}
+
+
+def client_hints(body: dict[str, Any], run_id: str, service_class: str) -> dict[str, Any]:
+    """``body`` (a new dict) with the fields a client sends an SGLang engine started with
+    ``--enable-priority-scheduling --enable-session-radix-cache``: top-level ``priority`` by
+    class and ``session_id`` = the run."""
+    return {**body, "priority": CLIENT_PRIORITY.get(service_class, BACKGROUND), "session_id": run_id}
 
 
 @dataclass
@@ -57,6 +79,7 @@ class Live:
     runs_done: int = 0
     errors: int = 0
     turns_visible: bool = True  # False for MCP sub-agents, whose turns the runtime makes
+    close_statuses: dict[str, int] = field(default_factory=dict)  # a router's answers to /close_session, by status
 
 
 async def stream_turn(session: aiohttp.ClientSession, target: Target, body: dict[str, Any], headers: dict[str, str],
@@ -134,6 +157,8 @@ async def run_once(session: aiohttp.ClientSession, target: Target, workload: Wor
             elif workload.answer_keeps_tools:
                 body["tools"], body["tool_choice"] = [LOOKUP_TOOL], "none"
             body, extra = add_identity(body, target.peer_identity, run_id, workload.service_class)
+            if target.client_hints:
+                body = client_hints(body, run_id, workload.service_class)
             live.turns_in_flight += 1
             try:
                 message, turn = await stream_turn(session, target, body, {**headers, **extra}, clock)
@@ -154,15 +179,22 @@ async def run_once(session: aiohttp.ClientSession, target: Target, workload: Wor
     record.tool_calls, record.ended = calls, clock.now()
     live.runs_done += 1
     finish = finish_path(target.peer_identity, run_id)
-    # The run is over: let the scheduler forget it now, as the runtime does; end its session at a peer router.
-    for method, url in (("DELETE", f"{target.base_url}/runs/{run_id}" if target.luftpause else None),
-                        ("POST", target.base_url.removesuffix("/v1") + finish if finish is not None else None)):
+    root = target.base_url.removesuffix("/v1")
+    # The run is over: let the scheduler forget it now, as the runtime does; end its session at a peer router;
+    # with client hints, close its session in the engines' cache (SGLang's route, asked of the router).
+    for method, url, body in (("DELETE", f"{target.base_url}/runs/{run_id}" if target.luftpause else None, None),
+                              ("POST", root + finish if finish is not None else None, None),
+                              ("POST", f"{root}/close_session" if target.client_hints else None,
+                               {"session_id": run_id})):
         if url is not None:
             try:
-                async with session.request(method, url, headers=headers if method == "DELETE" else None):
-                    pass
+                async with session.request(method, url, headers=headers if method == "DELETE" else None,
+                                           json=body) as response:
+                    if body is not None:
+                        live.close_statuses[str(response.status)] = live.close_statuses.get(str(response.status), 0) + 1
             except aiohttp.ClientError:
-                pass
+                if body is not None:
+                    live.close_statuses["error"] = live.close_statuses.get("error", 0) + 1
     return record
 
 

@@ -1,7 +1,10 @@
 """Benchmarks B1–B3 (docs/benchmarks.md): luftpause against every peer row on the same fake
 engines, in one invocation, every row repeated; tables on stdout, raw results in
 ``bench-results/``, times in model seconds (wall seconds ÷ the time scale). ``--variants
-router`` runs only the peers' rows, what the engine preset is calibrated on.
+router`` runs only the peers' rows, what the engine preset is calibrated on. ``--engine-features``
+starts every engine with SGLang's priority scheduling and session cache (off: the frozen
+figures' engines); ``--peer-hints`` adds peer rows whose clients send their own ``priority``
+and ``session_id``, and reports which each router forwards or drops.
 
 ``python -m luftpause.loadgen.bench b1|b2|b3|all [--repeats N] [--time-scale F]``
 """
@@ -27,11 +30,12 @@ from luftpause.dev.procs import ManagedProcess, free_port, free_ports
 from luftpause.dev.stack import MODEL, Ports, Stack, engine_name, write_configs
 from luftpause.diagnostics import ENV as DIAGNOSTICS, ROAMING_RUNS
 from luftpause.loadgen import peers
-from luftpause.loadgen.agents import Clock, Live, Target
+from luftpause.loadgen.agents import CLIENT_PRIORITY, Clock, Live, Target
 from luftpause.loadgen.breakdown import WindowProbe
 from luftpause.loadgen.driver import Group, run_load
-from luftpause.loadgen.peer_rows import (CLASS_BLIND_BASELINE, DEFAULT_PEERS, PEER_ROWS, EngineFacts, compare,
-                                         parse_peers)
+from luftpause.loadgen.peer_rows import (CLASS_BLIND_BASELINE, DEFAULT_PEERS, HINT_PEERS, PEER_ROWS, EngineFacts,
+                                         compare, engine_fields, hint_verdict, merge_fields, parse_peers, runtime_rows,
+                                         with_hint_rows)
 from luftpause.loadgen.records import (CpuMeter, RunRecord, csv_choices, fmt, fmts, mean, new_table, parser, ratio,
                                        write_results)
 from luftpause.loadgen.spawn import SpawnTarget, fan_out
@@ -62,6 +66,7 @@ class BenchConfig:
     peers: tuple[str, ...] = DEFAULT_PEERS  # peer rows (luftpause.loadgen.peer_rows), all in this invocation
     engine_overrides: tuple[tuple[str, float], ...] = ()  # engine options over the preset: the regime map's cells
     envoy: bool = True  # B2 proxy: also luftpause's endpoint picker behind Envoy (docs/envoy.md)
+    engine_features: bool = False  # every engine with ENGINE_FEATURES (SGLang's agent features); off: as calibrated
 
     def repeat_numbers(self) -> range:
         return range(self.first_repeat, self.first_repeat + self.repeats)
@@ -72,7 +77,7 @@ class BenchConfig:
         # vLLM's names for the load gauges beside SGLang's, for vllm-router (read-outs only)
         return ["--preset", self.preset, "--time-scale", str(self.time_scale), "--stream-interval",
                 str(self.stream_interval), "--seed", str(self.seed), "--models", MODEL, "--also-metrics-format", "vllm",
-                *overrides]
+                *overrides, *(ENGINE_FEATURES if self.engine_features else ())]
 
     def engine_values(self) -> dict[str, Any]:
         """The engine model the benchmark runs: the preset with the overrides applied."""
@@ -83,6 +88,11 @@ class BenchConfig:
                 raise ValueError(f"no engine option {name!r}")
             values[name] = _option_value(name, value)
         return values
+
+
+# SGLang's flags for its agent features (the testbed's engines are SGLang-shaped): the waiting
+# queue by the request's priority, higher first, and KV kept by session_id until /close_session.
+ENGINE_FEATURES = ("--enable-priority-scheduling", "--enable-session-radix-cache")
 
 
 def _option_value(name: str, value: float) -> float | int:
@@ -193,11 +203,14 @@ class Rig:
         prompt = sum(s["prompt_tokens"] for s in stats)
         return {"engine_cached_share": sum(s["cached_tokens"] for s in stats) / prompt if prompt else 0.0,
                 "engine_requests": [s["requests"] for s in stats],
-                "engine_retractions": sum(s.get("retractions", 0) for s in stats), **timeline.summary(window)}
+                "engine_retractions": sum(s.get("retractions", 0) for s in stats),
+                "engine_fields": engine_fields(stats), **timeline.summary(window)}
 
 
 def router_target(rig: Rig, key: str) -> Target:
-    return Target(f"{rig.routers[key].url}/v1", MODEL, luftpause=False, peer_identity=rig.rows[key].identity)
+    row = rig.rows[key]
+    return Target(f"{rig.routers[key].url}/v1", MODEL, luftpause=False, peer_identity=row.identity,
+                  client_hints=row.client_hints)
 
 
 def luftpause_target(stack: Stack) -> Target:
@@ -209,6 +222,7 @@ def describe(config: BenchConfig) -> dict[str, Any]:
     return {"bench_config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
             "engine_preset": PRESETS[config.preset], "engine_overrides": dict(config.engine_overrides),
             "engines": config.replicas, "shared_gpu": config.shared_gpu,
+            "engine_features": list(ENGINE_FEATURES) if config.engine_features else [],
             "peer_rows": {key: asdict(PEER_ROWS[key]) for key in config.peers}}
 
 
@@ -231,7 +245,20 @@ B1_WORKLOAD = Workload(service_class="interactive", context_chars_min=10000, con
                        tool_calls_min=1, tool_calls_max=3, max_tokens=256)
 
 
+def runtime_peers(config: BenchConfig, name: str) -> BenchConfig:
+    """``config`` with only the peer rows a runtime can run straight to (the client-hint
+    rows need the load generator's own turns: B2 proxy and light)."""
+    keys = runtime_rows(config.peers)
+    if keys != config.peers:
+        console.print(f"{name}: no client-hint rows here (a runtime's turns carry no client hints): "
+                      f"{', '.join(k for k in config.peers if k not in keys)} left out")
+    if not keys:
+        raise SystemExit(f"{name} needs a peer row without client hints")
+    return replace(config, peers=keys)
+
+
 async def bench_b1(config: BenchConfig) -> dict[str, Any]:
+    config = runtime_peers(config, "B1")
     results: dict[str, list[dict[str, Any]]] = {"sequential": [], "luftpause": [], **{k: [] for k in config.peers}}
 
     async def fan(runtime: str, variant: str, repeat: int, sequential: bool = False) -> None:
@@ -339,6 +366,8 @@ async def _closed(rig: Rig, config: BenchConfig, part: str, variant: str, repeat
            "timeline": timeline.as_json(),
            "interactive_time": interactive_time(result.records, result.window_s),
            "breakdown": probe.figures(config.time_scale),
+           "runs_ended": len(result.records),  # each sent its run-end requests (a client-hint row: /close_session)
+           "close_session_statuses": result.close_statuses,
            "interactive_records": [r.as_json() for r in result.records if r.service_class == "interactive"]}
     s = result.summary
     log.warning("b2.variant", name=name, interactive=round(s.get("interactive", {}).get("runs_per_min", 0), 1),
@@ -381,7 +410,8 @@ async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = B2_PARTS,
                    proxy_variants: tuple[str, ...] = ("roam", "strict", "envoy")) -> dict[str, Any]:
     """B2's parts, every peer row and luftpause's rows (``proxy_variants`` of the proxy's:
     roam, strict, envoy and the POLICY_VARIANTS)."""
-    results = {p: {v: [] for v, _ in b2_variants(p, config.peers)} for p in parts}
+    results = {p: {v: [] for v, _ in b2_variants(p, runtime_rows(config.peers) if p == "mcp" else config.peers)}
+               for p in parts}
     proxy = "proxy" in results
     stacks = [("roam", {"affinity": False})] if proxy and "roam" in proxy_variants else []
     stacks += [("strict", {}), *((k, {"env": env}) for k, (_, env) in POLICY_VARIANTS.items() if k in proxy_variants)]
@@ -406,17 +436,64 @@ async def bench_b2(config: BenchConfig, parts: tuple[str, ...] = B2_PARTS,
                                   stack=stack)
                     if key == "strict" and "light" in results:
                         await row("light", key, repeat, target=luftpause_target(stack), stack=stack)
-            for key in config.peers if "mcp" in results else ():
+            for key in runtime_rows(config.peers) if "mcp" in results else ():
                 with rig.direct_runtime(key) as runtime:
                     await row("mcp", key, repeat, spawn_target=SpawnTarget(runtime, MODEL))
     for part in parts:
         print_b2_table(part, results[part], config)
+    hints = client_hint_report(results)
+    print_hint_report(hints)
     payload = finish("B2", config, results, [r["cpu"] for p in results.values() for rs in p.values() for r in rs],
-                     comparison={part: b2_comparison(results[part]) for part in parts})
+                     comparison={part: b2_comparison(results[part]) for part in parts}, client_hints=hints)
     for part in parts:
         path = payload["result_path"]
         console.print(f"plot: {plot_b2(path, path.with_name(f'{path.stem}-{part}.png'), part)}")
     return payload
+
+
+def client_hint_report(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Per row, over its parts and repeats, the agent fields that reached the engines
+    (:func:`merge_fields`); for a client-hint row, whether its router forwarded or dropped
+    the client's ``priority``, ``session_id`` and ``/close_session`` (:func:`hint_verdict`).
+    luftpause's rows send no client hints: what they show is what luftpause set itself."""
+    keys = dict.fromkeys(key for rows in results.values() for key, runs in rows.items() if runs)
+    out: dict[str, Any] = {}
+    for key in keys:
+        figures = [r["engine_fields"] for rows in results.values() for r in rows.get(key, ()) if r.get("engine_fields")]
+        if not figures:
+            continue
+        fields = merge_fields(figures)
+        runs = [r for rows in results.values() for r in rows.get(key, ())]
+        fields["runs_ended"] = sum(r.get("runs_ended", 0) for r in runs)
+        statuses: dict[str, int] = {}
+        for r in runs:
+            for status, n in (r.get("close_session_statuses") or {}).items():
+                statuses[status] = statuses.get(status, 0) + n
+        fields["close_session_statuses"] = statuses
+        row = PEER_ROWS.get(key)
+        hinted = row is not None and row.client_hints
+        entry: dict[str, Any] = {"router": row.binary if row else "luftpause", "client_hints": hinted,
+                                 "engine_fields": fields}
+        if hinted:
+            entry.update(hint_verdict(fields, CLIENT_PRIORITY.values()))
+        out[key] = entry
+    return out
+
+
+def print_hint_report(report: dict[str, Any]) -> None:
+    """A line per client-hint row: what its router did with the client's fields; and what
+    reached the engines from luftpause's rows (set by luftpause, not by the client)."""
+    for key, entry in report.items():
+        f = entry["engine_fields"]
+        values = ", ".join(f"{v}: {n}" for v, n in sorted(f["priority_values"].items())) or "none"
+        priority, session = (fmt(f[k], 0) for k in ("with_priority", "with_session"))  # "—": not counted
+        if entry["client_hints"]:
+            console.print(f"{entry['router']} ({key}): priority {entry['priority']}, session_id {entry['session_id']}, "
+                          f"/close_session {entry['close_session']} — the engines saw {f['requests']} requests, "
+                          f"{priority} with priority ({values}), {session} with session_id")
+        elif key not in PEER_ROWS and (f["with_priority"] or f["with_session"]):  # None or 0: none arrived
+            console.print(f"luftpause ({key}): set priority on {priority} of {f['requests']} requests "
+                          f"({values}), session_id on {session}")
 
 
 def _cls(r: dict[str, Any], cls: str, key: str) -> float | None:
@@ -539,9 +616,12 @@ def print_b2_tables_from(paths: list[Path]) -> None:
                 merged.setdefault(part, {v: [] for v, _ in LUFTPAUSE_VARIANTS[part]}).setdefault(key, []).extend(runs)
     if len(windows) > 1:
         raise SystemExit(f"these runs have different windows ({sorted(windows)}): their rates do not pool")
+    window_s = windows.pop() if windows else 120.0
     for part, results in merged.items():
         repeats = max(len(rs) for rs in results.values())
-        print_b2_table(part, results, BenchConfig(repeats=repeats, window_s=windows.pop() if windows else 120.0))
+        print_b2_table(part, results, BenchConfig(repeats=repeats, window_s=window_s))
+    if any(r.get("engine_fields") for rows in merged.values() for runs in rows.values() for r in runs):
+        print_hint_report(client_hint_report(merged))
 
 
 # --- B3: routing ---------------------------------------------------------------------------------
@@ -551,6 +631,7 @@ B3_WORKLOAD = Workload(service_class="batch", context_chars_min=2000, context_ch
 
 
 async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
+    config = runtime_peers(config, "B3")
     window, warmup = config.window_s / 2, config.warmup_s / 2
     keys = (*config.peers, *(() if "round_robin" in config.peers else ("round_robin",)))
     results: dict[str, list[dict[str, Any]]] = {"luftpause": [], **{k: [] for k in keys}}
@@ -624,14 +705,23 @@ def config_options(p: Any, repeats: int) -> None:
     p.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                    help=f"peer rows run beside luftpause, comma-separated, among: {', '.join(PEER_ROWS)} (B3 adds "
                         "round_robin); the tables compare luftpause with the best of them per metric")
+    p.add_argument("--peer-hints", action="store_true",
+                   help=f"add the client-hint peer rows ({', '.join(HINT_PEERS)}): the load generator sends its own "
+                        "priority by class (interactive 1, batch 0) and session_id = the run, and /close_session at "
+                        "the run's end, through each router; B2 reports which fields each router forwards or drops "
+                        "(own-loop parts only: B1, B3 and B2's MCP part leave them out)")
+    p.add_argument("--engine-features", action="store_true",
+                   help=f"start every fake engine, for every row, with {' '.join(ENGINE_FEATURES)} (SGLang's agent "
+                        "features; luftpause reads them from the engines' server info); default off, as calibrated")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"))
 
 
 def config_of(a: Any, **more: Any) -> BenchConfig:
     """A :class:`BenchConfig` from the shared options (ValueError for unknown peer rows)."""
+    keys = parse_peers(a.peers)
     return BenchConfig(time_scale=a.time_scale, repeats=a.repeats, window_s=a.window_s, warmup_s=a.warmup_s,
-                       preset=a.preset, peers=parse_peers(a.peers), out_dir=a.out_dir, work_dir=a.out_dir / "work",
-                       **more)
+                       preset=a.preset, peers=with_hint_rows(keys) if a.peer_hints else keys, out_dir=a.out_dir,
+                       work_dir=a.out_dir / "work", engine_features=a.engine_features, **more)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -678,7 +768,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"{config.replicas} replicas on {'one shared GPU' if config.shared_gpu else 'a GPU each'}, peers "
                   f"{', '.join(config.peers)}, time scale {config.time_scale} (1 model second = {config.time_scale} s "
                   f"wall), stream interval {config.stream_interval}, variants {a.variants}"
-                  f"{', own-loop answer turns keep the tool' if config.answer_keeps_tools else ''}")
+                  f"{', own-loop answer turns keep the tool' if config.answer_keeps_tools else ''}"
+                  f", engine features {' '.join(ENGINE_FEATURES) if config.engine_features else 'off'}")
     for which, run in (("b1", bench_b1), ("b2", lambda c: bench_b2(c, tuple(a.b2_parts))), ("b3", bench_b3)):
         if a.which in (which, "all"):
             asyncio.run(run(config))

@@ -37,6 +37,7 @@ class LoadResult:
     summary: dict[str, dict[str, Any]]
     cpu: dict[str, Any]
     records: list[RunRecord] = field(default_factory=list)
+    close_statuses: dict[str, int] = field(default_factory=dict)  # the router's answers to /close_session
 
     def as_json(self, with_records: bool = False) -> dict[str, Any]:
         return {"window_s": list(self.window_s), "summary": self.summary, "cpu": self.cpu,
@@ -101,7 +102,8 @@ async def run_load(groups: list[Group], *, target: Target | None = None, spawn_t
     for task in tasks:
         task.result()
     window = (warmup_s, until)
-    return LoadResult(window_s=window, summary=summarise(records, window), cpu=cpu.read(), records=records)
+    return LoadResult(window_s=window, summary=summarise(records, window), cpu=cpu.read(), records=records,
+                      close_statuses=dict(live.close_statuses))
 
 
 def workload_json(groups: list[Group]) -> list[dict[str, Any]]:

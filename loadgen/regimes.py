@@ -2,8 +2,9 @@
 the best peer row, cell by cell around the frozen engine preset. A cell moves the fake
 engine's options: ``eager=MS`` (a decode step above the CUDA-graph batch; the preset's 20),
 ``kv=±P`` and ``prefill=±P`` (percent), ``gpus=separate``, ``replicas=N``, joined by commas.
-``--variants`` adds decode-ceiling policy rows (``other_rows``). The map is a table, JSON
-(each cell naming its B2 result) and a heatmap PNG (``--plot FILE.json`` redraws it).
+``--variants`` adds decode-ceiling policy rows (``other_rows``); ``--engine-features`` and
+``--peer-hints`` are B2's (loadgen/bench.py). The map is a table, JSON (each cell naming its
+B2 result) and a heatmap PNG (``--plot FILE.json`` redraws it).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def cell_summary(cell: Cell, payload: dict[str, Any], path: Path | None) -> dict
     return {"cell": cell.name, "layout": {"replicas": cell.replicas, "shared_gpu": cell.shared_gpu},
             "engine_overrides": dict(payload.get("engine_overrides") or {}), **figures,
             "batch_vs_class_blind": blind, "misses": misses, "other_rows": others,
+            "engine_features": payload.get("engine_features", []), "client_hints": payload.get("client_hints", {}),
             "repeats": payload["bench_config"]["repeats"], "b2_result": str(path) if path else None}
 
 
