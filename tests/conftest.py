@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import structlog
 
 from luftpause.dev.stack import Stack
 
@@ -18,6 +19,17 @@ if TYPE_CHECKING:
 # (about 3 CPU seconds each, on 2 cores shared by every process of the suite); a test's own `env`
 # can turn the warm-up back on. The Claude Code stack keeps the default.
 LAZY_MESSAGES = {"LUFTPAUSE_MESSAGES_WARM_UP": "off"}
+
+
+@pytest.fixture(autouse=True)
+def structlog_as_it_was():
+    """A test that runs an entry point in this process (a benchmark's main) configures
+    structlog for it: a level, loggers cached on first use. The next tests get structlog's
+    defaults back, so loggers first used there are not filtered at that level and
+    ``structlog.testing.capture_logs`` sees what they log."""
+    yield
+    if structlog.is_configured():
+        structlog.reset_defaults()
 
 
 def start_stack(directory: Path, **options) -> Stack:
