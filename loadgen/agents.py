@@ -169,9 +169,10 @@ async def run_once(session: aiohttp.ClientSession, target: Target, workload: Wor
             if not message.get("tool_calls"):
                 break
             calls += 1
-            await clock.sleep(workload.tool_delay_s)
+            await clock.sleep(plan.tool_delays[calls - 1] if calls <= plan.tool_calls else workload.tool_delay_s)
+            size = plan.result_chars[calls - 1] if calls <= plan.tool_calls else workload.tool_result_chars
             messages.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
-                             "content": tool_result(seed, calls, workload.tool_result_chars)})
+                             "content": tool_result(seed, calls, size)})
         record.ok = True
     except (TurnFailed, aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"[:300]

@@ -67,6 +67,7 @@ class BenchConfig:
     engine_overrides: tuple[tuple[str, float], ...] = ()  # engine options over the preset: the regime map's cells
     envoy: bool = True  # B2 proxy: also luftpause's endpoint picker behind Envoy (docs/envoy.md)
     engine_features: bool = False  # every engine with ENGINE_FEATURES (SGLang's agent features); off: as calibrated
+    workload: str = ""  # B2's agents: "" its own, else a declared workload (regimes.WORKLOADS)
 
     def repeat_numbers(self) -> range:
         return range(self.first_repeat, self.first_repeat + self.repeats)
@@ -311,6 +312,14 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
 # --- B2: interactive under batch load --------------------------------------------------------
 
 
+def _agents(config: BenchConfig, part: str) -> list[Group]:
+    """A B2 part's agents: B2's own, or the declared workload the configuration names."""
+    if config.workload:
+        from luftpause.loadgen.regimes import WORKLOADS  # (regimes builds on this module)
+        return WORKLOADS[config.workload].groups()
+    return b2_groups(part != "light", config.answer_keeps_tools)
+
+
 def b2_groups(heavy: bool, answer_keeps_tools: bool = False) -> list[Group]:
     chars = 8000 if heavy else 2000
     base = Workload(context_chars_min=chars // 4, context_chars_max=chars, tool_calls_min=1, tool_calls_max=3,
@@ -355,7 +364,7 @@ async def _closed(rig: Rig, config: BenchConfig, part: str, variant: str, repeat
     probing = asyncio.create_task(probe_window())
     try:
         async with rig.watched(stack) as timeline:
-            result = await run_load(b2_groups(part != "light", config.answer_keeps_tools), target=target,
+            result = await run_load(_agents(config, part), target=target,
                                     spawn_target=spawn_target, warmup_s=config.warmup_s, duration_s=config.window_s,
                                     time_scale=config.time_scale, name=name, seed=seed, console=console)
         with contextlib.suppress(asyncio.TimeoutError):
