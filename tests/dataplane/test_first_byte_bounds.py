@@ -3,6 +3,8 @@ prompt and the prompts waiting there ahead of the turn; never one fixed number."
 
 from __future__ import annotations
 
+from manual_clock import ManualClock
+
 
 from luftpause.dataplane.constants import (
     FIRST_BYTE_FLOOR_S_PER_TOKEN,
@@ -99,40 +101,6 @@ def test_a_whole_reply_counts_its_reply_tokens_so_a_long_reply_after_short_ones_
 # Silence: well before its bound, a turn whose replica has sent nothing since it was sent
 # is reported once, so the scheduler places nothing new there; the turn goes on waiting.
 # The watchdog runs on a clock the test moves (the durations are the point), not the wall's.
-
-
-class Timer:
-    def __init__(self, when: float, callback) -> None:
-        self.when, self.callback, self.cancelled = when, callback, False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class ManualClock:
-    """A loop's clock and timers as the watchdog uses them (``time``, ``call_at``), where
-    time passes only when the test moves it: due timers run in order on the way."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._timers: list[Timer] = []
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback) -> Timer:
-        timer = Timer(when, callback)
-        self._timers.append(timer)
-        return timer
-
-    def move_to(self, until: float) -> None:
-        while due := [t for t in self._timers if t.when <= until]:
-            timer = min(due, key=lambda t: t.when)
-            self._timers.remove(timer)
-            self.now = max(self.now, timer.when)
-            if not timer.cancelled:
-                timer.callback()
-        self.now = until
 
 
 def test_a_turn_whose_replica_sends_nothing_is_reported_silent_once_well_before_its_bound():

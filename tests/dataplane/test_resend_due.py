@@ -6,41 +6,11 @@ in tests/e2e/test_query_of_death.py."""
 
 from __future__ import annotations
 
+from manual_clock import ManualClock
+
 from luftpause.dataplane.constants import FIRST_BYTE_MIN_S, SUSPECT_REPLICAS
 from luftpause.dataplane.suspects import SUSPECT_ANSWER_S, resend_due
 from luftpause.dataplane.timing import DUE_LEAST_SHARE, FirstByteBounds, Watchdog
-
-
-class Timer:
-    def __init__(self, when: float, callback) -> None:
-        self.when, self.callback, self.cancelled = when, callback, False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class ManualClock:
-    """The loop's clock and timers as the watchdog uses them; time passes when the test says."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._timers: list[Timer] = []
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback) -> Timer:
-        timer = Timer(when, callback)
-        self._timers.append(timer)
-        return timer
-
-    def move_to(self, until: float) -> None:
-        while due := [t for t in self._timers if t.when <= until and not t.cancelled]:
-            timer = min(due, key=lambda t: t.when)
-            self._timers.remove(timer)
-            self.now = max(self.now, timer.when)
-            timer.callback()
-        self.now = until
 
 
 class Expiring:
