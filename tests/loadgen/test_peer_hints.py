@@ -10,73 +10,16 @@ the bench configures logging onto the stream it finds.)"""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from dataclasses import replace
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from stand_in_routers import install_missing
 
 from luftpause.fakes.engine import EngineConfig, create_app
 from luftpause.loadgen import bench, peers
 from luftpause.loadgen.agents import CLIENT_PRIORITY, Target, client_hints
 from luftpause.loadgen.peer_rows import HINT_PEERS, PEER_ROWS, hint_verdict, runtime_rows, with_hint_rows
-
-STAND_IN = '''
-import argparse, itertools, json, os, sys
-import aiohttp
-from aiohttp import web
-
-args = sys.argv[1:]
-args = args[1:] if args and args[0] == "launch" else args
-p = argparse.ArgumentParser()
-for flag in ("--policy", "--host", "--prometheus-host"):
-    p.add_argument(flag)
-p.add_argument("--worker-urls", nargs="+")
-p.add_argument("--port", type=int)
-p.add_argument("--prometheus-port", type=int)
-a, _ = p.parse_known_args(args)
-workers = itertools.cycle(a.worker_urls)
-DROPS = os.path.basename(sys.argv[0]) == "sglang-router"  # the fields it does not know are not sent on
-
-
-async def forward(request):
-    body = await request.json()
-    if DROPS:
-        body.pop("priority", None)
-        body.pop("session_id", None)
-    async with request.app["session"].post(next(workers) + request.path, json=body) as upstream:
-        response = web.StreamResponse(status=upstream.status, headers={"Content-Type": upstream.content_type})
-        await response.prepare(request)
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
-        return response
-
-
-async def close_session(request):
-    body = await request.read()
-    for worker in a.worker_urls:
-        async with request.app["session"].post(worker + "/close_session", data=body,
-                                               headers={"Content-Type": "application/json"}):
-            pass
-    return web.Response(status=200)
-
-
-async def session(app):
-    app["session"] = aiohttp.ClientSession()
-    yield
-    await app["session"].close()
-
-
-app = web.Application()
-app.cleanup_ctx.append(session)
-app.router.add_post("/v1/chat/completions", forward)
-if not DROPS:
-    app.router.add_post("/close_session", close_session)
-app.router.add_get("/readiness", lambda request: web.json_response({"healthy_workers": len(a.worker_urls)}))
-web.run_app(app, host=a.host, port=a.port, print=None)
-'''
-
 
 def test_client_hints_go_on_peer_rows_only() -> None:
     body = {"model": "m", "messages": []}
@@ -130,15 +73,7 @@ def test_the_verdicts_read_what_reached_the_engines() -> None:
 
 
 def test_a_tiny_b2_on_engines_with_their_features_reports_each_routers_fields(tmp_path, monkeypatch):
-    stand_ins = []
-    for binary in (peers.SGLANG_ROUTER, peers.VLLM_ROUTER):
-        if peers.find_router(binary) is None:
-            router = tmp_path / "bin" / binary
-            router.parent.mkdir(exist_ok=True)
-            router.write_text(f"#!{sys.executable}\n{STAND_IN}")
-            router.chmod(0o755)
-            stand_ins.append(binary)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    stand_ins = install_missing((peers.SGLANG_ROUTER, peers.VLLM_ROUTER), tmp_path / "bin", monkeypatch)
     bench.main(["b2", "--b2-parts", "proxy", "--repeats", "1", "--time-scale", "0.1", "--window-s", "30",
                 "--warmup-s", "10", "--variants", "router", "--peers", "router", "--peer-hints", "--engine-features",
                 "--out-dir", str(tmp_path / "out")])
