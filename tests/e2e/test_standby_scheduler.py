@@ -5,8 +5,10 @@ go on being placed, once each."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.parse
+from collections.abc import AsyncIterator
 
 import httpx
 
@@ -48,18 +50,29 @@ def engine_requests(stack) -> int:
     return sum(httpx.get(f"http://{HOST}:{port}/stats").json()["requests"] for port in stack.ports.engines)
 
 
-async def test_the_standby_refuses_then_takes_over_within_seconds_and_nothing_is_placed_twice(database, tmp_path):
-    # The stack is made first (its ports and pool file), the leader started before it.
+@contextlib.asynccontextmanager
+async def led_stack(tmp_path, database: str, leader_lock: str) -> AsyncIterator[tuple[Stack, ManagedProcess]]:
+    """A leading scheduler (on ``leader_lock``, the database's URL or a way to it) started
+    first, then the stack: engines, its own scheduler on the same lead lock, which stands
+    by, and a dataplane given the leader's address first; a turn answered through it."""
     stack = Stack.on_free_ports(tmp_path / "stack", without=WITHOUT, env={"LUFTPAUSE_LEAD_LOCK": database})
-    first, first_grpc, first_http = scheduler(tmp_path, stack.pool_file, database, "scheduler-first")
+    first, first_grpc, first_http = scheduler(tmp_path, stack.pool_file, leader_lock, "scheduler-first")
     try:
         await eventually(lambda: leading(first_http), timeout=30, what="the first scheduler leading")
         stack.dataplane_scheduler = f"{HOST}:{first_grpc},{HOST}:{stack.ports.scheduler_grpc}"
         stack.start()
+        assert turn(stack, "before").status_code == 200
+        yield stack, first
+    finally:
+        first.stop()
+        stack.stop()
+
+
+async def test_the_standby_refuses_then_takes_over_within_seconds_and_nothing_is_placed_twice(database, tmp_path):
+    async with led_stack(tmp_path, database, database) as (stack, first):
         standby = ready(stack.ports.scheduler_http)
         assert standby.status_code == 503
         assert any("standby: another scheduler holds the lead lock" in p for p in standby.json()["problems"])
-        assert turn(stack, "before").status_code == 200
 
         first.kill()  # kill -9: its session ends, the lock is free
         killed = time.monotonic()
@@ -71,9 +84,6 @@ async def test_the_standby_refuses_then_takes_over_within_seconds_and_nothing_is
         assert response.status_code == 200, response.text
         assert took_over < 3.0 and answered < 3.0, (took_over, answered)
         assert engine_requests(stack) == 2  # each turn placed once
-    finally:
-        first.stop()
-        stack.stop()
 
 
 async def test_a_leader_cut_off_from_the_database_exits_before_the_standby_leads(database, tmp_path):
@@ -83,23 +93,16 @@ async def test_a_leader_cut_off_from_the_database_exits_before_the_standby_leads
     url = urllib.parse.urlsplit(database)
     proxy = FaultProxy(url.port).start()
     through_proxy = url._replace(netloc=url.netloc.replace(f":{url.port}", f":{proxy.port}")).geturl()
-    stack = Stack.on_free_ports(tmp_path / "stack", without=WITHOUT, env={"LUFTPAUSE_LEAD_LOCK": database})
-    first, first_grpc, first_http = scheduler(tmp_path, stack.pool_file, through_proxy, "scheduler-first")
     try:
-        await eventually(lambda: leading(first_http), timeout=30, what="the first scheduler leading")
-        stack.dataplane_scheduler = f"{HOST}:{first_grpc},{HOST}:{stack.ports.scheduler_grpc}"
-        stack.start()
-        assert turn(stack, "before").status_code == 200
-        proxy.cut()
-        cut = time.monotonic()
-        await eventually(lambda: leading(stack.ports.scheduler_http), timeout=15, what="the standby leading")
-        took_over = time.monotonic() - cut
-        assert first.process.poll() == 3, "the cut-off leader had not stopped leading when the standby began"
-        assert "scheduler_lead_lost" in (tmp_path / "scheduler-first.log").read_text()
-        assert turn(stack, "after").status_code == 200
-        assert engine_requests(stack) == 2
-        assert took_over < 4.0, took_over
+        async with led_stack(tmp_path, database, through_proxy) as (stack, first):
+            proxy.cut()
+            cut = time.monotonic()
+            await eventually(lambda: leading(stack.ports.scheduler_http), timeout=15, what="the standby leading")
+            took_over = time.monotonic() - cut
+            assert first.process.poll() == 3, "the cut-off leader had not stopped leading when the standby began"
+            assert "scheduler_lead_lost" in (tmp_path / "scheduler-first.log").read_text()
+            assert turn(stack, "after").status_code == 200
+            assert engine_requests(stack) == 2
+            assert took_over < 4.0, took_over
     finally:
         proxy.close()
-        first.stop()
-        stack.stop()
