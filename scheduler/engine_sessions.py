@@ -59,10 +59,6 @@ class EngineSessions:
         if endpoint is not None and self.of(endpoint).sessions:
             self._open.setdefault(run_id, set()).add(replica)
 
-    @property
-    def open_runs(self) -> int:
-        return len(self._open)
-
     def settle(self, state: State, client: httpx.AsyncClient | None) -> None:
         """Close the sessions of runs that are no longer in the state."""
         ended = [run_id for run_id in self._open if run_id not in state.runs]
@@ -84,32 +80,19 @@ class EngineSessions:
         assert self._closing is not None
         while True:
             run_id, replica = await self._closing.get()
-            try:
-                await self.close(client, self._endpoints[replica], run_id)
-            finally:
-                self._closing.task_done()
+            await self.close(client, self._endpoints[replica], run_id)
 
-    async def close(self, client: httpx.AsyncClient, endpoint: Endpoint, run_id: str) -> bool:
-        """``POST /close_session`` for the run on the replica; whether the engine took it."""
+    async def close(self, client: httpx.AsyncClient, endpoint: Endpoint, run_id: str) -> None:
+        """``POST /close_session`` for the run on the replica (a refusal is logged)."""
         try:
             response = await client.post(endpoint.base_url + CLOSE_SESSION_PATH, json={"session_id": run_id},
                                          headers=auth_headers(endpoint))
         except httpx.HTTPError as exc:
             self.log.warning("engine_session_unclosed", replica=endpoint.name, run=run_id, problem=repr(exc),
                              effect="the engine evicts its KV later, as unreferenced")
-            return False
+            return
         if response.status_code != 200:
             self.log.warning("engine_session_unclosed", replica=endpoint.name, run=run_id,
                              status=response.status_code, effect="the engine evicts its KV later, as unreferenced")
-            return False
+            return
         self.log.debug("engine_session_closed", replica=endpoint.name, run=run_id)
-        return True
-
-    async def drained(self) -> None:
-        """Every close asked for so far has been sent (for tests and shutdown)."""
-        if self._closing is not None:
-            await self._closing.join()
-
-    def stop(self) -> None:
-        for worker in self._workers:
-            worker.cancel()

@@ -61,3 +61,11 @@ def test_what_orjson_refuses_is_still_hinted():
     out = json.loads(hinted(body, EngineHints(HIGHER_FIRST), FRESH, "r"))
     assert out["priority"] == FRESH and out["seed"] == 123456789012345678901234567890
     assert out["messages"][0]["content"] == "\ud800"
+
+
+def test_a_body_already_parsed_is_hinted_the_same_and_left_as_it_was():
+    document = {**TOOL_RESULT, "priority": 7}
+    body = orjson.dumps(document)
+    hints = EngineHints(HIGHER_FIRST, sessions=True)
+    assert hinted(body, hints, RESUMING, "r", document) == hinted(body, hints, RESUMING, "r")
+    assert document["priority"] == 7 and "session_id" not in document
