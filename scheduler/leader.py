@@ -53,7 +53,6 @@ class LeadLock:
     def __init__(self, url: str, log: structlog.typing.FilteringBoundLogger) -> None:
         self.url = url
         self.log = log
-        self.leading = False
         self._connection: psycopg.AsyncConnection | None = None
 
     @property
@@ -68,7 +67,6 @@ class LeadLock:
         while True:
             try:
                 if await self._try():
-                    self.leading = True
                     self.log.info("scheduler_leading", lead_lock=self.where)
                     return
             except (psycopg.Error, OSError) as exc:
@@ -91,7 +89,7 @@ class LeadLock:
     async def keep(self) -> None:
         """Say so to the database every CHECK_EVERY_S while leading; raise LeadLost when
         an answer does not come in time."""
-        assert self._connection is not None and self.leading
+        assert self._connection is not None
         while True:
             await asyncio.sleep(CHECK_EVERY_S)
             # Not wait_for: cancelling the query makes psycopg send a cancel request over a
@@ -102,7 +100,6 @@ class LeadLock:
             if done and (exc := check.exception()) is not None:
                 problem = str(exc).strip() or type(exc).__name__
             if problem is not None:
-                self.leading = False
                 self._abandon(check)
                 raise LeadLost(f"the lead lock's database {self.where} did not answer: {problem}")
 
@@ -123,5 +120,4 @@ class LeadLock:
 
     async def release(self) -> None:
         """Stop leading now (a clean stop: a standby takes over without waiting)."""
-        self.leading = False
         await self._drop()
