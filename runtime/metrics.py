@@ -68,6 +68,10 @@ def _run_families(runtime: Any):
                                   "leases lapsed.", fleet.adopted)
         yield CounterMetricFamily("luftpause_runtime_runs_released", "Runs this runtime stopped driving "
                                   "because another took their lease.", fleet.released)
+        yield CounterMetricFamily("luftpause_runtime_runs_offered", "Runs spawned here and offered to the "
+                                  "runtimes with room (this one over its fair share).", fleet.offered)
+        yield CounterMetricFamily("luftpause_runtime_runs_claimed", "Runs another runtime offered that this "
+                                  "one claimed.", fleet.claimed)
 
 
 def build_registry(runtime: Any) -> CollectorRegistry:

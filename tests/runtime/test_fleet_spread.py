@@ -24,7 +24,7 @@ from mcp import Client
 from runtime_doubles import LocalDataplane, RuntimeProcess, task_of, tool_results
 from test_fleet import LEASE_S, call, held_in_second_round, owners, rows
 
-from luftpause.dev.procs import WAIT_S, eventually
+from luftpause.dev.procs import WAIT_S, eventually, metric_total
 from luftpause.runtime.fleet import claimable, fair_share, keeps
 
 pytestmark = pytest.mark.timeout(120)
@@ -123,6 +123,11 @@ async def test_runs_spawned_on_one_runtime_are_driven_by_all_three(fleet_of, fak
         driver = drivers[handle]
         assert kinds == [("a", "created"), (driver, "round"), (driver, "finished")], kinds
     assert owners(database, handles) == {} and offered(database) == 0
+    # /metrics counts the offers a made and the claims b and c took: each offered run claimed once
+    made = {p.url: metric_total(f"{p.url}/metrics", "luftpause_runtime_runs_offered_total") for p in (a, b, c)}
+    taken = {p.url: metric_total(f"{p.url}/metrics", "luftpause_runtime_runs_claimed_total") for p in (a, b, c)}
+    assert made[b.url] == made[c.url] == 0 and taken[a.url] == 0, (made, taken)
+    assert made[a.url] == taken[b.url] + taken[c.url] == spread["b"] + spread["c"], (made, taken, spread)
 
 
 async def test_a_lone_runtime_drives_the_runs_it_spawns_at_once(fleet_of, fake_mcp, database) -> None:
