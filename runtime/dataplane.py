@@ -259,16 +259,32 @@ class DataplaneClient:
         return await self._first_listed_model("one-pass")
 
     async def _first_listed_model(self, kind: str = "generative") -> str:
-        try:
-            response = await self._http.get("/v1/models", params={"kind": kind})
-        except httpx.HTTPError as exc:
-            raise TurnError(f"cannot list models from the dataplane: {exc!r}") from exc
+        response = await self._list_models(kind)
         if response.status_code >= 400:
             raise TurnError(f"cannot list models: {error_message(response)}")
         try:
             return str(response.json()["data"][0]["id"])
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise TurnError(f"the dataplane lists no {kind} models; pass `model`") from exc
+
+
+    async def _list_models(self, kind: str) -> httpx.Response:
+        """``GET /v1/models``, waited through a dataplane restarting or its scheduler away
+        (a 503, e.g. a standby taking the lead), as a turn waits, within the grace period."""
+        deadline = time.monotonic() + constants.DATAPLANE_CONNECT_GRACE_S
+        while True:
+            try:
+                response = await self._http.get("/v1/models", params={"kind": kind})
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if time.monotonic() >= deadline:
+                    raise TurnError(f"cannot list models from the dataplane: {exc!r}") from exc
+            except httpx.HTTPError as exc:
+                raise TurnError(f"cannot list models from the dataplane: {exc!r}") from exc
+            else:
+                if response.status_code != 503 or time.monotonic() >= deadline:
+                    return response
+            log.warning("models_unavailable", kind=kind, retry_in_s=constants.DATAPLANE_CONNECT_RETRY_S)
+            await asyncio.sleep(constants.DATAPLANE_CONNECT_RETRY_S)
 
 
 class _TurnRetry:

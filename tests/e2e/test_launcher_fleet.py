@@ -1,7 +1,7 @@
 """`python -m luftpause --fleet` (what `make run FLEET=1` runs): a private PostgreSQL from
 the machine's server packages, three runtimes on its journal and two schedulers on its
 lead lock. Any runtime answers for a run another drives; killing the leading scheduler
-lets the standby lead, turns go on; Ctrl-C stops everything, the cluster last."""
+lets the standby lead, turns go on; PostgreSQL killed is started again and runs go on; Ctrl-C stops everything, the cluster last."""
 
 from __future__ import annotations
 
@@ -123,6 +123,14 @@ def test_fleet_starts_on_its_own_postgres_fails_over_and_stops_without_orphans(t
         assert wait_until(lambda: port_is_listening(http_ports[leading[0]])
                           and ready(schedulers[leading[0]]).status_code == 503, WAIT_S, 0.2), \
             f"{leading[0]} was not started again as a standby"
+
+        # PostgreSQL killed: the launcher starts it again and the runtimes go on on their journal.
+        postmaster = int((cluster_directory(state / "postgres") / "data" / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGKILL)
+        assert wait_until(lambda: not port_is_listening(stack["ports"]["postgres"]), 10, 0.05)
+        assert wait_until(lambda: port_is_listening(stack["ports"]["postgres"]), WAIT_S, 0.2), "PostgreSQL not restarted"
+        answer = asyncio.run(seen_elsewhere(stack["urls"]["runtime-2"], stack["urls"]["runtime_mcp"]))
+        assert answer["runs"][0]["status"] == "Completed", answer
         launcher.send_signal(signal.SIGINT)
         output, _ = launcher.communicate(timeout=60)
     finally:
@@ -136,6 +144,7 @@ def test_fleet_starts_on_its_own_postgres_fails_over_and_stops_without_orphans(t
         assert stack["urls"][name] in output
     assert f"{schedulers[leading[0]]}   ({leading[0]}, leading)" in output
     assert f"{schedulers[standby]}   ({standby}, standby)" in output
+    assert output.index("postgres_exited") < output.index("postgres_restarted")
     assert output.index("stack_stopped") < output.index("postgres_stopped")  # the cluster last
     assert not [name for name, pid in stack["pids"].items() if alive(pid)]
     ports = [p for p in stack["ports"].values() if isinstance(p, int)]

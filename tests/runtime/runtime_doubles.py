@@ -60,6 +60,7 @@ class ScriptedDataplane:
         self.chat_requests: list[httpx.Request] = []
         self.deleted: list[str] = []
         self.model_lists = 0
+        self.models_away = 0  # model lists answered 503 (the scheduler away) before the real one
         self.task_runs: dict[str, dict[str, str]] = {}  # task digest -> the run that handed it out
 
     @property
@@ -75,6 +76,9 @@ class ScriptedDataplane:
             return httpx.Response(200, json=found) if found else httpx.Response(404, json={"error": {"message": "no"}})
         if request.url.path == "/v1/models":
             self.model_lists += 1
+            if self.models_away:
+                self.models_away -= 1
+                return httpx.Response(503, json={"error": {"message": "scheduler unavailable: AioRpcError"}})
             return httpx.Response(200, json={"object": "list", "data": [{"id": MODEL, "object": "model"}]})
         self.chat_requests.append(request)
         reply = self.script.pop(0) if self.script else text_reply("done")

@@ -80,6 +80,19 @@ async def test_concurrent_appends_share_commits_and_all_land_in_order(database: 
     assert sum(batches) == 50 and 1 <= len(batches) < 50  # grouped: one transaction a batch
 
 
+def test_a_connection_the_server_ended_while_idle_is_replaced_without_failing_the_write(database: str) -> None:
+    """The database restarted (or a connection killed) between two writes: the next write
+    goes through on a new connection, not refused (its BEGIN failed, nothing was sent)."""
+    journal = store(database)
+    journal.append(b'{"type":"created","handle":"run-a"}\n')
+    with psycopg.connect(database, autocommit=True) as admin:
+        ended = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = "
+                              "'luftpause-runtime' AND datname = current_database()").fetchall()
+    assert ended == [(True,)]
+    journal.append(b'{"type":"created","handle":"run-b"}\n')
+    assert journal.read_bytes() == b'{"type":"created","handle":"run-a"}\n{"type":"created","handle":"run-b"}\n'
+
+
 def test_compaction_and_retention_keep_what_they_keep_in_the_file(database: str, tmp_path: Path) -> None:
     records = [
         *run_records("run-old", finished_at=NOW - 25 * HOUR),

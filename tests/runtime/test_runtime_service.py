@@ -221,6 +221,19 @@ async def test_default_model_comes_from_the_dataplane_once(make_runtime: MakeRun
     assert [body["model"] for body in dataplane.chat_bodies] == [MODEL, MODEL, "other"]
 
 
+async def test_a_model_list_refused_while_the_scheduler_is_away_is_asked_again(
+        make_runtime: MakeRuntime, dataplane: ScriptedDataplane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A standby taking the lead (or a dataplane restarting) is waited through, as a turn waits."""
+    monkeypatch.setattr(constants, "DATAPLANE_CONNECT_RETRY_S", 0.05)
+    runtime = await make_runtime(default_model=None)
+    dataplane.models_away = 2
+
+    run = await finish(runtime, RunSpec(task="a"))
+
+    assert run.status is RunStatus.COMPLETED and run.model == MODEL, run.error
+    assert dataplane.model_lists == 3
+
+
 def hanging(dataplane: ScriptedDataplane, count: int) -> None:
     """The next ``count`` turns never end (unless cancelled)."""
     async def hang(request: httpx.Request) -> httpx.Response:
