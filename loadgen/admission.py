@@ -2,14 +2,11 @@
 ``--max-running`` requests each, ``--batch`` + ``--interactive`` streaming clients (each
 request a new run) through luftpause and then direct to the engines (round robin); the
 engines' queue and the scheduler's held and in-flight turns sampled every 0.2 s.
-
-``python -m luftpause.loadgen.admission [--seconds 25] [--batch 20] [--interactive 2]``
 """
 
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,9 +16,9 @@ from rich.console import Console
 
 from luftpause import logs
 from luftpause.dev.procs import wait_until
-from luftpause.dev.stack import MODEL, Stack
+from luftpause.dev.stack import MODEL
 from luftpause.loadgen.agents import Clock, Target, TurnFailed, stream_turn
-from luftpause.loadgen.peers import engine_stats, running
+from luftpause.loadgen.peers import engine_stats, engines_stack
 from luftpause.loadgen.records import fmt, mean, new_table, parser, percentile, ratio, write_results
 from luftpause.loadgen.timeline import Timeline
 from luftpause.vocabulary import CALLER, RUN_ID, SERVICE_CLASS
@@ -86,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"), help="where the JSON goes")
     args = p.parse_args(argv)
     logs.configure("admission-bench")
-    with tempfile.TemporaryDirectory(prefix="luftpause-admission-") as directory, running(Stack.on_free_ports(
-            Path(directory), engine_args=["--max-running", str(args.max_running), "--token-ms", str(args.token_ms)],
-            without=frozenset({"runtime", "fake-mcp"}))) as stack:
+    with engines_stack(["--max-running", str(args.max_running), "--token-ms", str(args.token_ms)], 2) as stack:
         engine_urls = [f"http://127.0.0.1:{port}" for port in stack.ports.engines]
         # luftpause first: while the direct clients flood the engines the scheduler keeps probing
         # them, and a limit learned from load not its own would start luftpause's row from a wrong place.

@@ -5,8 +5,6 @@ router`` runs only the peers' rows, what the engine preset is calibrated on. ``-
 starts every engine with SGLang's priority scheduling and session cache (off: the frozen
 figures' engines); ``--peer-hints`` adds peer rows whose clients send their own ``priority``
 and ``session_id``, and reports which each router forwards or drops.
-
-``python -m luftpause.loadgen.bench b1|b2|b3|all [--repeats N] [--time-scale F]``
 """
 
 from __future__ import annotations
@@ -36,8 +34,8 @@ from luftpause.loadgen.driver import Group, run_load
 from luftpause.loadgen.peer_rows import (CLASS_BLIND_BASELINE, DEFAULT_PEERS, HINT_PEERS, PEER_ROWS, EngineFacts,
                                          compare, engine_fields, hint_verdict, merge_fields, parse_peers, runtime_rows,
                                          with_hint_rows)
-from luftpause.loadgen.records import (CpuMeter, RunRecord, csv_choices, fmt, fmts, mean, new_table, parser, ratio,
-                                       write_results)
+from luftpause.loadgen.records import (CpuMeter, RunRecord, csv_choices, dig, fmt, fmts, mean, new_table, parser,
+                                       ratio, write_results)
 from luftpause.loadgen.spawn import SpawnTarget, fan_out
 from luftpause.loadgen.timeline import Timeline, plot_b2
 from luftpause.loadgen.workload import Workload
@@ -185,9 +183,6 @@ class Rig:
             self.journals[url] = state / JOURNAL_FILE
             yield url
 
-    def reset_engines(self) -> None:
-        peers.reset_engines(self.engine_urls)
-
     @contextlib.asynccontextmanager
     async def watched(self, stack: Stack | None = None) -> Any:
         """A :class:`Timeline` of the engines (and luftpause's scheduler) while the block runs."""
@@ -218,23 +213,20 @@ def luftpause_target(stack: Stack) -> Target:
     return Target(f"http://{peers.HOST}:{stack.ports.dataplane}/v1", MODEL, luftpause=True)
 
 
-def describe(config: BenchConfig) -> dict[str, Any]:
-    from luftpause.fakes.engine import PRESETS
-    return {"bench_config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
-            "engine_preset": PRESETS[config.preset], "engine_overrides": dict(config.engine_overrides),
-            "engines": config.replicas, "shared_gpu": config.shared_gpu,
-            "engine_features": list(ENGINE_FEATURES) if config.engine_features else [],
-            "peer_rows": {key: asdict(PEER_ROWS[key]) for key in config.peers}}
-
-
 def finish(name: str, config: BenchConfig, results: dict[str, Any], cpus: list[dict[str, Any]],
            **more: Any) -> dict[str, Any]:
     """The CPU note under the tables, and the raw results written out (``result_path``)."""
+    from luftpause.fakes.engine import PRESETS
     busy = [c["machine_busy"] for c in cpus if c.get("machine_busy") is not None]
     console.print(f"CPU: machine {100 * min(busy):.0f}–{100 * max(busy):.0f} % busy across rows ({cpus[0]['cpus']} "
                   f"CPUs); load generator {100 * max(c['loadgen_cpu_share'] for c in cpus):.0f} % of one CPU at most"
                   if busy else "CPU use unknown")
-    payload = {"benchmark": name, **describe(config), "results": results, **more}
+    payload = {"benchmark": name, "bench_config": {k: str(v) if isinstance(v, Path) else v
+                                                   for k, v in asdict(config).items()},
+               "engine_preset": PRESETS[config.preset], "engine_overrides": dict(config.engine_overrides),
+               "engines": config.replicas, "shared_gpu": config.shared_gpu,
+               "engine_features": list(ENGINE_FEATURES) if config.engine_features else [],
+               "peer_rows": {key: asdict(PEER_ROWS[key]) for key in config.peers}, "results": results, **more}
     path = payload["result_path"] = write_results(config.out_dir, name.lower(), payload)
     console.print(f"raw results: {path}")
     return payload
@@ -264,7 +256,7 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
 
     async def fan(runtime: str, variant: str, repeat: int, sequential: bool = False) -> None:
         """One fan-out of 16; the seed decides the runs (the same for every row)."""
-        rig.reset_engines()
+        peers.reset_engines(rig.engine_urls)
         meter = CpuMeter()
         total, records = await fan_out(SpawnTarget(runtime, MODEL), B1_WORKLOAD, 16, Clock(config.time_scale), Live(),
                                        name=f"b1-{repeat}", sequential=sequential)
@@ -351,7 +343,7 @@ async def _closed(rig: Rig, config: BenchConfig, part: str, variant: str, repeat
     seed names no row); "light" is the part without the heavy batch."""
     name, seed = f"b2-{part}-{variant}-{repeat}", f"b2-{part}-{repeat}"
     status_url = stack.urls["scheduler_status"] if stack else None
-    rig.reset_engines()
+    peers.reset_engines(rig.engine_urls)
     probe = WindowProbe(rig.engine_urls, scheduler_url=status_url.removesuffix("/status") if status_url else None,
                         dataplane_url=target.base_url.removesuffix("/v1") if target and target.luftpause else None,
                         journal=rig.journals.get(spawn_target.runtime_url) if spawn_target else None)
@@ -570,14 +562,6 @@ def print_breakdown(part: str, results: dict[str, list[dict[str, Any]]]) -> None
     interactive turns and runs (breakdown.py): the hold at the gateway, the first token of
     a streamed turn, the engines' queue wait and GPU shares; an MCP run's span split into
     turns, tools and the runtime's own loop."""
-    def avg(figures: list[dict[str, Any]], *path: str) -> float | None:
-        values = []
-        for f in figures:
-            for step in path:
-                f = f.get(step) if isinstance(f, dict) else None
-            values.append(f)
-        return mean(values)
-
     labels = b2_variants(part, [k for k in results if k in PEER_ROWS])
     for field, title, columns in (
             ("interactive_time", "where a finished interactive run's time goes (model seconds per run, mean of "
@@ -599,8 +583,8 @@ def print_breakdown(part: str, results: dict[str, list[dict[str, Any]]]) -> None
             continue
         table = new_table(f"B2 {part}: {title}", ("", *(name for name, _, _ in columns)))
         for label, figures in rows:
-            table.add_row(label, *(fmt(_percent(avg(figures, *path)), 0) if digits < 0 else
-                                   fmt(avg(figures, *path), digits) for _, path, digits in columns))
+            means = [(mean([dig(f, *path) for f in figures]), digits) for _, path, digits in columns]
+            table.add_row(label, *(fmt(_percent(m), 0) if digits < 0 else fmt(m, digits) for m, digits in means))
         console.print(table)
 
 
@@ -613,15 +597,9 @@ def print_b2_tables_from(paths: list[Path]) -> None:
         data = json.loads(path.read_text())
         if data.get("benchmark") != "B2":
             raise SystemExit(f"{path}: not a B2 result")
-        bench = data["bench_config"]
-        window = (bench["warmup_s"], bench["warmup_s"] + bench["window_s"])
-        windows.add(bench["window_s"])
+        windows.add(data["bench_config"]["window_s"])
         for part, variants in data["results"].items():
             for key, runs in variants.items():
-                for r in runs:
-                    if "interactive_time" not in r:  # written before the bench kept it
-                        records = [RunRecord.from_json(x) for x in r.get("interactive_records", ())]
-                        r["interactive_time"] = interactive_time(records, window)
                 merged.setdefault(part, {v: [] for v, _ in LUFTPAUSE_VARIANTS[part]}).setdefault(key, []).extend(runs)
     if len(windows) > 1:
         raise SystemExit(f"these runs have different windows ({sorted(windows)}): their rates do not pool")
@@ -647,7 +625,7 @@ async def bench_b3(config: BenchConfig, concurrency: int = 8) -> dict[str, Any]:
 
     async def one(key: str, runtime: str) -> None:
         for repeat in config.repeat_numbers():
-            rig.reset_engines()
+            peers.reset_engines(rig.engine_urls)
             async with rig.watched() as timeline:
                 result = await run_load([Group(concurrency, B3_WORKLOAD)], spawn_target=SpawnTarget(runtime, MODEL),
                                         warmup_s=warmup, duration_s=window, time_scale=config.time_scale,
@@ -750,23 +728,18 @@ def main(argv: list[str] | None = None) -> None:
                         "luftpause's runtime does: a workload sensitivity, not the calibrated workload")
     p.add_argument("--no-envoy", dest="envoy", action="store_false",
                    help="B2 proxy: skip the row through luftpause's endpoint picker behind Envoy")
-    p.add_argument("--separate-gpus", action="store_true",
-                   help="one engine process per replica, each with its own GPU timeline (default: one shared GPU)")
-    p.add_argument("--replicas", type=int, default=2, help="engine replicas behind every row")
     p.add_argument("--engine", action="append", default=[], metavar="OPTION=VALUE",
                    help="an engine option over the preset, e.g. decode_eager_ms=0 or kv_tokens=25200 (repeatable)")
     p.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
                    help="with b2: run nothing; print the tables of earlier runs' raw JSON, their repeats pooled")
     a = p.parse_args(argv)
     try:
-        config = config_of(a, first_repeat=a.first_repeat, shared_gpu=not a.separate_gpus, envoy=a.envoy,
-                           router_only=a.variants == "router", answer_keeps_tools=a.answer_keeps_tools,
-                           replicas=a.replicas, engine_overrides=tuple(parse_override(x) for x in a.engine))
+        config = config_of(a, first_repeat=a.first_repeat, envoy=a.envoy, router_only=a.variants == "router",
+                           answer_keeps_tools=a.answer_keeps_tools,
+                           engine_overrides=tuple(parse_override(x) for x in a.engine))
         config.engine_values()
     except ValueError as exc:
         p.error(str(exc))
-    if a.replicas < 1:
-        p.error("--replicas must be at least 1")
     logs.configure("bench", level="warning")
     if a.from_json:
         if a.which != "b2":

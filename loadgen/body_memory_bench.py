@@ -5,9 +5,6 @@ rounds of ``--concurrency`` requests of ``--size-mib`` MiB sent together after a
 (the baseline), the dataplane's RSS sampled every 20 ms: per round before, peak, at its
 end and ``--settle`` s later; per case what it kept and how long it took to come back
 within ``--back-mb`` of the baseline (target: at most 300 MB kept, back within 10 s).
-
-``python -m luftpause.loadgen.body_memory_bench [--size-mib 31] [--concurrency 16] [--rounds 3]
-[--settle 10] [--cases messages-413,messages-404,...] [--json PATH]`` (``make bench-body-memory``)
 """
 
 from __future__ import annotations
@@ -15,20 +12,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
 import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import aiohttp
 from rich.console import Console
 
 from luftpause.dev.procs import rss_bytes
-from luftpause.dev.stack import MODEL, Stack
-from luftpause.loadgen.peers import running
-from luftpause.loadgen.records import csv_choices, new_table, write_json
+from luftpause.dev.stack import MODEL
+from luftpause.loadgen.peers import engines_stack
+from luftpause.loadgen.records import csv_choices, new_table, parser, write_json
 
 INSTANT = ["--latency-ms", "0", "--token-ms", "0", "--reply-tokens", "4"]
 UNKNOWN_MODEL = "no-such-model"
@@ -225,8 +220,7 @@ def report(console: Console, cases: list[Case], args: argparse.Namespace) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m luftpause.loadgen.body_memory_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("body_memory_bench", __doc__)
     p.add_argument("--size-mib", type=float, default=31.0, help="each request's body, in MiB (31)")
     p.add_argument("--concurrency", type=int, default=16, help="requests sent together in a round (16)")
     p.add_argument("--rounds", type=int, default=3, help="rounds per case (3)")
@@ -240,8 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=160)
     cases: list[Case] = []
     for name in names:  # each case on a stack of its own: what one kept does not count against the next
-        with tempfile.TemporaryDirectory() as tmp, running(Stack.on_free_ports(
-                Path(tmp), engines=1, without=frozenset({"runtime", "fake-mcp"}), engine_args=INSTANT)) as stack:
+        with engines_stack(INSTANT) as stack:
             cases.append(run_case(name, f"http://127.0.0.1:{stack.ports.dataplane}",
                                   stack.process("dataplane").process.pid, args))
         console.print(f"{name}: kept {cases[-1].kept_mb:+.0f} MB after {args.rounds} rounds")

@@ -2,8 +2,6 @@
 completion to one engine through one ``ClientSession`` and passes the reply back, whole or
 chunk by chunk (headers with the first chunk, the end marker with the last, as the
 dataplane does), and nothing else: what luftpause's dataplane costs above it is its own work.
-
-    python -m luftpause.loadgen.floor_proxy --engine http://127.0.0.1:8101 --port 8090
 """
 
 from __future__ import annotations

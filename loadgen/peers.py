@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,6 +107,19 @@ def running(thing: Any) -> Iterator[Any]:
         thing.stop()
 
 
+@contextmanager
+def engines_stack(engine_args: list[str], engines: int = 1, without: tuple[str, ...] = (), **options: Any
+                  ) -> Iterator[Any]:
+    """luftpause before ``engines`` fake engines (no runtime, no fake MCP; nor ``without``) on
+    free ports in a folder of its own, started; stopped and removed after."""
+    from luftpause.dev.stack import Stack
+
+    with tempfile.TemporaryDirectory(prefix="luftpause-bench-") as tmp, running(Stack.on_free_ports(
+            Path(tmp), engines=engines, engine_args=engine_args, without=frozenset({"runtime", "fake-mcp", *without}),
+            **options)) as stack:
+        yield stack
+
+
 def reset_engines(urls: list[str], timeout: float = 30.0) -> None:
     """Empty every engine's cache and counters once it is idle (between variants)."""
     pending = set(urls)
@@ -123,10 +137,10 @@ def reset_engines(urls: list[str], timeout: float = 30.0) -> None:
         raise TimeoutError(f"engines still busy after {timeout:.0f} s: {sorted(pending)}")
 
 
-def engine_stats(urls: list[str]) -> list[dict]:
+def engine_stats(urls: list[str], timeout: float = 2.0) -> list[dict]:
     out = []
     for url in urls:
-        with urllib.request.urlopen(f"{url}/stats", timeout=2) as response:
+        with urllib.request.urlopen(f"{url}/stats", timeout=timeout) as response:
             out.append(json.loads(response.read()))
     return out
 

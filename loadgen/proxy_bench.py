@@ -7,10 +7,6 @@ when not installed). Streaming and not: latency one at a time, then per concurre
 per stream with ``--streams`` open; a table of B4's goals. ``picker`` (``make bench-picker``):
 the picker behind Envoy as luftpause runs it and with Envoy's response phase skipped (this
 measurement only), what observing the reply costs it per turn.
-
-    python -m luftpause.loadgen.proxy_bench [b4] [--concurrency 20,100] [--dataplanes 1,2] [--duration S]
-        [--sequential N] [--streams N] [--peers sglang-router,vllm-router] [--no-floor] [--no-envoy]
-    python -m luftpause.loadgen.proxy_bench picker [--duration S] [--concurrency C] [--json PATH]
 """
 
 from __future__ import annotations
@@ -36,7 +32,7 @@ from luftpause.dev.procs import ManagedProcess, process_tree, rss_bytes, start_o
 from luftpause.dev.stack import MODEL, Stack
 from luftpause.loadgen import peers
 from luftpause.loadgen.peers import running, start_engine
-from luftpause.loadgen.records import (CpuMeter, csv_choices, csv_ints, fmt, load_average, new_table, parser,
+from luftpause.loadgen.records import (CpuMeter, csv_choices, csv_ints, dig, fmt, load_average, new_table, parser,
                                        percentile, write_json)
 from luftpause.scheduler.probes import sample_totals
 
@@ -394,11 +390,8 @@ def goals(results: dict) -> list[dict]:
         out.append({"goal": what, "value": None if value is None else round(value, 3), "limit": limit, "unit": unit,
                     "higher_is_better": higher_is_better, "met": met})
 
-    def at(mode: str, name: str, *path: str) -> float | None:
-        value = targets.get(mode, {}).get(name)
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        return value
+    def at(*path: str) -> float | None:
+        return dig(targets, *path)
 
     def each_mode(what: str, limit: float, unit: str, value) -> None:
         for mode in ("streaming", "non-streaming"):
@@ -543,8 +536,6 @@ def b4_main(argv: list[str]) -> int:
                    help="open streams for the memory figures, 0 to skip them (default 1000)")
     p.add_argument("--peers", type=csv_choices(peers.PEER_ROUTERS, none_ok=True), default=list(peers.PEER_ROUTERS),
                    help="peer routers, comma-separated, or none (default sglang-router,vllm-router)")
-    p.add_argument("--no-router", dest="peers", action="store_const", const=[],
-                   help="no peer routers (same as --peers none)")
     p.add_argument("--no-floor", dest="floor", action="store_false",
                    help="skip the bare aiohttp proxy (luftpause.loadgen.floor_proxy), the row that shows what "
                         "the dataplane's HTTP stack costs with none of its logic")

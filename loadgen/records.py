@@ -165,6 +165,13 @@ def json_lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def dig(value: Any, *path: str) -> Any:
+    """``value[path[0]][path[1]]…``, None where a step is missing."""
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
 def fmt(value: float | None, digits: int = 2, unit: str = "") -> str:
     return "—" if value is None else f"{value:.{digits}f}{unit}"
 

@@ -23,10 +23,9 @@ from typing import Any
 from rich.console import Console
 
 from luftpause import logs
-from luftpause.loadgen import bench
 from luftpause.loadgen.bench import POLICY_VARIANTS, BenchConfig, bench_b2, config_of, config_options
 from luftpause.loadgen.driver import Group, workload_json
-from luftpause.loadgen.records import csv_choices, fmt, new_table, parser, write_json
+from luftpause.loadgen.records import csv_choices, dig, fmt, new_table, parser, write_json
 from luftpause.loadgen.timeline import save_figure
 from luftpause.loadgen.workload import TruncatedLogNormal, Workload, conversation_tokens, plan_run
 
@@ -278,13 +277,8 @@ HEATMAP_COLUMNS = (("interactive ×best peer", ("interactive", "ratio")), ("batc
 
 def heatmap_values(result: dict[str, Any]) -> tuple[list[str], list[list[float | None]]]:
     """Rows (cell names) and, per cell, the heatmap's columns (None where not measured)."""
-    def at(cell: dict[str, Any], path: tuple[str, ...]) -> Any:
-        for key in path:
-            cell = cell.get(key) if isinstance(cell, dict) else None
-        return cell
-
     return ([cell["cell"] for cell in result["cells"]],
-            [[at(cell, path) for _, path in HEATMAP_COLUMNS] for cell in result["cells"]])
+            [[dig(cell, *path) for _, path in HEATMAP_COLUMNS] for cell in result["cells"]])
 
 
 def plot_map(result_path: Path, png_path: Path | None = None) -> Path:

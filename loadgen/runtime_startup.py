@@ -5,8 +5,6 @@ builders; per repeat, on a fresh copy, the real runtime started and timed until 
 endpoint answers ``initialize`` and ``tools/list``, with its CPU and its log's imports,
 compaction and replay; the compacted journal then holds exactly the runs retention keeps,
 each outcome byte-identical; then the next start, on the compacted journal.
-
-``python -m luftpause.loadgen.runtime_startup [--runs 20000] [--repeats 5]`` (``make bench-startup``)
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from luftpause.dev.procs import ManagedProcess, cpu_seconds, free_port
-from luftpause.loadgen.records import fmt, new_table, parser, write_results
+from luftpause.loadgen.records import fmt, json_lines, new_table, parser, write_results
 from luftpause.runtime import constants
 from luftpause.runtime.compaction import read_records
 from luftpause.runtime.journal import created_record, finished_record, round_record
@@ -138,19 +136,6 @@ class Mcp:
         return [tool["name"] for tool in self.request("tools/list")["tools"]]
 
 
-def log_events(path: Path) -> dict[str, dict[str, Any]]:
-    """The runtime's JSON log lines by event name (the last of each)."""
-    events: dict[str, dict[str, Any]] = {}
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line) if line.startswith("{") else None
-        except ValueError:
-            continue
-        if record is not None:
-            events[str(record.get("event"))] = record
-    return events
-
-
 def start_once(python: str, state_dir: Path, tools_file: Path, log_path: Path, timeout_s: float) -> dict[str, Any]:
     """Start the runtime on ``state_dir``, wait until it answers MCP, count its runs, stop it."""
     journal = state_dir / constants.JOURNAL_FILE
@@ -178,7 +163,7 @@ def start_once(python: str, state_dir: Path, tools_file: Path, log_path: Path, t
                  or {}).get("total")
     finally:
         process.stop(30)
-    events = log_events(log_path)
+    events = {str(record.get("event")): record for record in json_lines(log_path)}  # the last of each
     starting, ready = events.get("runtime_starting", {}), events.get("runtime_ready", {})
     compacted = events.get("journal_compacted", {})
     return {"ready_s": ready_s, "cpu_s": cpu, "imports_s": starting.get("imports_seconds"),

@@ -2,8 +2,6 @@
 200 held turns on saturated engines (one core, in this process), the ``Admit`` round trip
 over gRPC on loopback with capacity free (a real scheduler process), and a page of the
 per-run view (``/status?runs=100``) over HTTP with 10,000 runs known (target: 50 ms).
-
-    python -m luftpause.loadgen.scheduler_bench [--events N] [--admits N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -12,18 +10,16 @@ import asyncio
 import platform
 import random
 import sys
-import tempfile
 import time
 import tracemalloc
 import uuid
-from pathlib import Path
 
 import grpc
 from rich.console import Console
 
 from luftpause.dev.procs import free_ports
-from luftpause.dev.stack import MODEL as STACK_MODEL, Stack
-from luftpause.loadgen.peers import running
+from luftpause.dev.stack import MODEL as STACK_MODEL
+from luftpause.loadgen.peers import engines_stack
 from luftpause.loadgen.records import new_table, parser, percentile, write_json
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
@@ -111,9 +107,7 @@ def state_memory(runs: int, held: int) -> int:
 async def admit_round_trips(count: int) -> dict:
     """Admit → Report finished, one turn at a time, against a real scheduler process
     whose one engine is healthy and uncapped."""
-    with tempfile.TemporaryDirectory() as tmp, running(Stack.on_free_ports(
-            Path(tmp), engines=1, without=frozenset({"runtime", "fake-mcp", "dataplane"}),
-            env={"LUFTPAUSE_LOG_LEVEL": "warning"})) as stack:
+    with engines_stack([], without=("dataplane",), env={"LUFTPAUSE_LOG_LEVEL": "warning"}) as stack:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.ports.scheduler_grpc}") as channel:
             stub = pb_grpc.SchedulerStub(channel)
             await stub.Resync(pb.ResyncRequest())

@@ -6,9 +6,6 @@ ways, streaming and not, one request at a time, a round's kinds in random order:
 the p50 of the whole request and of the first byte and the dataplane's CPU per turn, and
 what the client API adds (the median of the pairs' differences); then the translation
 alone in this process, as the dataplane runs it (request in, the engine's reply out).
-
-    python -m luftpause.loadgen.translation_bench [messages|responses] [--requests N]
-        [--reply-tokens N] [--repetitions N] [--json PATH]      (make bench-messages, bench-responses)
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ import asyncio
 import json
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,8 +26,8 @@ from luftpause.dataplane.dialects import encode_json
 from luftpause.dataplane.messages import MESSAGES
 from luftpause.dataplane.responses_api import ResponsesDialect
 from luftpause.dev.procs import cpu_seconds
-from luftpause.dev.stack import MODEL, Stack
-from luftpause.loadgen.peers import running
+from luftpause.dev.stack import MODEL
+from luftpause.loadgen.peers import engines_stack
 from luftpause.loadgen.records import new_table, parser, percentile, write_json, write_results
 
 TARGET_ADDED_P50_MS = 1.0
@@ -220,10 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     spec = APIS[args.api]
     requests, reply_tokens = args.requests or spec["requests"], args.reply_tokens or spec["reply_tokens"]
-    with tempfile.TemporaryDirectory() as tmp, running(Stack.on_free_ports(
-            Path(tmp), engines=1, without=frozenset({"runtime", "fake-mcp"}), engine_args=[
-                "--latency-ms", "0", "--token-ms", "0", "--reply-tokens", str(reply_tokens), "--reply-spread", "0"])
-                                                      ) as stack:
+    engine = ["--latency-ms", "0", "--token-ms", "0", "--reply-tokens", str(reply_tokens), "--reply-spread", "0"]
+    with engines_stack(engine) as stack:
         samples, replies = asyncio.run(through_the_proxy(args.api, f"http://127.0.0.1:{stack.ports.dataplane}",
                                                          stack.process("dataplane").process.pid, requests))
     result = {"api": args.api, "requests": requests, "reply_tokens": reply_tokens, "repetitions": args.repetitions,

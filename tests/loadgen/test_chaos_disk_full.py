@@ -8,15 +8,14 @@ import os
 
 import pytest
 
-from luftpause.loadgen import chaos_runtime
-from luftpause.loadgen.chaos_load import chaos_load, parse_faults, table
+from luftpause.loadgen.chaos import chaos_load, check, mount_refusal, parse_faults, table
 from luftpause.scheduler.constants import PROBE_PERIOD_S
 
 pytestmark = pytest.mark.timeout(150)
 
 
 async def test_a_full_disk_under_load_loses_no_run_repeats_no_round_and_service_resumes(tmp_path):
-    if reason := chaos_runtime.mount_refusal():
+    if reason := mount_refusal():
         pytest.skip(reason)
     (row,) = await chaos_load(["disk-full"], tmp_path, interactive=2, batch=4, warmup_s=2, window_s=8, fault_at_s=1,
                               disk_full_s=2, disk_mib=8)
@@ -31,7 +30,7 @@ async def test_a_full_disk_under_load_loses_no_run_repeats_no_round_and_service_
     assert row.resume_progress_s is not None and row.resume_healthy_s is not None, shown
     # How fast is the benchmark's figure, which it judges: a first write later than one
     # probe period is the only target this row can miss.
-    problems = chaos_runtime.check(row)
+    problems = check(row)
     late = row.resume_write_s > PROBE_PERIOD_S
     assert len(problems) == late and all(p.startswith("first journal write") for p in problems), problems
     assert not os.path.ismount(tmp_path / "disk-full" / "disk")  # unmounted afterwards

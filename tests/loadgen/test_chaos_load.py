@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from luftpause.loadgen.chaos_load import (FaultRow, _left_rotation, _repeated, main, parse_faults, pin_moves, table,
-                                          where_time_goes)
+from luftpause.loadgen.chaos import (FaultRow, _left_rotation, _repeated, load_main, parse_faults, pin_moves, table,
+                                     where_time_goes)
 from luftpause.loadgen.records import RunRecord, TurnRecord
 from luftpause.scheduler.constants import PROBE_PERIOD_S
 
@@ -22,8 +22,9 @@ pytestmark = pytest.mark.timeout(240)
 
 def test_a_wedged_engine_and_partitions_under_load_lose_no_run_and_repeat_no_round(tmp_path, capsys):
     faults = ["none", "hang", "partition-2", "engine-partition-4"]
-    code = main(["--faults", ",".join(faults), "--interactive", "2", "--batch", "4", "--warmup", "2", "--window", "9",
-                 "--fault-at", "1", "--out", str(tmp_path / "out"), "--keep", str(tmp_path / "stacks")])
+    code = load_main(["--faults", ",".join(faults), "--interactive", "2", "--batch", "4", "--warmup", "2",
+                      "--window", "9", "--fault-at", "1", "--out", str(tmp_path / "out"),
+                      "--keep", str(tmp_path / "stacks")])
     printed = capsys.readouterr().out
     (written,) = (tmp_path / "out").glob("chaos-load-*.json")
     payload = json.loads(written.read_text())

@@ -211,7 +211,7 @@ def test_b2_tables_from_earlier_runs_pool_their_repeats(tmp_path, capsys) -> Non
                             "batch": {"runs_per_min": batch}},
                 "engine_cached_share": 0.25, "engine_queue_mean": 0.0, "engine_retractions": 0,
                 "engines_over_window": {"held_mean": 3.0}, "same_run": {"same_run_hit_share": 0.1},
-                "interactive_records": [record.as_json()]}
+                "interactive_time": bench.interactive_time([record], (30.0, 150.0))}
 
     def write(name: str, window_s: float, router: float, strict: float) -> str:
         payload = {"benchmark": "B2", "bench_config": {"warmup_s": 30.0, "window_s": window_s},
@@ -226,6 +226,6 @@ def test_b2_tables_from_earlier_runs_pool_their_repeats(tmp_path, capsys) -> Non
     out = capsys.readouterr().out
     assert "2 repeats" in out and "2.00×" in out  # (15 + 13) / (6 + 8)
     assert "0.95×" in out  # batch 76 against 80
-    assert "100.0" in out  # decode ms per token: 10 s for 100 tokens (the older files' records, recomputed)
+    assert "100.0" in out  # decode ms per token: 10 s for 100 tokens
     with pytest.raises(SystemExit, match="different windows"):
         bench.print_b2_tables_from([Path(first), Path(write("c.json", 180.0, 6.0, 15.0))])
