@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-stress proto proto-check clean help release lock chaos chaos-load load
+.PHONY: run test test-stress proto proto-check clean help release lock chaos chaos-load chaos-fleet load
 
 help:
 	@echo "make run    start the whole stack as local processes on loopback (Ctrl-C stops it);"
@@ -17,6 +17,7 @@ help:
 	@echo "make proto  regenerate the gRPC modules from proto/scheduler.proto"
 	@echo "make chaos  seeded chaos run: every process SIGKILLed under load, a table per seed"
 	@echo "make chaos-load  B2-shaped load while each fault (hang, stall, slow, metrics, partitions, disk-full) is injected"
+	@echo "make chaos-fleet  sub-agent load on a fleet while a runtime is killed or cut off from PostgreSQL, PostgreSQL restarts, the leader dies"
 	@echo "make load   closed-loop load of your own (LOAD_ARGS=\"--base-url URL/v1 --mix interactive:4,batch:48 --duration-s 180\")"
 	@echo "benchmarks (docs/benchmarks.md; tables on stdout, JSON in bench-results/; BENCH_ARGS=... passes flags):"
 	@echo "  make bench-b1 | bench-b2 | bench-b3   fan-out, interactive under batch load, routing: luftpause vs its peers"
@@ -89,6 +90,11 @@ chaos: $(STAMP)
 # hanging metrics, partitions of 2/10/30 s) is injected in turn; a row per fault.
 chaos-load: $(STAMP)
 	$(PY) -m luftpause.loadgen.chaos --load $(CHAOS_ARGS)
+
+# MCP sub-agent load on a fleet (a private PostgreSQL, three runtimes, two schedulers) while one
+# fault strikes per row (docs/faults.md, "A fleet under faults"); CHAOS_ARGS="--faults runtime-kill".
+chaos-fleet: $(STAMP)
+	$(PY) -m luftpause.loadgen.chaos_fleet $(CHAOS_ARGS)
 
 # Closed-loop agents (or MCP sub-agents with --runtime-url) against a target of your own;
 # LOAD_ARGS="--base-url http://localhost:8080/v1 --mix interactive:4,batch:48 --duration-s 180".

@@ -190,6 +190,7 @@ class Stack:
     # and of the schedulers' lead lock; "" = the journal in files and no lead lock (one runtime and one
     # scheduler, as `make run`). The runtimes and schedulers started are as many as ``ports`` has.
     database: str = ""
+    runtime_database: dict[str, str] = field(default_factory=dict)  # a runtime's own way there (a fault proxy)
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @classmethod
@@ -298,8 +299,8 @@ class Stack:
                               ["--host", HOST, "--port", str(port), "--dataplane-url", f"http://{HOST}:{p.dataplane}",
                                "--tools-file", str(self.tools_file),
                                "--state-dir", str(self.runtime_state_dir or self.state_dir),
-                               *(["--journal", self.database, "--runtime-id", numbered("runtime", i)]
-                                 if self.database else [])],
+                               *(["--journal", self.runtime_database.get(numbered("runtime", i), self.database),
+                                  "--runtime-id", numbered("runtime", i)] if self.database else [])],
                               f"http://{HOST}:{port}/health")
                 for i, port in enumerate(p.runtimes, start=1)]
 
