@@ -92,7 +92,7 @@ chaos-load: $(STAMP)
 	$(PY) -m luftpause.loadgen.chaos --load $(CHAOS_ARGS)
 
 # MCP sub-agent load on a fleet (a private PostgreSQL, three runtimes, two schedulers) while one
-# fault strikes per row (docs/faults.md, "A fleet under faults"); CHAOS_ARGS="--faults runtime-kill".
+# fault strikes per row (docs/fleet.md, "Under load and faults"); CHAOS_ARGS="--faults runtime-kill".
 chaos-fleet: $(STAMP)
 	$(PY) -m luftpause.loadgen.chaos_fleet $(CHAOS_ARGS)
 
