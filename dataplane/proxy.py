@@ -207,7 +207,8 @@ def _engine_body(turn: Turn, placement: Placement) -> bytes:
     """The chat-completions body with the fields the replica's engine reads of the turn
     set (luftpause/hints.py); the turn's own body where it reads none."""
     req = turn.req
-    return hinted(req.body, placement.hints, urgency(req.service_class, req.resuming), req.run_id)
+    return hinted(req.body, placement.hints, urgency(req.service_class, req.resuming), req.run_id,
+                  slot=placement.slot)
 
 
 def _retry_after(upstream: aiohttp.ClientResponse) -> dict[str, str]:

@@ -1,8 +1,10 @@
 """B2's shape on real engines (docs/benchmarks.md, "Real engines"): two ``llama-server``
 replicas of SmolLM2-135M-Instruct (``luftpause.dev.llama``), own-loop agents, wall seconds.
 
-``real_bench b2 [--repeats 2] [--window-s 60]`` (``make bench-real``): 2 interactive among
-12 batch agents through luftpause and through ``sglang-router`` cache_aware.
+``real_bench b2 [--repeats 2] [--window-s 60] [--cache-ram MIB]`` (``make bench-real``): 2
+interactive among 12 batch agents through luftpause and through ``sglang-router`` cache_aware,
+with the share of a resumed turn's prompt llama.cpp served from cache per row (agents
+calling a tool beside B2's: the 135M model answers B2's runs without one).
 ``real_bench mixed [--runs 5] [--duration-s 40]``: 12 batch + 1 interactive agents through
 luftpause, ``--runs`` times: failed runs and turns.
 """
@@ -17,9 +19,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 from rich.console import Console
 
 from luftpause import logs
+from luftpause import vocabulary as h
 from luftpause.dev import llama
 from luftpause.dev.procs import ManagedProcess, free_ports
 from luftpause.dev.stack import Ports, Stack, write_configs
@@ -39,7 +43,8 @@ WORKLOAD = Workload(context_chars_min=200, context_chars_max=800, tool_calls_min
 class RealRig:
     """Two llama-server replicas, and luftpause or a router in front of them."""
 
-    def __init__(self, out_dir: Path, name: str) -> None:
+    def __init__(self, out_dir: Path, name: str, cache_ram_mib: int | None = None) -> None:
+        self.cache_ram_mib = cache_ram_mib  # llama-server --cache-ram; None: its default
         self.dir = out_dir / "work" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.logs = self.dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -52,7 +57,7 @@ class RealRig:
             for name, port, url in zip(("engine-a", "engine-b"), self.engine_ports, self.engine_urls):
                 started.enter_context(peers.running(ManagedProcess(
                     name, "llama-server", ready_url=f"{url}/health", log_path=self.logs / f"{name}.log",
-                    command=engine.command(port))))
+                    command=engine.command(port, cache_ram_mib=self.cache_ram_mib))))
             self._stack = started.pop_all()
         return self
 
@@ -126,28 +131,75 @@ async def mixed(runs: int, duration_s: float, out_dir: Path) -> dict[str, Any]:
     return payload
 
 
-async def b2(repeats: int, window_s: float, warmup_s: float, out_dir: Path) -> dict[str, Any]:
+# B2's agents are answered without a tool call by the 135M model: beside them, agents whose
+# runs call a tool (the few-shot conversation it calls one after, each run's own from its first
+# token), pause 1 s and come back. llama.cpp's timings of those turns are a row's cache share.
+RESUMING_AGENTS = 2
+REQUESTS = ("population of Tokyo", "owner of valve 7", "depth of Lake Baikal", "age of the Hanseatic charter")
+
+
+async def resuming_agent(target: Target, name: str, until: float, turns: list[tuple[int, int]]) -> None:
+    """Runs until ``until`` (monotonic), each a tool call and the turn back from it, whose
+    (prompt tokens from cache, computed) go to ``turns``, as llama.cpp's ``timings`` say.
+    ``name`` (the row's and agent's) starts each prompt: no row finds another's KV."""
+    url, run = f"{target.base_url}/chat/completions", 0
+    async with httpx.AsyncClient(timeout=600) as http:
+        while time.monotonic() < until:
+            run_id, run = f"{name}-{run}", run + 1
+            headers = {h.RUN_ID: run_id} if target.luftpause else {}
+            messages = llama.tool_calling_messages(REQUESTS[run % len(REQUESTS)], f"Agent {run_id}. {llama.SYSTEM}")
+            body = {"model": target.model, "tools": [llama.LOOKUP], "temperature": 0, "max_tokens": 64}
+            reply = (await http.post(url, json={**body, "messages": messages}, headers=headers)).json()["choices"][0]
+            if reply["finish_reason"] == "tool_calls":
+                call = reply["message"]["tool_calls"][0]
+                messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                             {"role": "tool", "tool_call_id": call["id"], "content": "about 14 million"}]
+                await asyncio.sleep(WORKLOAD.tool_delay_s)
+                back = (await http.post(url, json={**body, "messages": messages, "max_tokens": 8}, headers=headers))
+                timings = back.json()["timings"]
+                turns.append((timings["cache_n"], timings["prompt_n"]))
+            if target.luftpause:  # the run is over: its slot is free for the next
+                await http.delete(f"{target.base_url}/runs/{run_id}", headers=headers)
+
+
+def cache_share(turns: list[list[int]]) -> str:
+    cached, computed = sum(t[0] for t in turns), sum(t[1] for t in turns)
+    return f"{cached / (cached + computed):.0%} ({len(turns)})" if turns else "—"
+
+
+async def b2(repeats: int, window_s: float, warmup_s: float, out_dir: Path,
+             cache_ram_mib: int | None = None) -> dict[str, Any]:
     """2 interactive + 12 batch agents, closed loop: luftpause vs sglang-router cache_aware."""
     results: dict[str, list[dict[str, Any]]] = {"router": [], "luftpause": []}
-    with RealRig(out_dir, "real-b2") as rig:
+    with RealRig(out_dir, "real-b2", cache_ram_mib) as rig:
         for repeat in range(repeats):
             for variant in ("router", "luftpause") if repeat % 2 == 0 else ("luftpause", "router"):
                 with rig.target(variant) as target:
-                    result = await _load(target, groups(2), window_s, warmup_s, f"b2-{variant}-{repeat}")
+                    until, resumed = time.monotonic() + warmup_s + window_s, []
+                    result, *_ = await asyncio.gather(
+                        _load(target, groups(2), window_s, warmup_s, f"b2-{variant}-{repeat}"),
+                        *(resuming_agent(target, f"b2-{variant}-{repeat}-resuming-{agent}", until, resumed)
+                          for agent in range(RESUMING_AGENTS)))
                 results[variant].append({"summary": result.summary, "cpu": result.cpu,
-                                         "failed_runs": sum(not r.ok for r in result.records)})
-    print_b2(results, repeats, window_s)
+                                         "failed_runs": sum(not r.ok for r in result.records),
+                                         "resumed_turns": resumed})
+    print_b2(results, repeats, window_s, cache_ram_mib)
     payload = {"benchmark": "real-b2", "workload": asdict(WORKLOAD), "window_s": window_s, "warmup_s": warmup_s,
-               "results": results}
+               "cache_ram_mib": cache_ram_mib, "results": results}
     console.print(f"raw results: {write_results(out_dir, 'real-b2', payload)}")
     return payload
 
 
-def print_b2(results: dict[str, list[dict[str, Any]]], repeats: int, window_s: float) -> None:
-    table = new_table(f"B2 on two llama.cpp replicas (SmolLM2-135M, 2 CPUs): 2 interactive + 12 batch own-loop "
-                      f"agents, closed loop, {window_s:.0f} s window, {repeats} repeats (wall seconds)",
+def print_b2(results: dict[str, list[dict[str, Any]]], repeats: int, window_s: float,
+             cache_ram_mib: int | None = None) -> None:
+    ram = "llama.cpp's default" if cache_ram_mib is None else f"{cache_ram_mib} MiB"
+    table = new_table(f"B2 on two llama.cpp replicas (SmolLM2-135M, 2 CPUs, 4 slots each, prompt cache in RAM: "
+                      f"{ram}): 2 interactive + 12 batch own-loop agents, closed loop, {window_s:.0f} s window, "
+                      f"{repeats} repeats (wall seconds); beside them {RESUMING_AGENTS} agents calling a tool: "
+                      f"their turns back from it, prompt from cache (turns), llama.cpp's timings",
                       ("", "interactive runs/min", "interactive p50", "interactive p90", "batch runs/min",
-                       "failed runs", "interactive ×router", "p50 ×router", "batch ×router"))
+                       "failed runs", "resumed turns from cache", "interactive ×router", "p50 ×router",
+                       "batch ×router"))
     figures = (("interactive", "runs_per_min"), ("interactive", "latency_p50_s"), ("interactive", "latency_p90_s"),
                ("batch", "runs_per_min"))
     base = {figure: mean([_cls(r, *figure) for r in results["router"]]) for figure in figures}
@@ -156,6 +208,7 @@ def print_b2(results: dict[str, list[dict[str, Any]]], repeats: int, window_s: f
         table.add_row("sglang-router cache_aware" if key == "router" else "luftpause",
                       *(fmts(v, 1 if figure[1] == "runs_per_min" else 2, "" if figure[1] == "runs_per_min" else " s")
                         for figure, v in values.items()), str(sum(r["failed_runs"] for r in rs)),
+                      " / ".join(cache_share(r["resumed_turns"]) for r in rs),
                       *("—" if key == "router" else ratio(mean(values[figure]), base[figure])
                         for figure in figures if figure[1] != "latency_p90_s"))
     console.print(table)
@@ -169,11 +222,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=2, help="b2: repeats of each variant")
     p.add_argument("--window-s", type=float, default=60.0, help="b2: measurement window, seconds")
     p.add_argument("--warmup-s", type=float, default=10.0, help="b2: warm-up before the window, seconds")
+    p.add_argument("--cache-ram", type=int, default=None, metavar="MIB",
+                   help="b2: llama-server --cache-ram for both replicas (0: a prompt's KV lives only in its slot; "
+                        "default: llama.cpp's, 8192, which keeps a taken slot's KV in memory to restore)")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"))
     a = p.parse_args(argv)
     logs.configure("bench")
     asyncio.run(mixed(a.runs, a.duration_s, a.out_dir) if a.which == "mixed" else
-                b2(a.repeats, a.window_s, a.warmup_s, a.out_dir))
+                b2(a.repeats, a.window_s, a.warmup_s, a.out_dir, a.cache_ram))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ for the engines started with the features that read them (docs/engine-hints.md).
 
 An engine schedules each request on its own; only luftpause knows which request is an
 agent coming back from a tool call, which is a person's first turn and which is batch
-work, and when a run is over. Two engine features take that knowledge:
+work, and when a run is over. Three engine features take that knowledge:
 
 - **Priority** (a request's top-level ``priority``): vLLM's ``--scheduling-policy
   priority`` runs *lower* values first and preempts the lowest-priority running request
@@ -17,11 +17,16 @@ work, and when a run is over. Two engine features take that knowledge:
   ``session_id`` tags its KV with the session, which the cache keeps ahead of unreferenced
   KV until ``POST /close_session`` releases it. luftpause sends the run's id on every
   turn and closes the session on each replica the run used when the run ends (a run-end
-  notice, its harness session over, the idle timeout): scheduler/sessions.py.
+  notice, its harness session over, the idle timeout): scheduler/engine_sessions.py.
+- **Slots** (llama.cpp's ``llama-server``, ``--parallel N``): a request's ``id_slot`` runs
+  it in that slot (deferred while the slot is busy), and with ``cache_prompt`` the slot's
+  KV of the longest common prefix is reused. The scheduler gives each run a slot on each
+  replica it uses and keeps it there (scheduler/engine_slots.py); the turn carries it as
+  ``id_slot``, with ``cache_prompt: true``.
 
-An engine whose pool entry (or server info) names neither gets every request byte for
-byte as the client's turn was; one that names them gets these fields set by luftpause,
-over whatever a client put there (a client does not choose its own priority).
+An engine whose pool entry (or server info) names none of them gets every request byte
+for byte as the client's turn was; one that names them gets these fields set by
+luftpause, over whatever a client put there (a client does not choose its own priority).
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ RESUMING = 2  # an interactive run coming back from a tool call: it held KV and 
 FRESH = 1  # an interactive turn from the user
 BACKGROUND = 0  # batch
 
+HINT_NAMES = ("priority", "sessions", "slots")  # a pool entry's hints
+MAX_SLOTS = 4096  # more slots than any engine runs: a typo, not a --parallel
+
 
 class HintsError(LuftpauseError, ValueError):
     """A pool entry's ``hints`` is malformed."""
@@ -53,30 +61,36 @@ class HintsError(LuftpauseError, ValueError):
 @dataclass(frozen=True)
 class EngineHints:
     """What one replica's engine reads of a turn: ``priority`` in which order ("" = it
-    does not read one) and whether it keeps KV by ``session_id``."""
+    does not read one), whether it keeps KV by ``session_id``, and how many slots it
+    runs a request in by ``id_slot`` (0 = it does not)."""
 
     priority: str = ""
     sessions: bool = False
+    slots: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.priority or self.sessions)
+        return bool(self.priority or self.sessions or self.slots)
 
     @classmethod
     def from_pool(cls, value: Any) -> EngineHints:
         """A pool entry's ``hints`` mapping: ``priority`` (lower-first, higher-first or
-        none) and ``sessions`` (true or false)."""
+        none), ``sessions`` (true or false) and ``slots`` (llama.cpp's ``--parallel``; 0 = none)."""
         if not isinstance(value, Mapping):
-            raise HintsError("hints must be a mapping with 'priority' and/or 'sessions'")
-        unknown = set(value) - {"priority", "sessions"}
+            raise HintsError("hints must be a mapping with 'priority', 'sessions' and/or 'slots'")
+        unknown = set(value) - set(HINT_NAMES)
         if unknown:
-            raise HintsError(f"unknown hints {sorted(unknown)}: use 'priority' and 'sessions'")
+            raise HintsError(f"unknown hints {sorted(unknown)}: use 'priority', 'sessions' and 'slots'")
         priority = value.get("priority", "none")
         if priority not in (*PRIORITY_ORDERS, "none"):
             raise HintsError(f"hints.priority must be one of {', '.join(PRIORITY_ORDERS)} or none, not {priority!r}")
         sessions = value.get("sessions", False)
         if not isinstance(sessions, bool):
             raise HintsError(f"hints.sessions must be true or false, not {sessions!r}")
-        return cls("" if priority == "none" else priority, sessions)
+        slots = value.get("slots", 0)
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 0 <= slots <= MAX_SLOTS:
+            raise HintsError(f"hints.slots must be a whole number from 0 (none) to {MAX_SLOTS}: the engine's "
+                             f"--parallel, not {slots!r}")
+        return cls("" if priority == "none" else priority, sessions, slots)
 
     @classmethod
     def from_server_info(cls, info: Mapping[str, Any]) -> EngineHints:
@@ -87,9 +101,17 @@ class EngineHints:
             priority = LOWER_FIRST if info.get("schedule_low_priority_values_first") is True else HIGHER_FIRST
         return cls(priority, info.get("enable_session_radix_cache") is True)
 
+    @classmethod
+    def from_props(cls, props: Mapping[str, Any]) -> EngineHints:
+        """What llama.cpp's ``/props`` says: ``total_slots``, its ``--parallel`` (every
+        llama-server reads ``id_slot`` and ``cache_prompt``)."""
+        slots = props.get("total_slots")
+        valid = isinstance(slots, int) and not isinstance(slots, bool) and 0 < slots <= MAX_SLOTS
+        return cls(slots=slots if valid else 0)
+
     def as_fields(self) -> dict[str, Any]:
         """For logs and status."""
-        return {"priority": self.priority or "none", "sessions": self.sessions}
+        return {"priority": self.priority or "none", "sessions": self.sessions, "slots": self.slots}
 
 
 NO_HINTS = EngineHints()
@@ -117,9 +139,11 @@ def resumes_from_tool(chat: Mapping[str, Any]) -> bool:
 
 
 def hinted(body: bytes, hints: EngineHints, level: int, run_id: str,
-           document: Mapping[str, Any] | None = None) -> bytes:
+           document: Mapping[str, Any] | None = None, slot: int | None = None) -> bytes:
     """The chat-completions body with the engine's fields set over the client's (``body``
     itself for an engine that reads none: byte for byte what it would have been).
+    ``slot``: the engine slot the scheduler chose for the run (an engine with slots;
+    None: none chosen, the engine picks one itself).
     ``document``: the body already parsed, where the caller has it (not changed here);
     else the body is parsed with orjson, about a quarter of a millisecond for a Claude
     Code-sized turn (60-100 KB) on a busy 2-core machine (splicing the fields in front
@@ -136,6 +160,10 @@ def hinted(body: bytes, hints: EngineHints, level: int, run_id: str,
         fields["priority"] = priority_value(hints.priority, level)
     if hints.sessions:
         fields["session_id"] = run_id
+    if hints.slots:
+        fields["cache_prompt"] = True
+        if slot is not None:
+            fields["id_slot"] = slot
     document = {**document, **fields}
     try:
         return orjson.dumps(document)

@@ -98,14 +98,18 @@ class Placement:
     held_ms: int
     native_apis: tuple[str, ...] = ()  # client APIs the replica serves itself (the pool's native_apis)
     hints: EngineHints = NO_HINTS  # what its engine reads of a turn (luftpause/hints.py)
+    slot: int | None = None  # the engine slot chosen for the turn's run there (hints.slots); None: none
 
     @classmethod
     def of(cls, placed: pb.AdmitReply | pb.LeaseGrant, held_ms: int = 0) -> Placement:
         """A placement from the scheduler's answer (a turn's, or a lease's)."""
-        hints = NO_HINTS
+        hints, slot = NO_HINTS, None
         if placed.HasField("hints"):
-            hints = EngineHints(placed.hints.priority, placed.hints.sessions)
-        return cls(placed.replica, placed.base_url, placed.api_key_env, held_ms, tuple(placed.native_apis), hints)
+            given = placed.hints
+            hints = EngineHints(given.priority, given.sessions, given.slots)
+            slot = given.slot if given.slots and given.HasField("slot") else None
+        return cls(placed.replica, placed.base_url, placed.api_key_env, held_ms, tuple(placed.native_apis), hints,
+                   slot)
 
 
 class Lease:

@@ -275,7 +275,7 @@ class Exchange:
         picker.metrics.picked(self.service_class, time.monotonic() - self.started)
         body = message.request_body.body
         hinted_body = hinted(body, placement.hints, urgency(self.service_class, resumes_from_tool(document)),
-                             self.run_id, document)
+                             self.run_id, document, placement.slot)
         return self._route(placement, ",".join((primary, *fallbacks)), body=None if hinted_body is body else hinted_body)
 
     async def decide(self, document: dict) -> ep.ProcessingResponse:

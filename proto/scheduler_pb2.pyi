@@ -94,12 +94,16 @@ class AdmitReply(_message.Message):
     def __init__(self, replica: _Optional[str] = ..., base_url: _Optional[str] = ..., api_key_env: _Optional[str] = ..., held_ms: _Optional[int] = ..., native_apis: _Optional[_Iterable[str]] = ..., hints: _Optional[_Union[EngineHints, _Mapping]] = ...) -> None: ...
 
 class EngineHints(_message.Message):
-    __slots__ = ("priority", "sessions")
+    __slots__ = ("priority", "sessions", "slots", "slot")
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
     priority: str
     sessions: bool
-    def __init__(self, priority: _Optional[str] = ..., sessions: _Optional[bool] = ...) -> None: ...
+    slots: int
+    slot: int
+    def __init__(self, priority: _Optional[str] = ..., sessions: _Optional[bool] = ..., slots: _Optional[int] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class TurnStarted(_message.Message):
     __slots__ = ("replica",)

@@ -59,7 +59,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         endpoint = self.host.endpoints[action.replica]
         return pb.AdmitReply(
             replica=endpoint.name, base_url=endpoint.base_url, api_key_env=endpoint.api_key_env, held_ms=action.held_ms,
-            native_apis=self.host.native_apis(endpoint), hints=self.host.hints(endpoint),
+            native_apis=self.host.native_apis(endpoint), hints=self.host.hints(endpoint, request.run_id),
         )
 
     async def Report(self, request_iterator: AsyncIterator[pb.TurnEventBatch], context) -> pb.ReportAck:

@@ -19,6 +19,7 @@ from luftpause.scheduler.constants import CLOCK_TICK_S, DATAPLANE_GONE_S, FIRST_
 from luftpause.scheduler.metrics import SchedulerMetrics
 from luftpause.scheduler.pool import Endpoint
 from luftpause.scheduler.engine_sessions import EngineSessions
+from luftpause.scheduler.engine_slots import EngineSlots
 from luftpause.scheduler.probes import ProbeResult, answers, native_apis, probe, probe_client, server_info
 from luftpause.vocabulary import BATCH, INTERACTIVE
 
@@ -57,6 +58,7 @@ class SchedulerHost:
         # Client APIs an engine serves itself, read from it when its pool entry lists none.
         self._discovered_apis: dict[str, tuple[str, ...]] = {}
         self.sessions = EngineSessions(self.endpoints, log)  # the engines' hints and sessions of runs
+        self.slots = EngineSlots()  # each run's engine slot where engines have slots (llama.cpp)
         self._clock = clock
         self.state = core.initial_state((e.replica() for e in endpoints), policy,
                                         first_probe_deadline_ms=self.now_ms() + int(first_probe_wait_s * 1000))
@@ -90,6 +92,7 @@ class SchedulerHost:
                 continue
             if isinstance(action, core.Place) and (turn := self.state.turns.get(action.turn_id)) is not None:
                 self.sessions.placed(turn.run_id, action.replica)
+                self._choose_slot(turn.run_id, action.replica)
             self._log_decision(action)
             for waiter in self._waiters.pop(action.turn_id, ()):
                 waiter(action)
@@ -100,10 +103,19 @@ class SchedulerHost:
             self.sessions.placed(event.run_id, event.leased_replica)
         elif isinstance(event, (core.RunEnded, core.ClockTicked)):
             self.sessions.settle(self.state, self._probe_client)
+            self.slots.settle(self.state)
         elif isinstance(event, core.Resynced):  # runs brought back after a restart
             for run in self.state.runs.values():
                 if run.replica:
                     self.sessions.placed(run.run_id, run.replica)
+
+    def _choose_slot(self, run_id: str, replica: str) -> None:
+        """The run's engine slot for its turn placed on the replica, where its engine has
+        slots (scheduler/engine_slots.py); :meth:`hints` sends it with the placement."""
+        endpoint = self.endpoints.get(replica)
+        slots = self.sessions.of(endpoint).slots if endpoint is not None else 0
+        if slots:
+            self.slots.take(self.state, replica, run_id, slots, self.now_ms())
 
     def _log_decision(self, action: core.Action) -> None:
         """One debug line per admission decision."""
@@ -312,20 +324,28 @@ class SchedulerHost:
             # The fast batch and the native APIs are read, side by side, on the first
             # healthy probe of each healthy spell (out of sight and back is the same spell).
             known = self.state.replicas[endpoint.name]
-            fast = None
+            fast = slots = None
             if result.healthy and not (known.healthy or known.unseen):
                 info, _ = await asyncio.gather(
                     server_info(client, endpoint),
                     self._discover_apis(client, [endpoint] if endpoint.native_apis is None else []))
                 fast = info.fast_batch
                 self.sessions.learned(endpoint, info.hints)
-            self._probe_result(endpoint.name, result, fast, answered)
+                slots = self.sessions.of(endpoint).slots
+            self._probe_result(endpoint.name, result, fast, answered, slots)
             await asyncio.sleep(max(0.0, self.probe_period_s - (time.monotonic() - started)))
 
-    def hints(self, endpoint: Endpoint) -> pb.EngineHints | None:
-        """The replica's engine hints as sent to dataplanes (None: it reads none)."""
+    def hints(self, endpoint: Endpoint, run_id: str = "") -> pb.EngineHints | None:
+        """The replica's engine hints as sent to dataplanes (None: it reads none), with
+        the engine slot of ``run_id``'s turn placed there, where it has slots."""
         hints = self.sessions.of(endpoint)
-        return pb.EngineHints(priority=hints.priority, sessions=hints.sessions) if hints else None
+        if not hints:
+            return None
+        message = pb.EngineHints(priority=hints.priority, sessions=hints.sessions, slots=hints.slots)
+        slot = self.slots.of(endpoint.name, run_id) if hints.slots and run_id else None
+        if slot is not None:
+            message.slot = slot
+        return message
 
     def native_apis(self, endpoint: Endpoint) -> tuple[str, ...]:
         """The client APIs besides chat completions the replica serves itself: its pool
@@ -351,10 +371,12 @@ class SchedulerHost:
         known = self.state.replicas[endpoint.name]
         if not (result.healthy and (known.stalled or known.silent)):
             return result, None
-        return result, await answers(client, endpoint)
+        slots = self.sessions.of(endpoint).slots
+        spare = self.slots.spare(self.state, endpoint.name, slots) if slots else None  # a slot holding no run's KV
+        return result, await answers(client, endpoint, spare)
 
     def _probe_result(self, replica: str, result: ProbeResult, fast: int | None = None,
-                      answered: bool | None = None) -> None:
+                      answered: bool | None = None, slots: int | None = None) -> None:
         self._log_probe(replica, result)
         self.metrics.probed(replica, result.healthy)
         if fast:
@@ -367,7 +389,8 @@ class SchedulerHost:
                                      result.kv_used, result.kv_total, fast, answers=answered,
                                      load_stale=result.load_stale, unanswered=result.unanswered,
                                      gen_throughput=result.gen_throughput, queue_wait_s=result.queue_wait_s,
-                                     queue_waits=result.queue_waits, decode_counters=result.decode_counters))
+                                     queue_waits=result.queue_waits, decode_counters=result.decode_counters,
+                                     engine_slots=slots))
         after = self.state.replicas[replica]
         if after.limit.value != known.limit.value:
             self.log.info("admission_limit", replica=replica, limit=after.limit.value, was=known.limit.value,

@@ -33,15 +33,18 @@ YAML, one entry per endpoint::
         hints:                         # optional: the engine's own agent features luftpause
           priority: lower-first        # drives (docs/engine-hints.md). priority: the order the
           sessions: false              # engine runs a request's top-level `priority` in:
-                                       # lower-first (vLLM --scheduling-policy priority; SGLang
+          slots: 0                     # lower-first (vLLM --scheduling-policy priority; SGLang
                                        # with --schedule-low-priority-values-first), higher-first
                                        # (SGLang --enable-priority-scheduling), none. sessions:
                                        # SGLang --enable-session-radix-cache (session_id = the
-                                       # run, /close_session when it ends). When absent, read
-                                       # from the engine's /get_server_info (SGLang publishes
-                                       # its server arguments there) on the first healthy probe
-                                       # of each healthy spell; an engine that publishes none
-                                       # gets requests unchanged
+                                       # run, /close_session when it ends). slots: llama.cpp's
+                                       # --parallel (each run's id_slot chosen by the scheduler,
+                                       # cache_prompt: true); 0 = none; not on a router entry.
+                                       # When absent, read from the engine's /get_server_info
+                                       # (SGLang publishes its server arguments there), else
+                                       # llama.cpp's /props (total_slots), on the first healthy
+                                       # probe of each healthy spell; an engine that publishes
+                                       # none gets requests unchanged
 """
 
 from __future__ import annotations
@@ -137,9 +140,12 @@ def _hints(entry: dict, where: str) -> EngineHints | None:
     if "hints" not in entry:
         return None
     try:
-        return EngineHints.from_pool(entry["hints"])
+        hints = EngineHints.from_pool(entry["hints"])
     except HintsError as exc:
         raise PoolError(f"{where}: {exc}") from None
+    if hints.slots and entry.get("load_from"):
+        raise PoolError(f"{where}: hints.slots are one engine's slots, not a router's (load_from)")
+    return hints
 
 
 def _http_url(url: str) -> bool:

@@ -47,6 +47,8 @@ EAGER_PASSES = "sglang:cuda_graph_passes_total{decode_none}"
 QUEUE_TIME_METRICS = ("sglang:queue_time_seconds", "vllm:request_queue_time_seconds")
 # SGLang's server arguments (``cuda_graph_max_bs`` among them); other engines answer 404.
 SERVER_INFO_PATH = "/get_server_info"
+# llama.cpp's settings (``total_slots``, its --parallel), asked where SGLang's are not there.
+PROPS_PATH = "/props"
 # Where vLLM and SGLang (FastAPI servers) publish their routes; a native client API is
 # one whose path is listed there.
 OPENAPI_PATH = "/openapi.json"
@@ -235,7 +237,8 @@ async def probe(client: httpx.AsyncClient, endpoint: Endpoint) -> ProbeResult:
 @dataclass(frozen=True)
 class ServerInfo:
     """What an engine says of its own settings (SGLang's ``/get_server_info`` carries its
-    server arguments; other engines, and routers, say nothing here)."""
+    server arguments, llama.cpp's ``/props`` its slots; other engines, and routers, say
+    nothing here)."""
 
     fast_batch: int = 0  # the largest decode batch it runs at full speed; 0 = unknown
     hints: EngineHints = NO_HINTS  # the agent features it was started with (luftpause/hints.py)
@@ -246,19 +249,27 @@ async def server_info(client: httpx.AsyncClient, endpoint: Endpoint) -> ServerIn
     ``cuda_graph_max_bs`` replay captured CUDA graphs, larger ones run eagerly (unless
     ``disable_cuda_graph``, when none is fast); ``enable_priority_scheduling``,
     ``schedule_low_priority_values_first`` and ``enable_session_radix_cache`` are the
-    features luftpause drives. A router's engines' settings are their own."""
+    features luftpause drives. An engine without SGLang's server info is asked llama.cpp's
+    ``/props``: its ``total_slots``. A router's engines' settings are their own."""
     if endpoint.load_from:
         return ServerInfo()
-    try:
-        response = await client.get(endpoint.probed_at + SERVER_INFO_PATH, headers=auth_headers(endpoint))
-        info = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return ServerInfo()
-    if not isinstance(info, dict):
-        return ServerInfo()
+    info = await _json_at(client, endpoint, SERVER_INFO_PATH)
+    if info is None:
+        props = await _json_at(client, endpoint, PROPS_PATH)
+        return ServerInfo(hints=EngineHints.from_props(props)) if props is not None else ServerInfo()
     size = info.get("cuda_graph_max_bs")
     fast = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
     return ServerInfo(0 if info.get("disable_cuda_graph") is True else fast, EngineHints.from_server_info(info))
+
+
+async def _json_at(client: httpx.AsyncClient, endpoint: Endpoint, path: str) -> dict | None:
+    """The JSON object the engine answers a GET of ``path`` with (None: not there, not an object)."""
+    try:
+        response = await client.get(endpoint.probed_at + path, headers=auth_headers(endpoint))
+        document = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None
 
 
 async def native_apis(client: httpx.AsyncClient, endpoint: Endpoint) -> tuple[str, ...]:
@@ -278,12 +289,14 @@ async def native_apis(client: httpx.AsyncClient, endpoint: Endpoint) -> tuple[st
     return tuple(name for name, path in NATIVE_API_PATHS if isinstance(paths.get(path), dict) and "post" in paths[path])
 
 
-async def answers(client: httpx.AsyncClient, endpoint: Endpoint) -> bool:
+async def answers(client: httpx.AsyncClient, endpoint: Endpoint, slot: int | None = None) -> bool:
     """Whether the engine streams a one-token generation to its end within the probe
     timeout: the probe that brings a stalled replica back (its health route may answer
-    while generation is wedged, and an engine that stalls mid-stream sends a first chunk)."""
+    while generation is wedged, and an engine that stalls mid-stream sends a first chunk).
+    ``slot``: the engine slot it takes (llama.cpp's ``id_slot``; scheduler/engine_slots.py),
+    so that it does not take a slot holding a run's KV."""
     body = {"model": endpoint.models[0], "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1,
-            "stream": True}
+            "stream": True, **({"id_slot": slot} if slot is not None else {})}
     try:
         async with asyncio.timeout(PROBE_TIMEOUT_S):
             async with client.stream("POST", endpoint.probed_at + "/v1/chat/completions", json=body,

@@ -93,7 +93,7 @@ class DataplaneStream:
     # ----------------------------------------------------------------- out
 
     def decided(self, action: core.Action) -> None:
-        _, span = self._waiting.pop(action.turn_id, ("", None))
+        run_id, span = self._waiting.pop(action.turn_id, ("", None))
         if isinstance(action, core.Reject):
             if span is not None:
                 span.set_status(Status(StatusCode.ERROR, action.message))
@@ -101,6 +101,8 @@ class DataplaneStream:
             self._refuse(action.turn_id, REFUSALS[action.reason], action.message)
             return
         endpoint = self.host.endpoints[action.replica]
+        if not run_id and (turn := self.host.state.turns.get(action.turn_id)) is not None:
+            run_id = turn.run_id
         if span is not None:
             span.set_attributes({"luftpause.replica": action.replica, "luftpause.held_ms": action.held_ms})
             span.end()
@@ -108,7 +110,7 @@ class DataplaneStream:
         placed.replica, placed.base_url, placed.held_ms = endpoint.name, endpoint.base_url, action.held_ms
         placed.api_key_env = endpoint.api_key_env
         placed.native_apis.extend(self.host.native_apis(endpoint))
-        if hints := self.host.hints(endpoint):
+        if hints := self.host.hints(endpoint, run_id):
             placed.hints.CopyFrom(hints)
         self._wake.set()
 

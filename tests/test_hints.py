@@ -56,6 +56,21 @@ def test_the_fields_an_engine_reads_are_set_over_the_client_s_and_the_rest_is_ke
     assert out == {**document, **fields}
 
 
+def test_llama_cpp_gets_the_slot_chosen_for_the_run_and_cache_prompt_over_the_client_s():
+    document = {**TOOL_RESULT, "id_slot": 5, "cache_prompt": False, "n_keep": 8}
+    out = json.loads(hinted(orjson.dumps(document), EngineHints(slots=4), RESUMING, "run-1", slot=2))
+    assert out == {**document, "id_slot": 2, "cache_prompt": True}
+    # slot 0 is a slot; and priority and sessions go along where the engine reads them too
+    out = json.loads(hinted(orjson.dumps(CHAT), EngineHints(HIGHER_FIRST, slots=1), FRESH, "run-1", slot=0))
+    assert out == {**CHAT, "priority": FRESH, "id_slot": 0, "cache_prompt": True}
+    # none chosen: the engine picks a slot itself, its prefix still reused
+    assert json.loads(hinted(orjson.dumps(CHAT), EngineHints(slots=4), FRESH, "r")) == {**CHAT, "cache_prompt": True}
+    # an engine without slots gets neither field, whatever slot is passed
+    body = orjson.dumps(CHAT)
+    assert hinted(body, NO_HINTS, FRESH, "r", slot=3) is body
+    assert "id_slot" not in json.loads(hinted(body, EngineHints(sessions=True), FRESH, "r", slot=3))
+
+
 def test_what_orjson_refuses_is_still_hinted():
     body = b'{"model":"m","messages":[{"role":"user","content":"\\ud800"}],"seed":123456789012345678901234567890}'
     out = json.loads(hinted(body, EngineHints(HIGHER_FIRST), FRESH, "r"))

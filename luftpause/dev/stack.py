@@ -169,7 +169,7 @@ class Stack:
     tools_file: Path
     state_dir: Path
     env: dict[str, str] = field(default_factory=dict)
-    engine_args: list[str] = field(default_factory=list)
+    engine_args: list[str] = field(default_factory=list)  # more args for every engine (fake or llama-server)
     engine_args_by_name: dict[str, list[str]] = field(default_factory=dict)  # more args for one engine
     dataplane_scheduler: str = ""  # host:port dataplanes dial for the scheduler (a fault proxy); "" = its own
     fake_mcp_args: list[str] = field(default_factory=list)
@@ -237,8 +237,9 @@ class Stack:
 
     def _llama_process(self, index: int, port: int) -> ManagedProcess:
         assert self.llama is not None
-        process = self._process(engine_name(index), "llama-server", [], f"http://{HOST}:{port}/health")
-        process.command = self.llama.command(port)
+        name = engine_name(index)
+        process = self._process(name, "llama-server", [], f"http://{HOST}:{port}/health")
+        process.command = [*self.llama.command(port), *self.engine_args, *self.engine_args_by_name.get(name, [])]
         return process
 
     def _tiers(self) -> list[list[ManagedProcess]]:

@@ -104,6 +104,7 @@ class EngineProbed:
     kv_used: int | None = None  # KV tokens held, None when not reported
     kv_total: int | None = None  # KV pool size in tokens, None when not reported
     fast_batch: int | None = None  # the engine's fast decode batch (0: none), None when not read this time
+    engine_slots: int | None = None  # the engine's slots a run's is chosen of (0: none), None when not read this time
     answers: bool | None = None  # a probe generation was answered in time; None when none was sent
     load_stale: bool = False  # the engine's metrics did not answer in time: its load is unknown, not zero
     # Its health route did not answer in time (no answer at all, not a refusal or an

@@ -25,6 +25,12 @@ whose Connect stream takes leases may be lent slots of a replica's free room:
   their busy turns count as placed here.
 Affinity is the dataplane's to keep: it fills a slot only with a run it has seen,
 on the run's own replica while the run is pinned.
+
+A replica whose engine has slots the host chooses per run (llama.cpp's ``id_slot``:
+``Replica.engine_slots``, scheduler/engine_slots.py) is never lent, and a lease on it is
+called back once its slots are known: a turn placed on a lent slot would reach the
+engine before the host chose its run's slot. Its turns always ask (one round trip on
+engines whose turns take seconds).
 """
 
 from __future__ import annotations
@@ -125,7 +131,7 @@ def _settle_leases(state: State, actions: list[Action], event: Event) -> tuple[S
         room = _batch_room(replica, _keeps_slots(state))
         over_lent = room is not None and room < 0  # what is lent and used no longer fits
         if (state.held or not replica.healthy or key[0] not in state.lease_takers or over_lent
-                or _slower_than_a_peer(state, replica)):
+                or replica.engine_slots or _slower_than_a_peer(state, replica)):
             state = state._replace(leases=state.leases.set(key, lease._replace(revoked=True)))
             actions = [*actions, Revoke(key[0], key[1])]
     asker = event.dataplane if isinstance(event, AdmitRequested) and not event.leased_replica else None
@@ -134,7 +140,8 @@ def _settle_leases(state: State, actions: list[Action], event: Event) -> tuple[S
     if _awaiting_first_probes(state, event.now_ms):
         return state, actions
     for name, replica in state.replicas.items():
-        if replica.kind != GENERATIVE or not replica.healthy or _slower_than_a_peer(state, replica):
+        if (replica.kind != GENERATIVE or not replica.healthy or replica.engine_slots
+                or _slower_than_a_peer(state, replica)):
             continue
         lease = state.leases.get((asker, name))
         if lease is not None and lease.revoked:

@@ -86,7 +86,9 @@ def _tokens_per_turn(replica: Replica) -> float | None:
 
 def _ceiling_reserve(replica: Replica, keep_slots: bool) -> int:
     """Slots under the decode ceiling batch turns may not take on this replica: with
-    ``keep_slots`` (see :func:`_keeps_slots`) one for each interactive run paused there,
+    ``keep_slots`` (see :func:`_keeps_slots`), or on an engine with slots (its ceiling is
+    its slots, and a paused run's KV is in one of them: a batch turn placed there would
+    take it, scheduler/engine_slots.py), one for each interactive run paused there,
     otherwise one for each of them due back from its tool call now (resume.py); at most
     half the ceiling. Without either the resuming turn waits for a batch turn to end.
     And, while the ceiling is lifted (ceiling.py), one of the lifted slots for each
@@ -95,7 +97,7 @@ def _ceiling_reserve(replica: Replica, keep_slots: bool) -> int:
     its tool must not also wait there behind the batch turns the lift let in."""
     if not replica.ceiling:
         return 0
-    kept = replica.paused_interactive if keep_slots else replica.due_interactive
+    kept = replica.paused_interactive if keep_slots or replica.engine_slots else replica.due_interactive
     return max(min(kept, replica.ceiling // KEPT_SLOTS_CEILING_DIVISOR), lifted_reserve(replica))
 
 
@@ -469,7 +471,8 @@ def _read(replica: Replica, event: EngineProbed) -> Replica:
         queued=event.queued or 0,
         kv_used=event.kv_used or 0,
         kv_total=event.kv_total or 0,
-        fast_batch=_fast_batch(replica, event, unseen),
+        fast_batch=_per_spell(event.fast_batch, replica.fast_batch, event, unseen),
+        engine_slots=_per_spell(event.engine_slots, replica.engine_slots, event, unseen),
     )
     updated = _with_queue_waits(replica, updated, event)
     if (event.load_stale and updated.healthy) or unseen:
@@ -481,12 +484,13 @@ def _read(replica: Replica, event: EngineProbed) -> Replica:
     return updated
 
 
-def _fast_batch(replica: Replica, event: EngineProbed, unseen: bool) -> int:
-    """The engine's fast decode batch: read once per healthy spell (an engine that went
-    away may come back with other settings)."""
-    if event.fast_batch is not None:
-        return event.fast_batch
-    return replica.fast_batch if event.healthy or unseen else 0
+def _per_spell(read: int | None, known: int, event: EngineProbed, unseen: bool) -> int:
+    """A setting of the engine's read once per healthy spell (its fast decode batch, its
+    slots): what this probe read, else what is known while the spell lasts (an engine
+    that went away may come back with other settings)."""
+    if read is not None:
+        return read
+    return known if event.healthy or unseen else 0
 
 
 def _with_queue_waits(replica: Replica, updated: Replica, event: EngineProbed) -> Replica:

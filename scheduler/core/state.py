@@ -129,6 +129,10 @@ class Replica(NamedTuple):
     due_interactive: int = 0
     fast_batch: int = 0  # the largest decode batch the engine runs at full speed, as it reports it; 0 = unknown
     leased_idle: int = 0  # slots lent to dataplanes and not in use: taken, as far as room goes
+    # The engine's slots (llama.cpp's --parallel), as the host read them on the first
+    # healthy probe: each run's is chosen by the host per turn (scheduler/engine_slots.py),
+    # so nothing here is lent (leases.py): every turn asks. 0 = none.
+    engine_slots: int = 0
     # Turns here a dataplane reported silent (stalls.py): the engine sent nothing since they
     # were sent, longer than its recent first bytes predict. There are some exactly while
     # the replica is SILENT (out of rotation with its limit kept; a byte from it brings it back).
@@ -174,10 +178,12 @@ class Replica(NamedTuple):
     def ceiling(self) -> int:
         """The decode-speed ceiling on turns in flight: the pool file's ``max_batch``, else
         the engine's own fast batch size, lifted where decoding above it proved cheap
-        (ceiling.py); 0 = none."""
-        if self.max_batch:
-            return self.max_batch
-        return self.fast_batch + self.decode.lift if self.fast_batch else 0
+        (ceiling.py); never above the engine's slots, where it has them (llama.cpp runs
+        no more at once and defers the rest in arrival order: they wait here instead, in
+        luftpause's order, and every turn placed finds its run's slot idle); 0 = none."""
+        cap = self.max_batch or (self.fast_batch + self.decode.lift if self.fast_batch else 0)
+        slots = self.engine_slots
+        return slots if slots and (not cap or slots < cap) else cap
 
     @property
     def capacity(self) -> int | None:

@@ -2,10 +2,11 @@
 each engine is sent, read from what it was started with, and the session closed when
 the run ends (luftpause/hints.py, scheduler/engine_sessions.py).
 
-The engines here record what reaches them: three capture engines (one reading nothing,
+The engines here record what reaches them: four capture engines (one reading nothing,
 one an SGLang saying in its server info that it reads priority and sessions, one a vLLM
-whose pool entry declares its priority policy) and the fake engine with SGLang's session
-radix cache, whose /stats counts its open sessions."""
+whose pool entry declares its priority policy, one a llama.cpp saying in its /props that
+it has two slots) and the fake engine with SGLang's session radix cache, whose /stats
+counts its open sessions."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class CaptureEngine:
     """An engine that answers every chat completion "ok" and keeps what it was sent: the
     bodies, byte for byte, and the sessions it was asked to close."""
 
-    def __init__(self, server_info: dict | None = None) -> None:
+    def __init__(self, server_info: dict | None = None, props: dict | None = None) -> None:
         self.bodies: list[bytes] = []
         self.closed: list[dict] = []
         engine = self
@@ -53,6 +54,8 @@ class CaptureEngine:
                     self._send(200, b"{}")
                 elif self.path == "/get_server_info" and server_info is not None:
                     self._send(200, json.dumps(server_info).encode())
+                elif self.path == "/props" and props is not None:
+                    self._send(200, json.dumps(props).encode())
                 else:
                     self._send(404, b'{"detail":"Not Found"}')
 
@@ -81,6 +84,7 @@ def engines() -> Iterator[dict[str, CaptureEngine]]:
         "plain": CaptureEngine(),
         "sglang": CaptureEngine({"enable_priority_scheduling": True, "enable_session_radix_cache": True}),
         "vllm": CaptureEngine(),  # vLLM publishes no server info: its pool entry says
+        "llama": CaptureEngine(props={"total_slots": 2, "model_alias": "llama-model"}),  # llama.cpp's /props
     }
     for engine in started.values():
         engine.thread.start()
@@ -99,6 +103,7 @@ def stack(tmp_path_factory, engines):
         {"name": "sglang", "base_url": engines["sglang"].url, "models": ["sglang-model"]},
         {"name": "vllm", "base_url": engines["vllm"].url, "models": ["vllm-model"],
          "hints": {"priority": "lower-first"}},
+        {"name": "llama", "base_url": engines["llama"].url, "models": ["llama-model"]},
         {"name": engine_name(0), "base_url": "{" + engine_name(0) + "}", "models": [MODEL]},
     ]}
     started = start_stack(tmp_path_factory.mktemp("hints"), engines=1, pool=pool,
@@ -139,7 +144,7 @@ def test_an_engine_started_without_the_features_gets_the_clients_bytes(stack, en
 def test_sglang_reading_priority_and_sessions_gets_the_runs_urgency_and_id(stack, engines):
     status = httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()
     assert {r["name"]: r["hints"] for r in status["replicas"]}["sglang"] == {"priority": "higher-first",
-                                                                             "sessions": True}
+                                                                             "sessions": True, "slots": 0}
     chat(stack, turn("sglang-model", priority=-100), **{h.RUN_ID: "agent-1"})  # a client does not pick its own
     chat(stack, turn("sglang-model", resuming=True), **{h.RUN_ID: "agent-1"})
     chat(stack, turn("sglang-model", resuming=True), **{h.RUN_ID: "nightly", h.SERVICE_CLASS: "batch"})
@@ -164,6 +169,21 @@ def test_vllm_declared_in_the_pool_gets_priority_lower_first_and_no_session(stac
     assert [b["priority"] for b in sent] == [-1, -2, 0] and not any("session_id" in b for b in sent)
 
 
+def test_llama_cpp_reading_slots_gets_the_slot_chosen_for_each_run_and_cache_prompt(stack, engines):
+    status = httpx.get(f"http://127.0.0.1:{stack.ports.scheduler_http}/status").json()
+    assert {r["name"]: r["hints"] for r in status["replicas"]}["llama"] == {"priority": "none", "sessions": False,
+                                                                            "slots": 2}
+    chat(stack, turn("llama-model", id_slot=1, cache_prompt=False), **{h.RUN_ID: "l-agent"})  # not the client's
+    chat(stack, turn("llama-model"), **{h.RUN_ID: "l-nightly", h.SERVICE_CLASS: "batch"})
+    chat(stack, turn("llama-model", resuming=True), **{h.RUN_ID: "l-agent"})
+    # a third run, two slots: the batch run's idle slot goes, the interactive run keeps its own
+    chat(stack, turn("llama-model"), **{h.RUN_ID: "l-person"})
+    chat(stack, turn("llama-model", resuming=True), **{h.RUN_ID: "l-agent"})
+    sent = engines["llama"].sent()
+    assert [(b["id_slot"], b["cache_prompt"]) for b in sent] == [(0, True), (1, True), (0, True), (1, True), (0, True)]
+    assert not any("priority" in b or "session_id" in b for b in sent)
+
+
 async def test_a_run_that_ends_has_its_session_closed_on_the_engine(stack, engines):
     chat(stack, turn("sglang-model"), **{h.RUN_ID: "to-end"})
     chat(stack, turn(MODEL), **{h.RUN_ID: "to-end-too"})
@@ -176,20 +196,24 @@ async def test_a_run_that_ends_has_its_session_closed_on_the_engine(stack, engin
                      what="the capture engine told to close the run's session")
     await eventually(lambda: httpx.get(stats).json()["sessions_open"] == 0, what="the fake engine's session closed")
     assert {"session_id": "agent-1"} not in engines["sglang"].closed  # runs still under way keep theirs
-    assert engines["plain"].closed == engines["vllm"].closed == []
+    assert engines["plain"].closed == engines["vllm"].closed == engines["llama"].closed == []
 
 
 def test_behind_envoy_the_picker_sets_the_fields_and_the_length_the_engine_reads(make_stack, engines):
     pool = {"endpoints": [
         {"name": "plain", "base_url": engines["plain"].url, "models": ["plain-model"]},
         {"name": "sglang", "base_url": engines["sglang"].url, "models": ["sglang-model"]},
+        {"name": "llama", "base_url": engines["llama"].url, "models": ["llama-model"]},
         {"name": engine_name(0), "base_url": "{" + engine_name(0) + "}", "models": [MODEL]},
     ]}
     stack = make_stack(gateway="envoy", engines=1, pool=pool, without=frozenset({"runtime", "fake-mcp"}))
-    plain_before, sglang_before = len(engines["plain"].bodies), len(engines["sglang"].bodies)
+    plain_before, sglang_before, llama_before = (len(engines[name].bodies) for name in ("plain", "sglang", "llama"))
     body = b'{"model": "plain-model", "messages": [{"role": "user", "content": "hi"}], "priority": 3}'
     chat(stack, body, **{h.RUN_ID: "envoy-plain"})
     chat(stack, turn("sglang-model", resuming=True, priority=-100), **{h.RUN_ID: "envoy-agent"})
     assert engines["plain"].bodies[plain_before:] == [body]
     [sent] = engines["sglang"].sent()[sglang_before:]  # its Content-Length was read to the end
     assert (sent["priority"], sent["session_id"]) == (2, "envoy-agent")
+    chat(stack, turn("llama-model", id_slot=1), **{h.RUN_ID: "envoy-llama"})
+    [sent] = engines["llama"].sent()[llama_before:]
+    assert (sent["id_slot"], sent["cache_prompt"]) == (0, True)  # this scheduler's first run there

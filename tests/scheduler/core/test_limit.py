@@ -502,6 +502,33 @@ def test_the_pool_files_max_batch_wins_over_what_the_engine_reports():
     assert len(first) == 3 and state.replicas["a"].capacity == 3
 
 
+def test_an_engine_with_slots_takes_no_more_turns_than_it_has_slots():
+    # llama.cpp runs --parallel requests at once and defers the rest first come, first served:
+    # they wait in luftpause instead, in its order (and every turn placed finds an idle slot)
+    state = pool("a")
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 1, engine_slots=4))
+    state, first = fill(state, 6)
+    assert len(first) == 4 and len(state.held) == 2 and state.replicas["a"].capacity == 4
+    state, _ = core.decide(state, core.TurnFinished("t0", "stop", 2))
+    assert len(state.held) == 1 and state.replicas["a"].in_flight == 4
+    # a max_batch under the slots stays the ceiling
+    small = core.initial_state([core.Replica("b", frozenset({MODEL}), max_batch=2)])
+    small, _ = core.decide(small, core.EngineProbed("b", True, 0, 0, 1, engine_slots=4))
+    assert small.replicas["b"].ceiling == 2
+
+
+def test_an_engine_with_slots_keeps_an_interactive_run_paused_there_its_slot_for_the_whole_pause():
+    # its KV is in one of the slots: a batch turn placed there would take it (scheduler/engine_slots.py)
+    state = pool("a")
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 1, engine_slots=4))
+    state, _ = admit(state, "i1", "agent", now=2)
+    state, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 3))
+    state, first = fill(state, 4, now=4)
+    assert len(first) == 3 and len(state.held) == 1
+    state, actions = admit(state, "i2", "agent", now=60_000)  # back from its tool, however late: its slot waits
+    assert placed(actions) == {"i2": "a"}
+
+
 def test_the_fast_batch_is_forgotten_when_the_engine_goes_away():
     state = pool("a")
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 1, fast_batch=4))
