@@ -1,7 +1,7 @@
 """A short `make chaos-load`: the same load with no fault, then with engine-b wedged under
-it, then with the dataplane cut off from the scheduler for 2 s, then with the scheduler
-cut off from engine-b for 4 s (long enough for a probe to go unanswered) while the
-dataplane still reaches it (real processes, a real TCP fault proxy; about a minute). The
+it, then with the scheduler cut off from engine-b for 4 s (long enough for a probe to go
+unanswered) while the dataplane still reaches it (real processes, a real TCP fault proxy;
+under a minute). The
 test holds the behaviours (no run lost, no round repeated, the table and JSON written);
 how fast service resumed and the p99 first tokens are the benchmark's figures, which
 it judges itself (a resume slower than one probe period is marked and fails the run)."""
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def test_a_wedged_engine_and_partitions_under_load_lose_no_run_and_repeat_no_round(tmp_path, capsys):
-    faults = ["none", "hang", "partition-2", "engine-partition-4"]
+    faults = ["none", "hang", "engine-partition-4"]  # (a 2 s cut from the scheduler: tests/e2e/test_partitions.py)
     code = load_main(["--faults", ",".join(faults), "--interactive", "2", "--batch", "4", "--warmup", "2",
                       "--window", "9", "--fault-at", "1", "--out", str(tmp_path / "out"),
                       "--keep", str(tmp_path / "stacks")])
@@ -43,7 +43,7 @@ def test_a_wedged_engine_and_partitions_under_load_lose_no_run_and_repeat_no_rou
     # The benchmark judges how fast service resumed after each heal (measured by the
     # harness: the first turn the scheduler placed, engine-b back in rotation): a resume
     # later than one probe period is marked in the table and named, and fails the run.
-    for fault in ("partition-2", "engine-partition-4"):
+    for fault in ("engine-partition-4",):
         row = by_fault[fault]
         assert row.resume_target_missed == (row.resume_s is None or row.resume_s > PROBE_PERIOD_S), shown
         assert (f"{fault}: TARGET MISSED" in printed) == row.resume_target_missed, printed
