@@ -3,7 +3,8 @@ three runtimes on its journal, two schedulers on its lead lock) while one fault 
 row: ``runtime-kill`` (kill -9 runtime-2, not started again), ``runtime-cut-N`` (runtime-2
 cut off from the database for N s by a TCP proxy that drops what it carries, then healed:
 the zombie case), ``postgres-restart`` and ``scheduler-kill`` (kill -9 the leader).
-Spawns go to the first runtime; the fleet spreads the runs over all three.
+Spawns go to the first runtime; the fleet spreads the runs over all three; a runtime-2 fault
+waits (at most 10 s) until runtime-2 drives a run.
 
 Per row, from the journal's rows and the tool server's log: runs completed and lost,
 rounds journaled twice, tool executions beyond the completed runs' calls per run (a call in
@@ -45,6 +46,7 @@ VICTIM = "runtime-2"  # the runtime killed or cut off (spawns go to the first)
 TAKEOVER_TARGET_S = 3.0
 DRAIN_S = 90.0  # runs still going when the window closes get this long to finish
 POLL_S = 0.05
+VICTIM_WAIT_S = 10.0  # the fault waits (at most this) for runtime-2 to drive a run
 
 
 @dataclass
@@ -126,6 +128,14 @@ def tool_reruns(stack: Stack, created: dict[str, dict], finished: dict[str, dict
     return sum(extra), sum(1 for e in extra if e > 1)
 
 
+async def driving(database: str, runtime: str, limit_s: float) -> set[str]:
+    """The runs ``runtime`` drives, once it drives any (at most ``limit_s`` later: maybe none)."""
+    deadline = time.monotonic() + limit_s
+    while not (held := await asyncio.to_thread(driven_by, database, runtime)) and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_S)
+    return held
+
+
 async def until(check, limit_s: float) -> float | None:
     """Seconds until ``check()`` (run in a thread) is true, None past ``limit_s``."""
     began = time.monotonic()
@@ -152,7 +162,7 @@ async def strike(row: FleetRow, stack: Stack, cluster: PrivateCluster, proxy: Fa
         back = await until(lambda: journal_rows(database)[-1][0] > before, 60)
         row.journal_back_s = None if back is None else round(time.monotonic() - began, 2)
         return
-    held = driven_by(database, VICTIM)
+    held = await driving(database, VICTIM, VICTIM_WAIT_S)  # strike while it drives runs
     row.victim_runs = len(held)
     cut_s = float(row.fault.rsplit("-", 1)[1]) if row.fault.startswith("runtime-cut-") else 0.0
     if cut_s:
