@@ -66,10 +66,13 @@ run: $(STAMP)
 # (5-8 minutes on 2 cores), reused afterwards. LUFTPAUSE_SKIP_REAL_ENGINE=1 skips both.
 # The project's own modules are compiled first for the same reason (about 0.3 s of every
 # service start when PYTHONDONTWRITEBYTECODE is set).
+# Two pytest workers, each test file whole in one of them: most tests wait on processes they
+# started, so two share two cores well (PYTEST_WORKERS=0: one process, as before).
+PYTEST_WORKERS ?= 2
 test: $(STAMP)
 	$(if $(filter 1,$(LUFTPAUSE_SKIP_REAL_ENGINE)),,$(PY) -m luftpause.dev.llama build)
 	$(PY) -m compileall -q -j 0 luftpause proto scheduler dataplane runtime fakes loadgen
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # The suite must be green every time on any machine: a fresh clone of HEAD, `make test` three
 # times in a row and once more with every core kept busy by a CPU hog; stops at the first
