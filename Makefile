@@ -67,12 +67,14 @@ run: $(STAMP)
 # The project's own modules are compiled first for the same reason (about 0.3 s of every
 # service start when PYTHONDONTWRITEBYTECODE is set).
 # Two pytest workers, each test file whole in one of them: most tests wait on processes they
-# started, so two share two cores well (PYTEST_WORKERS=0: one process, as before).
+# started, so two share two cores well (PYTEST_WORKERS=0: one process, as before). Tests marked
+# `alone` (real llama.cpp engines on the CPU) run after them, by themselves.
 PYTEST_WORKERS ?= 2
 test: $(STAMP)
 	$(if $(filter 1,$(LUFTPAUSE_SKIP_REAL_ENGINE)),,$(PY) -m luftpause.dev.llama build)
 	$(PY) -m compileall -q -j 0 luftpause proto scheduler dataplane runtime fakes loadgen
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not alone"
+	$(PY) -m pytest -m alone
 
 # The suite must be green every time on any machine: a fresh clone of HEAD, `make test` three
 # times in a row and once more with every core kept busy by a CPU hog; stops at the first

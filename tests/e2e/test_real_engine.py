@@ -28,6 +28,9 @@ from luftpause.dev.stack import Ports, Stack, write_configs
 pytestmark = [
     pytest.mark.skipif(os.environ.get("LUFTPAUSE_SKIP_REAL_ENGINE") == "1", reason="LUFTPAUSE_SKIP_REAL_ENGINE=1"),
     pytest.mark.timeout(1800),  # the first run builds llama-server
+    # llama.cpp on the CPU stands in for a GPU: beside another test file its turns slow down
+    # past what its replicas' first-byte bounds learned, and runs move (`make test` runs it alone)
+    pytest.mark.alone,
 ]
 
 MODEL = llama.ALIAS
