@@ -687,7 +687,7 @@ async def _disk_full(row: FaultRow, disk: Path, journal: Path, health_url: str, 
     row.notes.append(log_line)
 
 
-def _handles(records: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+def created_and_finished(records: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Runs journaled as created (handle -> spec), and each run's last outcome."""
     created = {r["handle"]: r.get("spec") or {} for r in records if r.get("type") == "created"}
     finished = {r["handle"]: r for r in records if r.get("type") == "finished"}
@@ -706,19 +706,25 @@ def repeated_rounds(records: list[dict[str, Any]]) -> int:
 
 
 def extra_executions(stack: Stack, created: dict[str, dict[str, Any]], finished: dict[str, dict[str, Any]]) -> int:
-    """Tool executions at the fake MCP beyond the tool calls each completed run made. The
-    fake engine's query opens with the task's first words, ``Task <seed>:``."""
+    """Tool executions at the fake MCP beyond the tool calls each completed run made."""
+    return sum(extras_per_run(stack, created, finished))
+
+
+def extras_per_run(stack: Stack, created: dict[str, dict[str, Any]],
+                   finished: dict[str, dict[str, Any]]) -> list[int]:
+    """Per completed run, its tool executions at the fake MCP beyond the tool calls it made.
+    The fake engine's query opens with the task's first words, ``Task <seed>:``."""
     executed = Counter(" ".join(str(record["query"]).split()[:2])
                        for record in _log(stack, "fake-mcp")
                        if record.get("event") == "tool_start" and record.get("query"))
-    extra = 0
+    extras = []
     for handle, spec in created.items():
         outcome = finished.get(handle)
         if outcome is None or outcome.get("status") != "Completed":
             continue
         calls = int((outcome.get("stats") or {}).get("tool_calls") or 0)
-        extra += max(0, executed[" ".join(str(spec.get("task", "")).split()[:2])] - calls)
-    return extra
+        extras.append(max(0, executed[" ".join(str(spec.get("task", "")).split()[:2])] - calls))
+    return extras
 
 
 def broken_tool_calls(stack: Stack) -> int:
@@ -730,7 +736,7 @@ def broken_tool_calls(stack: Stack) -> int:
 
 async def _drain(url: str, journal: Path) -> None:
     """Wait (at most DRAIN_S) for runs the window left running."""
-    created, finished = _handles(Journal(journal).read())
+    created, finished = created_and_finished(Journal(journal).read())
     running = [h for h in created if h not in finished]
     if running:
         async with mcp_client(url) as client:
@@ -789,7 +795,7 @@ async def _run(row: FaultRow, base: Path, disk: Path | None, groups: list[Group]
         lines = data.count(b"\n")
         if lines != len(records) or (data and not data.endswith(b"\n")):
             row.errors.append(f"journal: {lines} lines, {len(records)} intact records (torn or corrupt lines)")
-        created, finished = _handles(records)
+        created, finished = created_and_finished(records)
         lost = [h for h in created if (finished.get(h) or {}).get("status") != "Completed"]
         row.lost = len(lost)
         row.errors += [f"{h}: {(finished.get(h) or {}).get('status', 'not finished')}: "

@@ -23,7 +23,6 @@ import json
 import sys
 import tempfile
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,9 +34,10 @@ from luftpause.dev.faultproxy import FaultProxy
 from luftpause.dev.postgres import PrivateCluster, cluster_directory
 from luftpause.dev.procs import free_ports
 from luftpause.dev.stack import MODEL, Ports, Stack, write_configs
-from luftpause.loadgen.chaos import TOOL_DELAY_S, workload_groups
+from luftpause.loadgen.chaos import (TOOL_DELAY_S, created_and_finished, extras_per_run, repeated_rounds,
+                                     workload_groups)
 from luftpause.loadgen.driver import Group, run_load
-from luftpause.loadgen.records import json_lines, parser, percentile, text_table, write_results
+from luftpause.loadgen.records import parser, percentile, text_table, write_results
 from luftpause.loadgen.spawn import SpawnTarget, await_all, mcp_client
 from luftpause.runtime.constants import LEASE_S
 
@@ -114,18 +114,10 @@ def zombie_rows(rows: list[tuple[int, str, dict[str, Any]]], victim: str) -> int
 
 
 def tool_reruns(stack: Stack, created: dict[str, dict], finished: dict[str, dict]) -> tuple[int, int]:
-    """(executions beyond the completed runs' tool calls, runs with more than one): the fake
-    engine's tool query opens with the task's first words, ``Task <seed>:``; a run cut in
-    one round may run that round's call again, a second one means a journaled round ran."""
-    executed = Counter(" ".join(str(r["query"]).split()[:2]) for r in json_lines(stack.state_dir / "logs" /
-                       "fake-mcp.log") if r.get("event") == "tool_start" and r.get("query"))
-    extra = []
-    for handle, spec in created.items():
-        outcome = finished.get(handle) or {}
-        if outcome.get("status") == "Completed":
-            calls = int((outcome.get("stats") or {}).get("tool_calls") or 0)
-            extra.append(max(0, executed[" ".join(str(spec.get("task", "")).split()[:2])] - calls))
-    return sum(extra), sum(1 for e in extra if e > 1)
+    """(executions beyond the completed runs' tool calls, runs with more than one): a run cut
+    in one round may run that round's call again, a second one means a journaled round ran."""
+    extras = extras_per_run(stack, created, finished)
+    return sum(extras), sum(1 for e in extras if e > 1)
 
 
 async def driving(database: str, runtime: str, limit_s: float) -> set[str]:
@@ -220,21 +212,18 @@ async def fleet_row(row: FleetRow, base: Path, cluster: PrivateCluster, groups: 
 
 async def outcome(row: FleetRow, stack: Stack, url: str, database: str) -> None:
     """Every run awaited to its end, then counted from the journal and the tool server."""
-    records = [record for _, _, record in journal_rows(database)]
-    created = {r["handle"]: r.get("spec") or {} for r in records if r.get("type") == "created"}
+    created, _ = created_and_finished([record for _, _, record in journal_rows(database)])
     async with mcp_client(url) as client:
         await await_all(client, list(created), asyncio.get_running_loop().time() + DRAIN_S)
     rows = journal_rows(database)
     records = [record for _, _, record in rows]
-    finished = {r["handle"]: r for r in records if r.get("type") == "finished"}
+    created, finished = created_and_finished(records)
     row.runs = len(created)
     row.completed = sum(1 for h in created if (finished.get(h) or {}).get("status") == "Completed")
     row.lost = row.runs - row.completed
     row.errors += [f"{h}: {(finished.get(h) or {}).get('status', 'not finished')}: "
                    f"{(finished.get(h) or {}).get('error')}" for h in created if h not in finished][:5]
-    rounds = Counter((r["handle"], json.dumps(r.get("messages"), sort_keys=True)) for r in records
-                     if r.get("type") == "round")
-    row.rounds_repeated = sum(n - 1 for n in rounds.values())
+    row.rounds_repeated = repeated_rounds(records)
     row.tools_again, row.completed_rounds_rerun = tool_reruns(stack, created, finished)
     row.zombie_rows = zombie_rows(rows, VICTIM)
     requests = sum(httpx.get(f"http://127.0.0.1:{port}/stats", timeout=5).json()["requests"]
