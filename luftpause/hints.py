@@ -16,8 +16,12 @@ work, and when a run is over. Three engine features take that knowledge:
 - **Sessions** (SGLang's ``--enable-session-radix-cache``): a request's top-level
   ``session_id`` tags its KV with the session, which the cache keeps ahead of unreferenced
   KV until ``POST /close_session`` releases it. luftpause sends the run's id on every
-  turn and closes the session on each replica the run used when the run ends (a run-end
-  notice, its harness session over, the idle timeout): scheduler/engine_sessions.py.
+  interactive turn and closes the session on each replica the run used when the run ends
+  (a run-end notice, its harness session over, the idle timeout):
+  scheduler/engine_sessions.py. Batch turns name no session (a client's own is dropped):
+  their KV stays unreferenced, so when live contexts outgrow the pool the engine evicts
+  batch prefixes before those of agents a person is waiting on (named all alike, every
+  open session would be kept alike and the eviction order would be plain LRU again).
 - **Slots** (llama.cpp's ``llama-server``, ``--parallel N``): a request's ``id_slot`` runs
   it in that slot (deferred while the slot is busy), and with ``cache_prompt`` the slot's
   KV of the longest common prefix is reused. The scheduler gives each run a slot on each
@@ -158,8 +162,10 @@ def hinted(body: bytes, hints: EngineHints, level: int, run_id: str,
     fields: dict[str, Any] = {}
     if hints.priority:
         fields["priority"] = priority_value(hints.priority, level)
-    if hints.sessions:
+    if hints.sessions and level != BACKGROUND:
         fields["session_id"] = run_id
+    elif hints.sessions:
+        document = {key: value for key, value in document.items() if key != "session_id"}
     if hints.slots:
         fields["cache_prompt"] = True
         if slot is not None:

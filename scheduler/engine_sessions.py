@@ -4,8 +4,8 @@ each replica has, and the engine sessions of runs, closed when their runs end.
 A replica's hints are its pool entry's, else what its engine's server info said on the
 first healthy probe of each healthy spell. An SGLang engine with the session radix
 cache keeps a session's KV ahead of unreferenced KV until ``POST /close_session``; the
-dataplane names each turn's session by its run, so this side remembers which such
-replicas each run's turns went to and, once the run has left the core's state (a
+dataplane names each interactive turn's session by its run, so this side remembers which
+such replicas each interactive run's turns went to and, once the run has left the core's state (a
 run-end notice, its harness session over, the idle timeout), closes the session on
 each of them, a few at a time, in the background. A close that fails is logged and
 not repeated: the engine still evicts an unclosed session's KV, only later.
@@ -23,6 +23,7 @@ from luftpause.hints import NO_HINTS, EngineHints
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.pool import Endpoint
 from luftpause.scheduler.probes import auth_headers
+from luftpause.vocabulary import BATCH
 
 CLOSE_SESSION_PATH = "/close_session"
 CLOSES_AT_ONCE = 8  # sessions closed side by side (a mass end of runs is not a burst on the engines)
@@ -52,11 +53,12 @@ class EngineSessions:
                           effect="its turns carry these fields" if hints else "its turns go unchanged")
         self._read[endpoint.name] = hints
 
-    def placed(self, run_id: str, replica: str) -> None:
+    def placed(self, run_id: str, service_class: str, replica: str) -> None:
         """A turn of the run went to the replica: a session of it is open there if the
-        replica keeps sessions."""
+        replica keeps sessions and the run is interactive (batch turns name none:
+        luftpause/hints.py)."""
         endpoint = self._endpoints.get(replica)
-        if endpoint is not None and self.of(endpoint).sessions:
+        if service_class != BATCH and endpoint is not None and self.of(endpoint).sessions:
             self._open.setdefault(run_id, set()).add(replica)
 
     def settle(self, state: State, client: httpx.AsyncClient | None) -> None:

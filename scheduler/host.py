@@ -91,7 +91,7 @@ class SchedulerHost:
                 self._lend(action)
                 continue
             if isinstance(action, core.Place) and (turn := self.state.turns.get(action.turn_id)) is not None:
-                self.sessions.placed(turn.run_id, action.replica)
+                self.sessions.placed(turn.run_id, turn.service_class, action.replica)
                 self._choose_slot(turn.run_id, action.replica)
             self._log_decision(action)
             for waiter in self._waiters.pop(action.turn_id, ()):
@@ -100,14 +100,14 @@ class SchedulerHost:
     def _engine_sessions(self, event: core.Event) -> None:
         """Follow the runs with an engine session open (scheduler/engine_sessions.py)."""
         if isinstance(event, core.AdmitRequested) and event.leased_replica:
-            self.sessions.placed(event.run_id, event.leased_replica)
+            self.sessions.placed(event.run_id, event.service_class, event.leased_replica)
         elif isinstance(event, (core.RunEnded, core.ClockTicked)):
             self.sessions.settle(self.state, self._probe_client)
             self.slots.settle(self.state)
         elif isinstance(event, core.Resynced):  # runs brought back after a restart
             for run in self.state.runs.values():
                 if run.replica:
-                    self.sessions.placed(run.run_id, run.replica)
+                    self.sessions.placed(run.run_id, run.service_class, run.replica)
 
     def _choose_slot(self, run_id: str, replica: str) -> None:
         """The run's engine slot for its turn placed on the replica, where its engine has

@@ -56,6 +56,14 @@ def test_the_fields_an_engine_reads_are_set_over_the_client_s_and_the_rest_is_ke
     assert out == {**document, **fields}
 
 
+def test_a_batch_turn_names_no_session_so_its_kv_is_evicted_before_interactive_runs():
+    document = {**CHAT, "session_id": "theirs"}
+    out = json.loads(hinted(orjson.dumps(document), EngineHints(HIGHER_FIRST, sessions=True), BACKGROUND, "job-1"))
+    assert out == {**CHAT, "priority": BACKGROUND}  # the client's own session dropped too
+    out = json.loads(hinted(orjson.dumps(document), EngineHints(sessions=True), FRESH, "run-1"))
+    assert out["session_id"] == "run-1"
+
+
 def test_llama_cpp_gets_the_slot_chosen_for_the_run_and_cache_prompt_over_the_client_s():
     document = {**TOOL_RESULT, "id_slot": 5, "cache_prompt": False, "n_keep": 8}
     out = json.loads(hinted(orjson.dumps(document), EngineHints(slots=4), RESUMING, "run-1", slot=2))

@@ -156,9 +156,10 @@ def test_sglang_reading_priority_and_sessions_gets_the_runs_urgency_and_id(stack
     response = httpx.post(f"http://127.0.0.1:{stack.ports.dataplane}/v1/messages", json=messages,
                           headers={h.RUN_ID: "claude-1", "anthropic-version": "2023-06-01"}, timeout=30)
     assert response.status_code == 200, response.text
-    sent = [(b["priority"], b["session_id"]) for b in engines["sglang"].sent()]
-    # higher runs first in SGLang: back from a tool (2) > a person's turn (1) > batch (0)
-    assert sent == [(1, "agent-1"), (2, "agent-1"), (0, "nightly"), (2, "claude-1")]
+    sent = [(b["priority"], b.get("session_id")) for b in engines["sglang"].sent()]
+    # higher runs first in SGLang: back from a tool (2) > a person's turn (1) > batch (0); batch
+    # names no session (its KV unreferenced, evicted before the agents')
+    assert sent == [(1, "agent-1"), (2, "agent-1"), (0, None), (2, "claude-1")]
 
 
 def test_vllm_declared_in_the_pool_gets_priority_lower_first_and_no_session(stack, engines):
@@ -187,15 +188,17 @@ def test_llama_cpp_reading_slots_gets_the_slot_chosen_for_each_run_and_cache_pro
 async def test_a_run_that_ends_has_its_session_closed_on_the_engine(stack, engines):
     chat(stack, turn("sglang-model"), **{h.RUN_ID: "to-end"})
     chat(stack, turn(MODEL), **{h.RUN_ID: "to-end-too"})
+    chat(stack, turn("sglang-model"), **{h.RUN_ID: "batch-to-end", h.SERVICE_CLASS: "batch"})
     stats = f"http://127.0.0.1:{stack.ports.engines[0]}/stats"
     assert httpx.get(stats).json()["sessions_open"] >= 1  # the fake SGLang engine tagged the run's KV
-    for run_id in ("to-end", "to-end-too"):
+    for run_id in ("batch-to-end", "to-end", "to-end-too"):
         ended = httpx.delete(f"http://127.0.0.1:{stack.ports.dataplane}/v1/runs/{run_id}")
         assert ended.status_code == 200, ended.text
     await eventually(lambda: {"session_id": "to-end"} in engines["sglang"].closed,
                      what="the capture engine told to close the run's session")
     await eventually(lambda: httpx.get(stats).json()["sessions_open"] == 0, what="the fake engine's session closed")
     assert {"session_id": "agent-1"} not in engines["sglang"].closed  # runs still under way keep theirs
+    assert {"session_id": "batch-to-end"} not in engines["sglang"].closed  # batch turns opened none
     assert engines["plain"].closed == engines["vllm"].closed == engines["llama"].closed == []
 
 
