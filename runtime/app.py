@@ -55,7 +55,7 @@ def journal_store(settings: RuntimeSettings, table: str = "luftpause_journal") -
     """Where a journal lives: its table in the database --journal names (schema brought up
     to date first: pg_schema), else its file in --state-dir."""
     if settings.journal_url:
-        # (Tasks are each runtime's own: a task is polled where it was created.)
+        # (Each runtime writes its own tasks' rows; any reads any task's: tasks.py.)
         return PostgresStore(settings.journal_url, table,
                              scope=member_id(settings) if table == "luftpause_tasks" else None)
     return FileStore(settings.state_dir / (constants.JOURNAL_FILE if table == "luftpause_journal" else TASKS_FILE))
@@ -214,7 +214,7 @@ def _lifespan(runtime: Runtime, tasks: TaskStore, mcp_server: MCPServer, setting
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await runtime.toolbox.start()
         await runtime.start()
-        tasks.restore(time.time())  # tasks open at the last stop fail; their runs resumed above
+        tasks.restore(time.time())  # a lone runtime's tasks open at the last stop fail; their runs resumed above
         # Mount does not run the MCP app's own lifespan, so its session manager runs here.
         async with mcp_server.session_manager.run():
             startup = {f"{part}_seconds": round(seconds, 3) for part, seconds in runtime.start_seconds.items()}

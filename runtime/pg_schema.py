@@ -52,6 +52,9 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ALTER TABLE luftpause_leases ADD COLUMN offered_by text;
         CREATE INDEX luftpause_leases_owner ON luftpause_leases (owner);
     """),
+    (5, "MCP Tasks answered by any runtime: a task's lines looked up by its id", """
+        CREATE INDEX luftpause_tasks_handle ON luftpause_tasks (handle);
+    """),
 )
 
 CURRENT = MIGRATIONS[-1][0]

@@ -197,7 +197,7 @@ class PostgresStore:
             raise ValueError(f"unknown journal table {table!r}")
         self.url, self.table = url, table
         # A store scoped to one writer sees, appends and replaces only that writer's rows (the
-        # Tasks journal: each runtime's own tasks).
+        # Tasks journal: each runtime restores and compacts its own; tasks.py reads any task's).
         self.scope = scope
         self._where = "WHERE writer = %s" if scope is not None else ""
         self._params: tuple[str, ...] = (scope,) if scope is not None else ()

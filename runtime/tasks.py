@@ -9,9 +9,15 @@ answered with ``tasks/update`` (``inputResponses``); when the run finished the t
 is ``completed`` with the `run` tool's result. ``tasks/cancel`` cancels the run.
 Clients without the extension (and every handshake-era client) keep the blocking `run`.
 
-Tasks are journaled to ``tasks.jsonl`` beside ``runs.jsonl`` (or to their table beside the
-run journal's in PostgreSQL: stores.py) (``created``, then ``finished``). A task still open when the runtime stopped is failed at the next start
-(journaled), while its run resumes from ``runs.jsonl`` as usual and answers `await`.
+Tasks are journaled to ``tasks.jsonl`` beside ``runs.jsonl`` (``created``, then ``finished``).
+A task still open when the runtime stopped is failed at the next start (journaled), while its
+run resumes from ``runs.jsonl`` as usual and answers `await`.
+
+On a database (stores.py) the tasks are rows of their own table, each naming the runtime that
+wrote it, and any runtime of the fleet answers ``tasks/get``, ``tasks/update`` and
+``tasks/cancel`` for any task: it reads the task's rows by its id (from every writer) and the
+run from the fleet's journal, which it follows. There a task open when its runtime stopped
+stays open: its run is adopted by another runtime and the task ends with it.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ IDENTIFIER = "io.modelcontextprotocol/tasks"
 TASKS_FILE = "tasks.jsonl"
 POLL_INTERVAL_MS = 500
 TASK_TTL_MS = int(constants.RETENTION_S * 1000)  # as long as the run is kept
+RUN_SEEN_S = 60.0  # a task's run not yet read from the fleet's journal counts as working this long
 RESTARTED_ERROR = "the runtime restarted while this task was open; its run {handle} resumes (use `await`)"
 
 
@@ -78,6 +85,24 @@ class Task:
     cancelled: bool = False
 
 
+def _fold(tasks: dict[str, Task], line: bytes | str) -> dict[str, Any] | None:
+    """One journal line applied to ``tasks``: the record, or None for a torn line. A task's
+    end is kept once written: its first error, a cancel by any runtime, its latest time."""
+    try:
+        record = json.loads(line)
+        task_id = record["taskId"]
+        if record["type"] == "created":
+            tasks[task_id] = Task(task_id, record["handle"], record["createdAt"], record["createdAt"])
+        elif record["type"] == "finished" and task_id in tasks:
+            task = tasks[task_id]
+            task.failed = task.failed or record.get("error")
+            task.cancelled = task.cancelled or bool(record.get("cancelled"))
+            task.updated_at = max(task.updated_at, record.get("at", task.updated_at))
+        return record
+    except (ValueError, KeyError, TypeError):
+        return None  # a torn last line
+
+
 @dataclass
 class TaskStore:
     """Tasks by id, journaled to ``tasks.jsonl`` or its table (None: kept in memory only)."""
@@ -85,44 +110,64 @@ class TaskStore:
     store: FileStore | PostgresStore | None
     tasks: dict[str, Task] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _others: list[dict[str, Any]] = field(default_factory=list)  # this runtime's ends of other runtimes' tasks
+
+    @property
+    def shared(self) -> bool:
+        """On a database: every runtime of the fleet answers for every task."""
+        return isinstance(self.store, PostgresStore)
 
     def restore(self, now: float) -> None:
-        """Read the journal; fail tasks left open by the last stop; drop expired ones."""
+        """Read the journal; fail tasks left open by the last stop (a lone runtime's: in a fleet
+        their runs go on, and so do they); drop expired ones."""
         data = self.store.read_bytes() if self.store is not None else b""
         if not data:
             return
         closed: set[str] = set()
         for line in data.splitlines():
-            try:
-                record = json.loads(line)
-                task_id = record["taskId"]
-                if record["type"] == "created":
-                    self.tasks[task_id] = Task(task_id, record["handle"], record["createdAt"], record["createdAt"])
-                elif record["type"] == "finished" and task_id in self.tasks:
-                    closed.add(task_id)
-                    task = self.tasks[task_id]
-                    task.failed, task.cancelled = record.get("error"), bool(record.get("cancelled"))
-                    task.updated_at = record.get("at", task.updated_at)
-            except (ValueError, KeyError, TypeError):
-                continue  # a torn last line
+            record = _fold(self.tasks, line)
+            if record is not None and record["type"] == "finished":
+                closed.add(record["taskId"])
+                if record["taskId"] not in self.tasks:
+                    self._others.append(record)
         for task in self.tasks.values():
-            if task.id not in closed:
+            if task.id not in closed and not self.shared:
                 task.failed, task.updated_at = RESTARTED_ERROR.format(handle=task.handle), now
                 log.warning("task_failed_by_restart", task=task.id, run=task.handle)
-        self.tasks = {k: t for k, t in self.tasks.items() if now - t.updated_at <= TASK_TTL_MS / 1000}
-        self._rewrite()
+        kept = TASK_TTL_MS / 1000
+        self.tasks = {k: t for k, t in self.tasks.items() if now - t.updated_at <= kept}
+        self._others = [r for r in self._others if now - r.get("at", now) <= kept]
+        self._rewrite(closed)
 
-    def _rewrite(self) -> None:
-        """The journal as the tasks now are (atomic: write, fsync, rename)."""
+    def _rewrite(self, closed: set[str]) -> None:
+        """The journal as the tasks now are (atomic: write, fsync, rename; one transaction)."""
         if self.store is None:
             return
         lines = []
         for task in self.tasks.values():
             lines.append({"type": "created", "taskId": task.id, "handle": task.handle, "createdAt": task.created_at})
-            lines.append({"type": "finished", "taskId": task.id, "error": task.failed, "cancelled": task.cancelled,
-                          "at": task.updated_at})
+            if task.id in closed or task.failed is not None:
+                lines.append({"type": "finished", "taskId": task.id, "error": task.failed,
+                              "cancelled": task.cancelled, "at": task.updated_at})
         with self._lock:
-            self.store.replace(b"".join(_line(record) for record in lines))
+            self.store.replace(b"".join(_line(record) for record in [*lines, *self._others]))
+
+    def find(self, task_id: str) -> Task | None:
+        """The task as the journal has it now: on a database, its rows from every runtime
+        (what this runtime holds if the database does not answer)."""
+        if not self.shared:
+            return self.tasks.get(task_id)
+        try:
+            rows = self.store.run_statement(
+                "SELECT line FROM luftpause_tasks WHERE handle = %s ORDER BY seq", (task_id,))
+        except OSError as exc:
+            log.info("task_lookup_failed", task=task_id, error=str(exc))
+            return self.tasks.get(task_id)
+        found: dict[str, Task] = {}
+        # Creation first: a runtime compacting its rows writes them anew, after another's end of the task.
+        for (line,) in sorted(rows, key=lambda row: '"type":"created"' not in row[0]):
+            _fold(found, line)
+        return found.get(task_id)
 
     def append(self, record: dict[str, Any]) -> None:
         if self.store is None:
@@ -207,7 +252,7 @@ class TasksExtension(Extension):
     def _task(self, params: TaskParams, ctx: ServerRequestContext[Any, Any]) -> Task:
         """The task, if the asking client may see its run (runtime/principals.py): a
         tenant's, its own; else unknown, as a task that never was."""
-        task = self._store.tasks.get(params.task_id)
+        task = self._store.find(params.task_id)
         runs = self._runtime.runs
         if task is not None and task.handle in runs and not principal_of_context(ctx, self._keys).sees(
                 runs.get(task.handle)):
@@ -247,7 +292,9 @@ class TasksExtension(Extension):
             "ttlMs": TASK_TTL_MS,
             "pollIntervalMs": POLL_INTERVAL_MS,
         }
-        if task.failed is not None or run is None:
+        if run is None and task.failed is None and self._store.shared and time.time() - task.created_at < RUN_SEEN_S:
+            pass  # a run another runtime has just spawned, not read here yet: working
+        elif task.failed is not None or run is None:
             wire.update(status="failed", error={"code": -32603, "message": task.failed or "the run is gone"})
         elif task.cancelled:
             wire["status"] = "cancelled"

@@ -123,16 +123,18 @@ def test_compaction_and_retention_keep_what_they_keep_in_the_file(database: str,
     assert database_store.rows()[-1][1].startswith('{"type":"created","handle":"run-new"')
 
 
-def test_tasks_journal_in_the_database_fails_open_tasks_at_the_next_start(database: str) -> None:
+def test_tasks_journal_in_the_database_keeps_open_tasks_open_at_the_next_start(database: str) -> None:
     tasks = TaskStore(store(database, "luftpause_tasks"))
     tasks.append({"type": "created", "taskId": "task-1", "handle": "run-1", "createdAt": NOW})
     tasks.append({"type": "created", "taskId": "task-2", "handle": "run-2", "createdAt": NOW})
-    tasks.append({"type": "finished", "taskId": "task-2", "error": None, "cancelled": False, "at": NOW + 1})
+    tasks.append({"type": "finished", "taskId": "task-2", "error": None, "cancelled": True, "at": NOW + 1})
     again = TaskStore(PostgresStore(database, "luftpause_tasks"))
     again.restore(NOW + 2)
-    assert again.tasks["task-1"].failed and "run-1" in again.tasks["task-1"].failed  # open at the stop: failed
-    assert again.tasks["task-2"].failed is None
-    assert len(again.store.read_bytes().splitlines()) == 4  # rewritten: created + finished for each
+    # open at the stop: still open (in a fleet its run is adopted, and the task ends with it)
+    assert again.tasks["task-1"].failed is None and not again.tasks["task-1"].cancelled
+    assert again.tasks["task-2"].cancelled
+    assert [json.loads(line)["type"] for line in again.store.read_bytes().splitlines()] == [
+        "created", "created", "finished"]  # rewritten as the tasks are: no end made up for task-1
 
 
 def test_migrations_apply_once_and_a_newer_schema_is_refused(database: str) -> None:
@@ -220,13 +222,19 @@ async def test_runs_survive_kill_9_mid_round_on_the_database_journal(
     assert not (tmp_path / "state" / "runs.jsonl").exists()  # the database, not a file, held them
 
 
-def test_each_runtimes_tasks_are_its_own_on_a_shared_database(database: str) -> None:
+def test_any_runtime_reads_a_task_each_restores_and_compacts_its_own(database: str) -> None:
     pg_schema.prepare(database, 5)
     on_a = TaskStore(PostgresStore(database, "luftpause_tasks", scope="a"))
     on_a.append({"type": "created", "taskId": "task-a", "handle": "run-a", "createdAt": NOW})
     on_b = TaskStore(PostgresStore(database, "luftpause_tasks", scope="b"))
-    on_b.restore(NOW + 1)  # b starting does not fail a's open task
-    assert on_b.tasks == {}
+    on_b.restore(NOW + 1)  # b starting does not take a's task, nor end it
+    assert on_b.tasks == {} and on_b.find("task-a").failed is None
+    on_b.append({"type": "finished", "taskId": "task-a", "error": None, "cancelled": True,
+                 "at": NOW + 1})  # cancelled through b
+    on_b.append({"type": "created", "taskId": "task-b", "handle": "run-b", "createdAt": NOW})
+    TaskStore(PostgresStore(database, "luftpause_tasks", scope="b")).restore(NOW + 2)  # b compacts: a's end kept
     again_a = TaskStore(PostgresStore(database, "luftpause_tasks", scope="a"))
-    again_a.restore(NOW + 2)  # a restarting does: its poller went with it
-    assert again_a.tasks["task-a"].failed
+    again_a.restore(NOW + 3)  # a restarting keeps its task open (its run goes on in the fleet) ...
+    assert again_a.tasks["task-a"].failed is None
+    assert again_a.find("task-a").cancelled  # ... and reads b's cancel of it
+    assert again_a.find("task-b").handle == "run-b" and again_a.find("task-none") is None
