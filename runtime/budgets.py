@@ -89,9 +89,11 @@ class Budgets:
 
     # --- waiting for a human ---------------------------------------------------------
 
-    def waiting_changed(self, run: Run) -> None:
+    def waiting_changed(self, run: Run, *, driven: bool = True) -> None:
         """``run`` started or stopped waiting for approval, finished, or was spawned:
-        pause or resume the seconds of every budget above it."""
+        pause or resume the seconds of every budget above it. ``driven=False``: a run
+        another runtime drives, followed here: its seconds are counted as the driver counts
+        them (what `status` shows), and no timer is touched (the driver's fires)."""
         for owner in self.owners(run):
             if owner.spec.budget_seconds is None:
                 continue
@@ -99,11 +101,13 @@ class Budgets:
             paused = bool(live) and all(r.status is RunStatus.AWAITING_APPROVAL for r in live)
             if paused and owner.budget_paused_since is None:
                 owner.budget_paused_since = self._clock()
-                self.disarm(owner)
+                if driven:
+                    self.disarm(owner)
             elif not paused and owner.budget_paused_since is not None:
                 owner.budget_paused_s = self._paused(owner, self._clock())
                 owner.budget_paused_since = None
-                self.arm(owner)
+                if driven:
+                    self.arm(owner)
 
     def paused_record(self, run: Run) -> dict[str, Any]:
         """The paused seconds of the budgets above ``run``, for the journal (survive a restart)."""

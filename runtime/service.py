@@ -449,6 +449,8 @@ class Runtime:
                         error=repr(exc))
         if kind in FOLLOWED_BY_APPROVALS:
             self._follow_approvals(record)
+        if run is not None or handle in self.runs:  # (a run another drives waits for a human, or not)
+            self.budgets.waiting_changed(self.runs.get(handle), driven=False)
 
     def _follow_approvals(self, record: dict[str, Any]) -> None:
         """The approvals of a run another runtime drives, as its lines tell them (approvals.py)."""

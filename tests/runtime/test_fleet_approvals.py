@@ -378,3 +378,21 @@ async def test_the_driver_asks_a_human_when_the_answer_sent_was_for_another_ques
     assert shown is not None and shown["arguments"] == {"note_id": "8"}
     assert await gate is False
     assert [r["type"] for r in lines.records] == ["approvalRequested", "approvalDecided"]
+
+
+async def test_a_budgets_seconds_stand_still_on_every_runtime_while_the_run_waits_for_a_human(
+        fleet, fake_mcp, database) -> None:
+    dataplane = LocalDataplane(calls=1)
+    async with dataplane.serving() as base_url:
+        a, b = fleet(base_url)
+        async with Client(a.mcp_url) as on_a, Client(b.mcp_url) as on_b:
+            handle = (await call(on_a, "spawn", {"task": "wait on my budget", **DELETE, "budgetSeconds": 600}))[
+                "handle"]
+            await waiting(on_a, handle)
+            first = [(await waiting(client, handle))["budget"] for client in (on_a, on_b)]
+            await asyncio.sleep(1.5)
+            then = [(await waiting(client, handle))["budget"] for client in (on_a, on_b)]
+            await call(on_b, "approve", {"handle": handle, "allow": True})
+            await call(on_b, "await", {"handles": [handle], "timeout": WAIT_S})
+    for before, after in zip(first, then, strict=True):  # a drives the run, b follows it
+        assert after == before, (before, after)
