@@ -97,6 +97,7 @@ def build_app(
         streamable_http_path="/mcp", host=settings.host,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         max_sessions=settings.max_sessions, session_idle_timeout=settings.session_idle_s,
+        stateless_http=settings.mcp_sessions == "none",
     )
     activity = SessionActivity()  # sessions' POSTs, so that open GET streams cannot hold the cap
     evict_idle_at_cap(mcp_server.session_manager, settings.session_evict_idle_s, activity)

@@ -72,6 +72,7 @@ class RuntimeSettings:
     journal_url: str | None = None  # PostgreSQL holds the journals; None: files in state_dir
     runtime_id: str = ""  # this runtime among those sharing journal_url ("" = <host name>-<port>: member_id)
     lease_s: float = constants.LEASE_S  # a run's lease, renewed every third of it (fleet.py)
+    mcp_sessions: str = "kept"  # "none": every MCP request stands alone (any runtime of a fleet answers it)
 
 
 def member_id(settings: RuntimeSettings) -> str:
@@ -131,6 +132,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
         journal_url=args.journal or None,
         runtime_id=args.runtime_id,
         lease_s=args.lease,
+        mcp_sessions=args.mcp_sessions,
     )
 
 
@@ -158,6 +160,13 @@ def _add_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> Non
     option("--lease", "LUFTPAUSE_LEASE_S", constants.LEASE_S,
            "seconds a runtime on a --journal database holds a run's lease without renewing it; a runtime "
            "that died or lost the database has its runs adopted by the others after this long", kind=float)
+    option("--mcp-sessions", "LUFTPAUSE_MCP_SESSIONS", "kept",
+           "kept: a handshake-era MCP client's session lives in this runtime, so behind several runtimes it must "
+           "keep to one (sticky routing); none: no session is kept, every request stands alone and any runtime "
+           "of a fleet answers it (a plain load balancer), but a handshake-era client cannot be asked to approve "
+           "a tool call (elicitation: use the approve tool) and is told apart for fair sharing only by its "
+           "tenant key or x-luftpause-caller header; clients of the sessionless protocol are served the same either way",
+           choices=("kept", "none"))
     option("--max-runs-per-caller", "LUFTPAUSE_MAX_RUNS_PER_CALLER", constants.MAX_RUNS_PER_CALLER,
            "unfinished runs one caller may have; spawn beyond it is refused", kind=int)
     option("--max-sessions", "LUFTPAUSE_MAX_SESSIONS", constants.MAX_SESSIONS,
