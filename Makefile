@@ -30,6 +30,7 @@ help:
 	@echo "  make bench-scheduler  decisions/s of the scheduler's core, the Admit round trip, the per-run view"
 	@echo "  make bench-startup  the runtime's start on a journal of 20,000 finished runs"
 	@echo "  make bench-body-memory  the dataplane's RSS around concurrent 31 MiB requests that fail"
+	@echo "  make bench-fleet    runtime CPU per turn on files vs PostgreSQL, 1 vs 3 runtimes; 10,000 runs paused on a fleet"
 
 # The virtualenv is (re)built when pyproject.toml changes. uv installs it: it fetches and
 # unpacks the wheels side by side (about a minute on 2 cores where pip took over three) and
@@ -143,7 +144,7 @@ BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed
 .PHONY: bench bench-b1 bench-b2 bench-b3 bench-b4 bench-picker bench-messages bench-responses bench-scheduler
 .PHONY: bench-admission
-.PHONY: bench-real bench-startup bench-regimes bench-body-memory
+.PHONY: bench-real bench-startup bench-regimes bench-body-memory bench-fleet
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
@@ -182,10 +183,10 @@ bench-real: $(BENCH_STAMP)
 # What translating a client API adds per turn against the same chat completion: the
 # Messages API (a Claude Code-sized turn), the Responses API (a short and a Codex-sized turn).
 bench-messages: $(STAMP)
-	$(PY) -m luftpause.loadgen.translation_bench messages $(BENCH_ARGS)
+	$(PY) -m luftpause.loadgen.proxy_bench messages $(BENCH_ARGS)
 
 bench-responses: $(STAMP)
-	$(PY) -m luftpause.loadgen.translation_bench responses $(BENCH_ARGS)
+	$(PY) -m luftpause.loadgen.proxy_bench responses $(BENCH_ARGS)
 
 bench-scheduler: $(STAMP)
 	$(PY) -m luftpause.loadgen.scheduler_bench $(BENCH_ARGS)
@@ -202,3 +203,8 @@ bench-body-memory: $(STAMP)
 	$(PY) -m luftpause.loadgen.body_memory_bench $(BENCH_ARGS)
 
 bench: bench-b1 bench-b2 bench-b3 bench-b4
+
+# Issue #43's cost and scale (docs/fleet.md): runtime CPU per turn with the file journal on one
+# runtime, PostgreSQL on one and three; 10,000 runs paused on a slow tool over three runtimes.
+bench-fleet: $(STAMP)
+	$(PY) -m luftpause.loadgen.chaos_fleet bench $(BENCH_ARGS)

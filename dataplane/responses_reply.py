@@ -26,7 +26,7 @@ def new_item_id(prefix: str) -> str:
 
 # The request's settings a Response repeats. Not its ``tools``: Codex's list alone is
 # some 30 kB, which serialized into every Response would cost more than the rest of the
-# translation together (measured with ``python -m luftpause.loadgen.translation_bench responses``); ``tools`` comes back [].
+# translation together (measured with ``python -m luftpause.loadgen.proxy_bench responses``); ``tools`` comes back [].
 _ECHOED = ("instructions", "metadata", "parallel_tool_calls", "temperature", "top_p", "tool_choice",
            "max_output_tokens", "reasoning", "text", "user", "prompt_cache_key", "service_tier", "truncation")
 _ECHO_DEFAULTS: dict[str, Any] = {"parallel_tool_calls": True, "tool_choice": "auto", "metadata": {},

@@ -28,7 +28,7 @@ from rich.console import Console
 from luftpause import logs
 from luftpause.loadgen.agents import Clock, Live, Target
 from luftpause.loadgen.driver import Group, run_load, workload_json
-from luftpause.loadgen.records import fmt, new_table, write_json
+from luftpause.loadgen.records import fmt, new_table, parser, write_json
 from luftpause.loadgen.spawn import SpawnTarget, fan_out
 from luftpause.loadgen.workload import Workload
 
@@ -53,8 +53,7 @@ def is_luftpause(base_url: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m luftpause.loadgen", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("", __doc__)
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--base-url", help="OpenAI-compatible base URL ending in /v1 (own-loop agents)")
     where.add_argument("--runtime-url", help="luftpause runtime MCP URL (…/mcp) for sub-agents")
@@ -63,7 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mix", type=parse_mix, help="several classes at once: interactive:4,batch:48")
     p.add_argument("--spawn", type=int, default=0, help="with --runtime-url: spawn N sub-agents and await them all "
                                                         "(or N closed-loop slots with --duration-s)")
-    p.add_argument("--sequential", action="store_true", help="with --spawn: one sub-agent at a time")
     p.add_argument("--caller", default="loadgen", help="x-luftpause-caller")
     p.add_argument("--headers", choices=("auto", "on", "off"), default="auto",
                    help="send luftpause headers: auto = only when --base-url is luftpause's dataplane")
@@ -94,12 +92,11 @@ async def amain(args: argparse.Namespace) -> dict:
     if not mix:
         raise SystemExit("nothing to run: give --agents N, --mix … or --spawn N")
     if args.runtime_url and args.spawn and not args.duration_s:
-        mode = "sequential" if args.sequential else "fan-out"
         total, records = await fan_out(SpawnTarget(args.runtime_url, args.model), workload(args, args.service_class),
-                                       args.spawn, Clock(args.time_scale), Live(), sequential=args.sequential)
+                                       args.spawn, Clock(args.time_scale), Live())
         ok = sum(r.ok for r in records)
-        out.print(f"{mode}: {args.spawn} sub-agents done in {total:.1f} s (model time), {ok} completed")
-        return {"mode": mode, "runs": args.spawn, "all_done_s": total, "ok": ok, "errors": len(records) - ok,
+        out.print(f"fan-out: {args.spawn} sub-agents done in {total:.1f} s (model time), {ok} completed")
+        return {"mode": "fan-out", "runs": args.spawn, "all_done_s": total, "ok": ok, "errors": len(records) - ok,
                 "records": [r.as_json() for r in records]}
     if not args.duration_s:
         raise SystemExit("--duration-s is required for closed-loop runs")

@@ -57,20 +57,15 @@ async def _measure(urls: list[str], engine_urls: list[str], status_url: str | No
                                for cls, count in (("batch", args.batch), ("interactive", args.interactive))
                                for i in range(count)))
     sampling.cancel()
-    samples = {"engine_queue": [sum(q) for q in timeline.engines["engine_queued"]],
-               "held": timeline.held if status_url else [], "in_flight": timeline.in_flight if status_url else []}
-    return {"engine_queue_mean": mean(samples["engine_queue"]), "engine_queue_max": max(samples["engine_queue"],
-                                                                                         default=None),
+    queue = [sum(q) for q in timeline.engines["engine_queued"]]
+    samples = {"engine_queue": queue, "held": timeline.held if status_url else [],
+               "in_flight": timeline.in_flight if status_url else []}
+    return {"engine_queue_mean": mean(queue), "engine_queue_max": max(queue, default=None),
             "held_mean": mean(samples["held"]), "in_flight_mean": mean(samples["in_flight"]),
             "ttft_p50_interactive_s": percentile(ttfts["interactive"], 50),
             "ttft_p50_batch_s": percentile(ttfts["batch"], 50), "turns_interactive": len(ttfts["interactive"]),
             "turns_batch": len(ttfts["batch"]), "errors": len(errors), "error_examples": sorted(set(errors))[:3],
             "samples": samples}
-
-
-def _drained(engine_urls: list[str]) -> bool:
-    """No engine runs or queues anything: the next row starts on idle engines."""
-    return all(s["running"] == 0 and s["queued"] == 0 for s in engine_stats(engine_urls))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         # them, and a limit learned from load not its own would start luftpause's row from a wrong place.
         through = asyncio.run(_measure([f"http://127.0.0.1:{stack.ports.dataplane}/v1"], engine_urls,
                                        f"http://127.0.0.1:{stack.ports.scheduler_http}/status", args, luftpause=True))
-        if not wait_until(lambda: _drained(engine_urls), 60, 0.2):
+        # the next row starts on idle engines: none runs or queues anything
+        if not wait_until(lambda: all(s["running"] == s["queued"] == 0 for s in engine_stats(engine_urls)), 60, 0.2):
             raise TimeoutError("the engines did not drain between rows")
         results = {"direct to the engines (round robin)": asyncio.run(
             _measure([f"{url}/v1" for url in engine_urls], engine_urls, None, args, luftpause=False)),
@@ -104,9 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['turns_interactive']} / {r['turns_batch']}", str(r["errors"]))
     console = Console(width=200)
     console.print(table)
-    out = write_results(args.out_dir, "admission", {"args": {k: str(v) for k, v in vars(args).items()},
-                                                    "results": results})
-    console.print(f"raw results: {out}")
+    write_results(args.out_dir, "admission", {"args": {k: str(v) for k, v in vars(args).items()},
+                                              "results": results}, console)
     return 0
 
 

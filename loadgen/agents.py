@@ -45,9 +45,8 @@ CLIENT_PRIORITY = {INTERACTIVE: FRESH, BATCH: BACKGROUND}
 
 
 def client_hints(body: dict[str, Any], run_id: str, service_class: str) -> dict[str, Any]:
-    """``body`` (a new dict) with the fields a client sends an SGLang engine started with
-    ``--enable-priority-scheduling --enable-session-radix-cache``: top-level ``priority`` by
-    class and ``session_id`` = the run."""
+    """``body`` (a new dict) with what a client sends an SGLang engine with priority
+    scheduling and a session cache: top-level ``priority`` by class, ``session_id`` = the run."""
     return {**body, "priority": CLIENT_PRIORITY.get(service_class, BACKGROUND), "session_id": run_id}
 
 
@@ -103,7 +102,7 @@ async def _read_stream(response: aiohttp.ClientResponse, started: float, clock: 
     content: list[str] = []
     call: dict[str, Any] | None = None
     usage: dict[str, Any] = {}
-    finish: str | None = None
+    finish = ""
     async for raw in response.content:
         if not raw.startswith(b"data: "):
             continue
@@ -127,27 +126,24 @@ async def _read_stream(response: aiohttp.ClientResponse, started: float, clock: 
         raise TurnFailed("stream ended without [DONE]")
     message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None,
                                **({"tool_calls": [call]} if call is not None else {})}
-    details = usage.get("prompt_tokens_details") or {}
-    now = clock.now()
+    details, now = usage.get("prompt_tokens_details") or {}, clock.now()
     return message, TurnRecord(started=started, first_token=(first_token or now) - started, duration=now - started,
                                prompt_tokens=int(usage.get("prompt_tokens") or 0),
                                cached_tokens=int(details.get("cached_tokens") or 0),
-                               completion_tokens=int(usage.get("completion_tokens") or 0), finish_reason=finish or "")
+                               completion_tokens=int(usage.get("completion_tokens") or 0), finish_reason=finish)
 
 
 async def run_once(session: aiohttp.ClientSession, target: Target, workload: Workload, seed: str, clock: Clock,
                    live: Live, run_id: str | None = None) -> RunRecord:
     """One agent run to its final answer (or its first failure). ``seed`` decides the
     run's task and tool results; ``run_id`` (default: the seed) names it to luftpause."""
-    plan = plan_run(workload, seed)
-    run_id = run_id or seed
+    plan, run_id = plan_run(workload, seed), run_id or seed
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
                                       {"role": "user", "content": plan.task}]
     headers = {"x-luftpause-run-id": run_id, "x-luftpause-class": workload.service_class,
                "x-luftpause-caller": target.caller} if target.luftpause else {}
-    record = RunRecord(service_class=workload.service_class, seed=seed, started=clock.now())
+    record, calls = RunRecord(service_class=workload.service_class, seed=seed, started=clock.now()), 0
     live.runs_started += 1
-    calls = 0
     try:
         while True:
             body: dict[str, Any] = {"model": target.model, "messages": messages, "stream": True,
@@ -179,23 +175,23 @@ async def run_once(session: aiohttp.ClientSession, target: Target, workload: Wor
         live.errors += 1
     record.tool_calls, record.ended = calls, clock.now()
     live.runs_done += 1
-    finish = finish_path(target.peer_identity, run_id)
-    root = target.base_url.removesuffix("/v1")
+    finish, root = finish_path(target.peer_identity, run_id), target.base_url.removesuffix("/v1")
     # The run is over: let the scheduler forget it now, as the runtime does; end its session at a peer router;
     # with client hints, close its session in the engines' cache (SGLang's route, asked of the router).
     for method, url, body in (("DELETE", f"{target.base_url}/runs/{run_id}" if target.luftpause else None, None),
                               ("POST", root + finish if finish is not None else None, None),
                               ("POST", f"{root}/close_session" if target.client_hints else None,
                                {"session_id": run_id})):
-        if url is not None:
-            try:
-                async with session.request(method, url, headers=headers if method == "DELETE" else None,
-                                           json=body) as response:
-                    if body is not None:
-                        live.close_statuses[str(response.status)] = live.close_statuses.get(str(response.status), 0) + 1
-            except aiohttp.ClientError:
-                if body is not None:
-                    live.close_statuses["error"] = live.close_statuses.get("error", 0) + 1
+        if url is None:
+            continue
+        try:
+            async with session.request(method, url, headers=headers if method == "DELETE" else None,
+                                       json=body) as response:
+                status = str(response.status)
+        except aiohttp.ClientError:
+            status = "error"
+        if body is not None:  # the router's answers to /close_session, counted
+            live.close_statuses[status] = live.close_statuses.get(status, 0) + 1
     return record
 
 

@@ -1,10 +1,6 @@
 """Benchmarks B1–B3 (docs/benchmarks.md): luftpause against every peer row on the same fake
 engines, in one invocation, every row repeated; tables on stdout, raw results in
-``bench-results/``, times in model seconds (wall seconds ÷ the time scale). ``--variants
-router`` runs only the peers' rows, what the engine preset is calibrated on. ``--engine-features``
-starts every engine with SGLang's priority scheduling and session cache (off: the frozen
-figures' engines); ``--peer-hints`` adds peer rows whose clients send their own ``priority``
-and ``session_id``, and reports which each router forwards or drops.
+``bench-results/``, times in model seconds (wall seconds ÷ the time scale).
 """
 
 from __future__ import annotations
@@ -14,6 +10,7 @@ import contextlib
 import json
 import statistics
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -29,15 +26,14 @@ from luftpause.dev.stack import MODEL, Ports, Stack, engine_name, write_configs
 from luftpause.diagnostics import ENV as DIAGNOSTICS, ROAMING_RUNS
 from luftpause.loadgen import peers
 from luftpause.loadgen.agents import CLIENT_PRIORITY, Clock, Live, Target
-from luftpause.loadgen.breakdown import WindowProbe
 from luftpause.loadgen.driver import Group, run_load
-from luftpause.loadgen.peer_rows import (CLASS_BLIND_BASELINE, DEFAULT_PEERS, HINT_PEERS, PEER_ROWS, EngineFacts,
+from luftpause.loadgen.peers import (CLASS_BLIND_BASELINE, DEFAULT_PEERS, HINT_PEERS, PEER_ROWS, EngineFacts,
                                          compare, engine_fields, hint_verdict, merge_fields, parse_peers, runtime_rows,
                                          with_hint_rows)
-from luftpause.loadgen.records import (CpuMeter, RunRecord, csv_choices, dig, fmt, fmts, mean, new_table, parser,
+from luftpause.loadgen.records import (CpuMeter, RunRecord, csv_choices, dig, fmt, fmts, mean, new_table, parser, plain,
                                        ratio, write_results)
 from luftpause.loadgen.spawn import SpawnTarget, fan_out
-from luftpause.loadgen.timeline import Timeline, plot_b2
+from luftpause.loadgen.timeline import Timeline, WindowProbe, plot_b2
 from luftpause.loadgen.workload import Workload
 from luftpause.runtime.constants import JOURNAL_FILE
 
@@ -61,7 +57,7 @@ class BenchConfig:
     first_repeat: int = 0  # repeat k runs workload k: a later invocation from here adds new workloads
     answer_keeps_tools: bool = False  # B2 own-loop agents list the tool in their answer turn too
     replicas: int = 2
-    peers: tuple[str, ...] = DEFAULT_PEERS  # peer rows (luftpause.loadgen.peer_rows), all in this invocation
+    peers: tuple[str, ...] = DEFAULT_PEERS  # peer rows (luftpause.loadgen.peers), all in this invocation
     engine_overrides: tuple[tuple[str, float], ...] = ()  # engine options over the preset: the regime map's cells
     envoy: bool = True  # B2 proxy: also luftpause's endpoint picker behind Envoy (docs/envoy.md)
     engine_features: bool = False  # every engine with ENGINE_FEATURES (SGLang's agent features); off: as calibrated
@@ -114,34 +110,29 @@ class Rig:
         self.rows = {key: PEER_ROWS[key] for key in routers}
         self.routers: dict[str, peers.RouterProcess] = {}
         self._stack = ExitStack()
-        self.journals: dict[str, Path] = {}  # a runtime's MCP URL: its run journal (breakdown.py)
+        self.journals: dict[str, Path] = {}  # a runtime's MCP URL: its run journal (timeline.WindowProbe)
 
     def __enter__(self) -> Rig:
-        config, logs_ = self.config, self.logs
+        config, logs_, start = self.config, self.logs, lambda p: self._stack.enter_context(peers.running(p))
         try:
             if config.shared_gpu:  # one process, all replicas, one GPU (as on the original testbed)
                 extra = ["--extra-ports", ",".join(str(p) for p in self.engine_ports[1:])]
-                args = [*config.engine_args(), *extra]
-                self._start(peers.engine_process("engine", self.engine_ports[0], args, logs_))
+                start(peers.engine_process("engine", self.engine_ports[0], [*config.engine_args(), *extra], logs_))
                 for url in self.engine_urls[1:]:
                     peers.wait_healthy(f"{url}/health")
             else:
                 for i, port in enumerate(self.engine_ports):
-                    self._start(peers.engine_process(engine_name(i), port, config.engine_args(), logs_))
-            self._start(ManagedProcess("fake-mcp", "luftpause.fakes.mcp", [
+                    start(peers.engine_process(engine_name(i), port, config.engine_args(), logs_))
+            start(ManagedProcess("fake-mcp", "luftpause.fakes.mcp", [
                 "--host", peers.HOST, "--port", str(self.mcp_port), "--delay-s", str(2.0 * config.time_scale)],
                 ready_url=f"http://{peers.HOST}:{self.mcp_port}/health", log_path=logs_ / "fake-mcp.log"))
             facts = EngineFacts.of(config.engine_values(), config.time_scale)
             for key, row in self.rows.items():
-                self.routers[key] = row.process(self.engine_urls, logs_ / f"router-{key}.log", facts)
-                self._stack.enter_context(peers.running(self.routers[key]))
+                self.routers[key] = start(row.process(self.engine_urls, logs_ / f"router-{key}.log", facts))
         except BaseException:
             self._stack.close()
             raise
         return self
-
-    def _start(self, process: ManagedProcess) -> None:
-        self._stack.enter_context(peers.running(process))
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
@@ -172,8 +163,7 @@ class Rig:
     def direct_runtime(self, key: str) -> Iterator[str]:
         """A runtime whose turns go straight to row ``key``'s router, with the identity that
         router reads; yields its MCP URL."""
-        port, state = free_port(), self.dir / f"runtime-{key}-{time.monotonic_ns()}"
-        tools = self.dir / "tools.yaml"
+        port, state, tools = free_port(), self.dir / f"runtime-{key}-{time.monotonic_ns()}", self.dir / "tools.yaml"
         tools.write_text(f"servers:\n  - name: fake\n    url: http://{peers.HOST}:{self.mcp_port}/mcp\n")
         process = peers.runtime_process(f"runtime-direct-{key}", port, self.routers[key].url, tools, state, self.logs)
         process.env.update({"LUFTPAUSE_LOG_LEVEL": "warning",
@@ -204,13 +194,12 @@ class Rig:
 
 
 def router_target(rig: Rig, key: str) -> Target:
-    row = rig.rows[key]
-    return Target(f"{rig.routers[key].url}/v1", MODEL, luftpause=False, peer_identity=row.identity,
-                  client_hints=row.client_hints)
+    return Target(f"{rig.routers[key].url}/v1", MODEL, peer_identity=rig.rows[key].identity,
+                  client_hints=rig.rows[key].client_hints)
 
 
-def luftpause_target(stack: Stack) -> Target:
-    return Target(f"http://{peers.HOST}:{stack.ports.dataplane}/v1", MODEL, luftpause=True)
+def luftpause_target(stack: Stack, model: str = MODEL) -> Target:
+    return Target(f"http://{peers.HOST}:{stack.ports.dataplane}/v1", model, luftpause=True)
 
 
 def finish(name: str, config: BenchConfig, results: dict[str, Any], cpus: list[dict[str, Any]],
@@ -221,14 +210,12 @@ def finish(name: str, config: BenchConfig, results: dict[str, Any], cpus: list[d
     console.print(f"CPU: machine {100 * min(busy):.0f}–{100 * max(busy):.0f} % busy across rows ({cpus[0]['cpus']} "
                   f"CPUs); load generator {100 * max(c['loadgen_cpu_share'] for c in cpus):.0f} % of one CPU at most"
                   if busy else "CPU use unknown")
-    payload = {"benchmark": name, "bench_config": {k: str(v) if isinstance(v, Path) else v
-                                                   for k, v in asdict(config).items()},
+    payload = {"benchmark": name, "bench_config": plain(asdict(config)),
                "engine_preset": PRESETS[config.preset], "engine_overrides": dict(config.engine_overrides),
                "engines": config.replicas, "shared_gpu": config.shared_gpu,
                "engine_features": list(ENGINE_FEATURES) if config.engine_features else [],
                "peer_rows": {key: asdict(PEER_ROWS[key]) for key in config.peers}, "results": results, **more}
-    path = payload["result_path"] = write_results(config.out_dir, name.lower(), payload)
-    console.print(f"raw results: {path}")
+    payload["result_path"] = write_results(config.out_dir, name.lower(), payload, console)
     return payload
 
 
@@ -265,17 +252,16 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
         results[variant].append({"all_done_s": total, "ok": ok, "tool_calls": sum(r.tool_calls for r in records),
                                  "cpu": meter.read()})
 
-    async def warm_up(runtime: str) -> None:
-        """Two untimed sub-agents: no row's first fan-out pays for connecting to the tools and the pool."""
+    async def warm_up(runtime: str) -> None:  # no row's first fan-out pays for connecting to the tools and pool
         await fan_out(SpawnTarget(runtime, MODEL), B1_WORKLOAD, 2, Clock(config.time_scale), Live(), name="b1-warm-up")
 
     with Rig(config, "b1", config.peers) as rig:
         if not config.router_only:
             with rig.luftpause() as stack:
-                await warm_up(stack.urls["runtime_mcp"])
+                await warm_up(runtime := stack.urls["runtime_mcp"])
                 for repeat in config.repeat_numbers():
-                    await fan(stack.urls["runtime_mcp"], "sequential", repeat, sequential=True)
-                    await fan(stack.urls["runtime_mcp"], "luftpause", repeat)
+                    await fan(runtime, "sequential", repeat, sequential=True)
+                    await fan(runtime, "luftpause", repeat)
         for key in config.peers:
             with rig.direct_runtime(key) as runtime:
                 await warm_up(runtime)
@@ -287,9 +273,8 @@ async def bench_b1(config: BenchConfig) -> dict[str, Any]:
     comparison = compare({"luftpause": means["luftpause"]}, {k: means[k] for k in config.peers},
                          (("all_done_s", False),))
     best, seq = comparison["all_done_s"], means["sequential"]["all_done_s"]
-    table = new_table(f"B1 fan-out: 16 sub-agents, ~2.8k-token tasks, lookup 2 s, ≤ 3 tool calls "
-                      f"({config.repeats} repeats, model seconds)", ("", "all 16 done", "vs sequential",
-                                                                     "time ×best peer"))
+    table = new_table(f"B1 fan-out: 16 sub-agents, ~2.8k-token tasks, lookup 2 s, ≤ 3 tool calls ({config.repeats} "
+                      "repeats, model seconds)", ("", "all 16 done", "vs sequential", "time ×best peer"))
     for label, key in (("sequential (spawn, await, next)", "sequential"), ("parallel through luftpause", "luftpause"),
                        *((f"parallel, runtime direct to {PEER_ROWS[k].label}", k) for k in config.peers)):
         if results[key]:
@@ -348,7 +333,7 @@ async def _closed(rig: Rig, config: BenchConfig, part: str, variant: str, repeat
                         dataplane_url=target.base_url.removesuffix("/v1") if target and target.luftpause else None,
                         journal=rig.journals.get(spawn_target.runtime_url) if spawn_target else None)
 
-    async def probe_window() -> None:  # a scrape at the window's start and one at its end (breakdown.py)
+    async def probe_window() -> None:  # a scrape at the window's start and one at its end
         for seconds in (config.warmup_s, config.window_s):
             await asyncio.sleep(seconds * config.time_scale)
             await probe.take()
@@ -356,16 +341,15 @@ async def _closed(rig: Rig, config: BenchConfig, part: str, variant: str, repeat
     probing = asyncio.create_task(probe_window())
     try:
         async with rig.watched(stack) as timeline:
-            result = await run_load(_agents(config, part), target=target,
-                                    spawn_target=spawn_target, warmup_s=config.warmup_s, duration_s=config.window_s,
+            result = await run_load(_agents(config, part), target=target, spawn_target=spawn_target,
+                                    warmup_s=config.warmup_s, duration_s=config.window_s,
                                     time_scale=config.time_scale, name=name, seed=seed, console=console)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(probing), 10)
     finally:
         probing.cancel()
     out = {"summary": result.summary, "cpu": result.cpu, **rig.engine_figures(timeline, result.window_s),
-           "timeline": timeline.as_json(),
-           "interactive_time": interactive_time(result.records, result.window_s),
+           "timeline": timeline.as_json(), "interactive_time": interactive_time(result.records, result.window_s),
            "breakdown": probe.figures(config.time_scale),
            "runs_ended": len(result.records),  # each sent its run-end requests (a client-hint row: /close_session)
            "close_session_statuses": result.close_statuses,
@@ -466,18 +450,12 @@ def client_hint_report(results: dict[str, dict[str, list[dict[str, Any]]]]) -> d
         fields = merge_fields(figures)
         runs = [r for rows in results.values() for r in rows.get(key, ())]
         fields["runs_ended"] = sum(r.get("runs_ended", 0) for r in runs)
-        statuses: dict[str, int] = {}
-        for r in runs:
-            for status, n in (r.get("close_session_statuses") or {}).items():
-                statuses[status] = statuses.get(status, 0) + n
-        fields["close_session_statuses"] = statuses
+        fields["close_session_statuses"] = dict(sum((Counter(r.get("close_session_statuses") or {}) for r in runs),
+                                                    Counter()))
         row = PEER_ROWS.get(key)
         hinted = row is not None and row.client_hints
-        entry: dict[str, Any] = {"router": row.binary if row else "luftpause", "client_hints": hinted,
-                                 "engine_fields": fields}
-        if hinted:
-            entry.update(hint_verdict(fields, CLIENT_PRIORITY.values()))
-        out[key] = entry
+        out[key] = {"router": row.binary if row else "luftpause", "client_hints": hinted, "engine_fields": fields,
+                    **(hint_verdict(fields, CLIENT_PRIORITY.values()) if hinted else {})}
     return out
 
 
@@ -521,10 +499,6 @@ def b2_comparison(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
-def _percent(share: float | None) -> float | None:
-    return None if share is None else 100 * share
-
-
 def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: BenchConfig) -> None:
     title = {"proxy": "B2 own-loop agents through the proxy", "mcp": "B2 MCP sub-agents",
              "light": "B2 light load (2,000-char contexts, 24 batch runs)"}[part]
@@ -557,11 +531,8 @@ def print_b2_table(part: str, results: dict[str, list[dict[str, Any]]], config: 
 
 
 def print_breakdown(part: str, results: dict[str, list[dict[str, Any]]]) -> None:
-    """Per row (means over the repeats), where a finished interactive run's time goes as
-    the load generator saw it, and what the metrics and the runtime's journal show of
-    interactive turns and runs (breakdown.py): the hold at the gateway, the first token of
-    a streamed turn, the engines' queue wait and GPU shares; an MCP run's span split into
-    turns, tools and the runtime's own loop."""
+    """Per row (means of repeats), where a finished interactive run's time goes as the load
+    generator saw it, and as the metrics and the runtime's journal show (timeline.WindowProbe)."""
     labels = b2_variants(part, [k for k in results if k in PEER_ROWS])
     for field, title, columns in (
             ("interactive_time", "where a finished interactive run's time goes (model seconds per run, mean of "
@@ -584,7 +555,8 @@ def print_breakdown(part: str, results: dict[str, list[dict[str, Any]]]) -> None
         table = new_table(f"B2 {part}: {title}", ("", *(name for name, _, _ in columns)))
         for label, figures in rows:
             means = [(mean([dig(f, *path) for f in figures]), digits) for _, path, digits in columns]
-            table.add_row(label, *(fmt(_percent(m), 0) if digits < 0 else fmt(m, digits) for m, digits in means))
+            table.add_row(label, *(fmt(m if m is None else 100 * m, 0) if digits < 0 else fmt(m, digits)
+                                   for m, digits in means))
         console.print(table)
 
 

@@ -32,15 +32,11 @@ SAMPLE_S = 0.02
 WARM_UP = 4  # small requests of the case's kind before its baseline
 TARGET_MB, TARGET_S = 300, 10  # kept at most, back within
 
-# case -> (path, model)
+# case -> (path, model): the engine refuses the body (413), or no replica serves the model (404)
 CASES: dict[str, tuple[str, str]] = {
-    "messages-413": ("/v1/messages", MODEL),
-    "messages-404": ("/v1/messages", UNKNOWN_MODEL),
-    "responses-413": ("/v1/responses", MODEL),
-    "responses-404": ("/v1/responses", UNKNOWN_MODEL),
-    "chat-413": ("/v1/chat/completions", MODEL),
-    "chat-404": ("/v1/chat/completions", UNKNOWN_MODEL),
-}
+    f"{api}-{code}": (path, MODEL if code == "413" else UNKNOWN_MODEL)
+    for api, path in (("messages", "/v1/messages"), ("responses", "/v1/responses"), ("chat", "/v1/chat/completions"))
+    for code in ("413", "404")}
 
 
 def filler(size: int) -> str:
@@ -52,27 +48,22 @@ def filler(size: int) -> str:
 def request_body(path: str, model: str, size: int) -> bytes:
     """A request of about ``size`` bytes in the path's API: the bulk as two text parts of
     one user message (what a harness that pastes a file sends)."""
-    kind = "input_text" if path == "/v1/responses" else "text"
-    content = [{"type": kind, "text": filler(size // 2)}] * 2
     if path == "/v1/responses":
-        document = {"model": model, "max_output_tokens": 64,
-                    "input": [{"type": "message", "role": "user", "content": content}]}
-    else:
-        document = {"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": content}]}
-    return json.dumps(document).encode()
+        content = [{"type": "input_text", "text": filler(size // 2)}] * 2
+        return json.dumps({"model": model, "max_output_tokens": 64,
+                           "input": [{"type": "message", "role": "user", "content": content}]}).encode()
+    content = [{"type": "text", "text": filler(size // 2)}] * 2
+    return json.dumps({"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": content}]}).encode()
 
 
 class RssSampler:
     """The process's RSS every SAMPLE_S in a thread: the peak since the last ``reset``."""
 
     def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.peak = 0
-        self._stop = threading.Event()
+        self.pid, self.peak, self._stop = pid, rss_bytes(pid), threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> RssSampler:
-        self.peak = rss_bytes(self.pid)
         self._thread.start()
         return self
 
@@ -85,8 +76,8 @@ class RssSampler:
             self.peak = max(self.peak, rss_bytes(self.pid))
 
     def reset(self) -> int:
-        self.peak = now = rss_bytes(self.pid)
-        return now
+        self.peak = rss_bytes(self.pid)
+        return self.peak
 
 
 @dataclass
@@ -138,19 +129,17 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes) -> str:
 
 
 async def one_round(url: str, body: bytes, concurrency: int) -> Counter:
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=600)) as session:
         return Counter(await asyncio.gather(*(send(session, url, body) for _ in range(concurrency))))
 
 
 def steady(pid: int, within: int = MB, every: float = 0.5, limit: float = 30.0) -> None:
     """Until two readings of the RSS ``every`` seconds apart differ by less than ``within``."""
-    deadline = time.monotonic() + limit
-    last = rss_bytes(pid)
+    deadline, last = time.monotonic() + limit, rss_bytes(pid)
     while time.monotonic() < deadline:
         time.sleep(every)
-        now = rss_bytes(pid)
-        if abs(now - last) < within:
+        if abs((now := rss_bytes(pid)) - last) < within:
             return
         last = now
 
@@ -158,11 +147,9 @@ def steady(pid: int, within: int = MB, every: float = 0.5, limit: float = 30.0) 
 def settle(sampler: RssSampler, baseline: int, seconds: float, back: int) -> tuple[int, float | None]:
     """Watch the RSS for ``seconds``: its last value, and when it first came within
     ``back`` bytes of ``baseline`` (None: not within the time)."""
-    started = time.monotonic()
-    back_s = None
+    started, back_s = time.monotonic(), None
     while True:
-        now = rss_bytes(sampler.pid)
-        elapsed = time.monotonic() - started
+        now, elapsed = rss_bytes(sampler.pid), time.monotonic() - started
         if back_s is None and now <= baseline + back:
             back_s = elapsed
         if elapsed >= seconds:
@@ -183,15 +170,12 @@ def run_case(name: str, base: str, pid: int, args: argparse.Namespace) -> Case:
         baseline = sampler.reset()
         case = Case(name, path, model, len(body), baseline / MB)
         for _ in range(args.rounds):
-            before = sampler.reset()
-            started = time.monotonic()
+            before, started = sampler.reset(), time.monotonic()
             statuses = asyncio.run(one_round(base + path, body, args.concurrency))
-            seconds = time.monotonic() - started
-            at_end = rss_bytes(pid)
-            peak = max(sampler.peak, at_end)
+            seconds, at_end = time.monotonic() - started, rss_bytes(pid)
             settled, back_s = settle(sampler, baseline, args.settle, int(args.back_mb * MB))
-            case.rounds.append(Round(before / MB, peak / MB, at_end / MB, settled / MB, seconds, back_s,
-                                     dict(statuses)))
+            case.rounds.append(Round(before / MB, max(sampler.peak, at_end) / MB, at_end / MB, settled / MB, seconds,
+                                     back_s, dict(statuses)))
     return case
 
 
@@ -230,10 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma-separated, of: {', '.join(CASES)}")
     p.add_argument("--json", default="bench-results/body-memory.json", help="where the results go")
     args = p.parse_args(argv)
-    names = args.cases
-    console = Console(width=160)
-    cases: list[Case] = []
-    for name in names:  # each case on a stack of its own: what one kept does not count against the next
+    console, cases = Console(width=160), []
+    for name in args.cases:  # each case on a stack of its own: what one kept does not count against the next
         with engines_stack(INSTANT) as stack:
             cases.append(run_case(name, f"http://127.0.0.1:{stack.ports.dataplane}",
                                   stack.process("dataplane").process.pid, args))

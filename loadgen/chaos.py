@@ -1,10 +1,9 @@
 """``make chaos``: sub-agent runs through the whole stack while every process is SIGKILLed at
-seeded random moments (``--kills``, e.g. ``runtime=3,scheduler=2,dataplane=2,engine=1``,
-within ``--window`` s) and restarted. A table per seed: runs completed / failed with a
-clear error / failed otherwise / lost; tool calls run again after a runtime kill cut their
-round (allowed); completed rounds executed twice (must be 0); restart → usable seconds.
-``--load`` runs ``make chaos-load`` (``LOAD_DOC`` below). Exit status 1 unless every run
-completed and no completed round ran twice.
+seeded random moments (``--kills`` within ``--window`` s) and restarted. A row per seed: runs
+completed / failed with a clear error / failed otherwise / lost; tool calls run again after
+a runtime kill cut their round (allowed); completed rounds executed twice (must be 0);
+restart → usable seconds. Exit status 1 unless every run completed and no round ran twice.
+``--load`` runs ``make chaos-load`` (``LOAD_DOC``).
 """
 
 from __future__ import annotations
@@ -44,17 +43,15 @@ from luftpause.runtime.journal import Journal
 from luftpause.scheduler.constants import PROBE_PERIOD_S
 
 LOAD_DOC = """``make chaos-load`` (``python -m luftpause.loadgen.chaos --load``, docs/faults.md): B2-shaped
-load through the dataplane of two fake engines while one fault class at a time is
-injected, each against the same load with no fault in the same invocation. ``--faults``:
-``none``, ``hang``, ``stall``, ``slow``, ``metrics-hang`` (engine-b's), ``partition-N`` (the
-dataplane cut off from the scheduler N s), ``engine-partition-N`` (the scheduler cut off
-from engine-b's probe_url N s); and the runtime's, MCP sub-agent runs through the runtime:
-``none-mcp`` (their reference), ``disk-full`` (the journal on a small tmpfs, root only,
-filled to the last byte at ``--fault-at`` for ``--disk-full-s`` s while new spawns arrive:
-refused, naming the disk; then the seconds from the space returning to the journal's first
-write, first progress and /health's 200). A row per fault (a partition's resume, or a
-disk-full first write, slower than one probe period fails the run) and below it where the
-time went; JSON to ``bench-results/chaos-load-<time>.json``.
+load through the dataplane of two fake engines, one fault class at a time against the same
+load with no fault. ``--faults``: ``none``, ``hang``, ``stall``, ``slow``, ``metrics-hang``
+(engine-b's), ``partition-N`` (the dataplane cut off from the scheduler N s),
+``engine-partition-N`` (the scheduler cut off from engine-b's probe_url N s); MCP sub-agent
+runs through the runtime: ``none-mcp`` (their reference), ``disk-full`` (the journal's tmpfs,
+root only, full from ``--fault-at`` for ``--disk-full-s`` s while new spawns arrive: refused,
+naming the disk; then seconds from the space returning to the journal's first write, first
+progress and /health's 200). A row per fault (a resume or first write slower than one probe
+period fails the run), where the time went below; JSON to bench-results/chaos-load-<time>.json.
 """
 
 PROCESSES = ("runtime", "scheduler", "dataplane", "engine")
@@ -106,11 +103,10 @@ def _usable(stack: Stack, name: str) -> bool:
     """Healthy again; a dataplane also connected to the scheduler."""
     if name != "dataplane":
         return stack.process(name).is_ready()
-    try:
+    with contextlib.suppress(httpx.HTTPError, ValueError):
         health = httpx.get(f"http://127.0.0.1:{stack.ports.dataplane}/health", timeout=1).json()
-    except (httpx.HTTPError, ValueError):
-        return False
-    return health.get("scheduler") == "connected"
+        return health.get("scheduler") == "connected"
+    return False
 
 
 async def _kill_and_restart(stack: Stack, plan: list[tuple[float, str]], started: float,
@@ -141,9 +137,7 @@ async def _call(url: str, tool: str, arguments: dict) -> dict | str:
             result = await client.call_tool(tool, arguments)
     except Exception as exc:  # noqa: BLE001 - the runtime may be down or restarting: try again later
         raise Away(repr(exc)) from None
-    if result.is_error:
-        return " ".join(getattr(c, "text", "") for c in result.content)
-    return result.structured_content
+    return " ".join(getattr(c, "text", "") for c in result.content) if result.is_error else result.structured_content
 
 
 async def _collect(url: str, handles: list[str], deadline: float) -> dict[str, dict]:
@@ -161,8 +155,7 @@ async def _collect(url: str, handles: list[str], deadline: float) -> dict[str, d
                         final[handle] = {"handle": handle, "status": "Lost", "error": one}
                 continue
         except Away:
-            await asyncio.sleep(0.5)
-            continue
+            answer = ""
         if isinstance(answer, str):
             await asyncio.sleep(0.5)
             continue
@@ -191,10 +184,9 @@ def _count_reexecutions(outcome: Outcome, tasks: dict[str, str], final: dict[str
         if run["status"] != "Completed":
             continue
         events = log.get(task, [])
-        executed = sum(1 for event, _ in events if event == "tool_start")
-        extra = max(0, executed - int(run.get("toolCalls") or 0))
         starts = [t for event, t in events if event == "tool_start"]
         dones = [t for event, t in events if event == "tool_done"]
+        executed, extra = len(starts), max(0, len(starts) - int(run.get("toolCalls") or 0))
         # A runtime kill explains one re-execution when a round of this run was under way
         # then: more of its calls had started than had finished (0.1 s before the kill,
         # time enough to journal a round).
@@ -209,38 +201,29 @@ def _count_reexecutions(outcome: Outcome, tasks: dict[str, str], final: dict[str
 
 async def chaos_run(seed: int, runs: int, kills: dict[str, int], window_s: float, timeout_s: float,
                     tool_delay_s: float, directory: Path) -> Outcome:
-    rng = random.Random(seed)
-    outcome = Outcome(seed, runs)
+    rng, outcome, began = random.Random(seed), Outcome(seed, runs), time.monotonic()
     stack = Stack.on_free_ports(directory / f"seed-{seed}", fake_mcp_args=["--delay-s", str(tool_delay_s)],
                                 env={"LUFTPAUSE_LOG_FORMAT": "json"})
-    began = time.monotonic()
     stack.start()
     try:
         url = stack.urls["runtime_mcp"]
         tasks: dict[str, str] = {}
         async with Client(url) as client:
-            for i in range(runs):
-                task = f"chaos {seed} run {i}"
+            for task in (f"chaos {seed} run {i}" for i in range(runs)):
                 spec = {"task": task, "tools": rng.choice(TOOL_SETS), "maxToolCalls": rng.choice([2, 3])}
-                result = await client.call_tool("spawn", spec)
-                tasks[result.structured_content["handle"]] = task
+                tasks[(await client.call_tool("spawn", spec)).structured_content["handle"]] = task
         kill_times: list[float] = []
         killer = asyncio.create_task(_kill_and_restart(stack, kill_plan(rng, kills, window_s), time.monotonic(),
                                                        outcome, kill_times))
         final = await _collect(url, list(tasks), time.monotonic() + timeout_s)
         await killer
         for run in final.values():
-            error = run.get("error") or ""
-            if run["status"] == "Completed":
-                outcome.completed += 1
-            elif run["status"] == "Lost":
-                outcome.lost += 1
-            elif error and not error.startswith(UNCLEAR):
-                outcome.failed_clear += 1
-            else:
-                outcome.failed_other += 1
-            if run["status"] != "Completed":
-                outcome.errors.append(f"{run.get('handle', '?')}: {run['status']}: {error}")
+            error, status = run.get("error") or "", run["status"]
+            kind = {"Completed": "completed", "Lost": "lost"}.get(
+                status, "failed_clear" if error and not error.startswith(UNCLEAR) else "failed_other")
+            setattr(outcome, kind, getattr(outcome, kind) + 1)
+            if status != "Completed":
+                outcome.errors.append(f"{run.get('handle', '?')}: {status}: {error}")
         _count_reexecutions(outcome, tasks, final, _tool_log(stack), kill_times)
     finally:
         stack.stop()
@@ -291,7 +274,7 @@ class FaultRow:
     where: dict[str, Any] = field(default_factory=dict)  # where the time went (:func:`where_time_goes`)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    # runtime rows (none-mcp, disk-full; loadgen/py): MCP sub-agent runs
+    # runtime rows (none-mcp, disk-full): MCP sub-agent runs
     interactive_run_p99_s: float | None = None  # spawn → result
     interactive_run_p99_x: float | None = None
     spawns_refused: int = 0
@@ -321,8 +304,7 @@ def workload_groups(interactive: int, batch: int) -> list[Group]:
     """B2's shape, small: interactive runs among batch runs, 1-3 tool calls each."""
     base = Workload(context_chars_min=500, context_chars_max=2000, tool_calls_min=1, tool_calls_max=3,
                     tool_delay_s=0.5, max_tokens=128, answer_keeps_tools=True)
-    return [Group(interactive, replace(base, service_class="interactive")),
-            Group(batch, replace(base, service_class="batch"))]
+    return [Group(n, replace(base, service_class=cls)) for cls, n in (("interactive", interactive), ("batch", batch))]
 
 
 async def _service_back(fault: str, stack: Stack, client: httpx.AsyncClient) -> Any:
@@ -352,8 +334,7 @@ async def _inject(fault: str, stack: Stack, proxy: FaultProxy, at_s: float) -> f
         proxy.heal()
         healed = time.monotonic()
         while time.monotonic() - healed < RESUME_WAIT_S:
-            now = await _service_back(fault, stack, client)
-            if now is True or (now is not False and now > before):
+            if (now := await _service_back(fault, stack, client)) is True or (now is not False and now > before):
                 return round(time.monotonic() - healed, 3)
             await asyncio.sleep(RESUME_POLL_S)
     return None
@@ -387,13 +368,11 @@ def _finished_turns(log: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
 
 def where_time_goes(log: list[dict[str, Any]], records: list[RunRecord], names: dict[str, str],
                     window: tuple[float, float], samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Where the time of the runs finished in the window went, per replica and per run.
-
-    ``log``: the dataplane's access log (run, replica, time held); ``records``: the agents'
-    runs, ``names`` their run ids by seed; ``samples``: the scheduler's status once a second.
-    Per replica: turns, mean hold, first token and turn time as the agent saw them, mean in
-    flight and capacity. Per class and the replicas its turns ran on (several: a run that
-    moved): runs, mean run time, the share of the class's run time, turns and tool calls."""
+    """Where the time of the runs finished in the window went. ``log``: the dataplane's access
+    log; ``names``: the records' run ids by seed; ``samples``: the scheduler's status once a
+    second. Per replica: turns, mean hold, first token and turn time as the agent saw them,
+    mean in flight and capacity. Per class and the replicas its turns ran on (several: a run
+    that moved): runs, mean run time, its share of the class's run time, turns and tools."""
     start, end = window
     by_run = _finished_turns(log)
     turns: dict[str, list[tuple[dict[str, Any], TurnRecord]]] = {}
@@ -427,9 +406,9 @@ def where_time_goes(log: list[dict[str, Any]], records: list[RunRecord], names: 
             "batch_reserve_mean": mean([r["batch_reserve"] for r in seen]),
             "engine_queued_share": mean([float(r["queued"] > 0) for r in seen])})
     held = [sum(g["count"] for g in s.get("held_by_class", ()) if g["key"] == "batch") for s in samples]
-    totals: dict[str, float] = {}
+    totals = Counter[str]()
     for key, acc in runs.items():
-        totals[key.split(" ")[0]] = totals.get(key.split(" ")[0], 0.0) + sum(acc["latency"])
+        totals[key.split(" ")[0]] += sum(acc["latency"])
     by_placement = {key: {"runs": len(acc["latency"]), "run_s": mean(acc["latency"]), "turns_s": mean(acc["turns_s"]),
                           "tools_s": mean(acc["tools_s"]),
                           "share_of_class_time": round(sum(acc["latency"]) / totals[key.split(" ")[0]], 3)}
@@ -475,10 +454,8 @@ async def _sample_status(url: str, samples: list[dict[str, Any]]) -> None:
     """The scheduler's status once a second (turns in flight, capacity, held turns)."""
     async with httpx.AsyncClient(timeout=2) as client:
         while True:
-            try:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
                 samples.append((await client.get(url)).json())
-            except (httpx.HTTPError, ValueError):
-                pass
             await asyncio.sleep(1.0)
 
 
@@ -505,8 +482,7 @@ def _repeated(log: list[dict[str, Any]], received: dict[str, int]) -> int:
 
 async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: float, window_s: float,
                     fault_at_s: float) -> FaultRow:
-    row = FaultRow(fault)
-    began = time.monotonic()
+    row, began = FaultRow(fault), time.monotonic()
     # --openapi: the engines publish their routes and request schema as vLLM and SGLang do
     # (a stream that stalls after bytes reached the client is continued where one is listed)
     slow = {"engine-b": ["--time-scale", str(SLOWER)]} if fault == "slow" else {}
@@ -529,8 +505,8 @@ async def fault_run(fault: str, directory: Path, groups: list[Group], warmup_s: 
                                 name=f"chaos-{fault}", seed="chaos-load")
         if injector.done() and not injector.cancelled() and injector.exception() is None:
             row.resume_s = injector.result()
-        injector.cancel()
-        sampler.cancel()
+        for task in (injector, sampler):
+            task.cancel()
         proxy.heal()
         engine_proxy.heal()
         scheduler_log, log = _log(stack, "scheduler"), _log(stack, "dataplane")
@@ -602,10 +578,9 @@ def fill(filler: Path) -> int:
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         for size in (1 << 20, 65536, 4096, 512, 1):
-            chunk = b"\0" * size
             for _ in range(100_000):  # bounded: a few MiB of slack fill long before
                 try:
-                    written += os.write(fd, chunk)
+                    written += os.write(fd, b"\0" * size)
                 except OSError as exc:
                     if exc.errno != errno.ENOSPC:
                         raise
@@ -656,11 +631,9 @@ async def _disk_full(row: FaultRow, disk: Path, journal: Path, health_url: str, 
     spawns arrive, delete the filler, then time the journal's first write, first
     progress and /health's 200."""
     await asyncio.sleep(max(0.0, at - time.monotonic()))
-    filler = disk / "filler"
-    filled = await asyncio.to_thread(fill, filler)
+    filled = await asyncio.to_thread(fill, filler := disk / "filler")
     row.disk_full_at_s = round(time.monotonic() - window_start, 2)
-    held_until = time.monotonic() + hold_s
-    spawning = asyncio.create_task(arrivals)
+    held_until, spawning = time.monotonic() + hold_s, asyncio.create_task(arrivals)
     while time.monotonic() < held_until:  # a cut-back batch frees blocks: take them again
         await asyncio.sleep(0.1)
         filled += await asyncio.to_thread(fill, filler)
@@ -670,10 +643,10 @@ async def _disk_full(row: FaultRow, disk: Path, journal: Path, health_url: str, 
     size = _journal_size(journal)
     filler.unlink()
     healed = time.monotonic()
-    log_line = f"filled {filled} bytes for {hold_s:g} s at {row.disk_full_at_s:g} s into the window"
+    row.notes.append(f"filled {filled} bytes for {hold_s:g} s at {row.disk_full_at_s:g} s into the window")
     async with httpx.AsyncClient(timeout=2, trust_env=False) as http:
-        while time.monotonic() - healed < DISK_RESUME_WAIT_S and (row.resume_write_s is None or row.resume_progress_s
-                                                              is None or row.resume_healthy_s is None):
+        while time.monotonic() - healed < DISK_RESUME_WAIT_S and None in (
+                row.resume_write_s, row.resume_progress_s, row.resume_healthy_s):
             now = time.monotonic() - healed
             if row.resume_write_s is None and _journal_size(journal) > size:
                 row.resume_write_s = round(now, 3)
@@ -684,14 +657,12 @@ async def _disk_full(row: FaultRow, disk: Path, journal: Path, health_url: str, 
                     if (await http.get(health_url)).status_code == 200:
                         row.resume_healthy_s = round(time.monotonic() - healed, 3)
             await asyncio.sleep(0.01)
-    row.notes.append(log_line)
 
 
 def created_and_finished(records: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Runs journaled as created (handle -> spec), and each run's last outcome."""
-    created = {r["handle"]: r.get("spec") or {} for r in records if r.get("type") == "created"}
-    finished = {r["handle"]: r for r in records if r.get("type") == "finished"}
-    return created, finished
+    return ({r["handle"]: r.get("spec") or {} for r in records if r.get("type") == "created"},
+            {r["handle"]: r for r in records if r.get("type") == "finished"})
 
 
 def repeated_rounds(records: list[dict[str, Any]]) -> int:
@@ -705,11 +676,6 @@ def repeated_rounds(records: list[dict[str, Any]]) -> int:
     return sum(count - 1 for count in seen.values())
 
 
-def extra_executions(stack: Stack, created: dict[str, dict[str, Any]], finished: dict[str, dict[str, Any]]) -> int:
-    """Tool executions at the fake MCP beyond the tool calls each completed run made."""
-    return sum(extras_per_run(stack, created, finished))
-
-
 def extras_per_run(stack: Stack, created: dict[str, dict[str, Any]],
                    finished: dict[str, dict[str, Any]]) -> list[int]:
     """Per completed run, its tool executions at the fake MCP beyond the tool calls it made.
@@ -717,28 +683,21 @@ def extras_per_run(stack: Stack, created: dict[str, dict[str, Any]],
     executed = Counter(" ".join(str(record["query"]).split()[:2])
                        for record in _log(stack, "fake-mcp")
                        if record.get("event") == "tool_start" and record.get("query"))
-    extras = []
-    for handle, spec in created.items():
-        outcome = finished.get(handle)
-        if outcome is None or outcome.get("status") != "Completed":
-            continue
-        calls = int((outcome.get("stats") or {}).get("tool_calls") or 0)
-        extras.append(max(0, executed[" ".join(str(spec.get("task", "")).split()[:2])] - calls))
-    return extras
+    return [max(0, executed[" ".join(str(spec.get("task", "")).split()[:2])]
+                - int((finished[handle].get("stats") or {}).get("tool_calls") or 0))
+            for handle, spec in created.items() if (finished.get(handle) or {}).get("status") == "Completed"]
 
 
 def broken_tool_calls(stack: Stack) -> int:
     """Tool calls the runtime sent again because the connection broke under them: the
     first attempt may have run at the tool server, inside a round not yet journaled."""
-    text = (stack.state_dir / "logs" / "runtime.log").read_text(errors="replace")
-    return text.count('"upstream_call_broken"')
+    return (stack.state_dir / "logs" / "runtime.log").read_text(errors="replace").count('"upstream_call_broken"')
 
 
 async def _drain(url: str, journal: Path) -> None:
     """Wait (at most DRAIN_S) for runs the window left running."""
     created, finished = created_and_finished(Journal(journal).read())
-    running = [h for h in created if h not in finished]
-    if running:
+    if running := [h for h in created if h not in finished]:
         async with mcp_client(url) as client:
             await await_all(client, running, asyncio.get_running_loop().time() + DRAIN_S)
 
@@ -746,8 +705,7 @@ async def _drain(url: str, journal: Path) -> None:
 async def runtime_fault_run(row: FaultRow, directory: Path, groups: list[Group], warmup_s: float,
                             window_s: float, fault_at_s: float, hold_s: float, disk_mib: int = DISK_MIB) -> FaultRow:
     """Fill ``row`` (a runtime fault class) from one run of a fresh stack."""
-    began = time.monotonic()
-    base = directory / row.fault
+    began, base = time.monotonic(), directory / row.fault
     with contextlib.ExitStack() as mounted:
         try:
             disk: Path | None = mounted.enter_context(small_disk(base / "disk", disk_mib))
@@ -757,23 +715,21 @@ async def runtime_fault_run(row: FaultRow, directory: Path, groups: list[Group],
                 return row
             disk = None
             row.notes.append(f"journal on the ordinary disk: {exc}")
-        await _run(row, base, disk, groups, warmup_s, window_s, fault_at_s, hold_s)
+        await _run(row, base, disk, groups, (warmup_s, window_s, fault_at_s, hold_s))
     row.seconds = round(time.monotonic() - began, 1)
     return row
 
 
-async def _run(row: FaultRow, base: Path, disk: Path | None, groups: list[Group], warmup_s: float,
-               window_s: float, fault_at_s: float, hold_s: float) -> None:
-    fault = row.fault
-    state = (disk or base) / "runtime-state"
-    journal = state / JOURNAL_FILE
+async def _run(row: FaultRow, base: Path, disk: Path | None, groups: list[Group],
+               times: tuple[float, float, float, float]) -> None:
+    (warmup_s, window_s, fault_at_s, hold_s), fault = times, row.fault
+    journal = (state := (disk or base) / "runtime-state") / JOURNAL_FILE
     stack = Stack.on_free_ports(base, fake_mcp_args=["--delay-s", str(TOOL_DELAY_S)], runtime_state_dir=state,
                                 env={"LUFTPAUSE_LOG_FORMAT": "json"})
     injector: asyncio.Task[None] | None = None
     try:
         stack.start()
-        url = stack.urls["runtime_mcp"]
-        started = time.monotonic()
+        url, started = stack.urls["runtime_mcp"], time.monotonic()
         if fault == "disk-full" and disk is not None:
             injector = asyncio.create_task(_disk_full(
                 row, disk, journal, f"http://127.0.0.1:{stack.ports.runtime}/health",
@@ -800,7 +756,7 @@ async def _run(row: FaultRow, base: Path, disk: Path | None, groups: list[Group]
         row.lost = len(lost)
         row.errors += [f"{h}: {(finished.get(h) or {}).get('status', 'not finished')}: "
                        f"{(finished.get(h) or {}).get('error')}" for h in lost[:5]]
-        extra, resent = extra_executions(stack, created, finished), broken_tool_calls(stack)
+        extra, resent = sum(extras_per_run(stack, created, finished)), broken_tool_calls(stack)
         if extra:
             row.notes.append(f"{extra} tool executions at the fake MCP beyond the completed runs' tool calls; the "
                              f"runtime re-sent {resent} tool calls whose connection broke (rounds not yet journaled)")
@@ -832,14 +788,15 @@ def check(row: FaultRow) -> list[str]:
 
 
 def compare(rows: list[FaultRow]) -> None:
+    """Each row's figures over its family's fault-free reference's."""
     for row in rows:
         family = REFERENCE if row.fault in RUNTIME_FAULTS else "none"
-        reference = next((r for r in rows if r.fault == family and not r.skipped), None)
-        for mine, theirs, name in (("interactive_run_p99_s", "interactive_run_p99_s", "interactive_run_p99_x"),
-                                   ("interactive_ttft_p99_s", "interactive_ttft_p99_s", "interactive_p99_x"),
-                                   ("batch_runs_per_min", "batch_runs_per_min", "batch_throughput_x")):
-            if reference is not None and getattr(reference, theirs) and getattr(row, mine) is not None:
-                setattr(row, name, round(getattr(row, mine) / getattr(reference, theirs), 2))
+        if (reference := next((r for r in rows if r.fault == family and not r.skipped), None)) is None:
+            continue
+        for figure, name in (("interactive_run_p99_s", "interactive_run_p99_x"), ("interactive_ttft_p99_s",
+                             "interactive_p99_x"), ("batch_runs_per_min", "batch_throughput_x")):
+            if getattr(reference, figure) and getattr(row, figure) is not None:
+                setattr(row, name, round(getattr(row, figure) / getattr(reference, figure), 2))
 
 
 def table(rows: list[FaultRow]) -> str:
@@ -847,9 +804,8 @@ def table(rows: list[FaultRow]) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
     def resumed(r: FaultRow) -> str:
-        if not r.partition:
-            return "-"
-        return ("never" if r.resume_s is None else f"{r.resume_s:.2f}") + (" MISSED" if r.resume_target_missed else "")
+        return "-" if not r.partition else (
+            ("never" if r.resume_s is None else f"{r.resume_s:.2f}") + (" MISSED" if r.resume_target_missed else ""))
 
     header = ("fault", "runs", "lost", "turns re-sent", "rounds repeated", "interactive p99 TTFT s", "× ref",
               "batch runs/min", "× ref", "requests a/b", "moves (off healthy)", "resume s",
@@ -904,11 +860,10 @@ def parse_faults(text: str) -> list[str]:
 async def chaos_load(faults: list[str], directory: Path, interactive: int, batch: int, warmup_s: float,
                      window_s: float, fault_at_s: float, disk_full_s: float = 5.0,
                      disk_mib: int = DISK_MIB) -> list[FaultRow]:
-    rows = []
+    rows, groups = [], workload_groups(interactive, batch)
     for fault in faults:
-        groups = workload_groups(interactive, batch)
         rows.append(await runtime_fault_run(FaultRow(fault), directory, groups, warmup_s, window_s, fault_at_s,
-                                                  disk_full_s, disk_mib) if fault in RUNTIME_FAULTS
+                                            disk_full_s, disk_mib) if fault in RUNTIME_FAULTS
                     else await fault_run(fault, directory, groups, warmup_s, window_s, fault_at_s))
     compare(rows)
     return rows
@@ -970,10 +925,9 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="luftpause-chaos-") as directory:
         for seed in args.seeds:
-            outcome = asyncio.run(chaos_run(seed, args.runs, args.kills, args.window, args.timeout,
-                                            args.tool_delay, Path(args.keep or directory)))
-            outcomes.append(outcome)
-            write_json(Path(args.out) / f"chaos-{seed}.json", asdict(outcome))
+            outcomes.append(asyncio.run(chaos_run(seed, args.runs, args.kills, args.window, args.timeout,
+                                                  args.tool_delay, Path(args.keep or directory))))
+            write_json(Path(args.out) / f"chaos-{seed}.json", asdict(outcomes[-1]))
     sys.stdout.write(outcome_table(outcomes) + "\n")
     for o in outcomes:
         for error in o.errors[:10]:

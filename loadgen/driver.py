@@ -44,25 +44,19 @@ class LoadResult:
                 **({"records": [r.as_json() for r in self.records]} if with_records else {})}
 
 
-def _progress(live: Live, clock: Clock, until: float) -> dict[str, str]:
+def progress(live: Live, clock: Clock, until: float, label: str, line: bool = False) -> Table | str:
+    """The progress table, or (``line``) the same as one line, for logs and pipes."""
     # Sub-agents' turns happen inside the runtime, out of the load generator's sight.
-    return {"runs started": str(live.runs_started), "runs done": str(live.runs_done),
-            "turns in flight": str(live.turns_in_flight) if live.turns_visible else "n/a (sub-agents)",
-            "errors": str(live.errors), "t": f"{clock.now():.0f}/{until:.0f}"}
-
-
-def progress_table(live: Live, clock: Clock, until: float, label: str) -> Table:
-    figures = _progress(live, clock, until)
-    table = new_table(f"{label}  t={figures.pop('t')} s (model time)", figures, left=(), expand=False)
+    figures = {"runs started": str(live.runs_started), "runs done": str(live.runs_done),
+               "turns in flight": str(live.turns_in_flight) if live.turns_visible else "n/a (sub-agents)",
+               "errors": str(live.errors)}
+    t = f"{clock.now():.0f}/{until:.0f}"
+    if line:
+        return f"{label} t={t}s (model time) " + " ".join(
+            f"{name.replace(' ', '_')}={value.split()[0]}" for name, value in figures.items())
+    table = new_table(f"{label}  t={t} s (model time)", figures, left=(), expand=False)
     table.add_row(*figures.values())
     return table
-
-
-def progress_line(live: Live, clock: Clock, until: float, label: str) -> str:
-    """The progress table as one line, for logs and pipes."""
-    figures = _progress(live, clock, until)
-    return f"{label} t={figures.pop('t')}s (model time) " + " ".join(
-        f"{name.replace(' ', '_')}={value.split()[0]}" for name, value in figures.items())
 
 
 async def run_load(groups: list[Group], *, target: Target | None = None, spawn_target: SpawnTarget | None = None,
@@ -75,30 +69,27 @@ async def run_load(groups: list[Group], *, target: Target | None = None, spawn_t
     if (target is None) == (spawn_target is None):
         raise ValueError("give exactly one of target (own-loop agents) or spawn_target (MCP)")
     clock, live, records = Clock(time_scale), Live(turns_visible=target is not None), []
-    until, cpu = warmup_s + duration_s, CpuMeter()
-    tasks = []
+    until, cpu, tasks = warmup_s + duration_s, CpuMeter(), []
     for index, group in enumerate(groups):
         suffix = f"{group.workload.service_class}-{index}"
-        if target is not None:
-            coro = agents.closed_loop(target, group.workload, group.count, until, clock, live, records,
-                                      f"{name}-{suffix}", f"{seed or name}-{suffix}")
-        else:
-            coro = spawn.closed_loop(spawn_target, group.workload, group.count, until, clock, live, records,
-                                     f"{seed or name}-{suffix}")
-        tasks.append(asyncio.create_task(coro))
+        tasks.append(asyncio.create_task(
+            agents.closed_loop(target, group.workload, group.count, until, clock, live, records, f"{name}-{suffix}",
+                               f"{seed or name}-{suffix}") if target is not None else
+            spawn.closed_loop(spawn_target, group.workload, group.count, until, clock, live, records,
+                              f"{seed or name}-{suffix}")))
     # On a terminal a live table; otherwise (CI, a pipe, a log file) a plain line to stderr every few seconds.
     plain = console is not None and not console.is_terminal
-    display = (RichLive(progress_table(live, clock, until, name), console=console, transient=True,
+    display = (RichLive(progress(live, clock, until, name), console=console, transient=True,
                         refresh_per_second=2) if console is not None and not plain else nullcontext())
     last_line = time.monotonic()
     with display as shown:
         while not all(t.done() for t in tasks):
             await asyncio.wait(tasks, timeout=0.5)
             if shown is not None:
-                shown.update(progress_table(live, clock, until, name))
+                shown.update(progress(live, clock, until, name))
             elif plain and time.monotonic() - last_line >= PROGRESS_EVERY_S:
                 last_line = time.monotonic()
-                print(progress_line(live, clock, until, name), file=sys.stderr, flush=True)
+                print(progress(live, clock, until, name, line=True), file=sys.stderr, flush=True)
     for task in tasks:
         task.result()
     window = (warmup_s, until)

@@ -32,9 +32,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
                                 headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")})
         response = _EventStream(status=upstream.status, headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        content = upstream.content
-        async for chunk in content.iter_any():
-            if content.at_eof():
+        async for chunk in upstream.content.iter_any():
+            if upstream.content.at_eof():
                 await response.write_eof(chunk)
                 return response
             await response.write(chunk)
@@ -46,29 +45,20 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def create_app(engine_url: str) -> web.Application:
+async def serve(engine_url: str, host: str, port: int) -> None:
     app = web.Application()
     app[ENGINE] = engine_url.rstrip("/") + "/v1/chat/completions"
-
-    async def session(app: web.Application):
-        app[SESSION] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=False)
-        yield
-        await app[SESSION].close()
-
-    app.cleanup_ctx.append(session)
+    app[SESSION] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=False)
     app.router.add_post("/v1/chat/completions", forward)
     app.router.add_get("/health", health)
-    return app
-
-
-async def serve(engine_url: str, host: str, port: int) -> None:
-    runner = web.AppRunner(create_app(engine_url), access_log=None)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     try:
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
+        await app[SESSION].close()
 
 
 def main(argv: list[str] | None = None) -> int:

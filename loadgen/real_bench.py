@@ -1,12 +1,10 @@
 """B2's shape on real engines (docs/benchmarks.md, "Real engines"): two ``llama-server``
 replicas of SmolLM2-135M-Instruct (``luftpause.dev.llama``), own-loop agents, wall seconds.
-
-``real_bench b2 [--repeats 2] [--window-s 60] [--cache-ram MIB]`` (``make bench-real``): 2
-interactive among 12 batch agents through luftpause and through ``sglang-router`` cache_aware,
-with the share of a resumed turn's prompt llama.cpp served from cache per row (agents
-calling a tool beside B2's: the 135M model answers B2's runs without one).
-``real_bench mixed [--runs 5] [--duration-s 40]``: 12 batch + 1 interactive agents through
-luftpause, ``--runs`` times: failed runs and turns.
+``b2`` (``make bench-real``): 2 interactive among 12 batch agents through luftpause and
+through ``sglang-router`` cache_aware, with the share of a resumed turn's prompt llama.cpp
+served from cache per row (agents calling a tool beside B2's: the 135M model answers B2's
+runs without one). ``mixed``: 12 batch + 1 interactive agents through luftpause, ``--runs``
+times: failed runs and turns.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from luftpause.dev.procs import ManagedProcess, free_ports
 from luftpause.dev.stack import Ports, Stack, write_configs
 from luftpause.loadgen import peers
 from luftpause.loadgen.agents import Target
-from luftpause.loadgen.bench import _cls
+from luftpause.loadgen.bench import _cls, luftpause_target
 from luftpause.loadgen.driver import Group, LoadResult, run_load
 from luftpause.loadgen.records import fmts, mean, new_table, parser, ratio, write_results
 from luftpause.loadgen.workload import Workload
@@ -82,11 +80,7 @@ class RealRig:
                 yield Target(f"{router.url}/v1", llama.ALIAS)
         else:
             with self.luftpause() as stack:
-                yield luftpause_target(stack)
-
-
-def luftpause_target(stack: Stack) -> Target:
-    return Target(f"http://{peers.HOST}:{stack.ports.dataplane}/v1", llama.ALIAS, luftpause=True)
+                yield luftpause_target(stack, llama.ALIAS)
 
 
 def turn_failures(stack: Any) -> int:
@@ -97,13 +91,11 @@ def turn_failures(stack: Any) -> int:
                and "client disconnected" not in line)
 
 
-async def _load(target: Target, groups: list[Group], duration_s: float, warmup_s: float, name: str) -> LoadResult:
+async def _load(target: Target, interactive: int, duration_s: float, warmup_s: float, name: str) -> LoadResult:
+    """``interactive`` agents among 12 batch ones."""
+    groups = [Group(interactive, replace(WORKLOAD, service_class="interactive")), Group(12, WORKLOAD)]
     return await run_load(groups, target=target, warmup_s=warmup_s, duration_s=duration_s, time_scale=1.0,
                           name=name, console=console)
-
-
-def groups(interactive: int) -> list[Group]:
-    return [Group(interactive, replace(WORKLOAD, service_class="interactive")), Group(12, WORKLOAD)]
 
 
 async def mixed(runs: int, duration_s: float, out_dir: Path) -> dict[str, Any]:
@@ -112,7 +104,7 @@ async def mixed(runs: int, duration_s: float, out_dir: Path) -> dict[str, Any]:
     with RealRig(out_dir, "real-mixed") as rig, rig.luftpause() as stack:
         for run in range(runs):
             failures_before = turn_failures(stack)
-            result = await _load(luftpause_target(stack), groups(1), duration_s, 0.0, f"mixed-{run}")
+            result = await _load(luftpause_target(stack, llama.ALIAS), 1, duration_s, 0.0, f"mixed-{run}")
             errors = [r.error for r in result.records if not r.ok]
             rows.append({"run": run, "runs": len(result.records), "failed_runs": len(errors),
                          "dataplane_turn_failures": turn_failures(stack) - failures_before, "errors": errors[:5],
@@ -127,7 +119,7 @@ async def mixed(runs: int, duration_s: float, out_dir: Path) -> dict[str, Any]:
                       fmts([_cls(row, "batch", "runs_per_min")]))
     console.print(table)
     payload = {"benchmark": "real-mixed", "workload": asdict(WORKLOAD), "duration_s": duration_s, "rows": rows}
-    console.print(f"raw results: {write_results(out_dir, 'real-mixed', payload)}")
+    write_results(out_dir, "real-mixed", payload, console)
     return payload
 
 
@@ -155,9 +147,8 @@ async def resuming_agent(target: Target, name: str, until: float, turns: list[tu
                 messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
                              {"role": "tool", "tool_call_id": call["id"], "content": "about 14 million"}]
                 await asyncio.sleep(WORKLOAD.tool_delay_s)
-                back = (await http.post(url, json={**body, "messages": messages, "max_tokens": 8}, headers=headers))
-                timings = back.json()["timings"]
-                turns.append((timings["cache_n"], timings["prompt_n"]))
+                back = await http.post(url, json={**body, "messages": messages, "max_tokens": 8}, headers=headers)
+                turns.append((back.json()["timings"]["cache_n"], back.json()["timings"]["prompt_n"]))
             if target.luftpause:  # the run is over: its slot is free for the next
                 await http.delete(f"{target.base_url}/runs/{run_id}", headers=headers)
 
@@ -177,7 +168,7 @@ async def b2(repeats: int, window_s: float, warmup_s: float, out_dir: Path,
                 with rig.target(variant) as target:
                     until, resumed = time.monotonic() + warmup_s + window_s, []
                     result, *_ = await asyncio.gather(
-                        _load(target, groups(2), window_s, warmup_s, f"b2-{variant}-{repeat}"),
+                        _load(target, 2, window_s, warmup_s, f"b2-{variant}-{repeat}"),
                         *(resuming_agent(target, f"b2-{variant}-{repeat}-resuming-{agent}", until, resumed)
                           for agent in range(RESUMING_AGENTS)))
                 results[variant].append({"summary": result.summary, "cpu": result.cpu,
@@ -186,7 +177,7 @@ async def b2(repeats: int, window_s: float, warmup_s: float, out_dir: Path,
     print_b2(results, repeats, window_s, cache_ram_mib)
     payload = {"benchmark": "real-b2", "workload": asdict(WORKLOAD), "window_s": window_s, "warmup_s": warmup_s,
                "cache_ram_mib": cache_ram_mib, "results": results}
-    console.print(f"raw results: {write_results(out_dir, 'real-b2', payload)}")
+    write_results(out_dir, "real-b2", payload, console)
     return payload
 
 

@@ -4,6 +4,7 @@ benchmark shares to report it: JSON files, tables, figures, command lines."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -99,12 +100,10 @@ class CpuMeter:
 
     @staticmethod
     def _read_stat() -> tuple[int, int] | None:
-        try:
-            with open("/proc/stat") as f:
-                ticks = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        return sum(ticks), ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+        with contextlib.suppress(OSError, ValueError), open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+            return sum(ticks), ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+        return None
 
     def read(self) -> dict[str, Any]:
         now, wall = self._read_stat(), max(1e-9, time.monotonic() - self._wall)
@@ -121,9 +120,13 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def write_results(out_dir: Path, name: str, payload: dict[str, Any]) -> Path:
-    """A benchmark's raw results as ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>.json``; its path."""
-    return write_json(Path(out_dir) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json", payload, default=str)
+def write_results(out_dir: Path, name: str, payload: dict[str, Any], console: Any = None) -> Path:
+    """A benchmark's raw results as ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>.json``; its path
+    (given a ``console``, printed there as "raw results: <path>")."""
+    path = write_json(Path(out_dir) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json", payload, default=str)
+    if console is not None:
+        console.print(f"raw results: {path}")
+    return path
 
 
 def write_json(path: str | Path, payload: dict[str, Any], default: Callable[[Any], Any] | None = None) -> Path:
@@ -132,6 +135,11 @@ def write_json(path: str | Path, payload: dict[str, Any], default: Callable[[Any
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=default))
     return path
+
+
+def plain(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (a configuration's fields) with paths as strings, for JSON."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in values.items()}
 
 
 def new_table(title: str, columns: Iterable[str], left: Collection[str] | None = None, **options: Any) -> Table:
@@ -154,15 +162,12 @@ def text_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 def json_lines(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a log file, a line each; other lines skipped."""
-    out = []
-    for line in Path(path).read_text(errors="replace").splitlines():
+    def parsed(line: str) -> Any:
         try:
-            record = json.loads(line)
+            return json.loads(line)
         except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
+            return None
+    return [r for r in map(parsed, Path(path).read_text(errors="replace").splitlines()) if isinstance(r, dict)]
 
 
 def dig(value: Any, *path: str) -> Any:
@@ -199,16 +204,13 @@ def csv_choices(known: Collection[str], none_ok: bool = False) -> Callable[[str]
 
 def csv_ints(text: str) -> list[int]:
     """An argparse type: positive integers separated by commas."""
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
-    return values
+    with contextlib.suppress(ValueError):
+        if (values := [int(x) for x in text.split(",") if x.strip()]) and min(values) >= 1:
+            return values
+    raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
 
 
 def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
-    """A benchmark's command line, its module doc as the help."""
-    return argparse.ArgumentParser(prog=f"python -m luftpause.loadgen.{prog}", description=doc,
+    """A benchmark's command line (``prog`` its module, "" the load generator's), its module doc as the help."""
+    return argparse.ArgumentParser(prog=f"python -m luftpause.loadgen{prog and '.' + prog}", description=doc,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)

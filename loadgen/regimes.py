@@ -25,7 +25,7 @@ from rich.console import Console
 from luftpause import logs
 from luftpause.loadgen.bench import POLICY_VARIANTS, BenchConfig, bench_b2, config_of, config_options
 from luftpause.loadgen.driver import Group, workload_json
-from luftpause.loadgen.records import csv_choices, dig, fmt, new_table, parser, write_json
+from luftpause.loadgen.records import csv_choices, dig, fmt, new_table, parser, plain, write_results
 from luftpause.loadgen.timeline import save_figure
 from luftpause.loadgen.workload import TruncatedLogNormal, Workload, conversation_tokens, plan_run
 
@@ -341,11 +341,10 @@ def main(argv: list[str] | None = None) -> None:
         return console.print("\n".join(cell.name for cell in cells))
     logs.configure("bench", level="warning")
     started = time.monotonic()
-    config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(base).items()}
-    result = {"benchmark": "regimes", "config": config,
+    result = {"benchmark": "regimes", "config": plain(asdict(base)),
               "targets": {"interactive_vs_best_peer": INTERACTIVE_FLOOR, "batch_vs_class_blind": BATCH_FLOOR},
               "cells": asyncio.run(run_cells(cells, base, tuple(a.variants), explicit))}
-    path = write_json(a.out_dir / f"regimes-{time.strftime('%Y%m%d-%H%M%S')}.json", result)
+    path = write_results(a.out_dir, "regimes", result)
     print_map(result)
     console.print(f"map: {path}\nheatmap: {plot_map(path)}\nwall time {time.monotonic() - started:.0f} s")
 

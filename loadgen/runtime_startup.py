@@ -1,10 +1,10 @@
 """How fast the runtime is ready to serve with a big journal (docs/benchmarks.md, "Runtime
 start"): a journal of ``--runs`` finished runs (trees of a root and three sub-agents, three
 tool rounds each, one finished every 6 s before now) written with the journal's own record
-builders; per repeat, on a fresh copy, the real runtime started and timed until its MCP
-endpoint answers ``initialize`` and ``tools/list``, with its CPU and its log's imports,
-compaction and replay; the compacted journal then holds exactly the runs retention keeps,
-each outcome byte-identical; then the next start, on the compacted journal.
+builders; per repeat, on a fresh copy, the runtime timed until its MCP endpoint answers
+``initialize`` and ``tools/list``, with its CPU and its log's imports, compaction and replay;
+the compacted journal must hold exactly the runs retention keeps, each outcome
+byte-identical; then the next start, on the compacted journal.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from luftpause.dev.procs import ManagedProcess, cpu_seconds, free_port
-from luftpause.loadgen.records import fmt, json_lines, new_table, parser, write_results
+from luftpause.loadgen.records import fmt, json_lines, new_table, parser, plain, write_results
 from luftpause.runtime import constants
 from luftpause.runtime.compaction import read_records
 from luftpause.runtime.journal import created_record, finished_record, round_record
@@ -49,7 +49,10 @@ class Config:
     timeout_s: float = 60.0
     python: str = sys.executable  # the interpreter that runs the runtime
     out_dir: Path = Path("bench-results")
-    work_dir: Path = Path("bench-results/work/runtime-startup")
+
+    @property
+    def work_dir(self) -> Path:
+        return self.out_dir / "work" / "runtime-startup"
 
 
 def handle_of(index: int) -> str:
@@ -66,10 +69,9 @@ def run_lines(index: int, now: float) -> list[bytes]:
     run = Run(handle=handle_of(index), spec=spec, caller="agent-1", created_at=finished_at - 40.0, model=MODEL)
     lines = [encoded(created_record(run))]
     for n in range(1, 4):
-        call_id = f"call_{index:016x}{n - 1:08x}"
+        call_id, arguments = f"call_{index:016x}{n - 1:08x}", json.dumps({"query": f"topic {topic} aspect {n - 1}"})
         run.stats = RunStats(turns=n, tool_calls=n, prompt_tokens=900 * n, completion_tokens=40 * n,
                              turn_seconds=1.7 * n, tool_seconds=0.4 * n)
-        arguments = json.dumps({"query": f"topic {topic} aspect {n - 1}"})
         lines.append(encoded(round_record(run, [
             {"role": "assistant", "content": None, "tool_calls": [
                 {"id": call_id, "type": "function", "function": {"name": "lookup", "arguments": arguments}}]},
@@ -78,8 +80,7 @@ def run_lines(index: int, now: float) -> list[bytes]:
     run.stats = RunStats(turns=4, tool_calls=3, prompt_tokens=4000, completion_tokens=220, turn_seconds=8.1,
                          tool_seconds=2.4)
     result = f"Topic {topic}: " + "a summary sentence of what was found. " * 6
-    lines.append(encoded(finished_record(run.handle, RunStatus.COMPLETED, result, None, run.stats, finished_at)))
-    return lines
+    return [*lines, encoded(finished_record(run.handle, RunStatus.COMPLETED, result, None, run.stats, finished_at))]
 
 
 def expected_kept(runs: int, now: float) -> set[str]:
@@ -109,24 +110,22 @@ class Mcp:
             connection.request("POST", "/mcp", body=json.dumps({"jsonrpc": "2.0", **message}), headers=headers)
             response = connection.getresponse()
             text = response.read().decode()
-            if response.status not in (200, 202):
-                raise RuntimeError(f"{message['method']}: HTTP {response.status}: {text[:200]}")
-            self.session = response.getheader("mcp-session-id") or self.session
-            return text
         finally:
             connection.close()
+        if response.status not in (200, 202):
+            raise RuntimeError(f"{message['method']}: HTTP {response.status}: {text[:200]}")
+        self.session = response.getheader("mcp-session-id") or self.session
+        return text
 
     def request(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         self.next_id += 1
         text = self.post({"id": self.next_id, "method": method, "params": params or {}})
         messages = [json.loads(text)] if text.lstrip().startswith("{") else [
             json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:") and line[5:].strip()]
-        for message in messages:
-            if message.get("id") == self.next_id:
-                if "error" in message:
-                    raise RuntimeError(f"{method}: {message['error']}")
-                return message["result"]
-        raise RuntimeError(f"{method}: no reply in {text[:200]!r}")
+        reply = next((m for m in messages if m.get("id") == self.next_id), {"error": f"no reply in {text[:200]!r}"})
+        if "error" in reply:
+            raise RuntimeError(f"{method}: {reply['error']}")
+        return reply["result"]
 
     def open(self) -> list[str]:
         """initialize, initialized, tools/list: the names of the tools."""
@@ -151,8 +150,7 @@ def start_once(python: str, state_dir: Path, tools_file: Path, log_path: Path, t
             if process.process.poll() is not None:
                 raise RuntimeError(f"runtime exited with {process.process.returncode}; see {log_path}")
             try:
-                client = Mcp(port)
-                tools = client.open()
+                tools = (client := Mcp(port)).open()
                 break
             except (ConnectionError, OSError, RuntimeError):
                 if time.monotonic() > started + timeout_s:
@@ -164,8 +162,7 @@ def start_once(python: str, state_dir: Path, tools_file: Path, log_path: Path, t
     finally:
         process.stop(30)
     events = {str(record.get("event")): record for record in json_lines(log_path)}  # the last of each
-    starting, ready = events.get("runtime_starting", {}), events.get("runtime_ready", {})
-    compacted = events.get("journal_compacted", {})
+    starting, ready, compacted = (events.get(e, {}) for e in ("runtime_starting", "runtime_ready", "journal_compacted"))
     return {"ready_s": ready_s, "cpu_s": cpu, "imports_s": starting.get("imports_seconds"),
             # (a runtime older than these log fields: the compaction's own line)
             "compaction_s": ready.get("compaction_seconds", compacted.get("seconds")),
@@ -186,10 +183,9 @@ def check_journal(journal: Path, expected: set[str], originals: dict[str, bytes]
 
 
 def run(config: Config) -> dict[str, Any]:
-    work = config.work_dir
+    work, tools_file = config.work_dir, config.work_dir / "tools.yaml"
     shutil.rmtree(work, ignore_errors=True)
     (work / "source").mkdir(parents=True)
-    tools_file = work / "tools.yaml"
     tools_file.write_text("servers: []\n")
     source, now = work / "source" / constants.JOURNAL_FILE, time.time()
     with source.open("wb") as journal:  # in creation order: trees oldest first, each root before its sub-agents
@@ -202,8 +198,7 @@ def run(config: Config) -> dict[str, Any]:
                   f"{len(expected):,}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     starts: dict[str, list[dict[str, Any]]] = {"first": [], "restart": []}
     for repeat in range(config.repeats):
-        state = work / f"state-{repeat}"
-        state.mkdir(parents=True)
+        (state := work / f"state-{repeat}").mkdir(parents=True)
         shutil.copyfile(source, state / constants.JOURNAL_FILE)
         for kind in starts:
             start = start_once(config.python, state, tools_file, work / f"runtime-{repeat}-{kind}.log",
@@ -255,14 +250,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="interpreter that runs the runtime, e.g. another checkout's .venv/bin/python for a "
                         "before/after comparison (default: this one)")
     a = p.parse_args(argv)
-    config = Config(runs=a.runs, repeats=a.repeats, timeout_s=a.timeout_s, python=a.python, out_dir=a.out_dir,
-                    work_dir=a.out_dir / "work" / "runtime-startup")
+    config = Config(runs=a.runs, repeats=a.repeats, timeout_s=a.timeout_s, python=a.python, out_dir=a.out_dir)
     payload: dict[str, Any] = {"benchmark": "runtime-startup",
-                               "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+                               "config": {**plain(asdict(config)), "work_dir": str(config.work_dir)},
                                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": sys.version.split()[0],
                                **run(config)}
     print_tables(payload)
-    console.print(f"raw results: {write_results(config.out_dir, 'runtime-startup', payload)}")
+    write_results(config.out_dir, "runtime-startup", payload, console)
 
 
 if __name__ == "__main__":

@@ -36,20 +36,17 @@ def saturated_state(runs: int, held: int, rng: random.Random) -> tuple[core.Stat
     state = core.initial_state(replicas)
     for r in replicas:
         state, _ = core.decide(state, core.EngineProbed(r.name, True, RUNNING_PER_REPLICA, 5, 0))
-    now = 0
     run_ids = [f"run-{i}" for i in range(runs)]
     # Every run has had a turn: some paused on a tool, the rest idle.
     for i, run_id in enumerate(run_ids):
-        turn = f"warm-{i}"
         cls = "interactive" if i % 8 == 0 else "batch"
-        state, _ = core.decide(state, core.AdmitRequested(turn, run_id, MODEL, cls, f"caller-{i % 16}", now))
-        reason = "tool_calls" if i % 3 else "stop"
-        state, _ = core.decide(state, core.TurnFinished(turn, reason, now))
+        state, _ = core.decide(state, core.AdmitRequested(f"warm-{i}", run_id, MODEL, cls, f"caller-{i % 16}", 0))
+        state, _ = core.decide(state, core.TurnFinished(f"warm-{i}", "tool_calls" if i % 3 else "stop", 0))
     # Fill the engines, then hold more.
     for i in range(REPLICAS * RUNNING_PER_REPLICA + held):
         run_id = rng.choice(run_ids)
         cls = "interactive" if rng.random() < 0.2 else "batch"
-        state, _ = core.decide(state, core.AdmitRequested(f"fill-{i}", run_id, MODEL, cls, f"caller-{i % 16}", now))
+        state, _ = core.decide(state, core.AdmitRequested(f"fill-{i}", run_id, MODEL, cls, f"caller-{i % 16}", 0))
     return state, run_ids
 
 
@@ -82,8 +79,7 @@ def run_core(runs: int, held: int, events: int, seed: int = 7) -> dict:
         if in_flight:  # a turn ends; most runs come back from their tool for another turn
             turn_id = next(iter(in_flight))
             run_id = in_flight.pop(turn_id)
-            back_from_tool = rng.random() < 0.7
-            if back_from_tool:
+            if back_from_tool := rng.random() < 0.7:
                 returning.append(run_id)
             step(core.TurnFinished(turn_id, "tool_calls" if back_from_tool else "stop", now))
         counter += 1
@@ -97,10 +93,9 @@ def run_core(runs: int, held: int, events: int, seed: int = 7) -> dict:
 
 def state_memory(runs: int, held: int) -> int:
     tracemalloc.start()
-    state, _ = saturated_state(runs, held, random.Random(1))
+    state, _ = saturated_state(runs, held, random.Random(1))  # alive while traced
     size, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    del state
     return size
 
 
@@ -117,8 +112,7 @@ async def admit_round_trips(count: int) -> dict:
                 while True:
                     yield await events.get()
 
-            report = stub.Report(drain())
-            samples = []
+            report, samples = stub.Report(drain()), []
             for i in range(count + 50):
                 turn_id, run_id = uuid.uuid4().hex, f"run-{i % 20}"
                 request = pb.AdmitRequest(turn_id=turn_id, run_id=run_id, model=STACK_MODEL,
@@ -187,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="bench-results/scheduler.json", help="where to write the results")
     args = p.parse_args(argv)
     console = Console()
-    results = {"python": platform.python_version(), "machine": platform.machine(), "core": [], "admit": None}
+    results: dict = {"python": platform.python_version(), "machine": platform.machine(), "core": []}
     table = new_table(f"decide() at saturation, {args.held} held turns, {REPLICAS} capped replicas",
                       ("live runs", "decisions/s", "µs/decision", "held at end", "state memory"), left=())
     for runs in (100, 1000, 10000):
@@ -197,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(f"{runs:,}", f"{row['decisions_per_s']:,}", str(row["us_per_decision"]),
                       str(row["held_at_end"]), f"{row['state_bytes'] / 1e6:.1f} MB")
     console.print(table)
-    results["admit"] = asyncio.run(admit_round_trips(args.admits))
-    admit = results["admit"]
+    admit = results["admit"] = asyncio.run(admit_round_trips(args.admits))
     console.print(f"Admit round trip over gRPC on loopback, capacity free ({admit['admits']} calls): "
                   f"p50 {admit['p50_ms']} ms, p90 {admit['p90_ms']} ms, p99 {admit['p99_ms']} ms")
     results["run_pages"] = asyncio.run(run_pages(10_000, args.pages))

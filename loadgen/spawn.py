@@ -84,9 +84,8 @@ async def await_all(client: Client, handles: list[str], deadline_wall: float | N
     pending, finished = list(handles), {}
     loop = asyncio.get_running_loop()
     while pending:
-        timeout = AWAIT_TIMEOUT_S
-        if deadline_wall is not None:
-            timeout = max(1, min(timeout, int(deadline_wall - loop.time()) + 1))
+        timeout = AWAIT_TIMEOUT_S if deadline_wall is None else max(
+            1, min(AWAIT_TIMEOUT_S, int(deadline_wall - loop.time()) + 1))
         answer = await call_tool(client, "await", {"handles": pending, "mode": "all", "timeout": timeout})
         for run in answer["runs"]:
             if run["status"] not in ("Running", "AwaitingApproval", "Pending", "Queued"):
@@ -112,8 +111,7 @@ async def fan_out(target: SpawnTarget, workload: Workload, count: int, clock: Cl
     """Spawn ``count`` runs (all at once, or one after another) and await them: the model
     seconds until all were done and one record per run."""
     records: list[RunRecord] = []
-    started = clock.now()
-    seeds = [f"{name}-{i}" for i in range(count)]
+    started, seeds = clock.now(), [f"{name}-{i}" for i in range(count)]
     async with mcp_client(target.runtime_url) as client:
         if sequential:
             for seed in seeds:
@@ -127,8 +125,7 @@ async def fan_out(target: SpawnTarget, workload: Workload, count: int, clock: Cl
             for seed in seeds:
                 handles.append(await spawn(client, target, workload, seed))
                 live.runs_started += 1
-            runs = await await_all(client, handles)
-            ended = clock.now()
+            runs, ended = await await_all(client, handles), clock.now()
             records = [_record(workload, seed, started, ended, run) for seed, run in zip(seeds, runs, strict=True)]
             live.runs_done += len(records)
     live.errors += sum(not r.ok for r in records)

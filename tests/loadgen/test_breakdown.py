@@ -1,10 +1,10 @@
-"""The per-run and per-turn breakdown B2 keeps beside its tables (loadgen/breakdown.py)."""
+"""The per-run and per-turn breakdown B2 keeps beside its tables (loadgen/timeline.py)."""
 
 from __future__ import annotations
 
 import json
 
-from luftpause.loadgen.breakdown import WindowProbe, journal_runs
+from luftpause.loadgen.timeline import WindowProbe, journal_runs
 
 
 def _journal(path, runs):

@@ -19,7 +19,7 @@ from stand_in_routers import install_missing
 from luftpause.fakes.engine import EngineConfig, create_app
 from luftpause.loadgen import bench, peers
 from luftpause.loadgen.agents import CLIENT_PRIORITY, Target, client_hints
-from luftpause.loadgen.peer_rows import HINT_PEERS, PEER_ROWS, hint_verdict, runtime_rows, with_hint_rows
+from luftpause.loadgen.peers import HINT_PEERS, PEER_ROWS, hint_verdict, runtime_rows, with_hint_rows
 
 def test_client_hints_go_on_peer_rows_only() -> None:
     body = {"model": "m", "messages": []}

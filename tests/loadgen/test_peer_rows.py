@@ -16,7 +16,7 @@ import pytest
 from luftpause.fakes.engine import PRESETS, EngineConfig
 from luftpause.loadgen import peers
 from luftpause.loadgen.agents import Clock, Live, Target, run_once
-from luftpause.loadgen.peer_rows import PEER_ROWS, EngineFacts, best_row, compare, parse_peers, program_config
+from luftpause.loadgen.peers import PEER_ROWS, EngineFacts, best_row, compare, parse_peers, program_config
 from luftpause.loadgen.workload import Workload
 from luftpause.peer_identity import add_identity, finish_path
 from luftpause.dev.procs import free_ports

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from luftpause.dataplane.responses_api import to_chat
-from luftpause.loadgen import translation_bench as tb
+from luftpause.loadgen import proxy_bench as tb
 
 
 def test_the_codex_sized_turn_translates_like_codex():
@@ -27,8 +27,8 @@ def test_the_claude_code_turn_is_about_60_kb_with_20_tools_and_six_rounds():
 @pytest.mark.parametrize("api", ["messages", "responses"])
 def test_a_short_run_reports_both_apis_per_turn_and_mode(tmp_path, api):
     out = tmp_path / "translation.json"
-    chosen = [api] if api != "messages" else []  # messages is the default
-    assert tb.main([*chosen, "--requests", "5", "--reply-tokens", "4", "--repetitions", "20", "--json", str(out)]) == 0
+    options = ["--requests", "5", "--reply-tokens", "4", "--repetitions", "20", "--json", str(out)]
+    assert tb.main([api, *options]) == 0
     result = json.loads(out.read_text())
     assert result["api"] == api and result["requests"] == 5 and result["reply_tokens"] == 4
     assert list(result["turns"]) == list(tb.APIS[api]["turns"])
