@@ -22,6 +22,10 @@ work, and when a run is over. Three engine features take that knowledge:
   their KV stays unreferenced, so when live contexts outgrow the pool the engine evicts
   batch prefixes before those of agents a person is waiting on (named all alike, every
   open session would be kept alike and the eviction order would be plain LRU again).
+- **Dynamo's agent hints** (an NVIDIA Dynamo frontend): ``nvext.agent_hints.priority``,
+  higher first, read by Dynamo's router queue and passed on to engines started with
+  priority scheduling. luftpause puts the same urgency there (pool ``priority: dynamo``),
+  keeping whatever else the client put in ``nvext``.
 - **Slots** (llama.cpp's ``llama-server``, ``--parallel N``): a request's ``id_slot`` runs
   it in that slot (deferred while the slot is busy), and with ``cache_prompt`` the slot's
   KV of the longest common prefix is reused. The scheduler gives each run a slot on each
@@ -47,7 +51,8 @@ from luftpause.vocabulary import BATCH
 
 LOWER_FIRST = "lower-first"
 HIGHER_FIRST = "higher-first"
-PRIORITY_ORDERS = (LOWER_FIRST, HIGHER_FIRST)
+DYNAMO = "dynamo"  # a Dynamo frontend: higher first, in the body's nvext.agent_hints.priority
+PRIORITY_ORDERS = (LOWER_FIRST, HIGHER_FIRST, DYNAMO)
 
 # A turn's urgency, highest first: what the engine's priority carries.
 RESUMING = 2  # an interactive run coming back from a tool call: it held KV and a person waits
@@ -160,7 +165,9 @@ def hinted(body: bytes, hints: EngineHints, level: int, run_id: str,
         except orjson.JSONDecodeError:  # what the front door took and orjson does not (a lone surrogate)
             document = json.loads(body)
     fields: dict[str, Any] = {}
-    if hints.priority:
+    if hints.priority == DYNAMO:
+        fields["nvext"] = _with_agent_priority(document.get("nvext"), level)
+    elif hints.priority:
         fields["priority"] = priority_value(hints.priority, level)
     if hints.sessions and level != BACKGROUND:
         fields["session_id"] = run_id
@@ -175,3 +182,12 @@ def hinted(body: bytes, hints: EngineHints, level: int, run_id: str,
         return orjson.dumps(document)
     except TypeError:  # an integer beyond 64 bits, a lone surrogate
         return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _with_agent_priority(nvext: Any, level: int) -> dict[str, Any]:
+    """The client's ``nvext`` (a mapping, else none) with ``agent_hints.priority`` set to
+    the turn's urgency (Dynamo runs higher values first); its other hints kept."""
+    nvext = dict(nvext) if isinstance(nvext, Mapping) else {}
+    agent_hints = nvext.get("agent_hints")
+    nvext["agent_hints"] = {**(agent_hints if isinstance(agent_hints, Mapping) else {}), "priority": level}
+    return nvext

@@ -35,7 +35,9 @@ YAML, one entry per endpoint::
           sessions: false              # engine runs a request's top-level `priority` in:
           slots: 0                     # lower-first (vLLM --scheduling-policy priority; SGLang
                                        # with --schedule-low-priority-values-first), higher-first
-                                       # (SGLang --enable-priority-scheduling), none. sessions:
+                                       # (SGLang --enable-priority-scheduling), dynamo (an NVIDIA
+                                       # Dynamo frontend: nvext.agent_hints.priority, higher
+                                       # first), none. sessions:
                                        # SGLang --enable-session-radix-cache (session_id = the
                                        # run, /close_session when it ends). slots: llama.cpp's
                                        # --parallel (each run's id_slot chosen by the scheduler,

@@ -9,7 +9,7 @@ import json
 import orjson
 import pytest
 
-from luftpause.hints import (BACKGROUND, FRESH, HIGHER_FIRST, LOWER_FIRST, NO_HINTS, RESUMING, EngineHints, hinted,
+from luftpause.hints import (BACKGROUND, DYNAMO, FRESH, HIGHER_FIRST, LOWER_FIRST, NO_HINTS, RESUMING, EngineHints, hinted,
                              priority_value, resumes_from_tool, urgency)
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -62,6 +62,18 @@ def test_a_batch_turn_names_no_session_so_its_kv_is_evicted_before_interactive_r
     assert out == {**CHAT, "priority": BACKGROUND}  # the client's own session dropped too
     out = json.loads(hinted(orjson.dumps(document), EngineHints(sessions=True), FRESH, "run-1"))
     assert out["session_id"] == "run-1"
+
+
+def test_a_dynamo_frontend_gets_the_urgency_in_its_agent_hints_beside_the_client_s_own():
+    document = {**CHAT, "priority": 7, "nvext": {"agent_hints": {"osl": 512, "priority": 99}, "greed_sampling": True}}
+    out = json.loads(hinted(orjson.dumps(document), EngineHints(DYNAMO), RESUMING, "run-1"))
+    assert out == {**document, "nvext": {"agent_hints": {"osl": 512, "priority": RESUMING}, "greed_sampling": True}}
+    assert json.loads(hinted(orjson.dumps(CHAT), EngineHints(DYNAMO), BACKGROUND, "r"))["nvext"] == {
+        "agent_hints": {"priority": BACKGROUND}}
+    odd = {**CHAT, "nvext": "not a mapping"}  # what Dynamo would refuse anyway: replaced
+    assert json.loads(hinted(orjson.dumps(odd), EngineHints(DYNAMO), FRESH, "r"))["nvext"] == {
+        "agent_hints": {"priority": FRESH}}
+    assert EngineHints.from_pool({"priority": "dynamo"}) == EngineHints(DYNAMO)
 
 
 def test_llama_cpp_gets_the_slot_chosen_for_the_run_and_cache_prompt_over_the_client_s():

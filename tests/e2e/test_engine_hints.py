@@ -85,6 +85,7 @@ def engines() -> Iterator[dict[str, CaptureEngine]]:
         "sglang": CaptureEngine({"enable_priority_scheduling": True, "enable_session_radix_cache": True}),
         "vllm": CaptureEngine(),  # vLLM publishes no server info: its pool entry says
         "llama": CaptureEngine(props={"total_slots": 2, "model_alias": "llama-model"}),  # llama.cpp's /props
+        "dynamo": CaptureEngine(),  # a Dynamo frontend publishes nothing either: its pool entry says
     }
     for engine in started.values():
         engine.thread.start()
@@ -104,6 +105,8 @@ def stack(tmp_path_factory, engines):
         {"name": "vllm", "base_url": engines["vllm"].url, "models": ["vllm-model"],
          "hints": {"priority": "lower-first"}},
         {"name": "llama", "base_url": engines["llama"].url, "models": ["llama-model"]},
+        {"name": "dynamo", "base_url": engines["dynamo"].url, "models": ["dynamo-model"],
+         "hints": {"priority": "dynamo"}},
         {"name": engine_name(0), "base_url": "{" + engine_name(0) + "}", "models": [MODEL]},
     ]}
     started = start_stack(tmp_path_factory.mktemp("hints"), engines=1, pool=pool,
@@ -162,6 +165,16 @@ def test_sglang_reading_priority_and_sessions_gets_the_runs_urgency_and_id(stack
     assert sent == [(1, "agent-1"), (2, "agent-1"), (0, None), (2, "claude-1")]
 
 
+def test_a_dynamo_frontend_declared_in_the_pool_gets_the_urgency_in_nvext_agent_hints(stack, engines):
+    chat(stack, turn("dynamo-model", nvext={"agent_hints": {"osl": 64}}), **{h.RUN_ID: "d-1"})
+    chat(stack, turn("dynamo-model", resuming=True), **{h.RUN_ID: "d-1"})
+    chat(stack, turn("dynamo-model"), **{h.RUN_ID: "d-batch", h.SERVICE_CLASS: "batch"})
+    sent = engines["dynamo"].sent()
+    assert [b["nvext"] for b in sent] == [{"agent_hints": {"osl": 64, "priority": 1}},
+                                          {"agent_hints": {"priority": 2}}, {"agent_hints": {"priority": 0}}]
+    assert not any("priority" in b or "session_id" in b for b in sent)  # no top-level fields for it
+
+
 def test_vllm_declared_in_the_pool_gets_priority_lower_first_and_no_session(stack, engines):
     chat(stack, turn("vllm-model"), **{h.RUN_ID: "v-1"})
     chat(stack, turn("vllm-model", resuming=True), **{h.RUN_ID: "v-1"})
@@ -207,6 +220,8 @@ def test_behind_envoy_the_picker_sets_the_fields_and_the_length_the_engine_reads
         {"name": "plain", "base_url": engines["plain"].url, "models": ["plain-model"]},
         {"name": "sglang", "base_url": engines["sglang"].url, "models": ["sglang-model"]},
         {"name": "llama", "base_url": engines["llama"].url, "models": ["llama-model"]},
+        {"name": "dynamo", "base_url": engines["dynamo"].url, "models": ["dynamo-model"],
+         "hints": {"priority": "dynamo"}},
         {"name": engine_name(0), "base_url": "{" + engine_name(0) + "}", "models": [MODEL]},
     ]}
     stack = make_stack(gateway="envoy", engines=1, pool=pool, without=frozenset({"runtime", "fake-mcp"}))

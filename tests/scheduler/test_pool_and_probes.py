@@ -386,7 +386,7 @@ def test_pool_hints_declare_what_the_engine_reads_and_refuse_what_it_cannot():
         EngineHints(LOWER_FIRST), EngineHints(HIGHER_FIRST, True), EngineHints(slots=4), NO_HINTS, None)
     router = {**GOOD, "load_from": ["http://127.0.0.1:2"]}
     for entry, words in [({**GOOD, "hints": {"priority": "first"}},
-                          "hints.priority must be one of lower-first, higher-first or none"),
+                          "hints.priority must be one of lower-first, higher-first, dynamo or none"),
                          ({**GOOD, "hints": {"sessions": "yes"}}, "hints.sessions must be true or false"),
                          ({**GOOD, "hints": {"slots": -1}}, "hints.slots must be a whole number from 0 (none) to"),
                          ({**GOOD, "hints": {"slots": True}}, "hints.slots must be a whole number"),
