@@ -14,6 +14,11 @@ until every run runtime-2 drove was held by another (target: 2 lease periods), u
 standby led (target 3 s; and no turn sent to an engine twice across it: the engines'
 requests against the runs' turns), from PostgreSQL's stop until the journal took a row again. Exit
 status 1 unless every row met its targets without errors.
+
+``cost``, ``scale`` and ``bench`` (both; ``make bench-fleet``) measure issue #43's targets instead:
+the runtimes' CPU per turn and per round and the journal write p50 with the file journal on
+one runtime and PostgreSQL on one and on three, under the same MCP sub-agent load; RSS per run
+paused on a slow tool and database bytes per finished run, 10,000 runs over three runtimes.
 """
 
 from __future__ import annotations
@@ -29,17 +34,19 @@ from typing import Any
 
 import httpx
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.dev.faultproxy import FaultProxy
 from luftpause.dev.postgres import PrivateCluster, cluster_directory
-from luftpause.dev.procs import free_ports
+from luftpause.dev.procs import cpu_seconds, free_ports, rss_bytes
 from luftpause.dev.stack import MODEL, Ports, Stack, write_configs
 from luftpause.loadgen.chaos import (TOOL_DELAY_S, created_and_finished, extras_per_run, repeated_rounds,
                                      workload_groups)
 from luftpause.loadgen.driver import Group, run_load
-from luftpause.loadgen.records import parser, percentile, text_table, write_results
-from luftpause.loadgen.spawn import SpawnTarget, await_all, mcp_client
-from luftpause.runtime.constants import LEASE_S
+from luftpause.loadgen.records import json_lines, parser, percentile, ratio, text_table, write_results
+from luftpause.loadgen.spawn import SpawnTarget, await_all, mcp_client, spawn
+from luftpause.loadgen.workload import Workload
+from luftpause.runtime.constants import JOURNAL_FILE, LEASE_S
 
 FAULTS = ("runtime-kill", "runtime-cut-2", "runtime-cut-10", "runtime-cut-30", "postgres-restart", "scheduler-kill")
 VICTIM = "runtime-2"  # the runtime killed or cut off (spawns go to the first)
@@ -255,8 +262,254 @@ async def chaos_fleet(faults: list[str], directory: Path, interactive: int, batc
         cluster.stop("immediate")
 
 
+# ------------------------------------------------------------------ cost and scale (issue #43)
+
+COST_ROWS = (("file", 1), ("postgresql", 1), ("postgresql", 3))
+TURN_CPU_MS, ADDED_ROUND_CPU_MS, ADDED_WRITE_P50_MS, FLAT, IDLE_RUN_KB = 3.0, 1.0, 3.0, 1.15, 20.0
+
+
+@dataclass
+class CostRow:
+    journal: str  # "file" or "postgresql"
+    runtimes: int
+    runs: int = 0
+    completed: int = 0
+    turns: int = 0  # the engines' requests
+    rounds: int = 0  # round records journaled (a tool-call round each)
+    cpu_s: float = 0.0  # the runtimes' CPU, summed, from the first spawn to the last run's end
+    cpu_ms_per_turn: float | None = None
+    cpu_ms_per_round: float | None = None
+    write_p50_ms: float | None = None  # a journal write (group commit) made durable: the runtimes' histogram
+    x_file: float | None = None  # CPU per turn over the file row's
+    x_one_runtime: float | None = None  # (PostgreSQL) over one runtime's
+    seconds: float = 0.0  # first spawn → every run finished
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ScaleRow:
+    runs: int
+    idle_s: float  # the slow tool's wait
+    runtimes: int = 3
+    completed: int = 0
+    spawn_s: float = 0.0  # first spawn → last spawn answered
+    all_paused: bool = False  # every run's first turn done before the first tool call returned
+    rss_before_mb: float = 0.0  # the runtimes' RSS, summed, before the first spawn
+    rss_idle_mb: float = 0.0  # ... while every run waits on the slow tool
+    idle_run_kb: float | None = None
+    db_bytes: int = 0  # pg_total_relation_size of the luftpause tables once every run finished
+    db_bytes_per_run: float | None = None
+    seconds: float = 0.0  # first spawn → every run finished
+    errors: list[str] = field(default_factory=list)
+
+
+def fleet_stack(base: Path, database: str, runtimes: int, tool_delay_s: float, env: dict[str, str]) -> Stack:
+    ports = Ports.free().fleet(runtimes=runtimes, schedulers=1, free=True)
+    pool_file, tools_file = write_configs(base / "config", ports)
+    return Stack(ports, pool_file, tools_file, base / "state", free_ports=True, database=database,
+                 fake_mcp_args=["--delay-s", str(tool_delay_s)], env={"LUFTPAUSE_LOG_FORMAT": "json", **env})
+
+
+def write_buckets(stack: Stack) -> dict[float, float]:
+    """The journal-write histogram's cumulative buckets, summed over the runtimes."""
+    buckets: dict[float, float] = {}
+    for port in stack.ports.runtimes:
+        for family in text_string_to_metric_families(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text):
+            for s in (s for s in family.samples if s.name == "luftpause_runtime_journal_fsync_seconds_bucket"):
+                buckets[float(s.labels["le"])] = buckets.get(float(s.labels["le"]), 0.0) + s.value
+    return buckets
+
+
+def bucket_p50_ms(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The median of the observations between two readings, interpolated within its bucket."""
+    low = low_count = 0.0
+    counts = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
+    half = counts.get(float("inf"), 0.0) / 2
+    for le, count in counts.items():
+        if half and count >= half:
+            return None if le == float("inf") else round(
+                1000 * (low + (le - low) * (half - low_count) / max(count - low_count, 1e-9)), 3)
+        low, low_count = le, count
+    return None
+
+
+def engine_requests(stack: Stack) -> int:
+    return sum(httpx.get(f"http://127.0.0.1:{port}/stats", timeout=5).json()["requests"] for port in stack.ports.engines)
+
+
+def stack_pids(stack: Stack) -> list[int]:
+    return [p.process.pid for p in stack.processes if p.name.startswith("runtime") and p.process]
+
+
+async def sessions_spawn(urls: list[str], runs: int, sessions: int, tool_calls: int, name: str) -> list[list[str]]:
+    """``runs`` runs spawned over ``sessions`` MCP sessions (session i on ``urls[i % len(urls)]``, its
+    share one after another); each session's handles."""
+    async def session(index: int) -> list[str]:
+        async with mcp_client(urls[index % len(urls)]) as client:
+            return [await spawn(client, SpawnTarget(urls[0], MODEL), Workload(
+                tool_calls_min=tool_calls, tool_calls_max=tool_calls), f"{name}-{i}")
+                for i in range(index, runs, sessions)]
+
+    return list(await asyncio.gather(*(session(i) for i in range(min(sessions, runs)))))
+
+
+async def sessions_await(urls: list[str], handles: list[list[str]], limit_s: float) -> list[dict]:
+    """Each session's runs awaited on the runtime that spawned them; every run's outcome."""
+    async def session(index: int) -> list[dict]:
+        async with mcp_client(urls[index % len(urls)]) as client:
+            return await await_all(client, handles[index], asyncio.get_running_loop().time() + limit_s)
+
+    return [run for runs in await asyncio.gather(*(session(i) for i in range(len(handles)))) for run in runs]
+
+
+async def cost_row(row: CostRow, base: Path, cluster: PrivateCluster, runs: int, sessions: int,
+                   tool_delay_s: float) -> CostRow:
+    """B1's fan-out: each session spawns its share, then awaits them together; 3 turns and 2
+    tool calls a run (the fake engine's answers)."""
+    database = cluster.create_database(f"cost_{row.runtimes}") if row.journal == "postgresql" else ""
+    stack = fleet_stack(base, database, row.runtimes, tool_delay_s, {})
+    try:
+        await asyncio.to_thread(stack.start)
+        urls = [f"http://127.0.0.1:{port}/mcp" for port in stack.ports.runtimes]
+        pids, buckets, requests = stack_pids(stack), write_buckets(stack), engine_requests(stack)
+        cpu, began = sum(map(cpu_seconds, pids)), time.monotonic()
+        try:
+            done = await sessions_await(urls, await sessions_spawn(urls, runs, sessions, 2, "cost"), DRAIN_S * 4)
+        except Exception as exc:  # noqa: BLE001 - reported in the row
+            done = []
+            row.errors.append(f"{type(exc).__name__}: {exc}")
+        row.seconds, row.cpu_s = round(time.monotonic() - began, 1), round(sum(map(cpu_seconds, pids)) - cpu, 3)
+        row.write_p50_ms = bucket_p50_ms(buckets, write_buckets(stack))
+        row.turns = engine_requests(stack) - requests
+        records = [r for _, _, r in journal_rows(database)] if database else json_lines(base / "state" / JOURNAL_FILE)
+        row.rounds = sum(1 for r in records if r.get("type") == "round")
+        row.runs, row.completed = runs, sum(1 for run in done if run["status"] == "Completed")
+        row.cpu_ms_per_turn = round(1000 * row.cpu_s / row.turns, 3) if row.turns else None
+        row.cpu_ms_per_round = round(1000 * row.cpu_s / row.rounds, 3) if row.rounds else None
+    finally:
+        stack.stop()
+    return row
+
+
+def cost_problems(rows: list[CostRow]) -> list[str]:
+    by = {(r.journal, r.runtimes): r for r in rows}
+    found = [f"{r.journal} × {r.runtimes}: {r.completed} of {r.runs} runs completed" for r in rows
+             if r.completed < r.runs]
+    found += [f"{r.journal} × {r.runtimes}: {r.cpu_ms_per_turn} ms CPU per turn (target ≤ {TURN_CPU_MS:g})"
+              for r in rows if r.cpu_ms_per_turn is None or r.cpu_ms_per_turn > TURN_CPU_MS]
+    file, one, three = by.get(("file", 1)), by.get(("postgresql", 1)), by.get(("postgresql", 3))
+    for what, unit, target in (("cpu_ms_per_round", "ms CPU per round", ADDED_ROUND_CPU_MS),
+                               ("write_p50_ms", "ms p50 per journal write", ADDED_WRITE_P50_MS)):
+        if file and one and (getattr(file, what) or 0) + target < (getattr(one, what) or float("inf")):
+            found.append(f"PostgreSQL adds {(getattr(one, what) or 0) - (getattr(file, what) or 0):.2f} {unit} "
+                         f"(target ≤ {target:g})")
+    if one and three and (three.cpu_ms_per_turn or float("inf")) > FLAT * (one.cpu_ms_per_turn or 0):
+        found.append(f"3 runtimes cost {ratio(three.cpu_ms_per_turn, one.cpu_ms_per_turn)} one's CPU per turn "
+                     f"(target ≤ {FLAT}×)")
+    return found
+
+
+def rows_table(rows: list[Any], columns: dict[str, str]) -> str:
+    """``columns``: header → field; None as "-", floats to 2 decimals (3 for a write's p50)."""
+    def cell(value: Any, name: str) -> str:
+        return "-" if value is None else f"{value:.{3 if name == 'write_p50_ms' else 2}f}" if isinstance(
+            value, float) else str(value)
+
+    return text_table(tuple(columns), [tuple(cell(getattr(r, f), f) for f in columns.values()) for r in rows])
+
+
+COST_COLUMNS = {"journal": "journal", "runtimes": "runtimes", "runs": "runs", "done": "completed", "turns": "turns",
+                "rounds": "rounds", "CPU s": "cpu_s", "CPU ms/turn": "cpu_ms_per_turn",
+                "CPU ms/round": "cpu_ms_per_round", "× file": "x_file", "× 1 runtime": "x_one_runtime",
+                "write p50 ms": "write_p50_ms", "seconds": "seconds"}
+SCALE_COLUMNS = {"runs": "runs", "runtimes": "runtimes", "done": "completed", "spawn s": "spawn_s",
+                 "all paused": "all_paused", "RSS before MB": "rss_before_mb", "RSS idle MB": "rss_idle_mb",
+                 "KB per idle run": "idle_run_kb", "DB bytes": "db_bytes", "DB bytes per run": "db_bytes_per_run",
+                 "seconds": "seconds"}
+
+
+async def scale_row(row: ScaleRow, base: Path, cluster: PrivateCluster) -> ScaleRow:
+    """``runs`` runs of 2 turns and 1 tool call, spawned over three runtimes, all paused on the
+    slow tool at once: the runtimes' RSS then, minus before, over the runs."""
+    database = cluster.create_database("scale")
+    stack = fleet_stack(base, database, row.runtimes, row.idle_s, {"LUFTPAUSE_MAX_RUNS_PER_CALLER": str(row.runs)})
+    try:
+        await asyncio.to_thread(stack.start)
+        urls = [f"http://127.0.0.1:{port}/mcp" for port in stack.ports.runtimes]
+        pids, requests = stack_pids(stack), engine_requests(stack)
+        row.rss_before_mb, began = sum(map(rss_bytes, pids)) / 2**20, time.monotonic()
+        handles = await sessions_spawn(urls, row.runs, max(3, min(60, row.runs // 200)), 1, "scale")
+        row.spawn_s = round(time.monotonic() - began, 1)
+        while engine_requests(stack) - requests < row.runs and time.monotonic() - began < row.idle_s:
+            await asyncio.sleep(0.5)  # paused: every run's first turn answered, no tool call returned yet
+        tools = httpx.get(f"http://127.0.0.1:{stack.ports.fake_mcp}/stats", timeout=5).json()
+        row.all_paused = engine_requests(stack) - requests >= row.runs and not tools["completed"]["lookup"]
+        await asyncio.sleep(1.0)
+        row.rss_idle_mb = sum(map(rss_bytes, pids)) / 2**20
+        row.idle_run_kb = round((row.rss_idle_mb - row.rss_before_mb) * 1024 / row.runs, 2)
+        if not row.all_paused:
+            row.errors.append(f"not every run was paused on the tool at once (tool wait {row.idle_s:g} s, spawning "
+                              f"took {row.spawn_s:g} s): raise --idle-s")
+        done = await sessions_await(urls, handles, DRAIN_S + 4 * row.idle_s)
+        row.seconds = round(time.monotonic() - began, 1)
+        row.completed = sum(1 for run in done if run["status"] == "Completed")
+        with psycopg.connect(database) as conn:
+            row.db_bytes = int(conn.execute("SELECT sum(pg_total_relation_size(oid)) FROM pg_class WHERE relkind = 'r' "
+                                            "AND relname LIKE 'luftpause%'").fetchone()[0])
+        row.db_bytes_per_run = round(row.db_bytes / row.completed) if row.completed else None
+    finally:
+        stack.stop()
+    row.rss_before_mb, row.rss_idle_mb = round(row.rss_before_mb, 1), round(row.rss_idle_mb, 1)
+    return row
+
+
+def scale_problems(row: ScaleRow) -> list[str]:
+    return ([] if row.completed == row.runs else [f"{row.completed} of {row.runs} runs completed"]) + (
+        [f"{row.idle_run_kb} KB per idle run (target ≤ {IDLE_RUN_KB:g})"] if (row.idle_run_kb or 1e9) > IDLE_RUN_KB else [])
+
+
+async def cost_and_scale(args: Any, directory: Path) -> tuple[list[CostRow], ScaleRow | None]:
+    cluster = PrivateCluster(cluster_directory(directory / "postgres"), free_ports(1)[0]).start()
+    try:
+        cost = [await cost_row(CostRow(journal, runtimes), directory / f"cost-{journal}-{runtimes}", cluster,
+                               args.runs or 300, args.sessions, args.tool_delay)
+                for journal, runtimes in COST_ROWS] if args.mode in ("cost", "bench") else []
+        file, one = (cost[0].cpu_ms_per_turn, cost[1].cpu_ms_per_turn) if cost else (None, None)
+        for row in cost:
+            row.x_file = round(row.cpu_ms_per_turn / file, 2) if row.cpu_ms_per_turn and file else None
+            row.x_one_runtime = (round(row.cpu_ms_per_turn / one, 2) if row.cpu_ms_per_turn and one
+                                 and row.journal == "postgresql" else None)
+        scale = await scale_row(ScaleRow(args.runs or 10_000, args.idle_s), directory / "scale", cluster) if (
+            args.mode in ("scale", "bench")) else None
+        return cost, scale
+    finally:
+        cluster.stop("immediate")
+
+
+def bench_main(args: Any) -> int:
+    with tempfile.TemporaryDirectory(prefix="luftpause-bench-fleet-") as directory:
+        cost, scale = asyncio.run(cost_and_scale(args, Path(args.keep or directory)))
+    path = write_results(Path(args.out), "bench-fleet", {"benchmark": "bench-fleet", "config": vars(args),
+                                                         "cost": [asdict(r) for r in cost],
+                                                         "scale": scale and asdict(scale)})
+    rows = [*cost, *([scale] if scale else [])]
+    problems = (cost_problems(cost) if cost else []) + (scale_problems(scale) if scale else [])
+    lines = ([rows_table(cost, COST_COLUMNS)] if cost else []) + ([rows_table([scale], SCALE_COLUMNS)] if scale else [])
+    lines += [f"error: {e}" for r in rows for e in r.errors] + [f"TARGET MISSED: {p}" for p in problems]
+    sys.stdout.write("\n".join([*lines, f"JSON: {path}"]) + "\n")
+    return 1 if problems or any(r.errors for r in rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser("chaos_fleet", __doc__)
+    p.add_argument("mode", nargs="?", default="faults", choices=("faults", "cost", "scale", "bench"),
+                   help="faults (the default), or issue #43's cost rows, scale row, or both (bench)")
+    p.add_argument("--runs", type=int, help="cost: runs per row (300); scale: concurrent runs (10,000)")
+    p.add_argument("--sessions", type=int, default=10, help="cost: MCP sessions, each spawning its share of the "
+                   "runs and awaiting them together (10)")
+    p.add_argument("--tool-delay", type=float, default=1.0, help="cost: seconds a tool call waits (1, as make run)")
+    p.add_argument("--idle-s", type=float, default=290.0, help="scale: the slow tool's wait (290; the runtime "
+                   "gives a tool call 300 s)")
     p.add_argument("--faults", default=",".join(FAULTS), help="fault rows in turn (default: all; runtime-cut-N: "
                    "N seconds)")
     p.add_argument("--interactive", type=int, default=4, help="interactive agents (4)")
@@ -268,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench-results", help="directory for chaos-fleet-<time>.json")
     p.add_argument("--keep", metavar="DIR", help="keep each row's stack (logs) under DIR")
     args = p.parse_args(argv)
+    if args.mode != "faults":
+        return bench_main(args)
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     for fault in faults:
         if fault not in FAULTS and not (fault.startswith("runtime-cut-") and fault[12:].replace(".", "", 1).isdigit()):

@@ -39,6 +39,9 @@ MAX_AWAIT_TIMEOUT_S = 600.0
 # One turn through the dataplane, queueing included (same as the OpenAI/Anthropic
 # clients' default).
 TURN_TIMEOUT_S = 600.0
+# Connections to the dataplane: turns in flight at once (httpx's default limit; more wait
+# for one), every one kept alive between turns.
+DATAPLANE_MAX_CONNECTIONS = 100
 
 # Rate-limited turns (429) wait `Retry-After`, else this, and retry until cancelled.
 DEFAULT_RETRY_AFTER_S = 1.0
@@ -78,7 +81,9 @@ UPSTREAM_CALL_TIMEOUT_S = 300.0
 # HTTP upstream servers: each tool call in flight holds one connection (the answer comes
 # on it), so idle runs waiting on a slow tool need as many; calls beyond the limit queue.
 UPSTREAM_MAX_CONNECTIONS = 1024
-UPSTREAM_KEEPALIVE_CONNECTIONS = 32
+# Idle connections kept between calls: a burst of calls beyond it would close and open
+# connections again at each call (32 cost a TCP connect per call at 100 runs' rounds at once).
+UPSTREAM_KEEPALIVE_CONNECTIONS = 256
 UPSTREAM_CONNECT_TIMEOUT_S = 30.0
 # How long start-up waits for upstream servers before serving without them (they keep
 # reconnecting in the background).

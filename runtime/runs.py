@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import time
 import uuid
 from collections import Counter
@@ -95,6 +96,13 @@ class RunSpec:
     # The proxy's run (a harness session) whose reply handed out this task, when a harness
     # spawned it through MCP: the root of its tree (a sub-agent's parent is a run handle).
     harness_run: str | None = None
+
+    def __post_init__(self) -> None:
+        # One copy of a system prompt however many runs share it (a harness gives all its
+        # sub-agents the same one; every runtime of a fleet holds every run: 1.4 KB a run and
+        # runtime with loadgen's prompt, a few times the figure for a long harness prompt).
+        if type(self.system) is str:
+            object.__setattr__(self, "system", sys.intern(self.system))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -406,7 +406,11 @@ class Runtime:
         old = self.runs.get(handle) if handle in self.runs else None
         if old is not None:
             if old.loop_task is not None and not old.loop_task.done():
-                return  # (still driving it: its own lease came back)
+                if handle in self._released:
+                    # Its loop was just cancelled as lost (a renewal that read the lease before this
+                    # runtime took it back) and has not ended yet: resume the run once it has.
+                    old.loop_task.add_done_callback(lambda _: self._adopted(handle, records))
+                return  # (else still driving it: its own lease came back)
             # The object others wait on stays; it takes what the records say now.
             old.messages, old.stats, old.model, old.budget_excess = run.messages, run.stats, run.model, run.budget_excess
             if run.status.finished and not old.status.finished:
