@@ -60,6 +60,7 @@ them, under a lease; the others follow the journal; new runs spread over them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import re
 import time
 from collections.abc import Callable
@@ -81,6 +82,7 @@ FENCED_KINDS = frozenset({"round", "finished", "budgetExceeded", "approvalReques
 REQUEST_KINDS = frozenset({"cancelRequested", "approvalAnswerRequested"})
 _HEAD = re.compile(r'^\{"type":"([A-Za-z]+)","handle":"([^"\\]+)"')
 TAIL_S = 0.2  # how often a runtime reads what others appended
+CATCH_UP_S = 2.0  # at most this long a request naming a run not known here waits for the next read
 ADOPT_BATCH = 50  # leases taken over (or offers claimed) in one go
 # How often a runtime looks for leases to take over: every half lease, at least every second
 # (a stopping runtime releases its leases at once; they should not wait half a long lease).
@@ -174,12 +176,18 @@ class Fleet:
         self.store = store
         # The loops' own connection: a renewal never waits behind the journal's appends.
         self._db = PostgresStore(store.url, store.table, store.connect_timeout_s)
+        # The renewal's own connection and thread besides: behind the adoption passes, the
+        # follower's reads and the default executor's queue, 10,000 runs over three runtimes
+        # kept it waiting past half a lease and a runtime's every lease lapsed at once.
+        self._renewer = PostgresStore(store.url, store.table, store.connect_timeout_s)
+        self._renew_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleet-renew")
         self.member = member
         self.lease_s = lease_s
         self.adopt_every_s = min(lease_s / 2, ADOPT_EVERY_S)
         self.offer_s = OFFER_PASSES * self.adopt_every_s  # an offer's time to be claimed by another
         self.tokens: dict[str, int] = {}  # the runs this runtime drives, with their fencing token
         self.last_seq = 0  # the last journal line read
+        self._read_pass = asyncio.Event()  # set (and replaced) as each read of others' lines ends
         self.adopted = 0  # runs taken over from runtimes whose leases lapsed
         self.released = 0  # runs this runtime stopped driving because another took them
         self.offered = 0  # runs spawned here and offered to the runtimes with room
@@ -288,6 +296,7 @@ class Fleet:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._renew_thread.shutdown(wait=False)
         if release:
             try:  # a runtime stopping hands its runs (and its offers) on at once instead of after their leases
                 await asyncio.to_thread(self._db.transact, self._leave, "release the leases")
@@ -303,7 +312,8 @@ class Fleet:
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:
-                checked, held = await asyncio.wait_for(asyncio.to_thread(self._renew), timeout=self.lease_s / 2)
+                checked, held = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+                    self._renew_thread, self._renew), timeout=self.lease_s / 2)
             except (OSError, TimeoutError) as exc:
                 if time.monotonic() - self._renewed >= self.lease_s and self.tokens:
                     log.error("fleet_leases_lapsed", runs=len(self.tokens), error=str(exc),
@@ -326,7 +336,7 @@ class Fleet:
         """(the leases this runtime held before renewing, those it holds now): each of the
         first had committed, so the renewal sees it unless another runtime took it."""
         checked = dict(self.tokens)
-        held = dict(self._db.run_statement(
+        held = dict(self._renewer.run_statement(
             "UPDATE luftpause_leases SET expires_at = now() + make_interval(secs => %s) WHERE owner = %s "
             "RETURNING handle, token", (self.lease_s, self.member)))
         return checked, held
@@ -387,6 +397,17 @@ class Fleet:
         lines = conn.execute("SELECT line FROM luftpause_journal WHERE handle = %s ORDER BY seq", (handle,)).fetchall()
         return [r for r in (decoded(line.encode()) for (line,) in lines) if r]
 
+    async def caught_up(self, timeout: float = CATCH_UP_S) -> bool:
+        """Wait until a read of the others' lines that began after this call has ended (the
+        one under way may have begun before): what another runtime had appended by now is
+        known here. False when the reads did not end within ``timeout`` (the database away)."""
+        try:
+            for _ in range(2):
+                await asyncio.wait_for(asyncio.shield(self._read_pass.wait()), timeout)
+        except TimeoutError:
+            return False
+        return True
+
     async def _follow_forever(self, on_line: Callable[[dict[str, Any]], None]) -> None:
         while True:
             await asyncio.sleep(TAIL_S)
@@ -398,13 +419,19 @@ class Fleet:
             except OSError as exc:
                 log.info("fleet_follow_failed", error=str(exc))
                 continue
-            for seq, writer, line in rows:
-                self.last_seq = seq
-                if writer == self.member:
-                    continue
-                record = decoded(line.encode())
-                if record is not None and record.get("type") == "created" and self._wake is not None:
-                    self._wake.set()  # another runtime's new run: it may be offered
-                # The lines of runs this runtime drives are its own, but requests (cancel it, answer its approval).
-                if record is not None and (record["handle"] not in self.tokens or record.get("type") in REQUEST_KINDS):
-                    on_line(record)
+            self._follow_once(on_line, rows)
+            ended, self._read_pass = self._read_pass, asyncio.Event()
+            ended.set()
+
+    def _follow_once(self, on_line: Callable[[dict[str, Any]], None], rows: list[tuple[Any, ...]]) -> None:
+        """The lines others appended, in order, to ``on_line``."""
+        for seq, writer, line in rows:
+            self.last_seq = seq
+            if writer == self.member:
+                continue
+            record = decoded(line.encode())
+            if record is not None and record.get("type") == "created" and self._wake is not None:
+                self._wake.set()  # another runtime's new run: it may be offered
+            # The lines of runs this runtime drives are its own, but requests (cancel it, answer its approval).
+            if record is not None and (record["handle"] not in self.tokens or record.get("type") in REQUEST_KINDS):
+                on_line(record)

@@ -213,12 +213,21 @@ def argument_error(message: str) -> ToolArgumentError:
 
 def answers_bad_requests_as_tool_errors(tool: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     """The runtime's request errors as argument errors the client's model can read; a
-    journal that cannot be written as an MCP error (the server's failure, not the call's)."""
+    journal that cannot be written as an MCP error (the server's failure, not the call's).
+    A run not known here, in a fleet, is looked for once more after the next read of the
+    other runtimes' lines: a client may ask one runtime about a run another spawned a
+    moment ago (fleet.py, Fleet.caught_up)."""
 
     @functools.wraps(tool)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return await tool(*args, **kwargs)
+            try:
+                return await tool(*args, **kwargs)
+            except UnknownRunError:
+                fleet = args[0].runtime.fleet if args and isinstance(args[0], RuntimeTools) else None
+                if fleet is None or not await fleet.caught_up():
+                    raise
+                return await tool(*args, **kwargs)
         except (UnknownRunError, InvalidRequest) as exc:
             raise argument_error(str(exc)) from exc
         except JournalUnavailable as exc:
