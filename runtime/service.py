@@ -453,7 +453,7 @@ class Runtime:
                         error=repr(exc))
         if kind in FOLLOWED_BY_APPROVALS:
             self._follow_approvals(record)
-        if run is not None or handle in self.runs:  # (a run another drives waits for a human, or not)
+        if handle in self.runs:  # (the line may have started or ended its wait for a human)
             self.budgets.waiting_changed(self.runs.get(handle), driven=False)
 
     def _follow_approvals(self, record: dict[str, Any]) -> None:

@@ -53,7 +53,6 @@ IDENTIFIER = "io.modelcontextprotocol/tasks"
 TASKS_FILE = "tasks.jsonl"
 POLL_INTERVAL_MS = 500
 TASK_TTL_MS = int(constants.RETENTION_S * 1000)  # as long as the run is kept
-RUN_SEEN_S = 60.0  # a task's run not yet read from the fleet's journal counts as working this long
 RESTARTED_ERROR = "the runtime restarted while this task was open; its run {handle} resumes (use `await`)"
 
 
@@ -249,11 +248,17 @@ class TasksExtension(Extension):
 
     # --- methods ---------------------------------------------------------------------
 
-    def _task(self, params: TaskParams, ctx: ServerRequestContext[Any, Any]) -> Task:
+    async def _task(self, params: TaskParams, ctx: ServerRequestContext[Any, Any]) -> Task:
         """The task, if the asking client may see its run (runtime/principals.py): a
-        tenant's, its own; else unknown, as a task that never was."""
-        task = self._store.find(params.task_id)
+        tenant's, its own; else unknown, as a task that never was. In a fleet, a task whose
+        run another runtime spawned a moment ago waits for the next read of the others'
+        lines (fleet.py, Fleet.caught_up), as a tool naming such a run does."""
+        task = (await asyncio.to_thread(self._store.find, params.task_id) if self._store.shared  # a query
+                else self._store.find(params.task_id))
         runs = self._runtime.runs
+        fleet = self._runtime.fleet
+        if task is not None and task.handle not in runs and fleet is not None:
+            await fleet.caught_up()
         if task is not None and task.handle in runs and not principal_of_context(ctx, self._keys).sees(
                 runs.get(task.handle)):
             task = None
@@ -262,10 +267,10 @@ class TasksExtension(Extension):
         return task
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
-        return self._wire(self._task(params, ctx))
+        return self._wire(await self._task(params, ctx))
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams) -> dict[str, Any]:
-        task = self._task(params, ctx)
+        task = await self._task(params, ctx)
         for approval_id, response in (params.input_responses or {}).items():
             pending = self._runtime.approvals.get(approval_id)
             if pending is None or pending.handle != task.handle:
@@ -274,7 +279,7 @@ class TasksExtension(Extension):
         return self._wire(task)
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
-        task = self._task(params, ctx)
+        task = await self._task(params, ctx)
         if task.failed is None and not task.cancelled and task.handle in self._runtime.runs:
             self._store.close(task, cancelled=True)
             await self._runtime.cancel([task.handle])
@@ -292,9 +297,7 @@ class TasksExtension(Extension):
             "ttlMs": TASK_TTL_MS,
             "pollIntervalMs": POLL_INTERVAL_MS,
         }
-        if run is None and task.failed is None and self._store.shared and time.time() - task.created_at < RUN_SEEN_S:
-            pass  # a run another runtime has just spawned, not read here yet: working
-        elif task.failed is not None or run is None:
+        if task.failed is not None or run is None:
             wire.update(status="failed", error={"code": -32603, "message": task.failed or "the run is gone"})
         elif task.cancelled:
             wire["status"] = "cancelled"
