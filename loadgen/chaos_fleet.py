@@ -15,7 +15,7 @@ standby led (target 3 s; and no turn sent to an engine twice across it: the engi
 requests against the runs' turns), from PostgreSQL's stop until the journal took a row again. Exit
 status 1 unless every row met its targets without errors.
 
-``cost``, ``scale`` and ``bench`` (both; ``make bench-fleet``) measure issue #43's targets instead:
+``cost``, ``scale`` and ``bench`` (both; ``make bench-fleet``) measure the fleet's cost and scale targets instead:
 the runtimes' CPU per turn and per round and the journal write p50 with the file journal on
 one runtime and PostgreSQL on one and on three, under the same MCP sub-agent load; RSS per run
 paused on a slow tool and database bytes per finished run, 10,000 runs over three runtimes.
@@ -262,7 +262,7 @@ async def chaos_fleet(faults: list[str], directory: Path, interactive: int, batc
         cluster.stop("immediate")
 
 
-# ------------------------------------------------------------------ cost and scale (issue #43)
+# ------------------------------------------------------------------ cost and scale
 
 COST_ROWS = (("file", 1), ("postgresql", 1), ("postgresql", 3))
 TURN_CPU_MS, ADDED_ROUND_CPU_MS, ADDED_WRITE_P50_MS, FLAT, IDLE_RUN_KB = 3.0, 1.0, 3.0, 1.15, 20.0
@@ -503,7 +503,7 @@ def bench_main(args: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = parser("chaos_fleet", __doc__)
     p.add_argument("mode", nargs="?", default="faults", choices=("faults", "cost", "scale", "bench"),
-                   help="faults (the default), or issue #43's cost rows, scale row, or both (bench)")
+                   help="faults (the default), or the fleet's cost rows, scale row, or both (bench)")
     p.add_argument("--runs", type=int, help="cost: runs per row (300); scale: concurrent runs (10,000)")
     p.add_argument("--sessions", type=int, default=10, help="cost: MCP sessions, each spawning its share of the "
                    "runs and awaiting them together (10)")

@@ -1,4 +1,4 @@
-"""The dataplane keeps no request body past its request (issue #47): large requests that
+"""The dataplane keeps no request body past its request: large requests that
 fail leave its RSS where it was. A memory bound, not a timing: the RSS is read until it is
 back within the bound (``eventually``). The figures at 31 MiB x 16 x 3 rounds are
 ``make bench-body-memory``'s (loadgen/body_memory_bench.py)."""

@@ -1,4 +1,4 @@
-"""A short `make bench-fleet`: issue #43's cost rows (the file journal on one runtime,
+"""A short `make bench-fleet`: the fleet's cost rows (the file journal on one runtime,
 PostgreSQL on one and on three, the same MCP sub-agent load) and its scale row (runs paused
 on a slow tool over three runtimes), with few runs: the JSON has every row with sane
 figures (not the targets: timing on a shared machine)."""

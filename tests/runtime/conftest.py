@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from mcp import Client
 from npm_packages import NpmUnavailable, install_npm_packages
-from runtime_doubles import MODEL, InFlight, RuntimeProcess, ScriptedDataplane, build_upstream_server
+from runtime_doubles import (FLEET_LEASE_S, MODEL, InFlight, RuntimeProcess, ScriptedDataplane,
+                             build_upstream_server)
 
 from luftpause.dev.procs import WAIT_S, ManagedProcess, start_on_free_ports
 from luftpause.runtime.journal import Journal
@@ -183,6 +184,18 @@ def start_runtime(process_logs: Path) -> Iterator[Callable[..., RuntimeProcess]]
     yield start
     for process in started:
         process.stop()
+
+
+@pytest.fixture
+def two_runtimes(start_runtime: Callable[..., RuntimeProcess], tools_file: Path, tmp_path: Path, database: str):
+    """start(base_url, env) -> (a, b): two runtimes, ids a and b, on the test's database, with
+    the fleet tests' lease; ``env`` adds to (or overrides) their environment."""
+    def start(base_url: str, env: dict[str, str] | None = None) -> tuple[RuntimeProcess, RuntimeProcess]:
+        return tuple(start_runtime(base_url, tools_file, tmp_path / name, {
+            "LUFTPAUSE_JOURNAL": database, "LUFTPAUSE_RUNTIME_ID": name, "LUFTPAUSE_LEASE_S": str(FLEET_LEASE_S),
+            **(env or {})}) for name in ("a", "b"))
+
+    return start
 
 
 @pytest.fixture(scope="module")

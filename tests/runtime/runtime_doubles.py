@@ -19,6 +19,7 @@ from luftpause.dev.procs import ManagedProcess
 from luftpause.runtime.dataplane import DataplaneClient
 
 MODEL = "fake-llama-1b"
+FLEET_LEASE_S = 1.0  # the fleet tests' runtimes' lease: adoption within seconds
 
 Reply = httpx.Response | Callable[[httpx.Request], Awaitable[httpx.Response]]
 

@@ -19,13 +19,13 @@ import httpx
 import psycopg
 import pytest
 from mcp import Client
+from runtime_doubles import FLEET_LEASE_S as LEASE_S
 from runtime_doubles import LocalDataplane, RuntimeProcess, tool_results
 
 from luftpause.dev.procs import WAIT_S, eventually
 
 pytestmark = pytest.mark.timeout(180)
 
-LEASE_S = 1.0
 
 
 async def call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -50,17 +50,6 @@ def owners(url: str, handles: list[str]) -> dict[str, str]:
 
 def deep_searches(fake_mcp: str) -> int:
     return httpx.get(f"{fake_mcp}/stats").json()["calls"].get("deep_search", 0)
-
-
-@pytest.fixture
-def two_runtimes(start_runtime: Callable[..., RuntimeProcess], tools_file: Path, tmp_path: Path, database: str):
-    """start(base_url) -> (a, b): two runtimes, ids a and b, on the test's database."""
-    def start(base_url: str) -> tuple[RuntimeProcess, RuntimeProcess]:
-        return tuple(start_runtime(base_url, tools_file, tmp_path / name, {
-            "LUFTPAUSE_JOURNAL": database, "LUFTPAUSE_RUNTIME_ID": name, "LUFTPAUSE_LEASE_S": str(LEASE_S)})
-            for name in ("a", "b"))
-
-    return start
 
 
 def held_in_second_round(dataplane: LocalDataplane) -> None:

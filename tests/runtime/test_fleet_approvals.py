@@ -52,17 +52,6 @@ class Human:
         return ElicitResult(action="accept", content={"allow": self.allow})
 
 
-@pytest.fixture
-def fleet(start_runtime: Callable[..., RuntimeProcess], tools_file: Path, tmp_path: Path, database: str):
-    """start(base_url, env) -> (a, b): two runtimes, ids a and b, on the test's database."""
-    def start(base_url: str, env: dict[str, str] | None = None) -> tuple[RuntimeProcess, RuntimeProcess]:
-        return tuple(start_runtime(base_url, tools_file, tmp_path / name, {
-            "LUFTPAUSE_JOURNAL": database, "LUFTPAUSE_RUNTIME_ID": name, "LUFTPAUSE_LEASE_S": str(LEASE_S),
-            **(env or {})}) for name in ("a", "b"))
-
-    return start
-
-
 async def waiting(client: Client, handle: str) -> dict[str, Any]:
     """The run's status record on this client's runtime once it waits for approval there."""
     async def record() -> dict[str, Any] | None:
@@ -84,10 +73,10 @@ def only(database: str, handle: str, kind: str) -> dict[str, Any]:
     return record
 
 
-async def test_an_approval_waiting_on_one_runtime_is_given_through_another(fleet, fake_mcp, database) -> None:
+async def test_an_approval_waiting_on_one_runtime_is_given_through_another(two_runtimes, fake_mcp, database) -> None:
     dataplane = LocalDataplane(calls=1)
     async with dataplane.serving() as base_url:
-        a, b = fleet(base_url)
+        a, b = two_runtimes(base_url)
         before = deletes(fake_mcp)
         async with Client(a.mcp_url) as on_a, Client(b.mcp_url) as on_b:
             handle = (await call(on_a, "spawn", {"task": "delete through b", **DELETE}))["handle"]
@@ -116,10 +105,10 @@ async def test_an_approval_waiting_on_one_runtime_is_given_through_another(fleet
     assert "luftpause_runtime_approvals_pending 0.0" in metrics_b
 
 
-async def test_a_decline_through_another_runtime_declines_the_call(fleet, fake_mcp, database) -> None:
+async def test_a_decline_through_another_runtime_declines_the_call(two_runtimes, fake_mcp, database) -> None:
     dataplane = LocalDataplane(calls=1)
     async with dataplane.serving() as base_url:
-        a, b = fleet(base_url)
+        a, b = two_runtimes(base_url)
         before = deletes(fake_mcp)
         async with Client(a.mcp_url) as on_a, Client(b.mcp_url) as on_b:
             handle = (await call(on_a, "spawn", {"task": "do not delete", **DELETE}))["handle"]
@@ -133,10 +122,10 @@ async def test_a_decline_through_another_runtime_declines_the_call(fleet, fake_m
     assert only(database, handle, "approvalDecided")["allow"] is False
 
 
-async def test_the_first_answer_wins_across_runtimes(fleet, fake_mcp, database) -> None:
+async def test_the_first_answer_wins_across_runtimes(two_runtimes, fake_mcp, database) -> None:
     dataplane = LocalDataplane(calls=1)
     async with dataplane.serving() as base_url:
-        a, b = fleet(base_url)
+        a, b = two_runtimes(base_url)
         before = deletes(fake_mcp)
         async with Client(a.mcp_url) as on_a, Client(b.mcp_url) as on_b:
             handle = (await call(on_a, "spawn", {"task": "answered twice", **DELETE}))["handle"]
@@ -157,11 +146,11 @@ async def test_the_first_answer_wins_across_runtimes(fleet, fake_mcp, database) 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"], ids=["session", "sessionless"])
 async def test_a_client_awaiting_the_run_on_another_runtime_is_asked_and_its_answer_reaches_the_driver(
-        fleet, fake_mcp, database, mode: str) -> None:
+        two_runtimes, fake_mcp, database, mode: str) -> None:
     dataplane = LocalDataplane(calls=1)
     human = Human(allow=True)
     async with dataplane.serving() as base_url:
-        a, b = fleet(base_url)
+        a, b = two_runtimes(base_url)
         before = deletes(fake_mcp)
         async with Client(a.mcp_url) as on_a:
             handle = (await call(on_a, "spawn", {"task": "ask the human on b", **DELETE}))["handle"]
@@ -179,10 +168,11 @@ async def test_a_client_awaiting_the_run_on_another_runtime_is_asked_and_its_ans
     assert ("a", "approvalDecided") in journal(database, handle)
 
 
-async def test_a_runtime_adopting_the_run_takes_the_answer_sent_to_its_dead_driver(fleet, fake_mcp, database) -> None:
+async def test_a_runtime_adopting_the_run_takes_the_answer_sent_to_its_dead_driver(
+        two_runtimes, fake_mcp, database) -> None:
     dataplane = LocalDataplane(calls=1)
     async with dataplane.serving() as base_url:
-        a, b = fleet(base_url)
+        a, b = two_runtimes(base_url)
         before = deletes(fake_mcp)
         async with Client(a.mcp_url) as on_a:
             handle = (await call(on_a, "spawn", {"task": "answered as a dies", **DELETE}))["handle"]
@@ -232,11 +222,12 @@ async def as_tenant(url: str, key: str) -> AsyncIterator[Client]:
             yield client
 
 
-async def test_a_tenant_answers_for_its_own_runs_only_on_any_runtime(fleet, fake_mcp, database) -> None:
+async def test_a_tenant_answers_for_its_own_runs_only_on_any_runtime(two_runtimes, fake_mcp, database) -> None:
     keys = {"sk-alice": {"caller": "alice"}, "sk-bob": {"caller": "bob"}}
     dataplane = LocalDataplane(calls=1)
     async with dataplane.serving() as base_url:
-        a, b = fleet(base_url, {"LUFTPAUSE_TOKEN": "operator-s3cret", "LUFTPAUSE_KEY_IDENTITIES": json.dumps(keys)})
+        a, b = two_runtimes(base_url, {"LUFTPAUSE_TOKEN": "operator-s3cret",
+                                       "LUFTPAUSE_KEY_IDENTITIES": json.dumps(keys)})
         async with as_tenant(a.mcp_url, "sk-alice") as alice_on_a, as_tenant(b.mcp_url, "sk-alice") as alice_on_b, \
                 as_tenant(b.mcp_url, "sk-bob") as bob_on_b:
             handle = (await call(alice_on_a, "spawn", {"task": "alice's delete", **DELETE}))["handle"]
@@ -252,12 +243,12 @@ async def test_a_tenant_answers_for_its_own_runs_only_on_any_runtime(fleet, fake
     assert [writer for writer, kind in journal(database, handle) if kind == "approvalAnswerRequested"] == ["b"]
 
 
-async def test_an_answer_the_driver_has_not_taken_yet_is_returned_undecided(fleet, fake_mcp, database) -> None:
+async def test_an_answer_the_driver_has_not_taken_yet_is_returned_undecided(two_runtimes, fake_mcp, database) -> None:
     """The driver frozen (SIGSTOP, within its lease): `approve` on b returns after its wait,
     saying the answer is not decided; the driver takes it when it wakes."""
     dataplane = LocalDataplane(calls=1)
     async with dataplane.serving() as base_url:
-        a, b = fleet(base_url, {"LUFTPAUSE_LEASE_S": "60"})  # (no adoption while a is frozen)
+        a, b = two_runtimes(base_url, {"LUFTPAUSE_LEASE_S": "60"})  # (no adoption while a is frozen)
         async with Client(a.mcp_url) as on_a, Client(b.mcp_url) as on_b:
             handle = (await call(on_a, "spawn", {"task": "answer a sleeping driver", **DELETE}))["handle"]
             await waiting(on_b, handle)
@@ -381,10 +372,10 @@ async def test_the_driver_asks_a_human_when_the_answer_sent_was_for_another_ques
 
 
 async def test_a_budgets_seconds_stand_still_on_every_runtime_while_the_run_waits_for_a_human(
-        fleet, fake_mcp, database) -> None:
+        two_runtimes, fake_mcp, database) -> None:
     dataplane = LocalDataplane(calls=1)
     async with dataplane.serving() as base_url:
-        a, b = fleet(base_url)
+        a, b = two_runtimes(base_url)
         async with Client(a.mcp_url) as on_a, Client(b.mcp_url) as on_b:
             handle = (await call(on_a, "spawn", {"task": "wait on my budget", **DELETE, "budgetSeconds": 600}))[
                 "handle"]

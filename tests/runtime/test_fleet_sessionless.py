@@ -62,7 +62,8 @@ def balanced(start_runtime: Callable[..., RuntimeProcess], tools_file: Path, tmp
 
         def balancer(ports: list[int]) -> ManagedProcess:
             config = tmp_path / f"envoy-{sessions}.yaml"
-            config.write_text(yaml.safe_dump(envoy_config(ports[0], ports[1], [int(r.url.rsplit(":", 1)[1]) for r in runtimes])))
+            upstreams = [int(r.url.rsplit(":", 1)[1]) for r in runtimes]
+            config.write_text(yaml.safe_dump(envoy_config(ports[0], ports[1], upstreams)))
             return ManagedProcess(name="envoy", module="envoy", ready_url=f"http://127.0.0.1:{ports[1]}/ready",
                                   log_path=process_logs / f"envoy-{ports[0]}.log",
                                   command=[str(envoy.ensure()), "-c", str(config), "--disable-hot-restart",

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from mcp import Client
-from runtime_doubles import LocalDataplane, RuntimeProcess
+from runtime_doubles import LocalDataplane
 from tasks_client import TasksClient, cancel_task, get_task
 from test_fleet import held_in_second_round
 
@@ -22,18 +20,7 @@ from luftpause.dev.procs import eventually
 
 pytestmark = pytest.mark.timeout(180)
 
-LEASE_S = 1.0
 RUN = {"tools": ["lookup"], "maxToolCalls": 2}
-
-
-@pytest.fixture
-def runtimes(start_runtime: Callable[..., RuntimeProcess], tools_file: Path, tmp_path: Path, database: str):
-    def start(base_url: str) -> tuple[RuntimeProcess, RuntimeProcess]:
-        return tuple(start_runtime(base_url, tools_file, tmp_path / name, {
-            "LUFTPAUSE_JOURNAL": database, "LUFTPAUSE_RUNTIME_ID": name, "LUFTPAUSE_LEASE_S": str(LEASE_S)})
-            for name in ("a", "b"))
-
-    return start
 
 
 async def create_task(client: Client, task: str) -> str:
@@ -58,11 +45,11 @@ def task_rows(url: str, task_id: str) -> list[tuple[str, str]]:
 
 
 async def test_a_task_created_on_one_runtime_is_polled_and_cancelled_on_another(
-        runtimes, fake_mcp, database) -> None:
+        two_runtimes, fake_mcp, database) -> None:
     dataplane = LocalDataplane(calls=2)
     held_in_second_round(dataplane)
     async with dataplane.serving() as base_url:
-        a, b = runtimes(base_url)
+        a, b = two_runtimes(base_url)
         async with Client(a.mcp_url, extensions=[TasksClient()]) as on_a, \
                 Client(b.mcp_url, extensions=[TasksClient()]) as on_b:
             finishing = await create_task(on_a, "finish me")
@@ -81,11 +68,11 @@ async def test_a_task_created_on_one_runtime_is_polled_and_cancelled_on_another(
     assert task_rows(database, cancelled)[:2] == [("a", "created"), ("b", "finished")]
 
 
-async def test_a_task_whose_runtime_is_killed_ends_with_its_adopted_run(runtimes, fake_mcp, database) -> None:
+async def test_a_task_whose_runtime_is_killed_ends_with_its_adopted_run(two_runtimes, fake_mcp, database) -> None:
     dataplane = LocalDataplane(calls=2)
     held_in_second_round(dataplane)
     async with dataplane.serving() as base_url:
-        a, b = runtimes(base_url)
+        a, b = two_runtimes(base_url)
         async with Client(a.mcp_url, extensions=[TasksClient()]) as on_a:
             task_id = await create_task(on_a, "outlive my runtime")
             await eventually(lambda: dataplane.held == 1, what="the run in its second round")
