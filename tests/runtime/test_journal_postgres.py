@@ -25,6 +25,7 @@ from test_runtime_journal import make_run
 from luftpause.dev.procs import WAIT_S, eventually, free_port
 from luftpause.runtime import pg_schema
 from luftpause.runtime.compaction import compact
+from luftpause.runtime.fleet import Fleet
 from luftpause.runtime.journal import Journal, restore_runs
 from luftpause.runtime.agent import initial_messages
 from luftpause.runtime.runs import BudgetExcess, RunStats, RunStatus
@@ -91,6 +92,30 @@ def test_a_connection_the_server_ended_while_idle_is_replaced_without_failing_th
     assert ended == [(True,)]
     journal.append(b'{"type":"created","handle":"run-b"}\n')
     assert journal.read_bytes() == b'{"type":"created","handle":"run-a"}\n{"type":"created","handle":"run-b"}\n'
+
+
+def test_a_batch_writes_only_the_records_of_runs_whose_lease_it_holds(database: str) -> None:
+    """Fencing in one append: runtime a's batch holds a round and an end for a run b took
+    over, a cancel request for it (no lease needed), and a round and an end for a run a
+    still holds. The first two are refused and nothing else is: b keeps its lease, a's run's
+    lease goes with its end, and the lines written keep the batch's order."""
+    journal = store(database)
+    a = Fleet(journal, "runtime-a", lease_s=5.0)
+    with psycopg.connect(database, autocommit=True) as admin:
+        admin.execute("INSERT INTO luftpause_runtimes (runtime, expires_at) VALUES ('runtime-a', now() + interval '1 h')")
+        assert journal.append(b'{"type":"created","handle":"run-x","spec":{}}\n'
+                              b'{"type":"created","handle":"run-y","spec":{}}\n') == set()
+        assert a.tokens == {"run-x": 1, "run-y": 1}
+        admin.execute("UPDATE luftpause_leases SET owner = 'runtime-b', token = token + 1 WHERE handle = 'run-x'")
+        batch = [b'{"type":"round","handle":"run-x","messages":[]}', b'{"type":"cancelRequested","handle":"run-x"}',
+                 b'{"type":"round","handle":"run-y","messages":[]}', b'{"type":"finished","handle":"run-x"}',
+                 b'{"type":"finished","handle":"run-y"}']
+        assert journal.append(b"\n".join(batch) + b"\n") == {0, 3}
+        leases = admin.execute("SELECT handle, owner, token FROM luftpause_leases ORDER BY handle").fetchall()
+        lines = [row[0] for row in admin.execute("SELECT line FROM luftpause_journal WHERE seq > 2 ORDER BY seq")]
+    assert leases == [("run-x", "runtime-b", 2)]
+    assert lines == [batch[1].decode(), batch[2].decode(), batch[4].decode()]
+    assert a.tokens == {"run-x": 1}  # a learns it lost run-x from its renewal, not from a refused line
 
 
 def test_compaction_and_retention_keep_what_they_keep_in_the_file(database: str, tmp_path: Path) -> None:
