@@ -303,9 +303,10 @@ class ScaleRow:
     errors: list[str] = field(default_factory=list)
 
 
-def fleet_stack(base: Path, database: str, runtimes: int, tool_delay_s: float, env: dict[str, str]) -> Stack:
+def fleet_stack(base: Path, database: str, runtimes: int, tool_delay_s: float, env: dict[str, str],
+                tool_connections: int | None = None) -> Stack:
     ports = Ports.free().fleet(runtimes=runtimes, schedulers=1, free=True)
-    pool_file, tools_file = write_configs(base / "config", ports)
+    pool_file, tools_file = write_configs(base / "config", ports, tool_connections=tool_connections)
     return Stack(ports, pool_file, tools_file, base / "state", free_ports=True, database=database,
                  fake_mcp_args=["--delay-s", str(tool_delay_s)], env={"LUFTPAUSE_LOG_FORMAT": "json", **env})
 
@@ -430,9 +431,12 @@ SCALE_COLUMNS = {"runs": "runs", "runtimes": "runtimes", "done": "completed", "s
 
 async def scale_row(row: ScaleRow, base: Path, cluster: PrivateCluster) -> ScaleRow:
     """``runs`` runs of 2 turns and 1 tool call, spawned over three runtimes, all paused on the
-    slow tool at once: the runtimes' RSS then, minus before, over the runs."""
+    slow tool at once: the runtimes' RSS then, minus before, over the runs. The tools file
+    lets a runtime call the tool for every run at once (``max_connections``), as a user
+    with that many sub-agents on one slow tool server would set it."""
     database = cluster.create_database("scale")
-    stack = fleet_stack(base, database, row.runtimes, row.idle_s, {"LUFTPAUSE_MAX_RUNS_PER_CALLER": str(row.runs)})
+    stack = fleet_stack(base, database, row.runtimes, row.idle_s, {"LUFTPAUSE_MAX_RUNS_PER_CALLER": str(row.runs)},
+                        tool_connections=row.runs)
     try:
         await asyncio.to_thread(stack.start)
         urls = [f"http://127.0.0.1:{port}/mcp" for port in stack.ports.runtimes]

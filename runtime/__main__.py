@@ -13,6 +13,7 @@ import time
 STARTED = time.monotonic()  # before any import of weight
 
 import gc  # noqa: E402
+import resource  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from typing import Any  # noqa: E402
@@ -26,6 +27,7 @@ from luftpause.runtime.config import RuntimeSettings, ToolsFileError, parse_sett
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
     log = logs.configure("runtime")
+    _raise_open_files_limit(log)
     # (A database journal is compacted in the runtime's own start: no file to hand a child.)
     forked = None if settings.journal_url else ForkedCompaction.begin(settings.state_dir / constants.JOURNAL_FILE)
     try:
@@ -33,6 +35,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if forked is not None:
             forked.abandon()  # (done by now unless the runtime exits before replaying)
+
+
+def _raise_open_files_limit(log: Any) -> None:
+    """Each tool call in flight holds a connection, each client session another: a runtime
+    with thousands of paused runs needs more files open than the usual soft limit of 1,024,
+    so it takes what the hard limit allows (as Go programs do at start)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, constants.OPEN_FILES_WANTED)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("open_files_limit_kept", soft=soft, hard=hard, error=str(exc))
+            return
+        log.info("open_files_limit_raised", soft=soft, to=wanted)
 
 
 def _serve(settings: RuntimeSettings, log: Any, forked: ForkedCompaction | None) -> int:

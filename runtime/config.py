@@ -47,6 +47,7 @@ class UpstreamServerConfig:
     command: str | None = None
     args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    max_connections: int = constants.UPSTREAM_MAX_CONNECTIONS  # HTTP: tool calls in flight at once
 
     @property
     def transport(self) -> str:
@@ -217,7 +218,17 @@ def _server_from_entry(path: Path, index: int, entry: Any) -> UpstreamServerConf
         command=str(entry["command"]) if has_command else None,
         args=[str(arg) for arg in _list(where, "args", entry.get("args"))],
         env=_string_map(where, "env", entry.get("env")),
+        max_connections=_max_connections(where, entry.get("max_connections")),
     )
+
+
+def _max_connections(where: str, value: Any) -> int:
+    if value is None:
+        return constants.UPSTREAM_MAX_CONNECTIONS
+    limit = constants.UPSTREAM_MAX_CONNECTIONS_LIMIT
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise ToolsFileError(f"{where}: 'max_connections' must be a whole number from 1 to {limit}, not {value!r}")
+    return value
 
 
 def _string_map(where: str, key: str, value: Any) -> dict[str, str]:

@@ -76,11 +76,18 @@ LEASE_S = 5.0
 HARNESS_LOOKUP_TIMEOUT_S = 1.0
 
 # Upstream MCP tool servers: one tool call may be slow (deep_search, Wikipedia with
-# retries), but not forever.
+# retries), but not forever. Counted from when the call has a connection to go out on.
 UPSTREAM_CALL_TIMEOUT_S = 300.0
 # HTTP upstream servers: each tool call in flight holds one connection (the answer comes
-# on it), so idle runs waiting on a slow tool need as many; calls beyond the limit queue.
+# on it), so idle runs waiting on a slow tool need as many; calls beyond the limit queue
+# for one. A server's `max_connections` in the tools file replaces it (up to the maximum).
 UPSTREAM_MAX_CONNECTIONS = 1024
+UPSTREAM_MAX_CONNECTIONS_LIMIT = 65536
+# Connections beyond the tool calls' for the MCP session's own requests (initialize, tools
+# listing, its event stream), so calls holding every slot never starve them.
+UPSTREAM_SESSION_CONNECTIONS = 4
+# Files the runtime asks to keep open when the hard limit is unlimited (else: the hard limit).
+OPEN_FILES_WANTED = 65536
 # Idle connections kept between calls: a burst of calls beyond it would close and open
 # connections again at each call (32 cost a TCP connect per call at 100 runs' rounds at once).
 UPSTREAM_KEEPALIVE_CONNECTIONS = 256

@@ -76,19 +76,22 @@ class UpstreamUnavailable(RuntimeServiceError):
     pass
 
 
-def upstream_http_client(headers: Mapping[str, str]) -> httpx2.AsyncClient:
-    """The HTTP client of one upstream server: one connection per tool call in flight.
+def upstream_http_client(
+    headers: Mapping[str, str], max_connections: int = constants.UPSTREAM_MAX_CONNECTIONS
+) -> httpx2.AsyncClient:
+    """The HTTP client of one upstream server: one connection per tool call in flight,
+    and a few more for the MCP session's own requests.
 
     The SDK's default client allows 100 connections and gives up after waiting 30 s for
     one, so the 101st concurrent call to a slow tool would fail; here calls beyond the
-    limit queue for a connection instead.
+    limit queue for a connection instead (UpstreamConnection's slots).
     """
     return httpx2.AsyncClient(
         headers=dict(headers),
         timeout=httpx2.Timeout(constants.UPSTREAM_CONNECT_TIMEOUT_S, read=constants.UPSTREAM_CALL_TIMEOUT_S, pool=None),
         limits=httpx2.Limits(
-            max_connections=constants.UPSTREAM_MAX_CONNECTIONS,
-            max_keepalive_connections=constants.UPSTREAM_KEEPALIVE_CONNECTIONS,
+            max_connections=max_connections + constants.UPSTREAM_SESSION_CONNECTIONS,
+            max_keepalive_connections=min(max_connections, constants.UPSTREAM_KEEPALIVE_CONNECTIONS),
         ),
     )
 
@@ -99,7 +102,7 @@ async def open_configured_client(config: UpstreamServerConfig) -> AsyncIterator[
     async with AsyncExitStack() as stack:
         target: Any
         if config.url:
-            http = await stack.enter_async_context(upstream_http_client(config.headers))
+            http = await stack.enter_async_context(upstream_http_client(config.headers, config.max_connections))
             target = streamable_http_client(config.url, http_client=http)
         else:
             assert config.command is not None
@@ -108,9 +111,14 @@ async def open_configured_client(config: UpstreamServerConfig) -> AsyncIterator[
 
 
 class UpstreamConnection:
-    def __init__(self, name: str, open_client: ClientOpener) -> None:
+    """One upstream server's client. ``slots``: how many tool calls go out at once (an HTTP
+    server's connections); the others wait for a slot, and a call's time limit starts when
+    it has one, so calls queued behind slow ones are not timed out by the queue."""
+
+    def __init__(self, name: str, open_client: ClientOpener, slots: int | None = None) -> None:
         self.name = name
         self._open_client = open_client
+        self._slots = asyncio.Semaphore(slots) if slots is not None else None
         self._client: Client | None = None
         self._tools: list[UpstreamTool] = []
         self._connected = asyncio.Event()
@@ -164,7 +172,14 @@ class UpstreamConnection:
         log.info("upstream_connected", server=self.name, tools=[tool.name for tool in self._tools])
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> CallToolResult:
-        """Call ``tool``; a broken connection is reopened and the call tried once more."""
+        """Call ``tool`` once a slot is free."""
+        if self._slots is None:
+            return await self._call_now(tool, arguments)
+        async with self._slots:
+            return await self._call_now(tool, arguments)
+
+    async def _call_now(self, tool: str, arguments: dict[str, Any]) -> CallToolResult:
+        """A broken connection is reopened and the call tried once more."""
         client = await self._connected_client()
         try:
             return await _call(client, tool, arguments)
@@ -216,7 +231,8 @@ class Toolbox:
 
     @classmethod
     def from_configs(cls, configs: Sequence[UpstreamServerConfig]) -> Toolbox:
-        return cls([UpstreamConnection(c.name, lambda c=c: open_configured_client(c)) for c in configs])
+        return cls([UpstreamConnection(c.name, lambda c=c: open_configured_client(c),
+                                       slots=c.max_connections if c.url else None) for c in configs])
 
     async def start(self) -> None:
         for connection in self._connections:

@@ -141,9 +141,11 @@ def engine_name(index: int) -> str:
 
 
 def write_configs(directory: Path, ports: Ports, classifier: bool = False, device: str = "",
-                  model: str = MODEL) -> tuple[Path, Path]:
+                  model: str = MODEL, tool_connections: int | None = None) -> tuple[Path, Path]:
     """A pool file for the engines serving ``model`` (and the fake classifier) and a tools
-    file for the fake MCP. ``device`` marks the engines as replicas sharing one accelerator."""
+    file for the fake MCP. ``device`` marks the engines as replicas sharing one accelerator;
+    ``tool_connections``, the tool calls a runtime sends the fake MCP at once (its default
+    otherwise)."""
     directory.mkdir(parents=True, exist_ok=True)
     pool = {
         "endpoints": [
@@ -155,7 +157,8 @@ def write_configs(directory: Path, ports: Ports, classifier: bool = False, devic
     if classifier:
         pool["endpoints"].append({"name": "classifier", "base_url": f"http://{HOST}:{ports.classifier}",
                                   "models": [CLASSIFIER_MODEL], "kind": "one-pass", "health_path": "/health"})
-    tools = {"servers": [{"name": "fake", "url": f"http://{HOST}:{ports.fake_mcp}/mcp"}]}
+    server: dict[str, object] = {"name": "fake", "url": f"http://{HOST}:{ports.fake_mcp}/mcp"}
+    tools = {"servers": [server | ({"max_connections": tool_connections} if tool_connections else {})]}
     pool_file, tools_file = directory / "pool.yaml", directory / "tools.yaml"
     pool_file.write_text(yaml.safe_dump(pool, sort_keys=False))
     tools_file.write_text(yaml.safe_dump(tools, sort_keys=False))

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, ListToolsResult, TextContent, Tool
 
 from luftpause.dev.procs import WAIT_S
-from luftpause.runtime.config import UpstreamServerConfig
+from luftpause.runtime.config import ToolsFileError, UpstreamServerConfig, load_tools_file
 from luftpause.runtime import constants
 from luftpause.runtime.upstream import (
     Toolbox,
@@ -160,3 +164,47 @@ async def test_http_upstreams_queue_calls_for_a_connection_rather_than_fail() ->
         assert pool._max_connections >= 1000
         assert http.timeout.pool is None and http.timeout.read == constants.UPSTREAM_CALL_TIMEOUT_S
         assert http.headers["x-test"] == "1"
+
+
+async def test_calls_beyond_a_servers_connections_wait_for_one_outside_their_time_limit(
+        fake_mcp: str, monkeypatch: Any) -> None:
+    """20 calls of a 0.2 s tool through a server allowed 2 connections, each call allowed
+    1 s: they go out two at a time (2 s in all), and none is timed out by the wait for a
+    connection (before, a call's time limit ran from its queueing: the last half failed)."""
+    monkeypatch.setattr(constants, "UPSTREAM_CALL_TIMEOUT_S", 1.0)
+    config = UpstreamServerConfig(name="fake", url=f"{fake_mcp}/mcp", max_connections=2)
+    toolbox = Toolbox.from_configs([config])
+    await toolbox.start()
+    try:
+        started = time.monotonic()
+        outcomes = await asyncio.gather(*(toolbox.call("lookup", {"query": f"q{i}"}) for i in range(20)))
+        took = time.monotonic() - started
+    finally:
+        await toolbox.stop()
+    assert [outcome.text for outcome in outcomes if outcome.failed] == []
+    assert took >= 1.8  # ten rounds of two calls: the server's connection limit held
+
+
+def test_a_servers_max_connections_is_read_from_the_tools_file_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "tools.yaml"
+    path.write_text("servers:\n  - name: a\n    url: http://127.0.0.1:1/mcp\n    max_connections: 4096\n"
+                    "  - name: b\n    url: http://127.0.0.1:2/mcp\n")
+    assert [server.max_connections for server in load_tools_file(path)] == [4096, constants.UPSTREAM_MAX_CONNECTIONS]
+    for bad in ("0", "-3", "2.5", "many", "true", str(constants.UPSTREAM_MAX_CONNECTIONS_LIMIT + 1)):
+        path.write_text(f"servers:\n  - name: a\n    url: http://127.0.0.1:1/mcp\n    max_connections: {bad}\n")
+        with pytest.raises(ToolsFileError, match="max_connections"):
+            load_tools_file(path)
+
+
+def test_the_runtime_takes_the_open_files_its_hard_limit_allows() -> None:
+    """Thousands of paused runs each hold a connection to a tool server: started under the
+    usual soft limit, the runtime raises it to the hard limit."""
+    script = ("import resource, structlog\n"
+              "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+              "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+              "from luftpause.runtime.__main__ import _raise_open_files_limit\n"
+              "_raise_open_files_limit(structlog.get_logger())\n"
+              "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    raised, hard = (int(value) for value in done.stdout.split()[-2:])
+    assert raised == (hard if hard != -1 else constants.OPEN_FILES_WANTED) and raised > 256
