@@ -5,7 +5,9 @@ them, under a lease; the others follow the journal; new runs spread over them.
   ``--runtime-id``), a fencing token and an expiry. ``spawn`` takes the lease in the
   transaction that journals ``created`` (or offers it, below); the run's ``finished``
   record drops it in its own. The owner renews all its leases every third of ``--lease``
-  seconds. A lease taken is the owner's once its transaction committed (``committed``),
+  seconds, from a thread of its own: a busy event loop (thousands of runs starting at
+  once) delays none of it, while a loop stuck for ``LOOP_STALL_LEASES`` leases lets its
+  leases go as a dead runtime's would. A lease taken is the owner's once its transaction committed (``committed``),
   so a renewal never mistakes a lease being taken for one lost.
 - **Fencing.** Every record that drives a run (a round, its outcome, a budget excess, an
   approval) is written only while the writer holds the run's lease with the token it was
@@ -33,7 +35,8 @@ them, under a lease; the others follow the journal; new runs spread over them.
   that expired (their owner died, lost the database, or stopped and released them),
   raising the token; it rebuilds each adopted run from its records and resumes it from its
   last complete round, as a restart does. A runtime restarting under the same id takes its
-  own runs back at once. Expired leases are adopted by anyone, whatever its load: the
+  own runs back at once: the leases an earlier start of it took (each lease names the start
+  that took it, so a pass never takes one this start took moments ago). Expired leases are adopted by anyone, whatever its load: the
   runs of a dead runtime resume first, and spread as new runs do only from then on.
 - **Following.** Each runtime reads the journal lines others append (appends take one
   advisory lock, so a line's place is its commit order and none is skipped) and applies
@@ -60,10 +63,12 @@ them, under a lease; the others follow the journal; new runs spread over them.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import re
+import threading
 import time
+import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -92,19 +97,22 @@ ADOPT_EVERY_S = 1.0
 SPREAD_SLACK = 0.1
 # An offered run nobody claimed within this many adoption passes goes back to its maker.
 OFFER_PASSES = 2
+# The renewal thread renews only while the event loop has turned within this many leases:
+# a process alive but with its loop stuck drives no run, and its runs should move.
+LOOP_STALL_LEASES = 3.0
 # A runtime's heartbeat row is deleted this long after it expired (a pod's id is not reused).
 FORGET_RUNTIME_S = 3600.0
 
-_TAKE_LAPSED = (  # leases that expired, this runtime's own it does not know (a restart), its offers due
-    "UPDATE luftpause_leases SET owner = %(me)s, token = token + 1, offered_by = NULL, "
+_TAKE_LAPSED = (  # leases that expired, this runtime's own from an earlier start of it, its offers due
+    "UPDATE luftpause_leases SET owner = %(me)s, token = token + 1, offered_by = NULL, incarnation = %(incarnation)s, "
     "expires_at = now() + make_interval(secs => %(lease)s) WHERE handle IN ("
     "  SELECT handle FROM luftpause_leases WHERE"
-    "  (offered_by IS NULL AND (expires_at < now() OR (owner = %(me)s AND NOT handle = ANY(%(mine)s))))"
+    "  (offered_by IS NULL AND (expires_at < now() OR (owner = %(me)s AND incarnation IS DISTINCT FROM %(incarnation)s)))"
     "  OR (offered_by = %(me)s AND expires_at < now())"
     "  OR (offered_by IS NOT NULL AND expires_at < now() - make_interval(secs => %(lease)s))"
     "  ORDER BY expires_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED) RETURNING handle, token")
 _CLAIM_OFFERED = (  # others' offers, oldest first
-    "UPDATE luftpause_leases SET owner = %(me)s, token = token + 1, offered_by = NULL, "
+    "UPDATE luftpause_leases SET owner = %(me)s, token = token + 1, offered_by = NULL, incarnation = %(incarnation)s, "
     "expires_at = now() + make_interval(secs => %(lease)s) WHERE handle IN ("
     "  SELECT handle FROM luftpause_leases WHERE offered_by IS NOT NULL AND offered_by <> %(me)s"
     "  ORDER BY expires_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED) RETURNING handle, token")
@@ -178,10 +186,17 @@ class Fleet:
         self._db = PostgresStore(store.url, store.table, store.connect_timeout_s)
         # The renewal's own connection and thread besides: behind the adoption passes, the
         # follower's reads and the default executor's queue, 10,000 runs over three runtimes
-        # kept it waiting past half a lease and a runtime's every lease lapsed at once.
+        # kept it waiting past half a lease and a runtime's every lease lapsed at once; timed
+        # by the event loop, it still came late whenever spawns kept the loop busy for seconds.
         self._renewer = PostgresStore(store.url, store.table, store.connect_timeout_s)
-        self._renew_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleet-renew")
+        self._renew_thread: threading.Thread | None = None
+        self._stop_renewing = threading.Event()
+        self._turned = time.monotonic()  # when the event loop last turned (the tick task)
         self.member = member
+        # This start of the runtime: a restart under the same id takes back the runs an
+        # earlier start held, never one this start took (whose lease may commit while an
+        # adoption pass runs, before the run is known here).
+        self.incarnation = uuid.uuid4().hex
         self.lease_s = lease_s
         self.adopt_every_s = min(lease_s / 2, ADOPT_EVERY_S)
         self.offer_s = OFFER_PASSES * self.adopt_every_s  # an offer's time to be claimed by another
@@ -234,9 +249,9 @@ class Fleet:
             total += 1
             if keeps(driving, total, len(loads)) or _parent(line) in self.tokens:
                 taken = conn.execute(
-                    "INSERT INTO luftpause_leases (handle, owner, token, expires_at) VALUES "
-                    "(%s, %s, 1, now() + make_interval(secs => %s)) ON CONFLICT (handle) DO NOTHING RETURNING token",
-                    (handle, self.member, self.lease_s)).fetchone()
+                    "INSERT INTO luftpause_leases (handle, owner, token, expires_at, incarnation) VALUES "
+                    "(%s, %s, 1, now() + make_interval(secs => %s), %s) ON CONFLICT (handle) DO NOTHING RETURNING token",
+                    (handle, self.member, self.lease_s, self.incarnation)).fetchone()
                 if taken is not None:
                     self._taken[handle] = taken[0]
                     driving += 1
@@ -286,8 +301,12 @@ class Fleet:
     def start(self, on_lost: Callable[[str], None], on_adopted: Callable[[str, list[dict[str, Any]]], None],
               on_line: Callable[[dict[str, Any]], None]) -> None:
         self._wake = asyncio.Event()
+        self._turned = time.monotonic()
+        self._renew_thread = threading.Thread(target=self._renew_forever, args=(asyncio.get_running_loop(), on_lost),
+                                              name="fleet-renew", daemon=True)
+        self._renew_thread.start()
         self._tasks = [
-            asyncio.create_task(self._renew_forever(on_lost), name="fleet-renew"),
+            asyncio.create_task(self._tick_forever(), name="fleet-tick"),
             asyncio.create_task(self._adopt_forever(on_adopted), name="fleet-adopt"),
             asyncio.create_task(self._follow_forever(on_line), name="fleet-follow"),
         ]
@@ -296,7 +315,9 @@ class Fleet:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._renew_thread.shutdown(wait=False)
+        self._stop_renewing.set()
+        if self._renew_thread is not None:
+            await asyncio.to_thread(self._renew_thread.join, self.lease_s)
         if release:
             try:  # a runtime stopping hands its runs (and its offers) on at once instead of after their leases
                 await asyncio.to_thread(self._db.transact, self._leave, "release the leases")
@@ -308,37 +329,59 @@ class Fleet:
         conn.execute("UPDATE luftpause_leases SET expires_at = '-infinity' WHERE offered_by = %s", (self.member,))
         conn.execute("DELETE FROM luftpause_runtimes WHERE runtime = %s", (self.member,))
 
-    async def _renew_forever(self, on_lost: Callable[[str], None]) -> None:
+    async def _tick_forever(self) -> None:
+        """Tell the renewal thread the event loop still turns."""
         while True:
+            self._turned = time.monotonic()
             await asyncio.sleep(self.lease_s / 3)
-            try:
-                checked, held = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
-                    self._renew_thread, self._renew), timeout=self.lease_s / 2)
-            except (OSError, TimeoutError) as exc:
-                if time.monotonic() - self._renewed >= self.lease_s and self.tokens:
-                    log.error("fleet_leases_lapsed", runs=len(self.tokens), error=str(exc),
-                              effect="this runtime stops driving its runs; others adopt them")
-                    for handle in list(self.tokens):
-                        self.tokens.pop(handle, None)
-                        self.released += 1
-                        on_lost(handle)
+
+    def _renew_forever(self, loop: asyncio.AbstractEventLoop, on_lost: Callable[[str], None]) -> None:
+        """The renewal thread: every third of a lease, renew them all; what it finds is
+        handled on the event loop."""
+        while not self._stop_renewing.wait(self.lease_s / 3):
+            stalled = time.monotonic() - self._turned
+            if stalled > LOOP_STALL_LEASES * self.lease_s:
+                log.warning("fleet_loop_stalled", seconds=round(stalled, 1), effect="leases not renewed")
                 continue
-            self._renewed = time.monotonic()
-            for handle, token in checked.items():
-                # (A lease taken back or dropped meanwhile has another token now, or none.)
-                if held.get(handle) != token and self.tokens.get(handle) == token:
-                    log.warning("fleet_run_lost", run=handle, token=token)
-                    self.tokens.pop(handle, None)
-                    self.released += 1
-                    on_lost(handle)
+            try:
+                found: Callable[[], None] = partial(self._renewed_now, *self._renew(), on_lost)
+            except OSError as exc:
+                found = partial(self._not_renewed, exc, on_lost)
+            else:
+                self._renewed = time.monotonic()
+            try:
+                loop.call_soon_threadsafe(found)
+            except RuntimeError:  # the loop closed: the runtime is gone
+                return
+
+    def _not_renewed(self, exc: OSError, on_lost: Callable[[str], None]) -> None:
+        """(A renewal hanging on a cut connection fails within the connection's TCP user timeout.)"""
+        if time.monotonic() - self._renewed >= self.lease_s and self.tokens:
+            log.error("fleet_leases_lapsed", runs=len(self.tokens), error=str(exc),
+                      effect="this runtime stops driving its runs; others adopt them")
+            for handle in list(self.tokens):
+                self.tokens.pop(handle, None)
+                self.released += 1
+                on_lost(handle)
+
+    def _renewed_now(self, checked: dict[str, int], held: dict[str, int], on_lost: Callable[[str], None]) -> None:
+        for handle, token in checked.items():
+            # (A lease taken back or dropped meanwhile has another token now, or none.)
+            if held.get(handle) != token and self.tokens.get(handle) == token:
+                log.warning("fleet_run_lost", run=handle, token=token)
+                self.tokens.pop(handle, None)
+                self.released += 1
+                on_lost(handle)
 
     def _renew(self) -> tuple[dict[str, int], dict[str, int]]:
         """(the leases this runtime held before renewing, those it holds now): each of the
-        first had committed, so the renewal sees it unless another runtime took it."""
+        first had committed, so the renewal sees it unless another runtime took it. Only the
+        runs it drives: a run it let go (its leases lapsed) keeps no lease alive here, and is
+        adopted once its lease expires, by any runtime."""
         checked = dict(self.tokens)
         held = dict(self._renewer.run_statement(
             "UPDATE luftpause_leases SET expires_at = now() + make_interval(secs => %s) WHERE owner = %s "
-            "RETURNING handle, token", (self.lease_s, self.member)))
+            "AND handle = ANY(%s) RETURNING handle, token", (self.lease_s, self.member, list(checked))))
         return checked, held
 
     async def _adopt_forever(self, on_adopted: Callable[[str, list[dict[str, Any]]], None]) -> None:
@@ -376,7 +419,7 @@ class Fleet:
     def _take(self, full: bool) -> list[tuple[str, int, list[dict[str, Any]], bool]]:
         """(run, token, its records, claimed rather than adopted) of each lease taken."""
         def take(conn) -> list[tuple[str, int, list[dict[str, Any]], bool]]:
-            params = {"me": self.member, "lease": self.lease_s, "mine": list(self.tokens), "batch": ADOPT_BATCH}
+            params = {"me": self.member, "incarnation": self.incarnation, "lease": self.lease_s, "batch": ADOPT_BATCH}
             rows: list[tuple[str, int, bool]] = []
             if full:
                 conn.execute(_HEARTBEAT, params)

@@ -55,6 +55,9 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (5, "MCP Tasks answered by any runtime: a task's lines looked up by its id", """
         CREATE INDEX luftpause_tasks_handle ON luftpause_tasks (handle);
     """),
+    (6, "which start of its owner took each lease (a restart takes back only the runs of an earlier one)", """
+        ALTER TABLE luftpause_leases ADD COLUMN incarnation text;
+    """),
 )
 
 CURRENT = MIGRATIONS[-1][0]

@@ -10,6 +10,8 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from test_runtime_journal import make_run
 from luftpause.dev.procs import WAIT_S, eventually, free_port
 from luftpause.runtime import pg_schema
 from luftpause.runtime.compaction import compact
+from luftpause.runtime import fleet as fleet_module
 from luftpause.runtime.fleet import Fleet
 from luftpause.runtime.journal import Journal, restore_runs
 from luftpause.runtime.agent import initial_messages
@@ -116,6 +119,67 @@ def test_a_batch_writes_only_the_records_of_runs_whose_lease_it_holds(database: 
     assert leases == [("run-x", "runtime-b", 2)]
     assert lines == [batch[1].decode(), batch[2].decode(), batch[4].decode()]
     assert a.tokens == {"run-x": 1}  # a learns it lost run-x from its renewal, not from a refused line
+
+
+def test_a_restart_takes_back_an_earlier_starts_runs_never_one_this_start_just_took(database: str) -> None:
+    """An adoption pass takes over the leases an earlier start of this runtime held, not one
+    this start took whose append committed before the run was known here (before, such a
+    run was adopted by its own runtime: its loop dropped as lost, the run resumed again)."""
+    journal = store(database)
+    a = Fleet(journal, "runtime-a", lease_s=30.0)
+    with psycopg.connect(database, autocommit=True) as admin:
+        admin.execute("INSERT INTO luftpause_leases (handle, owner, token, expires_at, incarnation) VALUES "
+                      "('run-earlier', 'runtime-a', 4, now() + interval '30 s', 'an-earlier-start'), "
+                      "('run-just-taken', 'runtime-a', 1, now() + interval '30 s', %s)", (a.incarnation,))
+        taken = a._take(full=True)
+        leases = admin.execute("SELECT handle, token FROM luftpause_leases ORDER BY handle").fetchall()
+    assert [(handle, token) for handle, token, _, _ in taken] == [("run-earlier", 5)]
+    assert leases == [("run-earlier", 5), ("run-just-taken", 1)]
+
+
+def lease_lapses(database: str, handle: str, seconds: float) -> tuple[threading.Thread, list[bool]]:
+    """A thread that looks every 50 ms for ``seconds`` whether ``handle``'s lease has expired,
+    and takes an expired one over for runtime-b (as b's adoption pass would)."""
+    seen: list[bool] = []
+
+    def watch() -> None:
+        with psycopg.connect(database, autocommit=True) as conn:
+            ends = time.monotonic() + seconds
+            while time.monotonic() < ends:
+                seen.append(bool(conn.execute(
+                    "UPDATE luftpause_leases SET owner = 'runtime-b', token = token + 1, "
+                    "expires_at = now() + interval '1 min' WHERE handle = %s AND expires_at < now() RETURNING handle",
+                    (handle,)).fetchall()))
+                time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    return watcher, seen
+
+
+async def test_a_busy_event_loop_keeps_its_leases_and_a_stuck_one_lets_them_go(database: str) -> None:
+    """Renewals come from their own thread: with the event loop busy for two leases (a
+    storm of spawns) the lease never lapses; with it stuck past the stall limit the lease
+    lapses, another runtime takes it, and once the loop turns again this one stops driving
+    the run."""
+    lease = 1.5
+    journal = store(database)
+    a, lost = Fleet(journal, "runtime-a", lease_s=lease), []
+    a.start(on_lost=lost.append, on_adopted=lambda handle, records: None, on_line=lambda record: None)
+    try:
+        await asyncio.to_thread(journal.append, b'{"type":"created","handle":"run-x","spec":{}}\n')
+        watcher, seen = lease_lapses(database, "run-x", 2 * lease)
+        time.sleep(2 * lease)  # the loop busy: nothing else on it runs
+        await asyncio.to_thread(watcher.join)
+        assert seen and not any(seen) and lost == [] and "run-x" in a.tokens
+        stuck = (fleet_module.LOOP_STALL_LEASES + 1.7) * lease
+        watcher, seen = lease_lapses(database, "run-x", stuck)
+        time.sleep(stuck)  # stuck past the stall limit, and a lease more
+        await asyncio.to_thread(watcher.join)
+        assert any(seen)
+        await eventually(lambda: lost == ["run-x"], timeout=5.0)
+    finally:
+        await a.stop(release=False)
 
 
 def test_compaction_and_retention_keep_what_they_keep_in_the_file(database: str, tmp_path: Path) -> None:
