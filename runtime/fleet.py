@@ -345,7 +345,9 @@ class Fleet:
                 continue
             try:
                 found: Callable[[], None] = partial(self._renewed_now, *self._renew(), on_lost)
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - the thread must go on: a failure is a renewal missed
+                if not isinstance(exc, OSError):
+                    log.exception("fleet_renewal_failed")
                 found = partial(self._not_renewed, exc, on_lost)
             else:
                 self._renewed = time.monotonic()
@@ -354,7 +356,7 @@ class Fleet:
             except RuntimeError:  # the loop closed: the runtime is gone
                 return
 
-    def _not_renewed(self, exc: OSError, on_lost: Callable[[str], None]) -> None:
+    def _not_renewed(self, exc: Exception, on_lost: Callable[[str], None]) -> None:
         """(A renewal hanging on a cut connection fails within the connection's TCP user timeout.)"""
         if time.monotonic() - self._renewed >= self.lease_s and self.tokens:
             log.error("fleet_leases_lapsed", runs=len(self.tokens), error=str(exc),
