@@ -300,6 +300,8 @@ class ScaleRow:
     db_bytes: int = 0  # pg_total_relation_size of the luftpause tables once every run finished
     db_bytes_per_run: float | None = None
     seconds: float = 0.0  # first spawn → every run finished
+    failed_tool_calls: int = 0  # tool calls that failed (the awaited runs' counts)
+    adopted: int = 0  # runs taken over from another runtime whose lease lapsed (no runtime died)
     errors: list[str] = field(default_factory=list)
 
 
@@ -332,6 +334,13 @@ def bucket_p50_ms(before: dict[float, float], after: dict[float, float]) -> floa
                 1000 * (low + (le - low) * (half - low_count) / max(count - low_count, 1e-9)), 3)
         low, low_count = le, count
     return None
+
+
+def runtime_counter(stack: Stack, name: str) -> float:
+    """A counter of the runtimes' /metrics, summed over them."""
+    return sum(sample.value for port in stack.ports.runtimes
+               for family in text_string_to_metric_families(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text)
+               for sample in family.samples if sample.name == name)
 
 
 def engine_requests(stack: Stack) -> int:
@@ -426,7 +435,7 @@ COST_COLUMNS = {"journal": "journal", "runtimes": "runtimes", "runs": "runs", "d
 SCALE_COLUMNS = {"runs": "runs", "runtimes": "runtimes", "done": "completed", "spawn s": "spawn_s",
                  "all paused": "all_paused", "RSS before MB": "rss_before_mb", "RSS idle MB": "rss_idle_mb",
                  "KB per idle run": "idle_run_kb", "DB bytes": "db_bytes", "DB bytes per run": "db_bytes_per_run",
-                 "seconds": "seconds"}
+                 "tool calls failed": "failed_tool_calls", "runs adopted": "adopted", "seconds": "seconds"}
 
 
 async def scale_row(row: ScaleRow, base: Path, cluster: PrivateCluster) -> ScaleRow:
@@ -457,6 +466,8 @@ async def scale_row(row: ScaleRow, base: Path, cluster: PrivateCluster) -> Scale
         done = await sessions_await(urls, handles, DRAIN_S + 4 * row.idle_s)
         row.seconds = round(time.monotonic() - began, 1)
         row.completed = sum(1 for run in done if run["status"] == "Completed")
+        row.failed_tool_calls = sum(run.get("failedToolCalls") or 0 for run in done)
+        row.adopted = int(runtime_counter(stack, "luftpause_runtime_runs_adopted_total"))
         with psycopg.connect(database) as conn:
             row.db_bytes = int(conn.execute("SELECT sum(pg_total_relation_size(oid)) FROM pg_class WHERE relkind = 'r' "
                                             "AND relname LIKE 'luftpause%'").fetchone()[0])
@@ -469,6 +480,8 @@ async def scale_row(row: ScaleRow, base: Path, cluster: PrivateCluster) -> Scale
 
 def scale_problems(row: ScaleRow) -> list[str]:
     return ([] if row.completed == row.runs else [f"{row.completed} of {row.runs} runs completed"]) + (
+        [f"{row.failed_tool_calls} tool calls failed"] if row.failed_tool_calls else []) + (
+        [f"{row.adopted} runs moved between live runtimes (leases lapsed)"] if row.adopted else []) + (
         [f"{row.idle_run_kb} KB per idle run (target ≤ {IDLE_RUN_KB:g})"] if (row.idle_run_kb or 1e9) > IDLE_RUN_KB else [])
 
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from luftpause.loadgen.chaos_fleet import (COST_COLUMNS, SCALE_COLUMNS, CostRow, ScaleRow, cost_problems, main,
-                                          rows_table)
+                                          rows_table, scale_problems)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,6 +30,7 @@ def test_the_cost_rows_and_the_scale_row_are_measured(tmp_path, capsys):
         assert row.write_p50_ms is not None and 0 < row.write_p50_ms < 1000, printed
     scale = ScaleRow(**result["scale"])
     assert scale.runs == scale.completed == 12 and scale.all_paused and scale.errors == [], printed
+    assert scale.failed_tool_calls == 0 and scale.adopted == 0, printed
     assert scale.rss_idle_mb > 0 and scale.idle_run_kb is not None and scale.db_bytes > 0, printed
     assert scale.db_bytes_per_run == round(scale.db_bytes / 12), printed
     assert rows_table(cost, COST_COLUMNS) in printed and rows_table([scale], SCALE_COLUMNS) in printed, printed
@@ -42,3 +43,8 @@ def test_each_cost_target_missed_is_named():
             CostRow("postgresql", 3, runs=4, completed=4, cpu_ms_per_turn=3.5, cpu_ms_per_round=5.0, write_p50_ms=2.0)]
     assert [p.split(":")[0].split(" ")[0] for p in cost_problems(rows)] == [
         "postgresql", "postgresql", "PostgreSQL", "PostgreSQL", "3"]
+
+
+def test_a_scale_row_with_tool_calls_failed_or_runs_moved_is_named():
+    row = ScaleRow(runs=10, idle_s=1.0, completed=10, idle_run_kb=10.0, failed_tool_calls=3, adopted=2)
+    assert scale_problems(row) == ["3 tool calls failed", "2 runs moved between live runtimes (leases lapsed)"]
