@@ -338,8 +338,8 @@ def bucket_p50_ms(before: dict[float, float], after: dict[float, float]) -> floa
 
 def runtime_counter(stack: Stack, name: str) -> float:
     """A counter of the runtimes' /metrics, summed over them."""
-    return sum(sample.value for port in stack.ports.runtimes
-               for family in text_string_to_metric_families(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text)
+    pages = [httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text for port in stack.ports.runtimes]
+    return sum(sample.value for page in pages for family in text_string_to_metric_families(page)
                for sample in family.samples if sample.name == name)
 
 

@@ -4,11 +4,12 @@ them, under a lease; the others follow the journal; new runs spread over them.
 - **Leases.** ``luftpause_leases`` holds, per unfinished run, its owner (a runtime's
   ``--runtime-id``), a fencing token and an expiry. ``spawn`` takes the lease in the
   transaction that journals ``created`` (or offers it, below); the run's ``finished``
-  record drops it in its own. The owner renews all its leases every third of ``--lease``
+  record drops it in its own. The owner renews its leases every third of ``--lease``
   seconds, from a thread of its own: a busy event loop (thousands of runs starting at
   once) delays none of it, while a loop stuck for ``LOOP_STALL_LEASES`` leases lets its
-  leases go as a dead runtime's would. A lease taken is the owner's once its transaction committed (``committed``),
-  so a renewal never mistakes a lease being taken for one lost.
+  leases go as a dead runtime's would. Only the runs it drives: a lease taken is the
+  owner's once its transaction committed (``committed``), so a renewal never mistakes a
+  lease being taken for one lost, and a run it let go is not kept alive.
 - **Fencing.** Every record that drives a run (a round, its outcome, a budget excess, an
   approval) is written only while the writer holds the run's lease with the token it was
   given: the transaction locks the lease rows it checks (``FOR SHARE``), so no takeover
@@ -36,8 +37,9 @@ them, under a lease; the others follow the journal; new runs spread over them.
   raising the token; it rebuilds each adopted run from its records and resumes it from its
   last complete round, as a restart does. A runtime restarting under the same id takes its
   own runs back at once: the leases an earlier start of it took (each lease names the start
-  that took it, so a pass never takes one this start took moments ago). Expired leases are adopted by anyone, whatever its load: the
-  runs of a dead runtime resume first, and spread as new runs do only from then on.
+  that took it, so a pass never takes one this start took moments ago). Expired leases are
+  adopted by anyone, whatever its load: the runs of a dead runtime resume first, and spread
+  as new runs do only from then on.
 - **Following.** Each runtime reads the journal lines others append (appends take one
   advisory lock, so a line's place is its commit order and none is skipped) and applies
   them to its registry: ``status`` and ``await`` answer for any run, wherever it runs.
@@ -107,7 +109,8 @@ _TAKE_LAPSED = (  # leases that expired, this runtime's own from an earlier star
     "UPDATE luftpause_leases SET owner = %(me)s, token = token + 1, offered_by = NULL, incarnation = %(incarnation)s, "
     "expires_at = now() + make_interval(secs => %(lease)s) WHERE handle IN ("
     "  SELECT handle FROM luftpause_leases WHERE"
-    "  (offered_by IS NULL AND (expires_at < now() OR (owner = %(me)s AND incarnation IS DISTINCT FROM %(incarnation)s)))"
+    "  (offered_by IS NULL AND (expires_at < now()"
+    "                           OR (owner = %(me)s AND incarnation IS DISTINCT FROM %(incarnation)s)))"
     "  OR (offered_by = %(me)s AND expires_at < now())"
     "  OR (offered_by IS NOT NULL AND expires_at < now() - make_interval(secs => %(lease)s))"
     "  ORDER BY expires_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED) RETURNING handle, token")
@@ -250,7 +253,8 @@ class Fleet:
             if keeps(driving, total, len(loads)) or _parent(line) in self.tokens:
                 taken = conn.execute(
                     "INSERT INTO luftpause_leases (handle, owner, token, expires_at, incarnation) VALUES "
-                    "(%s, %s, 1, now() + make_interval(secs => %s), %s) ON CONFLICT (handle) DO NOTHING RETURNING token",
+                    "(%s, %s, 1, now() + make_interval(secs => %s), %s) "
+                    "ON CONFLICT (handle) DO NOTHING RETURNING token",
                     (handle, self.member, self.lease_s, self.incarnation)).fetchone()
                 if taken is not None:
                     self._taken[handle] = taken[0]

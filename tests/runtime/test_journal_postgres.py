@@ -105,7 +105,8 @@ def test_a_batch_writes_only_the_records_of_runs_whose_lease_it_holds(database: 
     journal = store(database)
     a = Fleet(journal, "runtime-a", lease_s=5.0)
     with psycopg.connect(database, autocommit=True) as admin:
-        admin.execute("INSERT INTO luftpause_runtimes (runtime, expires_at) VALUES ('runtime-a', now() + interval '1 h')")
+        admin.execute("INSERT INTO luftpause_runtimes (runtime, expires_at) "
+                      "VALUES ('runtime-a', now() + interval '1 h')")
         assert journal.append(b'{"type":"created","handle":"run-x","spec":{}}\n'
                               b'{"type":"created","handle":"run-y","spec":{}}\n') == set()
         assert a.tokens == {"run-x": 1, "run-y": 1}
