@@ -313,13 +313,18 @@ def fleet_stack(base: Path, database: str, runtimes: int, tool_delay_s: float, e
                  fake_mcp_args=["--delay-s", str(tool_delay_s)], env={"LUFTPAUSE_LOG_FORMAT": "json", **env})
 
 
+def runtime_samples(stack: Stack, name: str) -> list[Any]:
+    """The samples called ``name`` on every runtime's /metrics."""
+    pages = [httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text for port in stack.ports.runtimes]
+    return [sample for page in pages for family in text_string_to_metric_families(page)
+            for sample in family.samples if sample.name == name]
+
+
 def write_buckets(stack: Stack) -> dict[float, float]:
     """The journal-write histogram's cumulative buckets, summed over the runtimes."""
     buckets: dict[float, float] = {}
-    for port in stack.ports.runtimes:
-        for family in text_string_to_metric_families(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text):
-            for s in (s for s in family.samples if s.name == "luftpause_runtime_journal_fsync_seconds_bucket"):
-                buckets[float(s.labels["le"])] = buckets.get(float(s.labels["le"]), 0.0) + s.value
+    for s in runtime_samples(stack, "luftpause_runtime_journal_fsync_seconds_bucket"):
+        buckets[float(s.labels["le"])] = buckets.get(float(s.labels["le"]), 0.0) + s.value
     return buckets
 
 
@@ -334,13 +339,6 @@ def bucket_p50_ms(before: dict[float, float], after: dict[float, float]) -> floa
                 1000 * (low + (le - low) * (half - low_count) / max(count - low_count, 1e-9)), 3)
         low, low_count = le, count
     return None
-
-
-def runtime_counter(stack: Stack, name: str) -> float:
-    """A counter of the runtimes' /metrics, summed over them."""
-    pages = [httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text for port in stack.ports.runtimes]
-    return sum(sample.value for page in pages for family in text_string_to_metric_families(page)
-               for sample in family.samples if sample.name == name)
 
 
 def engine_requests(stack: Stack) -> int:
@@ -467,7 +465,7 @@ async def scale_row(row: ScaleRow, base: Path, cluster: PrivateCluster) -> Scale
         row.seconds = round(time.monotonic() - began, 1)
         row.completed = sum(1 for run in done if run["status"] == "Completed")
         row.failed_tool_calls = sum(run.get("failedToolCalls") or 0 for run in done)
-        row.adopted = int(runtime_counter(stack, "luftpause_runtime_runs_adopted_total"))
+        row.adopted = int(sum(s.value for s in runtime_samples(stack, "luftpause_runtime_runs_adopted_total")))
         with psycopg.connect(database) as conn:
             row.db_bytes = int(conn.execute("SELECT sum(pg_total_relation_size(oid)) FROM pg_class WHERE relkind = 'r' "
                                             "AND relname LIKE 'luftpause%'").fetchone()[0])
