@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -234,10 +235,26 @@ class ManagedProcess:
 
     def is_ready(self) -> bool:
         if self.ready_url is not None:
-            return http_ok(self.ready_url)
+            # (Every service answers its health URL: on a port another process took between
+            # choosing and binding, the answer is someone else's.)
+            return http_ok(self.ready_url) and not self._port_held_by_another()
         if self.ready_port is not None:
             return port_is_listening(self.ready_port)
         return True
+
+    def _port_held_by_another(self) -> bool:
+        """Whether the ready URL's port is listened on, and by no process of this one's
+        session (False when /proc cannot tell)."""
+        port = urllib.parse.urlsplit(self.ready_url or "").port
+        if port is None or self.process is None:
+            return False
+        try:
+            listening = _listening_inodes(port)
+            if not listening:
+                return False
+            return not any(_holds_any(pid, listening) for pid in _session_pids(self.process.pid))
+        except OSError:
+            return False
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -299,6 +316,50 @@ def stop_together(processes: list[ManagedProcess], timeout: float = 5.0) -> None
         except subprocess.TimeoutExpired:
             process.signal(signal.SIGKILL)
             process.process.wait(timeout)
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """The socket inodes listening on TCP ``port`` (IPv4 and IPv6), from /proc/net."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def _session_pids(session: int) -> list[int]:
+    """The processes of the session ``session`` leads (a ManagedProcess and its children)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[3]) == session:  # the session id, after the name
+                pids.append(int(entry.name))
+    return pids
+
+
+def _holds_any(pid: int, inodes: set[str]) -> bool:
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            return True
+    return False
 
 
 def start_on_free_ports(build: Callable[[list[int]], ManagedProcess], count: int = 1, timeout: float = 30.0,

@@ -95,3 +95,27 @@ def test_a_process_started_on_free_ports_starts_again_when_its_port_was_taken(tm
             assert httpx.get(f"http://127.0.0.1:{ports[0]}/health").status_code == 200
         finally:
             process.stop()
+
+
+def test_a_port_taken_by_another_service_that_answers_health_is_not_taken_for_ready(tmp_path):
+    # Every service answers /health: on a port another test's service took between choosing
+    # and binding, the answer is that service's, and the process started must not pass for ready.
+    other, (occupied,) = start_on_free_ports(lambda ports: ManagedProcess(
+        "other-engine", "luftpause.fakes.engine", ["--port", str(ports[0])],
+        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=tmp_path / "other.log"))
+    given: list[int] = []
+
+    def engine(ports: list[int]) -> ManagedProcess:
+        port = occupied if not given else ports[0]
+        given.append(port)
+        return ManagedProcess("engine", "luftpause.fakes.engine", ["--port", str(port)],
+                              ready_url=f"http://127.0.0.1:{port}/health", log_path=tmp_path / f"engine-{port}.log")
+
+    try:
+        process, ports = start_on_free_ports(engine)
+        try:
+            assert given == [occupied, ports[0]] and ports[0] != occupied
+        finally:
+            process.stop()
+    finally:
+        other.stop()
