@@ -252,6 +252,8 @@ class ManagedProcess:
             listening = _listening_inodes(port)
             if not listening:
                 return False
+            if _holds_any(self.process.pid, listening):  # (the usual case: no walk over /proc)
+                return False
             return not any(_holds_any(pid, listening) for pid in _session_pids(self.process.pid))
         except OSError:
             return False
