@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.dev.faultproxy import FaultProxy
 from luftpause.dev.postgres import PrivateCluster, cluster_directory
-from luftpause.dev.procs import cpu_seconds, free_ports, rss_bytes
+from luftpause.dev.procs import cpu_seconds, free_ports, metric_total, rss_bytes
 from luftpause.dev.stack import MODEL, Ports, Stack, write_configs
 from luftpause.loadgen.chaos import (TOOL_DELAY_S, created_and_finished, extras_per_run, repeated_rounds,
                                      workload_groups)
@@ -465,7 +465,8 @@ async def scale_row(row: ScaleRow, base: Path, cluster: PrivateCluster) -> Scale
         row.seconds = round(time.monotonic() - began, 1)
         row.completed = sum(1 for run in done if run["status"] == "Completed")
         row.failed_tool_calls = sum(run.get("failedToolCalls") or 0 for run in done)
-        row.adopted = int(sum(s.value for s in runtime_samples(stack, "luftpause_runtime_runs_adopted_total")))
+        row.adopted = int(sum(metric_total(f"http://127.0.0.1:{port}/metrics", "luftpause_runtime_runs_adopted_total")
+                              for port in stack.ports.runtimes))
         with psycopg.connect(database) as conn:
             row.db_bytes = int(conn.execute("SELECT sum(pg_total_relation_size(oid)) FROM pg_class WHERE relkind = 'r' "
                                             "AND relname LIKE 'luftpause%'").fetchone()[0])
