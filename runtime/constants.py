@@ -40,7 +40,7 @@ MAX_AWAIT_TIMEOUT_S = 600.0
 # clients' default).
 TURN_TIMEOUT_S = 600.0
 # Connections to the dataplane: turns in flight at once (httpx's default limit; more wait
-# for one), every one kept alive between turns.
+# for one), every one kept alive between turns (runtime/aiohttp_transport.py's KEEPALIVE_S).
 DATAPLANE_MAX_CONNECTIONS = 100
 
 # Rate-limited turns (429) wait `Retry-After`, else this, and retry until cancelled.
@@ -88,9 +88,6 @@ UPSTREAM_MAX_CONNECTIONS_LIMIT = 65536
 UPSTREAM_SESSION_CONNECTIONS = 4
 # Files the runtime asks to keep open when the hard limit is unlimited (else: the hard limit).
 OPEN_FILES_WANTED = 65536
-# Idle connections kept between calls: a burst of calls beyond it would close and open
-# connections again at each call (32 cost a TCP connect per call at 100 runs' rounds at once).
-UPSTREAM_KEEPALIVE_CONNECTIONS = 256
 UPSTREAM_CONNECT_TIMEOUT_S = 30.0
 # How long start-up waits for upstream servers before serving without them (they keep
 # reconnecting in the background).

@@ -9,18 +9,17 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import hashlib
-import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpcore
 import httpx
 import structlog
 
 from luftpause import tracing, vocabulary
 from luftpause.peer_identity import add_identity, finish_path
 from luftpause.runtime import constants
+from luftpause.runtime.aiohttp_transport import AiohttpTransport
 from luftpause.tokens import bearer
 from luftpause.runtime.errors import RuntimeServiceError
 
@@ -104,79 +103,12 @@ def error_message(response: httpx.Response) -> str:
     return f"dataplane answered {response.status_code}: {message}"
 
 
-class _LinearPool(httpcore.AsyncConnectionPool):
-    """httpcore's connection pool with its bookkeeping made linear in the connections.
-
-    httpcore 1.0 goes over every connection each time a request starts or ends: it polls
-    each idle socket (a syscall, and anyio's socket attributes built as a dict each time)
-    and counts the idle connections again for each idle one (quadratic); and it hands one
-    idle connection to every request queued at once, all but one of which find it taken
-    and go round again. With a hundred runs' turns on the dataplane that was a quarter of
-    the runtime's CPU (its profile under `make bench-fleet`'s cost load: 6.5 s of 23).
-    Here a connection is checked for expiry (the poll) only when it is about to be
-    reused, the idle ones are counted once, and an idle connection already handed to a
-    request that has not sent on it yet is not handed out again (as httpcore2 does)."""
-
-    def _assign_requests_to_connections(self) -> list[httpcore.AsyncConnectionInterface]:
-        closing: list[httpcore.AsyncConnectionInterface] = []
-        kept: list[httpcore.AsyncConnectionInterface] = []
-        reserved = {request.connection for request in self._requests}
-        idle = 0
-        for connection in self._connections:
-            if connection.is_closed():
-                continue
-            if connection.is_idle() and connection not in reserved:
-                if idle >= self._max_keepalive_connections:  # surplus keep-alive
-                    closing.append(connection)
-                    continue
-                idle += 1
-            kept.append(connection)
-        self._connections = kept
-        for pool_request in [request for request in self._requests if request.connection is None]:
-            origin = pool_request.request.url.origin
-            connection = None
-            for candidate in list(self._connections):
-                if (candidate in reserved or not candidate.is_available()
-                        or not candidate.can_handle_request(origin)):
-                    continue
-                if candidate.has_expired():  # past its keep-alive, or closed by the server
-                    self._connections.remove(candidate)
-                    closing.append(candidate)
-                    continue
-                connection = candidate
-                break
-            if connection is None:
-                if len(self._connections) >= self._max_connections:
-                    spare = next((c for c in self._connections if c.is_idle() and c not in reserved), None)
-                    if spare is None:
-                        continue  # the request waits for a connection
-                    self._connections.remove(spare)
-                    closing.append(spare)
-                connection = self.create_connection(origin)
-                self._connections.append(connection)
-            reserved.add(connection)
-            pool_request.assign_to_connection(connection)
-        return closing
-
-
 class _NoCookies(httpx.Cookies):
     """A cookie jar that keeps nothing: the dataplane sets no cookies, and httpx would build
     a urllib request and response around every answer to look for them."""
 
     def extract_cookies(self, response: httpx.Response) -> None:
         pass
-
-
-def _transport(verify: ssl.SSLContext | bool = True) -> httpx.AsyncHTTPTransport:
-    """httpx's transport on :class:`_LinearPool` (the pool it made, its class swapped: no
-    state of its own), keeping as many idle connections as it may open: a burst of turns
-    over the keep-alive limit would close and open connections again at each turn."""
-    transport = httpx.AsyncHTTPTransport(verify=verify, limits=httpx.Limits(
-        max_connections=constants.DATAPLANE_MAX_CONNECTIONS,
-        max_keepalive_connections=constants.DATAPLANE_MAX_CONNECTIONS))
-    if type(transport._pool) is httpcore.AsyncConnectionPool:  # (a proxy from the environment: as it is)
-        transport._pool.__class__ = _LinearPool
-    return transport
 
 
 class DataplaneClient:
@@ -189,11 +121,8 @@ class DataplaneClient:
         peer_identity: str = "none",
     ) -> None:
         auth_headers = {"Authorization": bearer(token)} if token else {}
-        if transport is None:
-            # Plain HTTP needs no CA bundle, whose loading is some 50 ms of the runtime's
-            # start: this TLS context trusts nothing (it is never used; if it were, it
-            # would refuse to connect rather than connect unverified).
-            transport = _transport(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT) if base_url.startswith("http://") else True)
+        if transport is None:  # (as many idle connections kept as may be open: a burst of turns reuses them)
+            transport = AiohttpTransport(max_connections=constants.DATAPLANE_MAX_CONNECTIONS)
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=auth_headers,

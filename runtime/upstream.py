@@ -23,6 +23,7 @@ from mcp_types import CONNECTION_CLOSED, CallToolResult, EmbeddedResource, TextC
 from mcp_types import Tool as MCPTool
 
 from luftpause.runtime import constants
+from luftpause.runtime.aiohttp_transport import AiohttpTransport2
 from luftpause.runtime.config import UpstreamServerConfig
 from luftpause.runtime.errors import RuntimeServiceError
 
@@ -84,15 +85,13 @@ def upstream_http_client(
 
     The SDK's default client allows 100 connections and gives up after waiting 30 s for
     one, so the 101st concurrent call to a slow tool would fail; here calls beyond the
-    limit queue for a connection instead (UpstreamConnection's slots).
+    limit queue for a connection instead (UpstreamConnection's slots). Its connections are
+    aiohttp's (runtime/aiohttp_transport.py): idle ones are kept KEEPALIVE_S.
     """
     return httpx2.AsyncClient(
         headers=dict(headers),
         timeout=httpx2.Timeout(constants.UPSTREAM_CONNECT_TIMEOUT_S, read=constants.UPSTREAM_CALL_TIMEOUT_S, pool=None),
-        limits=httpx2.Limits(
-            max_connections=max_connections + constants.UPSTREAM_SESSION_CONNECTIONS,
-            max_keepalive_connections=min(max_connections, constants.UPSTREAM_KEEPALIVE_CONNECTIONS),
-        ),
+        transport=AiohttpTransport2(max_connections=max_connections + constants.UPSTREAM_SESSION_CONNECTIONS),
     )
 
 
