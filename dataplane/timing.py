@@ -11,7 +11,9 @@ keeps the seconds per token its recent first bytes took, counting the tokens the
 engine had to prefill first: the turn's own prompt and the prompts of this dataplane's
 turns that were still waiting there when it was sent, plus a fixed overhead. The bound
 of a new turn is FIRST_BYTE_MARGIN times the slowest of those recent rates applied to
-its own pending tokens, never below FIRST_BYTE_MIN_S, and never below what prefilling
+its own pending tokens (while the turn's kind has fewer than FIRST_BYTE_OWN_RATES rates
+there, the other kind's count too: one quick first byte may be a cached prefix), never
+below FIRST_BYTE_MIN_S, and never below what prefilling
 its prompt uncached would take at FIRST_BYTE_FLOOR_S_PER_TOKEN (a cached prefix makes
 a long prompt quick; the same prompt uncached must not look like a stall). A replica
 with no history borrows its peers' (the pool's); with none anywhere the cold rate
@@ -27,7 +29,10 @@ reply after short ones (or a request an engine defers until a running generation
 looked like a wedged engine.
 
 A stream that pauses longer than its (recomputed) bound while the dataplane waits on
-the engine is stalled too; time spent writing to a slow client does not count.
+the engine is stalled too; time spent writing to a slow client does not count. Its
+pending tokens then count the prompts waiting there now, if more than were ahead of it:
+an engine prefilling new prompts pauses the streams it decodes (llama.cpp and SGLang run
+a prefill batch before the next decode step).
 
 A turn may be *due by* a moment (:meth:`FirstByteBounds.due_by`): a request re-sent after
 it stalled or dropped a replica (dataplane/suspects.py) is to get its answer within two
@@ -63,6 +68,7 @@ from luftpause.dataplane.constants import (
     FIRST_BYTE_MARGIN,
     FIRST_BYTE_MIN_S,
     FIRST_BYTE_OVERHEAD_TOKENS,
+    FIRST_BYTE_OWN_RATES,
     FIRST_BYTE_RECHECK_S,
     FIRST_BYTE_REPLY_FLOOR_S_PER_TOKEN,
     FIRST_BYTE_REPLY_WEIGHT,
@@ -147,10 +153,23 @@ class FirstByteBounds:
 
     def _derived(self, watch: Watch) -> float:
         """The bound as derived from the rates and floors, before its least value."""
-        rates = self._rates.get((watch.replica, watch.stream)) or self._pooled.get(watch.stream)
-        rate = max(rates) if rates else FIRST_BYTE_COLD_S_PER_TOKEN
-        expected = FIRST_BYTE_MARGIN * rate * (watch.pending + FIRST_BYTE_OVERHEAD_TOKENS)
+        rate = self._rate(watch)
+        pending = watch.pending
+        if watch.answered:  # a stream pauses while the engine prefills the prompts sent there since
+            pending = max(pending, watch.work + self._waiting.get(watch.replica, 0))
+        expected = FIRST_BYTE_MARGIN * rate * (pending + FIRST_BYTE_OVERHEAD_TOKENS)
         return max(expected, watch.tokens * FIRST_BYTE_FLOOR_S_PER_TOKEN, watch.floor)
+
+    def _rate(self, watch: Watch) -> float:
+        """The slowest recent rate of the replica's own for the turn's kind, and while it has
+        fewer than FIRST_BYTE_OWN_RATES of those, of its other kind's too; a replica with
+        none of either takes the pool's for the turn's kind; the cold rate with none there."""
+        own = self._rates.get((watch.replica, watch.stream)) or ()
+        known = [*own, *(self._rates.get((watch.replica, not watch.stream)) or ())] if (
+            len(own) < FIRST_BYTE_OWN_RATES) else list(own)
+        if not known:
+            known = list(self._pooled.get(watch.stream) or ())
+        return max(known) if known else FIRST_BYTE_COLD_S_PER_TOKEN
 
     def heard(self, replica: str, now: float) -> None:
         """A byte came from the replica."""

@@ -8,7 +8,9 @@ from manual_clock import ManualClock
 
 from luftpause.dataplane.constants import (
     FIRST_BYTE_FLOOR_S_PER_TOKEN,
+    FIRST_BYTE_MARGIN,
     FIRST_BYTE_MIN_S,
+    FIRST_BYTE_OWN_RATES,
     REPLY_TOKENS_WITHOUT_MAX,
     SILENT_BOUND_SHARE,
     SILENT_MIN_S,
@@ -62,12 +64,47 @@ def test_a_long_prompt_is_never_bounded_below_its_uncached_prefill():
     assert bounds.bound(watch) >= 100_000 * FIRST_BYTE_FLOOR_S_PER_TOKEN
 
 
-def test_streams_and_whole_replies_learn_apart():
+def test_streams_and_whole_replies_learn_apart_once_each_has_rates_of_its_own():
     bounds = FirstByteBounds()
-    answered(bounds, "a", 500, 0.05, stream=True)
+    for _ in range(FIRST_BYTE_OWN_RATES):
+        answered(bounds, "a", 500, 0.05, stream=True)
     answered(bounds, "a", 500, 8.0, stream=False)  # a whole reply's first byte comes with its end
     assert bounds.bound(bounds.start("a", True, 500, 0.0)) == FIRST_BYTE_MIN_S
     assert bounds.bound(bounds.start("a", False, 500, 0.0)) >= 4 * 8.0
+
+
+def test_one_quick_stream_does_not_tighten_a_replicas_bound_below_the_slower_turns_seen_there():
+    """A replica's whole replies took 3 s for 1,000 tokens of work (uncached prompts, as on a
+    CPU engine); a stream whose prefix was cached gives its first token in 0.1 s. The next
+    stream (its prefix gone, say) is not held to the least bound on that one quick answer:
+    until streams have FIRST_BYTE_OWN_RATES answers of their own there, the whole replies'
+    rate counts too."""
+    bounds = FirstByteBounds()
+    for _ in range(3):
+        answered(bounds, "a", 1000 - 256, 3.0, stream=False)  # 3 s per 1,000 tokens of work with the overhead
+    answered(bounds, "a", 1000 - 256, 0.1, stream=True)
+    slow_rate = 3.0 / 1000
+    assert bounds.bound(bounds.start("a", True, 1000 - 256, 0.0)) >= FIRST_BYTE_MARGIN * slow_rate * 1000 > 10
+    for _ in range(FIRST_BYTE_OWN_RATES - 1):
+        answered(bounds, "a", 1000 - 256, 0.1, stream=True)
+    assert bounds.bound(bounds.start("a", True, 1000 - 256, 0.0)) == FIRST_BYTE_MIN_S  # streams' own now
+
+
+def test_a_streams_pause_may_last_while_the_engine_prefills_the_prompts_sent_there_after_it():
+    """An engine prefilling new prompts pauses the streams it is decoding (llama.cpp and
+    SGLang run a prefill batch before the next decode step): an answered stream's pause
+    bound counts the prompts waiting there now, not only those ahead of it when it was sent."""
+    bounds = FirstByteBounds()
+    for _ in range(FIRST_BYTE_OWN_RATES):
+        answered(bounds, "a", 500, 1.0, stream=True)
+    stream = bounds.start("a", True, 500, 0.0)
+    bounds.first_byte(stream, 1.0)
+    alone = bounds.bound(stream)
+    later = [bounds.start("a", True, 4000, 1.5) for _ in range(2)]  # sent after it, waiting for theirs
+    assert bounds.bound(stream) > 8 * alone
+    for watch in later:
+        bounds.first_byte(watch, 5.0)
+    assert bounds.bound(stream) == alone  # prefilled: its pauses are held to its own bound again
 
 
 def test_prompt_tokens_are_estimated_from_the_body():
