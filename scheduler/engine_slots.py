@@ -28,6 +28,11 @@ tool. The scheduler knows which runs are worth their KV; per replica:
 * ties go to the lowest slot: the choice is a function of the core's state and this
   table alone.
 
+Which turns reach a replica is the core's (core/limit.py): batch turns leave a slot for
+each interactive run paused there on a tool (at most half the slots), and so does the
+first turn of a new run, interactive or not: it would take a paused run's slot and its
+KV, so it waits for a batch turn to end.
+
 Runs that left the core's state are let go at the next run end or clock tick
 (:meth:`EngineSlots.settle`), as their engine sessions are closed (engine_sessions.py).
 Nothing is persisted: a restarted scheduler gives the runs coming back slots anew.

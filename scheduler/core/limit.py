@@ -130,11 +130,14 @@ def batch_reserve(replica: Replica, keep_slots: bool) -> int:
     return 0 if capacity is None or batch is None else max(0, capacity - batch)
 
 
-def _has_room(replica: Replica, service_class: str, keep_slots: bool) -> bool:
+def _has_room(replica: Replica, service_class: str, keep_slots: bool, opens: bool = False) -> bool:
     """Whether one more turn of this class may go here now: under the ceiling and the
-    limit, and for batch under what is kept for paused interactive runs. Slots lent to
-    dataplanes are taken."""
-    capacity = _batch_capacity(replica, keep_slots) if service_class == BATCH else replica.capacity
+    limit, and for batch under what is kept for paused interactive runs. On an engine with
+    slots the first turn of a new run keeps off them too, interactive or not: a kept slot
+    holds a paused run's KV, and the new run would take it (its turn waits for a batch
+    turn to end instead; scheduler/engine_slots.py). Slots lent to dataplanes are taken."""
+    kept_off = service_class == BATCH or (opens and bool(replica.engine_slots))
+    capacity = _batch_capacity(replica, keep_slots) if kept_off else replica.capacity
     return capacity is None or replica.in_flight + replica.leased_idle < capacity
 
 

@@ -207,7 +207,7 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
         shut = closed.get(turn.service_class)
         if shut:  # a much faster peer frees a slot before a turn on the slow one ends
             candidates = [r for r in candidates if r.name not in shut] or candidates
-        roomy = [r for r in candidates if r.name not in blocked and _has_room(r, turn.service_class, keep)]
+        roomy = [r for r in candidates if r.name not in blocked and _has_room(r, turn.service_class, keep, turn.opens)]
         if roomy:
             if turn.home and len(roomy) > 1:  # a pinned run leaving a much slower replica: not back there
                 roomy = [r for r in roomy if r.name != turn.home]

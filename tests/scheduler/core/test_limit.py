@@ -529,6 +529,23 @@ def test_an_engine_with_slots_keeps_an_interactive_run_paused_there_its_slot_for
     assert placed(actions) == {"i2": "a"}
 
 
+def test_on_an_engine_with_slots_a_new_interactive_run_waits_rather_than_take_a_paused_runs_slot():
+    # every slot but the paused agent's is in a batch turn: a new run's first turn would take
+    # the paused agent's slot and its KV, so it waits for a batch turn to end
+    state = pool("a")
+    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 1, engine_slots=4))
+    state, _ = admit(state, "i1", "agent", now=2)
+    state, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 3))
+    state, first = fill(state, 3, now=4)
+    assert len(first) == 3
+    state, actions = admit(state, "n1", "newcomer", now=5)
+    assert placed(actions) == {} and "n1" in state.held
+    state, actions = core.decide(state, core.TurnFinished("t0", "stop", 6))
+    assert placed(actions) == {"n1": "a"}
+    state, actions = admit(state, "i2", "agent", now=7)  # back from its tool: its slot is there
+    assert placed(actions) == {"i2": "a"}
+
+
 def test_the_fast_batch_is_forgotten_when_the_engine_goes_away():
     state = pool("a")
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 1, fast_batch=4))
