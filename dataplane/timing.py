@@ -12,7 +12,8 @@ engine had to prefill first: the turn's own prompt and the prompts of this datap
 turns that were still waiting there when it was sent, plus a fixed overhead. The bound
 of a new turn is FIRST_BYTE_MARGIN times the slowest of those recent rates applied to
 its own pending tokens (while the turn's kind has fewer than FIRST_BYTE_OWN_RATES rates
-there, the other kind's count too: one quick first byte may be a cached prefix), never
+there, the other kind's slowest counts too where slower: one quick first byte may be a
+cached prefix), never
 below FIRST_BYTE_MIN_S, and never below what prefilling
 its prompt uncached would take at FIRST_BYTE_FLOOR_S_PER_TOKEN (a cached prefix makes
 a long prompt quick; the same prompt uncached must not look like a stall). A replica
@@ -161,15 +162,18 @@ class FirstByteBounds:
         return max(expected, watch.tokens * FIRST_BYTE_FLOOR_S_PER_TOKEN, watch.floor)
 
     def _rate(self, watch: Watch) -> float:
-        """The slowest recent rate of the replica's own for the turn's kind, and while it has
-        fewer than FIRST_BYTE_OWN_RATES of those, of its other kind's too; a replica with
-        none of either takes the pool's for the turn's kind; the cold rate with none there."""
-        own = self._rates.get((watch.replica, watch.stream)) or ()
-        known = [*own, *(self._rates.get((watch.replica, not watch.stream)) or ())] if (
-            len(own) < FIRST_BYTE_OWN_RATES) else list(own)
-        if not known:
-            known = list(self._pooled.get(watch.stream) or ())
-        return max(known) if known else FIRST_BYTE_COLD_S_PER_TOKEN
+        """The slowest recent rate of the replica's own for the turn's kind; a replica with
+        none takes the pool's for that kind, the cold rate with none there. While the
+        replica has fewer than FIRST_BYTE_OWN_RATES of its own for the kind, its other
+        kind's slowest counts too if slower: it only ever loosens the bound (a whole
+        reply's rate, its reply weighed in, may be quicker per token than a stream's)."""
+        own = self._rates.get((watch.replica, watch.stream))
+        rates = own or self._pooled.get(watch.stream)
+        rate = max(rates) if rates else FIRST_BYTE_COLD_S_PER_TOKEN
+        other = self._rates.get((watch.replica, not watch.stream))
+        if other and len(own or ()) < FIRST_BYTE_OWN_RATES:
+            rate = max(rate, max(other))
+        return rate
 
     def heard(self, replica: str, now: float) -> None:
         """A byte came from the replica."""

@@ -90,6 +90,18 @@ def test_one_quick_stream_does_not_tighten_a_replicas_bound_below_the_slower_tur
     assert bounds.bound(bounds.start("a", True, 1000 - 256, 0.0)) == FIRST_BYTE_MIN_S  # streams' own now
 
 
+def test_the_other_kinds_rates_never_tighten_a_bound():
+    """Quick whole replies (their reply tokens weighed in) on a replica with no stream
+    answered anywhere: a stream there keeps the cold bound, not the whole replies' pace."""
+    bounds = FirstByteBounds()
+    first = bounds.start("a", True, 600, 0.0)
+    cold = bounds.bound(first)
+    bounds.ended(first)
+    for _ in range(3):
+        answered(bounds, "a", 600, 0.5, stream=False)
+    assert bounds.bound(bounds.start("a", True, 600, 0.0)) == cold > 10
+
+
 def test_a_streams_pause_may_last_while_the_engine_prefills_the_prompts_sent_there_after_it():
     """An engine prefilling new prompts pauses the streams it is decoding (llama.cpp and
     SGLang run a prefill batch before the next decode step): an answered stream's pause
