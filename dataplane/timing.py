@@ -30,10 +30,14 @@ reply after short ones (or a request an engine defers until a running generation
 looked like a wedged engine.
 
 A stream that pauses longer than its (recomputed) bound while the dataplane waits on
-the engine is stalled too; time spent writing to a slow client does not count. Its
-pending tokens then count the prompts waiting there now, if more than were ahead of it:
-an engine prefilling new prompts pauses the streams it decodes (llama.cpp and SGLang run
-a prefill batch before the next decode step).
+the engine is stalled too; time spent writing to a slow client does not count.
+
+A turn's pending tokens, as its bound is recomputed, are at least the prompts of this
+dataplane's turns waiting there now, those sent after it too: an engine prefills the
+prompts waiting together (a prefill batch; llama.cpp's slots in one pass), so a turn's
+first token may come with those of turns sent after it, and an answered stream pauses
+while the engine prefills new prompts (llama.cpp and SGLang run a prefill batch before
+the next decode step).
 
 A turn may be *due by* a moment (:meth:`FirstByteBounds.due_by`): a request re-sent after
 it stalled or dropped a replica (dataplane/suspects.py) is to get its answer within two
@@ -155,9 +159,10 @@ class FirstByteBounds:
     def _derived(self, watch: Watch) -> float:
         """The bound as derived from the rates and floors, before its least value."""
         rate = self._rate(watch)
-        pending = watch.pending
-        if watch.answered:  # a stream pauses while the engine prefills the prompts sent there since
-            pending = max(pending, watch.work + self._waiting.get(watch.replica, 0))
+        # The engine prefills the prompts waiting there together (a prefill batch, llama.cpp's
+        # slots in one pass), those sent after this turn too, and pauses its streams meanwhile.
+        waiting = self._waiting.get(watch.replica, 0)
+        pending = max(watch.pending, waiting if not watch.answered else watch.work + waiting)
         expected = FIRST_BYTE_MARGIN * rate * (pending + FIRST_BYTE_OVERHEAD_TOKENS)
         return max(expected, watch.tokens * FIRST_BYTE_FLOOR_S_PER_TOKEN, watch.floor)
 

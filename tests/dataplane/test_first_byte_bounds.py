@@ -43,17 +43,19 @@ def test_a_slow_replica_gets_a_proportionally_longer_bound_than_a_fast_one():
     assert fast > FIRST_BYTE_MIN_S and abs(slow / fast - 10) < 0.01
 
 
-def test_prompts_waiting_ahead_and_a_longer_prompt_lengthen_the_bound():
+def test_prompts_waiting_there_and_a_longer_prompt_lengthen_the_bound():
     bounds = FirstByteBounds()
     answered(bounds, "a", 1000, 1.0)
-    alone = bounds.bound(Watch("a", True, 1000, 0, 0.0))  # with nothing ahead of it
+    alone = bounds.bound(Watch("a", True, 1000, 0, 0.0))  # with nothing else waiting there
     first = bounds.start("a", True, 1000, 0.0)
-    second = bounds.start("a", True, 1000, 0.0)  # waits behind the first one's prefill
-    assert bounds.bound(first) == alone and bounds.bound(second) > alone
-    longer = bounds.start("a", True, 8000, 0.0)
-    assert bounds.bound(longer) > bounds.bound(second)
-    for watch in (first, second, longer):
+    assert bounds.bound(first) == alone
+    second = bounds.start("a", True, 1000, 0.0)  # prefilled after the first, or with it
+    assert bounds.bound(second) > alone and bounds.bound(first) == bounds.bound(second)
+    for watch in (first, second):
         bounds.ended(watch)
+    longer = bounds.start("a", True, 8000, 0.0)
+    assert bounds.bound(longer) > 4 * alone
+    bounds.ended(longer)
     assert bounds.bound(bounds.start("a", True, 1000, 0.0)) == alone  # nothing waits any more
 
 
@@ -117,6 +119,22 @@ def test_a_streams_pause_may_last_while_the_engine_prefills_the_prompts_sent_the
     for watch in later:
         bounds.first_byte(watch, 5.0)
     assert bounds.bound(stream) == alone  # prefilled: its pauses are held to its own bound again
+
+
+def test_a_waiting_turns_bound_counts_the_prompts_sent_there_after_it():
+    """An engine prefills the prompts waiting together (llama.cpp's four slots in one pass
+    on a CPU: four cold 600-token prompts gave their first tokens together after 12 s): the
+    first turn sent waits with those sent after it."""
+    bounds = FirstByteBounds()
+    for _ in range(FIRST_BYTE_OWN_RATES):
+        answered(bounds, "a", 600, 1.0, stream=True)
+    first = bounds.start("a", True, 600, 0.0)
+    alone = bounds.bound(first)
+    later = [bounds.start("a", True, 600, 0.1) for _ in range(3)]
+    assert bounds.bound(first) == bounds.bound(later[-1]) > 2.5 * alone
+    for watch in later:
+        bounds.ended(watch)
+    assert bounds.bound(first) == alone
 
 
 def test_prompt_tokens_are_estimated_from_the_body():
