@@ -130,9 +130,11 @@ RESUMING_AGENTS = 2
 REQUESTS = ("population of Tokyo", "owner of valve 7", "depth of Lake Baikal", "age of the Hanseatic charter")
 
 
-async def resuming_agent(target: Target, name: str, until: float, turns: list[tuple[int, int]]) -> None:
+async def resuming_agent(target: Target, name: str, until: float, turns: list[tuple[int, int]],
+                         failed: list[str]) -> None:
     """Runs until ``until`` (monotonic), each a tool call and the turn back from it, whose
-    (prompt tokens from cache, computed) go to ``turns``, as llama.cpp's ``timings`` say.
+    (prompt tokens from cache, computed) go to ``turns``, as llama.cpp's ``timings`` say; a
+    turn answered with an error goes to ``failed`` (its status and message) and ends its run.
     ``name`` (the row's and agent's) starts each prompt: no row finds another's KV."""
     url, run = f"{target.base_url}/chat/completions", 0
     async with httpx.AsyncClient(timeout=600) as http:
@@ -141,21 +143,30 @@ async def resuming_agent(target: Target, name: str, until: float, turns: list[tu
             headers = {h.RUN_ID: run_id} if target.luftpause else {}
             messages = llama.tool_calling_messages(REQUESTS[run % len(REQUESTS)], f"Agent {run_id}. {llama.SYSTEM}")
             body = {"model": target.model, "tools": [llama.LOOKUP], "temperature": 0, "max_tokens": 64}
-            reply = (await http.post(url, json={**body, "messages": messages}, headers=headers)).json()["choices"][0]
-            if reply["finish_reason"] == "tool_calls":
+            first = await http.post(url, json={**body, "messages": messages}, headers=headers)
+            reply = first.json()["choices"][0] if first.status_code == 200 else None
+            if reply is None:
+                failed.append(f"{first.status_code}: {first.text[:200]}")
+            elif reply["finish_reason"] == "tool_calls":
                 call = reply["message"]["tool_calls"][0]
                 messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
                              {"role": "tool", "tool_call_id": call["id"], "content": "about 14 million"}]
                 await asyncio.sleep(WORKLOAD.tool_delay_s)
                 back = await http.post(url, json={**body, "messages": messages, "max_tokens": 8}, headers=headers)
-                turns.append((back.json()["timings"]["cache_n"], back.json()["timings"]["prompt_n"]))
+                if back.status_code == 200:
+                    turns.append((back.json()["timings"]["cache_n"], back.json()["timings"]["prompt_n"]))
+                else:
+                    failed.append(f"{back.status_code}: {back.text[:200]}")
             if target.luftpause:  # the run is over: its slot is free for the next
                 await http.delete(f"{target.base_url}/runs/{run_id}", headers=headers)
 
 
-def cache_share(turns: list[list[int]]) -> str:
-    cached, computed = sum(t[0] for t in turns), sum(t[1] for t in turns)
-    return f"{cached / (cached + computed):.0%} ({len(turns)})" if turns else "—"
+def cache_share(turns: list[list[int]], failed: int = 0) -> str:
+    share = "—"
+    if turns:
+        cached, computed = sum(t[0] for t in turns), sum(t[1] for t in turns)
+        share = f"{cached / (cached + computed):.0%} ({len(turns)})"
+    return f"{share}, {failed} failed" if failed else share
 
 
 async def b2(repeats: int, window_s: float, warmup_s: float, out_dir: Path,
@@ -166,14 +177,14 @@ async def b2(repeats: int, window_s: float, warmup_s: float, out_dir: Path,
         for repeat in range(repeats):
             for variant in ("router", "luftpause") if repeat % 2 == 0 else ("luftpause", "router"):
                 with rig.target(variant) as target:
-                    until, resumed = time.monotonic() + warmup_s + window_s, []
+                    until, resumed, failed = time.monotonic() + warmup_s + window_s, [], []
                     result, *_ = await asyncio.gather(
                         _load(target, 2, window_s, warmup_s, f"b2-{variant}-{repeat}"),
-                        *(resuming_agent(target, f"b2-{variant}-{repeat}-resuming-{agent}", until, resumed)
+                        *(resuming_agent(target, f"b2-{variant}-{repeat}-resuming-{agent}", until, resumed, failed)
                           for agent in range(RESUMING_AGENTS)))
                 results[variant].append({"summary": result.summary, "cpu": result.cpu,
                                          "failed_runs": sum(not r.ok for r in result.records),
-                                         "resumed_turns": resumed})
+                                         "resumed_turns": resumed, "resumed_failed": failed})
     print_b2(results, repeats, window_s, cache_ram_mib)
     payload = {"benchmark": "real-b2", "workload": asdict(WORKLOAD), "window_s": window_s, "warmup_s": warmup_s,
                "cache_ram_mib": cache_ram_mib, "results": results}
@@ -199,7 +210,7 @@ def print_b2(results: dict[str, list[dict[str, Any]]], repeats: int, window_s: f
         table.add_row("sglang-router cache_aware" if key == "router" else "luftpause",
                       *(fmts(v, 1 if figure[1] == "runs_per_min" else 2, "" if figure[1] == "runs_per_min" else " s")
                         for figure, v in values.items()), str(sum(r["failed_runs"] for r in rs)),
-                      " / ".join(cache_share(r["resumed_turns"]) for r in rs),
+                      " / ".join(cache_share(r["resumed_turns"], len(r.get("resumed_failed") or ())) for r in rs),
                       *("—" if key == "router" else ratio(mean(values[figure]), base[figure])
                         for figure in figures if figure[1] != "latency_p90_s"))
     console.print(table)
