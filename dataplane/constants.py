@@ -44,9 +44,9 @@ FIRST_BYTE_MIN_S = 2.0
 FIRST_BYTE_HISTORY = 32
 # A replica's own rates for a turn's kind (stream or whole reply) set its bound alone once
 # there are this many; before, its other kind's slowest rate counts too where it is slower
-# (dataplane/timing.py, FirstByteBounds._rate). One quick first byte may be a cached prefix (on a CPU engine
-# 0.2 s, where the same prompt uncached takes 3 s): alone it made every later turn's bound
-# the least one, and a real engine's uncached turns were cut.
+# (dataplane/timing.py, FirstByteBounds._rate). One quick first byte may be a cached
+# prefix (on a CPU engine 0.2 s, where the same prompt uncached takes 3 s): alone it made
+# every later turn's bound the least one, and a real engine's uncached turns were cut.
 FIRST_BYTE_OWN_RATES = 4
 FIRST_BYTE_COLD_S_PER_TOKEN = 0.01
 FIRST_BYTE_OVERHEAD_TOKENS = 256

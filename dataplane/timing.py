@@ -13,8 +13,7 @@ turns that were still waiting there when it was sent, plus a fixed overhead. The
 of a new turn is FIRST_BYTE_MARGIN times the slowest of those recent rates applied to
 its own pending tokens (while the turn's kind has fewer than FIRST_BYTE_OWN_RATES rates
 there, the other kind's slowest counts too where slower: one quick first byte may be a
-cached prefix), never
-below FIRST_BYTE_MIN_S, and never below what prefilling
+cached prefix), never below FIRST_BYTE_MIN_S, and never below what prefilling
 its prompt uncached would take at FIRST_BYTE_FLOOR_S_PER_TOKEN (a cached prefix makes
 a long prompt quick; the same prompt uncached must not look like a stall). A replica
 with no history borrows its peers' (the pool's); with none anywhere the cold rate

@@ -154,7 +154,8 @@ async def resuming_agent(target: Target, name: str, until: float, turns: list[tu
                 await asyncio.sleep(WORKLOAD.tool_delay_s)
                 back = await http.post(url, json={**body, "messages": messages, "max_tokens": 8}, headers=headers)
                 if back.status_code == 200:
-                    turns.append((back.json()["timings"]["cache_n"], back.json()["timings"]["prompt_n"]))
+                    timings = back.json()["timings"]
+                    turns.append((timings["cache_n"], timings["prompt_n"]))
                 else:
                     failed.append(f"{back.status_code}: {back.text[:200]}")
             if target.luftpause:  # the run is over: its slot is free for the next

@@ -8,8 +8,8 @@ aiohttp's parser is C. Everything above the connection stays httpx's: requests,
 responses, timeouts, redirects (not followed here: httpx follows them itself when asked),
 content decoding, and the errors, which are httpx's own:
 
-- no connection (refused, unresolvable): ``ConnectError``; not within its time:
-  ``ConnectTimeout``, or ``PoolTimeout`` waiting for a free one;
+- no connection (refused, unresolvable): ``ConnectError``; not within its time, waiting
+  for a free one included: ``ConnectTimeout``;
 - no byte of the answer within the read timeout: ``ReadTimeout``;
 - the connection closed before the answer or in the middle of its body:
   ``RemoteProtocolError``, as httpcore says it; reset: ``ReadError``;
@@ -52,7 +52,7 @@ def _mapped(hx: ModuleType, exc: Exception, request: Any) -> Exception:
         kind = hx.ReadError
     elif isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
         kind = hx.UnsupportedProtocol
-    elif isinstance(exc, TimeoutError):  # waiting for a connection from the pool
+    elif isinstance(exc, TimeoutError):  # (aiohttp raises its own kinds above; any other timeout)
         kind = hx.PoolTimeout
     return kind(str(exc) or type(exc).__name__, request=request)
 

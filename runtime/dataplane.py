@@ -123,8 +123,9 @@ class DataplaneClient:
         auth_headers = {"Authorization": bearer(token)} if token else {}
         if transport is None:  # (as many idle connections kept as may be open: a burst of turns reuses them)
             transport = AiohttpTransport(max_connections=constants.DATAPLANE_MAX_CONNECTIONS)
+        self._base = base_url.rstrip("/")
         self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
+            base_url=self._base,
             headers=auth_headers,
             timeout=httpx.Timeout(constants.TURN_TIMEOUT_S),
             transport=transport,
@@ -132,7 +133,6 @@ class DataplaneClient:
         self._http._cookies = _NoCookies()  # (httpx reads its jar through this attribute)
         # Whole URLs, parsed once: httpx joins a path to its base_url by parsing both again
         # on every request (a sixth of a turn's CPU in the client).
-        self._base = base_url.rstrip("/")
         self._chat_url = httpx.URL(f"{self._base}/v1/chat/completions")
         self._default_model = default_model
         self._peer_identity = peer_identity  # luftpause.peer_identity style: turns go to a peer router

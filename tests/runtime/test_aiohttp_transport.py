@@ -15,6 +15,7 @@ import httpx
 import httpx2
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from luftpause.dev.procs import free_port
 from luftpause.runtime.aiohttp_transport import AiohttpTransport, AiohttpTransport2
@@ -82,15 +83,11 @@ async def server() -> AsyncIterator[tuple[Server, str]]:
     app.router.add_get("/cut", state.cut)
     app.router.add_get("/slow", state.slow)
     app.router.add_get("/events", state.events)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield state, f"http://127.0.0.1:{port}"
-    finally:
-        state.release.set()
-        await runner.cleanup()
+    async with TestServer(app) as served:  # (aiohttp's own: a free port on 127.0.0.1)
+        try:
+            yield state, str(served.make_url("")).rstrip("/")
+        finally:
+            state.release.set()
 
 
 @pytest.mark.parametrize("release", RELEASES)
