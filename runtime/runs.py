@@ -215,6 +215,8 @@ class Run:
     # Tracing (not journaled): where this run's span hangs, and the span while it runs.
     trace_parent: Any = None
     span: Any = None
+    # Told once when the run finishes (the registry's count of its caller's unfinished runs).
+    on_finished: Callable[[Run], None] | None = field(default=None, repr=False)
 
     @property
     def parent(self) -> str | None:
@@ -230,6 +232,9 @@ class Run:
         self.status, self.result, self.error = status, result, error
         self.finished_at = at if at is not None else time.time()
         self.finished.set()
+        told, self.on_finished = self.on_finished, None
+        if told is not None:
+            told(self)
 
     def await_record(
         self, budget: dict[str, Any] | None = None, pending_approval: dict[str, Any] | None = None
@@ -304,6 +309,9 @@ class RunRegistry:
 
     def __init__(self) -> None:
         self._runs: dict[str, Run] = {}
+        # Each caller's unfinished runs, kept as runs finish: spawn's limit check would
+        # otherwise walk every run kept (the whole fleet's, finished ones included).
+        self._unfinished: dict[str, set[str]] = {}
 
     def __iter__(self) -> Iterator[Run]:
         return iter(self._runs.values())
@@ -315,15 +323,36 @@ class RunRegistry:
         return handle in self._runs
 
     def add(self, run: Run) -> None:
+        old = self._runs.get(run.handle)
+        if old is not None and old is not run and old.on_finished is not None:
+            old.on_finished = None  # (replaced: the new object's status counts)
+            self._ended(old)
         self._runs[run.handle] = run
+        if not run.status.finished and run.on_finished is None:
+            self._unfinished.setdefault(run.caller, set()).add(run.handle)
+            run.on_finished = self._ended
         if run.parent is not None and run.parent in self._runs:
             siblings = self._runs[run.parent].children
             if run.handle not in siblings:
                 siblings.append(run.handle)
 
+    def _ended(self, run: Run) -> None:
+        handles = self._unfinished.get(run.caller)
+        if handles is not None:
+            handles.discard(run.handle)
+            if not handles:
+                del self._unfinished[run.caller]
+
+    def unfinished_of(self, caller: str) -> int:
+        """How many of ``caller``'s runs are unfinished."""
+        return len(self._unfinished.get(caller, ()))
+
     def discard(self, handle: str) -> None:
         """Forget a run (retention dropped it)."""
         run = self._runs.pop(handle, None)
+        if run is not None and run.on_finished is not None:
+            run.on_finished = None
+            self._ended(run)
         if run is not None and run.parent in self._runs:
             siblings = self._runs[run.parent].children
             if handle in siblings:

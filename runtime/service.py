@@ -233,7 +233,7 @@ class Runtime:
 
     async def spawn(self, spec: RunSpec, caller: str) -> Run:
         self._check_spawnable(spec)
-        running = sum(1 for run in self.runs if run.caller == caller and not run.status.finished)
+        running = self.runs.unfinished_of(caller)
         if running >= self.max_runs_per_caller:
             raise InvalidRequest(
                 f"caller {caller!r} has {running} unfinished runs, the limit (LUFTPAUSE_MAX_RUNS_PER_CALLER); "

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from mcp import Client
 from raw_mcp import ACCEPT, RawSession, initialize, messages
-from runtime_doubles import RuntimeProcess, ScriptedDataplane
+from runtime_doubles import RuntimeProcess, ScriptedDataplane, text_reply
 
 from luftpause import vocabulary
 from luftpause.dev.procs import WAIT_S, eventually
@@ -144,6 +144,31 @@ async def test_unfinished_runs_per_caller_are_bounded(dataplane: ScriptedDatapla
     finally:
         await runtime.stop()
         await runtime.close()
+
+
+async def test_the_per_caller_bound_counts_runs_as_they_end_and_as_a_restart_resumes_them(
+    make_runtime: MakeRuntime, dataplane: ScriptedDataplane, tmp_path: Path
+) -> None:
+    """A run that completes gives its caller's place back; the unfinished runs a restart
+    resumes from the journal count again, the finished ones it restores do not."""
+    dataplane.script = [text_reply("done"), hang, hang]
+    first = await make_runtime(Journal(tmp_path / "runs.jsonl"), max_runs_per_caller=2)
+    done = await first.spawn(RunSpec(task="quick"), "greedy")
+    await asyncio.wait_for(done.finished.wait(), WAIT_S)
+    await first.spawn(RunSpec(task="slow 1"), "greedy")
+    await first.spawn(RunSpec(task="slow 2"), "greedy")  # the completed run's place
+    with pytest.raises(InvalidRequest, match="'greedy' has 2 unfinished runs"):
+        await first.spawn(RunSpec(task="3"), "greedy")
+    await first.stop()
+
+    dataplane.script = [hang, hang]
+    second = await make_runtime(Journal(tmp_path / "runs.jsonl"), max_runs_per_caller=3)
+    assert sorted(run.status.value for run in second.runs) == ["Completed", "Running", "Running"]
+    await second.spawn(RunSpec(task="3"), "greedy")
+    with pytest.raises(InvalidRequest, match="'greedy' has 3 unfinished runs"):
+        await second.spawn(RunSpec(task="4"), "greedy")
+    await second.cancel([run.handle for run in second.runs if run.spec.task == "slow 1"])
+    await second.spawn(RunSpec(task="4"), "greedy")
 
 
 # --- JSON-RPC over HTTP, against a real runtime process -----------------------------------
