@@ -461,10 +461,11 @@ class Fleet:
         while True:
             await asyncio.sleep(TAIL_S)
             try:
+                # (Its own lines come without their text: only their places are needed.)
                 rows = await asyncio.to_thread(
                     self._db.run_statement,
-                    "SELECT seq, writer, line FROM luftpause_journal WHERE seq > %s ORDER BY seq LIMIT 10000",
-                    (self.last_seq,))
+                    "SELECT seq, writer, CASE WHEN writer = %s THEN NULL ELSE line END FROM luftpause_journal "
+                    "WHERE seq > %s ORDER BY seq LIMIT 10000", (self.member, self.last_seq))
             except OSError as exc:
                 log.info("fleet_follow_failed", error=str(exc))
                 continue
