@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_the_cost_rows_and_the_scale_row_are_measured(tmp_path, capsys):
-    main(["bench", "--runs", "12", "--sessions", "3", "--tool-delay", "0.2", "--idle-s", "8",
+    main(["bench", "--runs", "12", "--rounds", "2", "--sessions", "3", "--tool-delay", "0.2", "--idle-s", "8",
           "--out", str(tmp_path / "out")])
     printed = capsys.readouterr().out
     (written,) = (tmp_path / "out").glob("bench-fleet-*.json")
@@ -24,9 +24,10 @@ def test_the_cost_rows_and_the_scale_row_are_measured(tmp_path, capsys):
     cost = [CostRow(**r) for r in result["cost"]]
     assert [(r.journal, r.runtimes) for r in cost] == [("file", 1), ("postgresql", 1), ("postgresql", 3)]
     for row in cost:
-        assert row.runs == row.completed == 12 and row.errors == [], printed
-        assert row.turns == 36 and row.rounds == 24, printed  # 3 turns and 2 tool calls a run
+        assert row.runs == row.completed == 24 and row.errors == [], printed  # 2 measured passes of 12
+        assert row.turns == 72 and row.rounds == 48, printed  # 3 turns and 2 tool calls a run
         assert 0 < row.cpu_ms_per_turn < 1000 and row.cpu_ms_per_round > row.cpu_ms_per_turn, printed
+        assert len(row.passes_ms_per_turn) == 2 and 0 < row.cold_cpu_ms_per_turn < 1000, printed
         assert row.write_p50_ms is not None and 0 < row.write_p50_ms < 1000, printed
     scale = ScaleRow(**result["scale"])
     assert scale.runs == scale.completed == 12 and scale.all_paused and scale.errors == [], printed
@@ -34,13 +35,14 @@ def test_the_cost_rows_and_the_scale_row_are_measured(tmp_path, capsys):
     assert scale.rss_idle_mb > 0 and scale.idle_run_kb is not None and scale.db_bytes > 0, printed
     assert scale.db_bytes_per_run == round(scale.db_bytes / 12), printed
     assert rows_table(cost, COST_COLUMNS) in printed and rows_table([scale], SCALE_COLUMNS) in printed, printed
-    assert cost[0].x_file == 1.0 and cost[2].x_one_runtime is not None and f"JSON: {written}" in printed
+    assert cost[0].x_file == 1.0 and cost[1].x_one_runtime == 1.0 and cost[2].x_one_runtime is not None and f"JSON: {written}" in printed
 
 
 def test_each_cost_target_missed_is_named():
     rows = [CostRow("file", 1, runs=4, completed=4, cpu_ms_per_turn=2.0, cpu_ms_per_round=3.0, write_p50_ms=1.0),
             CostRow("postgresql", 1, runs=4, completed=3, cpu_ms_per_turn=2.5, cpu_ms_per_round=4.5, write_p50_ms=5.0),
-            CostRow("postgresql", 3, runs=4, completed=4, cpu_ms_per_turn=3.5, cpu_ms_per_round=5.0, write_p50_ms=2.0)]
+            CostRow("postgresql", 3, runs=4, completed=4, cpu_ms_per_turn=3.5, cpu_ms_per_round=5.0, write_p50_ms=2.0,
+                    x_one_runtime=1.16)]
     assert [p.split(":")[0].split(" ")[0] for p in cost_problems(rows)] == [
         "postgresql", "postgresql", "PostgreSQL", "PostgreSQL", "3"]
 
