@@ -390,24 +390,39 @@ class CostStack:
         return sum(1 for r in records if r.get("type") == "round")
 
 
-async def cost_pass(cost: CostStack, runs: int, sessions: int, name: str) -> tuple[float | None, float | None]:
+@dataclass
+class CostPass:
+    """One pass's counts on a row's stack."""
+    runs: int
+    completed: int
+    turns: int
+    rounds: int
+    cpu_s: float
+    seconds: float
+
+    @property
+    def ms_per_turn(self) -> float | None:
+        return round(1000 * self.cpu_s / self.turns, 3) if self.turns else None
+
+    @property
+    def ms_per_round(self) -> float | None:
+        return round(1000 * self.cpu_s / self.rounds, 3) if self.rounds else None
+
+
+async def cost_pass(cost: CostStack, runs: int, sessions: int, name: str) -> CostPass:
     """One pass of B1's fan-out on a row's stack: each session spawns its share, then awaits
-    them together; 3 turns and 2 tool calls a run (the fake engine's answers). Its CPU ms per
-    turn and per round; the row's sums count it."""
-    row, stack = cost.row, cost.stack
+    them together; 3 turns and 2 tool calls a run (the fake engine's answers). A failure
+    goes to the row's errors."""
+    stack = cost.stack
     pids, requests, rounds = stack_pids(stack), engine_requests(stack), cost.round_records()
     cpu, began = sum(map(cpu_seconds, pids)), time.monotonic()
     try:
         done = await sessions_await(cost.urls, await sessions_spawn(cost.urls, runs, sessions, 2, name), DRAIN_S * 4)
     except Exception as exc:  # noqa: BLE001 - reported in the row
         done = []
-        row.errors.append(f"{name}: {type(exc).__name__}: {exc}")
-    seconds, cpu_s = time.monotonic() - began, sum(map(cpu_seconds, pids)) - cpu
-    turns, rounds = engine_requests(stack) - requests, cost.round_records() - rounds
-    row.runs, row.completed = row.runs + runs, row.completed + sum(1 for run in done if run["status"] == "Completed")
-    row.turns, row.rounds, row.cpu_s = row.turns + turns, row.rounds + rounds, round(row.cpu_s + cpu_s, 3)
-    row.seconds = round(row.seconds + seconds, 1)
-    return (round(1000 * cpu_s / turns, 3) if turns else None), (round(1000 * cpu_s / rounds, 3) if rounds else None)
+        cost.row.errors.append(f"{name}: {type(exc).__name__}: {exc}")
+    return CostPass(runs, sum(1 for run in done if run["status"] == "Completed"), engine_requests(stack) - requests,
+                    cost.round_records() - rounds, sum(map(cpu_seconds, pids)) - cpu, time.monotonic() - began)
 
 
 async def cost_rows(args: Any, directory: Path, cluster: PrivateCluster) -> list[CostRow]:
@@ -424,16 +439,15 @@ async def cost_rows(args: Any, directory: Path, cluster: PrivateCluster) -> list
             costs.append(cost)
             await asyncio.to_thread(cost.stack.start)
         for cost in costs:
-            cost.row.cold_cpu_ms_per_turn, _ = await cost_pass(cost, args.runs or 300, args.sessions, "warm-up")
-            cost.row.runs = cost.row.completed = cost.row.turns = cost.row.rounds = 0
-            cost.row.cpu_s = cost.row.seconds = 0.0
+            cost.row.cold_cpu_ms_per_turn = (await cost_pass(cost, args.runs or 300, args.sessions,
+                                                             "warm-up")).ms_per_turn
         buckets = [write_buckets(cost.stack) for cost in costs]
-        per_round: list[list[tuple[float | None, float | None]]] = []
+        per_round: list[list[CostPass]] = []
         for index in range(args.rounds):
-            order = costs[index % len(costs):] + costs[:index % len(costs)]
-            measured = {id(cost): await cost_pass(cost, args.runs or 300, args.sessions, f"cost{index}")
-                        for cost in order}
-            per_round.append([measured[id(cost)] for cost in costs])
+            passes: dict[int, CostPass] = {}
+            for i in ((index + k) % len(costs) for k in range(len(costs))):
+                passes[i] = await cost_pass(costs[i], args.runs or 300, args.sessions, f"cost{index}")
+            per_round.append([passes[i] for i in range(len(costs))])
         for cost, before in zip(costs, buckets, strict=True):
             cost.row.write_p50_ms = bucket_p50_ms(before, write_buckets(cost.stack))
     finally:
@@ -444,9 +458,10 @@ async def cost_rows(args: Any, directory: Path, cluster: PrivateCluster) -> list
     return rows
 
 
-def summarise(rows: list[CostRow], per_round: list[list[tuple[float | None, float | None]]]) -> None:
-    """Medians over the rounds: each row's CPU per turn and per round, and the ratios of each
-    round (to the file row; PostgreSQL on three runtimes to one)."""
+def summarise(rows: list[CostRow], per_round: list[list[CostPass]]) -> None:
+    """Each row's counts summed over the measured passes; medians over the rounds of its CPU
+    per turn and per round, and of each round's ratios (to the file row; PostgreSQL on three
+    runtimes to one)."""
     def median(values: list[float | None]) -> float | None:
         known = [v for v in values if v is not None]
         return round(statistics.median(known), 3) if known else None
@@ -455,13 +470,18 @@ def summarise(rows: list[CostRow], per_round: list[list[tuple[float | None, floa
         return a / b if a is not None and b else None
 
     for i, row in enumerate(rows):
-        row.passes_ms_per_turn = [p[i][0] for p in per_round if p[i][0] is not None]
-        row.cpu_ms_per_turn = median([p[i][0] for p in per_round])
-        row.cpu_ms_per_round = median([p[i][1] for p in per_round])
-        x_file = median([of(p[i][0], p[0][0]) for p in per_round])
+        passes = [p[i] for p in per_round]
+        row.runs, row.completed = sum(p.runs for p in passes), sum(p.completed for p in passes)
+        row.turns, row.rounds = sum(p.turns for p in passes), sum(p.rounds for p in passes)
+        row.cpu_s = round(sum(p.cpu_s for p in passes), 3)
+        row.seconds = round(sum(p.seconds for p in passes), 1)
+        row.passes_ms_per_turn = [p.ms_per_turn for p in passes if p.ms_per_turn is not None]
+        row.cpu_ms_per_turn = median([p.ms_per_turn for p in passes])
+        row.cpu_ms_per_round = median([p.ms_per_round for p in passes])
+        x_file = median([of(p[i].ms_per_turn, p[0].ms_per_turn) for p in per_round])
         row.x_file = round(x_file, 2) if x_file is not None else None
         if row.journal == "postgresql":
-            x_one = median([of(p[i][0], p[1][0]) for p in per_round])
+            x_one = median([of(p[i].ms_per_turn, p[1].ms_per_turn) for p in per_round])
             row.x_one_runtime = round(x_one, 2) if x_one is not None else None
 
 
@@ -494,8 +514,8 @@ def rows_table(rows: list[Any], columns: dict[str, str]) -> str:
 
 COST_COLUMNS = {"journal": "journal", "runtimes": "runtimes", "runs": "runs", "done": "completed", "turns": "turns",
                 "rounds": "rounds", "CPU s": "cpu_s", "CPU ms/turn": "cpu_ms_per_turn",
-                "CPU ms/round": "cpu_ms_per_round", "cold ms/turn": "cold_cpu_ms_per_turn", "× file": "x_file", "× 1 runtime": "x_one_runtime",
-                "write p50 ms": "write_p50_ms", "seconds": "seconds"}
+                "CPU ms/round": "cpu_ms_per_round", "cold ms/turn": "cold_cpu_ms_per_turn", "× file": "x_file",
+                "× 1 runtime": "x_one_runtime", "write p50 ms": "write_p50_ms", "seconds": "seconds"}
 SCALE_COLUMNS = {"runs": "runs", "runtimes": "runtimes", "done": "completed", "spawn s": "spawn_s",
                  "all paused": "all_paused", "RSS before MB": "rss_before_mb", "RSS idle MB": "rss_idle_mb",
                  "KB per idle run": "idle_run_kb", "DB bytes": "db_bytes", "DB bytes per run": "db_bytes_per_run",
