@@ -324,9 +324,8 @@ class RunRegistry:
 
     def add(self, run: Run) -> None:
         old = self._runs.get(run.handle)
-        if old is not None and old is not run and old.on_finished is not None:
-            old.on_finished = None  # (replaced: the new object's status counts)
-            self._ended(old)
+        if old is not None and old is not run:
+            self._uncount(old)  # (replaced: the new object's status counts)
         self._runs[run.handle] = run
         if not run.status.finished and run.on_finished is None:
             self._unfinished.setdefault(run.caller, set()).add(run.handle)
@@ -335,6 +334,12 @@ class RunRegistry:
             siblings = self._runs[run.parent].children
             if run.handle not in siblings:
                 siblings.append(run.handle)
+
+    def _uncount(self, run: Run) -> None:
+        """No longer count ``run`` among its caller's unfinished runs (or be told it ended)."""
+        if run.on_finished is not None:
+            run.on_finished = None
+            self._ended(run)
 
     def _ended(self, run: Run) -> None:
         handles = self._unfinished.get(run.caller)
@@ -350,9 +355,8 @@ class RunRegistry:
     def discard(self, handle: str) -> None:
         """Forget a run (retention dropped it)."""
         run = self._runs.pop(handle, None)
-        if run is not None and run.on_finished is not None:
-            run.on_finished = None
-            self._ended(run)
+        if run is not None:
+            self._uncount(run)
         if run is not None and run.parent in self._runs:
             siblings = self._runs[run.parent].children
             if handle in siblings:
