@@ -517,12 +517,18 @@ def test_an_engine_with_slots_takes_no_more_turns_than_it_has_slots():
     assert small.replicas["b"].ceiling == 2
 
 
-def test_an_engine_with_slots_keeps_an_interactive_run_paused_there_its_slot_for_the_whole_pause():
-    # its KV is in one of the slots: a batch turn placed there would take it (scheduler/engine_slots.py)
+def agent_paused_on_slots() -> core.State:
+    """Replica "a", an engine with 4 slots, where run "i1" (caller "agent") is paused on a tool."""
     state = pool("a")
     state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 1, engine_slots=4))
     state, _ = admit(state, "i1", "agent", now=2)
     state, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 3))
+    return state
+
+
+def test_an_engine_with_slots_keeps_an_interactive_run_paused_there_its_slot_for_the_whole_pause():
+    # its KV is in one of the slots: a batch turn placed there would take it (scheduler/engine_slots.py)
+    state = agent_paused_on_slots()
     state, first = fill(state, 4, now=4)
     assert len(first) == 3 and len(state.held) == 1
     state, actions = admit(state, "i2", "agent", now=60_000)  # back from its tool, however late: its slot waits
@@ -532,10 +538,7 @@ def test_an_engine_with_slots_keeps_an_interactive_run_paused_there_its_slot_for
 def test_on_an_engine_with_slots_a_new_interactive_run_waits_rather_than_take_a_paused_runs_slot():
     # every slot but the paused agent's is in a batch turn: a new run's first turn would take
     # the paused agent's slot and its KV, so it waits for a batch turn to end
-    state = pool("a")
-    state, _ = core.decide(state, core.EngineProbed("a", True, 0, 0, 1, engine_slots=4))
-    state, _ = admit(state, "i1", "agent", now=2)
-    state, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 3))
+    state = agent_paused_on_slots()
     state, first = fill(state, 3, now=4)
     assert len(first) == 3
     state, actions = admit(state, "n1", "newcomer", now=5)
