@@ -18,7 +18,9 @@ status 1 unless every row met its targets without errors.
 ``cost``, ``scale`` and ``bench`` (both; ``make bench-fleet``) measure the fleet's cost and scale targets instead:
 the runtimes' CPU per turn and per round and the journal write p50 with the file journal on
 one runtime and PostgreSQL on one and on three, under the same MCP sub-agent load; RSS per run
-paused on a slow tool and database bytes per finished run, 10,000 runs over three runtimes.
+paused on a slow tool and database bytes per finished run, 10,000 runs over three runtimes, and
+beside them the floor: RSS per tool call in flight through the runtime's MCP client alone
+(loadgen/call_floor.py, one runtime's share of the calls).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +42,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.dev.faultproxy import FaultProxy
 from luftpause.dev.postgres import PrivateCluster, cluster_directory
-from luftpause.dev.procs import cpu_seconds, free_ports, metric_total, rss_bytes
+from luftpause.dev.procs import (ManagedProcess, cpu_seconds, free_ports, metric_total, rss_bytes,
+                                 start_on_free_ports)
 from luftpause.dev.stack import MODEL, Ports, Stack, write_configs
 from luftpause.loadgen.chaos import (TOOL_DELAY_S, created_and_finished, extras_per_run, repeated_rounds,
                                      workload_groups)
@@ -55,6 +59,7 @@ TAKEOVER_TARGET_S = 3.0
 DRAIN_S = 90.0  # runs still going when the window closes get this long to finish
 POLL_S = 0.05
 VICTIM_WAIT_S = 10.0  # the fault waits (at most this) for runtime-2 to drive a run
+FLOOR_LIMIT_S = 180.0  # the client-alone floor's calls get this long to reach its tool server
 
 
 @dataclass
@@ -305,6 +310,7 @@ class ScaleRow:
     seconds: float = 0.0  # first spawn → every run finished
     failed_tool_calls: int = 0  # tool calls that failed (the awaited runs' counts)
     adopted: int = 0  # runs taken over from another runtime whose lease lapsed (no runtime died)
+    call_kb: float | None = None  # the floor: RSS per tool call in flight through the runtime's MCP client alone
     errors: list[str] = field(default_factory=list)
 
 
@@ -519,7 +525,8 @@ COST_COLUMNS = {"journal": "journal", "runtimes": "runtimes", "runs": "runs", "d
 SCALE_COLUMNS = {"runs": "runs", "runtimes": "runtimes", "done": "completed", "spawn s": "spawn_s",
                  "all paused": "all_paused", "RSS before MB": "rss_before_mb", "RSS idle MB": "rss_idle_mb",
                  "KB per idle run": "idle_run_kb", "DB bytes": "db_bytes", "DB bytes per run": "db_bytes_per_run",
-                 "tool calls failed": "failed_tool_calls", "runs adopted": "adopted", "seconds": "seconds"}
+                 "tool calls failed": "failed_tool_calls", "runs adopted": "adopted", "seconds": "seconds",
+                 "KB per tool call, client alone": "call_kb"}
 
 
 async def scale_row(row: ScaleRow, base: Path, cluster: PrivateCluster) -> ScaleRow:
@@ -560,7 +567,34 @@ async def scale_row(row: ScaleRow, base: Path, cluster: PrivateCluster) -> Scale
     finally:
         stack.stop()
     row.rss_before_mb, row.rss_idle_mb = round(row.rss_before_mb, 1), round(row.rss_idle_mb, 1)
+    await asyncio.to_thread(call_floor, row, base / "floor")
     return row
+
+
+def call_floor(row: ScaleRow, base: Path) -> None:
+    """The row's floor (loadgen/call_floor.py): one runtime's share of the tool calls put in
+    flight through the runtime's MCP client alone, in a process of its own, against a fake
+    tool server of its own."""
+    base.mkdir(parents=True, exist_ok=True)
+    calls = -(-row.runs // row.runtimes)
+    server, (port,) = start_on_free_ports(lambda ports: ManagedProcess(
+        "floor-mcp", "luftpause.fakes.mcp", ["--host", "127.0.0.1", "--port", str(ports[0]), "--delay-s",
+                                             str(FLOOR_LIMIT_S + 60)],
+        ready_url=f"http://127.0.0.1:{ports[0]}/health", log_path=base / "fake-mcp.log"))
+    try:
+        with (base / "call-floor.log").open("wb") as log:
+            done = subprocess.run([sys.executable, "-m", "luftpause.loadgen.call_floor", "--url",
+                                   f"http://127.0.0.1:{port}/mcp", "--calls", str(calls), "--limit-s",
+                                   str(FLOOR_LIMIT_S)], stdout=subprocess.PIPE, stderr=log, timeout=FLOOR_LIMIT_S + 60)
+    finally:
+        server.stop()
+    lines = done.stdout.decode().strip().splitlines()
+    result = json.loads(lines[-1]) if done.returncode in (0, 1) and lines else {}
+    if result.get("received") != calls:
+        row.errors.append(f"the client-alone floor did not get its {calls} calls to the tool server "
+                          f"(exit {done.returncode}, {result.get('received')} received): see {base}")
+        return
+    row.call_kb = result["kb_per_call"]
 
 
 def scale_problems(row: ScaleRow) -> list[str]:

@@ -33,6 +33,7 @@ def test_the_cost_rows_and_the_scale_row_are_measured(tmp_path, capsys):
     assert scale.runs == scale.completed == 12 and scale.all_paused and scale.errors == [], printed
     assert scale.failed_tool_calls == 0 and scale.adopted == 0, printed
     assert scale.rss_idle_mb > 0 and scale.idle_run_kb is not None and scale.db_bytes > 0, printed
+    assert scale.call_kb is not None and scale.call_kb > 0, printed  # the floor: the MCP client alone, 4 calls
     assert scale.db_bytes_per_run == round(scale.db_bytes / 12), printed
     assert rows_table(cost, COST_COLUMNS) in printed and rows_table([scale], SCALE_COLUMNS) in printed, printed
     assert cost[0].x_file == 1.0 and cost[1].x_one_runtime == 1.0 and cost[2].x_one_runtime is not None and f"JSON: {written}" in printed
