@@ -73,9 +73,9 @@ def _admit_leased(state: State, event: AdmitRequested) -> State:
     lease = state.leases.get((event.dataplane, event.leased_replica))
     leased_by = event.dataplane if lease is not None and lease.busy < lease.slots else ""
     turn = Turn(event.turn_id, event.run_id, event.model, event.service_class, event.caller, event.leased_replica,
-                event.now_ms, leased_by)
+                event.now_ms, leased_by, run.context_tokens)
     state = state._replace(turns=state.turns.set(event.turn_id, turn))
-    state = _count_in_flight(state, event.leased_replica, event.caller, +1)
+    state = _count_in_flight(state, event.leased_replica, event.caller, +1, turn.tokens)
     if leased_by:
         state = _lease_slot(state, leased_by, event.leased_replica, +1)
     return _own(state, event.dataplane, event.run_id, event.turn_id)

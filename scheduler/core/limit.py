@@ -141,6 +141,23 @@ def _has_room(replica: Replica, service_class: str, keep_slots: bool, opens: boo
     return capacity is None or replica.in_flight + replica.leased_idle < capacity
 
 
+def _kv_fits(replica: Replica, tokens: int) -> bool:
+    """Whether a batch turn whose run's context is ``tokens`` fits in this replica's KV beside
+    the turns in flight there and the interactive runs paused there on a tool (their
+    contexts, at most 1/KEPT_ROOM_LIMIT_DIVISOR of the pool). An engine that runs more
+    context than its KV holds evicts cached prefixes to make room, the least recently used
+    first, and with a session cache the unreferenced first, but a paused agent's still once
+    those are gone: the agent then computes its whole context again when it comes back
+    (docs/engine-hints.md, "Batch names no session"). The batch turn waits instead, as for
+    any room (it keeps lower-ranked batch turns off the replica, so a long context is not
+    passed over for ever). Always true where the engine reports no KV pool, for a run whose
+    context is not known yet, and on a replica with no turn in flight (something must run)."""
+    if not replica.kv_total or not tokens or not replica.in_flight:
+        return True
+    kept = min(replica.paused_interactive_tokens, replica.kv_total // KEPT_ROOM_LIMIT_DIVISOR)
+    return replica.in_flight_tokens + tokens + kept <= replica.kv_total
+
+
 class QueueSeen(NamedTuple):
     """What the engine's queue at one probe says of luftpause's turns there (``_queue_seen``)."""
 

@@ -44,7 +44,7 @@ from immutables import Map
 from luftpause.scheduler.constants import AFFINITY_SLOWER_FACTOR
 from luftpause.scheduler.core.events import Action, AdmitCancelled, Place, TurnUsage
 from luftpause.scheduler.core.health import UNSEEN, UP
-from luftpause.scheduler.core.limit import _batch_capacity, _has_room, _keeps_slots
+from luftpause.scheduler.core.limit import _batch_capacity, _has_room, _keeps_slots, _kv_fits
 from luftpause.scheduler.core.resume import due_now, expected_pause_ms, with_resume
 from luftpause.scheduler.core.state import (
     GENERATIVE,
@@ -208,6 +208,10 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
         if shut:  # a much faster peer frees a slot before a turn on the slow one ends
             candidates = [r for r in candidates if r.name not in shut] or candidates
         roomy = [r for r in candidates if r.name not in blocked and _has_room(r, turn.service_class, keep, turn.opens)]
+        if roomy and turn.service_class == BATCH:
+            run = state.runs.get(turn.run_id)
+            if run is not None and run.context_tokens:
+                roomy = [r for r in roomy if _kv_fits(r, run.context_tokens)]
         if roomy:
             if turn.home and len(roomy) > 1:  # a pinned run leaving a much slower replica: not back there
                 roomy = [r for r in roomy if r.name != turn.home]
@@ -350,17 +354,22 @@ def _place(state: State, turn: HeldTurn, replica: Replica, now_ms: int) -> State
     run = state.runs.get(turn.run_id) or Run(turn.run_id, turn.service_class, turn.caller, started_ms=now_ms)
     state = _put_run(state, run._replace(replica=replica.name, stage=Stage.GENERATING, last_seen_ms=now_ms,
                                          turns=run.turns + 1))
-    placed = Turn(turn.turn_id, turn.run_id, turn.model, turn.service_class, turn.caller, replica.name, now_ms)
+    placed = Turn(turn.turn_id, turn.run_id, turn.model, turn.service_class, turn.caller, replica.name, now_ms,
+                  tokens=run.context_tokens)
     state = _unhold(state, turn.turn_id)
     state = state._replace(turns=state.turns.set(turn.turn_id, placed))
-    return _count_in_flight(state, replica.name, turn.caller, +1)
+    return _count_in_flight(state, replica.name, turn.caller, +1, placed.tokens)
 
 
-def _count_in_flight(state: State, replica_name: str, caller: str, delta: int) -> State:
+def _count_in_flight(state: State, replica_name: str, caller: str, delta: int, tokens: int = 0) -> State:
+    """One turn more (+1) or fewer (-1) in flight on a replica and for its caller; ``tokens``:
+    the turn's (Turn.tokens), added to or taken from the replica's in_flight_tokens."""
     replicas = state.replicas
     replica = replicas.get(replica_name)
     if replica is not None:
-        replicas = replicas.set(replica_name, replica._replace(in_flight=max(0, replica.in_flight + delta)))
+        replicas = replicas.set(replica_name, replica._replace(
+            in_flight=max(0, replica.in_flight + delta),
+            in_flight_tokens=max(0, replica.in_flight_tokens + delta * tokens)))
     return state._replace(replicas=replicas, running_by_caller=_add(state.running_by_caller, caller, delta))
 
 
@@ -439,7 +448,7 @@ def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int, context_tok
     if turn is None:
         return state
     state = state._replace(turns=state.turns.delete(turn_id))
-    state = _count_in_flight(state, turn.replica, turn.caller, -1)
+    state = _count_in_flight(state, turn.replica, turn.caller, -1, turn.tokens)
     if turn.leased_by:  # its slot goes back to the lease
         state = _lease_slot(state, turn.leased_by, turn.replica, -1)
     run = state.runs.get(turn.run_id)

@@ -120,6 +120,7 @@ class Replica(NamedTuple):
     kv_used: int = 0  # KV tokens the engine holds, 0 when it does not say
     kv_total: int = 0  # the engine's KV pool in tokens, 0 when it does not say
     in_flight: int = 0  # turns placed here and not yet ended: counted here, never stale
+    in_flight_tokens: int = 0  # their runs' contexts when placed, summed (those known): the KV they hold
     limit: AdmissionLimit = AdmissionLimit()  # learned from the engine's probes (limit.py)
     paused_interactive: int = 0  # interactive runs paused on a tool, last served here
     paused_interactive_tokens: int = 0  # their contexts, in tokens, where known
@@ -222,6 +223,7 @@ class Turn(NamedTuple):
     replica: str
     placed_ms: int
     leased_by: str = ""  # the dataplane whose lease slot it fills (the slot goes back to it); "" = placed here
+    tokens: int = 0  # its run's context when it was placed (0: not known), counted in its replica's in_flight_tokens
 
 
 @_quick_replace

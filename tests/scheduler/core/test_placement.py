@@ -4,6 +4,9 @@ same rules as properties over random event sequences."""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +16,8 @@ from luftpause.scheduler.core.placement import _candidates
 
 from .drivers import (
     EXAMPLES,
+    REPLICAS,
+    RUNS,
     Driver,
     assert_held_turns_placed_once_capacity_frees,
     fresh_state,
@@ -356,3 +361,137 @@ def test_no_new_run_starts_where_a_run_under_way_of_its_caller_waits(running, op
 @given(operations)
 def test_every_held_turn_is_placed_once_capacity_frees(ops):
     assert_held_turns_placed_once_capacity_frees(Driver(), ops)
+
+
+# KV room (limit.py, _kv_fits): a batch turn waits while its run's context would not fit in
+# the engine's KV beside the turns in flight there and the interactive runs paused there.
+
+KV = 36_000
+
+
+def kv_pool() -> core.State:
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}))])
+    state, _ = probe(state, "a", running=0, kv_used=0, kv_total=KV)
+    return state
+
+
+def turn_of(state, turn, run, cls, context, reason="tool_calls", now=0):
+    """``run``'s turn ``turn`` admitted, placed and finished with ``context`` tokens."""
+    state, actions = admit(state, turn, run, cls=cls, now=now)
+    assert placed(actions) == {turn: "a"}
+    state, _ = core.decide(state, core.TurnFinished(turn, reason, now + 1, context_tokens=context))
+    return state
+
+
+def test_a_batch_turn_waits_while_its_context_would_push_a_paused_agent_out_of_the_kv():
+    state = turn_of(kv_pool(), "i1", "agent", "interactive", 16_000)  # paused on its tool: 16k kept
+    state = turn_of(state, "b1", "long", "batch", 17_000)
+    state = turn_of(state, "c1", "short", "batch", 4_000)
+    state, actions = admit(state, "c2", "short", cls="batch", now=5)
+    assert placed(actions) == {"c2": "a"}  # alone there: runs whatever its size
+    state, actions = admit(state, "b2", "long", cls="batch", now=6)
+    assert actions == [] and "b2" in state.held  # 4k in flight + 17k + 16k kept > 36k
+    assert state.replicas["a"].in_flight_tokens == 4_000
+    state, actions = core.decide(state, core.TurnFinished("c2", "tool_calls", 7, context_tokens=5_000))
+    assert placed(actions) == {"b2": "a"} and state.replicas["a"].in_flight_tokens == 17_000
+
+
+def test_a_batch_turn_that_fits_beside_the_paused_agent_goes_at_once():
+    state = turn_of(kv_pool(), "i1", "agent", "interactive", 16_000)
+    state = turn_of(state, "b1", "long", "batch", 9_000)
+    state = turn_of(state, "c1", "short", "batch", 4_000)
+    state, _ = admit(state, "c2", "short", cls="batch", now=5)
+    state, actions = admit(state, "b2", "long", cls="batch", now=6)
+    assert placed(actions) == {"b2": "a"}  # 4k + 9k + 16k ≤ 36k
+    assert state.replicas["a"].in_flight_tokens == 13_000
+
+
+def test_the_kept_kv_of_paused_agents_is_at_most_half_the_pool():
+    state = turn_of(kv_pool(), "i1", "agent1", "interactive", 14_000)
+    state = turn_of(state, "i2", "agent2", "interactive", 14_000)  # 28k paused: 18k of it kept
+    state = turn_of(state, "b1", "long", "batch", 12_000)
+    state = turn_of(state, "c1", "short", "batch", 6_000)
+    state, _ = admit(state, "c2", "short", cls="batch", now=5)
+    state, actions = admit(state, "b2", "long", cls="batch", now=6)
+    assert placed(actions) == {"b2": "a"}  # 6k + 12k + 18k ≤ 36k (all 28k kept would not fit)
+
+
+def test_interactive_turns_and_engines_without_a_kv_pool_are_not_held_for_kv():
+    state = turn_of(kv_pool(), "i1", "agent1", "interactive", 30_000)
+    state = turn_of(state, "i2", "agent2", "interactive", 30_000)
+    state, _ = admit(state, "i3", "agent1", now=5)
+    state, actions = admit(state, "i4", "agent2", now=6)
+    assert placed(actions) == {"i4": "a"}  # 60k in flight: interactive turns are not held for KV
+    blind = core.initial_state([core.Replica("a", frozenset({MODEL}))])
+    blind, _ = probe(blind, "a", running=0)  # no KV pool reported
+    blind = turn_of(blind, "b1", "long", "batch", 30_000)
+    blind = turn_of(blind, "c1", "short", "batch", 30_000)
+    blind, _ = admit(blind, "c2", "short", cls="batch", now=5)
+    blind, actions = admit(blind, "b2", "long", cls="batch", now=6)
+    assert placed(actions) == {"b2": "a"}
+
+
+KV_TOTAL, KV_GROWTH = 12_000, 1_000
+
+
+@dataclass
+class KvDriver(Driver):
+    """The random agents on engines that report a KV pool of KV_TOTAL tokens, every run
+    having had one turn already (run i: (i + 1) × 1,500 tokens of context, half of them
+    interactive and paused on a tool); every turn ends with its run's context KV_GROWTH
+    tokens larger."""
+
+    def __post_init__(self) -> None:
+        for name in REPLICAS:
+            self.step(core.EngineProbed(name, True, 0, 0, self.now, kv_used=0, kv_total=KV_TOTAL))
+        for i, run in enumerate(RUNS):
+            self.step(core.AdmitRequested(f"seed{i}", run, MODEL, (core.INTERACTIVE, core.BATCH)[i % 2], "x", self.now))
+            self.step(core.TurnFinished(f"seed{i}", "tool_calls", self.now, context_tokens=(i + 1) * 1_500))
+
+    def event_for(self, op):
+        event = super().event_for(op)
+        if isinstance(event, core.TurnFinished):
+            run = self.state.runs.get(self.state.turns[event.turn_id].run_id)
+            return dataclasses.replace(event, context_tokens=(run.context_tokens if run else 0) + KV_GROWTH)
+        if isinstance(event, core.EngineProbed) and event.healthy:
+            return dataclasses.replace(event, kv_used=0, kv_total=KV_TOTAL)
+        return event
+
+
+def kv_bookkept_and_batch_fits(before, event, after, actions):
+    """Every replica's in_flight_tokens are its turns' tokens; and a batch turn placed on a
+    replica with a turn in flight (the step's earlier placements included) fit in its KV
+    beside them and the kept KV of the interactive runs paused there."""
+    for name, replica in after.replicas.items():
+        assert replica.in_flight_tokens == sum(t.tokens for t in after.turns.values() if t.replica == name)
+    running = {name: [r.in_flight, r.in_flight_tokens] for name, r in after.replicas.items()}
+    for place in placements(actions):  # what each replica had before the step placed its turns
+        running[place.replica][0] -= 1
+        running[place.replica][1] -= after.turns[place.turn_id].tokens
+    for place in placements(actions):
+        turn, replica = after.turns[place.turn_id], after.replicas[place.replica]
+        count, tokens = running[place.replica]
+        if turn.service_class == core.BATCH and turn.tokens and count and replica.kv_total:
+            kept = min(replica.paused_interactive_tokens, replica.kv_total // 2)
+            assert tokens + turn.tokens + kept <= replica.kv_total, (place, tokens, turn.tokens, kept)
+        running[place.replica] = [count + 1, tokens + turn.tokens]
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(operations)
+def test_kv_in_flight_is_kept_and_no_batch_turn_overfills_the_kv(ops):
+    KvDriver(checks=[kv_bookkept_and_batch_fits]).play(ops)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(operations)
+def test_every_held_turn_is_placed_once_capacity_frees_on_engines_that_report_kv(ops):
+    driver = KvDriver()
+    driver.play(ops)
+    for _ in range(2 * (len(driver.state.turns) + len(driver.state.held)) + 2):
+        for name in REPLICAS:  # healthy, no queue, still reporting their pools
+            driver.step(core.EngineProbed(name, True, 1, 0, driver.now, kv_used=0, kv_total=KV_TOTAL))
+        if not driver.state.turns:
+            break
+        driver.step(core.TurnFinished(next(iter(driver.state.turns)), "stop", driver.now))
+    assert not driver.state.held
