@@ -44,7 +44,7 @@ from luftpause import auth, logs
 from luftpause.dev import llama, postgres
 from luftpause.dev.postgres import PostgresFailed, PostgresUnavailable, PrivateCluster
 from luftpause.dev.procs import free_ports
-from luftpause.dev.stack import DEFAULT_POSTGRES_PORT, MODEL, Ports, Stack, engine_name, numbered, write_configs
+from luftpause.dev.stack import DEFAULT_POSTGRES_PORT, MODEL, Ports, Stack, engine_name, write_configs
 from luftpause.dev.supervise import FIRST_DELAY_S, MAX_DELAY_S, Supervisor
 
 # A fleet (--fleet): its runtimes and schedulers, and the database they share in the private cluster.

@@ -46,7 +46,6 @@ from luftpause.scheduler.core.placement import (
     _put_run,
     _release_held,
     _timed,
-    _unhold,
     _usage,
 )
 from luftpause.scheduler.core.resume import observed_pause

@@ -15,7 +15,6 @@ from luftpause.scheduler.constants import (
     LIFT_COUNTED_SAMPLES,
     LIFT_MAX_FACTOR,
     LIFT_REFERENCE_MIN,
-    LIFT_REFERENCE_SAMPLES,
     LIFT_RETRY_PROBES,
     LIFT_SAMPLES,
     LIFT_SETTLE_PROBES,
