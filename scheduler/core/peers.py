@@ -59,13 +59,12 @@ def _resync(state: State, event: Resynced) -> State:
     for snap in event.turns:
         if snap.turn_id in state.turns:
             continue
-        known = state.runs.get(snap.run_id)
+        run = state.runs.get(snap.run_id)
         turn = Turn(snap.turn_id, snap.run_id, snap.model, snap.service_class, snap.caller, snap.replica, event.now_ms,
-                    tokens=known.context_tokens if known is not None else 0)
+                    tokens=run.context_tokens if run is not None else 0)
         state = state._replace(turns=state.turns.set(snap.turn_id, turn))
         state = _count_in_flight(state, snap.replica, snap.caller, +1, turn.tokens)
         state = _own(state, sender, turn_id=snap.turn_id)
-        run = state.runs.get(snap.run_id)
         if run is not None:  # a run ended while its turn was in flight stays forgotten
             state = _put_run(state, run._replace(replica=snap.replica, stage=Stage.GENERATING, last_seen_ms=event.now_ms))
     return _prune_owners(state)._replace(resynced=True)
