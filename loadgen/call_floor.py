@@ -33,18 +33,16 @@ from luftpause.runtime.upstream import Toolbox
 POLL_S = 0.2
 
 
-async def _calls_received(url: str) -> int:
+async def _calls_received(stats: httpx.AsyncClient) -> int:
     """The fake tool server's count of ``lookup`` calls begun (its /stats)."""
-    base = url.rsplit("/mcp", 1)[0]
-    async with httpx.AsyncClient(timeout=5) as client:
-        return int((await client.get(f"{base}/stats")).json()["calls"]["lookup"])
+    return int((await stats.get("/stats")).json()["calls"]["lookup"])
 
 
-async def _until_received(url: str, count: int, deadline: float) -> int:
-    received = await _calls_received(url)
+async def _until_received(stats: httpx.AsyncClient, count: int, deadline: float) -> int:
+    received = await _calls_received(stats)
     while received < count and time.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
-        received = await _calls_received(url)
+        received = await _calls_received(stats)
     return received
 
 
@@ -56,14 +54,15 @@ async def measure(url: str, calls: int, warm: int, limit_s: float) -> dict[str, 
     if toolbox.get("lookup") is None:
         raise RuntimeError(f"no lookup tool at {url}")
     tasks: list[asyncio.Task] = []
+    stats = httpx.AsyncClient(base_url=url.rsplit("/mcp", 1)[0], timeout=5)
     try:
-        already = await _calls_received(url)
+        already = await _calls_received(stats)
         tasks += [asyncio.create_task(toolbox.call("lookup", {"query": f"warm-{i}"})) for i in range(warm)]
-        await _until_received(url, already + warm, deadline)
+        await _until_received(stats, already + warm, deadline)
         gc.collect()
         before = rss_bytes(os.getpid())
         tasks += [asyncio.create_task(toolbox.call("lookup", {"query": f"floor-{i}"})) for i in range(calls)]
-        received = await _until_received(url, already + warm + calls, deadline) - already - warm
+        received = await _until_received(stats, already + warm + calls, deadline) - already - warm
         gc.collect()
         after = rss_bytes(os.getpid())
         if any(task.done() for task in tasks):
@@ -72,6 +71,7 @@ async def measure(url: str, calls: int, warm: int, limit_s: float) -> dict[str, 
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await stats.aclose()
         await toolbox.stop()
     return {"calls": calls, "received": received, "kb_per_call": round((after - before) / 1024 / calls, 2)}
 
