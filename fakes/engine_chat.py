@@ -256,11 +256,15 @@ async def _answer(turn: Turn, prompt_text: str) -> web.StreamResponse:
 
 def _log_done(turn: Turn, started: float) -> None:
     """The finished turn's line: its tokens as the simulator counted them (as planned, if it
-    never reached the simulator)."""
+    never reached the simulator), the replica that served it and the scheduling fields it
+    was served with (None where the engine's flags give them no meaning)."""
     reply, r = turn.reply, turn.sim_request
     log.info(
         "chat.done",
         id=turn.envelope.id,
+        replica=turn.state.config.name,
+        priority=turn.priority,
+        session_id=turn.session_id,
         finish_reason=reply.finish_reason,
         prompt_tokens=r.prompt_tokens if r else reply.prompt_tokens,
         cached_tokens=r.cached_tokens if r else 0,

@@ -20,7 +20,10 @@
   in arrival order;
 * a turn free to go anywhere goes where the turns in flight would end soonest at each
   replica's recent turn time (fewest in flight while any has none finished): an engine
-  ten times slower than its peer takes about a tenth of new runs;
+  ten times slower than its peer takes about a tenth of new runs; replicas sharing one
+  device are filled one at a time, but an interactive turn goes to the one with the
+  fewest interactive runs under way, then their fewest context tokens (each replica
+  has its own KV pool);
 * but a replica much slower than a peer whose capacity is known (a learned limit or a
   ceiling) takes no turn that peer could take while fewer turns are held than the
   peer finishes in one of the slow replica's turns (the room the turn's class has
@@ -215,7 +218,7 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
         if roomy:
             if turn.home and len(roomy) > 1:  # a pinned run leaving a much slower replica: not back there
                 roomy = [r for r in roomy if r.name != turn.home]
-            return turn, _best_replica(state, roomy)
+            return turn, _best_replica(state, roomy, turn.service_class == INTERACTIVE)
         blocked.update(r.name for r in candidates)
         if open_replicas <= blocked:
             return None
@@ -254,14 +257,23 @@ def _held_in_release_order(state: State, homes: dict[str, list[str]]) -> Iterato
                 heapq.heappop(heads)
 
 
-def _best_replica(state: State, roomy: list[Replica]) -> Replica:
+def _best_replica(state: State, roomy: list[Replica], interactive: bool = False) -> Replica:
     """Spread across devices, fill within one: the device with the fewest turns in
     flight (on replicas of their own, once each has finished turns: the one whose turns
     in flight would end soonest at its recent turn time), and on a device several
     replicas share, the busiest of them that has room.
     Replicas on one accelerator take turns at it, each pass reading all the weights, so
     one replica with the whole batch decodes faster than two with half each; the next
-    one there takes turns once the first is at its limit."""
+    one there takes turns once the first is at its limit.
+    But an interactive turn on a shared device goes to the replica with the fewest
+    interactive runs under way, then the fewest context tokens held by them, busiest
+    first among equals. Each replica has a KV pool of its own, and an interactive run
+    keeps its replica for its whole life: filled one replica at a time, the long-lived
+    agents' contexts would share one pool and push each other out during their tool
+    pauses while the other pool held batch KV. Runs are counted before their tokens: a
+    context grows through its run, so a large one is near its end and a new one will
+    grow; balanced by today's sizes alone, new runs joined the pool whose agents were
+    about to finish, three or four agents to one pool."""
     if len(roomy) == 1:
         return roomy[0]
     if not any(r.device for r in roomy):
@@ -274,6 +286,10 @@ def _best_replica(state: State, roomy: list[Replica]) -> Replica:
     for r in state.replicas.values():
         if r.device:
             on_device[r.device] = on_device.get(r.device, 0) + r.in_flight
+    if interactive:
+        return min(roomy, key=lambda r: (on_device[r.device], r.interactive_runs, r.interactive_tokens,
+                                         -r.in_flight, r.name) if r.device
+                   else (r.in_flight, 0, 0, r.in_flight, r.name))
     return min(roomy, key=lambda r: (on_device[r.device], -r.in_flight, r.name) if r.device
                else (r.in_flight, r.in_flight, r.name))
 
@@ -402,12 +418,22 @@ def _paused_interactive(run: Run | None) -> tuple[str, int] | None:
     return None
 
 
+def _pinned_interactive(run: Run | None) -> tuple[str, int] | None:
+    """The replica an interactive run under way (generating or paused on a tool) is
+    served on, and the run's context in tokens."""
+    if run is not None and run.stage is not Stage.IDLE and run.service_class == INTERACTIVE and run.replica:
+        return run.replica, run.context_tokens
+    return None
+
+
 def _put_run(state: State, run: Run | None, run_id: str | None = None) -> State:
-    """Store (or, with ``run=None``, drop) a run, keeping replicas' reserves in step."""
+    """Store (or, with ``run=None``, drop) a run, keeping replicas' reserves and their
+    interactive runs' counts in step."""
     key = run.run_id if run is not None else run_id
-    before = _paused_interactive(state.runs.get(key))
+    previous = state.runs.get(key)
+    before = _paused_interactive(previous)
     after = _paused_interactive(run)
-    replicas = state.replicas
+    replicas = _count_interactive(state.replicas, _pinned_interactive(previous), _pinned_interactive(run))
     if before != after:
         for reserve, sign in ((before, -1), (after, +1)):
             if reserve is not None and reserve[0] in replicas:
@@ -418,12 +444,26 @@ def _put_run(state: State, run: Run | None, run_id: str | None = None) -> State:
                 ))
     if state.policy.resume_slots and (before is not None or after is not None):
         replicas = _resumes_after(state, replicas, key, before, run)
-    pin_before = _pin(state, state.runs.get(key))
+    pin_before = _pin(state, previous)
     runs = state.runs.set(key, run) if run is not None else (state.runs.delete(key) if key in state.runs else state.runs)
     state = state._replace(runs=runs, replicas=replicas)
     if key in state.held_by_run and _pin(state, run) != pin_before:
         state = _rehome(state, key)
     return state
+
+
+def _count_interactive(replicas: Map, before: tuple[str, int] | None, after: tuple[str, int] | None) -> Map:
+    """The replicas with an interactive run moved from ``before`` to ``after`` (each the
+    replica and the run's context: :func:`_pinned_interactive`)."""
+    if before == after:
+        return replicas
+    for pinned, sign in ((before, -1), (after, +1)):
+        if pinned is not None and pinned[0] in replicas:
+            r = replicas[pinned[0]]
+            replicas = replicas.set(pinned[0], r._replace(interactive_runs=max(0, r.interactive_runs + sign),
+                                                          interactive_tokens=max(0, r.interactive_tokens
+                                                                                 + sign * pinned[1])))
+    return replicas
 
 
 def _resumes_after(state: State, replicas: Map, run_id: str, before: tuple[str, int] | None,

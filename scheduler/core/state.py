@@ -124,6 +124,10 @@ class Replica(NamedTuple):
     limit: AdmissionLimit = AdmissionLimit()  # learned from the engine's probes (limit.py)
     paused_interactive: int = 0  # interactive runs paused on a tool, last served here
     paused_interactive_tokens: int = 0  # their contexts, in tokens, where known
+    # Interactive runs pinned here (generating or paused on a tool) and their contexts in
+    # tokens where known: the KV they come back to, weighed when a new one picks a replica.
+    interactive_runs: int = 0
+    interactive_tokens: int = 0
     # Those of them whose pause can be guessed, with when each is expected back (ms), and
     # how many are due now: a slot under the ceiling is kept for each (resume.py).
     resumes: tuple[tuple[int, str], ...] = ()  # (expected back, ms; run id), in that order

@@ -145,6 +145,28 @@ def test_replicas_sharing_a_device_are_filled_one_at_a_time():
     assert set(more.values()) == {"b"}
 
 
+def test_interactive_runs_on_a_shared_device_spread_by_count_then_context_while_batch_fills_one_replica():
+    state = shared_gpu_pool("a", "b")
+    state, first = fill(state, 3)
+    assert set(first.values()) == {"a"}
+    state, one = admit(state, "i1", "agent1", now=1)
+    state, two = admit(state, "i2", "agent2", now=1)
+    assert (placed(one), placed(two)) == ({"i1": "a"}, {"i2": "b"})  # each pool holds one agent
+    state, _ = core.decide(state, core.TurnFinished("i1", "tool_calls", 2, context_tokens=20_000))
+    state, _ = core.decide(state, core.TurnFinished("i2", "tool_calls", 2, context_tokens=5_000))
+    state, three = admit(state, "i3", "agent3", now=3)
+    state, four = admit(state, "i4", "agent4", now=3)
+    assert placed(three) == {"i3": "b"}  # one agent each: the smaller contexts
+    assert placed(four) == {"i4": "a"}  # then the fewer agents, whatever their size
+    assert [(state.replicas[n].interactive_runs, state.replicas[n].interactive_tokens) for n in "ab"] == [
+        (2, 20_000), (2, 5_000)]
+    state, _ = core.decide(state, core.TurnFinished("i4", "tool_calls", 4, context_tokens=3_000))
+    state, actions = admit(state, "i5", "agent1", now=5)
+    state, _ = core.decide(state, core.TurnFinished("i5", "stop", 6, context_tokens=21_000))
+    assert placed(actions) == {"i5": "a"}
+    assert (state.replicas["a"].interactive_runs, state.replicas["a"].interactive_tokens) == (1, 3_000)  # 1 ended
+
+
 def test_devices_are_spread_across_and_filled_within():
     state = core.initial_state([core.Replica("a1", frozenset({MODEL}), device="gpu0"),
                                 core.Replica("a2", frozenset({MODEL}), device="gpu0"),
@@ -459,11 +481,16 @@ class KvDriver(Driver):
 
 
 def kv_bookkept_and_batch_fits(before, event, after, actions):
-    """Every replica's in_flight_tokens are its turns' tokens; and a batch turn placed on a
+    """Every replica's in_flight_tokens are its turns' tokens, and its interactive runs
+    under way and their contexts are counted; and a batch turn placed on a
     replica with a turn in flight (the step's earlier placements included) fit in its KV
     beside them and the kept KV of the interactive runs paused there."""
     for name, replica in after.replicas.items():
         assert replica.in_flight_tokens == sum(t.tokens for t in after.turns.values() if t.replica == name)
+        under_way = [r for r in after.runs.values() if r.service_class == core.INTERACTIVE and r.replica == name
+                     and r.stage is not core.Stage.IDLE]
+        assert (replica.interactive_runs, replica.interactive_tokens) == (
+            len(under_way), sum(r.context_tokens for r in under_way))
     running = {name: [r.in_flight, r.in_flight_tokens] for name, r in after.replicas.items()}
     for place in placements(actions):  # what each replica had before the step placed its turns
         running[place.replica][0] -= 1
