@@ -78,7 +78,10 @@ def opencode_home(directory: Path, stack, mcp: bool) -> Path:
 def run_opencode(opencode: Path, home: Path, workdir: Path, *arguments: str) -> list[dict]:
     """``opencode run --format json arguments...`` to its end (bounded, always killed); its JSON events."""
     workdir.mkdir(parents=True, exist_ok=True)
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "OPENCODE_CONFIG": str(home / "opencode.json"),
+    scratch = home / "tmp"  # opencode (a Bun binary) unpacks a 5.5 MB native library into TMPDIR on each run
+    scratch.mkdir(exist_ok=True)
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "TMPDIR": str(scratch),
+           "OPENCODE_CONFIG": str(home / "opencode.json"),
            "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1",
            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_PROJECT_CONFIG": "1",  # only this config
            "NO_PROXY": "127.0.0.1,localhost"}
