@@ -433,15 +433,9 @@ def _put_run(state: State, run: Run | None, run_id: str | None = None) -> State:
     previous = state.runs.get(key)
     before = _paused_interactive(previous)
     after = _paused_interactive(run)
-    replicas = _count_interactive(state.replicas, _pinned_interactive(previous), _pinned_interactive(run))
-    if before != after:
-        for reserve, sign in ((before, -1), (after, +1)):
-            if reserve is not None and reserve[0] in replicas:
-                r = replicas[reserve[0]]
-                replicas = replicas.set(reserve[0], r._replace(
-                    paused_interactive=max(0, r.paused_interactive + sign),
-                    paused_interactive_tokens=max(0, r.paused_interactive_tokens + sign * reserve[1]),
-                ))
+    replicas = _moved(state.replicas, _pinned_interactive(previous), _pinned_interactive(run),
+                      "interactive_runs", "interactive_tokens")
+    replicas = _moved(replicas, before, after, "paused_interactive", "paused_interactive_tokens")
     if state.policy.resume_slots and (before is not None or after is not None):
         replicas = _resumes_after(state, replicas, key, before, run)
     pin_before = _pin(state, previous)
@@ -452,17 +446,19 @@ def _put_run(state: State, run: Run | None, run_id: str | None = None) -> State:
     return state
 
 
-def _count_interactive(replicas: Map, before: tuple[str, int] | None, after: tuple[str, int] | None) -> Map:
-    """The replicas with an interactive run moved from ``before`` to ``after`` (each the
-    replica and the run's context: :func:`_pinned_interactive`)."""
+def _moved(replicas: Map, before: tuple[str, int] | None, after: tuple[str, int] | None, runs: str,
+           tokens: str) -> Map:
+    """The replicas with a run counted in their fields ``runs`` and ``tokens`` moved from
+    ``before`` to ``after`` (each the replica and the run's context, or None: not counted)."""
     if before == after:
         return replicas
-    for pinned, sign in ((before, -1), (after, +1)):
-        if pinned is not None and pinned[0] in replicas:
-            r = replicas[pinned[0]]
-            replicas = replicas.set(pinned[0], r._replace(interactive_runs=max(0, r.interactive_runs + sign),
-                                                          interactive_tokens=max(0, r.interactive_tokens
-                                                                                 + sign * pinned[1])))
+    for counted, sign in ((before, -1), (after, +1)):
+        if counted is not None and counted[0] in replicas:
+            r = replicas[counted[0]]
+            replicas = replicas.set(counted[0], r._replace(**{
+                runs: max(0, getattr(r, runs) + sign),
+                tokens: max(0, getattr(r, tokens) + sign * counted[1]),
+            }))
     return replicas
 
 
