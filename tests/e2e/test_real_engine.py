@@ -196,7 +196,10 @@ def slot_stack(tmp_path_factory) -> Iterator[Stack]:
     there, a large model's contexts do not (a 70B model's KV is ~0.3 MB a token)."""
     directory = tmp_path_factory.mktemp("slots")
     ports = Ports.free()
-    pool_file, tools_file = write_configs(directory / "config", ports, model=MODEL)
+    # Both llama-servers run on this machine's CPU: one device, as the pool file says. Named
+    # as separate devices, a replica whose recent turns were the agents' long first turns
+    # read 3x slower than the one that took the short batch jobs, and the paused runs left it.
+    pool_file, tools_file = write_configs(directory / "config", ports, model=MODEL, device="cpu")
     stack = Stack(ports, pool_file, tools_file, directory / "state", llama=llama.ensure(),
                   engine_args=["--cache-ram", "0"], without=frozenset({"runtime", "fake-mcp"}))
     stack.start(timeout=120)
