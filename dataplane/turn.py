@@ -28,7 +28,7 @@ from luftpause.dataplane.requests import TurnRequest
 from luftpause.dataplane.timing import Watch, Watchdog
 from luftpause.frontdoor import ApiError
 from luftpause.link import AdmitRefused, Placement, SchedulerLink
-from luftpause.observe import TurnObserver
+from luftpause.observe import TurnObserver, token_pace_us
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.runbook import IDLE, PAUSED, InFlightTurn, RunBook, new_id
 
@@ -45,6 +45,7 @@ class Turn:
         self.replica = ""
         self.held_ms = 0
         self.ttft_ms: int | None = None
+        self.first_token_at: float | None = None  # monotonic; None until a streamed first token
         self.ended = False
         self.streaming = False  # bytes may have reached the client: never sent again
         self.span = trace.get_current_span()
@@ -109,7 +110,8 @@ class Turn:
             self.link.release(self.lease)
 
     def first_token(self) -> None:
-        self.ttft_ms = int((time.monotonic() - self.started) * 1000)
+        self.first_token_at = time.monotonic()
+        self.ttft_ms = int((self.first_token_at - self.started) * 1000)
         self.event(first_token=pb.FirstToken(ttft_ms=self.ttft_ms))
 
     def _access_log(self, outcome: str, observer: TurnObserver | None = None, error: str | None = None) -> None:
@@ -136,7 +138,9 @@ class Turn:
         self.book.remember_tool_calls(self.req.run_id, observer.tool_call_ids, now)
         self.book.remember_tasks(self.req.run_id, observer.call_tasks.tasks(), now)
         self.book.turn_ended(self.turn_id, PAUSED if reason == "tool_calls" else IDLE, now)
-        self.event(finished=pb.TurnFinished(finish_reason=reason, tool_call_ids=observer.tool_call_ids))
+        self.event(finished=pb.TurnFinished(finish_reason=reason, tool_call_ids=observer.tool_call_ids,
+                                            token_us=token_pace_us(self.first_token_at, now,
+                                                                   observer.completion_tokens)))
         self.release()
         self._access_log("finished", observer)
 

@@ -20,6 +20,17 @@ def may_matter(payload: bytes) -> bool:
     return b'"finish_reason":null' not in payload and b'"finish_reason": null' not in payload
 
 
+def token_pace_us(first_token_at: float | None, ended_at: float, completion_tokens: int) -> int:
+    """A streamed turn's time from its first token to its end per token generated after
+    the first, in µs (monotonic seconds in): its engine's pace, which the scheduler
+    compares between replicas whatever their turns' lengths. 0 where it cannot be told:
+    not streamed, under two tokens reported, or the rest came with the first token (under
+    a millisecond later, quicker than any decode step)."""
+    if first_token_at is None or completion_tokens < 2 or ended_at - first_token_at < 0.001:
+        return 0
+    return round((ended_at - first_token_at) * 1_000_000 / (completion_tokens - 1))
+
+
 _FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"([^"\\]*)"')
 _VALUE_AFTER_KEY = re.compile(rb"\s*:\s*")
 _DECODER = json.JSONDecoder()

@@ -52,7 +52,7 @@ from luftpause.frontdoor import (MODEL_KINDS, ApiError, admit_one_pass, check_ch
                                  json_document, model_list, readiness, returned_tool_call_ids)
 from luftpause.hints import hinted, resumes_from_tool, urgency
 from luftpause.link import AdmitRefused, Placement
-from luftpause.observe import TurnObserver
+from luftpause.observe import TurnObserver, token_pace_us
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.runbook import IDLE, PAUSED, InFlightTurn, new_id
 from luftpause.vocabulary import REJECT_CODES, RejectReason
@@ -141,6 +141,7 @@ class Exchange:
         self.lease: tuple[str, int] | None = None
         self.served = ""
         self.started = 0.0
+        self.first_token_at: float | None = None  # monotonic; None until a streamed first token
         self.ended = True  # until a turn is placed there is nothing to end
         self.observer = TurnObserver()
         self.sse = False
@@ -401,7 +402,8 @@ class Exchange:
             observer = self.observer
             if self.sse:
                 if observer.feed_sse(body.body):
-                    ttft = int((time.monotonic() - self.started) * 1000)
+                    self.first_token_at = time.monotonic()
+                    ttft = int((self.first_token_at - self.started) * 1000)
                     self._event(first_token=pb.FirstToken(ttft_ms=ttft))
                 if observer.done or body.end_of_stream:
                     self._finished()
@@ -431,7 +433,9 @@ class Exchange:
         now = time.monotonic()
         self.picker.book.remember_tool_calls(self.run_id, observer.tool_call_ids, now)
         self._end(PAUSED if reason == "tool_calls" else IDLE,
-                  finished=pb.TurnFinished(finish_reason=reason, tool_call_ids=observer.tool_call_ids))
+                  finished=pb.TurnFinished(finish_reason=reason, tool_call_ids=observer.tool_call_ids,
+                                           token_us=token_pace_us(self.first_token_at, now,
+                                                                  observer.completion_tokens)))
 
     def _failed(self, message: str) -> None:
         self.picker.log.info("turn_failed", run=self.run_id, turn=self.turn_id, error=message)

@@ -128,12 +128,14 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class TurnFinished(_message.Message):
-    __slots__ = ("finish_reason", "tool_call_ids")
+    __slots__ = ("finish_reason", "tool_call_ids", "token_us")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_US_FIELD_NUMBER: _ClassVar[int]
     finish_reason: str
     tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, finish_reason: _Optional[str] = ..., tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    token_us: int
+    def __init__(self, finish_reason: _Optional[str] = ..., tool_call_ids: _Optional[_Iterable[str]] = ..., token_us: _Optional[int] = ...) -> None: ...
 
 class TurnFailed(_message.Message):
     __slots__ = ("error", "stalled")
@@ -342,7 +344,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("name", "base_url", "kind", "models", "healthy", "load_known", "running", "queued", "in_flight", "capacity", "batch_reserve", "kv_used_tokens", "kv_total_tokens", "decode_ceiling", "leased_idle", "stalled", "unseen", "silent", "hints")
+    __slots__ = ("name", "base_url", "kind", "models", "healthy", "load_known", "running", "queued", "in_flight", "capacity", "batch_reserve", "kv_used_tokens", "kv_total_tokens", "decode_ceiling", "leased_idle", "stalled", "unseen", "silent", "hints", "turn_ms", "token_us", "interactive_runs")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BASE_URL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -362,6 +364,9 @@ class ReplicaStatus(_message.Message):
     UNSEEN_FIELD_NUMBER: _ClassVar[int]
     SILENT_FIELD_NUMBER: _ClassVar[int]
     HINTS_FIELD_NUMBER: _ClassVar[int]
+    TURN_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_US_FIELD_NUMBER: _ClassVar[int]
+    INTERACTIVE_RUNS_FIELD_NUMBER: _ClassVar[int]
     name: str
     base_url: str
     kind: str
@@ -381,7 +386,10 @@ class ReplicaStatus(_message.Message):
     unseen: bool
     silent: int
     hints: EngineHints
-    def __init__(self, name: _Optional[str] = ..., base_url: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., healthy: _Optional[bool] = ..., load_known: _Optional[bool] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., batch_reserve: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_total_tokens: _Optional[int] = ..., decode_ceiling: _Optional[int] = ..., leased_idle: _Optional[int] = ..., stalled: _Optional[bool] = ..., unseen: _Optional[bool] = ..., silent: _Optional[int] = ..., hints: _Optional[_Union[EngineHints, _Mapping]] = ...) -> None: ...
+    turn_ms: int
+    token_us: int
+    interactive_runs: int
+    def __init__(self, name: _Optional[str] = ..., base_url: _Optional[str] = ..., kind: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., healthy: _Optional[bool] = ..., load_known: _Optional[bool] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., batch_reserve: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., kv_total_tokens: _Optional[int] = ..., decode_ceiling: _Optional[int] = ..., leased_idle: _Optional[int] = ..., stalled: _Optional[bool] = ..., unseen: _Optional[bool] = ..., silent: _Optional[int] = ..., hints: _Optional[_Union[EngineHints, _Mapping]] = ..., turn_ms: _Optional[int] = ..., token_us: _Optional[int] = ..., interactive_runs: _Optional[int] = ...) -> None: ...
 
 class HeldGroup(_message.Message):
     __slots__ = ("key", "count", "longest_wait_ms")

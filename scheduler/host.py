@@ -234,7 +234,8 @@ class SchedulerHost:
             tokens = None if usage is None else usage.prompt_tokens + usage.completion_tokens
             self._speaks(self._silent_replica(event.turn_id),
                          core.TurnFinished(event.turn_id, event.finished.finish_reason, now, tokens,
-                                           0 if usage is None else usage.completion_tokens))
+                                           0 if usage is None else usage.completion_tokens,
+                                           event.finished.token_us))
         elif kind == "failed":
             self.log.info("turn_failed", turn=event.turn_id, run=event.run_id, error=event.failed.error,
                           stalled=event.failed.stalled)

@@ -71,7 +71,7 @@ def decide(state: State, event: Event) -> tuple[State, list[Action]]:
         case TurnUsage():
             state = _usage(state, event)
         case TurnFinished():
-            state = _timed(_heard(state, event.turn_id), event.turn_id, event.now_ms)
+            state = _timed(_heard(state, event.turn_id), event.turn_id, event.now_ms, event.token_us)
             stage = Stage.PAUSED if event.finish_reason == "tool_calls" else Stage.IDLE
             state = _end_turn(state, event.turn_id, stage, event.now_ms, event.context_tokens, event.generated_tokens)
         case TurnFailed():

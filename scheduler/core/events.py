@@ -50,6 +50,9 @@ class TurnFinished:
     # completion tokens): the same as a TurnUsage just before, in one step.
     context_tokens: int | None = None
     generated_tokens: int = 0
+    # A streamed turn's time from its first token to its end per token generated after
+    # the first (µs; 0: not measured): its replica's pace (placement._timed).
+    token_us: int = 0
 
 
 @dataclass(frozen=True, slots=True)

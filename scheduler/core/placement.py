@@ -95,15 +95,21 @@ def _slower_than_a_peer(state: State, replica: Replica) -> bool:
 
 def _slow_replicas(state: State) -> frozenset[str]:
     """The generative replicas :func:`_slower_than_a_peer`, found in one pass when none is
-    (the usual case: no recent turn time is AFFINITY_SLOWER_FACTOR times the quickest
-    healthy one's), as the release loop asks for every held turn it places."""
+    (the usual case: no recent time per token or per turn is AFFINITY_SLOWER_FACTOR times
+    the quickest healthy one's), as the release loop asks for every held turn it places."""
     # (r.healthy, spelt out in the release loop's hot path)
-    quickest = min((r.turn_ms for r in state.replicas.values()
-                    if r.kind == GENERATIVE and r.health is UP and r.turn_ms), default=None)
-    if quickest is None:
+    turn = token = 0  # the quickest times, per turn and per token
+    for r in state.replicas.values():
+        if r.kind == GENERATIVE and r.health is UP and r.turn_ms:
+            turn = min(turn or r.turn_ms, r.turn_ms)
+            if r.token_us:
+                token = min(token or r.token_us, r.token_us)
+    if not turn:
         return frozenset()
+    turn, token = turn * AFFINITY_SLOWER_FACTOR, token * AFFINITY_SLOWER_FACTOR
     return frozenset(r.name for r in state.replicas.values()
-                     if r.kind == GENERATIVE and r.turn_ms and quickest * AFFINITY_SLOWER_FACTOR <= r.turn_ms
+                     if r.kind == GENERATIVE and r.turn_ms
+                     and (turn <= r.turn_ms or (token and r.token_us and token <= r.token_us))
                      and _slower_than_a_peer(state, r))
 
 
@@ -294,16 +300,23 @@ def _best_replica(state: State, roomy: list[Replica], interactive: bool = False)
                else (r.in_flight, r.in_flight, r.name))
 
 
-def _timed(state: State, turn_id: str, now_ms: int) -> State:
-    """Fold a finished turn's placed-to-finished time into its replica's moving average
-    (weight 1/TURN_TIME_WEIGHT)."""
+def _timed(state: State, turn_id: str, now_ms: int, token_us: int = 0) -> State:
+    """Fold a finished turn's placed-to-finished time, and its time per generated token
+    where it was measured (``token_us``), into its replica's moving averages (weight
+    1/TURN_TIME_WEIGHT)."""
     turn = state.turns.get(turn_id)
     replica = state.replicas.get(turn.replica) if turn is not None else None
     if replica is None:
         return state
-    took = max(1, now_ms - turn.placed_ms)
-    average = took if not replica.turn_ms else (replica.turn_ms * (TURN_TIME_WEIGHT - 1) + took) // TURN_TIME_WEIGHT
-    return state._replace(replicas=state.replicas.set(replica.name, replica._replace(turn_ms=max(1, average))))
+    replica = replica._replace(turn_ms=_averaged(replica.turn_ms, max(1, now_ms - turn.placed_ms)))
+    if token_us > 0:
+        replica = replica._replace(token_us=_averaged(replica.token_us, token_us))
+    return state._replace(replicas=state.replicas.set(replica.name, replica))
+
+
+def _averaged(average: int, value: int) -> int:
+    """A moving average over about TURN_TIME_WEIGHT values (the first one as it is)."""
+    return max(1, value if not average else (average * (TURN_TIME_WEIGHT - 1) + value) // TURN_TIME_WEIGHT)
 
 
 def _hold(state: State, turn: HeldTurn) -> State:

@@ -143,6 +143,9 @@ class Replica(NamedTuple):
     # the replica is SILENT (out of rotation with its limit kept; a byte from it brings it back).
     silent_turns: frozenset = frozenset()
     turn_ms: int = 0  # recent placed-to-finished time of turns here (moving average); 0 = none finished yet
+    # Recent time per generated token after the first, in µs, of streamed turns here (moving
+    # average): the engine's pace whatever the length of the turns it is given; 0 = none yet.
+    token_us: int = 0
     decode: DecodeCost = DecodeCost()  # the cost of decoding above the fast batch, and the lift (ceiling.py)
     gen_throughput: float = 0.0  # tokens/s the engine last reported (its last decode-log interval); 0 = none
     # The engine's queue-time histogram as last read (seconds waited, summed, and requests),
@@ -308,9 +311,14 @@ def _turn_replica(state: State, turn_id: str) -> Replica | None:
 
 
 def _much_faster(peer: Replica, home: Replica) -> bool:
-    """Whether ``peer``'s recent turns took under 1/AFFINITY_SLOWER_FACTOR of ``home``'s,
-    both measured, on different accelerators (replicas sharing one are equally quick):
-    runs pinned to ``home`` may then go on at ``peer`` (placement.py)."""
-    if not peer.turn_ms or not home.turn_ms or peer.name == home.name or (home.device and peer.device == home.device):
+    """Whether ``peer`` generates a token in under 1/AFFINITY_SLOWER_FACTOR of ``home``'s
+    time, on different accelerators (replicas sharing one are equally quick): runs pinned
+    to ``home`` may then go on at ``peer`` (placement.py). Per token, because two replicas
+    are rarely given turns of one length: one serving an agent's long answers would read
+    slower per turn than its equal taking short batch jobs. Where either has no streamed
+    turn timed yet, their recent turn times are compared instead, both measured."""
+    if peer.name == home.name or (home.device and peer.device == home.device):
         return False
-    return peer.turn_ms * AFFINITY_SLOWER_FACTOR <= home.turn_ms
+    if peer.token_us and home.token_us:
+        return peer.token_us * AFFINITY_SLOWER_FACTOR <= home.token_us
+    return bool(peer.turn_ms and home.turn_ms) and peer.turn_ms * AFFINITY_SLOWER_FACTOR <= home.turn_ms

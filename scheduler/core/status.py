@@ -31,6 +31,9 @@ def status(state: State, now_ms: int) -> dict:
             "batch_reserve": batch_reserve(r, _keeps_slots(state)),
             "kv_used_tokens": r.kv_used,
             "kv_total_tokens": r.kv_total,
+            "turn_ms": r.turn_ms,
+            "token_us": r.token_us,
+            "interactive_runs": r.interactive_runs,
         }
         for r in sorted(state.replicas.values(), key=lambda r: r.name)
     ]

@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from luftpause.observe import TurnObserver
+from luftpause.observe import TurnObserver, token_pace_us
 
 
 def sse(*chunks: dict) -> bytes:
@@ -84,3 +84,10 @@ def test_a_body_without_tool_calls_is_read_as_a_full_decode_would(content, reaso
     assert (observer.finish_reason, observer.prompt_tokens, observer.completion_tokens, observer.cached_tokens,
             observer.usage_seen) == (expected.finish_reason, expected.prompt_tokens, expected.completion_tokens,
                                      expected.cached_tokens, expected.usage_seen)
+
+
+def test_a_streamed_turns_pace_is_its_time_after_the_first_token_per_token_after_the_first():
+    assert token_pace_us(10.0, 10.5, 11) == 50_000  # ten tokens in half a second after the first
+    assert token_pace_us(None, 10.5, 11) == 0  # not streamed: no first token was seen
+    assert token_pace_us(10.0, 10.5, 1) == 0 and token_pace_us(10.0, 10.5, 0) == 0  # one token, or no usage
+    assert token_pace_us(10.0, 10.0002, 40) == 0  # the rest came with the first token: no decode step seen

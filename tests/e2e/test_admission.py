@@ -1,5 +1,5 @@
-"""Admission with real engines: caps from an engine's reported queue, and a killed
-engine leaving rotation within one probe period."""
+"""Admission with real engines: caps from an engine's reported queue, each engine's pace
+per generated token, and a killed engine leaving rotation within one probe period."""
 
 from __future__ import annotations
 
@@ -118,6 +118,39 @@ async def test_the_decode_ceiling_an_engine_reports_bounds_what_it_is_sent(make_
     served = [httpx.get(f"http://127.0.0.1:{port}/stats").json()["requests"] for port in stack.ports.engines]
     assert all(n > 0 for n in served), served  # both engines took turns
     await eventually(lambda: nothing_left(stack), what="nothing in flight or held")
+
+
+async def test_streamed_turns_time_each_engines_pace_per_token_whatever_the_length_of_its_turns(make_stack):
+    """engine-a decodes a token in 10 ms, engine-b in 100 ms; each reply is 12 tokens.
+    Streamed turns with their usage time each replica per token, which placement compares
+    to tell a slow engine (docs/admission.md); plain ones only per turn."""
+    stack = make_stack(without=frozenset({"runtime", "fake-mcp"}),
+                       engine_args=["--reply-tokens", "12", "--reply-spread", "0"],
+                       engine_args_by_name={"engine-a": ["--token-ms", "10"], "engine-b": ["--token-ms", "100"]})
+    url = f"http://127.0.0.1:{stack.ports.dataplane}/v1/chat/completions"
+
+    async def turns(client: httpx.AsyncClient, prefix: str, **extra) -> list[int]:
+        async def one(i: int) -> int:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": f"{prefix} {i}"}], **extra}
+            response = await client.post(url, headers={h.RUN_ID: f"{prefix}-{i}"}, json=body)
+            return response.status_code
+        return await asyncio.gather(*(one(i) for i in range(4)))  # four at once: two on each replica
+
+    def paces() -> dict[str, tuple[int, int]]:
+        return {r["name"]: (r["turn_ms"], r["token_us"]) for r in status(stack)["replicas"]}
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        streamed = await turns(client, "streamed", stream=True, stream_options={"include_usage": True})
+        assert streamed == [200] * 4
+        await eventually(lambda: nothing_left(stack), what="the streamed turns ended")
+        after_streamed = paces()
+        (_, a), (_, b) = after_streamed["engine-a"], after_streamed["engine-b"]
+        assert 0 < a * 3 <= b, after_streamed  # 10× apart at the engines: well over the 3× that counts as slow
+        assert await turns(client, "plain") == [200] * 4
+    await eventually(lambda: nothing_left(stack), what="the plain turns ended")
+    after_plain = paces()  # four more turns timed per turn, none per token
+    assert {name: pace[1] for name, pace in after_plain.items()} == {name: pace[1] for name, pace in
+                                                                   after_streamed.items()}, after_plain
 
 
 def probe_failures(stack, replica: str) -> float:

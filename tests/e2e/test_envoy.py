@@ -140,6 +140,8 @@ def test_streamed_bytes_are_the_engines(envoy_stack):
     assert b"data: [DONE]" in through.content
     assert _normalised(through.content) == _normalised(direct.content)
     assert wait_until(lambda: nothing_left(envoy_stack), WAIT_S)
+    # the picker timed the streamed turn per token, as the dataplane does: the replica's pace
+    assert {r["name"]: r["token_us"] for r in status(envoy_stack)["replicas"]}[engine] > 0
 
 
 def test_the_end_of_each_turn_reaches_the_scheduler(envoy_stack):

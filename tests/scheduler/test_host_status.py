@@ -11,7 +11,7 @@ from luftpause.scheduler.pool import Endpoint
 
 REPLICA_KEYS = ["name", "base_url", "kind", "models", "healthy", "stalled", "silent", "unseen", "load_known",
                 "running", "queued", "in_flight", "leased_idle", "capacity", "decode_ceiling", "batch_reserve",
-                "kv_used_tokens", "kv_total_tokens", "hints"]
+                "kv_used_tokens", "kv_total_tokens", "turn_ms", "token_us", "interactive_runs", "hints"]
 
 
 def test_each_replica_shows_its_pool_address_after_its_name():

@@ -206,9 +206,10 @@ def test_replicas_of_equal_speed_alternate():
     assert sent.count("a") == sent.count("b") == 4
 
 
-def paused_on(b_ms: int, device: str = "", max_batch: int = 0) -> core.State:
-    """Replicas a and b (``max_batch`` each), a's turns taking 100 ms, b's ``b_ms``; run
-    "rb" paused on a tool at b, "ra" idle at a."""
+def paused_on(b_ms: int, device: str = "", max_batch: int = 0, token_us: tuple[int, int] = (0, 0)) -> core.State:
+    """Replicas a and b (``max_batch`` each), a's turns taking 100 ms, b's ``b_ms``, and
+    generating a token in ``token_us`` each (0: not streamed); run "rb" paused on a tool
+    at b, "ra" idle at a."""
     state = core.initial_state(core.Replica(n, frozenset({MODEL}), device=device, max_batch=max_batch)
                                for n in ("a", "b"))
     for name in ("a", "b"):
@@ -216,9 +217,10 @@ def paused_on(b_ms: int, device: str = "", max_batch: int = 0) -> core.State:
     state, actions = admit(state, "ta", "ra", cls="batch", now=0)
     state, more = admit(state, "tb", "rb", cls="batch", now=0)
     assert {**placed(actions), **placed(more)} == {"ta": "a", "tb": "b"}
-    state, _ = core.decide(state, core.TurnFinished("ta", "stop", 100))
-    state, _ = core.decide(state, core.TurnFinished("tb", "tool_calls", b_ms))
+    state, _ = core.decide(state, core.TurnFinished("ta", "stop", 100, token_us=token_us[0]))
+    state, _ = core.decide(state, core.TurnFinished("tb", "tool_calls", b_ms, token_us=token_us[1]))
     assert state.runs["rb"].stage is core.Stage.PAUSED and state.replicas["b"].turn_ms == b_ms
+    assert (state.replicas["a"].token_us, state.replicas["b"].token_us) == token_us
     return state
 
 
@@ -230,6 +232,18 @@ def test_a_run_pinned_to_a_replica_ten_times_slower_goes_on_at_the_quick_one():
 def test_a_run_keeps_its_replica_while_it_is_not_much_slower_than_a_peer():
     _, actions = admit(paused_on(250), "tb2", "rb", cls="batch", now=2000)
     assert placed(actions) == {"tb2": "b"}  # 2.5 times slower: the cached prefix is worth more
+
+
+def test_a_run_keeps_a_replica_that_generates_as_fast_as_its_peer_however_long_its_turns_there():
+    # b's turns were ten times as long (an agent's long answers against a's short jobs), at a's pace per token
+    _, actions = admit(paused_on(1000, token_us=(30_000, 33_000)), "tb2", "rb", cls="batch", now=2000)
+    assert placed(actions) == {"tb2": "b"}
+
+
+def test_a_run_leaves_a_replica_three_times_slower_per_token_though_its_turns_there_were_short():
+    # b's turns took 2.5 times a's (short ones), each token 3 times as long: b is the slow engine
+    state, actions = admit(paused_on(250, token_us=(30_000, 90_000)), "tb2", "rb", cls="batch", now=2000)
+    assert placed(actions) == {"tb2": "a"} and state.runs["rb"].replica == "a"
 
 
 def test_replicas_sharing_a_device_keep_their_runs_however_slow_their_turns_were():
