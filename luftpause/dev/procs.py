@@ -16,14 +16,31 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from aiohttp import web
 
 # What a service's log says when its port is taken: asyncio/uvloop/uvicorn ("[Errno 98] ...
 # address already in use"), gRPC ("Failed to bind to address"), Envoy ("cannot bind"),
 # llama-server ("couldn't bind").
 BIND_FAILURE = re.compile(r"address already in use|failed to bind|cannot bind|couldn't bind", re.IGNORECASE)
+
+
+@asynccontextmanager
+async def served(app: web.Application, handler_cancellation: bool = False) -> AsyncIterator[str]:
+    """An aiohttp app listening on a loopback port the system picks (no other process can
+    take it first), for the block's length: its base URL. ``handler_cancellation``: a
+    client that hangs up cancels its handler, as the fake engine's own process serves it."""
+    runner = web.AppRunner(app, handler_cancellation=handler_cancellation)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from luftpause import vocabulary as h
-from luftpause.dev.procs import eventually, free_port
+from luftpause.dev.procs import eventually, served
 from luftpause.dev.stack import MODEL
 
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
@@ -242,12 +242,8 @@ async def test_an_engine_serving_the_messages_api_gets_the_request_unchanged(mak
     app = web.Application()
     app.router.add_post("/v1/messages", native.messages)
     app.router.add_get("/health", native.health)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        pool = {"endpoints": [{"name": "native", "base_url": f"http://127.0.0.1:{port}", "models": [MODEL],
+    async with served(app) as engine_url:
+        pool = {"endpoints": [{"name": "native", "base_url": engine_url, "models": [MODEL],
                                "native_apis": ["messages"], "metrics_path": "/no-metrics"}]}
         stack = await asyncio.to_thread(make_stack, without=NO_RUNTIME, pool=pool)
         body = json.dumps({"model": MODEL, "max_tokens": 128000, "stream": True, "tools": [LOOKUP],
@@ -278,8 +274,6 @@ async def test_an_engine_serving_the_messages_api_gets_the_request_unchanged(mak
                                               "content": "found"}]}]}
             again = await http.post(dataplane(stack) + "/v1/messages", json=follow)
             assert again.headers[h.RUN_ID] == run_id
-    finally:
-        await runner.cleanup()
 
 
 async def test_a_harness_session_ends_its_run_on_the_scheduler_soon_after_its_answer_or_idle_past_the_timeout(
@@ -297,17 +291,13 @@ async def test_a_harness_session_ends_its_run_on_the_scheduler_soon_after_its_an
     stack = await asyncio.to_thread(make_stack, without=NO_RUNTIME | {"dataplane"})
     app = dataplane_app.create_app(f"127.0.0.1:{stack.ports.scheduler_grpc}", "", structlog.get_logger(),
                                    session_done_idle_s=1.0)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
     lookup = {"name": "lookup", "input_schema": {"type": "object", "properties": {"q": {"type": "string"}},
                                                  "required": ["q"]}}
-    try:
+    async with served(app) as url:
         await eventually(lambda: app[dataplane_app.LINK].synced, what="the dataplane synced")
         async with httpx.AsyncClient(timeout=30) as http:
             async def messages(session: str, **extra) -> dict:
-                reply = await http.post(f"http://127.0.0.1:{port}/v1/messages", headers={
+                reply = await http.post(url + "/v1/messages", headers={
                     "X-Claude-Code-Session-Id": session}, json={"model": MODEL, "max_tokens": 16, "messages": [
                         {"role": "user", "content": "hello"}], **extra})
                 assert reply.status_code == 200 and reply.headers[h.RUN_ID] == session
@@ -315,7 +305,7 @@ async def test_a_harness_session_ends_its_run_on_the_scheduler_soon_after_its_an
 
             assert (await messages("session-paused", tools=[lookup]))["stop_reason"] == "tool_use"
             assert (await messages("session-answered"))["stop_reason"] == "end_turn"
-            reply = await http.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers={
+            reply = await http.post(url + "/v1/chat/completions", headers={
                 "x-session-id": "ses_answered_chat"}, json={"model": MODEL, "messages": [
                     {"role": "user", "content": "hello"}]})
             assert reply.status_code == 200 and reply.headers[h.RUN_ID] == "ses_answered_chat"
@@ -339,5 +329,3 @@ async def test_a_harness_session_ends_its_run_on_the_scheduler_soon_after_its_an
         # told at once, not after its own timeout (RUN_IDLE_TIMEOUT_S, far longer than WAIT_S)
         await eventually(lambda: shows(), what="no run left")
         assert "session-paused" not in book.runs
-    finally:
-        await runner.cleanup()

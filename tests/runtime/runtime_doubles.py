@@ -15,7 +15,7 @@ from aiohttp import web
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from luftpause.dev.procs import ManagedProcess
+from luftpause.dev.procs import ManagedProcess, served
 from luftpause.runtime.dataplane import DataplaneClient
 
 MODEL = "fake-llama-1b"
@@ -161,15 +161,12 @@ class LocalDataplane:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_delete("/v1/runs/{run_id}", self.delete_run)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        try:
-            yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-        finally:
-            if self.hold is not None:
-                self.hold.set()  # no turn left waiting: the server can stop
-            await runner.cleanup()
+        async with served(app) as url:
+            try:
+                yield url + "/v1"
+            finally:
+                if self.hold is not None:
+                    self.hold.set()  # no turn left waiting: the server can stop
 
 
 class InFlight:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import httpx
 import pytest
@@ -14,23 +12,10 @@ from aiohttp import web
 from luftpause.fakes.engine import EngineConfig
 from luftpause.hints import HIGHER_FIRST, LOWER_FIRST, NO_HINTS, EngineHints
 from luftpause.fakes.engine import create_app as create_engine_app
-from luftpause.dev.procs import ManagedProcess, eventually, free_port, free_ports
+from luftpause.dev.procs import ManagedProcess, eventually, free_port, free_ports, served
 from luftpause.scheduler.pool import Endpoint, PoolError, parse_pool
 from luftpause.scheduler.core import DecodeCounters
 from luftpause.scheduler.probes import ServerInfo, native_apis, parse_load, probe, probe_client, server_info
-
-@asynccontextmanager
-async def served(app: web.Application) -> AsyncIterator[int]:
-    """The app listening on a free loopback port, for the block's length."""
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield port
-    finally:
-        await runner.cleanup()
-
 
 GOOD = {"name": "a", "base_url": "http://127.0.0.1:1", "models": ["m"]}
 
@@ -87,11 +72,11 @@ async def test_probes_go_to_the_probe_url_and_a_silent_one_is_unanswered_not_ref
     silent = await asyncio.start_server(never, "127.0.0.1", 0)
     silent_port = silent.sockets[0].getsockname()[1]
     nowhere = f"http://127.0.0.1:{free_port()}"
-    async with served(create_engine_app(EngineConfig())) as port, probe_client() as client:
-        seen = await probe(client, Endpoint("e", nowhere, ("m",), probe_url=f"http://127.0.0.1:{port}"))
-        unseen = await probe(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",),
+    async with served(create_engine_app(EngineConfig())) as url, probe_client() as client:
+        seen = await probe(client, Endpoint("e", nowhere, ("m",), probe_url=url))
+        unseen = await probe(client, Endpoint("e", url, ("m",),
                                               probe_url=f"http://127.0.0.1:{silent_port}"))
-        refused = await probe(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",), probe_url=nowhere))
+        refused = await probe(client, Endpoint("e", url, ("m",), probe_url=nowhere))
     silent.close()
     assert seen.healthy and seen.running is not None and not seen.unanswered
     assert not unseen.healthy and unseen.unanswered
@@ -109,10 +94,10 @@ def test_pool_declares_the_client_apis_an_engine_serves_itself():
 async def test_native_apis_are_read_from_the_routes_an_engine_publishes(openapi, expected):
     # The fake lists /v1/responses (as vLLM does), not /v1/messages; without /openapi.json
     # (llama.cpp) nothing is known and turns are translated.
-    async with served(create_engine_app(EngineConfig(openapi=openapi))) as port, probe_client() as client:
-        found = await native_apis(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",)))
-        router = await native_apis(client, Endpoint("r", f"http://127.0.0.1:{port}", ("m",),
-                                                    load_from=(f"http://127.0.0.1:{port}",)))
+    async with served(create_engine_app(EngineConfig(openapi=openapi))) as url, probe_client() as client:
+        found = await native_apis(client, Endpoint("e", url, ("m",)))
+        router = await native_apis(client, Endpoint("r", url, ("m",),
+                                                    load_from=(url,)))
         gone = await native_apis(client, Endpoint("g", f"http://127.0.0.1:{free_port()}", ("m",)))
     assert (found, router, gone) == (expected, (), ())
 
@@ -200,24 +185,11 @@ def test_load_is_read_in_llama_cpp_and_tgi_names():
                       "# TYPE tgi_queue_size gauge\ntgi_queue_size 3\n")[:4] == (7, 3, 0, 0)
 
 
-async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
-    """The app on a free loopback port; as the fake engine's own process serves it, a client
-    that hangs up cancels its handler."""
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
-
-
 @pytest.mark.parametrize("metrics_format", ["llamacpp", "tgi"])
 async def test_fake_engine_in_llama_cpp_and_tgi_names_reports_known_load(metrics_format):
-    runner, url = await serve_app(create_engine_app(EngineConfig(metrics_format=metrics_format)))
-    try:
-        async with probe_client() as client:
-            result = await probe(client, Endpoint("e", url, ("fake-llama-1b",)))
-    finally:
-        await runner.cleanup()
+    engine = create_engine_app(EngineConfig(metrics_format=metrics_format))
+    async with served(engine, handler_cancellation=True) as url, probe_client() as client:
+        result = await probe(client, Endpoint("e", url, ("fake-llama-1b",)))
     assert result.healthy and (result.running, result.queued) == (0, 0) and not result.problems
 
 
@@ -231,12 +203,8 @@ async def test_metrics_without_a_known_load_metric_name_what_they_report():
     app = web.Application()
     app.router.add_get("/health", ok)
     app.router.add_get("/metrics", metrics)
-    runner, url = await serve_app(app)
-    try:
-        async with probe_client() as client:
-            result = await probe(client, Endpoint("odd", url, ("m",)))
-    finally:
-        await runner.cleanup()
+    async with served(app) as url, probe_client() as client:
+        result = await probe(client, Endpoint("odd", url, ("m",)))
     assert result.healthy and result.running is None
     [(metrics_url, problem)] = result.problems
     assert metrics_url == url + "/metrics"
@@ -253,7 +221,15 @@ async def test_scheduler_logs_a_replica_without_known_load_metrics_once(tmp_path
             metrics_read.append(request.path)
 
     engine.on_response_prepare.append(count_metrics_reads)
-    runner, engine_url = await serve_app(engine)
+    async with served(engine, handler_cancellation=True) as engine_url:
+        await scheduler_reads_metrics(tmp_path, engine_url, metrics_read)
+    lines = [line for line in (tmp_path / "scheduler.log").read_text().splitlines() if "no known load metric" in line]
+    assert len(lines) == 1 and "quiet" in lines[0] and "engine_kv_cache_usage_ratio" in lines[0]
+
+
+async def scheduler_reads_metrics(tmp_path, engine_url: str, metrics_read: list[str]) -> None:
+    """A scheduler started on the one replica at ``engine_url``, stopped after it probed
+    the replica healthy and read its metrics five more times."""
     grpc_port, http_port = free_ports(2)
     pool = tmp_path / "pool.yaml"
     pool.write_text(f"endpoints:\n  - name: quiet\n    base_url: {engine_url}\n    models: [fake-llama-1b]\n")
@@ -273,9 +249,6 @@ async def test_scheduler_logs_a_replica_without_known_load_metrics_once(tmp_path
         await eventually(lambda: len(metrics_read) >= read_when_healthy + 5, what="five more probes")
     finally:
         await asyncio.to_thread(scheduler.stop)
-        await runner.cleanup()
-    lines = [line for line in (tmp_path / "scheduler.log").read_text().splitlines() if "no known load metric" in line]
-    assert len(lines) == 1 and "quiet" in lines[0] and "engine_kv_cache_usage_ratio" in lines[0]
 
 
 @pytest.fixture
@@ -339,8 +312,8 @@ async def test_garbage_metrics_mean_no_load_and_name_the_problem():
     app = web.Application()
     app.router.add_get("/health", ok)
     app.router.add_get("/metrics", garbage)
-    async with served(app) as port, probe_client() as client:
-        result = await probe(client, Endpoint("junk", f"http://127.0.0.1:{port}", ("m",)))
+    async with served(app) as url, probe_client() as client:
+        result = await probe(client, Endpoint("junk", url, ("m",)))
     assert result.healthy and result.running is None and result.queued is None
     assert result.problems and result.problems[0][0].endswith("/metrics")
 
@@ -352,12 +325,12 @@ def test_pool_max_batch_caps_the_replica():
 
 @pytest.mark.parametrize(("graphs", "expected"), [(8, 8), (0, 0)])
 async def test_fast_batch_is_read_from_sglangs_server_info(graphs, expected):
-    async with served(create_engine_app(EngineConfig(cuda_graph_max_bs=graphs))) as port, \
+    async with served(create_engine_app(EngineConfig(cuda_graph_max_bs=graphs))) as url, \
             probe_client() as client:
-        size = (await server_info(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",)))).fast_batch
+        size = (await server_info(client, Endpoint("e", url, ("m",)))).fast_batch
         # A router speaks for engines whose settings are their own; a dead port says nothing.
-        router = await server_info(client, Endpoint("r", f"http://127.0.0.1:{port}", ("m",),
-                                                    load_from=(f"http://127.0.0.1:{port}",)))
+        router = await server_info(client, Endpoint("r", url, ("m",),
+                                                    load_from=(url,)))
         gone = await server_info(client, Endpoint("g", f"http://127.0.0.1:{free_port()}", ("m",)))
     assert (size, router, gone) == (expected, ServerInfo(), ServerInfo())
 
@@ -371,8 +344,8 @@ async def test_fast_batch_is_read_from_sglangs_server_info(graphs, expected):
     ({"scheduling_policy": "priority"}, NO_HINTS),
 ])
 async def test_the_engines_agent_features_are_read_from_sglangs_server_info(flags, expected):
-    async with served(create_engine_app(EngineConfig(**flags))) as port, probe_client() as client:
-        info = await server_info(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",)))
+    async with served(create_engine_app(EngineConfig(**flags))) as url, probe_client() as client:
+        info = await server_info(client, Endpoint("e", url, ("m",)))
     assert info.hints == expected
 
 
@@ -415,8 +388,8 @@ async def test_llama_cpps_slots_are_read_from_its_props(props, expected):
     app.router.add_get("/health", health)
     if props is not None:
         app.router.add_get("/props", answer_props)
-    async with served(app) as port, probe_client() as client:
-        info = await server_info(client, Endpoint("e", f"http://127.0.0.1:{port}", ("m",)))
-        router = await server_info(client, Endpoint("r", f"http://127.0.0.1:{port}", ("m",),
-                                                    load_from=(f"http://127.0.0.1:{port}",)))
+    async with served(app) as url, probe_client() as client:
+        info = await server_info(client, Endpoint("e", url, ("m",)))
+        router = await server_info(client, Endpoint("r", url, ("m",),
+                                                    load_from=(url,)))
     assert (info, router) == (ServerInfo(hints=expected), ServerInfo())

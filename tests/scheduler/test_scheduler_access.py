@@ -11,7 +11,7 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from luftpause.vocabulary import MAX_ID_BYTES
-from luftpause.dev.procs import WAIT_S, ManagedProcess, free_port, free_ports
+from luftpause.dev.procs import WAIT_S, ManagedProcess, free_port, free_ports, served
 from luftpause.proto import scheduler_pb2 as pb
 from luftpause.proto import scheduler_pb2_grpc as pb_grpc
 
@@ -34,14 +34,8 @@ async def runtime_stand_in():
 
     app = web.Application()
     app.router.add_get("/status", status)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        await runner.cleanup()
+    async with served(app) as url:
+        yield url, seen
 
 
 @pytest.fixture
