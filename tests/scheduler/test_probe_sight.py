@@ -6,17 +6,17 @@ back in rotation at once when the link heals: the probe in flight then is answer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import structlog
 
 from luftpause.dev.faultproxy import FaultProxy
-from luftpause.dev.procs import WAIT_S, eventually
+from luftpause.dev.procs import WAIT_S, eventually, served
 from luftpause.fakes.engine import EngineConfig
 from luftpause.fakes.engine import create_app as create_engine_app
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.pool import Endpoint
 
-from tests.scheduler.test_pool_and_probes import serve_app
 
 MODEL = "fake-llama-1b"
 PERIOD_S = 0.5  # a short probe period, so a's rounds are countable within one b timeout
@@ -38,8 +38,9 @@ def reads_of_a_during_unanswered_probes_of_b(events: list[tuple]) -> list[int]:
 
 
 async def test_a_cut_probe_path_puts_one_engine_out_of_sight_without_slowing_its_peers_probes():
-    runner_a, url_a = await serve_app(create_engine_app(EngineConfig()))
-    runner_b, url_b = await serve_app(create_engine_app(EngineConfig()))
+    engines = contextlib.AsyncExitStack()
+    url_a = await engines.enter_async_context(served(create_engine_app(EngineConfig()), handler_cancellation=True))
+    url_b = await engines.enter_async_context(served(create_engine_app(EngineConfig()), handler_cancellation=True))
     proxy = FaultProxy(int(url_b.rsplit(":", 1)[1])).start()
     host = SchedulerHost([Endpoint("a", url_a, (MODEL,)),
                           Endpoint("b", url_b, (MODEL,), probe_url=f"http://{proxy.address}")],
@@ -88,5 +89,4 @@ async def test_a_cut_probe_path_puts_one_engine_out_of_sight_without_slowing_its
         probing.cancel()
         await asyncio.gather(probing, return_exceptions=True)
         proxy.close()
-        await runner_a.cleanup()
-        await runner_b.cleanup()
+        await engines.aclose()
