@@ -23,7 +23,8 @@
   ten times slower than its peer takes about a tenth of new runs; replicas sharing one
   device are filled one at a time, but an interactive turn goes to the one with the
   fewest interactive runs under way, then their fewest context tokens (each replica
-  has its own KV pool);
+  has its own KV pool), and a new interactive run waits for such a replica while it
+  has no room;
 * but a replica much slower than a peer whose capacity is known (a learned limit or a
   ceiling) takes no turn that peer could take while fewer turns are held than the
   peer finishes in one of the slow replica's turns (the room the turn's class has
@@ -221,6 +222,13 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
             run = state.runs.get(turn.run_id)
             if run is not None and run.context_tokens:
                 roomy = [r for r in roomy if _kv_fits(r, run.context_tokens)]
+        fewer = _fewer_agents_full(state, candidates, roomy) if roomy and turn.opens \
+            and turn.service_class == INTERACTIVE else []
+        if fewer:  # it waits for the pool with fewer agents; turns behind it may still go elsewhere
+            blocked.update(fewer)
+            if open_replicas <= blocked:
+                return None
+            continue
         if roomy:
             if turn.home and len(roomy) > 1:  # a pinned run leaving a much slower replica: not back there
                 roomy = [r for r in roomy if r.name != turn.home]
@@ -229,6 +237,19 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
         if open_replicas <= blocked:
             return None
     return None
+
+
+def _fewer_agents_full(state: State, candidates: list[Replica], roomy: list[Replica]) -> list[str]:
+    """The healthy replicas without room that share a device with one that has room and
+    hold fewer interactive runs than every roomy replica there: a new interactive run
+    waits for one of them rather than join a pool with more agents."""
+    least: dict[str, int] = {}
+    for r in roomy:
+        if r.device:
+            least[r.device] = min(least.get(r.device, r.interactive_runs), r.interactive_runs)
+    names = {r.name for r in roomy}
+    return [r.name for r in candidates if r.device in least and r.name not in names and r.healthy
+            and r.interactive_runs < least[r.device]]
 
 
 def _held_in_release_order(state: State, homes: dict[str, list[str]]) -> Iterator[HeldTurn]:

@@ -167,6 +167,27 @@ def test_interactive_runs_on_a_shared_device_spread_by_count_then_context_while_
     assert (state.replicas["a"].interactive_runs, state.replicas["a"].interactive_tokens) == (1, 3_000)  # 1 ended
 
 
+def test_a_new_interactive_run_waits_for_the_shared_devices_pool_with_fewer_agents_while_batch_goes_on():
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}), device="gpu0", max_batch=4),
+                                core.Replica("b", frozenset({MODEL}), device="gpu0", max_batch=2)])
+    for name in "ab":
+        state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0))
+    for turn, agent, replica in (("i1", "agent1", "a"), ("i2", "agent2", "b"), ("i3", "agent3", "a")):
+        state, actions = admit(state, turn, agent, now=1)
+        assert placed(actions) == {turn: replica}
+        state, _ = core.decide(state, core.TurnFinished(turn, "tool_calls", 2))  # paused on a tool
+    for turn in ("x1", "x2"):  # b's two slots taken by batch jobs
+        state, _ = core.decide(state, core.AdmitRequested(turn, f"run-{turn}", MODEL, "batch", "c", 3,
+                                                          leased_replica="b"))
+    state, actions = admit(state, "i4", "agent4", now=4)
+    assert placed(actions) == {} and "i4" in state.held  # a has room, and two agents: it waits for b
+    state, actions = admit(state, "x3", "run-x3", cls="batch", now=5)
+    assert placed(actions) == {"x3": "a"}  # what waits for b keeps nothing else off a
+    state, actions = core.decide(state, core.TurnFinished("x1", "stop", 6))
+    assert placed(actions) == {"i4": "b"}  # two agents to each pool
+    assert [state.replicas[n].interactive_runs for n in "ab"] == [2, 2]
+
+
 def test_devices_are_spread_across_and_filled_within():
     state = core.initial_state([core.Replica("a1", frozenset({MODEL}), device="gpu0"),
                                 core.Replica("a2", frozenset({MODEL}), device="gpu0"),
