@@ -19,8 +19,8 @@ from opentelemetry.trace import SpanKind
 from luftpause import vocabulary as h
 from luftpause import auth, origins, tracing
 from luftpause.dataplane.constants import MAX_BODY_BYTES
-from luftpause.dataplane.context import (BOOK, DIALECT, ENGINES, HOLD_TOOL_CALLS, KEYS, LINK, LOG, METRICS, TENANT,
-                                         SUSPECTS, TOKEN, TRACER, error_response)
+from luftpause.dataplane.context import (BOOK, DIALECT, ENGINES, HOLD_TOOL_CALLS, KEYS, LINK, LOG, METRICS, RUN_ID,
+                                         SUSPECTS, TENANT, TOKEN, TRACER, error_response)
 from luftpause.dataplane.suspects import Suspects
 from luftpause.dataplane.dialects import Dialect
 from luftpause.dataplane.engines import Engines
@@ -74,7 +74,7 @@ async def json_errors(request: web.Request, handler):
     try:
         return await handler(request)
     except ApiError as exc:
-        run_id = request.get("run_id")
+        run_id = request.get(RUN_ID)
         if run_id is None and request.path == "/v1/chat/completions":
             run_id = request.headers.get(h.RUN_ID, "").strip() or new_id()
         headers = {**({h.RUN_ID: run_id} if run_id else {}), **(exc.headers or {})}

@@ -11,7 +11,7 @@ from luftpause.dataplane.dialects import Dialect
 from luftpause.dataplane.engines import Engines
 from luftpause.dataplane.metrics import DataplaneMetrics
 from luftpause.dataplane.suspects import Suspects
-from luftpause.keys import Keys
+from luftpause.keys import KeyIdentity, Keys
 from luftpause.link import SchedulerLink
 from luftpause.runbook import RunBook
 
@@ -24,7 +24,8 @@ TOKEN = web.AppKey("token", str)
 LOG = web.AppKey("log", object)
 METRICS = web.AppKey("metrics", DataplaneMetrics)
 KEYS = web.AppKey("keys", Keys)  # tenant keys (luftpause/keys.py)
-TENANT = "tenant"  # request key: the KeyIdentity a tenant key authenticated, if one did
+TENANT = web.RequestKey("tenant", KeyIdentity)  # the KeyIdentity a tenant key authenticated, if one did
+RUN_ID = web.RequestKey("run_id", str)  # the turn's run, named in its error responses (requests.py)
 HOLD_TOOL_CALLS = web.AppKey("hold_tool_calls", bool)  # False: --tool-calls live
 DIALECT = web.RequestKey("dialect", Dialect)  # the client API of a dialect route, for its error shape
 

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from luftpause import keys
 from luftpause import vocabulary as h
-from luftpause.dataplane.context import BOOK, DIALECT, TENANT
+from luftpause.dataplane.context import BOOK, DIALECT, RUN_ID, TENANT
 from luftpause.dataplane.dialects import Dialect, Translated, encode_json
 from luftpause.hints import resumes_from_tool
 from luftpause.frontdoor import ApiError, check_chat, json_document, returned_tool_call_ids
@@ -94,7 +94,7 @@ async def parse_turn(request: web.Request) -> TurnRequest:
     stream = document.get("stream", False)
     if not named:
         _join_by_tool_calls(request, document)
-    return TurnRequest(body, model, stream, request["run_id"], service_class, caller, session=session,
+    return TurnRequest(body, model, stream, request[RUN_ID], service_class, caller, session=session,
                        resuming=resumes_from_tool(document))
 
 
@@ -112,16 +112,16 @@ def _name_run(request: web.Request) -> tuple[bool, bool]:
     """Name the turn's run from its headers, on every API: x-luftpause-run-id, else the
     harness's session header (the run then ends when the session goes idle), else a new
     id, which returned tool_call ids may still replace (_join_by_tool_calls). Sets
-    request["run_id"]; returns (named by a header, named by a session header). A malformed
+    request[RUN_ID]; returns (named by a header, named by a session header). A malformed
     header is a 400 naming it; a tenant's turn naming another caller's run, a 403."""
-    request["run_id"] = new_id()  # named in error responses until the headers are known good
+    request[RUN_ID] = new_id()  # named in error responses until the headers are known good
     header_run_id = _identity_header(request, h.RUN_ID, h.MAX_ID_BYTES)
     session = "" if header_run_id else _session_id(request)
     named = header_run_id or session
     if named and not _may_join(request, named):
         which = h.RUN_ID if header_run_id else "the session header"
         raise ApiError(403, keys.named_other_callers_run(which), "permission_error")
-    request["run_id"] = named or request["run_id"]
+    request[RUN_ID] = named or request[RUN_ID]
     return bool(named), bool(session)
 
 
@@ -137,7 +137,7 @@ def _join_by_tool_calls(request: web.Request, chat: dict) -> None:
     (a tenant's: one of its own; another caller's tool_call ids start a run of its own)."""
     known = request.app[BOOK].run_for_tool_calls(returned_tool_call_ids(chat), time.monotonic())
     if known and _may_join(request, known):
-        request["run_id"] = known
+        request[RUN_ID] = known
 
 
 def turn_identity(request: web.Request) -> tuple[str, str]:
@@ -159,5 +159,5 @@ async def parse_dialect_turn(request: web.Request, dialect: Dialect) -> TurnRequ
         _join_by_tool_calls(request, chat)
     body = encode_json(chat)
     # The translated document lives on as its encoding only: a turn keeps one copy of it.
-    return TurnRequest(body, model, translated.stream, request["run_id"], service_class, caller, dialect,
+    return TurnRequest(body, model, translated.stream, request[RUN_ID], service_class, caller, dialect,
                        replace(translated, chat={}), native, session, resumes_from_tool(chat))
