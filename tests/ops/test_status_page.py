@@ -181,6 +181,9 @@ async def test_page_under_load_shows_rates_probe_age_and_the_run_tree_live_first
         assert r["cells"][3] == "up" and r["cells"][4].endswith("s ago")
         assert r["cells"][8] == "no limit" or r["cells"][8].split()[0].isdigit()
         assert re.fullmatch(r"\d+( \(\+\d+ lent\))?", r["cells"][7]), r["cells"][7]  # in flight (+ slots lent)
+        assert r["cells"][9].isdigit()  # interactive runs at home there
+        assert re.fullmatch(r"\d+ ms|–", r["cells"][10]) and re.fullmatch(r"\d+\.\d ms|–", r["cells"][11])
+    assert any(r["cells"][10] != "–" for r in replicas)  # the load's finished turns timed a replica's pace
 
     assert dom.text.get("runtime-error", "") == ""
     tree = [r for r in dom.rows["runtime"] if r["cells"]]
