@@ -45,7 +45,9 @@ POLICY_OPTIONS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
         "lift a replica's decode ceiling (SGLang's cuda_graph_max_bs) where the engine shows decoding above it "
         "buys throughput: its decode execution counters (GPU seconds, tokens, graph and eager passes; a token "
         "10 %% cheaper) where it reports them, else its gen_throughput (at most 15 %% dearer); a try every 90 s "
-        "at most; batch turns leave a lifted slot per paused interactive run (docs/admission.md). off: the "
+        "at most; batch turns leave a lifted slot per paused interactive run; one replica of the pool (while "
+        "another keeps its wall) also keeps and climbs a lift that costs a token no more, while turns wait for "
+        "it (docs/admission.md). off: the "
         "graph batch is the wall. throughput: also keep, and take higher, a lift that costs a token no more "
         "than at the graph batch (counters only): more batch throughput where a larger batch pays only "
         "further up, every interactive run decoding in the longer step"),

@@ -401,7 +401,8 @@ class SchedulerHost:
             self.log.info("decode_ceiling", replica=replica, ceiling=after.ceiling, fast_batch=after.fast_batch,
                           ms_per_token_at_fast_batch=round(median(before.lo_costs), 2) if before.lo_costs else None,
                           ms_per_token_above=round(median(before.hi_costs), 2) if before.hi_costs else None,
-                          effect="lifted" if after.decode.lift > before.lift else "lowered")
+                          effect="lifted" if after.decode.lift > before.lift else "lowered",
+                          batch_first=after.decode.batch_first)
 
     def reprobe(self, replica: str) -> None:
         """Probe one replica now, out of turn: a turn failed there, and a dead engine

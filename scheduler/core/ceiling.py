@@ -61,6 +61,17 @@ last lift judged cheap (``kept``). In the operator's throughput mode a lift that
 but costs a token no more (:func:`is_neutral`) is kept and tried a step higher while turns
 wait: batch throughput first, every run on the replica decoding in the longer step.
 
+By default one replica of the pool does the same while turns wait for a step higher: the
+first to read a lift no dearer but not the gain keeps it and takes it higher
+(``DecodeCost.batch_first``), while every other replica keeps its wall, so long as another
+healthy replica is there; a lift of no gain that cannot climb (no turns waiting, or at
+LIFT_MAX_FACTOR) is dear there. An eager step small
+enough to cost a token no more at twice the fast batch buys batch throughput only in a
+large batch; lifted on one replica, batch gets that batch there, and an interactive turn's
+step on a shared accelerator is one lifted pass and one short one instead of two lifted
+ones (the throughput mode) or two short ones (the wall everywhere). The flag goes when the
+lift is back at the wall, or with the replica (unhealthy, read anew).
+
 The lift is for batch throughput: while a ceiling is lifted, batch turns leave one of the
 lifted slots for each interactive run paused on the replica (:func:`lifted_reserve`,
 limit.py), so an interactive run back from its tool starts at once there, in a batch as
@@ -248,17 +259,21 @@ def _read_counters(cost: DecodeCost, replica: Replica, counters: DecodeCounters)
 
 
 def _relifted(cost: DecodeCost, lift: int) -> DecodeCost:
-    """The lift changed: readings above the fast batch start over."""
-    return cost._replace(lift=lift, hi_costs=(), settle=0)
+    """The lift changed: readings above the fast batch start over (and a lift back at the
+    wall is no batch-first one)."""
+    return cost._replace(lift=lift, hi_costs=(), settle=0, batch_first=cost.batch_first and lift > 0)
 
 
 def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, device_batch: int = 0,
-                       device_throughput: float = 0.0, throughput_first: bool = False) -> DecodeCost:
+                       device_throughput: float = 0.0, throughput_first: bool = False,
+                       batch_first_free: bool = False) -> DecodeCost:
     """The replica's decode cost and lift after the probe just recorded on it.
     ``turns_wait``: held turns could go to this replica; ``device_batch``,
     ``device_throughput``: what the replicas on its accelerator run and generate
     (:func:`device_reading`); ``throughput_first``: the operator's throughput mode, where a
-    lift that costs a token no more is kept and taken higher (:func:`is_neutral`)."""
+    lift that costs a token no more is kept and taken higher (:func:`is_neutral`) on every
+    replica; ``batch_first_free``: this replica may do the same as the pool's one
+    batch-first replica (another healthy one keeps its wall, none holds that lift)."""
     cost = replica.decode
     fast = replica.fast_batch
     if not replica.healthy or not replica.load_known or not fast or replica.max_batch:
@@ -277,7 +292,10 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, 
     room = at_ceiling and turns_wait and fast + cost.lift + step <= LIFT_MAX_FACTOR * fast
     if cost.lift and len(cost.hi_costs) >= samples:
         if not is_cheap(cost):
-            if counted and throughput_first and is_neutral(cost):
+            # no dearer, no gain yet: the throughput mode keeps it; the pool's batch-first
+            # replica only while it can climb to where a lift pays
+            if counted and (throughput_first or (batch_first_free and room)) and is_neutral(cost):
+                cost = cost._replace(batch_first=not throughput_first)
                 if room:  # no dearer, no gain yet: one step higher
                     return _relifted(cost, cost.lift + step)
                 return _relifted(cost, cost.lift)  # no dearer: kept, judged again on as many readings more

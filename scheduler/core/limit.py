@@ -57,7 +57,7 @@ from luftpause.scheduler.constants import (
 from luftpause.scheduler.core.ceiling import _decode_cost_after, device_reading, lifted_reserve
 from luftpause.scheduler.core.events import EngineProbed
 from luftpause.scheduler.core.health import SILENT, UNSEEN, after_probe
-from luftpause.scheduler.core.state import AdmissionLimit, Replica, State, _much_faster
+from luftpause.scheduler.core.state import GENERATIVE, AdmissionLimit, Replica, State, _much_faster
 from luftpause.vocabulary import BATCH
 
 
@@ -438,6 +438,13 @@ def _recent_wait_ms(replica: Replica, event: EngineProbed) -> float | None:
     return 1000 * (event.queue_wait_s - total_s) / (event.queue_waits - count)
 
 
+def _batch_first_free(state: State, name: str) -> bool:
+    """Whether this replica may take the pool's batch-first lift (ceiling.py): another
+    healthy generative replica is there to keep its wall, and none holds that lift."""
+    others = [r for r in state.replicas.values() if r.name != name and r.kind == GENERATIVE]
+    return any(r.healthy for r in others) and not any(r.decode.batch_first for r in others)
+
+
 def _turns_wait_for(state: State, name: str) -> bool:
     """Whether held turns could go to this replica: pinned to it, free to go anywhere, or
     pinned to a replica much slower than it (they may go on here: placement.py). Without
@@ -470,7 +477,8 @@ def _probed(state: State, event: EngineProbed) -> State:
     if state.policy.lifts:
         updated = updated._replace(decode=_decode_cost_after(updated, event, _turns_wait_for(state, replica.name),
                                                              *device_reading(state, updated, event),
-                                                             throughput_first=state.policy.throughput_first))
+                                                             throughput_first=state.policy.throughput_first,
+                                                             batch_first_free=_batch_first_free(state, replica.name)))
         if event.gen_throughput is not None and not event.load_stale:
             updated = updated._replace(gen_throughput=event.gen_throughput)
     updated = updated._replace(limit=_limit_after(state, updated, event))

@@ -28,7 +28,7 @@ class LiftMode(str, Enum):
     """How the decode ceiling is lifted above the engine's fast batch (ceiling.py)."""
 
     OFF = "off"  # the fast batch is the wall
-    ON = "on"  # lifted where a larger batch buys throughput
+    ON = "on"  # lifted where a larger batch buys throughput; on one replica of the pool also where it costs no more
     # ... and where it costs a token no more, even without the gain that pays an
     # interactive run's longer step: batch throughput first (ceiling.py, is_neutral).
     THROUGHPUT = "throughput"

@@ -97,6 +97,9 @@ class DecodeCost(NamedTuple):
     retry_after: int = 0  # probes to wait before the next try
     retry_probes: int = LIFT_RETRY_PROBES  # the wait a dear verdict sets (doubles in a row)
     counters: DecodeCounters | None = None  # the engine's execution counters at the last probe, where it reports them
+    # The lift stands on a neutral verdict (a token no dearer, not the gain): the pool's one
+    # batch-first replica (ceiling.py); cleared when the lift is back at the wall.
+    batch_first: bool = False
 
 
 @_quick_replace

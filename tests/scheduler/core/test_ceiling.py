@@ -441,6 +441,82 @@ def test_a_10_ms_eager_step_keeps_the_wall_but_in_the_throughput_mode_the_lift_g
     assert state.replicas["a"].ceiling >= 3 * FAST and not state.replicas["a"].decode.retry_after
 
 
+def two_on_a_gpu(lift: core.LiftMode = core.Policy().lift, waiting: int = 90):
+    """Two replicas sharing one GPU, each reporting a fast batch of 8, with ``waiting``
+    batch turns for both."""
+    state = core.initial_state([core.Replica(n, frozenset({MODEL}), device="gpu0") for n in "ab"], core.Policy(lift=lift))
+    for name in "ab":
+        state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0, 0, 100_000, FAST))
+    state, sent = fill(state, waiting)
+    assert len(sent) == 2 * FAST
+    return state
+
+
+def run_two_counted(state, eager_ms: float, probes: int):
+    """Probes of both replicas, each reporting the execution counters of its own decode
+    passes at the batch luftpause has there."""
+    for i in range(probes):
+        for name in "ab":
+            replica = state.replicas[name]
+            counters = counters_after(replica.decode.counters, replica.in_flight, eager_ms)
+            state, _ = core.decide(state, core.EngineProbed(name, True, replica.in_flight, 0, 1 + i, 10_000, 100_000,
+                                                            decode_counters=counters))
+    return state
+
+
+def test_a_10_ms_eager_step_lifts_one_replica_of_the_pool_and_the_other_keeps_its_wall():
+    """Where a lift costs a token no more but buys less than LIFT_COUNTED_GAIN (a 10 ms
+    eager step at 16), one replica of the pool takes it, as in the throughput mode, and
+    climbs to where it pays: batch gets a large batch there. The other keeps the fast
+    batch as its wall, so an interactive turn's step on the shared GPU is one lifted pass
+    and one short one, not two lifted ones. In the throughput mode both climb; with the
+    testbed's 20 ms step neither does."""
+    probes = LIFT_COUNTED_REFERENCE_MIN + 1 + 4 * (LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES)
+    state = run_two_counted(two_on_a_gpu(), 10.0, probes)
+    ceilings = sorted(state.replicas[n].ceiling for n in "ab")
+    assert ceilings[0] == FAST and ceilings[1] >= 3 * FAST
+    assert [state.replicas[n].decode.batch_first for n in "ab"].count(True) == 1
+    both = run_two_counted(two_on_a_gpu(core.LiftMode.THROUGHPUT), 10.0, probes)
+    assert all(both.replicas[n].ceiling >= 3 * FAST for n in "ab")
+    dear = run_two_counted(two_on_a_gpu(), 20.0, probes)
+    assert [dear.replicas[n].ceiling for n in "ab"] == [FAST, FAST]
+    assert not any(dear.replicas[n].decode.batch_first for n in "ab")
+
+
+def test_a_batch_first_lift_of_no_gain_that_cannot_climb_goes_back_to_the_wall():
+    """The try at 16 takes every waiting turn: a step higher could not be filled, and a
+    lift that costs a token no more but buys nothing is not worth the interactive runs'
+    longer step. By default it is dear; the throughput mode keeps it."""
+    probes = LIFT_COUNTED_REFERENCE_MIN + 1 + LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES
+    state = run_two_counted(two_on_a_gpu(waiting=3 * FAST), 10.0, probes)
+    assert not state.held
+    assert [state.replicas[n].ceiling for n in "ab"] == [FAST, FAST]
+    assert not any(state.replicas[n].decode.batch_first for n in "ab")
+    kept = run_two_counted(two_on_a_gpu(core.LiftMode.THROUGHPUT, waiting=3 * FAST), 10.0, probes)
+    assert sorted(kept.replicas[n].ceiling for n in "ab") == [FAST, 2 * FAST]
+
+
+def test_the_batch_first_lift_goes_with_its_replica_and_a_replica_alone_keeps_its_wall():
+    """The batch-first replica goes down: its lift is forgotten. The other, alone in
+    rotation, tries 16 again when its wait is over and reads it no dearer, but takes no
+    lift on that (no replica would keep its wall for the interactive runs): a dear
+    verdict, and a longer wait."""
+    settled = LIFT_COUNTED_REFERENCE_MIN + 1 + 4 * (LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES)
+    state = run_two_counted(two_on_a_gpu(), 10.0, settled)
+    (first,) = [n for n in "ab" if state.replicas[n].decode.batch_first]
+    other = "b" if first == "a" else "a"
+    waits = state.replicas[other].decode.retry_probes
+    state, _ = core.decide(state, core.EngineProbed(first, False, None, None, 100))
+    assert not state.replicas[first].decode.lift and not state.replicas[first].decode.batch_first
+    for i in range(state.replicas[other].decode.retry_after + settled):
+        replica = state.replicas[other]
+        counters = counters_after(replica.decode.counters, replica.in_flight, 10.0)
+        state, _ = core.decide(state, core.EngineProbed(other, True, replica.in_flight, 0, 101 + i, 10_000, 100_000,
+                                                        decode_counters=counters))
+    alone = state.replicas[other]
+    assert alone.ceiling == FAST and not alone.decode.batch_first and alone.decode.retry_probes == 2 * waits
+
+
 def test_the_throughput_mode_still_keeps_the_testbeds_eager_step_as_the_wall():
     """The preset's 20 ms eager step reads 22 % dearer at 16: dear in either mode."""
     state = saturated(60, lift=core.LiftMode.THROUGHPUT)
