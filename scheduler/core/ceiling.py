@@ -65,12 +65,12 @@ By default one replica of the pool does the same while turns wait for a step hig
 first to read a lift no dearer but not the gain keeps it and takes it higher
 (``DecodeCost.batch_first``), while every other replica keeps its wall, so long as another
 healthy replica is there; a lift of no gain that cannot climb (no turns waiting, or at
-LIFT_MAX_FACTOR) is dear there. An eager step small
-enough to cost a token no more at twice the fast batch buys batch throughput only in a
-large batch; lifted on one replica, batch gets that batch there, and an interactive turn's
-step on a shared accelerator is one lifted pass and one short one instead of two lifted
-ones (the throughput mode) or two short ones (the wall everywhere). The flag goes when the
-lift is back at the wall, or with the replica (unhealthy, read anew).
+LIFT_MAX_FACTOR) is dear there. An eager step small enough to cost a token no more at
+twice the fast batch buys batch throughput only in a large batch; lifted on one replica,
+batch gets that batch there, and an interactive turn's step on a shared accelerator is one
+lifted pass and one short one instead of two lifted ones (the throughput mode) or two
+short ones (the wall everywhere). The flag goes when the lift is back at the wall, or
+with the replica (unhealthy, read anew).
 
 The lift is for batch throughput: while a ceiling is lifted, batch turns leave one of the
 lifted slots for each interactive run paused on the replica (:func:`lifted_reserve`,
@@ -296,9 +296,9 @@ def _decode_cost_after(replica: Replica, probe: EngineProbed, turns_wait: bool, 
             # replica only while it can climb to where a lift pays
             if counted and (throughput_first or (batch_first_free and room)) and is_neutral(cost):
                 cost = cost._replace(batch_first=not throughput_first)
-                if room:  # no dearer, no gain yet: one step higher
+                if room:  # one step higher
                     return _relifted(cost, cost.lift + step)
-                return _relifted(cost, cost.lift)  # no dearer: kept, judged again on as many readings more
+                return _relifted(cost, cost.lift)  # kept, judged again on as many readings more
             # dear: back to the last lift judged cheap, and wait longer before trying again
             return _relifted(cost, cost.kept)._replace(
                 kept=max(0, cost.kept - step),

@@ -344,16 +344,20 @@ def test_a_reading_is_the_devices_batch_over_its_summed_throughput():
     assert device_reading(state, state.replicas["a"], probe) == (8, 200.0)
 
 
+def two_on_a_gpu(lift: core.LiftMode = core.Policy().lift, waiting: int = 90):
+    """Two replicas sharing one GPU, each reporting a fast batch of 8, with ``waiting``
+    batch turns for both."""
+    state = core.initial_state([core.Replica(n, frozenset({MODEL}), device="gpu0") for n in "ab"], core.Policy(lift=lift))
+    for name in "ab":
+        state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0, 0, 100_000, FAST))
+    state, sent = fill(state, waiting)
+    assert len(sent) == 2 * FAST
+    return state
+
+
 def test_a_neighbours_eager_step_on_a_shared_gpu_reads_dear_whichever_replica_tries():
     """Both replicas of a shared GPU may lift: each judges the device's step, so with the
     testbed's 20 ms eager step neither keeps a lift, and without it both climb."""
-    def both_lift():
-        state = core.initial_state([core.Replica(n, frozenset({MODEL}), device="gpu0") for n in "ab"])
-        for name in "ab":
-            state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0, 0, 100_000, FAST))
-        state, _ = fill(state, 80)
-        return state
-
     def run(state, eager_ms, probes):
         for i in range(probes):
             batches = {n: state.replicas[n].in_flight for n in "ab"}
@@ -363,9 +367,9 @@ def test_a_neighbours_eager_step_on_a_shared_gpu_reads_dear_whichever_replica_tr
                                                                 gen_throughput=1000.0 * batches[name] / step))
         return state
 
-    dear = run(both_lift(), 20.0, 30)
+    dear = run(two_on_a_gpu(waiting=80), 20.0, 30)
     assert [dear.replicas[n].ceiling for n in "ab"] == [FAST, FAST]
-    free = run(both_lift(), 0.0, LIFT_REFERENCE_MIN + 2 * (LIFT_SETTLE_PROBES + LIFT_SAMPLES))
+    free = run(two_on_a_gpu(waiting=80), 0.0, LIFT_REFERENCE_MIN + 2 * (LIFT_SETTLE_PROBES + LIFT_SAMPLES))
     assert all(free.replicas[n].ceiling >= FAST + 2 * lift_step(FAST) for n in "ab")
 
 
@@ -385,14 +389,17 @@ def counters_after(before: core.DecodeCounters | None, batch: int, eager_ms: flo
                                before.graph_passes + (0 if eager else passes), before.eager_passes + (passes if eager else 0))
 
 
-def run_counted(state, eager_ms: float, probes: int, now: int, gen_throughput: float | None = None):
-    """``probes`` probes of an engine running every turn luftpause has there and reporting
-    its execution counters (and, if given, a ``gen_throughput`` gauge saying otherwise)."""
+def run_counted(state, eager_ms: float, probes: int, now: int, gen_throughput: float | None = None,
+                names: str = "a"):
+    """``probes`` probes of each replica in ``names``, an engine running every turn luftpause
+    has there and reporting the execution counters of its own decode passes (and, if given,
+    a ``gen_throughput`` gauge saying otherwise)."""
     for i in range(probes):
-        replica = state.replicas["a"]
-        counters = counters_after(replica.decode.counters, replica.in_flight, eager_ms)
-        state, _ = core.decide(state, core.EngineProbed("a", True, replica.in_flight, 0, now + i, 10_000, 100_000,
-                                                        gen_throughput=gen_throughput, decode_counters=counters))
+        for name in names:
+            replica = state.replicas[name]
+            counters = counters_after(replica.decode.counters, replica.in_flight, eager_ms)
+            state, _ = core.decide(state, core.EngineProbed(name, True, replica.in_flight, 0, now + i, 10_000, 100_000,
+                                                            gen_throughput=gen_throughput, decode_counters=counters))
     return state, now + probes
 
 
@@ -441,29 +448,6 @@ def test_a_10_ms_eager_step_keeps_the_wall_but_in_the_throughput_mode_the_lift_g
     assert state.replicas["a"].ceiling >= 3 * FAST and not state.replicas["a"].decode.retry_after
 
 
-def two_on_a_gpu(lift: core.LiftMode = core.Policy().lift, waiting: int = 90):
-    """Two replicas sharing one GPU, each reporting a fast batch of 8, with ``waiting``
-    batch turns for both."""
-    state = core.initial_state([core.Replica(n, frozenset({MODEL}), device="gpu0") for n in "ab"], core.Policy(lift=lift))
-    for name in "ab":
-        state, _ = core.decide(state, core.EngineProbed(name, True, 0, 0, 0, 0, 100_000, FAST))
-    state, sent = fill(state, waiting)
-    assert len(sent) == 2 * FAST
-    return state
-
-
-def run_two_counted(state, eager_ms: float, probes: int):
-    """Probes of both replicas, each reporting the execution counters of its own decode
-    passes at the batch luftpause has there."""
-    for i in range(probes):
-        for name in "ab":
-            replica = state.replicas[name]
-            counters = counters_after(replica.decode.counters, replica.in_flight, eager_ms)
-            state, _ = core.decide(state, core.EngineProbed(name, True, replica.in_flight, 0, 1 + i, 10_000, 100_000,
-                                                            decode_counters=counters))
-    return state
-
-
 def test_a_10_ms_eager_step_lifts_one_replica_of_the_pool_and_the_other_keeps_its_wall():
     """Where a lift costs a token no more but buys less than LIFT_COUNTED_GAIN (a 10 ms
     eager step at 16), one replica of the pool takes it, as in the throughput mode, and
@@ -472,13 +456,13 @@ def test_a_10_ms_eager_step_lifts_one_replica_of_the_pool_and_the_other_keeps_it
     and one short one, not two lifted ones. In the throughput mode both climb; with the
     testbed's 20 ms step neither does."""
     probes = LIFT_COUNTED_REFERENCE_MIN + 1 + 4 * (LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES)
-    state = run_two_counted(two_on_a_gpu(), 10.0, probes)
+    state, _ = run_counted(two_on_a_gpu(), 10.0, probes, 1, names="ab")
     ceilings = sorted(state.replicas[n].ceiling for n in "ab")
     assert ceilings[0] == FAST and ceilings[1] >= 3 * FAST
     assert [state.replicas[n].decode.batch_first for n in "ab"].count(True) == 1
-    both = run_two_counted(two_on_a_gpu(core.LiftMode.THROUGHPUT), 10.0, probes)
+    both, _ = run_counted(two_on_a_gpu(core.LiftMode.THROUGHPUT), 10.0, probes, 1, names="ab")
     assert all(both.replicas[n].ceiling >= 3 * FAST for n in "ab")
-    dear = run_two_counted(two_on_a_gpu(), 20.0, probes)
+    dear, _ = run_counted(two_on_a_gpu(), 20.0, probes, 1, names="ab")
     assert [dear.replicas[n].ceiling for n in "ab"] == [FAST, FAST]
     assert not any(dear.replicas[n].decode.batch_first for n in "ab")
 
@@ -488,11 +472,11 @@ def test_a_batch_first_lift_of_no_gain_that_cannot_climb_goes_back_to_the_wall()
     lift that costs a token no more but buys nothing is not worth the interactive runs'
     longer step. By default it is dear; the throughput mode keeps it."""
     probes = LIFT_COUNTED_REFERENCE_MIN + 1 + LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES
-    state = run_two_counted(two_on_a_gpu(waiting=3 * FAST), 10.0, probes)
+    state, _ = run_counted(two_on_a_gpu(waiting=3 * FAST), 10.0, probes, 1, names="ab")
     assert not state.held
     assert [state.replicas[n].ceiling for n in "ab"] == [FAST, FAST]
     assert not any(state.replicas[n].decode.batch_first for n in "ab")
-    kept = run_two_counted(two_on_a_gpu(core.LiftMode.THROUGHPUT, waiting=3 * FAST), 10.0, probes)
+    kept, _ = run_counted(two_on_a_gpu(core.LiftMode.THROUGHPUT, waiting=3 * FAST), 10.0, probes, 1, names="ab")
     assert sorted(kept.replicas[n].ceiling for n in "ab") == [FAST, 2 * FAST]
 
 
@@ -502,17 +486,13 @@ def test_the_batch_first_lift_goes_with_its_replica_and_a_replica_alone_keeps_it
     lift on that (no replica would keep its wall for the interactive runs): a dear
     verdict, and a longer wait."""
     settled = LIFT_COUNTED_REFERENCE_MIN + 1 + 4 * (LIFT_SETTLE_PROBES + LIFT_COUNTED_SAMPLES)
-    state = run_two_counted(two_on_a_gpu(), 10.0, settled)
+    state, _ = run_counted(two_on_a_gpu(), 10.0, settled, 1, names="ab")
     (first,) = [n for n in "ab" if state.replicas[n].decode.batch_first]
     other = "b" if first == "a" else "a"
     waits = state.replicas[other].decode.retry_probes
     state, _ = core.decide(state, core.EngineProbed(first, False, None, None, 100))
     assert not state.replicas[first].decode.lift and not state.replicas[first].decode.batch_first
-    for i in range(state.replicas[other].decode.retry_after + settled):
-        replica = state.replicas[other]
-        counters = counters_after(replica.decode.counters, replica.in_flight, 10.0)
-        state, _ = core.decide(state, core.EngineProbed(other, True, replica.in_flight, 0, 101 + i, 10_000, 100_000,
-                                                        decode_counters=counters))
+    state, _ = run_counted(state, 10.0, state.replicas[other].decode.retry_after + settled, 101, names=other)
     alone = state.replicas[other]
     assert alone.ceiling == FAST and not alone.decode.batch_first and alone.decode.retry_probes == 2 * waits
 
