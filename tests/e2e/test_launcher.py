@@ -55,6 +55,8 @@ def test_launcher_starts_the_stack_and_stops_it_without_orphans(tmp_path, signum
     assert "claude mcp add --transport http luftpause " + stack["urls"]["runtime_mcp"] in output
     assert not [name for name, pid in stack["pids"].items() if alive(pid)]
     ports = [p for p in stack["ports"].values() if isinstance(p, int)] + stack["ports"]["engines"]
+    # a child that inherited a listening socket may still be exiting: wait, bounded, for none to listen
+    wait_until(lambda: not [p for p in ports if port_is_listening(p)], 10, 0.1)
     assert not [p for p in ports if port_is_listening(p)]
 
 

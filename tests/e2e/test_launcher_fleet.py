@@ -149,6 +149,8 @@ def test_fleet_starts_on_its_own_postgres_fails_over_and_stops_without_orphans(t
     assert not [name for name, pid in stack["pids"].items() if alive(pid)]
     ports = [p for p in stack["ports"].values() if isinstance(p, int)]
     ports += [p for value in stack["ports"].values() if isinstance(value, list) for p in value]
+    # a child that inherited a listening socket may still be exiting: wait, bounded, for none to listen
+    wait_until(lambda: not [p for p in ports if port_is_listening(p)], 10, 0.1)
     assert not [p for p in ports if port_is_listening(p)]
 
 
