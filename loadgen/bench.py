@@ -376,6 +376,8 @@ POLICY_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
                     {"LUFTPAUSE_LIFT_CEILING": "off"}),
     "strict-lift": ("luftpause strict, ceiling lifted where the engine shows it cheap (lifting on)",
                     {"LUFTPAUSE_LIFT_CEILING": "on"}),
+    "strict-no-yield": ("luftpause strict, long batch turns not yielding to interactive ones",
+                        {"LUFTPAUSE_BATCH_YIELDS": "off"}),
     "strict-throughput": ("luftpause strict, ceiling lifted wherever a token costs no more (throughput mode)",
                           {"LUFTPAUSE_LIFT_CEILING": "throughput"}),
 }

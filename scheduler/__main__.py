@@ -40,6 +40,12 @@ POLICY_OPTIONS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
         "with strict affinity, keep a slot under a replica's decode ceiling for an interactive run paused "
         "there while its tool call is due to return (its earlier pauses tell when), so its next turn need not "
         "wait for a batch turn to end; the slot goes back to batch if the run is late (docs/admission.md)"),
+    "batch_yields": (
+        "--batch-yields", "LUFTPAUSE_BATCH_YIELDS", ("on", "off"),
+        "a batch turn whose run's context is at least an eighth of the replica's KV pool (as the engine reports "
+        "it) waits while an interactive turn is in flight on the same accelerator and batch goes on there: "
+        "its prefill, most of it computed again where contexts that size outgrow the pool, would otherwise "
+        "hold that turn's tokens for many steps (docs/admission.md)"),
     "lift": (
         "--lift-ceiling", "LUFTPAUSE_LIFT_CEILING", ("on", "off", "throughput"),
         "lift a replica's decode ceiling (SGLang's cuda_graph_max_bs) where the engine shows decoding above it "

@@ -85,6 +85,11 @@ RESUME_PAUSE_WEIGHT = 8
 # Room kept under the learned limit for paused interactive runs: at most
 # 1/KEPT_ROOM_LIMIT_DIVISOR of the limit.
 KEPT_ROOM_LIMIT_DIVISOR = 2
+# A batch turn whose run's context is at least 1/YIELD_CONTEXT_DIVISOR of the replica's KV
+# pool waits while an interactive turn is in flight on its accelerator (placement.py).
+YIELD_CONTEXT_DIVISOR = 8
+# ... for at most this long from its arrival: then it goes as any batch turn would.
+YIELD_WAIT_MAX_MS = 2000
 
 # Lifting the decode ceiling (core/ceiling.py): above the engine's fast batch, turns are
 # cheap while a generated token costs the device (1000 / its summed throughput) at most

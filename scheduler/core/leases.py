@@ -75,7 +75,7 @@ def _admit_leased(state: State, event: AdmitRequested) -> State:
     turn = Turn(event.turn_id, event.run_id, event.model, event.service_class, event.caller, event.leased_replica,
                 event.now_ms, leased_by, run.context_tokens)
     state = state._replace(turns=state.turns.set(event.turn_id, turn))
-    state = _count_in_flight(state, event.leased_replica, event.caller, +1, turn.tokens)
+    state = _count_in_flight(state, turn, +1)
     if leased_by:
         state = _lease_slot(state, leased_by, event.leased_replica, +1)
     return _own(state, event.dataplane, event.run_id, event.turn_id)

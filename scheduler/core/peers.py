@@ -63,7 +63,7 @@ def _resync(state: State, event: Resynced) -> State:
         turn = Turn(snap.turn_id, snap.run_id, snap.model, snap.service_class, snap.caller, snap.replica, event.now_ms,
                     tokens=run.context_tokens if run is not None else 0)
         state = state._replace(turns=state.turns.set(snap.turn_id, turn))
-        state = _count_in_flight(state, snap.replica, snap.caller, +1, turn.tokens)
+        state = _count_in_flight(state, turn, +1)
         state = _own(state, sender, turn_id=snap.turn_id)
         if run is not None:  # a run ended while its turn was in flight stays forgotten
             state = _put_run(state, run._replace(replica=snap.replica, stage=Stage.GENERATING, last_seen_ms=event.now_ms))

@@ -25,6 +25,9 @@
   fewest interactive runs under way, then their fewest context tokens (each replica
   has its own KV pool), and a new interactive run waits for such a replica while it
   has no room;
+* a batch turn whose run's context is at least an eighth of the replica's KV pool waits,
+  for at most two seconds, while an interactive turn is in flight on its accelerator:
+  its long prefill would hold that turn's tokens step after step;
 * but a replica much slower than a peer whose capacity is known (a learned limit or a
   ceiling) takes no turn that peer could take while fewer turns are held than the
   peer finishes in one of the slow replica's turns (the room the turn's class has
@@ -45,7 +48,7 @@ from collections.abc import Iterator
 
 from immutables import Map
 
-from luftpause.scheduler.constants import AFFINITY_SLOWER_FACTOR
+from luftpause.scheduler.constants import AFFINITY_SLOWER_FACTOR, YIELD_CONTEXT_DIVISOR, YIELD_WAIT_MAX_MS
 from luftpause.scheduler.core.events import Action, AdmitCancelled, Place, TurnUsage
 from luftpause.scheduler.core.health import UNSEEN, UP
 from luftpause.scheduler.core.limit import _batch_capacity, _has_room, _keeps_slots, _kv_fits
@@ -164,7 +167,7 @@ def _release_held(state: State, now_ms: int) -> tuple[State, list[Action]]:
         homes = _homes_with_room(state)
         if homes is None:
             break
-        chosen = _next_placement(state, homes)
+        chosen = _next_placement(state, homes, now_ms)
         if chosen is None:
             break
         turn, replica = chosen
@@ -204,7 +207,7 @@ def _homes_with_room(state: State) -> dict[str, list[str]] | None:
     return {INTERACTIVE: interactive, BATCH: batch}
 
 
-def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn, Replica] | None:
+def _next_placement(state: State, homes: dict[str, list[str]], now_ms: int) -> tuple[HeldTurn, Replica] | None:
     """The best-ranked held turn that fits somewhere now. A turn that does not fit keeps
     every lower-ranked turn off the replicas it is waiting for."""
     open_replicas = {name for name in homes[INTERACTIVE]
@@ -212,6 +215,7 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
     blocked: set[str] = set()
     keep = _keeps_slots(state)
     closed = _closed_to_free_turns(state)
+    yielding = _serving_interactive(state) if state.policy.batch_yields else frozenset()
     for turn in _held_in_release_order(state, homes):
         candidates = _candidates(state, turn)
         shut = closed.get(turn.service_class)
@@ -221,7 +225,9 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
         if roomy and turn.service_class == BATCH:
             run = state.runs.get(turn.run_id)
             if run is not None and run.context_tokens:
-                roomy = [r for r in roomy if _kv_fits(r, run.context_tokens)]
+                tokens = run.context_tokens
+                yields_to = yielding if now_ms - turn.arrived_ms < YIELD_WAIT_MAX_MS else frozenset()
+                roomy = [r for r in roomy if _kv_fits(r, tokens) and not _yields(r, tokens, yields_to)]
         fewer = _fewer_agents_full(state, candidates, roomy) if roomy and turn.opens \
             and turn.service_class == INTERACTIVE else []
         if fewer:  # it waits for the pool with fewer agents; turns behind it may still go elsewhere
@@ -237,6 +243,24 @@ def _next_placement(state: State, homes: dict[str, list[str]]) -> tuple[HeldTurn
         if open_replicas <= blocked:
             return None
     return None
+
+
+def _serving_interactive(state: State) -> frozenset[str]:
+    """The accelerators (a replica's device, or its name) with an interactive turn in flight."""
+    return frozenset(r.device or r.name for r in state.replicas.values() if r.interactive_in_flight)
+
+
+def _yields(replica: Replica, tokens: int, yielding: frozenset[str]) -> bool:
+    """Whether a batch turn of a run whose context is ``tokens`` waits on ``replica``: an
+    interactive turn is in flight on its accelerator (``yielding``) and the context is at
+    least 1/YIELD_CONTEXT_DIVISOR of the replica's KV pool. Contexts that size outgrow the
+    pool with a few agents, so most of one is computed again when its turn comes, and the
+    engine prefills it in chunks ahead of the interactive turn's next tokens, step after
+    step. The caller stops asking once the turn has waited YIELD_WAIT_MAX_MS: interactive
+    turns one after another do not shut it out (docs/admission.md, "Interactive turns
+    before long batch prefills")."""
+    return (bool(yielding) and bool(replica.kv_total) and (replica.device or replica.name) in yielding
+            and tokens * YIELD_CONTEXT_DIVISOR >= replica.kv_total)
 
 
 def _fewer_agents_full(state: State, candidates: list[Replica], roomy: list[Replica]) -> list[str]:
@@ -408,19 +432,21 @@ def _place(state: State, turn: HeldTurn, replica: Replica, now_ms: int) -> State
                   tokens=run.context_tokens)
     state = _unhold(state, turn.turn_id)
     state = state._replace(turns=state.turns.set(turn.turn_id, placed))
-    return _count_in_flight(state, replica.name, turn.caller, +1, placed.tokens)
+    return _count_in_flight(state, placed, +1)
 
 
-def _count_in_flight(state: State, replica_name: str, caller: str, delta: int, tokens: int = 0) -> State:
-    """One turn more (+1) or fewer (-1) in flight on a replica and for its caller; ``tokens``:
-    the turn's (Turn.tokens), added to or taken from the replica's in_flight_tokens."""
+def _count_in_flight(state: State, turn: Turn, delta: int) -> State:
+    """The turn in flight on its replica and for its caller (+1), or no longer (-1): its
+    tokens (Turn.tokens) added to or taken from the replica's in_flight_tokens."""
     replicas = state.replicas
-    replica = replicas.get(replica_name)
+    replica = replicas.get(turn.replica)
     if replica is not None:
-        replicas = replicas.set(replica_name, replica._replace(
+        interactive = delta if turn.service_class == INTERACTIVE else 0
+        replicas = replicas.set(turn.replica, replica._replace(
             in_flight=max(0, replica.in_flight + delta),
-            in_flight_tokens=max(0, replica.in_flight_tokens + delta * tokens)))
-    return state._replace(replicas=replicas, running_by_caller=_add(state.running_by_caller, caller, delta))
+            in_flight_tokens=max(0, replica.in_flight_tokens + delta * turn.tokens),
+            interactive_in_flight=max(0, replica.interactive_in_flight + interactive)))
+    return state._replace(replicas=replicas, running_by_caller=_add(state.running_by_caller, turn.caller, delta))
 
 
 def _lease_slot(state: State, dataplane: str, replica_name: str, delta: int) -> State:
@@ -518,7 +544,7 @@ def _end_turn(state: State, turn_id: str, stage: Stage, now_ms: int, context_tok
     if turn is None:
         return state
     state = state._replace(turns=state.turns.delete(turn_id))
-    state = _count_in_flight(state, turn.replica, turn.caller, -1, turn.tokens)
+    state = _count_in_flight(state, turn, -1)
     if turn.leased_by:  # its slot goes back to the lease
         state = _lease_slot(state, turn.leased_by, turn.replica, -1)
     run = state.runs.get(turn.run_id)

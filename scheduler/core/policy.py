@@ -14,6 +14,8 @@ them too, so the core's tests check the policy that runs.
   each interactive run paused on a replica for the whole pause (limit.py);
 * ``resume_slots``: with strict affinity, keep such a slot only while the run's tool call
   is due to return (resume.py);
+* ``batch_yields``: a batch turn of a long context waits while an interactive turn is in
+  flight on its accelerator (placement.py);
 * ``lift``: whether the engines' decode ceilings are lifted where their throughput shows
   decoding above them pays (ceiling.py), as a ``LiftMode``.
 """
@@ -41,6 +43,7 @@ class Policy(NamedTuple):
     interactive_slots: bool = False
     resume_slots: bool = True
     lift: LiftMode = LiftMode.ON
+    batch_yields: bool = True
 
     @property
     def keeps_slots(self) -> bool:

@@ -124,6 +124,7 @@ class Replica(NamedTuple):
     kv_total: int = 0  # the engine's KV pool in tokens, 0 when it does not say
     in_flight: int = 0  # turns placed here and not yet ended: counted here, never stale
     in_flight_tokens: int = 0  # their runs' contexts when placed, summed (those known): the KV they hold
+    interactive_in_flight: int = 0  # of them, interactive turns
     limit: AdmissionLimit = AdmissionLimit()  # learned from the engine's probes (limit.py)
     paused_interactive: int = 0  # interactive runs paused on a tool, last served here
     paused_interactive_tokens: int = 0  # their contexts, in tokens, where known

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from luftpause.scheduler import core
+from luftpause.scheduler.constants import YIELD_WAIT_MAX_MS
 from luftpause.scheduler.core.placement import _candidates
 
 from .drivers import (
@@ -473,6 +474,71 @@ def test_the_kept_kv_of_paused_agents_is_at_most_half_the_pool():
     assert placed(actions) == {"b2": "a"}  # 6k + 12k + 18k ≤ 36k (all 28k kept would not fit)
 
 
+# A long batch prefill after an interactive turn's tokens (placement.py, _yields): a batch
+# turn whose run's context is at least 1/8 of the replica's KV waits, for at most
+# YIELD_WAIT_MAX_MS, while an interactive turn is in flight on the accelerator.
+
+
+def yielding_pool(policy: core.Policy = core.Policy()) -> core.State:
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}))], policy=policy)
+    state, _ = probe(state, "a", running=0, kv_used=0, kv_total=KV)
+    return state
+
+
+def agent_beside_batch(state: core.State, long_context: int) -> core.State:
+    """``long``'s run paused with ``long_context`` tokens; a batch and an interactive turn in flight."""
+    state = turn_of(state, "b1", "long", "batch", long_context)
+    state, one = admit(state, "c1", "short", cls="batch", now=2)
+    state, two = admit(state, "i1", "agent", now=3)
+    assert placed(one) | placed(two) == {"c1": "a", "i1": "a"}
+    return state
+
+
+def test_a_long_context_batch_turn_waits_while_an_interactive_turn_is_in_flight_there():
+    state = agent_beside_batch(yielding_pool(), 17_000)
+    state, actions = admit(state, "b2", "long", cls="batch", now=4)
+    assert actions == [] and "b2" in state.held  # it fits the KV, but its prefill would hold the agent's tokens
+    state, actions = core.decide(state, core.TurnFinished("i1", "tool_calls", 5, context_tokens=3_000))
+    assert placed(actions) == {"b2": "a"}
+
+
+def test_a_short_context_or_the_switch_off_lets_a_batch_turn_go_beside_an_interactive_one():
+    state = agent_beside_batch(yielding_pool(), 4_000)  # under 1/8 of the pool
+    _, actions = admit(state, "b2", "long", cls="batch", now=4)
+    assert placed(actions) == {"b2": "a"}
+    state = agent_beside_batch(yielding_pool(core.Policy(batch_yields=False)), 17_000)
+    _, actions = admit(state, "b2", "long", cls="batch", now=4)
+    assert placed(actions) == {"b2": "a"}
+
+
+def test_a_long_context_batch_turn_yields_for_at_most_two_seconds():
+    state = agent_beside_batch(yielding_pool(), 17_000)
+    state, _ = admit(state, "b2", "long", cls="batch", now=4)
+    state, actions = core.decide(state, core.ClockTicked(4 + YIELD_WAIT_MAX_MS - 1))
+    assert actions == []
+    _, actions = core.decide(state, core.ClockTicked(4 + YIELD_WAIT_MAX_MS))
+    assert placed(actions) == {"b2": "a"}  # interactive turns one after another do not shut it out
+
+
+@pytest.mark.parametrize("device_b, waits", [("gpu0", True), ("gpu1", False)])
+def test_the_batch_turn_yields_to_an_interactive_turn_on_the_same_accelerator_only(device_b, waits):
+    state = core.initial_state([core.Replica("a", frozenset({MODEL}), device="gpu0", max_batch=1),
+                                core.Replica("b", frozenset({MODEL}), device=device_b)])
+    for name in "ab":
+        state, _ = probe(state, name, running=0, kv_used=0, kv_total=KV)
+    state, one = admit(state, "i1", "agent", now=1)
+    state, two = admit(state, "b1", "long", cls="batch", now=1)
+    assert placed(one) | placed(two) == {"i1": "a", "b1": "b"}  # a is full
+    state, _ = core.decide(state, core.TurnFinished("b1", "tool_calls", 2, context_tokens=17_000))
+    state, actions = admit(state, "c1", "short", cls="batch", now=3)
+    assert placed(actions) == {"c1": "b"}
+    state, actions = admit(state, "b2", "long", cls="batch", now=4)
+    assert (placed(actions) == {}) is waits
+    if waits:
+        _, actions = core.decide(state, core.TurnFinished("i1", "tool_calls", 5, context_tokens=3_000))
+        assert placed(actions) == {"b2": "b"}
+
+
 def test_interactive_turns_and_engines_without_a_kv_pool_are_not_held_for_kv():
     state = turn_of(kv_pool(), "i1", "agent1", "interactive", 30_000)
     state = turn_of(state, "i2", "agent2", "interactive", 30_000)
@@ -522,6 +588,8 @@ def kv_bookkept_and_batch_fits(before, event, after, actions):
     beside them and the kept KV of the interactive runs paused there."""
     for name, replica in after.replicas.items():
         assert replica.in_flight_tokens == sum(t.tokens for t in after.turns.values() if t.replica == name)
+        assert replica.interactive_in_flight == sum(
+            1 for t in after.turns.values() if t.replica == name and t.service_class == core.INTERACTIVE)
         under_way = [r for r in after.runs.values() if r.service_class == core.INTERACTIVE and r.replica == name
                      and r.stage is not core.Stage.IDLE]
         assert (replica.interactive_runs, replica.interactive_tokens) == (
