@@ -43,8 +43,8 @@ POLICY_OPTIONS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "batch_yields": (
         "--batch-yields", "LUFTPAUSE_BATCH_YIELDS", ("on", "off"),
         "a batch turn whose run's context is at least an eighth of the replica's KV pool (as the engine reports "
-        "it) waits while an interactive turn is in flight on the same accelerator and batch goes on there: "
-        "its prefill, most of it computed again where contexts that size outgrow the pool, would otherwise "
+        "it) waits, at most 2 s, while an interactive turn is in flight on the same accelerator: its "
+        "prefill, most of it computed again where contexts that size outgrow the pool, would otherwise "
         "hold that turn's tokens for many steps (docs/admission.md)"),
     "lift": (
         "--lift-ceiling", "LUFTPAUSE_LIFT_CEILING", ("on", "off", "throughput"),
