@@ -7,6 +7,7 @@ up, with every address it reports true."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +16,15 @@ import httpx
 import pytest
 
 from luftpause import vocabulary as h
-from luftpause.dev.procs import WAIT_S, ManagedProcess, PortTaken, free_ports, start_on_free_ports, wait_until
+from luftpause.dev.procs import (
+    WAIT_S,
+    ManagedProcess,
+    PortTaken,
+    free_ports,
+    listening_owners,
+    start_on_free_ports,
+    wait_until,
+)
 from luftpause.dev.stack import MODEL, Ports, Stack, write_configs
 
 NO_RUNTIME = frozenset({"runtime", "fake-mcp"})
@@ -119,3 +128,10 @@ def test_a_port_taken_by_another_service_that_answers_health_is_not_taken_for_re
             process.stop()
     finally:
         other.stop()
+
+
+def test_a_listening_port_names_its_owner_and_a_closed_one_none():
+    port = free_ports(1)[0]
+    with taken(port):
+        assert any(owner.split()[0] == str(os.getpid()) for owner in listening_owners(port))
+    assert listening_owners(port) == []
