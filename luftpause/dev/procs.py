@@ -79,30 +79,6 @@ def port_is_listening(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def listening_owners(port: int) -> list[str]:
-    """The processes holding a listening TCP socket on ``port``, as "pid command line"
-    (Linux ``/proc``; empty elsewhere): what a test names when a port it expected closed
-    still answers."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for fields in (row.split() for row in rows):
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                inodes.add(f"socket:[{fields[9]}]")
-    owners = []
-    for process in Path("/proc").glob("[0-9]*") if inodes else ():
-        try:
-            if inodes.intersection(os.readlink(fd) for fd in (process / "fd").iterdir()):
-                command = (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                owners.append(f"{process.name} {command.strip()}")
-        except OSError:  # gone, or not ours to read
-            continue
-    return owners
-
-
 def rss_bytes(pid: int) -> int:
     """Resident memory of a process (Linux ``/proc``), for the benchmarks' memory figures."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -403,6 +379,30 @@ def _holds_any(pid: int, inodes: set[str]) -> bool:
         if target.startswith("socket:[") and target[8:-1] in inodes:
             return True
     return False
+
+
+def listening_owners(port: int) -> list[str]:
+    """The processes holding a listening TCP socket on ``port``, as "pid command line"
+    (Linux ``/proc``; empty elsewhere): what a test names when a port it expected closed
+    still answers."""
+    inodes = _listening_inodes(port)
+    owners = []
+    for process in Path("/proc").glob("[0-9]*") if inodes else ():
+        if _holds_any(int(process.name), inodes):
+            try:
+                command = (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:  # gone meanwhile
+                continue
+            owners.append(f"{process.name} {command.strip()}")
+    return owners
+
+
+def ports_left_listening(ports: Collection[int], wait_s: float = 10.0) -> dict[int, list[str]]:
+    """Those of ``ports`` still listening after waiting up to ``wait_s`` for all to close (a
+    child that inherited a listening socket may still be exiting), each with its owners
+    (listening_owners): the stack's, or another test's server on a reused port."""
+    wait_until(lambda: not any(port_is_listening(p) for p in ports), wait_s, 0.1)
+    return {p: listening_owners(p) for p in ports if port_is_listening(p)}
 
 
 def start_on_free_ports(build: Callable[[list[int]], ManagedProcess], count: int = 1, timeout: float = 30.0,

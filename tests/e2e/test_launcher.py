@@ -14,7 +14,7 @@ import httpx
 import pytest
 from mcp import Client
 
-from luftpause.dev.procs import WAIT_S, ManagedProcess, free_ports, listening_owners, port_is_listening, wait_until
+from luftpause.dev.procs import WAIT_S, ManagedProcess, free_ports, port_is_listening, ports_left_listening, wait_until
 
 
 
@@ -55,10 +55,8 @@ def test_launcher_starts_the_stack_and_stops_it_without_orphans(tmp_path, signum
     assert "claude mcp add --transport http luftpause " + stack["urls"]["runtime_mcp"] in output
     assert not [name for name, pid in stack["pids"].items() if alive(pid)]
     ports = [p for p in stack["ports"].values() if isinstance(p, int)] + stack["ports"]["engines"]
-    # a child that inherited a listening socket may still be exiting: wait, bounded, for none to listen
-    wait_until(lambda: not [p for p in ports if port_is_listening(p)], 10, 0.1)
-    left = [p for p in ports if port_is_listening(p)]
-    assert not left, {p: listening_owners(p) for p in left}  # who holds them: the stack's or another test's
+    left = ports_left_listening(ports)
+    assert not left, left
 
 
 def test_decide_works_out_of_the_box_and_a_dead_child_is_restarted(tmp_path):

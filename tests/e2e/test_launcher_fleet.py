@@ -20,7 +20,7 @@ from mcp import Client
 
 from luftpause import vocabulary as h
 from luftpause.dev.postgres import cluster_directory
-from luftpause.dev.procs import WAIT_S, listening_owners, port_is_listening, wait_until
+from luftpause.dev.procs import WAIT_S, port_is_listening, ports_left_listening, wait_until
 from luftpause.dev.stack import MODEL
 
 PROCESSES = {"engine-a", "engine-b", "classifier", "fake-mcp", "scheduler", "scheduler-2", "dataplane",
@@ -149,10 +149,8 @@ def test_fleet_starts_on_its_own_postgres_fails_over_and_stops_without_orphans(t
     assert not [name for name, pid in stack["pids"].items() if alive(pid)]
     ports = [p for p in stack["ports"].values() if isinstance(p, int)]
     ports += [p for value in stack["ports"].values() if isinstance(value, list) for p in value]
-    # a child that inherited a listening socket may still be exiting: wait, bounded, for none to listen
-    wait_until(lambda: not [p for p in ports if port_is_listening(p)], 10, 0.1)
-    left = [p for p in ports if port_is_listening(p)]
-    assert not left, {p: listening_owners(p) for p in left}  # who holds them: the stack's or another test's
+    left = ports_left_listening(ports)
+    assert not left, left
 
 
 def test_fleet_without_postgresql_fails_at_once_naming_the_package(tmp_path):
