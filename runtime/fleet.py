@@ -45,7 +45,10 @@ them, under a lease; the others follow the journal; new runs spread over them.
   them to its registry: ``status`` and ``await`` answer for any run, wherever it runs.
 - **Losing the database.** A runtime that cannot renew its leases for a whole lease
   period stops driving its runs (others may have adopted them by then); until it notices,
-  fencing keeps it from recording anything. What it can still do is the at-least-once
+  fencing keeps it from recording anything. Its sessions end a transaction left waiting
+  a lease (``PostgresStore.idle_in_transaction_s``): cut off mid-transaction, it would
+  otherwise hold its lease rows locked against adoption, and the append lock, for as
+  long as the server takes to find the connection dead. What it can still do is the at-least-once
   window of a tool call: a call it had sent before the takeover may run once more when the
   new owner resumes the run from its last recorded round.
 
@@ -185,13 +188,16 @@ class Fleet:
         from luftpause.runtime.stores import PostgresStore
 
         self.store = store
+        # Each of its sessions ends a transaction left waiting a lease (PostgresStore): cut off
+        # mid-transaction, this runtime's lease rows stay locked on the server until then.
+        store.idle_in_transaction_s = lease_s
         # The loops' own connection: a renewal never waits behind the journal's appends.
-        self._db = PostgresStore(store.url, store.table, store.connect_timeout_s)
+        self._db = PostgresStore(store.url, store.table, store.connect_timeout_s, idle_in_transaction_s=lease_s)
         # The renewal's own connection and thread besides: behind the adoption passes, the
         # follower's reads and the default executor's queue, 10,000 runs over three runtimes
         # kept it waiting past half a lease and a runtime's every lease lapsed at once; timed
         # by the event loop, it still came late whenever spawns kept the loop busy for seconds.
-        self._renewer = PostgresStore(store.url, store.table, store.connect_timeout_s)
+        self._renewer = PostgresStore(store.url, store.table, store.connect_timeout_s, idle_in_transaction_s=lease_s)
         self._renew_thread: threading.Thread | None = None
         self._stop_renewing = threading.Event()
         self._turned = time.monotonic()  # when the event loop last turned (the tick task)

@@ -190,9 +190,18 @@ class PostgresStore:
 
     One connection, used by one thread at a time (the journal's writer thread, or a
     compaction holding the journal's lock, or the start); a broken one is replaced on the
-    next call. ``connect_timeout_s`` bounds each attempt to connect."""
+    next call. ``connect_timeout_s`` bounds each attempt to connect.
 
-    def __init__(self, url: str, table: str, connect_timeout_s: float = 5.0, scope: str | None = None) -> None:
+    ``idle_in_transaction_s`` (a fleet's lease: fleet.py): the database ends this store's
+    session when a transaction of it has waited that long for its next statement. A
+    runtime cut off between two statements of a transaction (a fenced append, a renewal
+    before its commit) leaves it open on the server, and with it the row locks on its
+    leases and the fleet's append lock, until the server finds the connection dead: with
+    the kernel's keepalive defaults, hours in which no other runtime adopts its runs and
+    none appends. Set, the next connection is made with it."""
+
+    def __init__(self, url: str, table: str, connect_timeout_s: float = 5.0, scope: str | None = None,
+                 idle_in_transaction_s: float | None = None) -> None:
         if table not in ("luftpause_journal", "luftpause_tasks"):
             raise ValueError(f"unknown journal table {table!r}")
         self.url, self.table = url, table
@@ -202,7 +211,9 @@ class PostgresStore:
         self._where = "WHERE writer = %s" if scope is not None else ""
         self._params: tuple[str, ...] = (scope,) if scope is not None else ()
         self.connect_timeout_s = connect_timeout_s
+        self.idle_in_transaction_s = idle_in_transaction_s
         self._conn: Any = None
+        self._conn_idle_s: float | None = None  # the setting the open connection was made with
         self._guard = threading.Lock()  # one statement sequence at a time on the connection
         self._size = 0  # bytes of lines held, as far as this process knows (compaction trigger)
         self.problem: str | None = None
@@ -216,18 +227,32 @@ class PostgresStore:
         import psycopg
 
         if self._conn is not None and not self._conn.closed and not self._conn.broken:
-            return self._conn
+            if self._conn_idle_s == self.idle_in_transaction_s:
+                return self._conn
+            self._conn.close()  # made before the fleet set its lease: made again with it
+        idle = self.idle_in_transaction_s
         try:
             # Keepalives and a TCP user timeout: a database cut off mid-statement fails the
             # statement within seconds instead of leaving it hanging for the kernel's minutes.
             self._conn = psycopg.connect(self.url, connect_timeout=max(1, round(self.connect_timeout_s)),
                                          application_name="luftpause-runtime", keepalives=1, keepalives_idle=2,
                                          keepalives_interval=1, keepalives_count=3,
-                                         tcp_user_timeout=round(self.connect_timeout_s * 1000))
+                                         tcp_user_timeout=round(self.connect_timeout_s * 1000),
+                                         options=self._options(idle))
+            self._conn_idle_s = idle
         except psycopg.Error as exc:
             raise StoreUnavailable(errno.ECONNREFUSED, f"cannot reach the journal database {redacted(self.url)}: "
                                    f"{_first_line(exc)}") from None
         return self._conn
+
+    def _options(self, idle_s: float | None) -> str | None:
+        """The session's ``options``: the URL's own, then the idle-in-transaction timeout."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        own = str(conninfo_to_dict(self.url).get("options") or "")
+        if not idle_s:
+            return own or None
+        return f"{own} -c idle_in_transaction_session_timeout={max(1, round(idle_s * 1000))}".strip()
 
     def _run(self, work, what: str) -> Any:
         """``work(connection)`` in a transaction; a database error becomes StoreUnavailable."""

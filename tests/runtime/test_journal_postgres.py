@@ -328,3 +328,51 @@ def test_any_runtime_reads_a_task_each_restores_and_compacts_its_own(database: s
     assert again_a.tasks["task-a"].failed is None
     assert again_a.find("task-a").cancelled  # ... and reads b's cancel of it
     assert again_a.find("task-b").handle == "run-b" and again_a.find("task-none") is None
+
+
+def test_a_runtime_cut_off_inside_a_transaction_lets_its_leases_go_within_a_lease(postgres, database) -> None:
+    """The database keeps a transaction whose client went silent, and its row locks, until
+    the session ends; a fleet's journal sessions end one left waiting a lease, so the other
+    runtimes' adoption passes (which skip locked leases) can take the runs of a runtime cut
+    off between two statements, here between its read of its leases and its commit."""
+    from luftpause.dev.faultproxy import FaultProxy
+
+    pg_schema.prepare(database, 5)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("INSERT INTO luftpause_leases (handle, owner, token, expires_at) "
+                     "VALUES ('run-1', 'victim', 1, now())")
+    proxy = FaultProxy(postgres.port).start()
+    store = PostgresStore(database.replace(f":{postgres.port}/", f":{proxy.port}/"), "luftpause_journal",
+                          connect_timeout_s=30)
+    Fleet(store, "victim", lease_s=1.0)
+
+    def locked_then_cut(conn: Any) -> None:
+        conn.execute("SELECT handle FROM luftpause_leases WHERE owner = 'victim' FOR SHARE").fetchall()
+        proxy.cut()  # its COMMIT never reaches the server
+
+    def transact() -> None:
+        try:
+            store.transact(locked_then_cut, "hold its leases")
+        except StoreUnavailable:
+            pass  # the session the database ended
+
+    stuck = threading.Thread(target=transact, daemon=True)
+    try:
+        stuck.start()
+        began, taken = time.monotonic(), []
+        while not taken and time.monotonic() - began < 10:
+            time.sleep(0.1)
+            with psycopg.connect(database, autocommit=True) as conn:
+                taken = conn.execute("SELECT handle FROM luftpause_leases FOR UPDATE SKIP LOCKED").fetchall()
+        assert taken == [("run-1",)] and time.monotonic() - began < 3, time.monotonic() - began
+    finally:
+        proxy.heal()
+        stuck.join(10)
+        proxy.close()
+
+
+def test_a_database_urls_own_session_options_are_kept_beside_the_idle_timeout() -> None:
+    store = PostgresStore("postgresql://u@127.0.0.1:5/d?options=-c%20statement_timeout%3D5000", "luftpause_journal")
+    assert store._options(None) == "-c statement_timeout=5000"
+    assert store._options(1.5) == "-c statement_timeout=5000 -c idle_in_transaction_session_timeout=1500"
+    assert PostgresStore("postgresql://u@127.0.0.1:5/d", "luftpause_journal")._options(None) is None
