@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 import psycopg
+import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.dev.faultproxy import FaultProxy
@@ -52,6 +53,8 @@ from luftpause.loadgen.records import json_lines, parser, percentile, text_table
 from luftpause.loadgen.spawn import SpawnTarget, await_all, mcp_client, spawn
 from luftpause.loadgen.workload import Workload
 from luftpause.runtime.constants import JOURNAL_FILE, LEASE_S
+
+log = structlog.get_logger(service="chaos-fleet")
 
 FAULTS = ("runtime-kill", "runtime-cut-2", "runtime-cut-10", "runtime-cut-30", "postgres-restart", "scheduler-kill")
 VICTIM = "runtime-2"  # the runtime killed or cut off (spawns go to the first)
@@ -258,14 +261,25 @@ def table(rows: list[FleetRow]) -> str:
 
 
 async def chaos_fleet(faults: list[str], directory: Path, interactive: int, batch: int, warmup_s: float,
-                      window_s: float, fault_at_s: float, lease_s: float) -> list[FleetRow]:
+                      window_s: float, fault_at_s: float, lease_s: float, keep: bool = False) -> list[FleetRow]:
     cluster = PrivateCluster(cluster_directory(directory / "postgres"), free_ports(1)[0]).start()
     try:
         return [await fleet_row(FleetRow(fault, lease_s), directory / fault, cluster,
                                 workload_groups(interactive, batch), warmup_s, window_s, fault_at_s)
                 for fault in faults]
     finally:
+        put_away(cluster, keep)
+
+
+def put_away(cluster: PrivateCluster, keep: bool) -> None:
+    """The run's cluster stopped, and unless ``--keep`` asked for it, removed: as root it lives
+    in the system's temporary folder, not in the run's temporary directory that goes with it."""
+    if keep:
         cluster.stop("immediate")
+        log.info("fleet_cluster_kept", directory=str(cluster.directory))
+    else:
+        cluster.discard()
+        log.info("fleet_cluster_removed", directory=str(cluster.directory))
 
 
 # ------------------------------------------------------------------ cost and scale
@@ -612,7 +626,7 @@ async def cost_and_scale(args: Any, directory: Path) -> tuple[list[CostRow], Sca
             args.mode in ("scale", "bench")) else None
         return cost, scale
     finally:
-        cluster.stop("immediate")
+        put_away(cluster, bool(args.keep))
 
 
 def bench_main(args: Any) -> int:
@@ -650,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault-at", type=float, default=5.0, help="fault this long into the window (5)")
     p.add_argument("--lease-s", type=float, default=LEASE_S, help=f"the runtimes' lease (their default, {LEASE_S:g})")
     p.add_argument("--out", default="bench-results", help="directory for chaos-fleet-<time>.json")
-    p.add_argument("--keep", metavar="DIR", help="keep each row's stack (logs) under DIR")
+    p.add_argument("--keep", metavar="DIR", help="keep each row's stack (logs) under DIR, and the PostgreSQL cluster")
     args = p.parse_args(argv)
     if args.mode != "faults":
         return bench_main(args)
@@ -660,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown fault {fault!r}: use {', '.join(FAULTS)} (runtime-cut-N: N seconds)")
     with tempfile.TemporaryDirectory(prefix="luftpause-chaos-fleet-") as directory:
         rows = asyncio.run(chaos_fleet(faults, Path(args.keep or directory), args.interactive, args.batch,
-                                       args.warmup, args.window, args.fault_at, args.lease_s))
+                                       args.warmup, args.window, args.fault_at, args.lease_s, bool(args.keep)))
     path = write_results(Path(args.out), "chaos-fleet", {"benchmark": "chaos-fleet", "config": vars(args),
                                                            "rows": [asdict(r) for r in rows]})
     lines = [table(rows)]

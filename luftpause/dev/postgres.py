@@ -174,6 +174,12 @@ class PrivateCluster:
         if (self.data / "postmaster.pid").exists():
             self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
 
+    def discard(self) -> None:
+        """Stop the server at once and remove the cluster's directory (one made for a single
+        run, wherever :func:`cluster_directory` put it)."""
+        self.stop("immediate")
+        shutil.rmtree(self.directory, ignore_errors=True)
+
     def restart(self) -> None:
         self.stop()
         self.start()

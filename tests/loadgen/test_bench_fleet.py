@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_chaos_fleet import removed_cluster
 
 from luftpause.loadgen.chaos_fleet import (COST_COLUMNS, SCALE_COLUMNS, CostRow, ScaleRow, cost_problems, main,
                                           rows_table, scale_problems)
@@ -37,6 +38,7 @@ def test_the_cost_rows_and_the_scale_row_are_measured(tmp_path, capsys):
     assert scale.db_bytes_per_run == round(scale.db_bytes / 12), printed
     assert rows_table(cost, COST_COLUMNS) in printed and rows_table([scale], SCALE_COLUMNS) in printed, printed
     assert cost[0].x_file == 1.0 and cost[1].x_one_runtime == 1.0 and cost[2].x_one_runtime is not None and f"JSON: {written}" in printed
+    assert not removed_cluster(printed).exists()
 
 
 def test_each_cost_target_missed_is_named():

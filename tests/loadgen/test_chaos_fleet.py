@@ -6,6 +6,8 @@ lease periods; it writes nothing for them once healed; no run is lost, no round 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +29,13 @@ def test_a_runtime_cut_off_from_the_database_under_load_has_its_runs_adopted_and
     assert row.victim_runs > 0, printed  # runtime-2 drove runs spread to it when the cut came
     assert row.adoption_s is not None and row.adoption_s <= 2 * row.lease_s, printed
     assert row.zombie_rows == 0 and row.problems() == [] and row.errors == [] and code == 0, printed
+    assert not removed_cluster(printed).exists()  # without --keep the run's cluster goes with it
+
+
+def removed_cluster(printed: str) -> Path:
+    """The cluster directory a fleet benchmark says it removed (it logs where it was)."""
+    (line,) = [line for line in printed.splitlines() if "fleet_cluster_removed" in line]
+    return Path(re.search(r"directory=(\S+)", line).group(1))
 
 
 def test_rows_the_cut_off_runtime_writes_after_another_took_its_run_are_counted():
