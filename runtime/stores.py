@@ -198,7 +198,7 @@ class PostgresStore:
     before its commit) leaves it open on the server, and with it the row locks on its
     leases and the fleet's append lock, until the server finds the connection dead: with
     the kernel's keepalive defaults, hours in which no other runtime adopts its runs and
-    none appends. Set, the next connection is made with it."""
+    none appends. The fleet sets it as it takes the store, before the first connection."""
 
     def __init__(self, url: str, table: str, connect_timeout_s: float = 5.0, scope: str | None = None,
                  idle_in_transaction_s: float | None = None) -> None:
@@ -213,7 +213,6 @@ class PostgresStore:
         self.connect_timeout_s = connect_timeout_s
         self.idle_in_transaction_s = idle_in_transaction_s
         self._conn: Any = None
-        self._conn_idle_s: float | None = None  # the setting the open connection was made with
         self._guard = threading.Lock()  # one statement sequence at a time on the connection
         self._size = 0  # bytes of lines held, as far as this process knows (compaction trigger)
         self.problem: str | None = None
@@ -227,10 +226,7 @@ class PostgresStore:
         import psycopg
 
         if self._conn is not None and not self._conn.closed and not self._conn.broken:
-            if self._conn_idle_s == self.idle_in_transaction_s:
-                return self._conn
-            self._conn.close()  # made before the fleet set its lease: made again with it
-        idle = self.idle_in_transaction_s
+            return self._conn
         try:
             # Keepalives and a TCP user timeout: a database cut off mid-statement fails the
             # statement within seconds instead of leaving it hanging for the kernel's minutes.
@@ -238,8 +234,7 @@ class PostgresStore:
                                          application_name="luftpause-runtime", keepalives=1, keepalives_idle=2,
                                          keepalives_interval=1, keepalives_count=3,
                                          tcp_user_timeout=round(self.connect_timeout_s * 1000),
-                                         options=self._options(idle))
-            self._conn_idle_s = idle
+                                         options=self._options(self.idle_in_transaction_s))
         except psycopg.Error as exc:
             raise StoreUnavailable(errno.ECONNREFUSED, f"cannot reach the journal database {redacted(self.url)}: "
                                    f"{_first_line(exc)}") from None
